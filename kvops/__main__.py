@@ -1,0 +1,3 @@
+from kvops.cli import main
+
+main()

@@ -1,0 +1,61 @@
+"""The `kvops` command: a thin click layer. Subcommands load on first use so `kvops kv` starts fast."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+from kvops import __version__
+from kvops.errors import KvopsError
+
+# name -> "module:function"; a module is imported only when its command runs (or --help lists it).
+COMMANDS = {
+    "kv": "kvops.cli.kv:kv",
+    "table": "kvops.cli.kv:table",
+    "plot": "kvops.cli.kv:plot",
+    "models": "kvops.cli.kv:models",
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        target = COMMANDS.get(name)
+        if target is None:
+            return None
+        module, attribute = target.split(":")
+        return getattr(importlib.import_module(module), attribute)
+
+    def main(self, *args, **kwargs):  # noqa: D401 - click's entry point
+        """Run with one-line errors: user mistakes never show a traceback."""
+        kwargs["standalone_mode"] = False
+        try:
+            status = super().main(*args, **kwargs)
+        except click.exceptions.Exit as done:
+            sys.exit(done.exit_code)
+        except click.exceptions.Abort:
+            click.echo("kvops: aborted", err=True)
+            sys.exit(130)
+        except click.UsageError as exc:
+            command = exc.ctx.command_path if exc.ctx else "kvops"
+            click.echo(f"{command}: error: {exc.format_message()} (see `{command} --help`)", err=True)
+            sys.exit(exc.exit_code)
+        except click.ClickException as exc:
+            click.echo(f"kvops: error: {exc.format_message()}", err=True)
+            sys.exit(exc.exit_code)
+        except KvopsError as exc:
+            click.echo(f"kvops: error: {exc}", err=True)
+            sys.exit(exc.exit_code)
+        except BrokenPipeError:
+            sys.exit(0)
+        sys.exit(status if isinstance(status, int) else 0)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.version_option(__version__, prog_name="kvops")
+def main() -> None:
+    """Keep LLM serving engines inside their GPU memory: KV-cache math, engine plans, pressure watch."""

@@ -1,0 +1,104 @@
+"""`kvops kv` output: the JSON document and the human text, both traceable to the formula."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvops.formula import KVCost, MemoryFit, beam_search_estimate
+from kvops.model.spec import ModelSpec
+from kvops.units import format_bytes
+
+
+def kv_document(spec: ModelSpec, cost: KVCost, warnings: list[str], fit: MemoryFit | None = None) -> dict[str, Any]:
+    estimate = beam_search_estimate(cost.total_bytes, cost.beams)
+    document = {
+        "model": spec.name,
+        "model_source": spec.source,
+        "kv_dtype": cost.dtype.name,
+        "dtype_bytes": cost.dtype.bytes,
+        "scales": cost.dtype.scale_note() or None,
+        "tp": cost.tp,
+        "batch": cost.batch,
+        "beams": cost.beams,
+        "effective_batch": cost.effective_batch,
+        "tokens": cost.tokens,
+        "block_size": cost.block_size,
+        "bytes_per_token": cost.bytes_per_token,
+        "scale_bytes_per_token": cost.scale_bytes_per_token,
+        "token_tax_bytes": cost.token_tax_bytes,
+        "bytes_per_sequence": cost.sequence_bytes,
+        "total_bytes": cost.total_bytes,
+        "total_bytes_all_gpus": cost.total_bytes_all_gpus,
+        "layer_groups": [
+            {
+                "kind": group.kind,
+                "layers": group.layers,
+                "kv_heads": group.kv_heads,
+                "head_dim": group.head_dim,
+                "window": group.window,
+                "bytes_per_token": group.bytes_per_token,
+                "scale_bytes_per_token": group.scale_bytes_per_token,
+                "cached_tokens": group.cached_tokens,
+                "token_slots": group.token_slots,
+                "bytes_per_sequence": group.bytes,
+                "formula": group.formula,
+            }
+            for group in cost.groups
+        ],
+        "beam_search_estimate": None
+        if estimate is None
+        else {
+            "low_bytes": estimate[0],
+            "high_bytes": estimate[1],
+            "note": "a seed's observation (+20-30% over batch x beams), not part of total_bytes; "
+            "HF transformers on an H200 measured beam search at exactly the greedy batch x beams figure",
+        },
+        "warnings": warnings,
+    }
+    if fit is not None:
+        document["memory_bytes"] = fit.memory_bytes
+        document["tokens_fit"] = fit.tokens
+        document["tokens_per_sequence_fit"] = fit.tokens_per_sequence
+    return document
+
+
+def kv_text(spec: ModelSpec, cost: KVCost, fit: MemoryFit | None = None) -> str:
+    lines = [
+        f"{spec.name} ({spec.source})   kv dtype {cost.dtype.name}, {cost.dtype.bytes:g} B per value   tp {cost.tp}"
+        + (f"   block size {cost.block_size}" if cost.block_size else ""),
+        "",
+        f"  {'group':<8} {'layers':>6} {'kv heads':>8} {'head dim':>8} {'window':>7} {'per token':>12} {'cached':>8} {'per sequence':>14}",
+    ]
+    for group in cost.groups:
+        window = str(group.window) if group.window else "-"
+        cached = group.token_slots
+        lines.append(
+            f"  {group.kind:<8} {group.layers:>6} {group.kv_heads:>8} {group.head_dim:>8} {window:>7} "
+            f"{format_bytes(group.bytes_per_token):>12} {cached:>8} {format_bytes(group.bytes):>14}"
+        )
+    lines.append("")
+    formulas = " + ".join(f"({group.formula})" for group in cost.groups)
+    rows = [
+        ("bytes per token", format_bytes(cost.bytes_per_token), formulas),
+        ("effective batch", str(cost.effective_batch), f"batch {cost.batch} x beams {cost.beams}"),
+        ("token tax", format_bytes(cost.token_tax_bytes), "added per generated token, whole batch"),
+        ("total", format_bytes(cost.total_bytes), f"{cost.effective_batch} x {format_bytes(cost.sequence_bytes)} per sequence of {cost.tokens} tokens, per GPU ({cost.total_bytes} B)"),
+    ]
+    if cost.tp > 1:
+        rows.append(("all GPUs", format_bytes(cost.total_bytes_all_gpus), f"x tp {cost.tp}"))
+    if cost.scale_bytes_per_token:
+        rows.append(("of which scales", format_bytes(cost.scale_bytes_per_token), "per token: " + cost.dtype.scale_note()))
+    elif cost.dtype.is_quantized:
+        rows.append(("scales", "-", cost.dtype.scale_note()))
+    estimate = beam_search_estimate(cost.total_bytes, cost.beams)
+    if estimate:
+        rows.append(("beam estimate", f"{format_bytes(estimate[0])} - {format_bytes(estimate[1])}", "seed's +20-30% observation, not in total"))
+    if fit is not None:
+        rows.append(("tokens that fit", f"{fit.tokens:,}", f"{format_bytes(fit.memory_bytes)} / {format_bytes(cost.bytes_per_token)} per token ({fit.memory_bytes} B / {cost.bytes_per_token} B)"))
+        longest = "any" if fit.tokens_per_sequence is None else f"{fit.tokens_per_sequence:,}"
+        why = f"tokens per sequence for {cost.effective_batch} sequences in {format_bytes(fit.memory_bytes)}, windows{' and blocks' if cost.block_size else ''} applied"
+        rows.append(("longest sequence", longest, why + (": every layer's window fits" if fit.tokens_per_sequence is None else "")))
+    width = max(len(label) for label, _, _ in rows)
+    value_width = max(len(value) for _, value, _ in rows)
+    lines += [f"{label:<{width}}  {value:>{value_width}}   {why}" for label, value, why in rows]
+    return "\n".join(lines)

@@ -1,0 +1,57 @@
+"""Shared fixtures: a locally built test model and one real vLLM engine per session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.support.tiny_model import build_model
+from tests.support.vllm_server import VllmServer, vllm_available
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def pytest_collection_modifyitems(config, items):
+    if vllm_available():
+        return
+    skip = pytest.mark.skip(reason="vLLM is not importable (install the CPU build: pip install -e '.[vllm]', see DEVELOPERS.md)")
+    for item in items:
+        if "vllm" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    """A 2-layer llama (4 heads, 2 KV heads, head_dim 64) with an offline-trained tokenizer."""
+    return build_model(tmp_path_factory.mktemp("models") / "tiny-llama")
+
+
+@pytest.fixture(scope="session")
+def vllm_engine(tiny_model, tmp_path_factory):
+    """The stock engine with a 4 MiB KV pool (32 blocks of 128 tokens): small enough to fill and preempt."""
+    server = VllmServer(tiny_model, tmp_path_factory.mktemp("logs") / "vllm-stock.log")
+    with server:
+        yield server
+
+
+class Ran:
+    def __init__(self, exit_code: int, stdout: str, stderr: str):
+        self.exit_code, self.stdout, self.stderr = exit_code, stdout, stderr
+
+
+@pytest.fixture
+def run_kvops():
+    """Run the CLI in-process: run_kvops("kv", "--model", ..., expect=0) -> stdout, stderr, exit code."""
+    from click.testing import CliRunner
+
+    from kvops.cli import main
+
+    def run(*args: str, expect: int | None = 0, input: str | None = None) -> Ran:
+        result = CliRunner().invoke(main, list(args), input=input, catch_exceptions=False)
+        ran = Ran(result.exit_code, result.stdout, result.stderr)
+        if expect is not None:
+            assert ran.exit_code == expect, f"kvops {' '.join(args)} exited {ran.exit_code}, wanted {expect}\n{ran.stderr}"
+        return ran
+
+    return run
