@@ -1,0 +1,1 @@
+"""Embedded data files: the default policy."""

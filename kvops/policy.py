@@ -1,0 +1,288 @@
+"""The degrade policy: levels, hysteresis, dwell, and what each level does to a request.
+
+The only module that knows 70/85/95. The watcher decides the level with a LevelTracker; the admission proxy and
+the vLLM KV-guard scheduler apply `policy.limits(level)` to each request with `clamp`. Pure: no I/O except
+reading the YAML file in `load_policy`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from enum import IntEnum
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from kvops.errors import KvopsError
+
+
+class Level(IntEnum):
+    """Pressure levels; the number is what /kvops/metrics exports (unknown = -1)."""
+
+    UNKNOWN = -1
+    OK = 0
+    WARN = 1
+    DEGRADE = 2
+    CRITICAL = 3
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+    @classmethod
+    def parse(cls, text: str) -> "Level":
+        try:
+            return cls[text.strip().upper()]
+        except KeyError:
+            raise ValueError(f"{text!r} is not a level; valid: {', '.join(level.label for level in cls)}") from None
+
+
+GRADED = (Level.WARN, Level.DEGRADE, Level.CRITICAL)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a level does to each new request."""
+
+    level: Level
+    max_tokens_cap: int | None = None  # cap on max new tokens; a request without a limit gets the cap
+    single_sequence: bool = False  # force n, best_of and beam width to 1
+    reject: bool = False  # answer 503 + Retry-After, do not forward
+    retry_after_seconds: int | None = None
+    reset_prefix_cache: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "level": self.level.label,
+            "max_tokens_cap": self.max_tokens_cap,
+            "single_sequence": self.single_sequence,
+            "reject": self.reject,
+            "retry_after_seconds": self.retry_after_seconds,
+            "reset_prefix_cache": self.reset_prefix_cache,
+        }
+
+
+@dataclass(frozen=True)
+class SignalRule:
+    """A saturation signal beyond KV %: when it fires, the level is at least `raise_to` (None: alert only)."""
+
+    name: str
+    raise_to: Level | None
+    window_seconds: float = 60.0
+    min_growth: float = 0.0  # queue_growth: requests
+    seconds: float = 0.0  # stall: no tokens for this long
+    below: float = 0.0  # prefix_cache_hit_rate: alert under this fraction
+
+
+@dataclass(frozen=True)
+class Policy:
+    thresholds: dict[Level, float]
+    hysteresis: float
+    min_dwell_seconds: float
+    actions: dict[Level, Limits]
+    signals: dict[str, SignalRule] = field(default_factory=dict)
+    unknown_mode: str = "fail-open"
+    stale_after_failures: int = 3
+
+    def raw_level(self, usage: float) -> Level:
+        """The level usage alone implies, without hysteresis."""
+        level = Level.OK
+        for graded in GRADED:
+            if usage >= self.thresholds[graded]:
+                level = graded
+        return level
+
+    def limits(self, level: Level, last_known: Level = Level.OK) -> Limits:
+        """The limits in force at a level; at `unknown` they depend on the fail-open/fail-closed mode."""
+        if level == Level.UNKNOWN:
+            level = last_known if self.unknown_mode == "fail-closed" else Level.OK
+            return replace(self.actions.get(level, Limits(level)), level=Level.UNKNOWN)
+        return self.actions.get(level, Limits(level))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "levels": {level.label: self.thresholds[level] for level in GRADED},
+            "hysteresis": self.hysteresis,
+            "min_dwell_seconds": self.min_dwell_seconds,
+            "actions": {level.label: self.actions[level].to_dict() for level in GRADED},
+            "unknown": {"mode": self.unknown_mode, "stale_after_failures": self.stale_after_failures},
+        }
+
+
+class LevelTracker:
+    """Turns a stream of usage readings into a level that does not flap.
+
+    Up is immediate. Down needs usage below (threshold of the current level - hysteresis) and at least
+    min_dwell_seconds spent in the current level; it then lands on the level that usage + hysteresis implies.
+    A signal floor (queue growth, preemptions, stall) holds the level up the same way.
+    """
+
+    def __init__(self, policy: Policy):
+        self.policy = policy
+        self.level = Level.OK
+        self.last_known = Level.OK
+        self.since: float | None = None
+
+    def update(self, usage: float | None, now: float, floor: Level = Level.OK) -> Level:
+        if usage is None:
+            if self.level != Level.UNKNOWN:
+                self.last_known = self.level
+                self.level, self.since = Level.UNKNOWN, now
+            return self.level
+        target = max(self.policy.raw_level(usage), floor)
+        current = self.last_known if self.level == Level.UNKNOWN else self.level
+        if target >= current:
+            if target != self.level:
+                self.level, self.since = target, now
+            return self.level
+        dwelt = self.since is None or now - self.since >= self.policy.min_dwell_seconds
+        relaxed = max(self.policy.raw_level(usage + self.policy.hysteresis), floor)
+        if dwelt and relaxed < current:
+            self.level, self.since = relaxed, now
+        elif self.level == Level.UNKNOWN:
+            self.level, self.since = current, now
+        return self.level
+
+    def limits(self) -> Limits:
+        return self.policy.limits(self.level, self.last_known)
+
+
+@dataclass(frozen=True)
+class RequestParams:
+    """The request fields a level may change, engine-neutral (OpenAI max_tokens/n/best_of/use_beam_search, TGI max_new_tokens/best_of)."""
+
+    max_tokens: int | None = None
+    n: int = 1
+    best_of: int | None = None
+    beam_width: int | None = None  # beams when beam search is on
+
+
+def clamp(params: RequestParams, limits: Limits) -> tuple[RequestParams, list[str]]:
+    """The request as the level allows it, and what changed ('max_tokens 1024->512', 'n 4->1', ...)."""
+    changes: list[str] = []
+    result = params
+    cap = limits.max_tokens_cap
+    if cap is not None and (params.max_tokens is None or params.max_tokens > cap):
+        changes.append(f"max_tokens {'unset' if params.max_tokens is None else params.max_tokens}->{cap}")
+        result = replace(result, max_tokens=cap)
+    if limits.single_sequence:
+        if params.n > 1:
+            changes.append(f"n {params.n}->1")
+            result = replace(result, n=1)
+        if params.best_of is not None and params.best_of > 1:
+            changes.append(f"best_of {params.best_of}->1")
+            result = replace(result, best_of=1)
+        if params.beam_width is not None and params.beam_width > 1:
+            changes.append(f"beam_width {params.beam_width}->1")
+            result = replace(result, beam_width=1)
+    return result, changes
+
+
+# --- loading -------------------------------------------------------------------------------------------
+
+
+class PolicyError(KvopsError):
+    """A policy file that cannot be used, named with the key at fault."""
+
+
+def default_policy_text() -> str:
+    return resources.files("kvops.data").joinpath("policy.yaml").read_text()
+
+
+def load_policy(path: str | Path | None = None) -> Policy:
+    """The shipped default, or a YAML file laid out like it (any key left out keeps its default)."""
+    import yaml
+
+    defaults = yaml.safe_load(default_policy_text())
+    if path is None:
+        return policy_from_dict(defaults, "default policy")
+    where = str(path)
+    try:
+        loaded = yaml.safe_load(Path(path).read_text())
+    except OSError as exc:
+        raise PolicyError(f"{where}: cannot read ({exc.strerror or exc})") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise PolicyError(f"{where}: not valid YAML{at}") from None
+    if loaded is None:
+        loaded = {}
+    if not isinstance(loaded, dict):
+        raise PolicyError(f"{where}: a policy must be a YAML mapping with levels, actions, signals, unknown")
+    return policy_from_dict(_merge(defaults, loaded), where)
+
+
+def _merge(base: dict, override: dict) -> dict:
+    merged = dict(base)
+    for key, value in override.items():
+        merged[key] = _merge(base[key], value) if isinstance(value, dict) and isinstance(base.get(key), dict) else value
+    return merged
+
+
+def policy_from_dict(data: dict[str, Any], where: str) -> Policy:
+    known = {"levels", "hysteresis", "min_dwell_seconds", "actions", "signals", "unknown"}
+    unknown_keys = sorted(set(data) - known)
+    if unknown_keys:
+        raise PolicyError(f"{where}: unknown key {unknown_keys[0]!r}; valid: {', '.join(sorted(known))}")
+    thresholds = {level: _fraction(data["levels"], level.label, f"{where}: levels") for level in GRADED}
+    for lower, upper in zip(GRADED, GRADED[1:]):
+        if thresholds[lower] >= thresholds[upper]:
+            raise PolicyError(f"{where}: levels.{lower.label} {thresholds[lower]} must be below levels.{upper.label} {thresholds[upper]}")
+    hysteresis = _number(data, "hysteresis", where, low=0.0, high=0.5)
+    dwell = _number(data, "min_dwell_seconds", where, low=0.0, high=86400.0)
+    actions = {level: _limits(level, data["actions"].get(level.label) or {}, f"{where}: actions.{level.label}") for level in GRADED}
+    signals = {name: _signal(name, rule or {}, f"{where}: signals.{name}") for name, rule in (data.get("signals") or {}).items()}
+    unknown = data.get("unknown") or {}
+    mode = unknown.get("mode", "fail-open")
+    if mode not in ("fail-open", "fail-closed"):
+        raise PolicyError(f"{where}: unknown.mode {mode!r}; valid: fail-open, fail-closed")
+    stale = unknown.get("stale_after_failures", 3)
+    if not isinstance(stale, int) or isinstance(stale, bool) or stale < 1:
+        raise PolicyError(f"{where}: unknown.stale_after_failures {stale!r} must be a positive integer")
+    return Policy(thresholds, hysteresis, dwell, actions, signals, mode, stale)
+
+
+_ACTION_KEYS = {"max_tokens_cap", "single_sequence", "reject", "retry_after_seconds", "reset_prefix_cache"}
+_SIGNALS = {"queue_growth": ("window_seconds", "min_growth"), "preemptions": ("window_seconds",), "stall": ("seconds",), "prefix_cache_hit_rate": ("window_seconds", "below")}
+
+
+def _limits(level: Level, data: dict, where: str) -> Limits:
+    extra = sorted(set(data) - _ACTION_KEYS)
+    if extra:
+        raise PolicyError(f"{where}: unknown action {extra[0]!r}; valid: {', '.join(sorted(_ACTION_KEYS))}")
+    cap = data.get("max_tokens_cap")
+    if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 1):
+        raise PolicyError(f"{where}.max_tokens_cap {cap!r} must be a positive integer or null")
+    retry = data.get("retry_after_seconds")
+    if data.get("reject") and (not isinstance(retry, int) or isinstance(retry, bool) or retry < 1):
+        raise PolicyError(f"{where}.retry_after_seconds {retry!r} must be a positive integer when reject is true")
+    for flag in ("single_sequence", "reject", "reset_prefix_cache"):
+        if not isinstance(data.get(flag, False), bool):
+            raise PolicyError(f"{where}.{flag} {data[flag]!r} must be true or false")
+    return Limits(level, cap, data.get("single_sequence", False), data.get("reject", False), retry if data.get("reject") else None, data.get("reset_prefix_cache", False))
+
+
+def _signal(name: str, data: dict, where: str) -> SignalRule:
+    if name not in _SIGNALS:
+        raise PolicyError(f"{where}: unknown signal; valid: {', '.join(_SIGNALS)}")
+    raise_to = str(data.get("raise_to", "none"))
+    try:
+        level = None if raise_to == "none" else Level.parse(raise_to)
+    except ValueError:
+        raise PolicyError(f"{where}.raise_to {raise_to!r}; valid: none, warn, degrade, critical") from None
+    if level in (Level.UNKNOWN, Level.OK):
+        raise PolicyError(f"{where}.raise_to {raise_to!r}; valid: none, warn, degrade, critical")
+    fields = {key: _number(data, key, where, low=0.0, high=1e9) for key in _SIGNALS[name] if key in data}
+    return SignalRule(name=name, raise_to=level, **fields)
+
+
+def _fraction(data: dict, key: str, where: str) -> float:
+    return _number(data, key, where, low=0.0, high=1.0, exclusive_low=True)
+
+
+def _number(data: dict, key: str, where: str, *, low: float, high: float, exclusive_low: bool = False) -> float:
+    value = data.get(key)
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and (value > low if exclusive_low else value >= low) and value <= high
+    if not ok:
+        raise PolicyError(f"{where}.{key} {value!r} must be a number in {'(' if exclusive_low else '['}{low:g}, {high:g}]")
+    return float(value)

@@ -1,0 +1,1 @@
+"""The watcher sidecar: metric sources, pressure signals, the poll loop, alerts, /kvops/* endpoints."""
