@@ -16,6 +16,7 @@ COMMANDS = {
     "table": "kvops.cli.kv:table",
     "plot": "kvops.cli.kv:plot",
     "models": "kvops.cli.kv:models",
+    "tokens": "kvops.cli.tokens:tokens",
 }
 
 
