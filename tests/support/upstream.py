@@ -1,0 +1,63 @@
+"""A fast local upstream for proxy tests and benchmarks: records what it receives, answers at once.
+
+It is not an engine: the proxy's mechanics (what reaches the upstream, streaming, cancellation, errors) are
+what it measures; the proxy is also tested in front of the real vLLM engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Received:
+    method: str
+    path: str
+    query: str
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self):
+        return json.loads(self.body)
+
+
+@dataclass
+class RecordingUpstream:
+    chunks: int = 5
+    chunk_delay: float = 0.0
+    received: list[Received] = field(default_factory=list)
+    cancelled: list[str] = field(default_factory=list)
+
+    def app(self):
+        from aiohttp import web
+
+        app = web.Application(client_max_size=64 << 20)
+        app.router.add_route("*", "/hang", self.hang)
+        app.router.add_route("*", "/{tail:.*}", self.answer)
+        return app
+
+    async def answer(self, request):
+        from aiohttp import web
+
+        body = await request.read()
+        self.received.append(Received(request.method, request.path, request.query_string, dict(request.headers), body))
+        streaming = request.path.endswith("_stream") or (body[:1] == b"{" and json.loads(body).get("stream") is True)
+        if not streaming:
+            return web.json_response({"path": request.path, "bytes": len(body)})
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        try:
+            for index in range(self.chunks):
+                await response.write(f"data: {json.dumps({'index': index})}\n\n".encode())
+                await asyncio.sleep(self.chunk_delay)
+            await response.write(b"data: [DONE]\n\n")
+        except (asyncio.CancelledError, ConnectionResetError):
+            self.cancelled.append(request.path)
+            raise
+        return response
+
+    async def hang(self, request):
+        await request.read()
+        await asyncio.sleep(3600)
