@@ -16,6 +16,9 @@ COMMANDS = {
     "table": "kvops.cli.kv:table",
     "plot": "kvops.cli.kv:plot",
     "models": "kvops.cli.kv:models",
+    "plan": "kvops.cli.plan:plan",
+    "calibrate": "kvops.cli.plan:calibrate",
+    "sweep": "kvops.cli.plan:sweep",
 }
 
 
