@@ -136,7 +136,7 @@ def calibrate_vllm(log: VllmLog | None, labels: dict[str, str] | None, plan: Pla
     cudagraph = log.cudagraph_bytes(plan_total) if log else None
 
     add("weights", "bytes", facts.get("weights_bytes"), lines.get("weights_bytes", ""))
-    add("activation", "bytes", facts.get("activation_bytes"), lines.get("activation_bytes", ""))
+    add("activation", "bytes", log.activation_bytes if log else None, lines.get("activation_bytes") or lines.get("peak_torch_bytes", ""))
     add("non_torch", "bytes", facts.get("non_torch_bytes"), lines.get("non_torch_bytes", ""))
     add("cuda_graphs", "bytes", cudagraph, lines.get("cudagraph_bytes") or lines.get("cudagraph_utilization", ""))
     overhead = None
@@ -166,7 +166,7 @@ def calibrate_vllm(log: VllmLog | None, labels: dict[str, str] | None, plan: Pla
         total_memory_bytes=total,
         gpu_memory_utilization=util if not pinned else None,
         weights_bytes=facts.get("weights_bytes"),
-        activation_bytes=facts.get("activation_bytes"),
+        activation_bytes=log.activation_bytes if log else None,
         non_torch_bytes=facts.get("non_torch_bytes"),
         cudagraph_bytes=cudagraph,
         overhead_bytes=overhead if overhead is not None and overhead >= 0 else None,

@@ -110,8 +110,8 @@ def plan_text(plan: Plan) -> str:
     if plan.notes:
         lines += ["", "notes"] + [f"  {note}" for note in plan.notes]
     if plan.estimates:
-        lines += ["", "estimates (replace them with measurements)"]
-        lines += [f"  {term.name}: {format_bytes(term.bytes)} - {term.measure}" for term in plan.estimates]
+        items = ", ".join(f"{term.name} {format_bytes(term.bytes)}" for term in plan.estimates)
+        lines += ["", f"estimates: {items}", f"  {plan.estimates[0].measure}"]
     if plan.ways_out:
         lines += ["", "ways out"] + [f"  {line}" for line in ways_out_lines(plan)]
     return "\n".join(lines)

@@ -9,7 +9,8 @@ Read (each as it appears in some release; the first occurrence wins, TP workers 
               by kv_cache_memory_bytes" (pinned), CPU "Explicitly set (1.0/31.28) GiB for KV cache";
 - totals:     "total_gpu_memory (23.58GiB) x gpu_memory_utilization (0.99)" and "total_gpu_memory=23.58GiB"
               (V0), CPU "(1.0/31.28) GiB";
-- overheads:  "non_torch_memory takes 0.20GiB", "PyTorch activation peak memory takes 0.37GiB" (V0), DEBUG
+- overheads:  "non_torch_memory takes 0.20GiB", "PyTorch activation peak memory takes 0.37GiB" and
+              "peak_torch_memory=17.98GiB" (weights + activation peak, V0), DEBUG
               "torch peak memory increase: X GiB", "Estimated CUDA graph memory: 0.17 GiB total", "The current
               --gpu-memory-utilization=0.9200 is equivalent to --gpu-memory-utilization=0.9129 without CUDA graph
               memory profiling", "Graph capturing finished in 5 secs, took 0.52 GiB";
@@ -57,6 +58,7 @@ PATTERNS: list[tuple[str, re.Pattern, Any]] = [
     ("non_torch_bytes", re.compile(r"non_torch_memory(?: takes |=)" + _NUMBER + r" ?GiB"), lambda m: gib(m.group(1))),
     ("activation_bytes", re.compile(r"PyTorch activation peak memory takes " + _NUMBER + r" ?GiB"), lambda m: gib(m.group(1))),
     ("activation_bytes", re.compile(r"torch peak memory increase: " + _NUMBER + r" ?GiB"), lambda m: gib(m.group(1))),
+    ("peak_torch_bytes", re.compile(r"peak_torch_memory=" + _NUMBER + r" ?GiB"), lambda m: gib(m.group(1))),
     ("cudagraph_bytes", re.compile(r"Estimated CUDA graph memory: " + _NUMBER + r" ?GiB"), lambda m: gib(m.group(1))),
     ("cudagraph_utilization", re.compile(r"current --gpu-memory-utilization=" + _NUMBER + r" is equivalent to --gpu-memory-utilization=" + _NUMBER), lambda m: (float(m.group(1)), float(m.group(2)))),
     ("cudagraph_captured_bytes", re.compile(r"Graph capturing finished in \d+ secs?, took " + _NUMBER + r" GiB"), lambda m: gib(m.group(1))),
@@ -112,6 +114,15 @@ class VllmLog:
     @property
     def args(self) -> dict[str, Any]:
         return self.facts.get("args", {})
+
+    @property
+    def activation_bytes(self) -> int | None:
+        """The activation peak: logged directly, or V0's peak torch memory less the weights."""
+        if "activation_bytes" in self.facts:
+            return self.facts["activation_bytes"]
+        if "peak_torch_bytes" in self.facts and "weights_bytes" in self.facts:
+            return self.facts["peak_torch_bytes"] - self.facts["weights_bytes"]
+        return None
 
     def cudagraph_bytes(self, total: int | None) -> int | None:
         """The CUDA-graph estimate vLLM applied: logged in GiB, or as the utilization it is worth."""
