@@ -306,12 +306,14 @@ def _vllm_memory(inputs: PlanInputs, batched: int, sampler_seqs: int) -> tuple[l
     if inputs.kv_cache_memory_bytes is not None:
         kv = inputs.kv_cache_memory_bytes
         kv_term = Term("kv_cache", kv, "input", "--kv-cache-memory-bytes: vLLM skips its memory profile and allocates exactly this")
-        if gpu is not None:
-            terms.append(Term("total", _total(inputs), "measured" if profile and profile.total_memory_bytes else "input", _total_formula(inputs)))
-        terms += [weights, *overheads, kv_term]
-        if gpu is not None:
-            used = weights.bytes + sum(term.bytes for term in overheads) + kv
-            terms.append(Term("headroom", _total(inputs) - used, "computed", "total - weights - activation - non-torch - CUDA graphs - KV cache"))
+        if gpu is None:
+            return [weights, kv_term], kv, warnings  # nothing to check the other terms against
+        used = weights.bytes + sum(term.bytes for term in overheads) + kv
+        terms = [
+            Term("total", _total(inputs), "measured" if profile and profile.total_memory_bytes else "input", _total_formula(inputs)),
+            weights, *overheads, kv_term,
+            Term("headroom", _total(inputs) - used, "computed", "total - weights - activation - non-torch - CUDA graphs - KV cache"),
+        ]
         return terms, kv, warnings
     if gpu is None:
         raise UsageError("missing --gpu NAME or --gpu-memory SIZE (or pin the KV cache with --kv-cache-memory-bytes)")
@@ -396,6 +398,8 @@ def _vllm_max_num_seqs(inputs: PlanInputs, under_warn: int, defaults: vllm.Batch
         if inputs.max_num_seqs > under_warn * seqs_per_request:
             result.warnings.append(f"--max-num-seqs {inputs.max_num_seqs} lets more sequences run than stay under the warn level ({under_warn * seqs_per_request}): expect KV pressure and preemptions")
         return inputs.max_num_seqs
+    if under_warn < 1:
+        result.warnings.append(f"not one request of the expected size stays under the warn level ({inputs.warn_level:.0%}): the watcher will degrade the service from the first long request")
     wanted = max(1, under_warn) * seqs_per_request
     if isinstance(inputs.concurrency, int):
         wanted = max(min(wanted, defaults.max_num_seqs), inputs.concurrency * seqs_per_request)
@@ -513,11 +517,16 @@ def _plan_tgi(inputs: PlanInputs) -> Plan:
     per_token = tgi.kv_bytes_per_token(spec, dtype, tp, inputs.v_head_dim)
     model_limit = _model_limit(spec)
     prefill = inputs.batched_tokens or min(_tgi_default_prefill(spec), model_limit)
+    chunking = attention.supports_chunking
+    if not chunking and inputs.batched_tokens is None:
+        # Without prefill chunking a whole prompt must fit one prefill batch: size the warmup for the longest prompt.
+        given = inputs.max_input_tokens or (inputs.max_model_len - 1 if isinstance(inputs.max_model_len, int) else None)
+        prefill = max(prefill, given or 0)
 
     memory, kv_bytes, warnings = _tgi_memory(inputs, prefill)
     cap = tgi.tgi_capacity(kv_bytes, per_token, attention.block_size)
     result = Plan(inputs, memory, kv_bytes, {}, {}, [], tgi_flags.ROCM_IMAGE if gpu.vendor == "amd" else tgi_flags.IMAGE, tgi_flags.PORT, warnings=warnings)
-    result.notes.append(f"attention {attention.backend} (block size {attention.block_size}): {attention.reason}; prefill chunking {'on' if attention.supports_chunking else 'off'}")
+    result.notes.append(f"attention {attention.backend} (block size {attention.block_size}): {attention.reason}; prefill chunking {'on' if chunking else 'off'}")
     sequences = inputs.workload.sequences
     target = inputs.concurrency if isinstance(inputs.concurrency, int) else 1
 
@@ -528,9 +537,10 @@ def _plan_tgi(inputs: PlanInputs) -> Plan:
         length = inputs.max_model_len
     else:
         length = min(model_limit, cap.max_batch_total_tokens) if cap.max_batch_total_tokens > 1 else model_limit
+    if not chunking and not isinstance(inputs.max_model_len, int) and inputs.max_input_tokens is None and length > prefill + 1:
+        length = prefill + 1
+        result.notes.append(f"prefill chunking is off: max-total-tokens held to --max-batch-prefill-tokens + 1 ({length}); raise --max-batch-prefill-tokens for longer prompts (it costs warmup memory)")
     max_input = inputs.max_input_tokens if inputs.max_input_tokens is not None else max(1, length - 1)
-    if not attention.supports_chunking and inputs.batched_tokens is None:
-        prefill = max(prefill, max_input)
     reservation = _tgi_reservation(inputs.workload, max_input, length)
     blocks_per_request = sequences * -(-reservation // attention.block_size)
     under_warn = floor(inputs.warn_level * cap.usable_blocks / blocks_per_request) if blocks_per_request else 0
@@ -619,6 +629,7 @@ def _tgi_warnings(inputs: PlanInputs, attention: tgi.Attention, result: Plan) ->
     if inputs.workload.sequences > 1:
         result.notes.append(f"{inputs.workload.sequences} sequences per request: TGI's best_of runs each as an independent request with its own full reservation and concurrency permit")
     result.notes.append(f"each request reserves input + min(max_new_tokens, {tgi.DEFAULT_GENERATION_LENGTH}) tokens up front; TGI never preempts, requests wait in the queue")
+    result.notes.append(f"--max-batch-total-tokens is not emitted: TGI ignores it on flash models (\"{tgi_flags.MAX_BATCH_TOTAL_TOKENS_IGNORED}\") and sizes the pool from free memory")
     graphs = common.CUDA_GRAPH_ESTIMATE
     spare = floor(_total(inputs) * (inputs.memory_fraction or 1.0)) - floor(_total(inputs) * (inputs.memory_fraction or 1.0) * tgi.TGI_WIGGLE_ROOM)
     if graphs > spare:

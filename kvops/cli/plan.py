@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any, Callable
 
 import click
 
 from kvops.cli.options import POSITIVE, json_option, model_option, print_json, warn
-from kvops.errors import KvopsError, UsageError
+from kvops.errors import KvopsError
 from kvops.units import parse_bytes
 
 
@@ -167,6 +166,11 @@ def _v_head_dim(spec) -> int | None:
     return (config.get("text_config") or config).get("v_head_dim")
 
 
+def run_options(function: Callable) -> Callable:
+    """The plan options, for the run being calibrated: the model may come from the log."""
+    return engine_options(function, model_required=False)
+
+
 @click.command()
 @click.option("--vllm-log", type=click.Path(exists=True, dir_okay=False), help="A vLLM startup log (any release: old and new wordings).")
 @click.option("--tgi-log", type=click.Path(exists=True, dir_okay=False), help="A TGI launcher log (plain or --json-output).")
@@ -174,7 +178,7 @@ def _v_head_dim(spec) -> int | None:
 @click.option("--save", "save_path", metavar="PROFILE", help="Write the measured terms as a profile (YAML, or JSON for *.json) for `kvops plan --profile`.")
 @json_option
 @click.pass_context
-@lambda function: engine_options(function, model_required=False)
+@run_options
 def calibrate(ctx, vllm_log, tgi_log, metrics_url, save_path, as_json, **options):
     """Predicted against actual, term by term, for an engine run; save what it measured as a profile."""
     from kvops.calibrate import cache_config_info, calibrate_tgi, calibrate_vllm, tgi_plan_options, vllm_plan_options

