@@ -111,6 +111,9 @@ def plan_text(plan: Plan) -> str:
     lines += ["", "capacity"] + [f"  {line}" for line in _capacity_lines(plan)]
     if plan.notes:
         lines += ["", "notes"] + [f"  {note}" for note in plan.notes]
+    other_warnings = [warning for warning in plan.warnings if not warning.startswith("estimates in this plan")]
+    if other_warnings:
+        lines += ["", "warnings"] + [f"  {warning}" for warning in other_warnings]
     if plan.estimates:
         items = ", ".join(f"{term.name} {format_bytes(term.bytes)}" for term in plan.estimates)
         lines += ["", f"estimates: {items}", f"  {plan.estimates[0].measure}"]
