@@ -17,6 +17,9 @@ COMMANDS = {
     "plot": "kvops.cli.kv:plot",
     "models": "kvops.cli.kv:models",
     "tokens": "kvops.cli.tokens:tokens",
+    "plan": "kvops.cli.plan:plan",
+    "calibrate": "kvops.cli.plan:calibrate",
+    "sweep": "kvops.cli.plan:sweep",
 }
 
 

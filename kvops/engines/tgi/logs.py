@@ -1,0 +1,88 @@
+"""TGI launcher/router/shard log lines (plain text or `--json-output`), as TGI v2-v3 word them.
+
+- router (backends/v3/src/lib.rs): "Setting max batch total tokens to 133696" (the KV pool in tokens);
+  "Model does not support automatic max batch total tokens" (non-flash models: a 16000 default);
+- router (backends/v3/src/main.rs): "Maximum input tokens defaulted to N", "Maximum total tokens defaulted to N";
+- shard (flash_causal_lm.py): "KV-cache blocks: N, size: B";
+- launcher (main.rs): "Using attention flashinfer - Prefix caching true", "Default `max_batch_prefill_tokens` to N",
+  "Sharding model on N processes", and the `Args { ... }` dump (model_id, num_shard, cuda_memory_fraction, ...).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+PATTERNS: list[tuple[str, re.Pattern, Any]] = [
+    ("max_batch_total_tokens", re.compile(r"Setting max batch total tokens to (\d+)"), lambda m: int(m.group(1))),
+    ("no_automatic_total", re.compile(r"Model does not support automatic max batch total tokens"), lambda m: True),
+    ("max_input_tokens", re.compile(r"Maximum input tokens defaulted to (\d+)"), lambda m: int(m.group(1))),
+    ("max_total_tokens", re.compile(r"Maximum total tokens defaulted to (\d+)"), lambda m: int(m.group(1))),
+    ("kv_blocks", re.compile(r"KV-cache blocks: (\d+), size: (\d+)"), lambda m: (int(m.group(1)), int(m.group(2)))),
+    ("attention", re.compile(r"Using attention (\S+) - Prefix caching (\S+)"), lambda m: (m.group(1), m.group(2))),
+    ("max_batch_prefill_tokens", re.compile(r"Default `max_batch_prefill_tokens` to (\d+)"), lambda m: int(m.group(1))),
+    ("num_shard", re.compile(r"Sharding model on (\d+) processes"), lambda m: int(m.group(1))),
+]
+_ARGS = re.compile(r"Args \{(.*)\}")
+_ARG_FIELDS = {
+    "model_id": re.compile(r'model_id: "([^"]+)"'),
+    "num_shard": re.compile(r"num_shard: Some\((\d+)\)"),
+    "cuda_memory_fraction": re.compile(r"cuda_memory_fraction: ([\d.]+)"),
+    "max_batch_prefill_tokens": re.compile(r"max_batch_prefill_tokens: (?:Some\()?(\d+)"),
+    "max_total_tokens": re.compile(r"max_total_tokens: (?:Some\()?(\d+)"),
+    "max_input_tokens": re.compile(r"max_input_(?:tokens|length): (?:Some\()?(\d+)"),
+    "kv_cache_dtype": re.compile(r"kv_cache_dtype: Some\((\w+)\)"),
+}
+
+
+@dataclass
+class TgiLog:
+    facts: dict[str, Any] = field(default_factory=dict)
+    args: dict[str, Any] = field(default_factory=dict)
+    lines: dict[str, str] = field(default_factory=dict)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self.facts.get(name, default)
+
+
+def parse_tgi_log(text: str) -> TgiLog:
+    log = TgiLog()
+    for raw in text.splitlines():
+        line = _message(raw)
+        args = _ARGS.search(line)
+        if args and not log.args:
+            log.args = _args(args.group(1))
+        for name, pattern, convert in PATTERNS:
+            if name in log.facts:
+                continue
+            match = pattern.search(line)
+            if match:
+                log.facts[name] = convert(match)
+                log.lines[name] = line.strip()
+    return log
+
+
+def _message(raw: str) -> str:
+    """A `--json-output` line's message, or the plain line."""
+    text = raw.strip()
+    if text.startswith("{"):
+        try:
+            record = json.loads(text)
+        except json.JSONDecodeError:
+            return text
+        if isinstance(record, dict):
+            fields = record.get("fields") if isinstance(record.get("fields"), dict) else record
+            return str(fields.get("message", text))
+    return text
+
+
+def _args(body: str) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    for name, pattern in _ARG_FIELDS.items():
+        match = pattern.search(body)
+        if match:
+            value = match.group(1)
+            found[name] = float(value) if name == "cuda_memory_fraction" else int(value) if value.isdigit() else value
+    return found

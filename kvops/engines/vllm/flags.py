@@ -1,0 +1,51 @@
+"""`vllm serve` flags (vLLM 0.32.0, `vllm/engine/arg_utils.py`): names, value spellings, the argv and images."""
+
+from __future__ import annotations
+
+from kvops.dtypes import KvDtype
+from kvops.errors import UsageError
+
+PROGRAM = ("vllm", "serve")
+IMAGE = "vllm/vllm-openai:v0.32.0"  # docs.vllm.ai deployment/docker: the official image, entrypoint `vllm serve`
+ROCM_IMAGE = "vllm/vllm-openai-rocm:v0.32.0"
+PORT = 8000
+GUARD_SCHEDULER = "kvops_vllm.scheduler.KVGuardScheduler"  # the KV-guard scheduler plugin (issue 5)
+
+# kvops KV dtype -> `--kv-cache-dtype` (CacheDType in vllm/config/cache.py)
+_KV_CACHE_DTYPES = {
+    "bf16": "bfloat16",
+    "fp16": "float16",
+    "fp8": "fp8",
+    "fp8_e4m3": "fp8_e4m3",
+    "fp8_e5m2": "fp8_e5m2",
+    "int8": "int8_per_token_head",
+    "int4": "int4_per_token_head",
+}
+CPU_KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")  # CPUAttentionBackend.supported_kv_cache_dtypes
+
+
+def kv_cache_dtype(dtype: KvDtype, model_dtype: str, device: str) -> str:
+    """The `--kv-cache-dtype` value: 'auto' when the cache keeps the model's own dtype."""
+    value = "auto" if dtype.name == model_dtype else _KV_CACHE_DTYPES.get(dtype.name)
+    if value is None:
+        raise UsageError(f"--kv-dtype {dtype.name}: vLLM has no {dtype.name} KV cache; valid: auto, {', '.join(_KV_CACHE_DTYPES)}")
+    if device == "cpu" and value not in CPU_KV_CACHE_DTYPES:
+        raise UsageError(f"--kv-dtype {dtype.name}: vLLM's CPU attention takes --kv-cache-dtype {', '.join(CPU_KV_CACHE_DTYPES)} only")
+    return value
+
+
+def argv(flags: dict[str, object], program: tuple[str, ...] = PROGRAM) -> list[str]:
+    """`vllm serve --model M --flag value ...`; a True value is a bare switch."""
+    args = list(program)
+    for name, value in flags.items():
+        if value is True:
+            args.append(f"--{name}")
+        elif value is not None and value is not False:
+            args += [f"--{name}", _text(value)]
+    return args
+
+
+def _text(value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)

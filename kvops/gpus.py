@@ -1,0 +1,71 @@
+"""The GPU catalog: each device with the total memory its vendor tool reports, and where that figure comes from.
+
+Names match case-insensitively by id or alias ("h100", "H100-80GB", "rtx4090"); `--gpu-memory 80GiB` overrides
+the figure (or stands alone for a device the catalog lacks).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from functools import lru_cache
+from importlib import resources
+
+from kvops.errors import UsageError
+
+MiB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Gpu:
+    id: str
+    name: str  # the product name nvidia-smi / rocm-smi prints
+    vendor: str  # "nvidia", "amd" or "custom"
+    memory_bytes: int  # total per device, as reported_by shows it
+    reported_by: str
+    source: str
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def memory_mib(self) -> float:
+        return self.memory_bytes / MiB
+
+    def with_memory(self, memory_bytes: int) -> "Gpu":
+        """The same device with an overridden total (`--gpu-memory`)."""
+        return replace(self, memory_bytes=memory_bytes, reported_by="--gpu-memory", source=f"--gpu-memory override of {self.id}")
+
+    def to_dict(self) -> dict:
+        return {"id": self.id, "name": self.name, "vendor": self.vendor, "memory_bytes": self.memory_bytes, "reported_by": self.reported_by, "source": self.source}
+
+
+@lru_cache(maxsize=1)
+def gpu_catalog() -> tuple[Gpu, ...]:
+    data = json.loads(resources.files("kvops.catalog").joinpath("gpus.json").read_text())
+    gpus = []
+    for item in data["gpus"]:
+        memory = item["memory_bytes"] if "memory_bytes" in item else item["memory_mib"] * MiB
+        gpus.append(Gpu(item["id"], item["name"], item["vendor"], memory, item["reported_by"], item["source"], tuple(item.get("aliases", ()))))
+    return tuple(gpus)
+
+
+def find_gpu(name: str) -> Gpu:
+    key = name.strip().lower()
+    for gpu in gpu_catalog():
+        if key in (gpu.id.lower(), gpu.name.lower(), *(alias.lower() for alias in gpu.aliases)):
+            return gpu
+    valid = ", ".join(gpu.id for gpu in gpu_catalog())
+    raise UsageError(f"--gpu {name!r} is not in the GPU catalog; valid: {valid} (or give --gpu-memory SIZE)")
+
+
+def custom_gpu(memory_bytes: int) -> Gpu:
+    return Gpu("custom", "custom device", "custom", memory_bytes, "--gpu-memory", "--gpu-memory")
+
+
+def resolve_gpu(name: str | None, memory_bytes: int | None) -> Gpu:
+    """`--gpu NAME` and/or `--gpu-memory SIZE`: at least one is needed."""
+    if name is None and memory_bytes is None:
+        raise UsageError("missing --gpu NAME (e.g. H100-80GB; `kvops plan --help` lists them) or --gpu-memory SIZE")
+    if name is None:
+        return custom_gpu(memory_bytes)
+    gpu = find_gpu(name)
+    return gpu.with_memory(memory_bytes) if memory_bytes is not None else gpu

@@ -1,0 +1,111 @@
+"""Plans for every catalog model on every catalog GPU: a pandas table and a plot (pandas and matplotlib load here only)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Iterable
+
+from kvops.dtypes import resolve_kv_dtype
+from kvops.errors import KvopsError
+from kvops.formula import kv_cost
+from kvops.gpus import Gpu
+from kvops.model.spec import ModelSpec
+from kvops.plan import PlanInputs, predict
+
+if TYPE_CHECKING:
+    import pandas
+
+COLUMNS = [
+    "engine", "model", "gpu", "gpu_memory_bytes", "tp", "kv_dtype", "kv_dtype_resolved", "max_model_len", "fits", "problem",
+    "weights_bytes", "kv_cache_bytes", "kv_bytes_per_token_per_gpu", "num_blocks", "kv_tokens", "max_concurrency",
+    "requests_under_warn",
+]
+DEFAULT_MAX_MODEL_LEN = 8192
+
+
+def sweep_rows(specs: Iterable[ModelSpec], gpus: Iterable[Gpu], *, engines: Iterable[str] = ("vllm",), kv_dtypes: Iterable[str] = ("auto", "fp8"),
+               tps: Iterable[int] = (1, 2, 4, 8), max_model_len: int = DEFAULT_MAX_MODEL_LEN, warn_level: float = 0.70,
+               base: PlanInputs | None = None) -> list[dict[str, Any]]:
+    """One row per (engine, model, GPU, tp, KV dtype); tensor-parallel sizes a model cannot split by are left out."""
+    rows = []
+    gpus, kv_dtypes, tps, engines = list(gpus), list(kv_dtypes), list(tps), list(engines)
+    for spec in specs:
+        length = min(max_model_len, spec.max_position_embeddings or max_model_len)
+        for engine in engines:
+            for gpu in gpus:
+                for tp in tps:
+                    for kv_dtype in kv_dtypes:
+                        inputs = PlanInputs(engine=engine, spec=spec, gpu=gpu, tp=tp, max_model_len=length, kv_dtype=kv_dtype, warn_level=warn_level)
+                        if base is not None:
+                            inputs = replace(base, engine=engine, spec=spec, gpu=gpu, tp=tp, gpus=None, max_model_len=length, kv_dtype=kv_dtype, warn_level=warn_level)
+                        row = _row(inputs)
+                        if row is not None:
+                            rows.append(row)
+    return rows
+
+
+def _row(inputs: PlanInputs) -> dict[str, Any] | None:
+    spec, gpu = inputs.spec, inputs.gpu
+    try:
+        dtype = resolve_kv_dtype(inputs.kv_dtype, spec.dtype)
+        per_token = kv_cost(spec, tokens=1, dtype=dtype, tp=inputs.tp).bytes_per_token
+    except KvopsError:
+        return None  # a tp the model's heads do not split by
+    row: dict[str, Any] = {
+        "engine": inputs.engine, "model": spec.name, "gpu": gpu.id, "gpu_memory_bytes": gpu.memory_bytes, "tp": inputs.tp,
+        "kv_dtype": inputs.kv_dtype, "kv_dtype_resolved": dtype.name, "max_model_len": inputs.max_model_len, "kv_bytes_per_token_per_gpu": per_token,
+    }
+    try:
+        plan = predict(inputs)
+    except KvopsError as exc:
+        return {**row, "fits": False, "problem": str(exc), "weights_bytes": None, "kv_cache_bytes": None, "num_blocks": 0, "kv_tokens": 0, "max_concurrency": 0.0, "requests_under_warn": 0}
+    cap = plan.capacity
+    weights = next(term.bytes for term in plan.memory if term.name == "weights")
+    if inputs.engine == "tgi":
+        row["kv_bytes_per_token_per_gpu"] = cap["kv_bytes_per_token"]
+    return {
+        **row, "fits": plan.fits, "problem": plan.problem, "weights_bytes": weights, "kv_cache_bytes": plan.kv_cache_bytes,
+        "num_blocks": cap["num_blocks"], "kv_tokens": cap["kv_tokens"], "max_concurrency": cap["max_concurrency"],
+        "requests_under_warn": cap["requests_under_warn"],
+    }
+
+
+def sweep_frame(rows: list[dict[str, Any]]) -> "pandas.DataFrame":
+    import pandas
+
+    frame = pandas.DataFrame(rows, columns=COLUMNS)
+    for column in ("weights_bytes", "kv_cache_bytes"):
+        frame[column] = frame[column].astype("Int64")
+    return frame
+
+
+def plot_sweep(frame: "pandas.DataFrame", out: str, engine: str = "vllm", tp: int = 1) -> None:
+    """Heatmaps of KV tokens (log scale) per model and GPU at one tp, one panel per KV dtype; '-' = does not fit."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy
+    from matplotlib.colors import LogNorm
+
+    subset = frame[(frame.engine == engine) & (frame.tp == tp)]
+    dtypes = list(dict.fromkeys(subset.kv_dtype))
+    models = list(dict.fromkeys(subset.model))
+    gpus = list(dict.fromkeys(subset.sort_values("gpu_memory_bytes").gpu))
+    figure, axes = plt.subplots(1, len(dtypes), figsize=(1.0 * len(gpus) * len(dtypes) + 4, 0.42 * len(models) + 2.5), squeeze=False, sharey=True)
+    for axis, dtype in zip(axes[0], dtypes):
+        table = subset[subset.kv_dtype == dtype].pivot_table(index="model", columns="gpu", values="kv_tokens", aggfunc="first").reindex(index=models, columns=gpus)
+        fits = subset[subset.kv_dtype == dtype].pivot_table(index="model", columns="gpu", values="fits", aggfunc="first").reindex(index=models, columns=gpus)
+        values = table.where(fits.astype(bool)).to_numpy(dtype=float)
+        masked = numpy.ma.masked_invalid(numpy.where(values > 0, values, numpy.nan))
+        image = axis.imshow(masked, aspect="auto", cmap="viridis", norm=LogNorm(vmin=1e3, vmax=max(1e4, numpy.nanmax(values) if numpy.isfinite(values).any() else 1e4)))
+        for (row, column), value in numpy.ndenumerate(values):
+            label = "-" if not numpy.isfinite(value) or value <= 0 else f"{value / 1000:.0f}k"
+            axis.text(column, row, label, ha="center", va="center", fontsize=7, color="white" if label != "-" else "black")
+        axis.set_xticks(range(len(gpus)), gpus, rotation=60, ha="right", fontsize=8)
+        axis.set_yticks(range(len(models)), models, fontsize=8)
+        axis.set_title(f"{engine} KV cache tokens at tp {tp}, KV dtype {dtype}" + (" (the model's)" if dtype == "auto" else ""))
+        figure.colorbar(image, ax=axis, shrink=0.6, label="KV cache size (tokens)")
+    figure.tight_layout()
+    figure.savefig(out, dpi=110)
+    plt.close(figure)

@@ -1,0 +1,53 @@
+"""Engine-neutral budget terms: weights by format and tp, the activation model."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvops.budget import forward_activation_peak, sampler_peak, weight_bytes, weight_format
+from kvops.errors import UsageError
+from kvops.model import load_model
+
+
+def test_16_bit_weights_are_the_parameter_count_times_two_split_by_tp():
+    spec = load_model("llama-3-8b")
+    assert weight_bytes(spec, weight_format(spec)).bytes == 8_030_261_248 * 2
+    assert weight_bytes(spec, weight_format(spec), tp=2).bytes == 8_030_261_248
+    assert weight_bytes(spec, weight_format(spec)).basis == "computed"
+
+
+def test_fp8_block_scales_and_16_bit_embeddings_for_deepseek_v3():
+    spec = load_model("deepseek-ai/DeepSeek-V3")
+    fmt = weight_format(spec)  # quantization_config: fp8, weight_block_size [128, 128]
+    assert fmt.name == "fp8" and fmt.bits == 8 + 32 / (128 * 128)
+    embeddings = 2 * spec.vocab_size * spec.hidden_size  # untied embeddings and LM head stay bf16
+    quantized = spec.parameters - embeddings
+    expected = -(-quantized * fmt.bits // 8) + embeddings * 2
+    assert abs(weight_bytes(spec, fmt).bytes - expected) <= 1
+
+
+def test_mxfp4_quantizes_only_the_experts_of_gpt_oss():
+    spec = load_model("openai/gpt-oss-20b")
+    fmt = weight_format(spec)
+    assert fmt.name == "mxfp4" and fmt.bits == 4.25
+    rest = spec.parameters - spec.expert_parameters
+    assert weight_bytes(spec, fmt).bytes == -(-spec.expert_parameters * 17 // 32) + rest * 2
+
+
+def test_awq_int4_with_group_scales_is_about_a_quarter_of_bf16():
+    spec = load_model("llama-3-8b")
+    awq = weight_bytes(spec, weight_format(spec, "awq")).bytes
+    bf16 = weight_bytes(spec, weight_format(spec, "bf16")).bytes
+    assert 0.3 * bf16 < awq < 0.4 * bf16  # 4.16 bits per weight + 16-bit embeddings and LM head
+
+
+def test_unknown_weight_format_is_one_line():
+    with pytest.raises(UsageError, match="valid: auto, bf16"):
+        weight_format(load_model("llama-3-8b"), "nf5")
+
+
+def test_activation_grows_with_batched_tokens_and_shrinks_with_tp():
+    spec = load_model("llama-3-8b")
+    assert forward_activation_peak(spec, 8192) == 2 * forward_activation_peak(spec, 4096)
+    assert forward_activation_peak(spec, 8192, tp=2) < forward_activation_peak(spec, 8192)
+    assert sampler_peak(spec, 256) == 256 * 128256 * 10
