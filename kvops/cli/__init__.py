@@ -16,6 +16,9 @@ COMMANDS = {
     "table": "kvops.cli.kv:table",
     "plot": "kvops.cli.kv:plot",
     "models": "kvops.cli.kv:models",
+    "watch": "kvops.cli.watch:watch",
+    "alerts": "kvops.cli.watch:alerts",
+    "report": "kvops.cli.watch:report",
 }
 
 
