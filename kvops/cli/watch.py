@@ -60,6 +60,7 @@ def watch(engine, metrics_url, prometheus, selector, replica_label, policy_path,
     from kvops.watch.service import WatchOptions, once as poll_once, watch as run_watch
     from kvops.watch.watcher import EventLog
 
+    listen_at = _listen(listen) if listen else None
     if (metrics_url is None) == (prometheus is None):
         raise click.UsageError("give exactly one of --metrics-url URL (one engine) or --prometheus URL (a fleet)")
     if selector and not prometheus:
@@ -72,7 +73,7 @@ def watch(engine, metrics_url, prometheus, selector, replica_label, policy_path,
     options = WatchOptions(
         engine=engine, policy=load_policy(policy_path), metrics_url=metrics_url, prometheus=prometheus,
         selector=_selector(selector), replica_label=replica_label, interval=interval,
-        timeout=timeout if timeout is not None else min(interval, 10.0), listen=_listen(listen) if listen else None,
+        timeout=timeout if timeout is not None else min(interval, 10.0), listen=listen_at,
         webhook=webhook, runbook_url=runbook_url, record=Path(record) if record else None,
         capacity_tokens=_capacity(engine, max_batch_total_tokens, plan, startup_log),
     )

@@ -104,8 +104,10 @@ def usage_fraction(name: str, value: float) -> float:
 
 
 def _finite(name: str, value: float) -> float:
-    if math.isnan(value) or math.isinf(value):
-        raise MetricsError(f"{name} is {value}")
+    if math.isnan(value):
+        raise MetricsError(f"{name} is NaN")
+    if math.isinf(value):
+        raise MetricsError(f"{name} is {'+' if value > 0 else '-'}Inf")
     return value
 
 

@@ -20,6 +20,7 @@ from kvops.watch.watcher import Watcher, actions
 
 WATCHER = web.AppKey("kvops_watcher", Watcher)
 INTERVAL = web.AppKey("kvops_interval", float)
+REGISTRY = web.AppKey("kvops_registry", CollectorRegistry)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 KNOWN_ACTIONS = ("log_warning", "cap_max_tokens", "single_sequence", "reset_prefix_cache", "reject_503")
 
@@ -28,17 +29,17 @@ def create_app(watcher: Watcher, interval: float) -> web.Application:
     app = web.Application()
     app[WATCHER] = watcher
     app[INTERVAL] = interval
-    registry = CollectorRegistry(auto_describe=True)
-    registry.register(WatcherCollector(watcher))
-    app.router.add_get("/kvops/metrics", lambda request: _metrics(registry))
+    app[REGISTRY] = CollectorRegistry(auto_describe=True)
+    app[REGISTRY].register(WatcherCollector(watcher))
+    app.router.add_get("/kvops/metrics", _metrics)
     app.router.add_get("/kvops/policy", _policy)
     app.router.add_get("/kvops/status", _status)
     app.router.add_get("/kvops/healthz", _healthz)
     return app
 
 
-async def _metrics(registry: CollectorRegistry) -> web.Response:
-    return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE})
+async def _metrics(request: web.Request) -> web.Response:
+    return web.Response(body=generate_latest(request.app[REGISTRY]), headers={"Content-Type": CONTENT_TYPE})
 
 
 async def _policy(request: web.Request) -> web.Response:

@@ -300,12 +300,15 @@ class Watcher:
             except asyncio.TimeoutError:
                 pass
 
-    async def close(self) -> None:
+    async def flush(self) -> None:
+        """Wait for the delivery in flight, then send what is still in the outbox (one try)."""
         if self._delivery is not None and not self._delivery.done():
-            try:
-                await asyncio.wait_for(asyncio.shield(self._delivery), 5)
-            except Exception:
-                pass
+            await asyncio.wait({self._delivery}, timeout=15)
+        if self.webhook and self.book.outbox:
+            await self._deliver()
+
+    async def close(self) -> None:
+        await self.flush()
         if self._session is not None:
             await self._session.close()
         await self.source.close()
