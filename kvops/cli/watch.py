@@ -182,8 +182,8 @@ def _selector(selector: str | None) -> str | None:
 
 
 def _listen(text: str) -> tuple[str, int]:
-    host, _, port = text.rpartition(":")
-    if not port.isdigit() or not 0 < int(port) < 65536:
+    host, colon, port = text.rpartition(":")
+    if not colon or not port.isdigit() or not 0 < int(port) < 65536:
         raise click.BadParameter(f"{text!r} is not HOST:PORT, e.g. 127.0.0.1:9400 or :9400", param_hint="--listen")
     return (host.strip("[]") or "0.0.0.0"), int(port)
 
