@@ -83,7 +83,7 @@ def test_levels_limits_events_and_alertmanager_payloads(tmp_path):
     resolved = {a["labels"]["alertname"]: a for a in alerts if "endsAt" in a}
     assert set(firing) == set(resolved) == {"KVCacheWarn", "KVCacheDegrade", "KVCacheCritical"}
     critical_alert = firing["KVCacheCritical"]
-    assert critical_alert["labels"] == {"alertname": "KVCacheCritical", "severity": "critical", "engine": "vllm", "instance": server.target}
+    assert critical_alert["labels"] == {"alertname": "KVCacheCritical", "severity": "critical", "serving_engine": "vllm", "instance": server.target}
     assert critical_alert["annotations"] == {
         "summary": f"KV cache of {server.target} is 95% full or more",
         "description": f"KV cache usage on {server.target} is 97.0% (critical at 95%): new requests are rejected with 503 and Retry-After: 10.",

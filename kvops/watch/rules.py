@@ -56,7 +56,7 @@ def _rule(kind: AlertKind, expr: str, engine: str, runbook_url: str, *, hold: st
         rule["for"] = hold
     if keep_firing:
         rule["keep_firing_for"] = keep_firing
-    rule["labels"] = {"severity": kind.severity, "engine": engine}
+    rule["labels"] = {"severity": kind.severity, "serving_engine": engine}
     rule["annotations"] = kind.annotations(WHERE, VALUE[kind.unit], runbook_url)
     return rule
 

@@ -261,7 +261,7 @@ class Watcher:
 
     def _make(self, name: str, replica: Replica, value: float | str | None) -> Alert:
         kind = self.kinds[name]
-        labels = {"alertname": name, "severity": kind.severity, "engine": self.engine, self.source.replica_label: replica.name}
+        labels = {"alertname": name, "severity": kind.severity, "serving_engine": self.engine, self.source.replica_label: replica.name}
         text = value if isinstance(value, str) else format_value(kind.unit, value)
         return Alert(labels, kind.annotations(replica.name, text, self.runbook_url), starts_at=0.0, generator_url=self.generator_url)
 
