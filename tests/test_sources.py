@@ -23,6 +23,16 @@ def test_vllm_reading_from_a_recorded_exposition():
     assert (reading.capacity_tokens, reading.block_size) == (4096, 128)
 
 
+def test_skipping_the_lines_the_watcher_does_not_read_changes_nothing():
+    text = VLLM_RECORDED.read_text()
+    assert vllm.reading(Samples.from_exposition(text, only=vllm.SERIES)) == vllm.reading(Samples.from_exposition(text))
+    renamed = vllm_exposition(0.5, rename={"vllm:kv_cache_usage_perc": "vllm:kv_cache_usage_ratio"})
+    with pytest.raises(MetricsError, match="among 130 metric names; found vllm:kv_cache_usage_ratio: renamed?"):
+        vllm.reading(Samples.from_exposition(renamed, only=vllm.SERIES))
+    with pytest.raises(MetricsError, match="not the Prometheus text format"):
+        Samples.from_exposition("<html>oops</html>\n", only=vllm.SERIES)
+
+
 def test_vllm_removed_alias_is_read_when_the_new_name_is_absent():
     text = vllm_exposition(0.42, rename={"vllm:kv_cache_usage_perc": "vllm:gpu_cache_usage_perc"})
     reading = vllm.reading(Samples.from_exposition(text))
@@ -46,7 +56,7 @@ def test_vllm_data_parallel_engines_take_the_highest_usage_and_sum_the_counts():
         ("<html><body>502 Bad Gateway</body></html>\n", "not the Prometheus text format"),
         ('{"detail": "Not Found"}', "not the Prometheus text format"),
         ("", "no samples at all (expected vllm:kv_cache_usage_perc)"),
-        ("process_open_fds 12\n", "no vllm:kv_cache_usage_perc (nor the removed vllm:gpu_cache_usage_perc) among 1 samples: not a vLLM /metrics"),
+        ("process_open_fds 12\n", "no vllm:kv_cache_usage_perc (nor the removed vllm:gpu_cache_usage_perc) among 1 metric names: not a vLLM /metrics"),
     ],
     ids=["nan", "out-of-range", "renamed", "html", "json", "empty", "other-exporter"],
 )
@@ -73,7 +83,10 @@ def test_tgi_usage_is_the_batch_reservation_over_the_capacity():
 def test_tgi_fresh_router_serves_nothing_and_reads_as_empty():
     assert TgiMetrics().render() == ""
     reading = tgi.reading(Samples.from_exposition(""), 16000)
-    assert reading.kv_usage == 0.0 and "no request served yet" in reading.basis
+    assert reading.kv_usage == 0.0 and "no batch has run yet" in reading.basis
+    first = TgiMetrics()
+    first.request()  # queued, no batch yet: still nothing to measure, not a renamed metric
+    assert tgi.reading(Samples.from_exposition(first.render()), 16000).kv_usage == 0.0
 
 
 @pytest.mark.parametrize(
@@ -87,6 +100,7 @@ def test_tgi_fresh_router_serves_nothing_and_reads_as_empty():
 def test_tgi_unusable_metrics_say_why(change, message):
     metrics = TgiMetrics()
     metrics.request()
+    metrics.prefill()
     metrics.batch(size=6, max_tokens=12288, queue=0)
     with pytest.raises(MetricsError) as error:
         tgi.reading(Samples.from_exposition(change(metrics.render())), 16000)
@@ -201,7 +215,7 @@ def test_prometheus_rows_group_into_replicas():
     assert poll.failures == {
         "c": "target down in Prometheus (up == 0)",
         "d": "vllm:kv_cache_usage_perc is NaN",
-        "e": "no vllm:kv_cache_usage_perc (nor the removed vllm:gpu_cache_usage_perc) among 1 samples: not a vLLM /metrics, or the metric was renamed",
+        "e": "no vllm:kv_cache_usage_perc (nor the removed vllm:gpu_cache_usage_perc) among 1 metric names: not a vLLM /metrics, or the metric was renamed",
     }
 
 

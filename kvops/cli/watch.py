@@ -20,7 +20,7 @@ def policy_option(function):
 
 
 def runbook_option(function):
-    return click.option("--runbook-url", default="runbooks", show_default=True, metavar="BASE", help="Where the runbooks are published; each alert links BASE/<alertname>.md.")(function)
+    return click.option("--runbook-url", default="runbooks", show_default=True, metavar="BASE", help="Where the runbooks are published; each alert links BASE/<alertname, lowercased>.md.")(function)
 
 
 def capacity_options(function):
@@ -93,7 +93,7 @@ def watch(engine, metrics_url, prometheus, selector, replica_label, policy_path,
 @runbook_option
 @policy_option
 @click.option("--selector", metavar="SELECTOR", help="Label selector for the engine's series  [default: {job=\"<engine>\"}]")
-@click.option("--scrape-interval", default=60.0, show_default=True, type=click.FloatRange(min=1), metavar="SECONDS", help="Prometheus' scrape interval: the stale rule fires after the policy's stale_after_failures scrapes.")
+@click.option("--scrape-interval", default=60.0, show_default=True, type=click.FloatRange(min=0.1), metavar="SECONDS", help="Prometheus' scrape interval: the stale rule fires after the policy's stale_after_failures scrapes.")
 @capacity_options
 def alerts(engine, fmt, runbook_url, policy_path, selector, scrape_interval, max_batch_total_tokens, plan, startup_log):
     """Prometheus alerting rules for the three levels, the saturation signals and stale metrics, from the policy."""

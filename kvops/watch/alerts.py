@@ -159,7 +159,7 @@ class AlertBook:
                 self.firing[key].annotations = alert.annotations
             else:
                 self.firing[key] = replace(alert, starts_at=now)
-                self.outbox[key] = self.firing[key]
+                self.outbox[key] = replace(self.firing[key])  # a copy: later annotation updates must not rewrite what is queued
                 changes.append(self.firing[key])
         for key in [key for key in self.firing if key not in wanted]:
             resolved = replace(self.firing.pop(key), ends_at=now)
@@ -167,7 +167,7 @@ class AlertBook:
             changes.append(resolved)
         if self.firing and (self.last_sent is None or now - self.last_sent >= self.resend_seconds):
             for key, alert in self.firing.items():
-                self.outbox.setdefault(key, alert)
+                self.outbox.setdefault(key, replace(alert))
         return changes
 
     def take(self) -> list[Alert]:

@@ -66,7 +66,7 @@ class ScrapeSource:
     async def poll(self) -> Poll:
         try:
             text = await asyncio.wait_for(self._fetch(), self.timeout)
-            reading = self.engine.reading(Samples.from_exposition(text), self.capacity_tokens)
+            reading = self.engine.reading(Samples.from_exposition(text, only=self.engine.SERIES), self.capacity_tokens)
         except MetricsError as exc:
             return Poll(failures={self.replica: str(exc)})
         except asyncio.TimeoutError:

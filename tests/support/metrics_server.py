@@ -2,8 +2,8 @@
 
 Used as a stand-in replica (a recorded vLLM /metrics with chosen values), as the second scrape target of a real
 Prometheus, and for faults: HTTP 500, a hang longer than the watcher's timeout, garbage, NaN, a renamed metric.
-Run as a script (`python -m tests.support.metrics_server --port P --file F`) it is a separate process a test
-can kill mid-watch.
+Run as a script (`python -m tests.support.metrics_server --port P --file F`) it is a separate process that serves
+F's current content, which a test can kill mid-watch and a benchmark can change at a known instant.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.server.hits += 1
         if self.server.delay:
             time.sleep(self.server.delay)
-        body = self.server.body.encode()
+        body = self.server.current_body().encode()
         try:
             self.send_response(self.server.status)
             self.send_header("Content-Type", self.server.content_type)
@@ -79,6 +79,9 @@ class MetricsServer(ThreadingHTTPServer):
     def target(self) -> str:
         return f"127.0.0.1:{self.server_address[1]}"
 
+    def current_body(self) -> str:
+        return self.body
+
     def set(self, body: str | None = None, *, status: int = 200, delay: float = 0.0) -> None:
         if body is not None:
             self.body = body
@@ -108,12 +111,23 @@ def spawn(port: int, body_file: Path) -> subprocess.Popen:
     raise RuntimeError(f"metrics server on port {port} did not start")
 
 
+class FileMetricsServer(MetricsServer):
+    """Serves a file's current content: replace the file (os.replace) to change what the next scrape sees."""
+
+    def __init__(self, path: Path, port: int):
+        super().__init__("", port)
+        self.path = path
+
+    def current_body(self) -> str:
+        return self.path.read_text()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--file", type=Path, required=True)
     arguments = parser.parse_args()
-    MetricsServer(arguments.file.read_text(), arguments.port).serve_forever()
+    FileMetricsServer(arguments.file, arguments.port).serve_forever()
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ with the capacity from `--max-batch-total-tokens N`, a kvops plan file, or that 
 by the prefix-cache trie are not counted. TGI never preempts (requests wait in the queue instead), so there is
 no preemption signal; decode steps (`tgi_batch_inference_count{method="decode"}`) stand in for generated tokens.
 Counters have no `_total` suffix (the Rust `metrics-exporter-prometheus` writes names as given), and a metric
-appears only once it is first touched: a TGI that has served no request exports none of these, which reads as 0.
+appears only once it is first touched: until a first batch has run, the batch gauges are absent, which reads as 0.
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ QUEUE_SIZE = "tgi_queue_size"
 BATCH_SIZE = "tgi_batch_current_size"
 BATCH_MAX_TOKENS = "tgi_batch_current_max_tokens"
 INFERENCE_COUNT = "tgi_batch_inference_count"  # counter, label method = prefill | decode
-REQUEST_COUNT = "tgi_request_count"  # counter
+INFERENCE_SUCCESS = "tgi_batch_inference_success"  # counter, bumped when a prefill returns, just before the gauges are set
 
-SERIES = (QUEUE_SIZE, BATCH_SIZE, BATCH_MAX_TOKENS, INFERENCE_COUNT, REQUEST_COUNT)
+SERIES = (QUEUE_SIZE, BATCH_SIZE, BATCH_MAX_TOKENS, INFERENCE_COUNT, INFERENCE_SUCCESS)
 
 CAPACITY_LOG_LINE = re.compile(r"Setting max batch total tokens to (\d+)")
 
@@ -40,10 +40,10 @@ def reading(samples: Samples, capacity_tokens: int | None = None) -> Reading:
     if capacity_tokens is None:
         raise MetricsError("TGI's KV usage needs the batch token capacity (max_batch_total_tokens)")
     reserved = samples.total(BATCH_MAX_TOKENS)
-    if reserved is None and samples.total(REQUEST_COUNT) is None:
-        return Reading(kv_usage=0.0, basis=f"no request served yet ({REQUEST_COUNT} and {BATCH_MAX_TOKENS} absent)", capacity_tokens=capacity_tokens)
+    if reserved is None and samples.total(INFERENCE_SUCCESS) is None:
+        return Reading(kv_usage=0.0, basis=f"no batch has run yet ({INFERENCE_SUCCESS} and {BATCH_MAX_TOKENS} absent)", capacity_tokens=capacity_tokens)
     if reserved is None:
-        raise MetricsError(f"no {BATCH_MAX_TOKENS} among {len(samples)} samples: not a TGI /metrics, or the metric was renamed")
+        raise MetricsError(f"no {BATCH_MAX_TOKENS} among {len(samples.seen)} metric names: not a TGI /metrics, or the metric was renamed")
     if reserved < 0 or reserved > capacity_tokens:
         raise MetricsError(f"{BATCH_MAX_TOKENS} {reserved:g} is outside 0-{capacity_tokens} (the batch token capacity): is the capacity right?")
     return Reading(

@@ -85,8 +85,8 @@ def _int(text: str | None) -> int | None:
 
 
 def _missing(samples: Samples) -> str:
-    if not len(samples):
+    if not samples.seen:
         return f"no samples at all (expected {KV_USAGE})"
-    renamed = sorted(name for name in samples.names() if "kv_cache" in name or "cache_usage" in name)
+    renamed = sorted(name for name in samples.seen if "kv_cache" in name or "cache_usage" in name)
     hint = f"; found {', '.join(renamed)}: renamed?" if renamed else ": not a vLLM /metrics, or the metric was renamed"
-    return f"no {KV_USAGE} (nor the removed {KV_USAGE_REMOVED}) among {len(samples)} samples{hint}"
+    return f"no {KV_USAGE} (nor the removed {KV_USAGE_REMOVED}) among {len(samples.seen)} metric names{hint}"
