@@ -10,7 +10,7 @@ import pytest
 from aiohttp import web
 
 from kvops.policy import Level, load_policy
-from kvops.watch.server import WATCHER, create_app, serve
+from kvops.watch.server import REGISTRY, WATCHER, create_app, serve
 from kvops.watch.sources import ScrapeSource
 from kvops.watch.watcher import EventLog, Watcher
 from tests.support.metrics_server import MetricsServer, vllm_exposition
@@ -105,6 +105,9 @@ def test_endpoints_and_a_route_added_by_another_module(tmp_path):
         async def run():
             app = create_app(watcher, interval=1.0)
             app.router.add_get("/guard/limits", limits_in_process)
+            from prometheus_client import Counter
+
+            Counter("kvops_guard_requests", "Requests seen by a module mounted on the same server.", registry=app[REGISTRY]).inc(3)
             runner = await serve(app, "127.0.0.1", port)
             try:
                 await watcher.poll()
@@ -134,7 +137,7 @@ def test_endpoints_and_a_route_added_by_another_module(tmp_path):
     for line in ("kvops_level 2.0", "kvops_kv_cache_usage_ratio 0.88", 'kvops_action_in_force{action="single_sequence"} 1.0',
                  'kvops_action_in_force{action="reject_503"} 0.0', "kvops_max_tokens_cap 512.0", "kvops_polls_total 1.0",
                  f'kvops_replica_level{{instance="{server.target}"}} 2.0', f'kvops_poll_failures_total{{instance="{server.target}"}} 0.0',
-                 'kvops_level_changes_total{level="degrade"} 1.0', "kvops_alerts_firing 2.0"):
+                 'kvops_level_changes_total{level="degrade"} 1.0', "kvops_alerts_firing 2.0", "kvops_guard_requests_total 3.0"):
         assert line in text.splitlines(), line
 
 

@@ -1,8 +1,9 @@
 """The watcher's own HTTP endpoints, under /kvops/ on `--listen`: metrics, policy, status, healthz.
 
-`create_app(watcher)` returns the aiohttp application with the watcher stored under `WATCHER`; another module
-(the admission proxy) adds its routes to the same application before it starts and reads
-`request.app[WATCHER].current` (level, limits) in-process.
+`create_app(watcher, interval)` returns the aiohttp application with the watcher stored under `WATCHER` and the
+registry behind /kvops/metrics under `REGISTRY`. Another module (the admission proxy) adds its routes to the same
+application before it starts (the /kvops/ routes, added first, keep matching first), reads
+`app[WATCHER].current` (level, limits) in-process, and registers its own metrics on `app[REGISTRY]`.
 """
 
 from __future__ import annotations
@@ -107,7 +108,8 @@ def _counter(name: str, documentation: str, samples: list, labels: list[str] | N
 
 
 async def serve(app: web.Application, host: str, port: int) -> web.AppRunner:
-    runner = web.AppRunner(app, access_log=None)
+    """Start serving; a client that disconnects cancels its handler (what a proxy needs to cancel upstream work)."""
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
     return runner
