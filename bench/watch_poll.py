@@ -69,7 +69,7 @@ async def reaction(url: str, path: Path, interval: float, trials: int) -> list[f
         runner = asyncio.create_task(watcher.run(interval, stop_event))
         while watcher.current.level != Level.OK:
             await asyncio.sleep(0.001)
-        await asyncio.sleep(interval * (0.3 + 0.7 * (len(delays) % 7) / 7))  # spread the crossing over the poll cycle
+        await asyncio.sleep(interval * (len(delays) + 0.5) / trials)  # crossings spread evenly over the poll cycle
         pending = path.with_suffix(".next")
         pending.write_text(vllm_exposition(0.90))
         crossed = time.perf_counter()
@@ -98,16 +98,17 @@ def main() -> None:
     samples = sum(1 for line in text.splitlines() if line and not line.startswith("#"))
     print(f"recorded vLLM /metrics: {len(text.encode())} bytes, {samples} samples")
 
-    start = time.process_time()
-    for _ in range(200):
-        vllm.reading(Samples.from_exposition(text))
-    print(f"parse + reading alone:        {(time.process_time() - start) / 200 * 1000:6.2f} ms CPU per exposition")
+    for label, only in (("every line", None), ("the watcher's metrics only", vllm.SERIES)):
+        start = time.process_time()
+        for _ in range(200):
+            vllm.reading(Samples.from_exposition(text, only=only))
+        print(f"parse + reading, {label + ':':<27} {(time.process_time() - start) / 200 * 1000:6.2f} ms CPU")
 
     with tempfile.TemporaryDirectory() as folder:
         server, path, url, target = serve(text, Path(folder))
         try:
             cpu, wall = asyncio.run(cpu_per_poll(ScrapeSource("vllm", url, timeout=5), arguments.polls))
-            print(f"direct scrape, one poll:      {cpu * 1000:6.2f} ms CPU, {wall * 1000:6.2f} ms wall   "
+            print(f"direct scrape, one poll:                     {cpu * 1000:6.2f} ms CPU, {wall * 1000:6.2f} ms wall   "
                   f"({cpu * 100:.2f}% of one core at the default 1 s interval)")
             if PROMETHEUS:
                 second, _, _, second_target = serve(vllm_exposition(0.72), Path(folder))
@@ -116,7 +117,7 @@ def main() -> None:
                         prometheus.wait_for_series("vllm:kv_cache_usage_perc", count=2)
                         source = PrometheusSource("vllm", prometheus.url, selector='{job="vllm"}', replica_label="instance", timeout=5)
                         cpu, wall = asyncio.run(cpu_per_poll(source, arguments.polls // 4))
-                        print(f"Prometheus, 2 replicas, poll: {cpu * 1000:6.2f} ms CPU, {wall * 1000:6.2f} ms wall (one instant query)")
+                        print(f"Prometheus, 2 replicas, one poll:            {cpu * 1000:6.2f} ms CPU, {wall * 1000:6.2f} ms wall   (one instant query)")
                 finally:
                     stop(second)
             print(f"\ntime from usage crossing 85% to the level change ({arguments.trials} trials each):")
