@@ -13,7 +13,6 @@ from kvops.engines.metrics import PromQL, duration
 from kvops.policy import GRADED, Policy
 from kvops.watch.alerts import LEVEL_ALERTS, SIGNAL_ALERTS, STALE_ALERT, AlertKind, catalogue
 
-FORMATS = ("rules", "prometheusrule")
 WHERE = "{{ $labels.instance }}"
 VALUE = {"ratio": "{{ $value | humanizePercentage }}", "count": "{{ $value }}", "text": "target down, or up without the KV usage series"}
 
