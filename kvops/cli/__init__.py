@@ -20,6 +20,9 @@ COMMANDS = {
     "plan": "kvops.cli.plan:plan",
     "calibrate": "kvops.cli.plan:calibrate",
     "sweep": "kvops.cli.plan:sweep",
+    "watch": "kvops.cli.watch:watch",
+    "alerts": "kvops.cli.watch:alerts",
+    "report": "kvops.cli.watch:report",
 }
 
 

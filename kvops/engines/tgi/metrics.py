@@ -1,0 +1,130 @@
+"""TGI's /metrics (v3 router, `backends/v3/src/{backend,queue}.rs`) and how KV usage is derived from it.
+
+TGI exports no KV-cache gauge (huggingface/text-generation-inference#3275). Its router reserves KV slots for
+every running request up front (input + max_new_tokens, in chunks of at most 1024) and reports the running
+batch's reservation as `tgi_batch_current_max_tokens`; the pool those slots come from is `max_batch_total_tokens`,
+which the router logs once at startup ("Setting max batch total tokens to N") and never exports (its
+`tgi_batch_max_total_tokens` gauge is set before the metrics recorder is installed). So:
+
+    kv_usage = tgi_batch_current_max_tokens / max_batch_total_tokens
+
+with the capacity from `--max-batch-total-tokens N`, a kvops plan file, or that startup log line. Blocks held only
+by the prefix-cache trie are not counted. TGI never preempts (requests wait in the queue instead), so there is
+no preemption signal; decode steps (`tgi_batch_inference_count{method="decode"}`) stand in for generated tokens.
+Counters have no `_total` suffix (the Rust `metrics-exporter-prometheus` writes names as given), and a metric
+appears only once it is first touched: until a first batch has run, the batch gauges are absent, which reads as 0.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from kvops.engines.metrics import MetricsError, PromQL, Reading, Samples, series
+from kvops.errors import UsageError
+
+QUEUE_SIZE = "tgi_queue_size"
+BATCH_SIZE = "tgi_batch_current_size"
+BATCH_MAX_TOKENS = "tgi_batch_current_max_tokens"
+INFERENCE_COUNT = "tgi_batch_inference_count"  # counter, label method = prefill | decode
+INFERENCE_SUCCESS = "tgi_batch_inference_success"  # counter, bumped when a prefill returns, just before the gauges are set
+
+SERIES = (QUEUE_SIZE, BATCH_SIZE, BATCH_MAX_TOKENS, INFERENCE_COUNT, INFERENCE_SUCCESS)
+
+CAPACITY_LOG_LINE = re.compile(r"Setting max batch total tokens to (\d+)")
+
+
+def reading(samples: Samples, capacity_tokens: int | None = None) -> Reading:
+    if capacity_tokens is None:
+        raise MetricsError("TGI's KV usage needs the batch token capacity (max_batch_total_tokens)")
+    reserved = samples.total(BATCH_MAX_TOKENS)
+    if reserved is None and samples.total(INFERENCE_SUCCESS) is None:
+        return Reading(kv_usage=0.0, basis=f"no batch has run yet ({INFERENCE_SUCCESS} and {BATCH_MAX_TOKENS} absent)", capacity_tokens=capacity_tokens)
+    if reserved is None:
+        raise MetricsError(f"no {BATCH_MAX_TOKENS} among {len(samples.seen)} metric names: not a TGI /metrics, or the metric was renamed")
+    if reserved < 0 or reserved > capacity_tokens:
+        raise MetricsError(f"{BATCH_MAX_TOKENS} {reserved:g} is outside 0-{capacity_tokens} (the batch token capacity): is the capacity right?")
+    return Reading(
+        kv_usage=reserved / capacity_tokens,
+        basis=f"{BATCH_MAX_TOKENS} {reserved:g} / {capacity_tokens} max batch total tokens",
+        running=samples.total(BATCH_SIZE),
+        waiting=samples.total(QUEUE_SIZE),
+        progress_total=samples.total(INFERENCE_COUNT, method="decode"),
+        capacity_tokens=capacity_tokens,
+    )
+
+
+def promql(matchers: list[str], capacity_tokens: int | None = None) -> PromQL:
+    if capacity_tokens is None:
+        raise UsageError("TGI's KV usage needs the batch token capacity: give --max-batch-total-tokens N, --plan FILE or --startup-log FILE")
+    return PromQL(
+        usage=f"({series(BATCH_MAX_TOKENS, matchers)} / {capacity_tokens})",
+        up=series("up", matchers),
+        running=series(BATCH_SIZE, matchers),
+        waiting=series(QUEUE_SIZE, matchers),
+        progress_increase=f"sum without (method) (increase({series(INFERENCE_COUNT, matchers, method='decode')}[$window]))",
+    )
+
+
+# --- the batch token capacity --------------------------------------------------------------------------
+
+
+def capacity_from_log(path: str | Path) -> int:
+    """The last "Setting max batch total tokens to N" in a TGI startup log (plain or --json-output)."""
+    text = _read(path, "--startup-log")
+    found = CAPACITY_LOG_LINE.findall(text)
+    if not found:
+        raise UsageError(f"--startup-log {path}: no line 'Setting max batch total tokens to N' (TGI logs it once warmup ends)")
+    return int(found[-1])
+
+
+def capacity_from_plan(path: str | Path) -> int:
+    """`max_batch_total_tokens` from a plan file: a key anywhere in the JSON, or the flag in a list of flags."""
+    text = _read(path, "--plan")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"--plan {path}: not JSON (line {exc.lineno}: {exc.msg})") from None
+    values = set(_plan_values(data))
+    if len(values) != 1:
+        what = "no" if not values else f"conflicting ({', '.join(map(str, sorted(values)))})"
+        raise UsageError(f"--plan {path}: {what} max_batch_total_tokens (a positive integer key, or --max-batch-total-tokens N in its flags)")
+    return values.pop()
+
+
+def _plan_values(node: Any) -> list[int]:
+    found: list[int] = []
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key in ("max_batch_total_tokens", "--max-batch-total-tokens") and _positive(value):
+                found.append(int(value))
+            else:
+                found.extend(_plan_values(value))
+    elif isinstance(node, list):
+        for index, item in enumerate(node):
+            if isinstance(item, str) and item.startswith("--max-batch-total-tokens"):
+                value = item.partition("=")[2] if "=" in item else (node[index + 1] if index + 1 < len(node) else None)
+                if _positive(value):
+                    found.append(int(value))
+            else:
+                found.extend(_plan_values(item))
+    elif isinstance(node, str) and "--max-batch-total-tokens" in node:
+        found.extend(int(n) for n in re.findall(r"--max-batch-total-tokens[= ](\d+)", node) if int(n) > 0)
+    return found
+
+
+def _positive(value: Any) -> bool:
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return value > 0
+    return isinstance(value, str) and value.isdigit() and int(value) > 0
+
+
+def _read(path: str | Path, option: str) -> str:
+    try:
+        return Path(path).read_text(errors="replace")
+    except OSError as exc:
+        raise UsageError(f"{option} {path}: cannot read ({exc.strerror or exc})") from None

@@ -1,0 +1,115 @@
+"""The watcher's own HTTP endpoints, under /kvops/ on `--listen`: metrics, policy, status, healthz.
+
+`create_app(watcher, interval)` returns the aiohttp application with the watcher stored under `WATCHER` and the
+registry behind /kvops/metrics under `REGISTRY`. Another module (the admission proxy) adds its routes to the same
+application before it starts (the /kvops/ routes, added first, keep matching first), reads
+`app[WATCHER].current` (level, limits) in-process, and registers its own metrics on `app[REGISTRY]`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Iterator
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from kvops.policy import Level
+from kvops.watch.watcher import Watcher, actions
+
+WATCHER = web.AppKey("kvops_watcher", Watcher)
+INTERVAL = web.AppKey("kvops_interval", float)
+REGISTRY = web.AppKey("kvops_registry", CollectorRegistry)
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+KNOWN_ACTIONS = ("log_warning", "cap_max_tokens", "single_sequence", "reset_prefix_cache", "reject_503")
+
+
+def create_app(watcher: Watcher, interval: float) -> web.Application:
+    app = web.Application()
+    app[WATCHER] = watcher
+    app[INTERVAL] = interval
+    app[REGISTRY] = CollectorRegistry(auto_describe=True)
+    app[REGISTRY].register(WatcherCollector(watcher))
+    app.router.add_get("/kvops/metrics", _metrics)
+    app.router.add_get("/kvops/policy", _policy)
+    app.router.add_get("/kvops/status", _status)
+    app.router.add_get("/kvops/healthz", _healthz)
+    return app
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    return web.Response(body=generate_latest(request.app[REGISTRY]), headers={"Content-Type": CONTENT_TYPE})
+
+
+async def _policy(request: web.Request) -> web.Response:
+    return _json(request.app[WATCHER].current.policy_document())
+
+
+async def _status(request: web.Request) -> web.Response:
+    return _json(request.app[WATCHER].current.to_dict())
+
+
+async def _healthz(request: web.Request) -> web.Response:
+    """200 while the poll loop is alive. An engine without usable metrics is not the watcher's ill health."""
+    watcher = request.app[WATCHER]
+    age = None if watcher.last_poll_at is None else watcher.clock() - watcher.last_poll_at
+    alive = age is None or age <= 3 * request.app[INTERVAL] + 10
+    body = {"status": "ok" if alive else "stalled", "polls": watcher.polls, "last_poll_age_seconds": age, "level": watcher.current.level.label}
+    return _json(body, status=200 if alive else 503)
+
+
+def _json(body: dict, status: int = 200) -> web.Response:
+    return web.Response(text=json.dumps(body), status=status, content_type="application/json")
+
+
+class WatcherCollector(Collector):
+    """The watcher's state at scrape time, in client_python's custom-collector style."""
+
+    def __init__(self, watcher: Watcher):
+        self.watcher = watcher
+
+    def collect(self) -> Iterator:
+        w, snapshot = self.watcher, self.watcher.current
+        label = w.source.replica_label
+        yield _gauge("kvops_level", "Pressure level: -1 unknown, 0 ok, 1 warn, 2 degrade, 3 critical (the fleet's worst).", [([], int(snapshot.level))])
+        yield _gauge("kvops_kv_cache_usage_ratio", "KV-cache usage 0-1 (the fleet's highest); absent while unknown.", [] if snapshot.kv_usage is None else [([], snapshot.kv_usage)])
+        in_force = {a.split(":")[0] for a in actions(snapshot.limits)}
+        yield _gauge("kvops_action_in_force", "1 if the limits now in force take this action.", [([a], int(a in in_force)) for a in KNOWN_ACTIONS], ["action"])
+        if snapshot.limits.max_tokens_cap is not None:
+            yield _gauge("kvops_max_tokens_cap", "Cap on max new tokens per request now in force.", [([], snapshot.limits.max_tokens_cap)])
+        yield _gauge("kvops_replica_level", "Pressure level per replica.", [([r.name], int(r.level)) for r in w.replicas.values()], [label])
+        yield _gauge("kvops_replica_kv_cache_usage_ratio", "KV-cache usage per replica.", [([r.name], r.reading.kv_usage) for r in w.replicas.values() if r.reading and r.level != Level.UNKNOWN], [label])
+        yield _gauge("kvops_signal_firing", "1 while a saturation signal fires.", [([r.name, s.name], int(s.firing)) for r in w.replicas.values() for s in r.signal_states], [label, "signal"])
+        yield _gauge("kvops_consecutive_poll_failures", "Polls in a row without usable metrics.", [([r.name], r.consecutive_failures) for r in w.replicas.values()], [label])
+        yield _counter("kvops_poll_failures", "Polls that gave no usable metrics, per replica.", [([r.name], r.failures_total) for r in w.replicas.values()], [label])
+        yield _counter("kvops_polls", "Polls of the metrics source.", [([], w.polls)])
+        yield _counter("kvops_level_changes", "Level changes, by the level entered.", [([lvl], n) for lvl, n in w.level_changes.items()], ["level"])
+        yield _counter("kvops_alerts_sent", "Alerts delivered to the webhook, by status.", [([s], n) for s, n in w.alerts_sent.items()], ["status"])
+        yield _counter("kvops_webhook_failures", "Failed deliveries to the webhook.", [([], w.webhook_failures)])
+        yield _gauge("kvops_alerts_firing", "Alerts firing now.", [([], len(w.book.firing))])
+        yield _gauge("kvops_last_poll_duration_seconds", "How long the last poll took.", [([], w.last_poll_seconds)])
+        yield _gauge("kvops_last_poll_timestamp_seconds", "When the last poll ended (unix time).", [([], snapshot.updated_at)] if w.polls else [])
+
+
+def _gauge(name: str, documentation: str, samples: list, labels: list[str] | None = None) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(name, documentation, labels=labels or [])
+    for values, value in samples:
+        family.add_metric(values, value)
+    return family
+
+
+def _counter(name: str, documentation: str, samples: list, labels: list[str] | None = None) -> CounterMetricFamily:
+    family = CounterMetricFamily(name, documentation, labels=labels or [])
+    for values, value in samples:
+        family.add_metric(values, value)
+    return family
+
+
+async def serve(app: web.Application, host: str, port: int) -> web.AppRunner:
+    """Start serving; a client that disconnects cancels its handler (what a proxy needs to cancel upstream work)."""
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    return runner

@@ -1,0 +1,170 @@
+"""Where readings come from, behind one interface: `await source.poll()` -> a `Poll` of readings per replica.
+
+- `ScrapeSource`: an engine's own /metrics, fetched with aiohttp and parsed with prometheus_client's parser.
+- `PrometheusSource`: a Prometheus server queried with prometheus-api-client, one replica per value of a label
+  (`instance`, `pod`, ...), for a fleet.
+
+A source never raises for bad input: an engine that is down, answers 500, hangs past the timeout, or serves
+garbage, NaN or a renamed metric becomes a failure with a one-line reason for that replica (or for the whole
+source, when Prometheus itself cannot be asked).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Protocol
+from urllib.parse import urlsplit
+
+from kvops.engines.metrics import MetricsError, Reading, Sample, Samples, selector_matchers
+
+MAX_BODY_BYTES = 32 * 1024 * 1024  # a vLLM /metrics is ~50 KiB; anything this large is not one
+
+
+@dataclass
+class Poll:
+    readings: dict[str, Reading] = field(default_factory=dict)
+    failures: dict[str, str] = field(default_factory=dict)  # replica -> why its metrics are unusable
+    error: str | None = None  # the source as a whole failed: no replica could be read
+
+
+class MetricsSource(Protocol):
+    url: str  # what /kvops/policy names as its source
+    replica_label: str  # the label that names a replica in alerts (`instance` for a direct scrape)
+
+    async def poll(self) -> Poll: ...
+
+    async def close(self) -> None: ...
+
+
+def engine_module(engine: str) -> ModuleType:
+    if engine == "vllm":
+        from kvops.engines.vllm import metrics
+    elif engine == "tgi":
+        from kvops.engines.tgi import metrics
+    else:
+        raise ValueError(f"engine {engine!r}; valid: vllm, tgi")
+    return metrics
+
+
+class ScrapeSource:
+    """GET an engine's /metrics each poll; the replica is named like Prometheus' `instance` label (host:port)."""
+
+    replica_label = "instance"
+
+    def __init__(self, engine: str, url: str, *, timeout: float, capacity_tokens: int | None = None):
+        self.engine = engine_module(engine)
+        self.url = url
+        self.timeout = timeout
+        self.capacity_tokens = capacity_tokens
+        self.replica = urlsplit(url).netloc or url
+        self._session = None
+
+    async def poll(self) -> Poll:
+        try:
+            text = await asyncio.wait_for(self._fetch(), self.timeout)
+            reading = self.engine.reading(Samples.from_exposition(text, only=self.engine.SERIES), self.capacity_tokens)
+        except MetricsError as exc:
+            return Poll(failures={self.replica: str(exc)})
+        except asyncio.TimeoutError:
+            return Poll(failures={self.replica: f"no answer from {self.url} within {self.timeout:g} s"})
+        except Exception as exc:  # aiohttp's connection errors, a reset mid-body, bad encodings: the engine's fault, not ours
+            return Poll(failures={self.replica: f"cannot read {self.url}: {describe(exc)}"})
+        return Poll(readings={self.replica: reading})
+
+    async def _fetch(self) -> str:
+        import aiohttp
+
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        async with self._session.get(self.url, headers={"Accept": "text/plain"}) as response:
+            body = await response.content.read(MAX_BODY_BYTES + 1)
+            if response.status != 200:
+                raise MetricsError(f"{self.url} answered HTTP {response.status} {response.reason or ''}".rstrip())
+            if len(body) > MAX_BODY_BYTES:
+                raise MetricsError(f"{self.url} sent more than {MAX_BODY_BYTES // (1024 * 1024)} MiB")
+            return body.decode(response.charset or "utf-8", errors="replace")
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+
+class PrometheusSource:
+    """One instant query per poll for every series the engine's readings need, grouped into replicas by a label.
+
+    With a selector the query also fetches `up`, so a replica whose target is down is reported as such; without
+    one, `up` would pull in every other job's targets, and a replica that vanishes is reported as absent.
+    """
+
+    def __init__(self, engine: str, url: str, *, selector: str | None, replica_label: str, timeout: float, capacity_tokens: int | None = None):
+        self.engine = engine_module(engine)
+        self.url = url.rstrip("/")
+        self.matchers = selector_matchers(selector)
+        self.replica_label = replica_label
+        self.timeout = timeout
+        self.capacity_tokens = capacity_tokens
+        names = list(self.engine.SERIES) + (["up"] if self.matchers else [])
+        self.query = "{" + ",".join([f'__name__=~"{"|".join(names)}"'] + self.matchers) + "}"
+        self._client = None
+
+    async def poll(self) -> Poll:
+        try:
+            rows = await asyncio.wait_for(asyncio.to_thread(self._query), self.timeout + 1)
+        except asyncio.TimeoutError:
+            return Poll(error=f"no answer from Prometheus {self.url} within {self.timeout:g} s")
+        except Exception as exc:  # requests' connection errors, HTTP errors, a body that is not Prometheus JSON
+            return Poll(error=f"cannot query Prometheus {self.url}: {describe(exc)}")
+        return self.group(rows)
+
+    def _query(self) -> list[dict]:
+        if self._client is None:
+            from prometheus_api_client import PrometheusConnect
+            from urllib3.util.retry import Retry
+
+            self._client = PrometheusConnect(self.url, disable_ssl=True, retry=Retry(total=0), timeout=self.timeout)
+        return self._client.custom_query(self.query)
+
+    def group(self, rows: list[dict]) -> Poll:
+        """Query results -> one reading (or failure) per replica."""
+        by_replica: dict[str, list[Sample]] = defaultdict(list)
+        for row in rows:
+            labels = dict(row["metric"])
+            name = labels.pop("__name__", "")
+            replica = labels.get(self.replica_label, f"(no {self.replica_label} label)")
+            by_replica[replica].append(Sample(name, labels, _number(row["value"][1])))
+        poll = Poll()
+        for replica, samples in sorted(by_replica.items()):
+            up = [s.value for s in samples if s.name == "up"]
+            if up and not any(v == 1 for v in up):
+                poll.failures[replica] = "target down in Prometheus (up == 0)"
+                continue
+            try:
+                poll.readings[replica] = self.engine.reading(Samples(s for s in samples if s.name != "up"), self.capacity_tokens)
+            except MetricsError as exc:
+                poll.failures[replica] = str(exc)
+        return poll
+
+    async def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def describe(exc: BaseException) -> str:
+    """An exception as one short line: its message, or its type when it has none."""
+    text = " ".join(str(exc).split())
+    name = type(exc).__name__
+    if not text:
+        return name
+    text = text if len(text) <= 160 else text[:157] + "..."
+    return f"{name}: {text}"

@@ -1,0 +1,318 @@
+"""The poll loop: readings -> per-replica level (policy.LevelTracker) -> the fleet's worst -> limits, alerts, log.
+
+`Watcher.current` is the latest `Snapshot`; anything in the same process (the /kvops/* endpoints, an admission
+proxy mounted on the same server) reads the level and limits from it without HTTP. The watcher never raises for
+its inputs: a replica with no usable metrics is `unknown`, counted, and after `stale_after_failures` consecutive
+failures raises the metrics-stale alert.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable, TextIO
+
+from kvops.engines.metrics import Reading
+from kvops.policy import GRADED, Level, LevelTracker, Limits, Policy
+from kvops.watch.alerts import LEVEL_ALERTS, SIGNAL_ALERTS, STALE_ALERT, Alert, AlertBook, AlertKind, catalogue, format_value, rfc3339
+from kvops.watch.signals import SignalState, SignalTracker, floor
+from kvops.watch.sources import MetricsSource, describe
+
+FORGET_AFTER_SECONDS = 300.0  # a replica absent from the source this long is dropped (Prometheus' lookback)
+
+
+def actions(limits: Limits) -> list[str]:
+    """What the limits in force do, as short names (what /kvops/metrics exports as kvops_action_in_force)."""
+    done: list[str] = []
+    if limits.level in GRADED:
+        done.append("log_warning")
+    if limits.max_tokens_cap is not None:
+        done.append(f"cap_max_tokens:{limits.max_tokens_cap}")
+    if limits.single_sequence:
+        done.append("single_sequence")
+    if limits.reset_prefix_cache:
+        done.append("reset_prefix_cache")
+    if limits.reject:
+        done.append(f"reject_503:retry_after={limits.retry_after_seconds}")
+    return done
+
+
+@dataclass
+class Replica:
+    """What the watcher knows of one engine replica."""
+
+    name: str
+    tracker: LevelTracker
+    signals: SignalTracker
+    reading: Reading | None = None
+    error: str | None = None
+    consecutive_failures: int = 0
+    failures_total: int = 0
+    last_seen: float = 0.0
+    signal_states: list[SignalState] = field(default_factory=list)
+
+    @property
+    def level(self) -> Level:
+        return self.tracker.level
+
+    def to_dict(self, stale_after: int) -> dict:
+        return {
+            "name": self.name,
+            "level": self.level.label,
+            "kv_usage": self.reading.kv_usage if self.reading and self.level != Level.UNKNOWN else None,
+            "reading": self.reading.to_dict() if self.reading and self.level != Level.UNKNOWN else None,
+            "signals": [s.to_dict() for s in self.signal_states],
+            "error": self.error,
+            "consecutive_failures": self.consecutive_failures,
+            "failures_total": self.failures_total,
+            "stale": self.consecutive_failures >= stale_after,
+        }
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The watcher's view after a poll: what /kvops/policy serves and `--once` prints."""
+
+    level: Level
+    kv_usage: float | None
+    limits: Limits
+    updated_at: float
+    source: str
+    engine: str
+    replicas: tuple[dict, ...] = ()
+    alerts: tuple[str, ...] = ()
+    polls: int = 0
+
+    @property
+    def actions(self) -> list[str]:
+        return actions(self.limits)
+
+    def policy_document(self) -> dict:
+        """The contract read by the admission proxy and the vLLM scheduler plugin."""
+        return {"level": self.level.label, "kv_usage": self.kv_usage, "limits": self.limits.to_dict(), "updated_at": self.updated_at, "source": self.source}
+
+    def to_dict(self) -> dict:
+        return {
+            **self.policy_document(),
+            "engine": self.engine,
+            "actions": self.actions,
+            "alerts": list(self.alerts),
+            "replicas": list(self.replicas),
+            "polls": self.polls,
+        }
+
+
+class EventLog:
+    """One JSON line per event (level change, poll failure, recovery, alert) on a stream."""
+
+    def __init__(self, stream: TextIO | None = sys.stdout, wall: Callable[[], float] = time.time):
+        self.stream, self.wall = stream, wall
+
+    def emit(self, event: str, **fields) -> None:
+        if self.stream is None:
+            return
+        self.stream.write(json.dumps({"time": rfc3339(self.wall()), "event": event, **fields}) + "\n")
+        self.stream.flush()
+
+
+class Watcher:
+    def __init__(
+        self,
+        policy: Policy,
+        engine: str,
+        source: MetricsSource,
+        *,
+        webhook: str | None = None,
+        runbook_url: str = "runbooks",
+        generator_url: str | None = None,
+        recorder=None,
+        log: EventLog | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ):
+        self.policy, self.engine, self.source = policy, engine, source
+        self.webhook, self.runbook_url, self.generator_url = webhook, runbook_url, generator_url
+        self.recorder = recorder
+        self.log = log or EventLog(None)
+        self.clock, self.wall = clock, wall
+        self.kinds: dict[str, AlertKind] = {kind.name: kind for kind in catalogue(policy, engine)}
+        self.replicas: dict[str, Replica] = {}
+        self.book = AlertBook()
+        self.fleet_last_known = Level.OK
+        self.polls = 0
+        self.poll_failures_total = 0
+        self.level_changes: dict[str, int] = {level.label: 0 for level in Level}
+        self.alerts_sent = {"firing": 0, "resolved": 0}
+        self.webhook_failures = 0
+        self.last_poll_seconds = 0.0
+        self.last_poll_at: float | None = None
+        self._delivery: asyncio.Task | None = None
+        self._session = None
+        self.current = Snapshot(Level.UNKNOWN, None, policy.limits(Level.UNKNOWN), wall(), source.url, engine)
+
+    # --- one poll ---------------------------------------------------------------------------------------
+
+    async def poll(self) -> Snapshot:
+        started = time.perf_counter()
+        result = await self.source.poll()
+        now, wall = self.clock(), self.wall()
+        self.polls += 1
+        failures = dict(result.failures)
+        if result.error:
+            failures.update({name: result.error for name in self.replicas} or {self.source.url: result.error})
+        for name in [n for n in self.replicas if n not in result.readings and n not in failures]:
+            if now - self.replicas[name].last_seen > FORGET_AFTER_SECONDS:
+                del self.replicas[name]
+            else:
+                failures[name] = "absent from the source (target gone or series renamed)"
+        for name, reading in result.readings.items():
+            self._observe(self._replica(name, now), reading, now)
+        for name, reason in failures.items():
+            self._fail(self._replica(name, now), reason, now)
+        self._alert(wall)
+        self.current = self._snapshot(wall)
+        if self.recorder is not None:
+            self.recorder.write(self.current, self.replicas.values())
+        self.last_poll_seconds = time.perf_counter() - started
+        self.last_poll_at = now
+        return self.current
+
+    def _replica(self, name: str, now: float) -> Replica:
+        if name not in self.replicas:
+            self.replicas[name] = Replica(name, LevelTracker(self.policy), SignalTracker(self.policy.signals), last_seen=now)
+        return self.replicas[name]
+
+    def _observe(self, replica: Replica, reading: Reading, now: float) -> None:
+        if replica.consecutive_failures:
+            self.log.emit("poll_recovered", replica=replica.name, after_failures=replica.consecutive_failures, kv_usage=reading.kv_usage)
+        replica.reading, replica.error, replica.consecutive_failures, replica.last_seen = reading, None, 0, now
+        replica.signal_states = replica.signals.update(reading, now)
+        before = replica.level
+        after = replica.tracker.update(reading.kv_usage, now, floor(replica.signal_states))
+        if after != before:
+            self._level_changed(replica, before, after)
+
+    def _fail(self, replica: Replica, reason: str, now: float) -> None:
+        replica.consecutive_failures += 1
+        replica.failures_total += 1
+        self.poll_failures_total += 1
+        if reason != replica.error or replica.consecutive_failures == self.policy.stale_after_failures:
+            stale = replica.consecutive_failures >= self.policy.stale_after_failures
+            self.log.emit("metrics_stale" if stale else "poll_failed", replica=replica.name, error=reason, consecutive_failures=replica.consecutive_failures)
+        replica.error = reason
+        before = replica.level
+        after = replica.tracker.update(None, now)
+        if after != before:
+            self._level_changed(replica, before, after)
+
+    def _level_changed(self, replica: Replica, before: Level, after: Level) -> None:
+        self.level_changes[after.label] += 1
+        limits = replica.tracker.limits()
+        self.log.emit(
+            "level_changed", replica=replica.name, **{"from": before.label}, to=after.label,
+            severity=_severity(after), kv_usage=replica.reading.kv_usage if after != Level.UNKNOWN and replica.reading else None,
+            signals=[s.name for s in replica.signal_states if s.firing], error=replica.error if after == Level.UNKNOWN else None,
+            actions=actions(limits), limits=limits.to_dict(),
+        )
+
+    def _snapshot(self, wall: float) -> Snapshot:
+        known = [r for r in self.replicas.values() if r.level != Level.UNKNOWN]
+        level = max((r.level for r in known), default=Level.UNKNOWN)
+        if level != Level.UNKNOWN:
+            self.fleet_last_known = level
+        kv_usage = max((r.reading.kv_usage for r in known), default=None)
+        if len(self.replicas) > 1 and level != self.current.level:
+            self.log.emit("fleet_level_changed", **{"from": self.current.level.label}, to=level.label, severity=_severity(level), kv_usage=kv_usage, replicas={r.name: r.level.label for r in self.replicas.values()})
+        return Snapshot(
+            level=level, kv_usage=kv_usage, limits=self.policy.limits(level, self.fleet_last_known), updated_at=wall,
+            source=self.source.url, engine=self.engine,
+            replicas=tuple(r.to_dict(self.policy.stale_after_failures) for r in self.replicas.values()),
+            alerts=tuple(sorted({a.labels["alertname"] for a in self.book.firing.values()})), polls=self.polls,
+        )
+
+    # --- alerts ------------------------------------------------------------------------------------------
+
+    def _alert(self, wall: float) -> None:
+        desired: list[Alert] = []
+        for replica in self.replicas.values():
+            if replica.level == Level.UNKNOWN:  # unknown is not resolved: hold what was firing
+                desired += [a for a in self.book.firing.values() if a.labels.get(self.source.replica_label) == replica.name and a.labels["alertname"] != STALE_ALERT]
+            else:
+                desired += self._replica_alerts(replica)
+            if replica.consecutive_failures >= self.policy.stale_after_failures:
+                desired.append(self._make(STALE_ALERT, replica, f"{replica.consecutive_failures} failed, last: {replica.error}"))
+        for alert in self.book.reconcile(desired, wall):
+            self.log.emit("alert", status=alert.status, alertname=alert.labels["alertname"], severity=alert.labels["severity"], replica=alert.labels.get(self.source.replica_label), summary=alert.annotations["summary"])
+        if self.webhook is None:
+            self.book.outbox.clear()
+        elif self.book.outbox and (self._delivery is None or self._delivery.done()):
+            self._delivery = asyncio.create_task(self._deliver())
+
+    def _replica_alerts(self, replica: Replica) -> list[Alert]:
+        alerts = [self._make(LEVEL_ALERTS[level], replica, replica.reading.kv_usage) for level in GRADED if replica.level >= level]
+        for state in replica.signal_states:
+            if state.firing and SIGNAL_ALERTS[state.name] in self.kinds:
+                value = replica.reading.running if state.name == "stall" else state.value
+                alerts.append(self._make(SIGNAL_ALERTS[state.name], replica, value))
+        return alerts
+
+    def _make(self, name: str, replica: Replica, value: float | str | None) -> Alert:
+        kind = self.kinds[name]
+        labels = {"alertname": name, "severity": kind.severity, "serving_engine": self.engine, self.source.replica_label: replica.name}
+        text = value if isinstance(value, str) else format_value(kind.unit, value)
+        return Alert(labels, kind.annotations(replica.name, text, self.runbook_url), starts_at=0.0, generator_url=self.generator_url)
+
+    async def _deliver(self) -> None:
+        import aiohttp
+
+        sending = self.book.take()
+        try:
+            if self._session is None:
+                self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
+            async with self._session.post(self.webhook, json=[a.payload() for a in sending]) as response:
+                if response.status >= 300:
+                    raise RuntimeError(f"HTTP {response.status}: {(await response.text())[:200]}")
+        except Exception as exc:  # the receiver's problem must not stop the watcher; retried after the next poll
+            self.webhook_failures += 1
+            self.book.restore(sending)
+            self.log.emit("webhook_failed", url=self.webhook, error=describe(exc), alerts=len(sending))
+            return
+        self.book.delivered(self.wall())
+        for alert in sending:
+            self.alerts_sent[alert.status] += 1
+
+    # --- the loop ----------------------------------------------------------------------------------------
+
+    async def run(self, interval: float, stop: asyncio.Event) -> None:
+        """Poll every `interval` seconds until `stop` is set; a slow poll skips the ticks it overran."""
+        next_at = self.clock()
+        while not stop.is_set():
+            await self.poll()
+            next_at += interval
+            now = self.clock()
+            if next_at < now:
+                next_at = now + interval - (now - next_at) % interval
+            try:
+                await asyncio.wait_for(stop.wait(), next_at - now)
+            except asyncio.TimeoutError:
+                pass
+
+    async def flush(self) -> None:
+        """Wait for the delivery in flight, then send what is still in the outbox (one try)."""
+        if self._delivery is not None and not self._delivery.done():
+            await asyncio.wait({self._delivery}, timeout=15)
+        if self.webhook and self.book.outbox:
+            await self._deliver()
+
+    async def close(self) -> None:
+        await self.flush()
+        if self._session is not None:
+            await self._session.close()
+        await self.source.close()
+
+
+def _severity(level: Level) -> str:
+    return {Level.OK: "info", Level.UNKNOWN: "error"}.get(level, "warning" if level != Level.CRITICAL else "critical")

@@ -1,0 +1,134 @@
+"""A real HTTP server on 127.0.0.1 that serves whatever exposition (or fault) a test sets.
+
+Used as a stand-in replica (a recorded vLLM /metrics with chosen values), as the second scrape target of a real
+Prometheus, and for faults: HTTP 500, a hang longer than the watcher's timeout, garbage, NaN, a renamed metric.
+Run as a script (`python -m tests.support.metrics_server --port P --file F`) it is a separate process that serves
+F's current content, which a test can kill mid-watch and a benchmark can change at a known instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+DATA = Path(__file__).resolve().parent / "data"
+# Recorded from the vLLM 0.32.0 CPU build (tiny llama, 32 blocks of 128 tokens) in the middle of a burst of
+# ignore_eos requests; model_name relabelled "tiny-llama".
+VLLM_RECORDED = DATA / "vllm-0.32-cpu-metrics.prom"
+PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def vllm_exposition(kv_usage: float | str = 0.0, *, running: float = 0, waiting: float = 0, preemptions: float = 0,
+                    generated: float = 0, prefix_hits: float = 0, prefix_queries: float = 0, rename: dict[str, str] | None = None) -> str:
+    """The recorded vLLM /metrics with the samples the watcher reads set to these values (NaN: kv_usage="NaN")."""
+    text = VLLM_RECORDED.read_text()
+    values = {
+        "vllm:kv_cache_usage_perc": kv_usage, "vllm:num_requests_running": running, "vllm:num_requests_waiting": waiting,
+        "vllm:num_preemptions_total": preemptions, "vllm:generation_tokens_total": generated,
+        "vllm:prefix_cache_hits_total": prefix_hits, "vllm:prefix_cache_queries_total": prefix_queries,
+    }
+    for name, value in values.items():
+        text = re.sub(rf"^({re.escape(name)}\{{[^}}]*\}}) \S+$", lambda m: f"{m.group(1)} {float(value) if not isinstance(value, str) else value}", text, flags=re.M)
+    for old, new in (rename or {}).items():
+        text = text.replace(old, new)
+    return text
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: "MetricsServer"
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        self.server.hits += 1
+        if self.server.delay:
+            time.sleep(self.server.delay)
+        body = self.server.current_body().encode()
+        try:
+            self.send_response(self.server.status)
+            self.send_header("Content-Type", self.server.content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client gave up (a watcher's poll timeout): that is the point of a delay
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+class MetricsServer(ThreadingHTTPServer):
+    """`with MetricsServer(body) as server:` serves `body` at every path; change `.body`, `.status`, `.delay` live."""
+
+    daemon_threads = True
+
+    def __init__(self, body: str = "", port: int = 0):
+        super().__init__(("127.0.0.1", port), _Handler)
+        self.body, self.status, self.delay, self.content_type, self.hits = body, 200, 0.0, PROMETHEUS_TEXT, 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}/metrics"
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.server_address[1]}"
+
+    def current_body(self) -> str:
+        return self.body
+
+    def set(self, body: str | None = None, *, status: int = 200, delay: float = 0.0) -> None:
+        if body is not None:
+            self.body = body
+        self.status, self.delay = status, delay
+
+    def __enter__(self) -> "MetricsServer":
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+        self.server_close()
+
+
+def spawn(port: int, body_file: Path) -> subprocess.Popen:
+    """The server in its own process (to be killed); returns once it answers."""
+    process = subprocess.Popen([sys.executable, "-m", "tests.support.metrics_server", "--port", str(port), "--file", str(body_file)],
+                               cwd=Path(__file__).resolve().parents[2], start_new_session=True)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=1).read()
+            return process
+        except OSError:
+            time.sleep(0.05)
+    process.kill()
+    raise RuntimeError(f"metrics server on port {port} did not start")
+
+
+class FileMetricsServer(MetricsServer):
+    """Serves a file's current content: replace the file (os.replace) to change what the next scrape sees."""
+
+    def __init__(self, path: Path, port: int):
+        super().__init__("", port)
+        self.path = path
+
+    def current_body(self) -> str:
+        return self.path.read_text()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--file", type=Path, required=True)
+    arguments = parser.parse_args()
+    FileMetricsServer(arguments.file, arguments.port).serve_forever()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""`kvops watch` in a subprocess, as users run it: its JSON event lines collected, its /kvops/* endpoints at hand."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from tests.support.vllm_server import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def kvops_env() -> dict[str, str]:
+    """This worktree's code first on the path, as the brief asks for subprocesses."""
+    return {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'plugins'}", "HF_HUB_OFFLINE": "1"}
+
+
+class WatchProcess:
+    def __init__(self, *args: str):
+        self.port = free_port()
+        self.args = ["watch", *args, "--listen", f"127.0.0.1:{self.port}"]
+        self.lines: list[dict] = []
+        self.other_output: list[str] = []
+        self.lock = threading.Lock()
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> "WatchProcess":
+        self.process = subprocess.Popen([sys.executable, "-m", "kvops", *self.args], cwd=REPO, env=kvops_env(), text=True,
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        threading.Thread(target=self._read, daemon=True).start()
+        self.wait_event(lambda e: e["event"] == "started", timeout=60)
+        return self
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                with self.lock:
+                    self.other_output.append(line)
+                continue
+            with self.lock:
+                self.lines.append(event)
+
+    def events(self, name: str | None = None) -> list[dict]:
+        with self.lock:
+            return [e for e in self.lines if name is None or e["event"] == name]
+
+    def wait_event(self, predicate, timeout: float = 30) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for event in self.events():
+                if predicate(event):
+                    return event
+            if self.process.poll() is not None:
+                raise AssertionError(f"kvops watch exited with {self.process.returncode}: {self.other_output[-20:]} {self.events()[-5:]}")
+            time.sleep(0.05)
+        raise AssertionError(f"no matching event within {timeout:.0f} s; last events: {json.dumps(self.events()[-8:], indent=1)}")
+
+    def get(self, path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(self.url + path, timeout=10) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    def policy(self) -> dict:
+        return json.loads(self.get("/kvops/policy")[1])
+
+    def wait_level(self, level: str, timeout: float = 60) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            document = self.policy()
+            if document["level"] == level:
+                return document
+            if self.process.poll() is not None:
+                raise AssertionError(f"kvops watch exited with {self.process.returncode}")
+            time.sleep(0.05)
+        raise AssertionError(f"level not {level} after {timeout:.0f} s: {self.policy()}; events: {json.dumps(self.events()[-6:])[:3000]}")
+
+    def metric(self, name: str, **labels: str) -> float | None:
+        from prometheus_client.parser import text_string_to_metric_families
+
+        for family in text_string_to_metric_families(self.get("/kvops/metrics")[1]):
+            for sample in family.samples:
+                if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                    return sample.value
+        return None
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=10)
+        time.sleep(0.1)
+        return self.process.returncode
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
