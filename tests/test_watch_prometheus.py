@@ -7,18 +7,17 @@ import json
 import pytest
 
 from tests.support.daemons import PROMETHEUS, PrometheusServer
-from tests.support.kv_load import CRITICAL, DEGRADE, WARN, KvLoad
+from tests.support.kv_load import CRITICAL, DEGRADE, STAGED_POLICY, WARN, KvLoad
 from tests.support.metrics_server import MetricsServer, vllm_exposition
 from tests.support.watch_process import WatchProcess
-from tests.test_watch_vllm import TEST_POLICY
 
 pytestmark = [pytest.mark.vllm, pytest.mark.skipif(PROMETHEUS is None, reason="prometheus not installed (apt-get install prometheus; .ci/run does)")]
 
 
 def test_fleet_levels_per_replica_and_the_worst(vllm_engine, tmp_path, run_kvops):
     policy, rules_policy, rules = tmp_path / "policy.yaml", tmp_path / "rules-policy.yaml", tmp_path / "rules.yaml"
-    policy.write_text(TEST_POLICY)
-    rules_policy.write_text(TEST_POLICY.replace("min_dwell_seconds: 15", "min_dwell_seconds: 1"))  # rules: for 1s
+    policy.write_text(STAGED_POLICY)
+    rules_policy.write_text(STAGED_POLICY.replace("min_dwell_seconds: 15", "min_dwell_seconds: 1"))  # rules: for 1s
     rules.write_text(run_kvops("alerts", "--engine", "vllm", "--policy", str(rules_policy), "--scrape-interval", "2").stdout)
     engine = f"127.0.0.1:{vllm_engine.port}"
     # 2 s scrapes: a timeout as long as the interval, for an engine busy on 2 shared cores

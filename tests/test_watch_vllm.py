@@ -6,22 +6,12 @@ import json
 
 import pytest
 
-from tests.support.kv_load import CRITICAL, DEGRADE, WARN, KvLoad
+from tests.support.kv_load import CRITICAL, DEGRADE, STAGED_POLICY, WARN, KvLoad
 from tests.support.receiver import WebhookReceiver
 from tests.support.watch_process import WatchProcess
 
 pytestmark = pytest.mark.vllm
 
-# The shipped levels and actions with short signal windows. The dwell (15 s) outlasts the load's dips between
-# requests, so each stage holds its level until the next stage raises it.
-TEST_POLICY = """\
-min_dwell_seconds: 15
-signals:
-  queue_growth: {window_seconds: 2, min_growth: 3, raise_to: warn}
-  preemptions: {window_seconds: 2, raise_to: degrade}
-  stall: {seconds: 30, raise_to: critical}
-  prefix_cache_hit_rate: {window_seconds: 5, below: 0.85, raise_to: none}
-"""
 
 
 def engine_counter(engine, name: str) -> float:
@@ -32,7 +22,7 @@ def engine_counter(engine, name: str) -> float:
 
 def test_a_burst_takes_the_watcher_through_each_level_and_back(vllm_engine, tmp_path, run_kvops):
     policy, record = tmp_path / "policy.yaml", tmp_path / "watch.csv"
-    policy.write_text(TEST_POLICY)
+    policy.write_text(STAGED_POLICY)
     preemptions_before = engine_counter(vllm_engine, "vllm:num_preemptions_total")
     with WebhookReceiver() as receiver, WatchProcess(
         "--engine", "vllm", "--metrics-url", vllm_engine.url + "/metrics", "--policy", str(policy),

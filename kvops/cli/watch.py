@@ -45,9 +45,13 @@ def capacity_options(function):
 @runbook_option
 @click.option("--record", type=click.Path(dir_okay=False), metavar="FILE.csv", help="Append one CSV row per poll and replica (plot it with kvops report).")
 @capacity_options
+@click.option("--proxy", "upstream", metavar="UPSTREAM_URL", help="Also serve the engine's API on --listen, forwarding to UPSTREAM_URL with the level's limits applied.")
+@click.option("--max-body-size", default="8MiB", show_default=True, metavar="SIZE", help="With --proxy: refuse larger request bodies with 413.")
+@click.option("--upstream-timeout", default=600.0, show_default=True, type=click.FloatRange(min=0.1), metavar="SECONDS", help="With --proxy: answer 504 when the upstream exchange takes longer (streaming included).")
+@click.option("--upstream-connect-timeout", default=5.0, show_default=True, type=click.FloatRange(min=0.1), metavar="SECONDS", help="With --proxy: answer 502 when the upstream does not accept the connection in time.")
 @click.option("--once", is_flag=True, help="Poll once, print the level, usage and actions, and exit.")
 @json_option
-def watch(engine, metrics_url, prometheus, selector, replica_label, policy_path, interval, timeout, listen, webhook, runbook_url, record, max_batch_total_tokens, plan, startup_log, once, as_json):
+def watch(engine, metrics_url, prometheus, selector, replica_label, policy_path, interval, timeout, listen, webhook, runbook_url, record, max_batch_total_tokens, plan, startup_log, upstream, max_body_size, upstream_timeout, upstream_connect_timeout, once, as_json):
     """Watch an engine's KV-cache pressure and degrade in three steps: warn, degrade, critical.
 
     Each poll reads KV usage and the saturation signals, sets the level (with the policy's hysteresis and
@@ -55,6 +59,7 @@ def watch(engine, metrics_url, prometheus, selector, replica_label, policy_path,
     served at /kvops/policy for the admission proxy and the vLLM scheduler plugin.
     """
     import asyncio
+    import functools
 
     from kvops.policy import load_policy
     from kvops.watch.service import WatchOptions, once as poll_once, watch as run_watch
@@ -67,7 +72,9 @@ def watch(engine, metrics_url, prometheus, selector, replica_label, policy_path,
         raise click.UsageError("--selector applies to --prometheus only")
     if once and listen:
         raise click.UsageError("--once polls once and exits: drop --listen")
-    for option, url in (("--metrics-url", metrics_url), ("--prometheus", prometheus), ("--webhook", webhook)):
+    if upstream and not listen:
+        raise click.UsageError("--proxy serves the engine's API on --listen HOST:PORT: add --listen")
+    for option, url in (("--metrics-url", metrics_url), ("--prometheus", prometheus), ("--webhook", webhook), ("--proxy", upstream)):
         if url is not None and not url.startswith(("http://", "https://")):
             raise click.BadParameter(f"{url!r} is not an http(s) URL", param_hint=option)
     options = WatchOptions(
@@ -84,7 +91,14 @@ def watch(engine, metrics_url, prometheus, selector, replica_label, policy_path,
         else:
             click.echo(once_text(snapshot))
         return
-    asyncio.run(run_watch(options, EventLog()))
+    setup_app = None
+    if upstream:
+        from kvops.units import parse_bytes
+        from kvops.watch.proxy import ProxySettings, attach_to_watcher
+
+        settings = ProxySettings(upstream.rstrip("/"), engine, parse_bytes(max_body_size, "--max-body-size"), upstream_connect_timeout, upstream_timeout)
+        setup_app = functools.partial(attach_to_watcher, settings=settings)
+    asyncio.run(run_watch(options, EventLog(), setup_app=setup_app))
 
 
 @click.command()

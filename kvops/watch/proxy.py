@@ -209,3 +209,13 @@ def apply_limits(body: dict[str, Any], path: str, limits: Limits, engine: str) -
     if beams is not None:  # with beam search, n is the beam width: report it once, as beam_width
         changes = [change for change in changes if not change.startswith("n ")]
     return changes
+
+
+def attach_to_watcher(app: "web.Application", settings: ProxySettings) -> AdmissionProxy:
+    """Mount the proxy on the watcher's --listen server: it reads the watcher's limits in-process, per request."""
+    from kvops.watch.server import REGISTRY, WATCHER
+
+    watcher = app[WATCHER]
+    proxy = AdmissionProxy(settings, lambda: watcher.current.limits, ProxyMetrics(app[REGISTRY]))
+    proxy.attach(app)
+    return proxy

@@ -25,6 +25,18 @@ class Stage:
     max_tokens: int
 
 
+# For a watcher driven by these stages: the shipped levels and actions with short signal windows. The dwell (15 s)
+# outlasts the load's dips between requests, so each stage holds its level until the next stage raises it.
+STAGED_POLICY = """\
+min_dwell_seconds: 15
+signals:
+  queue_growth: {window_seconds: 2, min_growth: 3, raise_to: warn}
+  preemptions: {window_seconds: 2, raise_to: degrade}
+  stall: {seconds: 30, raise_to: critical}
+  prefix_cache_hit_rate: {window_seconds: 5, below: 0.85, raise_to: none}
+"""
+
+
 WARN = Stage(4, 650, 100)
 DEGRADE = Stage(4, 780, 100)
 CRITICAL = Stage(8, 100, 900)

@@ -1,7 +1,8 @@
 """A fast local upstream for proxy tests and benchmarks: records what it receives, answers at once.
 
 It is not an engine: the proxy's mechanics (what reaches the upstream, streaming, cancellation, errors) are
-what it measures; the proxy is also tested in front of the real vLLM engine.
+what it measures. With `forward_to` it records and passes each request on to a real engine instead, so a test
+in front of the real vLLM engine can see exactly what the proxy sent.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ class Received:
 class RecordingUpstream:
     chunks: int = 5
     chunk_delay: float = 0.0
+    forward_to: str | None = None
     received: list[Received] = field(default_factory=list)
     cancelled: list[str] = field(default_factory=list)
 
@@ -43,6 +45,8 @@ class RecordingUpstream:
 
         body = await request.read()
         self.received.append(Received(request.method, request.path, request.query_string, dict(request.headers), body))
+        if self.forward_to:
+            return await self.forward(request, body)
         streaming = request.path.endswith("_stream") or (body[:1] == b"{" and json.loads(body).get("stream") is True)
         if not streaming:
             return web.json_response({"path": request.path, "bytes": len(body)})
@@ -57,6 +61,18 @@ class RecordingUpstream:
             self.cancelled.append(request.path)
             raise
         return response
+
+    async def forward(self, request, body: bytes):
+        from aiohttp import ClientSession, web
+
+        async with ClientSession() as session:
+            async with session.request(request.method, self.forward_to + request.path_qs, data=body or None, headers={"Content-Type": request.content_type}) as upstream:
+                response = web.StreamResponse(status=upstream.status, headers={"Content-Type": upstream.headers.get("Content-Type", "application/json")})
+                await response.prepare(request)
+                async for chunk in upstream.content.iter_any():
+                    await response.write(chunk)
+                await response.write_eof()
+                return response
 
     async def hang(self, request):
         await request.read()
