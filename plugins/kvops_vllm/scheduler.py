@@ -216,9 +216,8 @@ class KVGuardScheduler(AsyncScheduler):
             in_force = (reading.limits, f"watcher{watched}")
         else:
             in_force = (self.level_tracker.limits(), f"own KV usage {usage:.1%}")
-        before, source_before = self.in_force
-        if in_force[0].level != before.level or _kind(in_force[1]) != _kind(source_before):
-            logger.info("kvops guard: level %s -> %s (%s): %s", before.level.label, in_force[0].level.label, in_force[1], _effect(in_force[0]))
+        if in_force[0].level != self.in_force[0].level:
+            logger.info("kvops guard: level %s -> %s (%s): %s", self.in_force[0].level.label, in_force[0].level.label, in_force[1], _effect(in_force[0]))
         self.in_force = in_force
         return in_force
 
@@ -278,10 +277,6 @@ def _reject_status(request: Request) -> RequestStatus:
     if request.sampling_params.output_kind == RequestOutputKind.DELTA:
         return RequestStatus.FINISHED_ERROR
     return RequestStatus.FINISHED_ABORTED
-
-
-def _kind(source: str) -> str:
-    return source.split(" ", 1)[0]
 
 
 def _effect(limits: Limits) -> str:
