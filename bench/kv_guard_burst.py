@@ -1,6 +1,6 @@
 """One overload burst, run twice on the real vLLM CPU engine: the stock scheduler, then the KV guard.
 
-    python bench/kv_guard_burst.py [--requests 32] [--seed 0] [--json]
+    python bench/kv_guard_burst.py [--requests 32] [--seed 0] [--prompt-tokens 32-384] [--new-tokens 64-640] [--json]
 
 Both runs start the same engine (the locally built tiny llama, dummy weights, a 4 MiB KV pool: 31 usable blocks
 of 128 tokens) and send it the same requests at once: fixed seed, prompts of random token ids, ignore_eos so each
@@ -68,13 +68,28 @@ def print_table(rows: list[dict], requests, seed: int, guard_log: list[str]) -> 
         print("  " + line.split("] ", 1)[-1])
 
 
+def token_range(text: str) -> tuple[int, int]:
+    low, _, high = text.partition("-")
+    try:
+        bounds = int(low), int(high or low)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a range of token counts such as 32-384") from None
+    if not 1 <= bounds[0] <= bounds[1]:
+        raise argparse.ArgumentTypeError(f"{text!r}: need 1 <= LOW <= HIGH")
+    return bounds
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--prompt-tokens", type=token_range, default=(32, 384), help="prompt lengths, LOW-HIGH (default 32-384)")
+    parser.add_argument("--new-tokens", type=token_range, default=(64, 640), help="max_tokens, LOW-HIGH (default 64-640)")
     parser.add_argument("--json", action="store_true")
     options = parser.parse_args()
-    requests = burst(options.requests, options.seed)
+    if max(options.prompt_tokens) + max(options.new_tokens) > 1024:
+        parser.error("--prompt-tokens and --new-tokens must add up to 1024 at most (the engine's --max-model-len)")
+    requests = burst(options.requests, options.seed, prompt_tokens=options.prompt_tokens, new_tokens=options.new_tokens)
     rows, guard_log = [], []
     with tempfile.TemporaryDirectory(prefix="kv-guard-burst-") as folder:
         model = build_model(Path(folder) / "tiny-llama")

@@ -265,6 +265,14 @@ def test_a_watcher_below_own_usage_does_not_lower_the_level(guard, watcher, requ
     driver.drain()
 
 
+def test_a_bad_setting_stops_the_engine_at_startup_with_one_line(guard, guard_log):
+    from kvops_vllm.config import GuardConfigError
+
+    with pytest.raises(GuardConfigError):
+        guard({"KVOPS_HEADROOM_BLOCKS": "lots"}, num_blocks=11)
+    assert guard_log == ["kvops guard: KVOPS_HEADROOM_BLOCKS='lots': must be a whole number of blocks, 0 or more"]
+
+
 def test_the_startup_line_and_a_summary_when_the_engine_drains(guard, watcher, requests, guard_log):
     scheduler = followed(guard, watcher, "warn", num_blocks=14)  # 13 usable blocks
     for i in range(5):

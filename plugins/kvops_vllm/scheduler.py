@@ -27,7 +27,8 @@ from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
 from vllm.v1.kv_cache_interface import SlidingWindowSpec
 from vllm.v1.request import Request, RequestStatus
 
-from kvops.policy import Level, Limits, LevelTracker, RequestParams, clamp
+from kvops.errors import KvopsError
+from kvops.policy import Level, LevelTracker, Limits, RequestParams, clamp
 from kvops_vllm.admission import GroupShape, admissible_prefix, live_blocks, projected_blocks, window_blocks
 from kvops_vllm.config import GuardConfig
 from kvops_vllm.follow import PolicyFollower
@@ -55,7 +56,12 @@ class GuardCounts:
 class KVGuardScheduler(AsyncScheduler):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.guard_config = GuardConfig.from_env()
+        try:
+            self.guard_config = GuardConfig.from_env()
+        except KvopsError as exc:
+            # Fail the engine's startup, with the reason as one line above vLLM's traceback.
+            logger.error("kvops guard: %s", exc)
+            raise
         self.kv_shapes = tuple(
             _group_shape(manager, self.vllm_config.max_in_flight_tokens)
             for manager in self.kv_cache_manager.coordinator.single_type_managers
