@@ -4,6 +4,7 @@ the same 4 MiB pool as the stock `vllm_engine` (31 usable blocks of 128 tokens),
 from __future__ import annotations
 
 import json
+import re
 import time
 import urllib.error
 import urllib.request
@@ -55,7 +56,9 @@ def test_the_guard_starts_and_says_how_it_admits(kv_guard_engine):
 
 
 def test_an_overload_burst_preempts_on_stock_and_queues_on_the_guard(vllm_engine, kv_guard_engine):
-    requests = burst(24, seed=7)  # 24 requests at once: 32-384 prompt tokens, 64-640 new tokens each
+    # 24 requests at once, 32-384 prompt tokens and 64-512 new tokens each (within the policy's warn cap, so a
+    # request that reaches the engine after usage passed 70% is not capped: every answer is complete either way).
+    requests = burst(24, seed=7, new_tokens=(64, 512))
     stock = run_burst(vllm_engine, requests)
     guarded = run_burst(kv_guard_engine, requests)
 
@@ -109,6 +112,8 @@ def test_critical_rejects_with_a_clear_reason_and_the_engine_stays_up(kv_guard_e
     assert "-> critical (watcher at 97.0%): max_tokens capped at 512, n>1 served as one sequence, new requests rejected" in log
     assert "kvops guard: level critical -> ok (watcher at 0.0%): no limits" in log
     assert "EngineCore encountered a fatal error" not in log
+    finished = {reason: float(count) for reason, count in re.findall(r'^vllm:request_success_total\{[^}]*finished_reason="(\w+)"[^}]*\} (\S+)$', kv_guard_engine.metrics(), re.MULTILINE)}
+    assert finished["abort"] >= 2 and finished["error"] >= 1  # what an operator sees of the rejections in /metrics
 
 
 def test_an_unusable_watcher_leaves_the_level_to_own_usage(kv_guard_engine, policy_endpoint):

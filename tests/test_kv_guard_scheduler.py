@@ -291,3 +291,22 @@ def test_the_startup_line_and_a_summary_when_the_engine_drains(guard, watcher, r
         " s: 1 queued for KV, 5 max_tokens capped, 0 n>1 siblings dropped, 0 rejected; "
         "now 0 running, 0 waiting, 13 blocks free, 0 reserved for admitted requests"
     )
+
+
+def test_scheduler_stats_cannot_carry_the_guards_counters_to_the_api_server():
+    """Why the guard reports in its log and not in vLLM's /metrics: SchedulerStats crosses from the engine-core
+    process to the API server as a fixed msgspec schema, and a subclass's extra fields are dropped on the way."""
+    from dataclasses import dataclass
+
+    from vllm.v1.engine import EngineCoreOutputs
+    from vllm.v1.metrics.stats import SchedulerStats
+    from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
+
+    @dataclass
+    class GuardedStats(SchedulerStats):
+        kvops_rejected: int = 0
+
+    sent = EngineCoreOutputs(scheduler_stats=GuardedStats(num_running_reqs=3, kvops_rejected=7))
+    received = MsgpackDecoder(EngineCoreOutputs).decode(MsgpackEncoder().encode(sent))
+    assert received.scheduler_stats.num_running_reqs == 3
+    assert type(received.scheduler_stats) is SchedulerStats and not hasattr(received.scheduler_stats, "kvops_rejected")
