@@ -82,11 +82,15 @@ def test_the_warn_cap_reaches_the_client(kv_guard_engine, policy_endpoint):
 def test_degrade_serves_n_as_one_sequence(kv_guard_engine, policy_endpoint):
     with watcher_at(policy_endpoint, "degrade", 0.9):
         answer = completion(kv_guard_engine, max_tokens=20, n=3)
+        status, stream = post(kv_guard_engine, "/v1/completions", {"prompt": "the cache", "max_tokens": 10, "n": 3, "ignore_eos": True, "stream": True})
     first, *others = sorted(answer["choices"], key=lambda choice: choice["index"])
     assert first["finish_reason"] == "length" and answer["usage"]["completion_tokens"] == 20
     for choice in others:
         assert (choice["finish_reason"], choice["text"]) == ("abort", "")
         assert choice["stop_reason"] == "kvops: KV cache degrade (watcher at 90.0%): n>1 served as one sequence"
+    chunks = [json.loads(line[len("data: "):]) for line in stream.splitlines() if line.startswith("data: {")]
+    assert status == 200 and {choice["index"] for chunk in chunks for choice in chunk["choices"]} == {0}
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
 
 
 def test_critical_rejects_with_a_clear_reason_and_the_engine_stays_up(kv_guard_engine, policy_endpoint):
