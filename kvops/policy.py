@@ -61,6 +61,17 @@ class Limits:
             "reset_prefix_cache": self.reset_prefix_cache,
         }
 
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "limits") -> "Limits":
+        """The inverse of to_dict (what the watcher's /kvops/policy sends); PolicyError names the bad field."""
+        if not isinstance(data, dict):
+            raise PolicyError(f"{where}: must be a mapping with level, {', '.join(sorted(_ACTION_KEYS))}")
+        try:
+            level = Level.parse(str(data.get("level")))
+        except ValueError as exc:
+            raise PolicyError(f"{where}.level: {exc}") from None
+        return _limits(level, {key: value for key, value in data.items() if key != "level"}, where)
+
 
 @dataclass(frozen=True)
 class SignalRule:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
+from tests.support.policy_endpoint import PolicyEndpoint
 from tests.support.tiny_model import build_model
-from tests.support.vllm_server import VllmServer, vllm_available
+from tests.support.vllm_server import DEFAULT_KV_BYTES, VllmServer, vllm_available
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -31,6 +33,35 @@ def tiny_model(tmp_path_factory) -> Path:
 def vllm_engine(tiny_model, tmp_path_factory):
     """The stock engine with a 4 MiB KV pool (32 blocks of 128 tokens): small enough to fill and preempt."""
     server = VllmServer(tiny_model, tmp_path_factory.mktemp("logs") / "vllm-stock.log")
+    with server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def policy_endpoint():
+    """A stand-in for the watcher's /kvops/policy that kv_guard_engine follows; it serves level ok, usage 0,
+    until a test changes it (tests that do restore it)."""
+    with PolicyEndpoint() as endpoint:
+        endpoint.follow("ok", 0.0)
+        yield endpoint
+
+
+@pytest.fixture(scope="session")
+def kv_guard_engine(tiny_model, policy_endpoint, tmp_path_factory):
+    """vllm_engine's configuration, scheduled by kvops' KV guard (this worktree's code), following policy_endpoint.
+
+    Its policy is the shipped one with no minimum dwell, so a level a test drives up (a burst) does not linger
+    into the next test."""
+    policy = tmp_path_factory.mktemp("policy") / "policy.yaml"
+    policy.write_text("min_dwell_seconds: 0\n")
+    env = {
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), str(REPO / "plugins"), os.environ.get("PYTHONPATH")])),
+        "KVOPS_POLICY": str(policy),
+        "KVOPS_POLICY_URL": policy_endpoint.url,
+        "KVOPS_POLICY_POLL_SECONDS": "0.2",
+    }
+    args = ["--max-model-len", "1024", "--kv-cache-memory-bytes", str(DEFAULT_KV_BYTES), "--scheduler-cls", "kvops_vllm.scheduler.KVGuardScheduler"]
+    server = VllmServer(tiny_model, tmp_path_factory.mktemp("logs") / "vllm-kv-guard.log", args=args, env=env)
     with server:
         yield server
 

@@ -1,0 +1,115 @@
+"""An overload burst against a real OpenAI-compatible engine: the same requests every time (fixed seed), sent at
+once, with the engine's /metrics sampled while they run. Shared by the KV guard's tests and its benchmark."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import re
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+GAUGES = ("vllm:num_preemptions_total", "vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc")
+
+
+@dataclass(frozen=True)
+class BurstRequest:
+    prompt: list[int]  # token ids, so the prompt length is exact
+    max_tokens: int
+
+
+@dataclass
+class Answer:
+    status: int
+    finish_reason: str | None
+    completion_tokens: int
+    seconds: float  # end to end, as the client sees it
+    error: str | None = None
+
+
+@dataclass
+class BurstRun:
+    requests: list[BurstRequest]
+    answers: list[Answer]
+    seconds: float  # until the last answer
+    samples: list[tuple[float, dict[str, float]]] = field(default_factory=list)  # (seconds since start, gauges)
+    preemptions: int = 0
+
+    @property
+    def complete(self) -> list[Answer]:
+        """Answers that generated every token asked for (ignore_eos: finish_reason "length")."""
+        return [a for a, r in zip(self.answers, self.requests) if a.finish_reason == "length" and a.completion_tokens == r.max_tokens]
+
+    def peak(self, gauge: str) -> float:
+        return max((sample[gauge] for _, sample in self.samples), default=0.0)
+
+    @property
+    def waiting_drained_seconds(self) -> float:
+        """Burst start until vllm:num_requests_waiting was last seen above 0."""
+        return next((at for at, sample in reversed(self.samples) if sample["vllm:num_requests_waiting"] > 0), 0.0)
+
+
+def burst(count: int, seed: int, *, prompt_tokens: tuple[int, int] = (32, 384), new_tokens: tuple[int, int] = (64, 640)) -> list[BurstRequest]:
+    """Mixed lengths: prompts of random token ids, and a random max_tokens, each drawn uniformly from the ranges."""
+    rng = random.Random(seed)
+    return [BurstRequest([rng.randrange(10, 500) for _ in range(rng.randint(*prompt_tokens))], rng.randint(*new_tokens)) for _ in range(count)]
+
+
+def complete(url: str, model: str, request: BurstRequest, timeout: float = 1800) -> Answer:
+    body = {"model": model, "prompt": request.prompt, "max_tokens": request.max_tokens, "ignore_eos": True, "temperature": 0}
+    started = time.monotonic()
+    try:
+        http = urllib.request.Request(url + "/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"})
+        with urllib.request.urlopen(http, timeout=timeout) as response:
+            answer = json.loads(response.read())
+        choice = answer["choices"][0]
+        return Answer(response.status, choice["finish_reason"], answer["usage"]["completion_tokens"], time.monotonic() - started)
+    except urllib.error.HTTPError as exc:
+        return Answer(exc.code, None, 0, time.monotonic() - started, exc.read().decode(errors="replace")[:300])
+
+
+def gauges(metrics_text: str) -> dict[str, float]:
+    values = {}
+    for name in GAUGES:
+        match = re.search(rf"^{re.escape(name)}(?:\{{[^}}]*\}})? (\S+)$", metrics_text, re.MULTILINE)
+        values[name] = float(match.group(1)) if match else 0.0
+    return values
+
+
+def run_burst(server, requests: list[BurstRequest], sample_every: float = 0.25) -> BurstRun:
+    """Send every request at once to `server` (a VllmServer) and wait for all answers."""
+    model = str(server.model)
+    before = gauges(server.metrics())["vllm:num_preemptions_total"]
+    samples: list[tuple[float, dict[str, float]]] = []
+    done = threading.Event()
+    started = time.monotonic()
+
+    def sample() -> None:
+        while not done.is_set():
+            samples.append((time.monotonic() - started, gauges(server.metrics())))
+            done.wait(sample_every)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    with ThreadPoolExecutor(max_workers=len(requests)) as pool:
+        answers = list(pool.map(lambda request: complete(server.url, model, request), requests))
+    seconds = time.monotonic() - started
+    done.set()
+    sampler.join()
+    after = gauges(server.metrics())
+    samples.append((time.monotonic() - started, after))
+    return BurstRun(requests, answers, seconds, samples, int(after["vllm:num_preemptions_total"] - before))
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    """Nearest rank."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    rank = max(1, min(len(ordered), math.ceil(fraction * len(ordered))))
+    return ordered[rank - 1]
