@@ -133,7 +133,7 @@ class PlanInputs:
     max_num_seqs: int | None = None  # vLLM --max-num-seqs / TGI --max-concurrent-requests
     block_size: int | None = None
     enforce_eager: bool = False
-    guard: bool = False
+    guard: bool | None = None  # vLLM's KV-guard scheduler; None: on for vLLM (TGI has no scheduler plugin)
     max_queued: int | None = None  # vLLM --max-num-queued-reqs
     max_input_tokens: int | None = None  # TGI
     profile: Profile | None = None
@@ -424,7 +424,7 @@ def _vllm_flags(inputs: PlanInputs, length: int, kv_bytes: int, seqs: int, batch
         "block-size": block_size,
         "kv-cache-dtype": kv_flag,
         "enforce-eager": True if inputs.enforce_eager else None,
-        "scheduler-cls": vllm_flags.GUARD_SCHEDULER if inputs.guard else None,
+        "scheduler-cls": vllm_flags.GUARD_SCHEDULER if inputs.guard is not False else None,
         "max-num-queued-reqs": inputs.max_queued,
     }
     return {name: value for name, value in flags.items() if value is not None}

@@ -88,9 +88,9 @@ def test_yaml_env_docker_and_k8s_forms(run_kvops):
 
 
 def test_guard_names_the_kv_guard_scheduler_and_max_queued_the_admission_valve(run_kvops):
-    plain = plan_doc(run_kvops, "-m", "llama-3-8b", "--gpu", "h100")
+    plain = plan_doc(run_kvops, "-m", "llama-3-8b", "--gpu", "h100", "--no-guard")
     assert "scheduler-cls" not in plain["flags"]
-    guarded = plan_doc(run_kvops, "-m", "llama-3-8b", "--gpu", "h100", "--guard", "--max-queued", "64")
+    guarded = plan_doc(run_kvops, "-m", "llama-3-8b", "--gpu", "h100", "--max-queued", "64")
     argv = guarded["command"]["argv"]
     assert argv[argv.index("--scheduler-cls") + 1] == "kvops_vllm.scheduler.KVGuardScheduler"
     assert argv[argv.index("--max-num-queued-reqs") + 1] == "64"

@@ -154,6 +154,7 @@ def test_unknown_counts_failures_then_alerts_stale_and_recovers(tmp_path, mode, 
                 server.set("Internal Server Error", status=500)
                 documents.append((await watcher.poll()).policy_document())
             stale_alerts = {a.labels["alertname"] for a in watcher.book.firing.values()}
+            await watcher.flush()  # deliver the firing alert before recovery resolves it (else only "resolved" is sent)
             seen += await walk(watcher, clock, server, [(4, 0.10), (10, 0.10)])
             await watcher.close()
             return seen, documents, stale_alerts

@@ -71,7 +71,7 @@ def engine_options(function: Callable, model_required: bool = True) -> Callable:
 @click.option("--concurrency", type=INT_OR_AUTO, help="Requests that must run at once under the warn level; auto: as many as fit.")
 @click.option("--max-num-seqs", "--max-concurrent-requests", "max_num_seqs", type=POSITIVE, help="Override vLLM --max-num-seqs / TGI --max-concurrent-requests.")
 @click.option("--max-input-tokens", type=POSITIVE, help="TGI --max-input-tokens [default: max-total-tokens - 1].")
-@click.option("--guard/--no-guard", default=False, show_default=True, help="vLLM: add the KV-guard scheduler (--scheduler-cls kvops_vllm.scheduler.KVGuardScheduler).")
+@click.option("--guard/--no-guard", default=None, help="vLLM: name the KV-guard scheduler (--scheduler-cls kvops_vllm.scheduler.KVGuardScheduler; needs kvops installed beside vLLM)  [default: guard]")
 @click.option("--max-queued", type=click.IntRange(min=0), help="vLLM --max-num-queued-reqs: answer 503 beyond this many requests in flight.")
 @click.option("--profile", "profile_path", type=click.Path(exists=True, dir_okay=False), help="Calibration profile (`kvops calibrate --save`): measured terms replace estimates.")
 @click.option("--policy", "policy_path", type=click.Path(exists=True, dir_okay=False), help="Degrade policy whose warn level sizes max-num-seqs [default: the shipped one, 70%].")
