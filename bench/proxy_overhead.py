@@ -1,0 +1,163 @@
+"""What the admission proxy costs: requests per second and added p50/p99 latency against the upstream called directly.
+
+    python bench/proxy_overhead.py [--requests 3000] [--concurrency 16] [--rounds 3]
+
+One run, same machine: a fast local upstream (a separate process answering an OpenAI-style completion at once,
+and serving a vLLM /metrics whose KV usage this script sets), `kvops watch --proxy` in front of it (a separate
+process, as deployed), and this process as the client (aiohttp, `--concurrency` requests in flight). Rounds
+interleave direct and proxied runs so drift hits both alike. Three cases through the proxy:
+  ok    - KV usage 0.10: the body is parsed and forwarded byte for byte;
+  warn  - KV usage 0.75: max_tokens 1024 is capped at 512, the body re-serialised;
+  get   - an unguarded GET /v1/models, streamed through untouched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from tests.support.metrics_server import vllm_exposition  # noqa: E402 - after the path set-up
+from tests.support.vllm_server import free_port  # noqa: E402
+
+BODY = json.dumps({"model": "m", "prompt": "the cache grows with every token", "max_tokens": 1024}).encode()
+
+
+def serve_upstream(port: int) -> None:
+    """The fast upstream: answers completions at once; /metrics serves the usage last POSTed to /usage."""
+    from aiohttp import web
+
+    state = {"usage": 0.1}
+    answer = json.dumps({"id": "cmpl-1", "object": "text_completion", "choices": [{"index": 0, "text": "ok", "finish_reason": "length"}]})
+
+    async def completion(request):
+        await request.read()
+        return web.Response(text=answer, content_type="application/json")
+
+    async def models(request):
+        return web.json_response({"object": "list", "data": [{"id": "m", "object": "model"}]})
+
+    async def metrics(request):
+        return web.Response(text=vllm_exposition(state["usage"]), content_type="text/plain")
+
+    async def usage(request):
+        state["usage"] = float(await request.text())
+        return web.Response(text="ok")
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", completion)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_post("/usage", usage)
+    web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
+
+
+async def load(url: str, method: str, total: int, concurrency: int) -> tuple[float, list[float]]:
+    """(requests per second, latencies in seconds) for `total` requests, `concurrency` at a time."""
+    from aiohttp import ClientSession, TCPConnector
+
+    latencies: list[float] = []
+    remaining = iter(range(total))
+
+    async def worker(session):
+        for _ in remaining:
+            start = time.perf_counter()
+            async with session.request(method, url, data=BODY if method == "POST" else None, headers={"Content-Type": "application/json"}) as response:
+                await response.read()
+                if response.status != 200:
+                    raise RuntimeError(f"{url} answered {response.status}")
+            latencies.append(time.perf_counter() - start)
+
+    async with ClientSession(connector=TCPConnector(limit=concurrency)) as session:
+        began = time.perf_counter()
+        await asyncio.gather(*(worker(session) for _ in range(concurrency)))
+        elapsed = time.perf_counter() - began
+    return total / elapsed, latencies
+
+
+def wait_http(url: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError(f"{url} did not come up")
+
+
+def set_level(upstream: str, proxy: str, usage: float, level: str) -> None:
+    urllib.request.urlopen(urllib.request.Request(upstream + "/usage", data=str(usage).encode(), method="POST"), timeout=5).read()
+    deadline = time.monotonic() + 30
+    while json.loads(urllib.request.urlopen(proxy + "/kvops/policy", timeout=5).read())["level"] != level:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the watcher did not reach {level}")
+        time.sleep(0.1)
+
+
+def percentile(values: list[float], percent: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(percent / 100 * len(ordered)))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=3000)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--serve-upstream", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve_upstream:
+        serve_upstream(args.serve_upstream)
+        return
+
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'plugins'}"}
+    upstream_port, proxy_port = free_port(), free_port()
+    upstream, proxy = f"http://127.0.0.1:{upstream_port}", f"http://127.0.0.1:{proxy_port}"
+    processes = [subprocess.Popen([sys.executable, __file__, "--serve-upstream", str(upstream_port)], env=env)]
+    try:
+        wait_http(upstream + "/v1/models")
+        processes.append(subprocess.Popen(
+            [sys.executable, "-m", "kvops", "watch", "--engine", "vllm", "--metrics-url", upstream + "/metrics", "--interval", "0.5",
+             "--listen", f"127.0.0.1:{proxy_port}", "--proxy", upstream], env=env, cwd=REPO, stdout=subprocess.DEVNULL,
+        ))
+        wait_http(proxy + "/kvops/healthz")
+        cases = {  # levels only rise, so the policy's dwell never holds a case up
+            "POST /v1/completions, level ok": ("POST", "/v1/completions", 0.10, "ok"),
+            "GET /v1/models (unguarded)": ("GET", "/v1/models", 0.10, "ok"),
+            "POST /v1/completions, level warn (clamped)": ("POST", "/v1/completions", 0.75, "warn"),
+        }
+        print(f"{args.requests} requests x {args.rounds} rounds per case, {args.concurrency} in flight; client, proxy and upstream on one {os.cpu_count()}-core machine\n")
+        print(f"{'case':<44} {'path':<7} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8}")
+        for name, (method, path, usage, level) in cases.items():
+            set_level(upstream, proxy, usage, level)
+            results: dict[str, list] = {"direct": [[], []], "proxy": [[], []]}
+            for _ in range(args.rounds):
+                for via, base in (("direct", upstream), ("proxy", proxy)):
+                    rate, latencies = asyncio.run(load(base + path, method, args.requests, args.concurrency))
+                    results[via][0].append(rate)
+                    results[via][1].extend(latencies)
+            summary = {via: (statistics.median(rates), percentile(lat, 50) * 1000, percentile(lat, 99) * 1000) for via, (rates, lat) in results.items()}
+            for via in ("direct", "proxy"):
+                rate, p50, p99 = summary[via]
+                print(f"{name if via == 'direct' else '':<44} {via:<7} {rate:8.0f} {p50:8.2f} {p99:8.2f}")
+            (d_rate, d50, d99), (p_rate, p50, p99) = summary["direct"], summary["proxy"]
+            print(f"{'':<44} {'added':<7} {p_rate / d_rate - 1:+8.0%} {p50 - d50:+8.2f} {p99 - d99:+8.2f}")
+    finally:
+        for process in reversed(processes):
+            process.terminate()
+            process.wait(timeout=20)
+
+
+if __name__ == "__main__":
+    main()
