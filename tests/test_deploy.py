@@ -175,7 +175,7 @@ def test_no_guard_and_a_policy_file(run_kvops, tmp_path):
 
 
 @pytest.mark.parametrize("args, code, message", [
-    (["--target", "compose"], 2, "--target compose writes compose.yaml, prometheus.yml, kvops-rules.yaml and policy.yaml: give --out DIR"),
+    (["--target", "compose"], 2, "--target compose writes compose.yaml and the files it mounts (Prometheus, Grafana, rules, policy): give --out DIR"),
     (["--device", "cpu"], 2, "--device cpu plans the CPU build"),
     (["--name", "Llama_3"], 2, "'Llama_3' must be lowercase letters, digits and '-'"),
     (["--kvops-port", "8000"], 2, "8000 is the engine's port"),
@@ -203,7 +203,7 @@ def test_compose_stack_passes_docker_compose_config(engine, tmp_path):
     assert ran.returncode == 0, ran.stderr
     project = json.loads(ran.stdout)
     services = project["services"]
-    expected = {engine, "kvops", "prometheus"} | ({"kvops-plugin"} if engine == "vllm" else set())
+    expected = {engine, "kvops", "prometheus", "grafana"} | ({"kvops-plugin"} if engine == "vllm" else set())
     assert set(services) == expected
     assert services["kvops"]["command"][:3] == ["watch", "--engine", engine]
     port = 8000 if engine == "vllm" else 80
@@ -211,6 +211,9 @@ def test_compose_stack_passes_docker_compose_config(engine, tmp_path):
     assert "ports" not in services[engine]
     mounts = {v["target"]: v["source"] for v in services["prometheus"]["volumes"]}
     assert mounts == {"/etc/prometheus/prometheus.yml": str(directory / "prometheus.yml"), "/etc/prometheus/kvops-rules.yaml": str(directory / "kvops-rules.yaml")}
+    grafana = {v["target"]: v["source"] for v in services["grafana"]["volumes"]}
+    assert grafana["/var/lib/grafana/dashboards/kvops-dashboard.json"] == str(directory / "kvops-dashboard.json")
+    assert (directory / "kvops-dashboard.json").read_text() == (REPO / "configs" / "grafana" / "kvops.json").read_text()
     if engine == "vllm":
         assert services["vllm"]["depends_on"]["kvops-plugin"]["condition"] == "service_completed_successfully"
         assert services["vllm"]["environment"]["KVOPS_POLICY_URL"] == "http://kvops:9400/kvops/policy"

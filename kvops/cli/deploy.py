@@ -20,7 +20,7 @@ NAME = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")  # an RFC 1035 label, sh
 
 @click.command()
 @workload_options
-@click.option("--target", "-t", type=click.Choice(TARGETS), default="k8s", show_default=True, help="k8s: Deployment, Service, PodMonitor, PrometheusRule, policy ConfigMap; compose: engine, sidecar and Prometheus.")
+@click.option("--target", "-t", type=click.Choice(TARGETS), default="k8s", show_default=True, help="k8s: Deployment, Service, PodMonitor, PrometheusRule, policy ConfigMap; compose: engine, sidecar, Prometheus and Grafana.")
 @click.option("--out", "-o", "out_dir", type=click.Path(file_okay=False), metavar="DIR", help="Write one file per object into DIR (created) [k8s default: print one multi-document YAML].")
 @click.option("--name", metavar="NAME", help="Name of the Deployment, Service and PodMonitor (compose: the project is kvops-NAME)  [default: the engine]")
 @click.option("--replicas", type=POSITIVE, default=1, show_default=True, help="k8s: pods, each an engine with its sidecar.")
@@ -49,7 +49,7 @@ def manifests(ctx, target, out_dir, name, replicas, kvops_image, kvops_port, scr
     if options["device"] != "gpu":
         raise UsageError("kvops manifests deploys the engine's official GPU image; --device cpu plans the CPU build, which has none")
     if target == "compose" and not out_dir:
-        raise click.UsageError("--target compose writes compose.yaml, prometheus.yml, kvops-rules.yaml and policy.yaml: give --out DIR")
+        raise click.UsageError("--target compose writes compose.yaml and the files it mounts (Prometheus, Grafana, rules, policy): give --out DIR")
     plan = make_plan(**options)
     if not plan.fits:
         raise PlanError(does_not_fit_message(plan))
@@ -63,7 +63,13 @@ def manifests(ctx, target, out_dir, name, replicas, kvops_image, kvops_port, scr
                         scrape_interval=scrape_interval, capacity=capacity, capacity_options={"--max-batch-total-tokens": capacity})
     stack = Stack(plan=plan, rules=rules, policy_text=Path(policy_path).read_text() if policy_path else default_policy_text(), command=given_command(ctx),
                   name=name, kvops_image=kvops_image, kvops_port=kvops_port, scrape_interval=scrape_interval, replicas=replicas)
-    files = k8s.manifests(stack) if target == "k8s" else compose.files(stack)
+    if target == "k8s":
+        files = k8s.manifests(stack)
+    else:
+        from kvops.deploy.grafana import dashboard as render_dashboard
+        from kvops.policy import load_policy
+
+        files = compose.files(stack, render_dashboard(load_policy(policy_path)))
     if out_dir:
         write_files(Path(out_dir), files)
         click.echo(f"wrote {out_dir}: {', '.join(files)}")

@@ -1,7 +1,9 @@
-"""docker-compose: the engine, the kvops sidecar (the proxy clients use) and Prometheus with kvops' alert rules.
+"""docker-compose: the engine, the kvops sidecar (the proxy clients use), Prometheus with kvops' alert rules, and
+Grafana with the kvops dashboard.
 
 The engine's image and arguments are the plan's (`kvops plan --format docker` runs the same); the sidecar is
-`kvops watch --proxy`; Prometheus scrapes both and loads the rule file `kvops alerts --format rules` prints.
+`kvops watch --proxy`; Prometheus scrapes both and loads the rule file `kvops alerts --format rules` prints;
+Grafana is provisioned with that Prometheus and `kvops dashboard`.
 """
 
 from __future__ import annotations
@@ -11,17 +13,30 @@ from typing import Any
 from kvops.deploy.stack import PLUGIN_COPY, PLUGIN_DIR, POLICY_FILE, Stack, dump_yaml
 
 PROMETHEUS_IMAGE = "prom/prometheus:v3.5.0"  # keep_firing_for in the rules needs Prometheus >= 2.42
+GRAFANA_IMAGE = "grafana/grafana:11.6.0"
 RULES_FILE = "kvops-rules.yaml"
+DASHBOARD_FILE = "kvops-dashboard.json"
 
 
-def files(stack: Stack) -> dict[str, str]:
+def files(stack: Stack, dashboard: str) -> dict[str, str]:
     """File name -> text; compose.yaml refers to the others by relative path."""
     return {
-        "compose.yaml": stack.header(f"{stack.engine}, the kvops sidecar and Prometheus: docker compose up") + dump_yaml(compose(stack)),
+        "compose.yaml": stack.header(f"{stack.engine}, the kvops sidecar, Prometheus and Grafana: docker compose up") + dump_yaml(compose(stack)),
         "prometheus.yml": stack.header("Prometheus: the engine's /metrics, the sidecar's /kvops/metrics, kvops' alert rules") + dump_yaml(prometheus_config(stack)),
         RULES_FILE: stack.rules,
         "policy.yaml": stack.policy_text,
+        "grafana-datasources.yaml": stack.header("Grafana's data source: the stack's Prometheus") + dump_yaml(GRAFANA_DATASOURCES),
+        "grafana-dashboards.yaml": stack.header("Grafana loads the kvops dashboard from this folder") + dump_yaml(GRAFANA_DASHBOARDS),
+        DASHBOARD_FILE: dashboard,
     }
+
+
+GRAFANA_DATASOURCES = {"apiVersion": 1, "datasources": [
+    {"name": "Prometheus", "type": "prometheus", "uid": "prometheus", "access": "proxy", "url": "http://prometheus:9090", "isDefault": True},
+]}
+GRAFANA_DASHBOARDS = {"apiVersion": 1, "providers": [
+    {"name": "kvops", "type": "file", "options": {"path": "/var/lib/grafana/dashboards"}},
+]}
 
 
 def compose(stack: Stack) -> dict[str, Any]:
@@ -57,6 +72,16 @@ def compose(stack: Stack) -> dict[str, Any]:
         "image": PROMETHEUS_IMAGE,
         "ports": ["9090:9090"],
         "volumes": ["./prometheus.yml:/etc/prometheus/prometheus.yml:ro", f"./{RULES_FILE}:/etc/prometheus/{RULES_FILE}:ro"],
+    }
+    services["grafana"] = {
+        "image": GRAFANA_IMAGE,
+        "ports": ["3000:3000"],
+        "environment": ["GF_AUTH_ANONYMOUS_ENABLED=true", "GF_AUTH_ANONYMOUS_ORG_ROLE=Viewer"],
+        "volumes": [
+            "./grafana-datasources.yaml:/etc/grafana/provisioning/datasources/kvops.yaml:ro",
+            "./grafana-dashboards.yaml:/etc/grafana/provisioning/dashboards/kvops.yaml:ro",
+            f"./{DASHBOARD_FILE}:/var/lib/grafana/dashboards/{DASHBOARD_FILE}:ro",
+        ],
     }
     document: dict[str, Any] = {"name": f"kvops-{stack.name}", "services": services}
     if volumes:
