@@ -256,3 +256,24 @@ def test_the_init_step_gives_a_bare_python_the_kv_guard(tmp_path):
     assert imported.returncode == 0, imported.stderr[-3000:]
     files = json.loads(imported.stdout.splitlines()[-1])
     assert files == [str(shared / "kvops" / "__init__.py"), str(shared / "kvops_vllm" / "scheduler.py"), "AsyncScheduler", 0.7]
+
+
+def test_dashboard_bands_are_the_policys_levels(run_kvops, tmp_path):
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("levels: {warn: 0.6, degrade: 0.8, critical: 0.9}\n")
+    for args, bands in (([], [0.7, 0.85, 0.95]), (["--policy", str(policy)], [0.6, 0.8, 0.9])):
+        document = json.loads(run_kvops("dashboard", *args).stdout)
+        usage = document["panels"][0]
+        steps = usage["fieldConfig"]["defaults"]["thresholds"]["steps"]
+        assert [(s["color"], s["value"]) for s in steps] == list(zip(["green", "yellow", "orange", "red"], [None, *bands]))
+        assert usage["fieldConfig"]["defaults"]["custom"]["thresholdsStyle"] == {"mode": "line+area"}
+    cells = set()
+    for panel in document["panels"]:  # one datasource variable, no two panels on the same grid cell
+        assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+        grid = panel["gridPos"]
+        area = {(x, y) for x in range(grid["x"], grid["x"] + grid["w"]) for y in range(grid["y"], grid["y"] + grid["h"])}
+        assert not area & cells and max(x for x, _ in area) < 24
+        cells |= area
+    assert len({panel["id"] for panel in document["panels"]}) == len(document["panels"]) == 8
+    levels = document["panels"][1]["fieldConfig"]["defaults"]["mappings"][0]["options"]
+    assert {value: option["text"] for value, option in levels.items()} == {"-1": "unknown", "0": "ok", "1": "warn", "2": "degrade", "3": "critical"}
