@@ -23,6 +23,8 @@ COMMANDS = {
     "watch": "kvops.cli.watch:watch",
     "alerts": "kvops.cli.watch:alerts",
     "report": "kvops.cli.watch:report",
+    "manifests": "kvops.cli.deploy:manifests",
+    "dashboard": "kvops.cli.deploy:dashboard",
 }
 
 

@@ -61,31 +61,56 @@ def engine_options(function: Callable, model_required: bool = True) -> Callable:
     return click.option("--model", "-m", metavar="MODEL", help="The model the run served [default: read from the log's non-default args].")(function)
 
 
+def workload_options(function: Callable) -> Callable:
+    """What the deployment must serve and how: shared by `plan` and `manifests`."""
+    options = [
+        click.option("--prompt-tokens", type=click.IntRange(min=0), help="Expected prompt tokens per request."),
+        click.option("--gen-tokens", type=click.IntRange(min=0), help="Expected generated tokens per request."),
+        click.option("--workload", type=click.Path(exists=True, dir_okay=False), help="JSONL of requests ({\"prompt_tokens\": P, \"gen_tokens\": G} per line): sized at its p95."),
+        click.option("--beams", type=POSITIVE, default=1, show_default=True, help="Beam width per request."),
+        click.option("--n", "n", type=POSITIVE, default=1, show_default=True, help="Parallel samples per request (n / best_of)."),
+        click.option("--concurrency", type=INT_OR_AUTO, help="Requests that must run at once under the warn level; auto: as many as fit."),
+        click.option("--max-num-seqs", "--max-concurrent-requests", "max_num_seqs", type=POSITIVE, help="Override vLLM --max-num-seqs / TGI --max-concurrent-requests."),
+        click.option("--max-input-tokens", type=POSITIVE, help="TGI --max-input-tokens [default: max-total-tokens - 1]."),
+        click.option("--guard/--no-guard", default=None, help="vLLM: name the KV-guard scheduler (--scheduler-cls kvops_vllm.scheduler.KVGuardScheduler; needs kvops installed beside vLLM)  [default: guard]"),
+        click.option("--max-queued", type=click.IntRange(min=0), help="vLLM --max-num-queued-reqs: answer 503 beyond this many requests in flight."),
+        click.option("--profile", "profile_path", type=click.Path(exists=True, dir_okay=False), help="Calibration profile (`kvops calibrate --save`): measured terms replace estimates."),
+        click.option("--policy", "policy_path", type=click.Path(exists=True, dir_okay=False), help="Degrade policy whose warn level sizes max-num-seqs [default: the shipped one, 70%]."),
+    ]
+    for option in reversed(options):
+        function = option(function)
+    return engine_options(function)
+
+
 @click.command()
-@engine_options
-@click.option("--prompt-tokens", type=click.IntRange(min=0), help="Expected prompt tokens per request.")
-@click.option("--gen-tokens", type=click.IntRange(min=0), help="Expected generated tokens per request.")
-@click.option("--workload", type=click.Path(exists=True, dir_okay=False), help="JSONL of requests ({\"prompt_tokens\": P, \"gen_tokens\": G} per line): sized at its p95.")
-@click.option("--beams", type=POSITIVE, default=1, show_default=True, help="Beam width per request.")
-@click.option("--n", "n", type=POSITIVE, default=1, show_default=True, help="Parallel samples per request (n / best_of).")
-@click.option("--concurrency", type=INT_OR_AUTO, help="Requests that must run at once under the warn level; auto: as many as fit.")
-@click.option("--max-num-seqs", "--max-concurrent-requests", "max_num_seqs", type=POSITIVE, help="Override vLLM --max-num-seqs / TGI --max-concurrent-requests.")
-@click.option("--max-input-tokens", type=POSITIVE, help="TGI --max-input-tokens [default: max-total-tokens - 1].")
-@click.option("--guard/--no-guard", default=None, help="vLLM: name the KV-guard scheduler (--scheduler-cls kvops_vllm.scheduler.KVGuardScheduler; needs kvops installed beside vLLM)  [default: guard]")
-@click.option("--max-queued", type=click.IntRange(min=0), help="vLLM --max-num-queued-reqs: answer 503 beyond this many requests in flight.")
-@click.option("--profile", "profile_path", type=click.Path(exists=True, dir_okay=False), help="Calibration profile (`kvops calibrate --save`): measured terms replace estimates.")
-@click.option("--policy", "policy_path", type=click.Path(exists=True, dir_okay=False), help="Degrade policy whose warn level sizes max-num-seqs [default: the shipped one, 70%].")
+@workload_options
 @click.option("--format", "-f", "out_format", type=click.Choice(("text", "shell", "json", "yaml", "env", "docker", "k8s")), default="text", show_default=True, help="Output.")
 @json_option
-def plan(model, engine, gpu_name, gpu_memory, gpus, tp, device, max_model_len, kv_dtype, quantization, memory_fraction, kv_cache_memory_bytes,
-         batched_tokens, block_size, enforce_eager, prompt_tokens, gen_tokens, workload, beams, n, concurrency, max_num_seqs, max_input_tokens,
-         guard, max_queued, profile_path, policy_path, out_format, as_json):
+def plan(out_format, as_json, **options):
     """Engine launch flags that keep the KV cache inside its budget, with every memory term and the capacity.
 
     Exits 3 when the workload does not fit, with need against have and the ways out the planner computed.
     """
-    from kvops.plan import Workload, parse_workload, plan as make_plan
     from kvops.render.plan import does_not_fit_message, render
+
+    result = make_plan(**options)
+    out_format = "json" if as_json else out_format
+    if result.fits or out_format in ("json", "yaml"):
+        click.echo(render(result, out_format))
+    if out_format != "text":
+        for message in result.warnings:
+            warn(message)
+    if not result.fits:
+        from kvops.plan import PlanError
+
+        raise PlanError(does_not_fit_message(result))
+
+
+def make_plan(model, engine, gpu_name, gpu_memory, gpus, tp, device, max_model_len, kv_dtype, quantization, memory_fraction, kv_cache_memory_bytes,
+              batched_tokens, block_size, enforce_eager, prompt_tokens, gen_tokens, workload, beams, n, concurrency, max_num_seqs, max_input_tokens,
+              guard, max_queued, profile_path, policy_path):
+    """The plan for the options of `workload_options`, fitting or not."""
+    from kvops.plan import Workload, parse_workload, plan as plan_deployment
 
     if workload and (prompt_tokens is not None or gen_tokens is not None):
         raise click.UsageError("give either --workload FILE or --prompt-tokens/--gen-tokens, not both")
@@ -97,17 +122,7 @@ def plan(model, engine, gpu_name, gpu_memory, gpus, tp, device, max_model_len, k
     inputs = plan_inputs(model, engine, gpu_name, gpu_memory, gpus, tp, device, max_model_len, kv_dtype, quantization, memory_fraction,
                          kv_cache_memory_bytes, batched_tokens, block_size, enforce_eager, profile_path, policy_path,
                          workload=load, concurrency=concurrency, max_num_seqs=max_num_seqs, max_input_tokens=max_input_tokens, guard=guard, max_queued=max_queued)
-    result = make_plan(inputs)
-    out_format = "json" if as_json else out_format
-    if result.fits or out_format in ("json", "yaml"):
-        click.echo(render(result, out_format))
-    if out_format != "text":
-        for message in result.warnings:
-            warn(message)
-    if not result.fits:
-        from kvops.plan import PlanError
-
-        raise PlanError(does_not_fit_message(result))
+    return plan_deployment(inputs)
 
 
 def plan_inputs(model, engine, gpu_name, gpu_memory, gpus, tp, device, max_model_len, kv_dtype, quantization, memory_fraction,

@@ -66,7 +66,7 @@ def docker(plan: Plan) -> str:
         words += ["--ipc=host", "-p", f"{plan.port}:{plan.port}", "-v", "~/.cache/huggingface:/root/.cache/huggingface", "-e", "HF_TOKEN"]
     else:
         words += ["--shm-size", "1g", "-p", f"8080:{plan.port}", "-v", "$PWD/data:/data", "-e", "HF_TOKEN"]
-    local = _local_model(plan)
+    local = local_model(plan)
     if local:
         words += ["-v", f"{local}:{local}:ro"]
     words.append(plan.image)
@@ -177,7 +177,7 @@ def _value(value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def _local_model(plan: Plan) -> str | None:
+def local_model(plan: Plan) -> str | None:
     spec = plan.inputs.spec
     if spec.source != "path":
         return None

@@ -73,16 +73,19 @@ class Daemon:
 
 
 class PrometheusServer(Daemon):
-    """Scrapes `targets` ({job: ["host:port", ...]}) every `scrape_interval`, evaluates `rule_files`."""
+    """Scrapes `targets` ({job: ["host:port", ...]}) every `scrape_interval`, evaluates `rule_files`; or runs `config`
+    (a whole prometheus.yml, relative rule files resolved against `workdir`)."""
 
-    def __init__(self, workdir: Path, targets: dict[str, list[str]], *, scrape_interval: str = "1s", rule_files: list[Path] = ()):
+    def __init__(self, workdir: Path, targets: dict[str, list[str]] | None = None, *, scrape_interval: str = "1s", rule_files: list[Path] = (),
+                 config: dict | None = None):
         super().__init__(workdir)
-        config = {
-            "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
-            "scrape_configs": [{"job_name": job, "static_configs": [{"targets": hosts}]} for job, hosts in targets.items()],
-        }
-        if rule_files:
-            config["rule_files"] = [str(path) for path in rule_files]
+        if config is None:
+            config = {
+                "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
+                "scrape_configs": [{"job_name": job, "static_configs": [{"targets": hosts}]} for job, hosts in targets.items()],
+            }
+            if rule_files:
+                config["rule_files"] = [str(path) for path in rule_files]
         (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
 
     def command(self) -> list[str]:

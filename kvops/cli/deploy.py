@@ -1,0 +1,118 @@
+"""`kvops manifests`, `kvops dashboard`: deployment artifacts from kvops' own plan, alert rules and watcher."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import click
+
+from kvops import __version__
+from kvops.cli.options import POSITIVE, warn
+from kvops.cli.plan import make_plan, workload_options
+from kvops.cli.watch import alert_rules, runbook_option
+from kvops.errors import KvopsError, UsageError
+
+TARGETS = ("k8s", "compose")
+NAME = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")  # an RFC 1035 label, short enough for '<name>-kvops-policy'
+
+
+@click.command()
+@workload_options
+@click.option("--target", "-t", type=click.Choice(TARGETS), default="k8s", show_default=True, help="k8s: Deployment, Service, PodMonitor, PrometheusRule, policy ConfigMap; compose: engine, sidecar, Prometheus and Grafana.")
+@click.option("--out", "-o", "out_dir", type=click.Path(file_okay=False), metavar="DIR", help="Write one file per object into DIR (created) [k8s default: print one multi-document YAML].")
+@click.option("--name", metavar="NAME", help="Name of the Deployment, Service and PodMonitor (compose: the project is kvops-NAME)  [default: the engine]")
+@click.option("--replicas", type=POSITIVE, default=1, show_default=True, help="k8s: pods, each an engine with its sidecar.")
+@click.option("--kvops-image", default=f"kvops:{__version__}", show_default=True, metavar="IMAGE", help="Image with kvops installed (the repository's Dockerfile): the sidecar, and the init step that gives vLLM the KV guard.")
+@click.option("--kvops-port", type=click.IntRange(1, 65535), default=9400, show_default=True, help="The sidecar's port: /kvops/* and the proxy.")
+@click.option("--scrape-interval", type=click.IntRange(min=1), default=15, show_default=True, metavar="SECONDS", help="Prometheus' scrape interval (PodMonitor / prometheus.yml), also what the stale-metrics alert counts in.")
+@runbook_option
+@click.pass_context
+def manifests(ctx, target, out_dir, name, replicas, kvops_image, kvops_port, scrape_interval, runbook_url, **options):
+    """Deployment artifacts for an engine with the kvops sidecar, from the plan, the alert rules and the watcher.
+
+    The engine runs the plan's flags (as `kvops plan` prints them); beside it `kvops watch --proxy` watches it and
+    admits requests (the Service, or the published compose port, goes through it); Prometheus scrapes both and
+    evaluates `kvops alerts`. Exits 3 when the plan does not fit, like `kvops plan`.
+    """
+    from kvops.deploy import compose, k8s
+    from kvops.deploy.stack import Stack
+    from kvops.plan import PlanError
+    from kvops.policy import default_policy_text
+    from kvops.render.plan import does_not_fit_message
+
+    engine = options["engine"].lower()
+    name = name or engine
+    if not NAME.match(name):
+        raise click.BadParameter(f"{name!r} must be lowercase letters, digits and '-', starting with a letter, at most 40 characters", param_hint="--name")
+    if options["device"] != "gpu":
+        raise UsageError("kvops manifests deploys the engine's official GPU image; --device cpu plans the CPU build, which has none")
+    if target == "compose" and not out_dir:
+        raise click.UsageError("--target compose writes compose.yaml and the files it mounts (Prometheus, Grafana, rules, policy): give --out DIR")
+    plan = make_plan(**options)
+    if not plan.fits:
+        raise PlanError(does_not_fit_message(plan))
+    for message in plan.warnings:
+        warn(message)
+    if kvops_port == plan.port:
+        raise click.BadParameter(f"{kvops_port} is the engine's port; the sidecar needs another", param_hint="--kvops-port")
+    policy_path = options["policy_path"]
+    capacity = plan.capacity.get("max_batch_total_tokens") if engine == "tgi" else None
+    rules = alert_rules(engine, "prometheusrule" if target == "k8s" else "rules", runbook_url=runbook_url, policy_path=policy_path,
+                        scrape_interval=scrape_interval, capacity=capacity, capacity_options={"--max-batch-total-tokens": capacity})
+    stack = Stack(plan=plan, rules=rules, policy_text=Path(policy_path).read_text() if policy_path else default_policy_text(), command=given_command(ctx),
+                  name=name, kvops_image=kvops_image, kvops_port=kvops_port, scrape_interval=scrape_interval, replicas=replicas)
+    if target == "k8s":
+        files = k8s.manifests(stack)
+    else:
+        from kvops.deploy.grafana import dashboard as render_dashboard
+        from kvops.policy import load_policy
+
+        files = compose.files(stack, render_dashboard(load_policy(policy_path)))
+    if out_dir:
+        write_files(Path(out_dir), files)
+        click.echo(f"wrote {out_dir}: {', '.join(files)}")
+    else:
+        click.echo("---\n".join(files.values()), nl=False)
+
+
+@click.command()
+@click.option("--policy", "policy_path", type=click.Path(exists=True, dir_okay=False), metavar="FILE", help="Degrade policy whose levels draw the bands [default: the shipped one].")
+@click.option("--out", "-o", type=click.Path(dir_okay=False), metavar="FILE.json", help="Write the dashboard here instead of printing it.")
+def dashboard(policy_path, out):
+    """The Grafana dashboard: KV usage on the policy's bands, level, queue, preemptions, tokens/s, proxy clamps and rejections."""
+    from kvops.deploy.grafana import dashboard as render
+    from kvops.policy import load_policy
+
+    text = render(load_policy(policy_path))
+    if out:
+        write_files(Path(out).parent, {Path(out).name: text})
+        click.echo(f"wrote {out}")
+    else:
+        click.echo(text, nl=False)
+
+
+def given_command(ctx: click.Context) -> str:
+    """The command line as given, options in their declared order, without --out: the header of every file."""
+    from click.core import ParameterSource
+
+    words = ["kvops", ctx.info_name]
+    for param in ctx.command.params:
+        if not isinstance(param, click.Option) or param.name == "out_dir" or ctx.get_parameter_source(param.name) != ParameterSource.COMMANDLINE:
+            continue
+        value = ctx.params[param.name]
+        if param.is_flag:
+            words.append(param.opts[0] if value or not param.secondary_opts else param.secondary_opts[0])
+        else:
+            words += [param.opts[0], shlex.quote(str(value))]
+    return " ".join(words)
+
+
+def write_files(directory: Path, files: dict[str, str]) -> None:
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        for name, text in files.items():
+            (directory / name).write_text(text)
+    except OSError as exc:
+        raise KvopsError(f"--out {directory}: cannot write ({exc.strerror or exc})") from None

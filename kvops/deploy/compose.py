@@ -1,0 +1,109 @@
+"""docker-compose: the engine, the kvops sidecar (the proxy clients use), Prometheus with kvops' alert rules, and
+Grafana with the kvops dashboard.
+
+The engine's image and arguments are the plan's (`kvops plan --format docker` runs the same); the sidecar is
+`kvops watch --proxy`; Prometheus scrapes both and loads the rule file `kvops alerts --format rules` prints;
+Grafana is provisioned with that Prometheus and `kvops dashboard`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvops.deploy.stack import PLUGIN_COPY, PLUGIN_DIR, POLICY_FILE, Stack, dump_yaml
+
+PROMETHEUS_IMAGE = "prom/prometheus:v3.5.0"  # keep_firing_for in the rules needs Prometheus >= 2.42
+GRAFANA_IMAGE = "grafana/grafana:11.6.0"
+RULES_FILE = "kvops-rules.yaml"
+DASHBOARD_FILE = "kvops-dashboard.json"
+
+
+def files(stack: Stack, dashboard: str) -> dict[str, str]:
+    """File name -> text; compose.yaml refers to the others by relative path."""
+    return {
+        "compose.yaml": stack.header(f"{stack.engine}, the kvops sidecar, Prometheus and Grafana: docker compose up") + dump_yaml(compose(stack)),
+        "prometheus.yml": stack.header("Prometheus: the engine's /metrics, the sidecar's /kvops/metrics, kvops' alert rules") + dump_yaml(prometheus_config(stack)),
+        RULES_FILE: stack.rules,
+        "policy.yaml": stack.policy_text,
+        "grafana-datasources.yaml": stack.header("Grafana's data source: the stack's Prometheus") + dump_yaml(GRAFANA_DATASOURCES),
+        "grafana-dashboards.yaml": stack.header("Grafana loads the kvops dashboard from this folder") + dump_yaml(GRAFANA_DASHBOARDS),
+        DASHBOARD_FILE: dashboard,
+    }
+
+
+GRAFANA_DATASOURCES = {"apiVersion": 1, "datasources": [
+    {"name": "Prometheus", "type": "prometheus", "uid": "prometheus", "access": "proxy", "url": "http://prometheus:9090", "isDefault": True},
+]}
+GRAFANA_DASHBOARDS = {"apiVersion": 1, "providers": [
+    {"name": "kvops", "type": "file", "options": {"path": "/var/lib/grafana/dashboards"}},
+]}
+
+
+def compose(stack: Stack) -> dict[str, Any]:
+    from kvops.render.plan import engine_args, local_model
+
+    plan = stack.plan
+    engine: dict[str, Any] = {"image": plan.image, "command": engine_args(plan), "environment": ["HF_TOKEN"]}
+    if stack.engine == "vllm":
+        engine.update(ipc="host", volumes=["~/.cache/huggingface:/root/.cache/huggingface"])
+    else:
+        engine.update(shm_size="1g", volumes=["./data:/data"])
+    model = local_model(plan)
+    if model:
+        engine["volumes"].append(f"{model}:{model}:ro")
+    engine.update(_gpus(stack))
+    services: dict[str, Any] = {stack.engine: engine}
+    volumes: dict[str, Any] = {}
+    if stack.guarded:
+        engine["environment"] += [f"{name}={value}" for name, value in stack.guard_env("kvops").items()]
+        engine["volumes"] += [f"kvops-python:{PLUGIN_DIR}:ro", f"./policy.yaml:{POLICY_FILE}:ro"]
+        engine["depends_on"] = {"kvops-plugin": {"condition": "service_completed_successfully"}}
+        services["kvops-plugin"] = {"image": stack.kvops_image, "entrypoint": ["python", "-c", PLUGIN_COPY], "volumes": [f"kvops-python:{PLUGIN_DIR}"]}
+        volumes["kvops-python"] = {}
+    health = f"import urllib.request; urllib.request.urlopen('http://127.0.0.1:{stack.kvops_port}/kvops/healthz', timeout=2)"
+    services["kvops"] = {
+        "image": stack.kvops_image,
+        "command": stack.watch_args(stack.engine),
+        "ports": [f"{stack.engine_port}:{stack.kvops_port}"],
+        "volumes": [f"./policy.yaml:{POLICY_FILE}:ro"],
+        "healthcheck": {"test": ["CMD", "python", "-c", health], "interval": "10s", "timeout": "3s", "retries": 3},
+    }
+    services["prometheus"] = {
+        "image": PROMETHEUS_IMAGE,
+        "ports": ["9090:9090"],
+        "volumes": ["./prometheus.yml:/etc/prometheus/prometheus.yml:ro", f"./{RULES_FILE}:/etc/prometheus/{RULES_FILE}:ro"],
+    }
+    services["grafana"] = {
+        "image": GRAFANA_IMAGE,
+        "ports": ["3000:3000"],
+        "environment": ["GF_AUTH_ANONYMOUS_ENABLED=true", "GF_AUTH_ANONYMOUS_ORG_ROLE=Viewer"],
+        "volumes": [
+            "./grafana-datasources.yaml:/etc/grafana/provisioning/datasources/kvops.yaml:ro",
+            "./grafana-dashboards.yaml:/etc/grafana/provisioning/dashboards/kvops.yaml:ro",
+            f"./{DASHBOARD_FILE}:/var/lib/grafana/dashboards/{DASHBOARD_FILE}:ro",
+        ],
+    }
+    document: dict[str, Any] = {"name": f"kvops-{stack.name}", "services": services}
+    if volumes:
+        document["volumes"] = volumes
+    return document
+
+
+def prometheus_config(stack: Stack) -> dict[str, Any]:
+    interval = f"{stack.scrape_interval}s"
+    return {
+        "global": {"scrape_interval": interval, "evaluation_interval": interval},
+        "rule_files": [RULES_FILE],  # relative to this file
+        "scrape_configs": [
+            {"job_name": stack.engine_job, "static_configs": [{"targets": [f"{stack.engine}:{stack.engine_port}"]}]},
+            {"job_name": stack.kvops_job, "metrics_path": "/kvops/metrics", "static_configs": [{"targets": [f"kvops:{stack.kvops_port}"]}]},
+        ],
+    }
+
+
+def _gpus(stack: Stack) -> dict[str, Any]:
+    inputs = stack.plan.inputs
+    if inputs.gpu is not None and inputs.gpu.vendor == "amd":
+        return {"devices": ["/dev/kfd", "/dev/dri"], "group_add": ["video"]}
+    count = inputs.gpus or inputs.tp
+    return {"deploy": {"resources": {"reservations": {"devices": [{"driver": "nvidia", "count": count, "capabilities": ["gpu"]}]}}}}

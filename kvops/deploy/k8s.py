@@ -1,0 +1,127 @@
+"""Kubernetes: the engine Deployment with the kvops sidecar, a Service through the proxy, the PrometheusRule and a
+PodMonitor for both /metrics endpoints.
+
+The engine container is `kvops plan --format k8s` as printed; the Deployment adds to it only the KV guard's
+environment and volumes. Clients reach the engine through the sidecar's proxy (the Service targets its port).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvops.deploy.stack import PLUGIN_COPY, PLUGIN_DIR, POLICY_DIR, Stack, dump_yaml
+
+SIDECAR_PORT_NAME = "kvops"
+LOCALHOST = "127.0.0.1"  # containers of a pod share its network namespace
+RESTRICTED = {"runAsNonRoot": True, "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}}
+
+
+def manifests(stack: Stack) -> dict[str, str]:
+    """File name -> YAML text, in the order `kubectl apply -f` should see them."""
+    return {
+        "policy-configmap.yaml": stack.header("kvops policy for the sidecar and the KV guard") + dump_yaml(policy_config_map(stack)),
+        "deployment.yaml": stack.header(f"{stack.engine} with the kvops sidecar") + dump_yaml(deployment(stack)),
+        "service.yaml": stack.header("clients go through the kvops admission proxy") + dump_yaml(service(stack)),
+        "podmonitor.yaml": stack.header("Prometheus scrapes the engine's /metrics and the sidecar's /kvops/metrics") + dump_yaml(pod_monitor(stack)),
+        "prometheusrule.yaml": stack.header("kvops alerts") + stack.rules,
+    }
+
+
+def labels(stack: Stack) -> dict[str, str]:
+    return {"app.kubernetes.io/name": stack.name, "app.kubernetes.io/part-of": "kvops"}
+
+
+def policy_config_map(stack: Stack) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": _policy_name(stack), "labels": labels(stack)},
+        "data": {"policy.yaml": stack.policy_text},
+    }
+
+
+def deployment(stack: Stack) -> dict[str, Any]:
+    import yaml
+
+    from kvops.render.plan import k8s
+
+    engine = yaml.safe_load(k8s(stack.plan))  # the container `kvops plan --format k8s` prints
+    volumes = [{"name": mount["name"], "emptyDir": {"medium": "Memory"}} for mount in engine.get("volumeMounts", []) if mount["name"] == "shm"]
+    volumes.append({"name": "kvops-policy", "configMap": {"name": _policy_name(stack)}})
+    pod: dict[str, Any] = {}
+    if stack.guarded:
+        engine.setdefault("env", []).extend({"name": name, "value": value} for name, value in stack.guard_env(LOCALHOST).items())
+        engine.setdefault("volumeMounts", []).extend([
+            {"name": "kvops-python", "mountPath": PLUGIN_DIR, "readOnly": True},
+            {"name": "kvops-policy", "mountPath": POLICY_DIR, "readOnly": True},
+        ])
+        volumes.append({"name": "kvops-python", "emptyDir": {}})
+        pod["initContainers"] = [{
+            "name": "kvops-plugin",
+            "image": stack.kvops_image,
+            "command": ["python", "-c", PLUGIN_COPY],
+            "volumeMounts": [{"name": "kvops-python", "mountPath": PLUGIN_DIR}],
+            "securityContext": RESTRICTED,
+        }]
+    pod["containers"] = [engine, sidecar(stack)]
+    pod["volumes"] = volumes
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": stack.name, "labels": labels(stack)},
+        "spec": {
+            "replicas": stack.replicas,
+            "selector": {"matchLabels": {"app.kubernetes.io/name": stack.name}},
+            # GPUs are usually all taken: replace a pod in place rather than wait for a GPU that a surge pod needs
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
+            "template": {"metadata": {"labels": labels(stack)}, "spec": pod},
+        },
+    }
+
+
+def sidecar(stack: Stack) -> dict[str, Any]:
+    health = {"httpGet": {"path": "/kvops/healthz", "port": SIDECAR_PORT_NAME}}
+    return {
+        "name": "kvops",
+        "image": stack.kvops_image,
+        "command": ["kvops"],
+        "args": stack.watch_args(LOCALHOST),
+        "ports": [{"name": SIDECAR_PORT_NAME, "containerPort": stack.kvops_port}],
+        "readinessProbe": {**health, "periodSeconds": 5},
+        "livenessProbe": {**health, "periodSeconds": 10, "failureThreshold": 3},
+        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}},
+        "volumeMounts": [{"name": "kvops-policy", "mountPath": POLICY_DIR, "readOnly": True}],
+        "securityContext": RESTRICTED,
+    }
+
+
+def service(stack: Stack) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": stack.name, "labels": labels(stack)},
+        "spec": {
+            "selector": {"app.kubernetes.io/name": stack.name},
+            "ports": [{"name": "http", "port": stack.engine_port, "targetPort": SIDECAR_PORT_NAME, "protocol": "TCP"}],
+        },
+    }
+
+
+def pod_monitor(stack: Stack) -> dict[str, Any]:
+    interval = f"{stack.scrape_interval}s"
+
+    def endpoint(port: str, path: str, job: str) -> dict[str, Any]:
+        return {"port": port, "path": path, "interval": interval, "relabelings": [{"action": "replace", "targetLabel": "job", "replacement": job}]}
+
+    return {
+        "apiVersion": "monitoring.coreos.com/v1", "kind": "PodMonitor",
+        "metadata": {"name": stack.name, "labels": labels(stack)},
+        "spec": {
+            "selector": {"matchLabels": {"app.kubernetes.io/name": stack.name}},
+            "podMetricsEndpoints": [
+                endpoint("http", "/metrics", stack.engine_job),
+                endpoint(SIDECAR_PORT_NAME, "/kvops/metrics", stack.kvops_job),
+            ],
+        },
+    }
+
+
+def _policy_name(stack: Stack) -> str:
+    return f"{stack.name}-kvops-policy"
