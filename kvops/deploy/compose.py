@@ -45,7 +45,7 @@ def compose(stack: Stack) -> dict[str, Any]:
     plan = stack.plan
     engine: dict[str, Any] = {"image": plan.image, "command": engine_args(plan), "environment": ["HF_TOKEN"]}
     if stack.engine == "vllm":
-        engine.update(ipc="host", volumes=["~/.cache/huggingface:/root/.cache/huggingface"])
+        engine.update(ipc="host", volumes=["huggingface-cache:/root/.cache/huggingface"])  # downloads survive restarts
     else:
         engine.update(shm_size="1g", volumes=["./data:/data"])
     model = local_model(plan)
@@ -53,7 +53,7 @@ def compose(stack: Stack) -> dict[str, Any]:
         engine["volumes"].append(f"{model}:{model}:ro")
     engine.update(_gpus(stack))
     services: dict[str, Any] = {stack.engine: engine}
-    volumes: dict[str, Any] = {}
+    volumes: dict[str, Any] = {"huggingface-cache": {}} if stack.engine == "vllm" else {}
     if stack.guarded:
         engine["environment"] += [f"{name}={value}" for name, value in stack.guard_env("kvops").items()]
         engine["volumes"] += [f"kvops-python:{PLUGIN_DIR}:ro", f"./policy.yaml:{POLICY_FILE}:ro"]
