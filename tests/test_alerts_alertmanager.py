@@ -25,7 +25,7 @@ def wait_for(fetch, predicate, timeout=30):
 def test_alertmanager_receives_fires_and_resolves(tmp_path):
     (tmp_path / "policy.yaml").write_text("min_dwell_seconds: 1\n")
     with AlertmanagerServer(tmp_path / "am") as alertmanager, MetricsServer(vllm_exposition(0.2)) as engine, WatchProcess(
-        "--engine", "vllm", "--metrics-url", engine.url, "--policy", str(tmp_path / "policy.yaml"), "--interval", "0.2",
+        "--engine", "vllm", "--metrics-url", engine.url, "--policy", str(tmp_path / "policy.yaml"), "--interval", "0.2", "--timeout", "5",
         "--webhook", alertmanager.alerts_url, "--runbook-url", "https://runbooks.example.org/kvops",
     ) as watch:
         engine.set(vllm_exposition(0.97))

@@ -17,12 +17,12 @@ def test_each_fault_is_survived_reported_and_counted(tmp_path):
     (tmp_path / "policy.yaml").write_text(POLICY)
     with MetricsServer(vllm_exposition(0.75)) as server, WebhookReceiver() as receiver, WatchProcess(
         "--engine", "vllm", "--metrics-url", server.url, "--policy", str(tmp_path / "policy.yaml"),
-        "--interval", "0.2", "--timeout", "0.5", "--webhook", receiver.url,
+        "--interval", "0.2", "--timeout", "1.5", "--webhook", receiver.url,
     ) as watch:
         watch.wait_level("warn")
         faults = [
             ("HTTP 500", dict(body="oops", status=500), f"{server.url} answered HTTP 500 Internal Server Error"),
-            ("hang", dict(body=vllm_exposition(0.75), delay=3.0), f"no answer from {server.url} within 0.5 s"),
+            ("hang", dict(body=vllm_exposition(0.75), delay=5.0), f"no answer from {server.url} within 1.5 s"),
             ("garbage", dict(body="\x00\x01 this is not {{ a metric"), "not the Prometheus text format"),
             ("NaN", dict(body=vllm_exposition("NaN")), "vllm:kv_cache_usage_perc is NaN"),
             ("renamed", dict(body=vllm_exposition(0.75, rename={"vllm:kv_cache_usage_perc": "vllm:kv_cache_used_ratio"})), "found vllm:kv_cache_used_ratio: renamed?"),

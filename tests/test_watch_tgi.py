@@ -15,7 +15,7 @@ def test_tgi_levels_in_turn_with_the_capacity_from_the_startup_log(tmp_path):
     log = write_startup_log(tmp_path / "tgi.log", CAPACITY)
     with TgiFake() as tgi, WebhookReceiver() as receiver, WatchProcess(
         "--engine", "tgi", "--metrics-url", tgi.url, "--startup-log", str(log), "--policy", str(tmp_path / "policy.yaml"),
-        "--interval", "0.2", "--webhook", receiver.url,
+        "--interval", "0.2", "--timeout", "5", "--webhook", receiver.url,
     ) as watch:
         assert watch.wait_level("ok")["kv_usage"] == 0.0  # a fresh router exports nothing yet
         tgi.metrics.request()

@@ -39,7 +39,7 @@ def capacity_options(function):
 @click.option("--replica-label", default="instance", show_default=True, metavar="LABEL", help="With --prometheus: the label that tells replicas apart (instance, pod, ...).")
 @policy_option
 @click.option("--interval", default=1.0, show_default=True, type=click.FloatRange(min=0.05), metavar="SECONDS", help="Seconds between polls.")
-@click.option("--timeout", type=click.FloatRange(min=0.05), metavar="SECONDS", help="Give up on a poll after this long  [default: the interval, at most 10]")
+@click.option("--timeout", type=click.FloatRange(min=0.05), metavar="SECONDS", help="Give up on a poll after this long; a busy engine's /metrics can take seconds  [default: the interval, within 5-10]")
 @click.option("--listen", metavar="HOST:PORT", help="Serve /kvops/metrics, /kvops/policy, /kvops/status and /kvops/healthz here.")
 @click.option("--webhook", metavar="URL", help="POST alerts here in Alertmanager's format, e.g. http://alertmanager:9093/api/v2/alerts.")
 @runbook_option
@@ -80,7 +80,7 @@ def watch(engine, metrics_url, prometheus, selector, replica_label, policy_path,
     options = WatchOptions(
         engine=engine, policy=load_policy(policy_path), metrics_url=metrics_url, prometheus=prometheus,
         selector=_selector(selector), replica_label=replica_label, interval=interval,
-        timeout=timeout if timeout is not None else min(interval, 10.0), listen=listen_at,
+        timeout=timeout if timeout is not None else min(max(interval, 5.0), 10.0), listen=listen_at,
         webhook=webhook, runbook_url=runbook_url, record=Path(record) if record else None,
         capacity_tokens=_capacity(engine, max_batch_total_tokens, plan, startup_log),
     )
