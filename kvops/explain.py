@@ -448,8 +448,9 @@ def _totals(figures: list[Figure]) -> list[Figure]:
     what = "weights + overhead + KV cache" if "overhead" in by_name else "sum of the terms above"
     out = [Figure("engine", engine, "derived", f"{what} ({bases})" + (f"; without {', '.join(missing)}" if missing else ""))]
     total, used, before = by_name["total"], by_name.get("used"), by_name.get("before_engine")
-    if used is not None and used.basis == "nvidia-smi" and not missing:
-        out.append(Figure("outside_engine", used.bytes - engine, "derived", "nvidia-smi used - the engine's terms: CUDA context, other processes, allocator cache"))
+    if used is not None and used.basis == "nvidia-smi":
+        unreported = f", and the unreported {', '.join(missing)}" if missing else ""
+        out.append(Figure("outside_engine", used.bytes - engine, "derived", f"nvidia-smi used - the engine's terms: CUDA context, other processes, allocator cache{unreported}"))
     if total.bytes is not None and used is not None:
         out.append(Figure("free", total.bytes - used.bytes, "derived", "total - used"))
     elif total.bytes is not None and not missing and before is not None:
