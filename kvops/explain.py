@@ -273,7 +273,7 @@ def memory_figures(run: Run, predicted: Plan | None, inputs: PlanInputs | None) 
     if run.smi:
         figures.append(Figure("used", run.smi.used_bytes, "nvidia-smi", f"{run.smi_source}: {run.smi.describe()}"))
     elif oom and oom.total_bytes is not None and oom.free_bytes is not None:
-        figures.append(Figure("used", oom.total_bytes - oom.free_bytes, "reported", "total - free in torch's out-of-memory message, at the failed allocation"))
+        figures.append(Figure("used", oom.total_bytes - oom.free_bytes, "reported", "total - free in torch's out-of-memory message, at the failed allocation", run.failure.line))
     if facts.get("startup_free_bytes") is not None and figures[0].bytes:
         figures.append(Figure("before_engine", figures[0].bytes - facts["startup_free_bytes"], "derived",
                               f"total - free at startup (other processes, CUDA contexts): log {run.quote('startup_free_bytes')}", run.line("startup_free_bytes")))
@@ -292,7 +292,8 @@ def memory_figures(run: Run, predicted: Plan | None, inputs: PlanInputs | None) 
 
     weights = reported("weights", facts.get("weights_bytes"), "weights_bytes")
     if weights is None and oom and oom.allocated_bytes is not None and run.failure.phase == "weights":
-        weights = Figure("weights", oom.allocated_bytes, "reported", f"at least: PyTorch held this when loading the weights failed ({format_bytes(oom.tried_bytes)} more asked): {run.failure.line}")
+        whole = f"; the plan's full weights: {format_bytes(planned['weights'].bytes)}" if "weights" in planned else ""
+        weights = Figure("weights", oom.allocated_bytes, "reported", f"at least: PyTorch's allocation when loading failed, {format_bytes(oom.tried_bytes)} more asked{whole}", run.failure.line)
     non_torch = reported("non_torch", facts.get("non_torch_bytes"), "non_torch_bytes")
     if non_torch is None and log and log.non_torch_bytes is not None:
         non_torch = Figure("non_torch", log.non_torch_bytes, "derived", f"log {run.quote('consumed_bytes')} less the weights", run.line("consumed_bytes"))
@@ -304,10 +305,28 @@ def memory_figures(run: Run, predicted: Plan | None, inputs: PlanInputs | None) 
     figures.append(_activation(run, from_plan))
     figures.append(_cuda_graphs(run, inputs, from_plan))
     figures.append(_kv_cache(run, predicted, from_plan))
+    figures = [_not_reached(run, item) for item in figures]
     overhead = _overhead(figures)
     if overhead:
         figures.append(overhead)
     return figures + _totals(figures)
+
+
+# The terms a failure came before: the engine never measured or allocated them.
+_NOT_REACHED = {
+    "weights": ("activation", "cuda_graphs", "kv_cache"),
+    "startup_free_memory": ("weights", "non_torch", "activation", "cuda_graphs", "kv_cache"),
+}
+
+
+def _not_reached(run: Run, item: Figure) -> Figure:
+    failure = run.failure
+    key = failure.kind if failure and failure.kind == "startup_free_memory" else failure.phase if failure else None
+    if item.name not in _NOT_REACHED.get(key, ()) or item.basis in ("reported", "derived"):
+        return item
+    planned = f" (the plan's figure: {format_bytes(item.bytes)})" if item.bytes is not None and item.basis in ("computed", "estimate") else ""
+    where = "at its startup check" if key == "startup_free_memory" else "while loading the weights"
+    return Figure(item.name, None, "n/a", f"not reached: the engine failed {where}{planned}")
 
 
 def _implied_kv(run: Run) -> Figure | None:
@@ -559,7 +578,7 @@ def _kv_too_small(failure: Failure, run: Run, predicted: Plan | None) -> Diagnos
         if failure.estimated_max_model_len:
             text += f"; vLLM estimates {failure.estimated_max_model_len:,} tokens fit"
     basis = ("why: --kv-cache-memory-bytes pins a pool too small for --max-model-len" if pinned else
-             "why: the budget left after weights, activation peak and non-torch (and CUDA graphs) holds less than one request at max_model_len")
+             "why: the budget left after weights, activation peak and non-torch (and, from vLLM 0.21, the CUDA-graph estimate) holds less than one request at max_model_len")
     return Diagnosis("kv_cache", None, text, figures, failure.line, basis)
 
 

@@ -28,10 +28,6 @@ class SmiDevice:
     total_bytes: int
     name: str | None = None
 
-    @property
-    def free_bytes(self) -> int:
-        return self.total_bytes - self.used_bytes
-
     def describe(self) -> str:
         name = f" ({self.name})" if self.name else ""
         return f"GPU {self.index}{name}: {self.used_bytes // MiB} MiB / {self.total_bytes // MiB} MiB"
