@@ -23,7 +23,6 @@ from kvops.policy import Level, Policy
 from kvops.profile import Profile
 from kvops.units import format_bytes
 
-GiB = 1 << 30
 LOG_ROUNDING = "vLLM logs GiB with two decimals: +-5 MiB"
 TERMS = ("weights", "non_torch", "activation", "cuda_graphs", "kv_cache")
 TERM_LABELS = {
@@ -303,7 +302,7 @@ def memory_figures(run: Run, predicted: Plan | None, inputs: PlanInputs | None) 
         figures.append(weights or from_plan("weights"))
         figures.append(non_torch or from_plan("non_torch"))
     figures.append(_activation(run, from_plan))
-    figures.append(_cuda_graphs(run, inputs, from_plan))
+    figures.append(_cuda_graphs(run, figures[0].bytes, from_plan))
     figures.append(_kv_cache(run, predicted, from_plan))
     figures = [_not_reached(run, item) for item in figures]
     overhead = _overhead(figures)
@@ -347,8 +346,11 @@ def _overhead(figures: list[Figure]) -> Figure | None:
     by_name = {item.name: item for item in figures}
     requested, weights, kv = by_name["requested"], by_name.get("weights"), by_name["kv_cache"]
     others = [by_name[name] for name in ("non_torch", "activation") if name in by_name]
-    if weights is None or requested.bytes is None or weights.basis != "reported" or kv.basis != "reported" or kv.bytes is None:
+    if requested.bytes is None or kv.basis != "reported" or kv.bytes is None or weights is None:
         return None
+    if weights.basis != "reported":
+        return Figure("weights+overhead", requested.bytes - kv.bytes, "derived",
+                      "budget - KV cache: weights + non-torch + activation peak (+ the CUDA-graph estimate vLLM >= 0.21 reserves), as the engine sized them")
     if all(item.basis in ("reported", "derived") for item in others):
         return None
     return Figure("overhead", requested.bytes - weights.bytes - kv.bytes, "derived",
@@ -390,9 +392,11 @@ def _requested(run: Run, total: Figure, inputs: PlanInputs | None) -> Figure:
     pinned = _pinned(run)
     if pinned:
         return Figure("requested", None, "n/a", f"--kv-cache-memory-bytes {pinned}: vLLM sizes nothing from gpu_memory_utilization")
-    utilization = facts.get("gpu_memory_utilization") or run.label_float("gpu_memory_utilization") or (inputs.memory_fraction if inputs else None)
+    stated = facts.get("gpu_memory_utilization") or (facts["cudagraph_utilization"][0] if "cudagraph_utilization" in facts else None) or run.label_float("gpu_memory_utilization")
+    utilization = stated or (inputs.memory_fraction if inputs else None)
     if utilization and total.bytes and run.device == "gpu":
-        return Figure("requested", ceil(total.bytes * utilization), "derived", f"ceil(total x gpu_memory_utilization {utilization:g}) (vLLM's budget)")
+        where = "the run's" if stated else "the given"
+        return Figure("requested", ceil(total.bytes * utilization), "derived", f"ceil(total x {where} gpu_memory_utilization {utilization:g}) (vLLM's budget)")
     return Figure("requested", None, "missing", "gpu_memory_utilization not known")
 
 
@@ -416,7 +420,7 @@ def _activation(run: Run, from_plan) -> Figure:
     return Figure("activation", value, "reported", f"log: {run.quote('peak_activation_bytes')}", run.line("peak_activation_bytes"))
 
 
-def _cuda_graphs(run: Run, inputs: PlanInputs | None, from_plan) -> Figure:
+def _cuda_graphs(run: Run, total: int | None, from_plan) -> Figure:
     facts, log = run.facts, run.log
     if run.device == "cpu":
         return Figure("cuda_graphs", 0, "exact", "the CPU build captures no CUDA graphs")
@@ -426,10 +430,12 @@ def _cuda_graphs(run: Run, inputs: PlanInputs | None, from_plan) -> Figure:
         reserve = log.cudagraph_estimate_applied
         extra = f" (vLLM reserved its estimate, {format_bytes(reserve)}, for them in the budget)" if reserve else ""
         return Figure("cuda_graphs", facts["cudagraph_captured_bytes"], "reported", f"log: {run.quote('cudagraph_captured_bytes')}{extra}", run.line("cudagraph_captured_bytes"))
-    estimate = log.cudagraph_bytes(facts.get("total_memory_bytes")) if log else None
+    estimate = log.cudagraph_bytes(facts.get("total_memory_bytes") or total) if log else None
     if estimate is not None:
-        fact = "cudagraph_bytes" if "cudagraph_bytes" in facts else "cudagraph_utilization"
-        return Figure("cuda_graphs", estimate, "reported", f"vLLM's estimate, reserved before sizing KV (not yet captured): log {run.quote(fact)}", run.line(fact))
+        if "cudagraph_bytes" in facts:
+            return Figure("cuda_graphs", estimate, "reported", f"vLLM's estimate, reserved before sizing KV: log {run.quote('cudagraph_bytes')}", run.line("cudagraph_bytes"))
+        return Figure("cuda_graphs", estimate, "derived", f"vLLM's estimate, reserved before sizing KV: the utilization it is worth x total, log {run.quote('cudagraph_utilization')}",
+                      run.line("cudagraph_utilization"))
     return from_plan("cuda_graphs")
 
 
@@ -456,7 +462,8 @@ def _kv_cache(run: Run, predicted: Plan | None, from_plan) -> Figure:
 def _totals(figures: list[Figure]) -> list[Figure]:
     """The engine's memory in all (the derived overhead standing for the terms it covers) and what is left."""
     by_name = {item.name: item for item in figures}
-    names = ("weights", "overhead", "kv_cache") if "overhead" in by_name else (*TERMS, "weights+non_torch")
+    derived = next((name for name in ("overhead", "weights+overhead") if name in by_name), None)
+    names = {"overhead": ("weights", "overhead", "kv_cache"), "weights+overhead": ("weights+overhead", "kv_cache")}.get(derived, (*TERMS, "weights+non_torch"))
     parts = [item for item in figures if item.name in names]
     known = [item for item in parts if item.bytes is not None]
     if not known:
@@ -464,7 +471,7 @@ def _totals(figures: list[Figure]) -> list[Figure]:
     engine = sum(max(0, item.bytes) for item in known)
     missing = [item.name for item in parts if item.bytes is None]
     bases = ", ".join(sorted({item.basis for item in known}))
-    what = "weights + overhead + KV cache" if "overhead" in by_name else "sum of the terms above"
+    what = {"overhead": "weights + overhead + KV cache", "weights+overhead": "weights + overhead + KV cache (the budget)"}.get(derived, "sum of the terms above")
     out = [Figure("engine", engine, "derived", f"{what} ({bases})" + (f"; without {', '.join(missing)}" if missing else ""))]
     total, used, before = by_name["total"], by_name.get("used"), by_name.get("before_engine")
     if used is not None and used.basis == "nvidia-smi":

@@ -118,6 +118,10 @@ def test_v1_lines_without_a_summary_take_the_unreported_terms_from_the_plan(run_
     assert (figure(doc, "kv_cache"), basis(doc, "kv_cache")) == (gib(15.72), "reported")
     assert (figure(doc, "cuda_graphs"), basis(doc, "cuda_graphs")) == (gib(0.17), "reported")  # vLLM's estimate, reserved
     assert basis(doc, "weights") == "computed" and basis(doc, "activation") == "estimate" and basis(doc, "non_torch") == "estimate"
+    # the run states its utilization (0.92): what its budget left besides KV is weights + overhead, the log's own figure
+    assert figure(doc, "requested") == ceil(24576 * MiB * 0.92)
+    assert (figure(doc, "weights+overhead"), basis(doc, "weights+overhead")) == (ceil(24576 * MiB * 0.92) - gib(15.72), "derived")
+    assert figure(doc, "engine") == figure(doc, "requested")
 
 
 # --- failures: which term ran out, in the message's own numbers ---------------------------------------------
@@ -350,3 +354,21 @@ def test_live_engine_kv_in_use_headroom_level_and_next_action(vllm_engine, tiny_
     # 4 requests x 6 blocks do not stay under 70% of 31 blocks; fp8 KV doubles the blocks the same 4 MiB holds
     assert doc["action"] == doc["action"] | {"change": "--kv-dtype fp8", "source": "planner"}
     assert "3 requests under the warn level" in doc["action"]["problem"]
+
+
+# --- the planner changes explain relies on ------------------------------------------------------------------
+
+
+def test_more_replicas_is_a_way_out_the_planner_computes(run_kvops):
+    ran = run_kvops("plan", "-m", "llama-3-8b", "--gpu", "l4", "--max-model-len", "8192", "--concurrency", "4", "--format", "json", expect=None)
+    replicas = next(way for way in json.loads(ran.stdout)["ways_out"] if way["change"].startswith("--gpus"))
+    assert replicas["change"] == "--gpus 2" and replicas["fits"] and (replicas["replicas"], replicas["concurrency_per_replica"]) == (2, 2)
+    assert replicas["flags"]["data-parallel-size"] == 2 and replicas["result"].startswith("fits: 2 replicas of tp 1, 2 of the 4 requests each")
+
+
+def test_weights_measured_at_one_tp_scale_to_another(run_kvops, tmp_path):
+    profile = tmp_path / "profile.yaml"
+    profile.write_text("kvops_profile: 1\nengine: vllm\nsource: test\ntp: 1\nweights_bytes: 16000000000\n")
+    doc = json.loads(run_kvops("plan", "-m", "llama-3-8b", "--gpu", "h100", "--tp", "2", "--max-model-len", "8192", "--profile", str(profile), "--format", "json").stdout)
+    weights = next(term for term in doc["memory"]["terms"] if term["name"] == "weights")
+    assert weights["bytes"] == 8000000000 and weights["basis"] == "measured" and "x 1/2 for tp 2" in weights["formula"]

@@ -7,7 +7,7 @@ from kvops.units import format_bytes
 
 ROW_NAMES = {
     "total": "device total", "used": "used", "before_engine": "held before startup", "requested": "budget", "weights": "weights", "weights+non_torch": "weights + non-torch",
-    "non_torch": "non-torch", "activation": "activation peak", "cuda_graphs": "CUDA graphs", "kv_cache": "KV cache", "overhead": "  overhead (sum)", "engine": "engine total",
+    "non_torch": "non-torch", "activation": "activation peak", "cuda_graphs": "CUDA graphs", "kv_cache": "KV cache", "overhead": "  overhead (sum)", "weights+overhead": "  weights + overhead", "engine": "engine total",
     "outside_engine": "not the engine's", "free": "free",
 }
 HEADLINES = {"other_processes": "memory other processes hold", "unknown": "out of memory (the log does not show in which phase)"}
