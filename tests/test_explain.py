@@ -297,6 +297,31 @@ def test_bad_inputs_end_in_one_line(run_kvops, tmp_path):
     assert "--gpu-index 5: not in" in one_line_error(run_kvops("explain", "--vllm-log", str(LOGS / "vllm-v0-memory-profiling.log"), "--nvidia-smi", str(SMI / "nvidia-smi-4090-two-gpus.txt"), "--gpu-index", "5", expect=1))
 
 
+def test_metrics_that_are_not_a_usable_vllm_endpoint_end_in_one_line(run_kvops):
+    from tests.support.metrics_server import MetricsServer, vllm_exposition
+
+    with MetricsServer("hello\n") as server:
+        assert one_line_error(run_kvops("explain", "--metrics", server.url, expect=1)).startswith(f"kvops: error: --metrics {server.url}: ")
+        server.set(vllm_exposition(0.5).replace("vllm:cache_config_info", "vllm:other_info"))
+        assert "no vllm:cache_config_info sample" in one_line_error(run_kvops("explain", "--metrics", server.url, expect=1))
+        server.set(status=500)
+        assert "cannot read" in one_line_error(run_kvops("explain", "--metrics", server.url, expect=1))
+
+
+def test_a_recorded_vllm_exposition_gives_blocks_tokens_and_requests(run_kvops):
+    """The recorded CPU-engine /metrics (32 blocks of 128 tokens, 1024 tokens at 4.0x) at 72%: 22 of 31 blocks."""
+    from tests.support.metrics_server import MetricsServer, vllm_exposition
+
+    with MetricsServer(vllm_exposition(0.72, running=4, waiting=2, preemptions=3)) as server:
+        doc = explain_doc(run_kvops, "--metrics", server.url, "--device", "cpu")
+    kv = doc["kv"]
+    assert (kv["used_blocks"], kv["free_blocks"], kv["in_use_tokens"], kv["headroom_tokens"]) == (22, 9, 22 * 128, 9 * 128)
+    assert (kv["request_tokens"], kv["request_blocks"], kv["headroom_requests"], kv["headroom_requests_to_warn"]) == (1024, 8, 1, 0)
+    assert (kv["bytes_per_block"], kv["in_use_bytes"]) == (4 * MiB // 32, 22 * 4 * MiB // 32)  # the pinned 4 MiB over 32 blocks
+    assert (kv["running"], kv["waiting"], kv["preemptions_total"], doc["level"]) == (4, 2, 3, "warn")
+    assert doc["action"]["source"] == "none" and "give --model" in doc["action"]["result"]
+
+
 def test_gzip_logs_are_read(run_kvops, tmp_path):
     import gzip
 
