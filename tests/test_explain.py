@@ -358,7 +358,6 @@ def test_live_engine_kv_in_use_headroom_level_and_next_action(vllm_engine, tiny_
         deadline, doc = time.monotonic() + 180, None
         while time.monotonic() < deadline:
             doc = explain_doc(run_kvops, *args)
-            after = gauges(vllm_engine)
             if doc["level"] == "warn":
                 break
             time.sleep(0.5)
@@ -372,8 +371,8 @@ def test_live_engine_kv_in_use_headroom_level_and_next_action(vllm_engine, tiny_
     assert (kv["request_tokens"], kv["request_blocks"]) == (750, 6) and kv["headroom_requests"] == kv["free_blocks"] // 6
     assert kv["headroom_blocks_to_warn"] == max(0, int(0.7 * 31) - kv["used_blocks"])
     assert load_policy(None).raw_level(kv["usage"]).label == "warn" and 0.70 <= kv["usage"] < 0.85
-    assert abs(kv["usage"] - after["vllm:kv_cache_usage_perc"]) <= 6 / 31  # the engine's gauge a moment later: within one request
-    assert kv["running"] >= 3 and kv["waiting"] == after["vllm:num_requests_waiting"] == 0
+    # the engine's own gauges, one scrape: each running request holds ceil(650 / 128) = ceil(750 / 128) = 6 blocks
+    assert kv["used_blocks"] == 6 * kv["running"] and kv["waiting"] == 0
     assert (figure(doc, "kv_cache"), basis(doc, "kv_cache")) == (4 * MiB, "reported")
     assert doc["limits"]["max_tokens_cap"] == 512
     # 4 requests x 6 blocks do not stay under 70% of 31 blocks; fp8 KV doubles the blocks the same 4 MiB holds
