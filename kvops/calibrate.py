@@ -88,7 +88,7 @@ def vllm_plan_options(log: VllmLog | None, labels: dict[str, str] | None) -> dic
     options: dict[str, Any] = {}
     if args.get("model"):
         options["model"] = args["model"]
-    length = (log.max_model_len if log else None) or args.get("max_model_len")
+    length = (log.max_model_len if log else None) or args.get("max_model_len") or _labels_max_model_len(labels)
     if isinstance(length, int) and length > 0:
         options["max_model_len"] = length
     for key, option in (("tensor_parallel_size", "tp"), ("max_num_batched_tokens", "batched_tokens"), ("max_num_seqs", "max_num_seqs"), ("block_size", "block_size")):
@@ -111,6 +111,15 @@ def vllm_plan_options(log: VllmLog | None, labels: dict[str, str] | None) -> dic
     if block and "block_size" not in options:
         options["block_size"] = block
     return options
+
+
+def _labels_max_model_len(labels: dict[str, str] | None) -> int | None:
+    """max_model_len from the cache config: `kv_cache_size_tokens = int(max concurrency x max_model_len)`, so the
+    quotient is max_model_len to within 1 / concurrency (exact once rounded, for concurrency >= 1)."""
+    tokens, concurrency = _label_int(labels, "kv_cache_size_tokens"), _label_float(labels, "kv_cache_max_concurrency")
+    if not tokens or not concurrency or concurrency < 1:
+        return None
+    return round(tokens / concurrency)
 
 
 def calibrate_vllm(log: VllmLog | None, labels: dict[str, str] | None, plan: Plan | None, source: str) -> Calibration:

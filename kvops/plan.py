@@ -300,7 +300,10 @@ def _vllm_memory(inputs: PlanInputs, batched: int, sampler_seqs: int) -> tuple[l
     fmt = common.weight_format(spec, inputs.quantization)
     weights = common.weight_bytes(spec, fmt, tp)
     if profile and profile.weights_bytes is not None:
-        weights = Term("weights", profile.weights_bytes, "measured", f"profile {profile.source}: 'Model loading took'", None)
+        measured, scaled = profile.weights_bytes, ""
+        if profile.tp and profile.tp != tp:  # each rank holds 1/tp of the weights
+            measured, scaled = ceil(profile.weights_bytes * profile.tp / tp), f", x {profile.tp}/{tp} for tp {tp}"
+        weights = Term("weights", measured, "measured", f"profile {profile.source}: 'Model loading took'{scaled}", None)
     overheads = _vllm_overheads(inputs, batched, sampler_seqs)
     terms: list[Term] = []
     if inputs.kv_cache_memory_bytes is not None:
@@ -683,6 +686,9 @@ def ways_out(inputs: PlanInputs, failed: Plan) -> list[dict[str, Any]]:
         options.append(option)
         if option["fits"]:
             break
+    replicas = _replicas_option(inputs, failed)
+    if replicas:
+        options.append(replicas)
     if inputs.gpu is not None and inputs.device == "gpu":
         bigger = sorted((gpu for gpu in gpu_catalog() if gpu.memory_bytes > inputs.gpu.memory_bytes), key=lambda gpu: gpu.memory_bytes)
         for gpu in bigger:
@@ -692,6 +698,20 @@ def ways_out(inputs: PlanInputs, failed: Plan) -> list[dict[str, Any]]:
                 break
     options += _offload_options(inputs, failed)
     return options
+
+
+def _replicas_option(inputs: PlanInputs, failed: Plan) -> dict[str, Any] | None:
+    """More vLLM data-parallel replicas: the same engine on more GPUs, the concurrency split between them."""
+    per_replica = failed.capacity.get("requests_under_warn", 0)
+    if inputs.engine != "vllm" or not isinstance(inputs.concurrency, int) or per_replica < 1 or inputs.concurrency <= per_replica:
+        return None
+    factor = ceil(inputs.concurrency / per_replica)
+    gpus = (inputs.gpus or inputs.tp) * factor
+    share = ceil(inputs.concurrency / factor)
+    option = _try(inputs, f"--gpus {gpus}", replace(inputs, gpus=gpus, concurrency=share), None)
+    if option["fits"]:
+        option["result"] = f"fits: {gpus // inputs.tp} replicas of tp {inputs.tp}, {share} of the {inputs.concurrency} requests each ({per_replica} fit one replica under the warn level)"
+    return option | {"replicas": gpus // inputs.tp, "concurrency_per_replica": share}
 
 
 def _try(inputs: PlanInputs, change: str, changed: PlanInputs, warning: str | None) -> dict[str, Any]:

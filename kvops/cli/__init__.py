@@ -19,6 +19,7 @@ COMMANDS = {
     "tokens": "kvops.cli.tokens:tokens",
     "plan": "kvops.cli.plan:plan",
     "calibrate": "kvops.cli.plan:calibrate",
+    "explain": "kvops.cli.explain:explain",
     "sweep": "kvops.cli.plan:sweep",
     "watch": "kvops.cli.watch:watch",
     "alerts": "kvops.cli.watch:alerts",

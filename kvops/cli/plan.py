@@ -32,8 +32,8 @@ INT_OR_AUTO = IntOrAuto()
 FRACTION = click.FloatRange(min=0.0, max=1.0, min_open=True)
 
 
-def engine_options(function: Callable, model_required: bool = True) -> Callable:
-    """The deployment a plan is for: shared by `plan` and `calibrate`."""
+def engine_options(function: Callable, model_required: bool = True, engine: bool = True) -> Callable:
+    """The deployment a plan is for: shared by `plan`, `calibrate` and `explain` (vLLM only: no --engine)."""
     from kvops.budget import WEIGHT_FORMAT_CHOICES
     from kvops.gpus import gpu_catalog
 
@@ -54,7 +54,7 @@ def engine_options(function: Callable, model_required: bool = True) -> Callable:
         click.option("--block-size", type=POSITIVE, help="vLLM --block-size [16 on GPU, 64 for MLA, 128 on CPU]."),
         click.option("--enforce-eager", is_flag=True, help="vLLM: no CUDA graphs (their memory goes to KV)."),
     ]
-    for option in reversed(options):
+    for option in reversed(options if engine else options[1:]):
         function = option(function)
     if model_required:
         return model_option(function)
@@ -241,9 +241,20 @@ def calibrate(ctx, vllm_log, tgi_log, metrics_url, save_path, as_json, **options
 
 def _calibration_plan(ctx: click.Context, options: dict[str, Any], derived: dict[str, Any]):
     """The plan for the run being calibrated: options given on the command line win over what the run states."""
-    from click.core import ParameterSource
-
     from kvops.plan import predict
+
+    try:
+        inputs = run_plan_inputs(ctx, options, derived)
+        return predict(inputs) if inputs else None
+    except KvopsError as exc:
+        warn(f"no prediction for this run: {exc}")
+        return None
+
+
+def run_plan_inputs(ctx: click.Context, options: dict[str, Any], derived: dict[str, Any], **extra):
+    """PlanInputs for a run: what the run states (`derived`), overridden by options given on the command line;
+    None without a model."""
+    from click.core import ParameterSource
 
     merged = dict(options)
     for name, value in derived.items():
@@ -251,17 +262,12 @@ def _calibration_plan(ctx: click.Context, options: dict[str, Any], derived: dict
             merged[name] = value
     if not merged.get("model"):
         return None
-    try:
-        inputs = plan_inputs(
-            merged["model"], merged["engine"], merged.get("gpu_name"), merged.get("gpu_memory"), merged.get("gpus"), merged.get("tp"), merged.get("device", "gpu"),
-            merged.get("max_model_len"), merged.get("kv_dtype", "auto"), merged.get("quantization", "auto"), merged.get("memory_fraction"),
-            str(merged["kv_cache_memory_bytes"]) if merged.get("kv_cache_memory_bytes") else None, merged.get("batched_tokens"), merged.get("block_size"),
-            merged.get("enforce_eager", False), max_num_seqs=merged.get("max_num_seqs"),
-        )
-        return predict(inputs)
-    except KvopsError as exc:
-        warn(f"no prediction for this run: {exc}")
-        return None
+    return plan_inputs(
+        merged["model"], merged.get("engine", "vllm"), merged.get("gpu_name"), merged.get("gpu_memory"), merged.get("gpus"), merged.get("tp"), merged.get("device", "gpu"),
+        merged.get("max_model_len"), merged.get("kv_dtype", "auto"), merged.get("quantization", "auto"), merged.get("memory_fraction"),
+        str(merged["kv_cache_memory_bytes"]) if merged.get("kv_cache_memory_bytes") else None, merged.get("batched_tokens"), merged.get("block_size"),
+        merged.get("enforce_eager", False), policy_path=merged.get("policy_path"), max_num_seqs=merged.get("max_num_seqs"), **extra,
+    )
 
 
 def fetch_metrics(url: str) -> str:

@@ -18,8 +18,20 @@ Read (each as it appears in some release; the first occurrence wins, TP workers 
               "Maximum concurrency for 2,048 tokens per request: 997.08x" (two lines, 0.7-0.2x) or one line
               "GPU KV cache size: N tokens, Maximum concurrency for L tokens per request: C x" (newer; "CPU" on the
               CPU build);
-- config:     "non-default args: {...}" (the flags given), "Using max model len 1024", "(v0.32.0)".
+- config:     "non-default args: {...}" (the flags given), "Using max model len 1024", "(v0.32.0)";
+- summary:    "Free memory on device (F/T GiB) on startup. Desired GPU memory utilization is (u, R GiB). Actual
+              usage is A GiB for consumed memory (weights + non-torch), B GiB for peak activation, and C GiB for
+              CUDAGraph memory. ... Current kv cache memory in use is K GiB." (0.11+; B includes the CUDA-graph
+              estimate when vLLM applied it), and its first wording "Actual usage is W GiB for weight, B GiB for
+              peak activation, N GiB for non-torch memory, and C GiB for CUDAGraph memory ... N bytes." (0.10);
+              "CUDA graph pool memory: C GiB (actual), E GiB (estimated)".
 Memory figures are logged with two decimals of GiB: each is exact to +-5 MiB only.
+
+`find_failure` reads why a run died: torch's CUDA/HIP out-of-memory message (which phase of startup or serving it
+hit, from the traceback's frames or, failing those, the last startup milestone), vLLM's KV budget errors ("KV cache
+is needed, which is larger than the available KV cache memory", V0's "max seq len ... larger than the maximum number
+of tokens that can be stored in KV cache", "No available memory for the cache blocks", a negative "Available KV
+cache memory") and the startup check "Free memory on device ... is less than desired GPU memory utilization".
 """
 
 from __future__ import annotations
@@ -44,30 +56,51 @@ def integer(text: str) -> int:
 
 
 # (fact, pattern, converter of the match) in the order they are tried
+_SUMMARY_FREE = re.compile(r"Free memory on device (?:\S+ )?\(([\d.]+)/([\d.]+) GiB\) on startup")
+_DESIRED = re.compile(r"[Dd]esired GPU memory utilization(?: is)? \(([\d.]+), ([\d.]+) GiB\)")
+_CURRENT_KV = re.compile(r"Current kv cache memory in use is ([\d.]+) (GiB|bytes)")
+
 PATTERNS: list[tuple[str, re.Pattern, Any]] = [
     ("weights_bytes", re.compile(r"(?:Model loading|Loading model weights) took " + _NUMBER + r" ?(?:GiB|GB)"), lambda m: gib(m.group(1))),
-    ("weights_bytes", re.compile(r"model weights take " + _NUMBER + r" ?GiB"), lambda m: gib(m.group(1))),
-    ("kv_cache_bytes", re.compile(r"Available KV cache memory: " + _NUMBER + r" ?GiB"), lambda m: gib(m.group(1))),
-    ("kv_cache_bytes", re.compile(r"the rest of the memory reserved for KV Cache is " + _NUMBER + r" ?GiB"), lambda m: gib(m.group(1))),
-    ("kv_cache_bytes", re.compile(r"kv_cache_size=" + _NUMBER + r" ?GiB"), lambda m: gib(m.group(1))),
+    ("weights_bytes", re.compile(r"model weights take\s+" + _NUMBER + r" ?GiB"), lambda m: gib(m.group(1))),
+    ("weights_bytes", re.compile(r"Actual usage is " + _NUMBER + r" GiB for weight,"), lambda m: gib(m.group(1))),
+    ("kv_cache_bytes", re.compile(r"Available KV cache memory: (-?[\d.]+) ?GiB"), lambda m: gib(m.group(1))),
+    ("kv_cache_bytes", re.compile(r"the rest of the memory reserved for KV Cache is (-?[\d.]+) ?GiB"), lambda m: gib(m.group(1))),
+    ("kv_cache_bytes", re.compile(r"available_kv_cache_memory\s+(-?[\d.]+) ?GiB"), lambda m: gib(m.group(1))),
+    ("kv_cache_bytes", re.compile(r"kv_cache_size=(-?[\d.]+) ?GiB"), lambda m: gib(m.group(1))),
     ("kv_cache_bytes", re.compile(r"reserved " + _NUMBER + r" GiB memory for KV Cache as specified by kv_cache_memory_bytes"), lambda m: gib(m.group(1))),
     ("kv_cache_bytes", re.compile(r"(?:Explicitly|Auto) set \(" + _NUMBER + r"/[\d.]+\) GiB for KV cache"), lambda m: gib(m.group(1))),
-    ("total_memory_bytes", re.compile(r"total_gpu_memory[ =]\(?" + _NUMBER + r" ?GiB"), lambda m: gib(m.group(1))),
+    ("kv_cache_bytes", _CURRENT_KV, lambda m: gib(m.group(1)) if m.group(2) == "GiB" else int(m.group(1))),
+    ("total_memory_bytes", re.compile(r"total_gpu_memory(?:=|\s+\(?)" + _NUMBER + r" ?GiB"), lambda m: gib(m.group(1))),
     ("total_memory_bytes", re.compile(r"(?:Explicitly|Auto) set \([\d.]+/" + _NUMBER + r"\) GiB for KV cache"), lambda m: gib(m.group(1))),
-    ("gpu_memory_utilization", re.compile(r"gpu_memory_utilization[ =]\(?" + _NUMBER), lambda m: float(m.group(1))),
-    ("non_torch_bytes", re.compile(r"non_torch_memory(?: takes |=)" + _NUMBER + r" ?GiB"), lambda m: gib(m.group(1))),
-    ("activation_bytes", re.compile(r"PyTorch activation peak memory takes " + _NUMBER + r" ?GiB"), lambda m: gib(m.group(1))),
+    ("total_memory_bytes", _SUMMARY_FREE, lambda m: gib(m.group(2))),
+    ("startup_free_bytes", _SUMMARY_FREE, lambda m: gib(m.group(1))),
+    ("gpu_memory_utilization", re.compile(r"gpu_memory_utilization(?:=|\s+\(?)" + _NUMBER), lambda m: float(m.group(1))),
+    ("gpu_memory_utilization", _DESIRED, lambda m: float(m.group(1))),
+    ("requested_bytes", _DESIRED, lambda m: gib(m.group(2))),
+    ("requested_bytes", re.compile(r"gpu_memory_utilization \([\d.]+\) = " + _NUMBER + r" ?GiB"), lambda m: gib(m.group(1))),
+    ("requested_bytes", re.compile(r"the current vLLM instance can use\s+" + _NUMBER + r" ?GiB"), lambda m: gib(m.group(1))),
+    ("non_torch_bytes", re.compile(r"non_torch_memory(?: takes |=|\s+)" + _NUMBER + r" ?GiB"), lambda m: gib(m.group(1))),
+    ("non_torch_bytes", re.compile(_NUMBER + r" GiB for non-torch memory"), lambda m: gib(m.group(1))),
+    ("activation_bytes", re.compile(r"PyTorch activation peak memory(?: takes)?\s+" + _NUMBER + r" ?GiB"), lambda m: gib(m.group(1))),
     ("activation_bytes", re.compile(r"torch peak memory increase: " + _NUMBER + r" ?GiB"), lambda m: gib(m.group(1))),
     ("peak_torch_bytes", re.compile(r"peak_torch_memory=" + _NUMBER + r" ?GiB"), lambda m: gib(m.group(1))),
+    ("consumed_bytes", re.compile(r"Actual usage is " + _NUMBER + r" GiB for consumed memory"), lambda m: gib(m.group(1))),
+    ("peak_activation_bytes", re.compile(_NUMBER + r" GiB for peak activation"), lambda m: gib(m.group(1))),
     ("cudagraph_bytes", re.compile(r"Estimated CUDA graph memory: " + _NUMBER + r" ?GiB"), lambda m: gib(m.group(1))),
+    ("cudagraph_bytes", re.compile(r"CUDA graph pool memory: [\d.]+ GiB \(actual\), " + _NUMBER + r" GiB \(estimated\)"), lambda m: gib(m.group(1))),
     ("cudagraph_utilization", re.compile(r"current --gpu-memory-utilization=" + _NUMBER + r" is equivalent to --gpu-memory-utilization=" + _NUMBER), lambda m: (float(m.group(1)), float(m.group(2)))),
+    ("cudagraph_estimate_disabled", re.compile(r"CUDA graph memory profiling is disabled"), lambda m: True),
+    ("cudagraph_captured_bytes", re.compile(r"CUDA graph pool memory: " + _NUMBER + r" GiB \(actual\)"), lambda m: gib(m.group(1))),
     ("cudagraph_captured_bytes", re.compile(r"Graph capturing finished in \d+ secs?, took " + _NUMBER + r" GiB"), lambda m: gib(m.group(1))),
-    ("num_gpu_blocks", re.compile(r"# (?:GPU|CPU) blocks: " + _INT), lambda m: integer(m.group(1))),
+    ("cudagraph_captured_bytes", re.compile(_NUMBER + r" GiB for CUDAGraph memory"), lambda m: gib(m.group(1))),
+    ("num_gpu_blocks", re.compile(r"# (?:GPU|CPU|cuda|CUDA) blocks: " + _INT), lambda m: integer(m.group(1))),
     ("kv_cache_size_tokens", re.compile(r"(GPU|CPU|XPU|TPU)(?: \+ host)? KV cache size: " + _INT + " tokens"), lambda m: (m.group(1), integer(m.group(2)))),
     ("max_concurrency", re.compile(r"Maximum concurrency for " + _INT + r" tokens per request: " + _NUMBER + "x"), lambda m: (integer(m.group(1)), float(m.group(2)))),
     ("max_model_len", re.compile(r"Using max model len (\d+)"), lambda m: int(m.group(1))),
-    ("version", re.compile(r"V1 LLM engine \(v([^)]+)\)"), lambda m: m.group(1)),
+    ("version", re.compile(r"(?:V1 )?LLM engine \(v([^)]+)\)"), lambda m: m.group(1)),
     ("args", re.compile(r"non-default args: (\{.*\})\s*$"), lambda m: _literal(m.group(1))),
+    ("cpu_build", re.compile(r"\[cpu_(?:worker|model_runner)\.py:\d+\]|GiB for KV cache on node"), lambda m: True),
 ]
 
 
@@ -85,6 +118,8 @@ class VllmLog:
 
     facts: dict[str, Any] = field(default_factory=dict)
     lines: dict[str, str] = field(default_factory=dict)
+    matches: dict[str, str] = field(default_factory=dict)  # the words of the line each fact was read from
+    failure: "Failure | None" = None
 
     def get(self, name: str, default: Any = None) -> Any:
         return self.facts.get(name, default)
@@ -94,6 +129,8 @@ class VllmLog:
         found = self.facts.get("kv_cache_size_tokens")
         if found:
             return "cpu" if found[0] == "CPU" else "gpu"
+        if self.facts.get("cpu_build"):
+            return "cpu"
         return None
 
     @property
@@ -117,11 +154,31 @@ class VllmLog:
 
     @property
     def activation_bytes(self) -> int | None:
-        """The activation peak: logged directly, or V0's peak torch memory less the weights."""
+        """The activation peak: logged directly, V0's peak torch memory less the weights, or the startup summary's
+        "peak activation" less the CUDA-graph estimate vLLM folds into it (`gpu_worker.py`: transient peak + the
+        applied estimate; 0.10's first wording has no estimate in it)."""
         if "activation_bytes" in self.facts:
             return self.facts["activation_bytes"]
         if "peak_torch_bytes" in self.facts and "weights_bytes" in self.facts:
             return self.facts["peak_torch_bytes"] - self.facts["weights_bytes"]
+        if "peak_activation_bytes" in self.facts:
+            return self.facts["peak_activation_bytes"] - (self.cudagraph_estimate_applied or 0)
+        return None
+
+    @property
+    def cudagraph_estimate_applied(self) -> int | None:
+        """The CUDA-graph estimate vLLM took from the KV budget (None when it logged none or profiling was off)."""
+        if self.facts.get("cudagraph_estimate_disabled") or not {"consumed_bytes", "cudagraph_bytes", "cudagraph_utilization"} & set(self.facts):
+            return None
+        return self.cudagraph_bytes(self.facts.get("total_memory_bytes"))
+
+    @property
+    def non_torch_bytes(self) -> int | None:
+        """Non-torch memory: logged, or the startup summary's "consumed (weights + non-torch)" less the weights."""
+        if "non_torch_bytes" in self.facts:
+            return self.facts["non_torch_bytes"]
+        if "consumed_bytes" in self.facts and "weights_bytes" in self.facts:
+            return self.facts["consumed_bytes"] - self.facts["weights_bytes"]
         return None
 
     def cudagraph_bytes(self, total: int | None) -> int | None:
@@ -145,4 +202,182 @@ def parse_vllm_log(text: str) -> VllmLog:
             if match:
                 log.facts[name] = convert(match)
                 log.lines[name] = line.strip()
+                log.matches[name] = match.group(0)
+    log.failure = find_failure(text)
     return log
+
+
+# --- why a run died -------------------------------------------------------------------------------------
+
+PHASES = ("weights", "activation", "cuda_graphs", "kv_cache", "serving")
+
+_SIZE_UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
+_SIZE = r"([\d.]+ (?:B|KiB|MiB|GiB|TiB))"
+_TORCH_OOM = re.compile(r"(CUDA|HIP|XPU) out of memory\. Tried to allocate " + _SIZE)
+_TORCH_OOM_DEVICE = re.compile(r"GPU (\d+) has a total capac(?:i)?ty of " + _SIZE + r" of which " + _SIZE + r" is free")
+_TORCH_OOM_OTHER = re.compile(r"Process (\d+) has " + _SIZE + r" memory in use")
+_TORCH_OOM_SELF = re.compile(r"this process has " + _SIZE + r" memory in use")
+_TORCH_OOM_ALLOCATED = re.compile(r"Of the allocated memory " + _SIZE + r" is allocated by PyTorch")
+_TORCH_OOM_POOLS = re.compile(r"with " + _SIZE + r" allocated in private pools")
+_TORCH_OOM_UNALLOCATED = re.compile(_SIZE + r" is reserved by PyTorch but unallocated")
+_TORCH_OOM_OLD = re.compile(r"\(GPU (\d+); " + _SIZE + r" total capacity; " + _SIZE + r" already allocated; " + _SIZE + r" free; " + _SIZE + r" reserved in total by PyTorch\)")
+_CUDA_ERROR_OOM = re.compile(r"(?:CUDA|HIP) error: out of memory")
+_WRAPPED_OOM = re.compile(r"out of memory occurred when warming up (sampler|pooler)(?: with (\d+) dummy requests)?")
+_KV_NEEDED = re.compile(
+    r"To serve at least one request with the models?'s max seq len \((\d+)\),\s*\(?([\d.]+) GiB KV cache is needed, which is "
+    r"larger than the available KV cache memory \(([\d.]+) GiB\)\.(?:\s*Based on the available memory, the estimated maximum "
+    r"model length is (\d+)\.)?"
+)
+_V0_KV_TOKENS = re.compile(r"The model's max seq len \((\d+)\) is larger than the maximum number of tokens that can be stored in KV cache \((\d+)\)")
+_NO_KV = re.compile(r"No available memory for the cache blocks")
+_STARTUP_FREE = re.compile(
+    r"Free memory on device (?:\S+ )?\(([\d.]+)/([\d.]+) GiB\) on startup is less than desired GPU memory utilization \(([\d.]+), ([\d.]+) GiB\)"
+)
+_FRAME = re.compile(r'File "[^"]*", line \d+, in (\S+)')
+
+# Functions whose frame in a traceback names the phase; where frames nest (capture inside the profile pass, the
+# V0 profile run calling execute_model) the earlier phase in this order wins.
+_PHASE_FRAMES: tuple[tuple[str, frozenset[str]], ...] = (
+    ("cuda_graphs", frozenset({"capture_model", "_capture_cudagraphs", "profile_cudagraph_memory", "capture_end", "capture_begin", "_warmup_and_capture", "capture"})),
+    ("kv_cache", frozenset({"initialize_from_config", "initialize_kv_cache", "initialize_kv_cache_tensors", "_allocate_kv_cache_tensors", "_reshape_kv_cache_tensors", "_init_cache_engine", "_allocate_kv_cache", "allocate_kv_cache"})),
+    ("activation", frozenset({"determine_available_memory", "determine_num_available_blocks", "profile_run", "_dummy_sampler_run", "_dummy_pooler_run"})),
+    ("weights", frozenset({"load_model", "get_model", "initialize_model", "_initialize_model", "load_weights", "create_weights", "weight_loader", "load_weights_and_postprocess"})),
+    ("serving", frozenset({"execute_model", "execute_model_async", "step", "step_async", "engine_step", "run_engine_loop", "run_busy_loop", "_process_engine_step", "step_with_batch_queue", "sample_tokens"})),
+)
+# Startup milestones, in the order vLLM logs them: the phase a failure after each one falls in.
+_MILESTONES: tuple[tuple[re.Pattern, str], ...] = (
+    (re.compile(r"Starting to load model|Loading safetensors checkpoint shards|Loading weights took"), "weights"),
+    (re.compile(r"Model loading took|Loading model weights took"), "activation"),
+    (re.compile(r"Profiling CUDA graph memory"), "cuda_graphs"),
+    (re.compile(r"Available KV cache memory|# (?:GPU|CPU|cuda|CUDA) blocks|KV cache size: [\d,]+ tokens|reserved for KV Cache is|kv_cache_size=|GiB for KV cache|memory for KV Cache as specified"), "kv_cache"),
+    (re.compile(r"Capturing CUDA graph|Capturing cudagraphs|Capturing the model for CUDA graphs"), "cuda_graphs"),
+    (re.compile(r"Graph capturing finished"), "activation"),
+    (re.compile(r"init engine \(profile, create kv cache, warmup model\) took|Starting vLLM (?:API )?server|Application startup complete|Avg prompt throughput"), "serving"),
+)
+_MESSAGE_PHASES: tuple[tuple[re.Pattern, str], ...] = (
+    (re.compile(r"Failed to load model - not enough GPU memory|Failed to create \S+ (?:\S+ )?weights"), "weights"),
+    (_WRAPPED_OOM, "activation"),
+)
+
+
+def size_bytes(text: str) -> int:
+    """torch's '1.74 GiB' / '448.00 KiB' as bytes (binary units; two decimals, so +-0.5% of the unit)."""
+    number, unit = text.split()
+    return round(float(number) * _SIZE_UNITS[unit])
+
+
+@dataclass(frozen=True)
+class OutOfMemory:
+    """The figures of one torch out-of-memory message (per device, at the moment of the failed allocation)."""
+
+    backend: str  # CUDA, HIP, XPU
+    tried_bytes: int
+    device: int | None = None
+    total_bytes: int | None = None
+    free_bytes: int | None = None
+    process_bytes: int | None = None  # "this process has X memory in use" (with non-PyTorch memory)
+    other_processes: tuple[tuple[int, int], ...] = ()  # (pid, bytes) of "Process N has X memory in use"
+    allocated_bytes: int | None = None  # by PyTorch, live tensors
+    private_pool_bytes: int | None = None  # PyTorch private pools: CUDA graphs
+    unallocated_bytes: int | None = None  # reserved by PyTorch but unallocated (fragmentation)
+
+    @property
+    def shortfall_bytes(self) -> int | None:
+        return self.tried_bytes - self.free_bytes if self.free_bytes is not None else None
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why a vLLM run stopped, with the figures its own message states."""
+
+    kind: str  # "out_of_memory" | "kv_too_small" | "no_kv_memory" | "startup_free_memory"
+    line: str
+    phase: str | None = None  # one of PHASES (out_of_memory)
+    phase_basis: str = ""  # the frame, message or milestone the phase was read from
+    oom: OutOfMemory | None = None
+    max_model_len: int | None = None
+    needed_bytes: int | None = None  # KV for one request at max_model_len
+    available_bytes: int | None = None  # KV the engine had
+    estimated_max_model_len: int | None = None  # vLLM's own estimate, in the message
+    kv_tokens: int | None = None  # V0: tokens the KV cache holds
+    startup_free_bytes: int | None = None
+    total_bytes: int | None = None
+    utilization: float | None = None
+    requested_bytes: int | None = None
+
+
+def find_failure(text: str) -> Failure | None:
+    """The first failure the log records, or None for a run that started (or a log that stops before failing)."""
+    lines = [ANSI.sub("", raw) for raw in text.splitlines()]
+    for index, line in enumerate(lines):
+        failure = _failure_at(line, index, lines)
+        if failure:
+            return failure
+    return None
+
+
+def _failure_at(line: str, index: int, lines: list[str]) -> Failure | None:
+    if match := _KV_NEEDED.search(line):
+        return Failure("kv_too_small", line.strip(), max_model_len=int(match.group(1)), needed_bytes=gib(match.group(2)), available_bytes=gib(match.group(3)),
+                       estimated_max_model_len=int(match.group(4)) if match.group(4) else None)
+    if match := _V0_KV_TOKENS.search(line):
+        return Failure("kv_too_small", line.strip(), max_model_len=int(match.group(1)), kv_tokens=int(match.group(2)))
+    if _NO_KV.search(line) or (match := re.search(r"Available KV cache memory: (-[\d.]+) ?GiB", line)):
+        return Failure("no_kv_memory", line.strip(), available_bytes=gib(match.group(1)) if match else None)
+    if match := _STARTUP_FREE.search(line):
+        return Failure("startup_free_memory", line.strip(), startup_free_bytes=gib(match.group(1)), total_bytes=gib(match.group(2)),
+                       utilization=float(match.group(3)), requested_bytes=gib(match.group(4)))
+    if _TORCH_OOM.search(line) or _CUDA_ERROR_OOM.search(line) or _WRAPPED_OOM.search(line):
+        oom = next((found for found in map(out_of_memory, lines) if found), None)
+        phase, basis = _phase(index, lines)
+        return Failure("out_of_memory", line.strip(), phase=phase, phase_basis=basis, oom=oom)
+    return None
+
+
+def out_of_memory(line: str) -> OutOfMemory | None:
+    """The figures of torch's out-of-memory message on this line, in its current or its pre-2.1 wording."""
+    match = _TORCH_OOM.search(line)
+    if not match:
+        return None
+    backend, tried = match.group(1), size_bytes(match.group(2))
+    if old := _TORCH_OOM_OLD.search(line):
+        total, allocated, free, reserved = (size_bytes(old.group(i)) for i in range(2, 6))
+        return OutOfMemory(backend, tried, int(old.group(1)), total, free, allocated_bytes=allocated, unallocated_bytes=reserved - allocated)
+    device = _TORCH_OOM_DEVICE.search(line)
+
+    def size(pattern: re.Pattern) -> int | None:
+        found = pattern.search(line)
+        return size_bytes(found.group(1)) if found else None
+
+    return OutOfMemory(
+        backend, tried,
+        device=int(device.group(1)) if device else None,
+        total_bytes=size_bytes(device.group(2)) if device else None,
+        free_bytes=size_bytes(device.group(3)) if device else None,
+        process_bytes=size(_TORCH_OOM_SELF),
+        other_processes=tuple((int(pid), size_bytes(amount)) for pid, amount in _TORCH_OOM_OTHER.findall(line)),
+        allocated_bytes=size(_TORCH_OOM_ALLOCATED),
+        private_pool_bytes=size(_TORCH_OOM_POOLS),
+        unallocated_bytes=size(_TORCH_OOM_UNALLOCATED),
+    )
+
+
+def _phase(index: int, lines: list[str]) -> tuple[str | None, str]:
+    """The phase an out-of-memory error at lines[index] hit: named by the exception's own message, else by the
+    frames of the tracebacks around it (ranks interleave theirs), else by the last startup milestone before it."""
+    window = lines[max(0, index - 400): index + 400]
+    for line in window:
+        for pattern, phase in _MESSAGE_PHASES:
+            if match := pattern.search(line):
+                return phase, f"the error message: {match.group(0)!r}"
+    frames = {match.group(1) for line in window if (match := _FRAME.search(line))}
+    for phase, names in _PHASE_FRAMES:
+        hit = sorted(frames & names)
+        if hit:
+            return phase, f"traceback frame {hit[0]}()"
+    phase, basis = None, ""
+    for line in lines[:index]:
+        for pattern, milestone_phase in _MILESTONES:
+            if match := pattern.search(line):
+                phase, basis = milestone_phase, f"the last startup line before it: {match.group(0)!r}"
+    return phase, basis
