@@ -14,6 +14,7 @@ from typing import Any, Iterable
 from kvops import budget as common
 from kvops.budget import Term
 from kvops.dtypes import KvDtype, resolve_kv_dtype
+from kvops.engines import flag_args
 from kvops.engines.tgi import budget as tgi
 from kvops.engines.tgi import flags as tgi_flags
 from kvops.engines.vllm import budget as vllm
@@ -134,11 +135,11 @@ class PlanInputs:
     block_size: int | None = None
     enforce_eager: bool = False
     guard: bool | None = None  # vLLM's KV-guard scheduler; None: on for vLLM (TGI has no scheduler plugin)
+    launcher: tuple[str, ...] = ()  # replaces the engine's program, e.g. ("python", "-m", "vllm.entrypoints.openai.api_server")
     max_queued: int | None = None  # vLLM --max-num-queued-reqs
     max_input_tokens: int | None = None  # TGI
     profile: Profile | None = None
     warn_level: float = 0.70
-    v_head_dim: int | None = None  # DeepSeek's v_head_dim, for TGI's cache
 
 
 # --- result ---------------------------------------------------------------------------------------------
@@ -151,7 +152,7 @@ class Plan:
     kv_cache_bytes: int
     capacity: dict[str, Any]
     flags: dict[str, Any]
-    argv: list[str]
+    args: list[str]  # the engine's arguments, after its program
     image: str
     port: int
     fits: bool = True
@@ -165,6 +166,15 @@ class Plan:
     @property
     def engine(self) -> str:
         return self.inputs.engine
+
+    @property
+    def program(self) -> list[str]:
+        """What starts the engine: `vllm serve` / `text-generation-launcher`, or the user's --launcher."""
+        return list(self.inputs.launcher or (vllm_flags if self.engine == "vllm" else tgi_flags).PROGRAM)
+
+    @property
+    def argv(self) -> list[str]:
+        return self.program + self.args
 
     @property
     def estimates(self) -> list[Term]:
@@ -185,7 +195,7 @@ class Plan:
             "need_bytes": self.need_bytes,
             "have_bytes": self.have_bytes,
             "flags": self.flags,
-            "command": {"argv": self.argv, "program": list((vllm_flags if self.engine == "vllm" else tgi_flags).PROGRAM), "image": self.image, "port": self.port},
+            "command": {"argv": self.argv, "program": self.program, "image": self.image, "port": self.port},
             "memory": {"kv_cache_bytes": self.kv_cache_bytes, "terms": [term.to_dict() for term in self.memory]},
             "capacity": self.capacity,
             "workload": inputs.workload.to_dict(),
@@ -284,7 +294,7 @@ def _plan_vllm(inputs: PlanInputs) -> Plan:
         "replicas": (inputs.gpus or tp) // tp,
     }
     result.flags = _vllm_flags(inputs, length, kv_bytes, seqs, batched, block_size, kv_flag)
-    result.argv = vllm_flags.argv(result.flags)
+    result.args = flag_args(result.flags)
     _vllm_warnings(inputs, layout, dtype, length, tokens, result)
     return _vllm_fit(inputs, result, layout, cap, per_request, under_warn)
 
@@ -517,7 +527,7 @@ def _plan_tgi(inputs: PlanInputs) -> Plan:
     kv_flag = tgi.tgi_kv_dtype(dtype, spec.dtype)
     attention = tgi.resolve_attention(spec, gpu.vendor)
     tgi.check_fp8(attention, kv_flag, gpu.vendor)
-    per_token = tgi.kv_bytes_per_token(spec, dtype, tp, inputs.v_head_dim)
+    per_token = tgi.kv_bytes_per_token(spec, dtype, tp)
     model_limit = _model_limit(spec)
     prefill = inputs.batched_tokens or min(_tgi_default_prefill(spec), model_limit)
     chunking = attention.supports_chunking
@@ -579,7 +589,7 @@ def _plan_tgi(inputs: PlanInputs) -> Plan:
     }
     if kv_flag:
         result.flags["kv-cache-dtype"] = kv_flag
-    result.argv = tgi_flags.argv(result.flags)
+    result.args = flag_args(result.flags)
     _tgi_warnings(inputs, attention, result)
     return _tgi_fit(inputs, result, cap, max_input, length, prefill, attention, blocks_per_request, under_warn, per_token)
 

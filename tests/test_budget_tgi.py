@@ -66,3 +66,9 @@ def test_validation_messages_are_tgis_own():
     assert validation_errors(8191, 8192, 4096, 20000, False) == ["Argument validation error: `max_batch_prefill_tokens` must be >= `max_input_tokens`. Given: 4096 and 8191"]
     assert validation_errors(1000, 2000, 4096, 3000, True) == ["Argument validation error: `max_batch_prefill_tokens` must be <= `max_batch_total_tokens`. Given: 4096 and 3000"]
     assert validation_errors(1000, 2000, 4096, 30000, True) == []
+
+
+def test_deepseek_in_tgi_caches_full_heads_of_nope_plus_rope():
+    from kvops.engines.tgi.budget import head_size
+
+    assert head_size(load_model("deepseek-v3")) == 128 + 64  # max(qk_nope + qk_rope, v_head_dim 128), not the 576 latent

@@ -62,7 +62,7 @@ def test_qwen2_max_window_layers():
 
 def test_mla_latent():
     model = spec(kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128)
-    assert model.layers == (MultiLatentAttention(512, 64),) * 4 and model.head_dim == 576
+    assert model.layers == (MultiLatentAttention(512, 64, 128, 128),) * 4 and model.head_dim == 576
 
 
 def test_float32_checkpoint_is_served_in_bf16():

@@ -220,3 +220,12 @@ def test_plan_does_not_import_pandas_or_matplotlib():
     code = "import sys; from kvops.cli import main; sys.argv=['kvops','plan','-m','llama-3-8b','--gpu','h100','-f','shell']\ntry:\n main()\nexcept SystemExit: pass\nprint(sorted(m for m in ('pandas','matplotlib','numpy','vllm') if m in sys.modules))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_launcher_replaces_only_the_program(run_kvops):
+    args = ["-m", "llama-3-8b", "--gpu", "h100", "--max-model-len", "8192"]
+    default = plan_doc(run_kvops, *args)["command"]
+    module = plan_doc(run_kvops, *args, "--launcher", "python -m vllm.entrypoints.openai.api_server")["command"]
+    assert default["program"] == ["vllm", "serve"] and module["program"] == ["python", "-m", "vllm.entrypoints.openai.api_server"]
+    assert module["argv"][3:] == default["argv"][2:]
+    assert "'unclosed" in run_kvops("plan", *args, "--launcher", "'unclosed", expect=2).stderr

@@ -85,15 +85,16 @@ def workload_options(function: Callable) -> Callable:
 @click.command()
 @workload_options
 @click.option("--format", "-f", "out_format", type=click.Choice(("text", "shell", "json", "yaml", "env", "docker", "k8s")), default="text", show_default=True, help="Output.")
+@click.option("--launcher", metavar="COMMAND", help="What starts the engine, instead of `vllm serve` / `text-generation-launcher`, e.g. 'python -m vllm.entrypoints.openai.api_server' where the console script is missing.")
 @json_option
-def plan(out_format, as_json, **options):
+def plan(out_format, launcher, as_json, **options):
     """Engine launch flags that keep the KV cache inside its budget, with every memory term and the capacity.
 
     Exits 3 when the workload does not fit, with need against have and the ways out the planner computed.
     """
     from kvops.render.plan import does_not_fit_message, render
 
-    result = make_plan(**options)
+    result = make_plan(**options, launcher=_launcher(launcher))
     out_format = "json" if as_json else out_format
     if result.fits or out_format in ("json", "yaml"):
         click.echo(render(result, out_format))
@@ -106,9 +107,23 @@ def plan(out_format, as_json, **options):
         raise PlanError(does_not_fit_message(result))
 
 
+def _launcher(text: str | None) -> tuple[str, ...]:
+    import shlex
+
+    if text is None:
+        return ()
+    try:
+        words = tuple(shlex.split(text))
+    except ValueError as exc:
+        raise click.BadParameter(f"{text!r} is not a shell command ({exc})", param_hint="--launcher") from None
+    if not words:
+        raise click.BadParameter("give the command that starts the engine, e.g. 'python -m vllm.entrypoints.openai.api_server'", param_hint="--launcher")
+    return words
+
+
 def make_plan(model, engine, gpu_name, gpu_memory, gpus, tp, device, max_model_len, kv_dtype, quantization, memory_fraction, kv_cache_memory_bytes,
               batched_tokens, block_size, enforce_eager, prompt_tokens, gen_tokens, workload, beams, n, concurrency, max_num_seqs, max_input_tokens,
-              guard, max_queued, profile_path, policy_path):
+              guard, max_queued, profile_path, policy_path, launcher=()):
     """The plan for the options of `workload_options`, fitting or not."""
     from kvops.plan import Workload, parse_workload, plan as plan_deployment
 
@@ -121,7 +136,7 @@ def make_plan(model, engine, gpu_name, gpu_memory, gpus, tp, device, max_model_l
         load = Workload(prompt_tokens, gen_tokens, sequences, "flags" if prompt_tokens is not None or gen_tokens is not None else "none")
     inputs = plan_inputs(model, engine, gpu_name, gpu_memory, gpus, tp, device, max_model_len, kv_dtype, quantization, memory_fraction,
                          kv_cache_memory_bytes, batched_tokens, block_size, enforce_eager, profile_path, policy_path,
-                         workload=load, concurrency=concurrency, max_num_seqs=max_num_seqs, max_input_tokens=max_input_tokens, guard=guard, max_queued=max_queued)
+                         workload=load, concurrency=concurrency, max_num_seqs=max_num_seqs, max_input_tokens=max_input_tokens, guard=guard, max_queued=max_queued, launcher=launcher)
     return plan_deployment(inputs)
 
 
@@ -142,7 +157,7 @@ def plan_inputs(model, engine, gpu_name, gpu_memory, gpus, tp, device, max_model
         engine=engine.lower(), spec=spec, gpu=gpu, tp=tp, gpus=gpus, device=device, max_model_len=max_model_len,
         kv_dtype=kv_dtype, quantization=quantization, memory_fraction=memory_fraction, kv_cache_memory_bytes=pinned,
         batched_tokens=batched_tokens, block_size=block_size, enforce_eager=enforce_eager, profile=profile,
-        warn_level=warn_level(policy_path), v_head_dim=_v_head_dim(spec), **extra,
+        warn_level=warn_level(policy_path), **extra,
     )
 
 
@@ -163,22 +178,6 @@ def load_profile(path: str):
     except yaml.YAMLError:
         raise ConfigError(f"{path}: not valid YAML or JSON") from None
     return Profile.from_dict(data, path)
-
-
-def _v_head_dim(spec) -> int | None:
-    """DeepSeek's v_head_dim, which TGI's cache size depends on and the ModelSpec does not keep."""
-    if not spec.is_mla:
-        return None
-    import json
-
-    from kvops.model.catalog import find
-
-    if spec.source_path:
-        config = json.loads(Path(spec.source_path).read_text())
-    else:
-        entry = find(spec.name)
-        config = entry.config if entry else {}
-    return (config.get("text_config") or config).get("v_head_dim")
 
 
 def run_options(function: Callable) -> Callable:

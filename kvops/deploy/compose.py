@@ -40,10 +40,10 @@ GRAFANA_DASHBOARDS = {"apiVersion": 1, "providers": [
 
 
 def compose(stack: Stack) -> dict[str, Any]:
-    from kvops.render.plan import engine_args, local_model
+    from kvops.render.plan import local_model
 
     plan = stack.plan
-    engine: dict[str, Any] = {"image": plan.image, "command": engine_args(plan), "environment": ["HF_TOKEN"]}
+    engine: dict[str, Any] = {"image": plan.image, "command": plan.args, "environment": ["HF_TOKEN"]}
     if stack.engine == "vllm":
         engine.update(ipc="host", volumes=["huggingface-cache:/root/.cache/huggingface"])  # downloads survive restarts
     else:

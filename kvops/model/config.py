@@ -105,6 +105,8 @@ def _layer_kinds(text: dict, reader: "_Reader", num_layers: int, kv_heads: int, 
         latent = MultiLatentAttention(
             kv_lora_rank=reader.positive(("kv_lora_rank",)),
             qk_rope_head_dim=reader.positive(("qk_rope_head_dim",)),
+            qk_nope_head_dim=reader.check_positive("qk_nope_head_dim", text.get("qk_nope_head_dim") or head_dim),
+            v_head_dim=reader.check_positive("v_head_dim", text.get("v_head_dim") or head_dim),
         )
         return (latent,) * num_layers
     full = FullAttention(kv_heads, head_dim)

@@ -73,6 +73,8 @@ class MultiLatentAttention:
     kind: ClassVar[str] = "mla"
     kv_lora_rank: int
     qk_rope_head_dim: int
+    qk_nope_head_dim: int = 0  # per-head query/key width besides the rotary part (not cached by vLLM's MLA)
+    v_head_dim: int = 0  # per-head value width (engines without MLA, e.g. TGI, cache full K/V heads of these)
 
     @property
     def num_kv_heads(self) -> int:

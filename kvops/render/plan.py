@@ -34,18 +34,12 @@ def plan_yaml(plan: Plan) -> str:
     return yaml.safe_dump(plan.to_dict(), sort_keys=False, width=120).rstrip("\n")
 
 
-def engine_args(plan: Plan) -> list[str]:
-    """The argv after the program name: what the official images take (their entrypoint is the program)."""
-    program_length = 2 if plan.engine == "vllm" else 1
-    return plan.argv[program_length:]
-
-
 def env(plan: Plan) -> str:
     if plan.engine == "tgi":
         from kvops.engines.tgi.flags import env_name
 
         return "\n".join(f"{env_name(name)}={shlex.quote(_value(value))}" for name, value in plan.flags.items())
-    args = shlex.join(engine_args(plan))
+    args = shlex.join(plan.args)
     return "\n".join([
         "# vLLM reads its engine flags from the command line, not the environment: run `vllm serve $VLLM_ARGS`",
         f"VLLM_ARGS={shlex.quote(args)}",
@@ -70,7 +64,7 @@ def docker(plan: Plan) -> str:
     if local:
         words += ["-v", f"{local}:{local}:ro"]
     words.append(plan.image)
-    words += engine_args(plan)
+    words += plan.args
     return " ".join(word if word.startswith(("~", "$PWD")) else shlex.quote(word) for word in words)
 
 
@@ -84,7 +78,7 @@ def k8s(plan: Plan) -> str:
     container: dict[str, Any] = {
         "name": "vllm" if plan.engine == "vllm" else "tgi",
         "image": plan.image,
-        "args": engine_args(plan),
+        "args": plan.args,
         "ports": [{"name": "http", "containerPort": plan.port}],
         "resources": {"limits": {resource: devices}},
         "readinessProbe": {"httpGet": {"path": "/health", "port": plan.port}, "periodSeconds": 10, "failureThreshold": 60},

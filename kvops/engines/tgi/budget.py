@@ -93,17 +93,18 @@ def kv_heads_per_shard(spec: ModelSpec, shards: int) -> int:
     return heads // shards if heads > 1 else heads
 
 
-def head_size(spec: ModelSpec, v_head_dim: int | None = None) -> int:
-    """DeepSeek V2/V3 cache full K/V heads of max(qk_nope + qk_rope, v_head_dim); TGI reads keys the configs lack, so 128 + 64."""
-    if spec.is_mla:
-        return max(128 + 64, v_head_dim or 128)
+def head_size(spec: ModelSpec) -> int:
+    """DeepSeek V2/V3 in TGI cache full K/V heads (no latent) of max(qk_nope + qk_rope, v_head_dim)."""
+    latent = next((layer for layer in spec.layers if layer.kind == "mla"), None)
+    if latent is not None:
+        return max(latent.qk_nope_head_dim + latent.qk_rope_head_dim, latent.v_head_dim)
     return spec.head_dim
 
 
-def kv_bytes_per_token(spec: ModelSpec, dtype: KvDtype, shards: int, v_head_dim: int | None = None) -> int:
+def kv_bytes_per_token(spec: ModelSpec, dtype: KvDtype, shards: int) -> int:
     """Per shard: every layer caches the whole context (no window), 2 x layers x heads x head_size x dtype size."""
     size = 1 if dtype.bits == 8 else dtype.bits // 8
-    return 2 * spec.num_layers * kv_heads_per_shard(spec, shards) * head_size(spec, v_head_dim) * size
+    return 2 * spec.num_layers * kv_heads_per_shard(spec, shards) * head_size(spec) * size
 
 
 def reservation_tokens(input_tokens: int, max_new_tokens: int, speculate: int = 0) -> int:

@@ -31,13 +31,3 @@ def validation_errors(max_input_tokens: int, max_total_tokens: int, max_batch_pr
 def env_name(flag: str) -> str:
     """Every launcher flag is `#[clap(long, env)]`: the env var is the field name in upper case."""
     return flag.replace("-", "_").upper()
-
-
-def argv(flags: dict[str, object], program: tuple[str, ...] = PROGRAM) -> list[str]:
-    args = list(program)
-    for name, value in flags.items():
-        if value is True:
-            args.append(f"--{name}")
-        elif value is not None and value is not False:
-            args += [f"--{name}", f"{value:g}" if isinstance(value, float) else str(value)]
-    return args

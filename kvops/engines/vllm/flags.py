@@ -32,20 +32,3 @@ def kv_cache_dtype(dtype: KvDtype, model_dtype: str, device: str) -> str:
     if device == "cpu" and value not in CPU_KV_CACHE_DTYPES:
         raise UsageError(f"--kv-dtype {dtype.name}: vLLM's CPU attention takes --kv-cache-dtype {', '.join(CPU_KV_CACHE_DTYPES)} only")
     return value
-
-
-def argv(flags: dict[str, object], program: tuple[str, ...] = PROGRAM) -> list[str]:
-    """`vllm serve --model M --flag value ...`; a True value is a bare switch."""
-    args = list(program)
-    for name, value in flags.items():
-        if value is True:
-            args.append(f"--{name}")
-        elif value is not None and value is not False:
-            args += [f"--{name}", _text(value)]
-    return args
-
-
-def _text(value: object) -> str:
-    if isinstance(value, float):
-        return f"{value:g}"
-    return str(value)
