@@ -81,3 +81,11 @@ def build_model(folder: Path, config: dict | None = None) -> Path:
     )
     (folder / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2}))
     return folder
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Build the test model (config.json + offline-trained tokenizer) in FOLDER.")
+    parser.add_argument("folder", type=Path)
+    print(build_model(parser.parse_args().folder))
