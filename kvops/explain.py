@@ -19,7 +19,7 @@ from kvops.engines.vllm.logs import Failure, VllmLog
 from kvops.errors import KvopsError
 from kvops.nvidia_smi import SmiDevice
 from kvops.plan import Plan, PlanInputs, plan, predict
-from kvops.policy import Level, Policy
+from kvops.policy import Level, Limits, Policy
 from kvops.profile import Profile
 from kvops.units import format_bytes
 
@@ -201,7 +201,7 @@ class Explanation:
     figures: list[Figure]
     kv: KvNow | None
     level: Level | None
-    limits: dict[str, Any] | None
+    limits: Limits | None
     diagnosis: Diagnosis | None
     action: Action
     notes: list[str] = field(default_factory=list)
@@ -214,7 +214,7 @@ class Explanation:
             "engine": "vllm", "sources": self.sources, "device": self.device, "version": self.version, "state": self.state,
             "memory": {item.name: item.to_dict() for item in self.figures},
             "kv": self.kv.to_dict() if self.kv else None,
-            "level": self.level.label if self.level is not None else None, "limits": self.limits,
+            "level": self.level.label if self.level is not None else None, "limits": self.limits.to_dict() if self.limits else None,
             "diagnosis": self.diagnosis.to_dict() if self.diagnosis else None,
             "action": self.action.to_dict(), "notes": self.notes,
         }
@@ -237,7 +237,7 @@ def explain(run: Run, inputs: PlanInputs | None, policy: Policy, notes: list[str
         notes.append("give --model (and --gpu) for the planner's estimates of unreported terms and its ways out")
     sources = [source for source in (run.log_source, run.metrics_source, run.smi_source) if source]
     return Explanation(sources, run.device, run.facts.get("version"), _state(run), figures, kv, level,
-                       policy.limits(level).to_dict() if level is not None else None, diagnosis, action, notes)
+                       policy.limits(level) if level is not None else None, diagnosis, action, notes)
 
 
 def _predict(inputs: PlanInputs | None, notes: list[str]) -> Plan | None:

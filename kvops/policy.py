@@ -51,6 +51,17 @@ class Limits:
     retry_after_seconds: int | None = None
     reset_prefix_cache: bool = False
 
+    def effects(self) -> list[str]:
+        """What these limits do to each new request, as phrases after "new requests are" (explain, alert texts)."""
+        if self.reject:
+            return [f"rejected with 503 and Retry-After: {self.retry_after_seconds}"]
+        done = []
+        if self.max_tokens_cap is not None:
+            done.append(f"capped at {self.max_tokens_cap} new tokens")
+        if self.single_sequence:
+            done.append("forced to one sequence (n, best_of, beam width 1)")
+        return done
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "level": self.level.label,

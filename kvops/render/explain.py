@@ -98,15 +98,8 @@ def _count(value) -> str:
 def _level_lines(result: Explanation) -> list[str]:
     lines = []
     if result.level is not None:
-        limits = result.limits or {}
-        effects = []
-        if limits.get("max_tokens_cap"):
-            effects.append(f"max_tokens capped at {limits['max_tokens_cap']}")
-        if limits.get("single_sequence"):
-            effects.append("n/best_of/beams forced to 1")
-        if limits.get("reject"):
-            effects.append(f"new requests rejected (503, Retry-After {limits.get('retry_after_seconds')} s)")
-        lines.append(f"level      {result.level.label}" + (f": {', '.join(effects)}" if effects else ": no limits"))
+        effects = result.limits.effects() if result.limits else []
+        lines.append(f"level      {result.level.label}: " + (f"new requests {' and '.join(effects)}" if effects else "no limits"))
     action = result.action
     if action.change:
         lines.append(f"next       {action.change}  ({action.source})")

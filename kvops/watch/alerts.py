@@ -57,15 +57,7 @@ def catalogue(policy: Policy, engine: str) -> list[AlertKind]:
 
 def _level_kind(policy: Policy, level: Level) -> AlertKind:
     limits = policy.limits(level)
-    does: list[str] = []
-    if limits.reject:
-        does.append(f"rejected with 503 and Retry-After: {limits.retry_after_seconds}")
-    else:
-        if limits.max_tokens_cap is not None:
-            does.append(f"capped at {limits.max_tokens_cap} new tokens")
-        if limits.single_sequence:
-            does.append("forced to one sequence (n, best_of, beam width 1)")
-    effect = f"new requests are {' and '.join(does)}" if does else "no request is changed"
+    effect = f"new requests are {' and '.join(limits.effects())}" if limits.effects() else "no request is changed"
     if limits.reset_prefix_cache:
         effect += "; the prefix cache is reset"
     return AlertKind(
