@@ -1,6 +1,5 @@
 """config.json -> ModelSpec on the shapes calculators commonly get wrong, with synthetic configs."""
 
-import json
 
 import pytest
 

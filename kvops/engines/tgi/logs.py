@@ -15,7 +15,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-PATTERNS: list[tuple[str, re.Pattern, Any]] = [
+from kvops.engines import LogFacts, LogPattern
+
+PATTERNS: list[LogPattern] = [
     ("max_batch_total_tokens", re.compile(r"Setting max batch total tokens to (\d+)"), lambda m: int(m.group(1))),
     ("no_automatic_total", re.compile(r"Model does not support automatic max batch total tokens"), lambda m: True),
     ("max_input_tokens", re.compile(r"Maximum input tokens defaulted to (\d+)"), lambda m: int(m.group(1))),
@@ -38,13 +40,10 @@ _ARG_FIELDS = {
 
 
 @dataclass
-class TgiLog:
-    facts: dict[str, Any] = field(default_factory=dict)
-    args: dict[str, Any] = field(default_factory=dict)
-    lines: dict[str, str] = field(default_factory=dict)
+class TgiLog(LogFacts):
+    """What one TGI launcher log says: its facts and the launcher's own argument dump."""
 
-    def get(self, name: str, default: Any = None) -> Any:
-        return self.facts.get(name, default)
+    args: dict[str, Any] = field(default_factory=dict)
 
 
 def parse_tgi_log(text: str) -> TgiLog:
@@ -54,13 +53,7 @@ def parse_tgi_log(text: str) -> TgiLog:
         args = _ARGS.search(line)
         if args and not log.args:
             log.args = _args(args.group(1))
-        for name, pattern, convert in PATTERNS:
-            if name in log.facts:
-                continue
-            match = pattern.search(line)
-            if match:
-                log.facts[name] = convert(match)
-                log.lines[name] = line.strip()
+        log.read(line, PATTERNS)
     return log
 
 

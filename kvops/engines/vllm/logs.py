@@ -38,8 +38,10 @@ from __future__ import annotations
 
 import ast
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
+
+from kvops.engines import LogFacts, LogPattern
 
 GiB = 1 << 30
 ANSI = re.compile(r"\x1b\[[0-9;]*m|\[[0-9;]*m(?=\()")
@@ -60,7 +62,7 @@ _SUMMARY_FREE = re.compile(r"Free memory on device (?:\S+ )?\(([\d.]+)/([\d.]+) 
 _DESIRED = re.compile(r"[Dd]esired GPU memory utilization(?: is)? \(([\d.]+), ([\d.]+) GiB\)")
 _CURRENT_KV = re.compile(r"Current kv cache memory in use is ([\d.]+) (GiB|bytes)")
 
-PATTERNS: list[tuple[str, re.Pattern, Any]] = [
+PATTERNS: list[LogPattern] = [
     ("weights_bytes", re.compile(r"(?:Model loading|Loading model weights) took " + _NUMBER + r" ?(?:GiB|GB)"), lambda m: gib(m.group(1))),
     ("weights_bytes", re.compile(r"model weights take\s+" + _NUMBER + r" ?GiB"), lambda m: gib(m.group(1))),
     ("weights_bytes", re.compile(r"Actual usage is " + _NUMBER + r" GiB for weight,"), lambda m: gib(m.group(1))),
@@ -113,16 +115,10 @@ def _literal(text: str) -> dict[str, Any]:
 
 
 @dataclass
-class VllmLog:
+class VllmLog(LogFacts):
     """What one vLLM startup log says, with the line each fact was read from."""
 
-    facts: dict[str, Any] = field(default_factory=dict)
-    lines: dict[str, str] = field(default_factory=dict)
-    matches: dict[str, str] = field(default_factory=dict)  # the words of the line each fact was read from
     failure: "Failure | None" = None
-
-    def get(self, name: str, default: Any = None) -> Any:
-        return self.facts.get(name, default)
 
     @property
     def device(self) -> str | None:
@@ -194,15 +190,7 @@ class VllmLog:
 def parse_vllm_log(text: str) -> VllmLog:
     log = VllmLog()
     for raw in text.splitlines():
-        line = ANSI.sub("", raw)
-        for name, pattern, convert in PATTERNS:
-            if name in log.facts:
-                continue
-            match = pattern.search(line)
-            if match:
-                log.facts[name] = convert(match)
-                log.lines[name] = line.strip()
-                log.matches[name] = match.group(0)
+        log.read(ANSI.sub("", raw), PATTERNS)
     log.failure = find_failure(text)
     return log
 
