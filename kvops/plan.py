@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from math import ceil, floor
-from typing import Any, Iterable
+from typing import Any
 
 from kvops import budget as common
 from kvops.budget import Term
@@ -25,6 +25,7 @@ from kvops.gpus import Gpu, gpu_catalog
 from kvops.model.spec import ModelSpec
 from kvops.profile import Profile
 from kvops.units import format_bytes
+from kvops.workload import Workload
 
 ENGINES = ("vllm", "tgi")
 QUALITY_WARNING = "quantized KV costs quality on long generations (the seeds' warning): evaluate before serving"
@@ -38,81 +39,6 @@ class PlanError(KvopsError):
 
 
 # --- inputs ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Workload:
-    """What requests look like: tokens in and out (p95 when read from a file), and parallel sequences per request."""
-
-    prompt_tokens: int | None = None
-    gen_tokens: int | None = None
-    sequences: int = 1  # n x beams
-    source: str = "none"
-    p50_tokens: int | None = None
-    p95_tokens: int | None = None
-    requests: int | None = None
-
-    @property
-    def total_tokens(self) -> int | None:
-        if self.prompt_tokens is None and self.gen_tokens is None:
-            return None
-        return (self.prompt_tokens or 0) + (self.gen_tokens or 0)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "source": self.source, "prompt_tokens": self.prompt_tokens, "gen_tokens": self.gen_tokens,
-            "tokens_per_request": self.total_tokens, "sequences_per_request": self.sequences,
-            "p50_tokens": self.p50_tokens, "p95_tokens": self.p95_tokens, "requests": self.requests,
-        }
-
-
-_PROMPT_KEYS = ("prompt_tokens", "input_tokens", "prompt_len", "input_len")
-_GEN_KEYS = ("gen_tokens", "output_tokens", "completion_tokens", "max_tokens", "output_len")
-
-
-def parse_workload(lines: Iterable[str], where: str, sequences: int = 1) -> Workload:
-    """A JSONL file of requests ({"prompt_tokens": P, "gen_tokens": G} per line): sized at its p95."""
-    import json
-
-    prompts, gens = [], []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise UsageError(f"{where}:{number}: not JSON ({exc.msg})") from None
-        prompt = _first_int(record, _PROMPT_KEYS)
-        gen = _first_int(record, _GEN_KEYS)
-        if prompt is None or gen is None:
-            raise UsageError(f"{where}:{number}: needs a prompt length ({', '.join(_PROMPT_KEYS)}) and an output length ({', '.join(_GEN_KEYS)})")
-        prompts.append(prompt)
-        gens.append(gen)
-    if not prompts:
-        raise UsageError(f"{where}: no requests in the file")
-    totals = [p + g for p, g in zip(prompts, gens)]
-    return Workload(
-        prompt_tokens=percentile(prompts, 95), gen_tokens=percentile(gens, 95), sequences=sequences,
-        source=f"{where} ({len(prompts)} requests, p95)", p50_tokens=percentile(totals, 50),
-        p95_tokens=percentile(totals, 95), requests=len(prompts),
-    )
-
-
-def _first_int(record: Any, keys: tuple[str, ...]) -> int | None:
-    if not isinstance(record, dict):
-        return None
-    for key in keys:
-        value = record.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-            return value
-    return None
-
-
-def percentile(values: list[int], pct: float) -> int:
-    """Nearest-rank percentile: the smallest value with at least pct% of the values at or below it."""
-    ordered = sorted(values)
-    rank = max(1, ceil(pct / 100 * len(ordered)))
-    return ordered[rank - 1]
 
 
 @dataclass(frozen=True)

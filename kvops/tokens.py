@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from math import ceil
 from pathlib import Path
 from typing import Any
 
 from kvops.errors import ConfigError, UsageError
+from kvops.workload import percentile
 
 
 @dataclass(frozen=True)
@@ -120,12 +120,6 @@ def _messages(record: Any, where: str) -> tuple[dict[str, str], ...]:
     if isinstance(messages, list) and messages and all(isinstance(m, dict) and isinstance(m.get("content"), str) and m.get("role") for m in messages):
         return tuple({"role": str(m["role"]), "content": m["content"]} for m in messages)
     raise UsageError(f'{where}: each line needs "prompt": "text" or "messages": [{{"role": ..., "content": "text"}}, ...]')
-
-
-def percentile(values: list[int], percent: float) -> int:
-    """Nearest-rank percentile: an actual observed value, never an interpolation."""
-    ordered = sorted(values)
-    return ordered[max(0, ceil(percent / 100 * len(ordered)) - 1)]
 
 
 def distribution(values: list[int]) -> dict[str, int]:

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from kvops.tokens import percentile
+from kvops.workload import percentile
 
 transformers = pytest.importorskip("transformers")
 

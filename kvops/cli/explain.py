@@ -37,7 +37,7 @@ def explain(ctx, metrics_url, log_path, smi_path, gpu_index, prompt_tokens, gen_
     """
     from kvops.calibrate import vllm_plan_options
     from kvops.explain import Run, device_total, explain as make_explanation, known_kv_pool
-    from kvops.plan import Workload, parse_workload
+    from kvops.workload import Workload, parse_workload
     from kvops.policy import load_policy
     from kvops.render.explain import explanation_text
 

@@ -125,7 +125,8 @@ def make_plan(model, engine, gpu_name, gpu_memory, gpus, tp, device, max_model_l
               batched_tokens, block_size, enforce_eager, prompt_tokens, gen_tokens, workload, beams, n, concurrency, max_num_seqs, max_input_tokens,
               guard, max_queued, profile_path, policy_path, launcher=()):
     """The plan for the options of `workload_options`, fitting or not."""
-    from kvops.plan import Workload, parse_workload, plan as plan_deployment
+    from kvops.plan import plan as plan_deployment
+    from kvops.workload import Workload, parse_workload
 
     if workload and (prompt_tokens is not None or gen_tokens is not None):
         raise click.UsageError("give either --workload FILE or --prompt-tokens/--gen-tokens, not both")
