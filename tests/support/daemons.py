@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
 import subprocess
 import time
 import urllib.parse
@@ -14,6 +12,7 @@ from pathlib import Path
 
 import yaml
 
+from tests.support.processes import stop_group
 from tests.support.vllm_server import free_port
 
 PROMETHEUS = shutil.which("prometheus")
@@ -57,13 +56,8 @@ class Daemon:
         raise RuntimeError(f"{self.command()[0]} not ready after 60 s:\n{self.log_path.read_text()[-2000:]}")
 
     def __exit__(self, *exc) -> None:
-        if self.process and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(timeout=10)
+        if self.process:
+            stop_group(self.process, grace=20)
         self.log.close()
 
     def get_json(self, path: str, **params) -> dict | list:

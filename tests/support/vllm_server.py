@@ -6,13 +6,14 @@ Start one per test session where possible: startup takes 40-70 s on 2 cores.
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
+
+from tests.support.processes import stop_group
 
 DEFAULT_KV_BYTES = 4 * 1024 * 1024  # 32 blocks of 128 tokens for the tiny model: preemptions come easily
 STARTUP_TIMEOUT = 420
@@ -87,16 +88,8 @@ class VllmServer:
             return response.read().decode()
 
     def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            try:
-                os.killpg(self.process.pid, signal.SIGTERM)
-                self.process.wait(timeout=30)
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                try:
-                    os.killpg(self.process.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                self.process.wait(timeout=10)
+        if self.process:
+            stop_group(self.process)
         if getattr(self, "log_file", None):
             self.log_file.close()
 

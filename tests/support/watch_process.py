@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -13,6 +12,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from tests.support.processes import stop_group
 from tests.support.vllm_server import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -100,13 +100,7 @@ class WatchProcess:
         return None
 
     def stop(self) -> int:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(timeout=10)
+        stop_group(self.process)
         time.sleep(0.1)
         return self.process.returncode
 
