@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from kvops.budget import forward_activation_peak, sampler_peak, weight_bytes, weight_format
+from kvops.budget import (
+    forward_activation_peak,
+    sampler_peak,
+    weight_bytes,
+    weight_format,
+)
 from kvops.errors import UsageError
 from kvops.model import load_model
 

@@ -6,7 +6,12 @@ import pytest
 
 from kvops.dtypes import KV_DTYPES
 from kvops.engines.tgi.budget import (
-    check_fp8, kv_bytes_per_token, reservation_tokens, resolve_attention, tgi_capacity, tgi_kv_dtype,
+    check_fp8,
+    kv_bytes_per_token,
+    reservation_tokens,
+    resolve_attention,
+    tgi_capacity,
+    tgi_kv_dtype,
 )
 from kvops.engines.tgi.flags import validation_errors
 from kvops.errors import UsageError

@@ -8,7 +8,13 @@ import pytest
 
 from kvops.dtypes import KV_DTYPES
 from kvops.engines.vllm.budget import (
-    BatchDefaults, batch_defaults, capacity, kv_layout, longest_context, max_in_flight_tokens, resolve_batch,
+    BatchDefaults,
+    batch_defaults,
+    capacity,
+    kv_layout,
+    longest_context,
+    max_in_flight_tokens,
+    resolve_batch,
 )
 from kvops.gpus import find_gpu
 from kvops.model import load_model
@@ -72,7 +78,11 @@ def test_num_blocks_and_kv_tokens_match_vllm_for_every_catalog_model(tiny_model,
     import torch
     from vllm.engine.arg_utils import EngineArgs
     from vllm.v1.core import kv_cache_utils
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec, SlidingWindowSpec
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        MLAAttentionSpec,
+        SlidingWindowSpec,
+    )
 
     config = EngineArgs(model=str(tiny_model), load_format="dummy", dtype="bfloat16", max_model_len=1024, block_size=16).create_engine_config()
     config.cache_config.kv_cache_layout = "LBHNC"

@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import json
-import logging
 import time
 
 import pytest
-
-from kvops.policy import Level, Limits, PolicyError, load_policy
-from kvops_vllm.admission import GroupShape, admissible_prefix, live_blocks, projected_blocks, whole_blocks, window_blocks
+from kvops_vllm.admission import (
+    GroupShape,
+    admissible_prefix,
+    live_blocks,
+    projected_blocks,
+    whole_blocks,
+    window_blocks,
+)
 from kvops_vllm.config import GuardConfig, GuardConfigError
 from kvops_vllm.follow import PolicyFollower, parse_reading
+
+from kvops.policy import Level, Limits, PolicyError, load_policy
 from tests.support.policy_endpoint import PolicyEndpoint, policy_document
+from tests.support.servers import captured_log
 
 
 @pytest.mark.parametrize(("tokens", "blocks"), [(0, 0), (1, 1), (128, 1), (129, 2), (1024, 8)])
@@ -156,14 +163,8 @@ def watcher():
 
 @pytest.fixture
 def guard_log():
-    records: list[str] = []
-    handler = logging.Handler()
-    handler.emit = lambda record: records.append(record.getMessage())
-    log = logging.getLogger("kvops-test-follower")
-    log.addHandler(handler)
-    log.setLevel(logging.INFO)
-    yield log, records
-    log.removeHandler(handler)
+    with captured_log("kvops-test-follower") as captured:
+        yield captured
 
 
 def test_the_follower_reads_the_watcher_and_drops_it_when_unusable(watcher, guard_log):

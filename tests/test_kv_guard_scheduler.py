@@ -3,12 +3,11 @@ scheduler tests do the same); a stand-in model runner samples one token per requ
 
 from __future__ import annotations
 
-import logging
-
 import pytest
 
 from kvops.policy import Level, Limits
 from tests.support.policy_endpoint import PolicyEndpoint
+from tests.support.servers import captured_log
 from tests.support.vllm_scheduler import Driver, Requests, build_scheduler
 
 pytestmark = pytest.mark.vllm
@@ -45,16 +44,8 @@ def requests():
 
 @pytest.fixture
 def guard_log():
-    records: list[str] = []
-    handler = logging.Handler()
-    handler.emit = lambda record: records.append(record.getMessage())
-    log = logging.getLogger("vllm.kvops_guard")
-    level = log.level
-    log.addHandler(handler)
-    log.setLevel(logging.INFO)
-    yield records
-    log.removeHandler(handler)
-    log.setLevel(level)
+    with captured_log("vllm.kvops_guard") as (_, records):
+        yield records
 
 
 @pytest.fixture

@@ -4,7 +4,15 @@ from pathlib import Path
 
 import pytest
 
-from kvops.policy import Level, PolicyError, RequestParams, LevelTracker, clamp, default_policy_text, load_policy
+from kvops.policy import (
+    Level,
+    LevelTracker,
+    PolicyError,
+    RequestParams,
+    clamp,
+    default_policy_text,
+    load_policy,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -12,11 +12,12 @@ import argparse
 import re
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
+
+from tests.support.servers import BackgroundServer
 
 DATA = Path(__file__).resolve().parent / "data"
 # Recorded from the vLLM 0.32.0 CPU build (tiny llama, 32 blocks of 128 tokens) in the middle of a burst of
@@ -62,7 +63,7 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
 
-class MetricsServer(ThreadingHTTPServer):
+class MetricsServer(BackgroundServer):
     """`with MetricsServer(body) as server:` serves `body` at every path; change `.body`, `.status`, `.delay` live."""
 
     daemon_threads = True
@@ -87,13 +88,6 @@ class MetricsServer(ThreadingHTTPServer):
             self.body = body
         self.status, self.delay = status, delay
 
-    def __enter__(self) -> "MetricsServer":
-        threading.Thread(target=self.serve_forever, daemon=True).start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.shutdown()
-        self.server_close()
 
 
 def spawn(port: int, body_file: Path) -> subprocess.Popen:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
+
+from tests.support.servers import BackgroundServer
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -23,7 +25,7 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
 
-class WebhookReceiver(ThreadingHTTPServer):
+class WebhookReceiver(BackgroundServer):
     daemon_threads = True
 
     def __init__(self, status: int = 200):
@@ -49,10 +51,3 @@ class WebhookReceiver(ThreadingHTTPServer):
             time.sleep(0.05)
         raise AssertionError(f"webhook did not receive the expected alerts within {timeout:.0f} s; got {json.dumps(self.alerts(), indent=1)[:3000]}")
 
-    def __enter__(self) -> "WebhookReceiver":
-        threading.Thread(target=self.serve_forever, daemon=True).start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.shutdown()
-        self.server_close()

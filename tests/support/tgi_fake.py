@@ -19,8 +19,10 @@ the watcher reads from it. It speaks TGI's exact wire format, as read in hugging
 from __future__ import annotations
 
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
+
+from tests.support.servers import BackgroundServer
 
 HELP = {
     "tgi_request_count": "Total number of requests",
@@ -146,7 +148,7 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
 
-class TgiFake(ThreadingHTTPServer):
+class TgiFake(BackgroundServer):
     daemon_threads = True
 
     def __init__(self):
@@ -157,10 +159,3 @@ class TgiFake(ThreadingHTTPServer):
     def url(self) -> str:
         return f"http://127.0.0.1:{self.server_address[1]}/metrics"
 
-    def __enter__(self) -> "TgiFake":
-        threading.Thread(target=self.serve_forever, daemon=True).start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.shutdown()
-        self.server_close()
