@@ -42,9 +42,8 @@ def test_a_burst_takes_the_watcher_through_each_level_and_back(vllm_engine, tmp_
         resolved = receiver.wait_for(lambda alerts: {"KVCacheWarn", "KVCacheDegrade", "KVCacheCritical"} <= {a["labels"]["alertname"] for a in alerts if "endsAt" in a})
     assert load.errors == [] and load.completed > 0
 
-    changes = watch.events("level_changed")
-    assert [e["to"] for e in changes][:3] == ["warn", "degrade", "critical"] and changes[-1]["to"] == "ok"
-    warn, degrade, critical = changes[:3]
+    warn, degrade, critical = watch.first_rises("level_changed", ["warn", "degrade", "critical"])
+    assert watch.events("level_changed")[-1]["to"] == "ok"
     assert 0.70 <= warn["kv_usage"] < 0.85 and 0.85 <= degrade["kv_usage"] < 0.95 and critical["kv_usage"] >= 0.95
     assert documents["warn"]["limits"]["max_tokens_cap"] == 512 and not documents["warn"]["limits"]["single_sequence"]
     assert documents["degrade"]["limits"]["single_sequence"] and not documents["degrade"]["limits"]["reject"]

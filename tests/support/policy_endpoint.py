@@ -5,11 +5,11 @@
 from __future__ import annotations
 
 import json
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 from kvops.policy import Level, Limits, load_policy
+from tests.support.servers import BackgroundServer
 
 
 def policy_document(level: str, usage: float | None = 0.5, *, limits: Limits | None = None, updated_at: float | None = None) -> dict:
@@ -47,8 +47,7 @@ class PolicyEndpoint:
             def log_message(self, *args):
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.server = BackgroundServer(("127.0.0.1", 0), Handler).__enter__()
         self.url = f"http://127.0.0.1:{self.server.server_port}/kvops/policy"
 
     def serve(self, payload: dict | bytes, status: int = 200) -> None:
@@ -72,8 +71,7 @@ class PolicyEndpoint:
             time.sleep(0.02)
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.server.__exit__()
 
     def __enter__(self) -> "PolicyEndpoint":
         return self

@@ -26,8 +26,6 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class WebhookReceiver(BackgroundServer):
-    daemon_threads = True
-
     def __init__(self, status: int = 200):
         super().__init__(("127.0.0.1", 0), _Handler)
         self.posts: list[dict] = []

@@ -149,8 +149,6 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class TgiFake(BackgroundServer):
-    daemon_threads = True
-
     def __init__(self):
         super().__init__(("127.0.0.1", 0), _Handler)
         self.metrics = TgiMetrics()

@@ -58,6 +58,16 @@ class WatchProcess:
         with self.lock:
             return [e for e in self.lines if name is None or e["event"] == name]
 
+    def first_rises(self, event: str, levels: list[str]) -> list[dict]:
+        """The first change of `event` into each of `levels`, asserted to come in that order. Between two load
+        stages the level may dip (the engine's usage really falls while one stage's requests end and the next
+        stage's grow, and the dwell has passed): that is the policy working, so only the order of the rises counts."""
+        changes = self.events(event)
+        firsts = [next((i for i, e in enumerate(changes) if e["to"] == level), None) for level in levels]
+        seen = [e["to"] for e in changes]
+        assert None not in firsts and firsts == sorted(firsts), f"{event}: {seen} does not rise through {levels} in order"
+        return [changes[i] for i in firsts]
+
     def wait_event(self, predicate, timeout: float = 30) -> dict:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
