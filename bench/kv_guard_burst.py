@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 from pathlib import Path
@@ -31,8 +30,7 @@ ENGINE_ARGS = ["--max-model-len", "1024", "--kv-cache-memory-bytes", str(DEFAULT
 
 def engine(model: Path, logs: Path, scheduler: str | None) -> VllmServer:
     args = ENGINE_ARGS + (["--scheduler-cls", scheduler] if scheduler else [])
-    path = [str(REPO), str(REPO / "plugins"), os.environ.get("PYTHONPATH", "")]
-    return VllmServer(model, logs / f"vllm-{'guard' if scheduler else 'stock'}.log", args=args, env={"PYTHONPATH": os.pathsep.join(filter(None, path))})
+    return VllmServer(model, logs / f"vllm-{'guard' if scheduler else 'stock'}.log", args=args)
 
 
 def figures(name: str, run: BurstRun) -> dict:

@@ -28,6 +28,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from tests.support.metrics_server import vllm_exposition  # noqa: E402 - after the path set-up
+from tests.support.processes import checkout_env  # noqa: E402
 from tests.support.vllm_server import free_port  # noqa: E402
 
 BODY = json.dumps({"model": "m", "prompt": "the cache grows with every token", "max_tokens": 1024}).encode()
@@ -121,7 +122,7 @@ def main() -> None:
         serve_upstream(args.serve_upstream)
         return
 
-    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'plugins'}"}
+    env = checkout_env()
     upstream_port, proxy_port = free_port(), free_port()
     upstream, proxy = f"http://127.0.0.1:{upstream_port}", f"http://127.0.0.1:{proxy_port}"
     processes = [subprocess.Popen([sys.executable, __file__, "--serve-upstream", str(upstream_port)], env=env)]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -10,8 +9,6 @@ import pytest
 from tests.support.policy_endpoint import PolicyEndpoint
 from tests.support.tiny_model import build_model
 from tests.support.vllm_server import DEFAULT_KV_BYTES, VllmServer, vllm_available
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 def pytest_collection_modifyitems(config, items):
@@ -55,7 +52,6 @@ def kv_guard_engine(tiny_model, policy_endpoint, tmp_path_factory):
     policy = tmp_path_factory.mktemp("policy") / "policy.yaml"
     policy.write_text("min_dwell_seconds: 0\n")
     env = {
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), str(REPO / "plugins"), os.environ.get("PYTHONPATH")])),
         "KVOPS_POLICY": str(policy),
         "KVOPS_POLICY_URL": policy_endpoint.url,
         "KVOPS_POLICY_POLL_SECONDS": "0.2",

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.watch_process import kvops_env
+from tests.support.processes import checkout_env
 
 pytestmark = [
     pytest.mark.vllm,
@@ -34,7 +34,7 @@ def test_the_readme_walkthrough_runs_as_written(tmp_path):
     assert "DEMO=/tmp/kvops-demo" in block
     script = tmp_path / "walkthrough.sh"
     script.write_text("set -euo pipefail\n" + block.replace("DEMO=/tmp/kvops-demo", f"DEMO={tmp_path / 'demo'}"))
-    process = subprocess.Popen(["bash", str(script)], cwd=README.parent, env=kvops_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    process = subprocess.Popen(["bash", str(script)], cwd=README.parent, env=checkout_env(HF_HUB_OFFLINE="1"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                text=True, start_new_session=True)
     try:
         output, _ = process.communicate(timeout=900)

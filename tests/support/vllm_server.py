@@ -5,7 +5,6 @@ Start one per test session where possible: startup takes 40-70 s on 2 cores.
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys
@@ -13,7 +12,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from tests.support.processes import stop_group
+from tests.support.processes import checkout_env, stop_group
 
 DEFAULT_KV_BYTES = 4 * 1024 * 1024  # 32 blocks of 128 tokens for the tiny model: preemptions come easily
 STARTUP_TIMEOUT = 420
@@ -57,7 +56,7 @@ class VllmServer:
         ]
 
     def start(self) -> "VllmServer":
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", **self.env}
+        env = checkout_env(HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", **self.env)
         self.log_file = open(self.log_path, "w")
         self.process = subprocess.Popen(self.command(), stdout=self.log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         return self

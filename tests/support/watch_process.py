@@ -3,25 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import threading
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
-from tests.support.processes import stop_group
+from tests.support.processes import REPO, checkout_env, stop_group
 from tests.support.vllm_server import free_port
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def kvops_env() -> dict[str, str]:
-    """This worktree's code first on the path, as the brief asks for subprocesses."""
-    return {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'plugins'}", "HF_HUB_OFFLINE": "1"}
-
 
 class WatchProcess:
     def __init__(self, *args: str):
@@ -37,7 +27,7 @@ class WatchProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def __enter__(self) -> "WatchProcess":
-        self.process = subprocess.Popen([sys.executable, "-m", "kvops", *self.args], cwd=REPO, env=kvops_env(), text=True,
+        self.process = subprocess.Popen([sys.executable, "-m", "kvops", *self.args], cwd=REPO, env=checkout_env(HF_HUB_OFFLINE="1"), text=True,
                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         threading.Thread(target=self._read, daemon=True).start()
         self.wait_event(lambda e: e["event"] == "started", timeout=60)
