@@ -36,7 +36,7 @@ def explain(ctx, metrics_url, log_path, smi_path, gpu_index, prompt_tokens, gen_
     the terms it did not report from the planner (give --model), each marked with its source.
     """
     from kvops.calibrate import vllm_plan_options
-    from kvops.explain import Run, device_total, explain as make_explanation, known_kv_pool
+    from kvops.explain import Run, device_total, explain as make_explanation
     from kvops.workload import Workload, parse_workload
     from kvops.policy import load_policy
     from kvops.render.explain import explanation_text
@@ -60,7 +60,7 @@ def explain(ctx, metrics_url, log_path, smi_path, gpu_index, prompt_tokens, gen_
         derived["gpu_memory"] = str(total)
     if run.device == "cpu":
         derived["device"] = "cpu"
-    inputs, notes = _plan_inputs(ctx, options, policy_path, derived, load, known_kv_pool(run))
+    inputs, notes = _plan_inputs(ctx, options, policy_path, derived, load, run.known_kv_pool)
     result = make_explanation(run, inputs, load_policy(policy_path), notes)
     if as_json:
         print_json(result.to_dict())
