@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from kvops.errors import KvopsError
@@ -56,28 +57,24 @@ class GuardConfig:
 
 
 def _whole(env: Mapping[str, str], name: str, default: int) -> int:
-    text = env.get(name)
-    if text is None or text.strip() == "":
-        return default
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise GuardConfigError(f"{name}={text!r}: must be a whole number of blocks, 0 or more")
-    return value
+    return _number(env, name, default, int, lambda value: value >= 0, "a whole number of blocks, 0 or more")
 
 
 def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
+    return _number(env, name, default, float, lambda value: math.isfinite(value) and value > 0, "a number of seconds above 0")
+
+
+def _number(env: Mapping[str, str], name: str, default, parse: Callable[[str], Any], valid: Callable[[Any], bool], expected: str):
+    """`name` from the environment (unset or blank: `default`), or one line naming the variable and what is valid."""
     text = env.get(name)
     if text is None or text.strip() == "":
         return default
     try:
-        value = float(text)
+        value = parse(text)
     except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise GuardConfigError(f"{name}={text!r}: must be a number of seconds above 0")
+        value = None
+    if value is None or not valid(value):
+        raise GuardConfigError(f"{name}={text!r}: must be {expected}")
     return value
 
 
