@@ -17,7 +17,20 @@ import time
 
 COMMANDS = {
     "kvops kv": [sys.executable, "-m", "kvops", "kv", "--model", "mistral-7b-v0.1", "--tokens", "8192", "--batch", "4"],
-    "kvops plan": [sys.executable, "-m", "kvops", "plan", "--model", "llama-3-8b", "--gpu", "h100", "--max-model-len", "8192", "--format", "shell"],
+    "kvops plan": [
+        sys.executable,
+        "-m",
+        "kvops",
+        "plan",
+        "--model",
+        "llama-3-8b",
+        "--gpu",
+        "h100",
+        "--max-model-len",
+        "8192",
+        "--format",
+        "shell",
+    ],
     "bare interpreter": [sys.executable, "-c", "pass"],
 }
 HEAVY = ("pandas", "matplotlib", "numpy", "huggingface_hub", "vllm", "prometheus_api_client")
@@ -34,7 +47,9 @@ def wall_times(command: list[str], runs: int) -> list[float]:
 
 def import_profile(command: list[str]) -> list[tuple[int, str]]:
     """(cumulative microseconds, module) for every import the command makes."""
-    result = subprocess.run([sys.executable, "-X", "importtime", *command[1:]], check=True, capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", *command[1:]], check=True, capture_output=True, text=True
+    )
     rows = []
     for line in result.stderr.splitlines():
         if line.startswith("import time:") and "|" in line and "cumulative" not in line:
@@ -49,7 +64,9 @@ def main() -> None:
     runs = parser.parse_args().runs
     for label, command in COMMANDS.items():
         times = wall_times(command, runs)
-        print(f"{label:<17} median {statistics.median(times) * 1000:5.0f} ms, min {min(times) * 1000:5.0f} ms over {runs} runs")
+        print(
+            f"{label:<17} median {statistics.median(times) * 1000:5.0f} ms, min {min(times) * 1000:5.0f} ms over {runs} runs"
+        )
     for label, command in list(COMMANDS.items())[:2]:
         rows = import_profile(command)
         heavy = sorted({name.split(".")[0] for _, name in rows} & set(HEAVY))

@@ -53,14 +53,22 @@ def figures(name: str, run: BurstRun) -> dict:
 def print_table(rows: list[dict], requests, seed: int, guard_log: list[str]) -> None:
     prompts = [len(r.prompt) for r in requests]
     new = [r.max_tokens for r in requests]
-    print(f"burst: {len(requests)} requests at once (seed {seed}), prompts {min(prompts)}-{max(prompts)} tokens, "
-          f"max_tokens {min(new)}-{max(new)}, ignore_eos; {sum(prompts) + sum(new)} tokens in all")
-    print("engine: tiny llama (2 layers, 2 KV heads x 64), bf16, --kv-cache-memory-bytes 4194304 = 32 blocks of 128 tokens (31 usable)\n")
-    print(f"{'scheduler':<9} {'completed':>9} {'preemptions':>11} {'p50 e2e':>8} {'p99 e2e':>8} {'queue drained':>13} {'all done':>8} "
-          f"{'peak waiting':>12} {'peak running':>12} {'peak KV':>7}")
+    print(
+        f"burst: {len(requests)} requests at once (seed {seed}), prompts {min(prompts)}-{max(prompts)} tokens, "
+        f"max_tokens {min(new)}-{max(new)}, ignore_eos; {sum(prompts) + sum(new)} tokens in all"
+    )
+    print(
+        "engine: tiny llama (2 layers, 2 KV heads x 64), bf16, --kv-cache-memory-bytes 4194304 = 32 blocks of 128 tokens (31 usable)\n"
+    )
+    print(
+        f"{'scheduler':<9} {'completed':>9} {'preemptions':>11} {'p50 e2e':>8} {'p99 e2e':>8} {'queue drained':>13} {'all done':>8} "
+        f"{'peak waiting':>12} {'peak running':>12} {'peak KV':>7}"
+    )
     for r in rows:
-        print(f"{r['scheduler']:<9} {r['completed']:>6}/{r['sent']:<2} {r['preemptions']:>11} {r['p50_seconds']:>7.1f}s {r['p99_seconds']:>7.1f}s "
-              f"{r['queue_drained_seconds']:>12.1f}s {r['all_done_seconds']:>7.1f}s {r['peak_waiting']:>12} {r['peak_running']:>12} {r['peak_kv_usage']:>7.0%}")
+        print(
+            f"{r['scheduler']:<9} {r['completed']:>6}/{r['sent']:<2} {r['preemptions']:>11} {r['p50_seconds']:>7.1f}s {r['p99_seconds']:>7.1f}s "
+            f"{r['queue_drained_seconds']:>12.1f}s {r['all_done_seconds']:>7.1f}s {r['peak_waiting']:>12} {r['peak_running']:>12} {r['peak_kv_usage']:>7.0%}"
+        )
     print("\nKV guard log:")
     for line in guard_log:
         print("  " + line.split("] ", 1)[-1])
@@ -81,8 +89,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--prompt-tokens", type=token_range, default=(32, 384), help="prompt lengths, LOW-HIGH (default 32-384)")
-    parser.add_argument("--new-tokens", type=token_range, default=(64, 640), help="max_tokens, LOW-HIGH (default 64-640)")
+    parser.add_argument(
+        "--prompt-tokens", type=token_range, default=(32, 384), help="prompt lengths, LOW-HIGH (default 32-384)"
+    )
+    parser.add_argument(
+        "--new-tokens", type=token_range, default=(64, 640), help="max_tokens, LOW-HIGH (default 64-640)"
+    )
     parser.add_argument("--json", action="store_true")
     options = parser.parse_args()
     if max(options.prompt_tokens) + max(options.new_tokens) > 1024:

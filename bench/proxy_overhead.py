@@ -39,7 +39,13 @@ def serve_upstream(port: int) -> None:
     from aiohttp import web
 
     state = {"usage": 0.1}
-    answer = json.dumps({"id": "cmpl-1", "object": "text_completion", "choices": [{"index": 0, "text": "ok", "finish_reason": "length"}]})
+    answer = json.dumps(
+        {
+            "id": "cmpl-1",
+            "object": "text_completion",
+            "choices": [{"index": 0, "text": "ok", "finish_reason": "length"}],
+        }
+    )
 
     async def completion(request):
         await request.read()
@@ -73,7 +79,9 @@ async def load(url: str, method: str, total: int, concurrency: int) -> tuple[flo
     async def worker(session):
         for _ in remaining:
             start = time.perf_counter()
-            async with session.request(method, url, data=BODY if method == "POST" else None, headers={"Content-Type": "application/json"}) as response:
+            async with session.request(
+                method, url, data=BODY if method == "POST" else None, headers={"Content-Type": "application/json"}
+            ) as response:
                 await response.read()
                 if response.status != 200:
                     raise RuntimeError(f"{url} answered {response.status}")
@@ -98,7 +106,9 @@ def wait_http(url: str, timeout: float = 60) -> None:
 
 
 def set_level(upstream: str, proxy: str, usage: float, level: str) -> None:
-    urllib.request.urlopen(urllib.request.Request(upstream + "/usage", data=str(usage).encode(), method="POST"), timeout=5).read()
+    urllib.request.urlopen(
+        urllib.request.Request(upstream + "/usage", data=str(usage).encode(), method="POST"), timeout=5
+    ).read()
     deadline = time.monotonic() + 30
     while json.loads(urllib.request.urlopen(proxy + "/kvops/policy", timeout=5).read())["level"] != level:
         if time.monotonic() > deadline:
@@ -128,17 +138,38 @@ def main() -> None:
     processes = [subprocess.Popen([sys.executable, __file__, "--serve-upstream", str(upstream_port)], env=env)]
     try:
         wait_http(upstream + "/v1/models")
-        processes.append(subprocess.Popen(
-            [sys.executable, "-m", "kvops", "watch", "--engine", "vllm", "--metrics-url", upstream + "/metrics", "--interval", "0.5",
-             "--listen", f"127.0.0.1:{proxy_port}", "--proxy", upstream], env=env, cwd=REPO, stdout=subprocess.DEVNULL,
-        ))
+        processes.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "kvops",
+                    "watch",
+                    "--engine",
+                    "vllm",
+                    "--metrics-url",
+                    upstream + "/metrics",
+                    "--interval",
+                    "0.5",
+                    "--listen",
+                    f"127.0.0.1:{proxy_port}",
+                    "--proxy",
+                    upstream,
+                ],
+                env=env,
+                cwd=REPO,
+                stdout=subprocess.DEVNULL,
+            )
+        )
         wait_http(proxy + "/kvops/healthz")
         cases = {  # levels only rise, so the policy's dwell never holds a case up
             "POST /v1/completions, level ok": ("POST", "/v1/completions", 0.10, "ok"),
             "GET /v1/models (unguarded)": ("GET", "/v1/models", 0.10, "ok"),
             "POST /v1/completions, level warn (clamped)": ("POST", "/v1/completions", 0.75, "warn"),
         }
-        print(f"{args.requests} requests x {args.rounds} rounds per case, {args.concurrency} in flight; client, proxy and upstream on one {os.cpu_count()}-core machine\n")
+        print(
+            f"{args.requests} requests x {args.rounds} rounds per case, {args.concurrency} in flight; client, proxy and upstream on one {os.cpu_count()}-core machine\n"
+        )
         print(f"{'case':<44} {'path':<7} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8}")
         for name, (method, path, usage, level) in cases.items():
             set_level(upstream, proxy, usage, level)
@@ -148,7 +179,10 @@ def main() -> None:
                     rate, latencies = asyncio.run(load(base + path, method, args.requests, args.concurrency))
                     results[via][0].append(rate)
                     results[via][1].extend(latencies)
-            summary = {via: (statistics.median(rates), percentile(lat, 50) * 1000, percentile(lat, 99) * 1000) for via, (rates, lat) in results.items()}
+            summary = {
+                via: (statistics.median(rates), percentile(lat, 50) * 1000, percentile(lat, 99) * 1000)
+                for via, (rates, lat) in results.items()
+            }
             for via in ("direct", "proxy"):
                 rate, p50, p99 = summary[via]
                 print(f"{name if via == 'direct' else '':<44} {via:<7} {rate:8.0f} {p50:8.2f} {p99:8.2f}")

@@ -108,16 +108,24 @@ def main() -> None:
         server, path, url, target = serve(text, Path(folder))
         try:
             cpu, wall = asyncio.run(cpu_per_poll(ScrapeSource("vllm", url, timeout=5), arguments.polls))
-            print(f"direct scrape, one poll:                     {cpu * 1000:6.2f} ms CPU, {wall * 1000:6.2f} ms wall   "
-                  f"({cpu * 100:.2f}% of one core at the default 1 s interval)")
+            print(
+                f"direct scrape, one poll:                     {cpu * 1000:6.2f} ms CPU, {wall * 1000:6.2f} ms wall   "
+                f"({cpu * 100:.2f}% of one core at the default 1 s interval)"
+            )
             if PROMETHEUS:
                 second, _, _, second_target = serve(vllm_exposition(0.72), Path(folder))
                 try:
-                    with PrometheusServer(Path(folder) / "prometheus", {"vllm": [target, second_target]}, scrape_interval="1s") as prometheus:
+                    with PrometheusServer(
+                        Path(folder) / "prometheus", {"vllm": [target, second_target]}, scrape_interval="1s"
+                    ) as prometheus:
                         prometheus.wait_for_series("vllm:kv_cache_usage_perc", count=2)
-                        source = PrometheusSource("vllm", prometheus.url, selector='{job="vllm"}', replica_label="instance", timeout=5)
+                        source = PrometheusSource(
+                            "vllm", prometheus.url, selector='{job="vllm"}', replica_label="instance", timeout=5
+                        )
                         cpu, wall = asyncio.run(cpu_per_poll(source, arguments.polls // 4))
-                        print(f"Prometheus, 2 replicas, one poll:            {cpu * 1000:6.2f} ms CPU, {wall * 1000:6.2f} ms wall   (one instant query)")
+                        print(
+                            f"Prometheus, 2 replicas, one poll:            {cpu * 1000:6.2f} ms CPU, {wall * 1000:6.2f} ms wall   (one instant query)"
+                        )
                 finally:
                     stop(second)
             print(f"\ntime from usage crossing 85% to the level change ({arguments.trials} trials each):")

@@ -35,7 +35,13 @@ class Term:
         return self.basis == "estimate"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "bytes": self.bytes, "basis": self.basis, "formula": self.formula, "measure": self.measure}
+        return {
+            "name": self.name,
+            "bytes": self.bytes,
+            "basis": self.basis,
+            "formula": self.formula,
+            "measure": self.measure,
+        }
 
 
 # --- weights --------------------------------------------------------------------------------------------
@@ -62,27 +68,50 @@ def weight_format(spec: ModelSpec, name: str = "auto") -> WeightFormat:
     if key == "auto":
         key = str(quant.get("quant_method") or spec.dtype).lower()
         if key in ("compressed-tensors", "compressed_tensors"):
-            raise UsageError(f"{spec.name}: compressed-tensors checkpoints are not modelled; pass --quantization fp8, int8, awq or gptq")
+            raise UsageError(
+                f"{spec.name}: compressed-tensors checkpoints are not modelled; pass --quantization fp8, int8, awq or gptq"
+            )
     if key in ("bf16", "fp16", "bfloat16", "float16"):
-        return WeightFormat(key if key in ("bf16", "fp16") else ("bf16" if key == "bfloat16" else "fp16"), 16, "none", "16-bit weights")
+        return WeightFormat(
+            key if key in ("bf16", "fp16") else ("bf16" if key == "bfloat16" else "fp16"), 16, "none", "16-bit weights"
+        )
     if key == "fp32":
         return WeightFormat("fp32", 32, "none", "32-bit weights")
     if key == "fp8":
         block = quant.get("weight_block_size")
         if block:
             scale_bits = 32 / (block[0] * block[1])
-            return WeightFormat("fp8", 8 + scale_bits, "linear", f"fp8 weights, one fp32 scale per {block[0]}x{block[1]} block; embeddings and LM head 16-bit")
+            return WeightFormat(
+                "fp8",
+                8 + scale_bits,
+                "linear",
+                f"fp8 weights, one fp32 scale per {block[0]}x{block[1]} block; embeddings and LM head 16-bit",
+            )
         return WeightFormat("fp8", 8, "linear", "fp8 weights, per-tensor scales; embeddings and LM head 16-bit")
     if key == "int8":
-        return WeightFormat("int8", 8, "linear", "int8 weights (w8a8), per-channel scales not counted; embeddings and LM head 16-bit")
+        return WeightFormat(
+            "int8", 8, "linear", "int8 weights (w8a8), per-channel scales not counted; embeddings and LM head 16-bit"
+        )
     if key in ("awq", "gptq"):
         bits = int(quant.get("bits") or quant.get("w_bit") or 4)
         group = int(quant.get("group_size") or quant.get("q_group_size") or DEFAULT_GROUP_SIZE)
         per_weight = bits + (16 + bits) / group  # one fp16 scale and one packed zero point per group
-        return WeightFormat(key, per_weight, "linear", f"{key} int{bits}, group {group}: one fp16 scale + one int{bits} zero per group; embeddings and LM head 16-bit")
+        return WeightFormat(
+            key,
+            per_weight,
+            "linear",
+            f"{key} int{bits}, group {group}: one fp16 scale + one int{bits} zero per group; embeddings and LM head 16-bit",
+        )
     if key == "mxfp4":
-        return WeightFormat("mxfp4", 4 + 8 / 32, "experts", "MXFP4 experts: 4-bit values + one 8-bit scale per 32; attention, router, embeddings 16-bit")
-    raise UsageError(f"--quantization {name!r} is not a weight format kvops models; valid: {', '.join(WEIGHT_FORMAT_CHOICES)}")
+        return WeightFormat(
+            "mxfp4",
+            4 + 8 / 32,
+            "experts",
+            "MXFP4 experts: 4-bit values + one 8-bit scale per 32; attention, router, embeddings 16-bit",
+        )
+    raise UsageError(
+        f"--quantization {name!r} is not a weight format kvops models; valid: {', '.join(WEIGHT_FORMAT_CHOICES)}"
+    )
 
 
 def weight_bytes(spec: ModelSpec, fmt: WeightFormat, tp: int = 1, activation_bytes: int = 2) -> Term:
@@ -100,7 +129,13 @@ def weight_bytes(spec: ModelSpec, fmt: WeightFormat, tp: int = 1, activation_byt
     if tp > 1:
         formula += f", / tp {tp}"
     source = "catalog parameter count" if spec.parameters_source == "catalog" else "parameters counted from config.json"
-    return Term("weights", per_gpu, "computed", f"{formula} ({fmt.note}; {source})", "the engine logs it: 'Model loading took X GiB' (`kvops calibrate`)")
+    return Term(
+        "weights",
+        per_gpu,
+        "computed",
+        f"{formula} ({fmt.note}; {source})",
+        "the engine logs it: 'Model loading took X GiB' (`kvops calibrate`)",
+    )
 
 
 def _unquantized_parameters(spec: ModelSpec, fmt: WeightFormat) -> int:

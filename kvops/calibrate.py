@@ -18,7 +18,16 @@ from kvops.plan import Plan
 from kvops.profile import Profile
 
 # vLLM --kv-cache-dtype spellings -> kvops KV dtype names
-_VLLM_KV_DTYPES = {"auto": "auto", "bfloat16": "bf16", "float16": "fp16", "fp8": "fp8", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2", "int8_per_token_head": "int8", "int4_per_token_head": "int4"}
+_VLLM_KV_DTYPES = {
+    "auto": "auto",
+    "bfloat16": "bf16",
+    "float16": "fp16",
+    "fp8": "fp8",
+    "fp8_e4m3": "fp8_e4m3",
+    "fp8_e5m2": "fp8_e5m2",
+    "int8_per_token_head": "int8",
+    "int4_per_token_head": "int4",
+}
 _TGI_KV_DTYPES = {"Fp8e4m3fn": "fp8_e4m3", "Fp8e5m2": "fp8_e5m2", "fp8_e4m3fn": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
 
 
@@ -37,7 +46,14 @@ class Comparison:
         return self.actual - self.predicted
 
     def to_dict(self) -> dict[str, Any]:
-        return {"term": self.term, "unit": self.unit, "predicted": self.predicted, "actual": self.actual, "difference": self.difference, "source": self.source}
+        return {
+            "term": self.term,
+            "unit": self.unit,
+            "predicted": self.predicted,
+            "actual": self.actual,
+            "difference": self.difference,
+            "source": self.source,
+        }
 
 
 @dataclass
@@ -49,7 +65,13 @@ class Calibration:
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"engine": self.engine, "source": self.source, "comparisons": [row.to_dict() for row in self.rows], "profile": self.profile.to_dict(), "notes": self.notes}
+        return {
+            "engine": self.engine,
+            "source": self.source,
+            "comparisons": [row.to_dict() for row in self.rows],
+            "profile": self.profile.to_dict(),
+            "notes": self.notes,
+        }
 
 
 # --- /metrics -------------------------------------------------------------------------------------------
@@ -63,7 +85,9 @@ def cache_config_info(metrics_text: str) -> dict[str, str] | None:
     for line in metrics_text.splitlines():
         match = _INFO_LINE.match(line.strip())
         if match:
-            return {name: value.replace('\\"', '"').replace("\\\\", "\\") for name, value in _LABEL.findall(match.group(1))}
+            return {
+                name: value.replace('\\"', '"').replace("\\\\", "\\") for name, value in _LABEL.findall(match.group(1))
+            }
     return None
 
 
@@ -91,13 +115,22 @@ def vllm_plan_options(log: VllmLog | None, labels: dict[str, str] | None) -> dic
     length = (log.max_model_len if log else None) or args.get("max_model_len") or _labels_max_model_len(labels)
     if isinstance(length, int) and length > 0:
         options["max_model_len"] = length
-    for key, option in (("tensor_parallel_size", "tp"), ("max_num_batched_tokens", "batched_tokens"), ("max_num_seqs", "max_num_seqs"), ("block_size", "block_size")):
+    for key, option in (
+        ("tensor_parallel_size", "tp"),
+        ("max_num_batched_tokens", "batched_tokens"),
+        ("max_num_seqs", "max_num_seqs"),
+        ("block_size", "block_size"),
+    ):
         if isinstance(args.get(key), int):
             options[option] = args[key]
     pinned = args.get("kv_cache_memory_bytes") or _label_int(labels, "kv_cache_memory_bytes")
     if pinned:
         options["kv_cache_memory_bytes"] = pinned
-    util = args.get("gpu_memory_utilization") or (log.get("gpu_memory_utilization") if log else None) or _label_float(labels, "gpu_memory_utilization")
+    util = (
+        args.get("gpu_memory_utilization")
+        or (log.get("gpu_memory_utilization") if log else None)
+        or _label_float(labels, "gpu_memory_utilization")
+    )
     if util:
         options["memory_fraction"] = float(util)
     dtype = args.get("kv_cache_dtype") or (labels or {}).get("cache_dtype")
@@ -141,11 +174,21 @@ def calibrate_vllm(log: VllmLog | None, labels: dict[str, str] | None, plan: Pla
         kv_actual, kv_where = pinned, "--kv-cache-memory-bytes (vLLM allocates exactly this)"
     total = facts.get("total_memory_bytes") if log and log.device != "cpu" else None
     plan_total = total or (plan.inputs.gpu.memory_bytes if plan and plan.inputs.gpu else None)
-    util = facts.get("gpu_memory_utilization") or (plan.inputs.memory_fraction if plan else None) or _label_float(labels, "gpu_memory_utilization") or 0.92
+    util = (
+        facts.get("gpu_memory_utilization")
+        or (plan.inputs.memory_fraction if plan else None)
+        or _label_float(labels, "gpu_memory_utilization")
+        or 0.92
+    )
     cudagraph = log.cudagraph_bytes(plan_total) if log else None
 
     add("weights", "bytes", facts.get("weights_bytes"), lines.get("weights_bytes", ""))
-    add("activation", "bytes", log.activation_bytes if log else None, lines.get("activation_bytes") or lines.get("peak_torch_bytes", ""))
+    add(
+        "activation",
+        "bytes",
+        log.activation_bytes if log else None,
+        lines.get("activation_bytes") or lines.get("peak_torch_bytes", ""),
+    )
     add("non_torch", "bytes", facts.get("non_torch_bytes"), lines.get("non_torch_bytes", ""))
     add("cuda_graphs", "bytes", cudagraph, lines.get("cudagraph_bytes") or lines.get("cudagraph_utilization", ""))
     overhead = None
@@ -155,9 +198,21 @@ def calibrate_vllm(log: VllmLog | None, labels: dict[str, str] | None, plan: Pla
         add("overhead", "bytes", overhead, f"ceil({source_total} x {util:g}) - weights - available KV cache")
     add("kv_cache", "bytes", kv_actual, kv_where)
     blocks = _label_int(labels, "num_gpu_blocks") or facts.get("num_gpu_blocks")
-    add("num_gpu_blocks", "blocks", blocks, f"{metric} num_gpu_blocks" if _label_int(labels, "num_gpu_blocks") else lines.get("num_gpu_blocks", ""))
+    add(
+        "num_gpu_blocks",
+        "blocks",
+        blocks,
+        f"{metric} num_gpu_blocks" if _label_int(labels, "num_gpu_blocks") else lines.get("num_gpu_blocks", ""),
+    )
     tokens = _label_int(labels, "kv_cache_size_tokens") or (log.kv_cache_size_tokens if log else None)
-    add("kv_cache_size_tokens", "tokens", tokens, f"{metric} kv_cache_size_tokens" if _label_int(labels, "kv_cache_size_tokens") else lines.get("kv_cache_size_tokens", ""))
+    add(
+        "kv_cache_size_tokens",
+        "tokens",
+        tokens,
+        f"{metric} kv_cache_size_tokens"
+        if _label_int(labels, "kv_cache_size_tokens")
+        else lines.get("kv_cache_size_tokens", ""),
+    )
     concurrency = (log.max_concurrency if log else None) or _label_float(labels, "kv_cache_max_concurrency")
     add("max_concurrency", "x", concurrency, lines.get("max_concurrency", f"{metric} kv_cache_max_concurrency"))
     if log and "kv_cache_bytes" in facts:
@@ -171,7 +226,8 @@ def calibrate_vllm(log: VllmLog | None, labels: dict[str, str] | None, plan: Pla
         model=(log.args.get("model") if log else None) or (plan.inputs.spec.name if plan else None),
         gpu=plan.inputs.gpu.id if plan and plan.inputs.gpu else None,
         tp=(log.args.get("tensor_parallel_size") if log else None) or (plan.inputs.tp if plan else None),
-        max_num_batched_tokens=(log.args.get("max_num_batched_tokens") if log else None) or (plan.capacity.get("max_num_batched_tokens") if plan else None),
+        max_num_batched_tokens=(log.args.get("max_num_batched_tokens") if log else None)
+        or (plan.capacity.get("max_num_batched_tokens") if plan else None),
         total_memory_bytes=total,
         gpu_memory_utilization=util if not pinned else None,
         weights_bytes=facts.get("weights_bytes"),
@@ -215,12 +271,24 @@ def calibrate_tgi(log: TgiLog, plan: Plan | None, source: str) -> Calibration:
     rows: list[Comparison] = []
     notes: list[str] = []
     total_tokens = log.get("max_batch_total_tokens")
-    rows.append(Comparison("max_batch_total_tokens", "tokens", predicted.get("max_batch_total_tokens"), total_tokens, log.lines.get("max_batch_total_tokens", "")))
+    rows.append(
+        Comparison(
+            "max_batch_total_tokens",
+            "tokens",
+            predicted.get("max_batch_total_tokens"),
+            total_tokens,
+            log.lines.get("max_batch_total_tokens", ""),
+        )
+    )
     blocks = log.get("kv_blocks")
     if blocks:
-        rows.append(Comparison("num_blocks", "blocks", predicted.get("num_gpu_blocks"), blocks[0], log.lines["kv_blocks"]))
+        rows.append(
+            Comparison("num_blocks", "blocks", predicted.get("num_gpu_blocks"), blocks[0], log.lines["kv_blocks"])
+        )
     if log.get("no_automatic_total"):
-        notes.append("TGI could not size this model's KV pool (not a flash model): the total is its 16000-token default")
+        notes.append(
+            "TGI could not size this model's KV pool (not a flash model): the total is its 16000-token default"
+        )
     overhead = kv_actual = None
     if plan is not None and total_tokens and not log.get("no_automatic_total"):
         per_token = plan.capacity["kv_bytes_per_token"]
@@ -228,12 +296,29 @@ def calibrate_tgi(log: TgiLog, plan: Plan | None, source: str) -> Calibration:
         budget = next(term.bytes for term in plan.memory if term.name == "budget")
         weights = next(term.bytes for term in plan.memory if term.name == "weights")
         overhead = budget - weights - kv_actual
-        rows.append(Comparison("kv_cache", "bytes", predicted.get("kv_cache"), kv_actual, f"{total_tokens} tokens x {per_token} B per token per shard"))
-        rows.append(Comparison("overhead", "bytes", predicted.get("overhead"), overhead, "budget - weights - KV pool (warmup activation, CUDA context, non-torch)"))
+        rows.append(
+            Comparison(
+                "kv_cache",
+                "bytes",
+                predicted.get("kv_cache"),
+                kv_actual,
+                f"{total_tokens} tokens x {per_token} B per token per shard",
+            )
+        )
+        rows.append(
+            Comparison(
+                "overhead",
+                "bytes",
+                predicted.get("overhead"),
+                overhead,
+                "budget - weights - KV pool (warmup activation, CUDA context, non-torch)",
+            )
+        )
     if plan is None:
         notes.append("no prediction: give --model and --gpu for the run to compare against the planner")
     profile = Profile(
-        engine="tgi", source=source,
+        engine="tgi",
+        source=source,
         model=log.args.get("model_id") or (plan.inputs.spec.name if plan else None),
         gpu=plan.inputs.gpu.id if plan and plan.inputs.gpu else None,
         tp=log.args.get("num_shard") or (plan.inputs.tp if plan else None),

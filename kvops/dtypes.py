@@ -54,10 +54,14 @@ KV_DTYPES = {
 }
 
 _ALIASES = {
-    "float32": "fp32", "float": "fp32",
-    "float16": "fp16", "half": "fp16",
+    "float32": "fp32",
+    "float": "fp32",
+    "float16": "fp16",
+    "half": "fp16",
     "bfloat16": "bf16",
-    "fp8_e4m3fn": "fp8_e4m3", "float8_e4m3fn": "fp8_e4m3", "float8_e5m2": "fp8_e5m2",
+    "fp8_e4m3fn": "fp8_e4m3",
+    "float8_e4m3fn": "fp8_e4m3",
+    "float8_e5m2": "fp8_e5m2",
 }
 
 KV_DTYPE_CHOICES = ("auto", *KV_DTYPES)

@@ -91,7 +91,9 @@ class KVCost:
         return self.total_bytes * self.tp
 
 
-def group_cost(group: LayerGroup, dtype: KvDtype, tp: int, tokens: int, block_size: int | None, apply_windows: bool = True) -> GroupCost:
+def group_cost(
+    group: LayerGroup, dtype: KvDtype, tp: int, tokens: int, block_size: int | None, apply_windows: bool = True
+) -> GroupCost:
     layer = group.layer
     cached = layer.cached_tokens(tokens) if apply_windows else tokens
     return GroupCost(
@@ -132,7 +134,11 @@ def check_tp(spec: ModelSpec, tp: int) -> None:
     kv_ok = spec.is_mla or (kv % tp == 0 if kv >= tp else tp % kv == 0)
     if heads_ok and kv_ok:
         return
-    valid = [n for n in (1, 2, 4, 8, 16, 32, 64) if spec.num_attention_heads % n == 0 and (spec.is_mla or (kv % n == 0 if kv >= n else n % kv == 0))]
+    valid = [
+        n
+        for n in (1, 2, 4, 8, 16, 32, 64)
+        if spec.num_attention_heads % n == 0 and (spec.is_mla or (kv % n == 0 if kv >= n else n % kv == 0))
+    ]
     raise UsageError(
         f"--tp {tp} does not fit {spec.name}: {spec.num_attention_heads} attention heads and {kv} KV heads must split evenly; valid: {', '.join(map(str, valid))}"
     )
@@ -149,7 +155,9 @@ def beam_search_estimate(total_bytes: int, beams: int) -> tuple[int, int] | None
 def context_warnings(spec: ModelSpec, tokens: int) -> list[str]:
     limit = spec.max_position_embeddings
     if limit and tokens > limit:
-        return [f"{tokens} tokens exceed {spec.name}'s max_position_embeddings {limit}; the figures are computed, but the model was not trained for this length"]
+        return [
+            f"{tokens} tokens exceed {spec.name}'s max_position_embeddings {limit}; the figures are computed, but the model was not trained for this length"
+        ]
     return []
 
 
@@ -177,8 +185,14 @@ def tokens_per_sequence_fit(
     None when every layer slides: past the windows the cache stops growing, so any T fits once the windows do.
     0 when not even one token per sequence fits.
     """
+
     def fits(tokens: int) -> bool:
-        return kv_cost(spec, tokens=tokens, dtype=dtype, batch=batch, beams=beams, tp=tp, block_size=block_size).total_bytes <= memory
+        return (
+            kv_cost(
+                spec, tokens=tokens, dtype=dtype, batch=batch, beams=beams, tp=tp, block_size=block_size
+            ).total_bytes
+            <= memory
+        )
 
     if not fits(1):
         return 0

@@ -30,12 +30,21 @@ class Gpu:
     def memory_mib(self) -> float:
         return self.memory_bytes / MiB
 
-    def with_memory(self, memory_bytes: int) -> "Gpu":
+    def with_memory(self, memory_bytes: int) -> Gpu:
         """The same device with an overridden total (`--gpu-memory`)."""
-        return replace(self, memory_bytes=memory_bytes, reported_by="--gpu-memory", source=f"--gpu-memory override of {self.id}")
+        return replace(
+            self, memory_bytes=memory_bytes, reported_by="--gpu-memory", source=f"--gpu-memory override of {self.id}"
+        )
 
     def to_dict(self) -> dict:
-        return {"id": self.id, "name": self.name, "vendor": self.vendor, "memory_bytes": self.memory_bytes, "reported_by": self.reported_by, "source": self.source}
+        return {
+            "id": self.id,
+            "name": self.name,
+            "vendor": self.vendor,
+            "memory_bytes": self.memory_bytes,
+            "reported_by": self.reported_by,
+            "source": self.source,
+        }
 
 
 @lru_cache(maxsize=1)
@@ -44,7 +53,17 @@ def gpu_catalog() -> tuple[Gpu, ...]:
     gpus = []
     for item in data["gpus"]:
         memory = item["memory_bytes"] if "memory_bytes" in item else item["memory_mib"] * MiB
-        gpus.append(Gpu(item["id"], item["name"], item["vendor"], memory, item["reported_by"], item["source"], tuple(item.get("aliases", ()))))
+        gpus.append(
+            Gpu(
+                item["id"],
+                item["name"],
+                item["vendor"],
+                memory,
+                item["reported_by"],
+                item["source"],
+                tuple(item.get("aliases", ())),
+            )
+        )
     return tuple(gpus)
 
 

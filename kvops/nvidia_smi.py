@@ -35,10 +35,14 @@ class SmiDevice:
 
 def parse_nvidia_smi(text: str, where: str = "nvidia-smi output") -> list[SmiDevice]:
     """Devices in nvidia-smi's table or CSV output; KvopsError naming the file when there are none."""
-    text = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))  # nvidia-smi prints no '#'
+    text = "\n".join(
+        line for line in text.splitlines() if not line.lstrip().startswith("#")
+    )  # nvidia-smi prints no '#'
     devices = _table(text) or _csv(text, where)
     if not devices:
-        raise KvopsError(f"{where}: no GPU memory found; give `nvidia-smi` output or `nvidia-smi --query-gpu=memory.total,memory.used --format=csv`")
+        raise KvopsError(
+            f"{where}: no GPU memory found; give `nvidia-smi` output or `nvidia-smi --query-gpu=memory.total,memory.used --format=csv`"
+        )
     return devices
 
 
@@ -76,10 +80,16 @@ def _csv(text: str, where: str) -> list[SmiDevice]:
     devices = []
     for number, row in enumerate(rows):
         if len(row) != len(fields):
-            raise KvopsError(f"{where}: line {number + 1} has {len(row)} fields, the header {len(fields)} ({', '.join(fields)})")
+            raise KvopsError(
+                f"{where}: line {number + 1} has {len(row)} fields, the header {len(fields)} ({', '.join(fields)})"
+            )
         record = dict(zip(fields, row))
         index = int(record["index"]) if record.get("index", "").isdigit() else number
-        devices.append(SmiDevice(index, _mib(record["memory.used"], where), _mib(record["memory.total"], where), record.get("name")))
+        devices.append(
+            SmiDevice(
+                index, _mib(record["memory.used"], where), _mib(record["memory.total"], where), record.get("name")
+            )
+        )
     return devices
 
 

@@ -45,10 +45,21 @@ def plot_kv(
     for index, spec in enumerate(specs):
         dtype = dtype_for[spec.name]
         color = colors[index % len(colors)]
-        attention = "MLA" if spec.is_mla else ("MHA" if spec.num_kv_heads == spec.num_attention_heads else f"GQA {spec.num_kv_heads} KV heads")
+        attention = (
+            "MLA"
+            if spec.is_mla
+            else ("MHA" if spec.num_kv_heads == spec.num_attention_heads else f"GQA {spec.num_kv_heads} KV heads")
+        )
         for batch_index, batch in enumerate(batches):
             values = [kv_cost(spec, tokens=t, dtype=dtype, batch=batch, tp=tp).total_bytes / GIB for t in points]
-            axes.plot(points, values, styles[batch_index % len(styles)], color=color, marker=".", label=f"{spec.name} ({attention}, {dtype.name}) batch {batch}")
+            axes.plot(
+                points,
+                values,
+                styles[batch_index % len(styles)],
+                color=color,
+                marker=".",
+                label=f"{spec.name} ({attention}, {dtype.name}) batch {batch}",
+            )
         if spec.sliding_window and all(layer.kind == "sliding" for layer in spec.layers):
             axes.axvline(spec.sliding_window, color=color, linewidth=0.6, linestyle=":")
     if gpu_memory:

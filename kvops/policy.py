@@ -7,6 +7,7 @@ reading the YAML file in `load_policy`.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field, replace
 from enum import IntEnum
 from importlib import resources
@@ -30,7 +31,7 @@ class Level(IntEnum):
         return self.name.lower()
 
     @classmethod
-    def parse(cls, text: str) -> "Level":
+    def parse(cls, text: str) -> Level:
         try:
             return cls[text.strip().upper()]
         except KeyError:
@@ -73,7 +74,7 @@ class Limits:
         }
 
     @classmethod
-    def from_dict(cls, data: Any, where: str = "limits") -> "Limits":
+    def from_dict(cls, data: Any, where: str = "limits") -> Limits:
         """The inverse of to_dict (what the watcher's /kvops/policy sends); PolicyError names the bad field."""
         if not isinstance(data, dict):
             raise PolicyError(f"{where}: must be a mapping with level, {', '.join(sorted(_ACTION_KEYS))}")
@@ -247,13 +248,21 @@ def policy_from_dict(data: dict[str, Any], where: str) -> Policy:
     if unknown_keys:
         raise PolicyError(f"{where}: unknown key {unknown_keys[0]!r}; valid: {', '.join(sorted(known))}")
     thresholds = {level: _fraction(data["levels"], level.label, f"{where}: levels") for level in GRADED}
-    for lower, upper in zip(GRADED, GRADED[1:]):
+    for lower, upper in itertools.pairwise(GRADED):
         if thresholds[lower] >= thresholds[upper]:
-            raise PolicyError(f"{where}: levels.{lower.label} {thresholds[lower]} must be below levels.{upper.label} {thresholds[upper]}")
+            raise PolicyError(
+                f"{where}: levels.{lower.label} {thresholds[lower]} must be below levels.{upper.label} {thresholds[upper]}"
+            )
     hysteresis = _number(data, "hysteresis", where, low=0.0, high=0.5)
     dwell = _number(data, "min_dwell_seconds", where, low=0.0, high=86400.0)
-    actions = {level: _limits(level, data["actions"].get(level.label) or {}, f"{where}: actions.{level.label}") for level in GRADED}
-    signals = {name: _signal(name, rule or {}, f"{where}: signals.{name}") for name, rule in (data.get("signals") or {}).items()}
+    actions = {
+        level: _limits(level, data["actions"].get(level.label) or {}, f"{where}: actions.{level.label}")
+        for level in GRADED
+    }
+    signals = {
+        name: _signal(name, rule or {}, f"{where}: signals.{name}")
+        for name, rule in (data.get("signals") or {}).items()
+    }
     unknown = data.get("unknown") or {}
     mode = unknown.get("mode", "fail-open")
     if mode not in ("fail-open", "fail-closed"):
@@ -265,7 +274,12 @@ def policy_from_dict(data: dict[str, Any], where: str) -> Policy:
 
 
 _ACTION_KEYS = {"max_tokens_cap", "single_sequence", "reject", "retry_after_seconds", "reset_prefix_cache"}
-_SIGNALS = {"queue_growth": ("window_seconds", "min_growth"), "preemptions": ("window_seconds",), "stall": ("seconds",), "prefix_cache_hit_rate": ("window_seconds", "below")}
+_SIGNALS = {
+    "queue_growth": ("window_seconds", "min_growth"),
+    "preemptions": ("window_seconds",),
+    "stall": ("seconds",),
+    "prefix_cache_hit_rate": ("window_seconds", "below"),
+}
 
 
 def _limits(level: Level, data: dict, where: str) -> Limits:
@@ -281,7 +295,14 @@ def _limits(level: Level, data: dict, where: str) -> Limits:
     for flag in ("single_sequence", "reject", "reset_prefix_cache"):
         if not isinstance(data.get(flag, False), bool):
             raise PolicyError(f"{where}.{flag} {data[flag]!r} must be true or false")
-    return Limits(level, cap, data.get("single_sequence", False), data.get("reject", False), retry if data.get("reject") else None, data.get("reset_prefix_cache", False))
+    return Limits(
+        level,
+        cap,
+        data.get("single_sequence", False),
+        data.get("reject", False),
+        retry if data.get("reject") else None,
+        data.get("reset_prefix_cache", False),
+    )
 
 
 def _signal(name: str, data: dict, where: str) -> SignalRule:
@@ -304,7 +325,14 @@ def _fraction(data: dict, key: str, where: str) -> float:
 
 def _number(data: dict, key: str, where: str, *, low: float, high: float, exclusive_low: bool = False) -> float:
     value = data.get(key)
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and (value > low if exclusive_low else value >= low) and value <= high
+    ok = (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and (value > low if exclusive_low else value >= low)
+        and value <= high
+    )
     if not ok:
-        raise PolicyError(f"{where}.{key} {value!r} must be a number in {'(' if exclusive_low else '['}{low:g}, {high:g}]")
+        raise PolicyError(
+            f"{where}.{key} {value!r} must be a number in {'(' if exclusive_low else '['}{low:g}, {high:g}]"
+        )
     return float(value)

@@ -34,12 +34,17 @@ class Profile:
     block_size: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kvops_profile": PROFILE_VERSION, **{key: value for key, value in asdict(self).items() if value is not None}}
+        return {
+            "kvops_profile": PROFILE_VERSION,
+            **{key: value for key, value in asdict(self).items() if value is not None},
+        }
 
     @classmethod
-    def from_dict(cls, data: Any, where: str) -> "Profile":
+    def from_dict(cls, data: Any, where: str) -> Profile:
         if not isinstance(data, dict) or data.get("kvops_profile") != PROFILE_VERSION:
-            raise ConfigError(f"{where}: not a kvops profile (expected `kvops_profile: {PROFILE_VERSION}`; write one with `kvops calibrate --save`)")
+            raise ConfigError(
+                f"{where}: not a kvops profile (expected `kvops_profile: {PROFILE_VERSION}`; write one with `kvops calibrate --save`)"
+            )
         known = {field.name for field in fields(cls)}
         unknown = sorted(set(data) - known - {"kvops_profile"})
         if unknown:

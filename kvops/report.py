@@ -28,7 +28,10 @@ class ReplicaSummary:
 
     def to_dict(self) -> dict:
         return {
-            "replica": self.replica, "polls": self.polls, "unknown_polls": self.unknown_polls, "max_kv_usage": self.max_kv_usage,
+            "replica": self.replica,
+            "polls": self.polls,
+            "unknown_polls": self.unknown_polls,
+            "max_kv_usage": self.max_kv_usage,
             "seconds_in_level": self.seconds_in_level,
             "level_changes": [{"at_seconds": at, "from": a, "to": b} for at, a, b in self.level_changes],
         }
@@ -38,7 +41,12 @@ def load(path: str | Path):
     import pandas as pd
 
     try:
-        frame = pd.read_csv(path, dtype={"replica": str, "level": str, "signals": str, "fleet_level": str, "error": str}, keep_default_na=False, na_values={"kv_usage": [""]})
+        frame = pd.read_csv(
+            path,
+            dtype={"replica": str, "level": str, "signals": str, "fleet_level": str, "error": str},
+            keep_default_na=False,
+            na_values={"kv_usage": [""]},
+        )
     except FileNotFoundError:
         raise UsageError(f"{path}: no such file (write one with kvops watch --record FILE.csv)") from None
     except (OSError, ValueError) as exc:
@@ -57,10 +65,27 @@ def summarise(frame) -> list[ReplicaSummary]:
     for replica, rows in frame.groupby("replica", sort=True):
         rows = rows.sort_values("time")
         durations = rows["time"].shift(-1) - rows["time"]
-        seconds = {level.label: round(float(durations[rows["level"] == level.label].sum()), 3) for level in Level if (rows["level"] == level.label).any()}
-        changes = [(round(float(s), 3), a, b) for s, a, b in zip(rows["seconds"], rows["level"].shift(), rows["level"]) if isinstance(a, str) and a != b]
+        seconds = {
+            level.label: round(float(durations[rows["level"] == level.label].sum()), 3)
+            for level in Level
+            if (rows["level"] == level.label).any()
+        }
+        changes = [
+            (round(float(s), 3), a, b)
+            for s, a, b in zip(rows["seconds"], rows["level"].shift(), rows["level"])
+            if isinstance(a, str) and a != b
+        ]
         usage = rows["kv_usage"].max()
-        summaries.append(ReplicaSummary(str(replica), len(rows), int((rows["level"] == "unknown").sum()), None if usage != usage else float(usage), seconds, changes))
+        summaries.append(
+            ReplicaSummary(
+                str(replica),
+                len(rows),
+                int((rows["level"] == "unknown").sum()),
+                None if usage != usage else float(usage),
+                seconds,
+                changes,
+            )
+        )
     return summaries
 
 
@@ -77,11 +102,28 @@ def plot(frame, policy: Policy, out: Path, title: str) -> None:
         axes.text(1.005, (low + high) / 2, level.label, transform=axes.get_yaxis_transform(), va="center", fontsize=8)
     for replica, rows in frame.groupby("replica", sort=True):
         rows = rows.sort_values("time")
-        axes.plot(rows["seconds"], rows["kv_usage"] * 100, marker=".", markersize=3, linewidth=1.2, label=str(replica), zorder=3)
+        axes.plot(
+            rows["seconds"],
+            rows["kv_usage"] * 100,
+            marker=".",
+            markersize=3,
+            linewidth=1.2,
+            label=str(replica),
+            zorder=3,
+        )
         for at, before, after in zip(rows["seconds"], rows["level"].shift(), rows["level"]):
             if isinstance(before, str) and before != after:
                 axes.axvline(at, color=LEVEL_COLOURS.get(after, "black"), linestyle="--", linewidth=0.8, zorder=2)
-                axes.text(at, 101, after, rotation=90, va="bottom", ha="center", fontsize=7, color=LEVEL_COLOURS.get(after, "black"))
+                axes.text(
+                    at,
+                    101,
+                    after,
+                    rotation=90,
+                    va="bottom",
+                    ha="center",
+                    fontsize=7,
+                    color=LEVEL_COLOURS.get(after, "black"),
+                )
     axes.set_ylim(0, 100)
     axes.set_xlim(left=0)
     axes.set_xlabel("seconds since the first poll")

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any
 
 from kvops.dtypes import resolve_kv_dtype
 from kvops.errors import KvopsError
@@ -16,16 +17,38 @@ if TYPE_CHECKING:
     import pandas
 
 COLUMNS = [
-    "engine", "model", "gpu", "gpu_memory_bytes", "tp", "kv_dtype", "kv_dtype_resolved", "max_model_len", "fits", "problem",
-    "weights_bytes", "kv_cache_bytes", "kv_bytes_per_token_per_gpu", "num_blocks", "kv_tokens", "max_concurrency",
+    "engine",
+    "model",
+    "gpu",
+    "gpu_memory_bytes",
+    "tp",
+    "kv_dtype",
+    "kv_dtype_resolved",
+    "max_model_len",
+    "fits",
+    "problem",
+    "weights_bytes",
+    "kv_cache_bytes",
+    "kv_bytes_per_token_per_gpu",
+    "num_blocks",
+    "kv_tokens",
+    "max_concurrency",
     "requests_under_warn",
 ]
 DEFAULT_MAX_MODEL_LEN = 8192
 
 
-def sweep_rows(specs: Iterable[ModelSpec], gpus: Iterable[Gpu], *, engines: Iterable[str] = ("vllm",), kv_dtypes: Iterable[str] = ("auto", "fp8"),
-               tps: Iterable[int] = (1, 2, 4, 8), max_model_len: int = DEFAULT_MAX_MODEL_LEN, warn_level: float = 0.70,
-               base: PlanInputs | None = None) -> list[dict[str, Any]]:
+def sweep_rows(
+    specs: Iterable[ModelSpec],
+    gpus: Iterable[Gpu],
+    *,
+    engines: Iterable[str] = ("vllm",),
+    kv_dtypes: Iterable[str] = ("auto", "fp8"),
+    tps: Iterable[int] = (1, 2, 4, 8),
+    max_model_len: int = DEFAULT_MAX_MODEL_LEN,
+    warn_level: float = 0.70,
+    base: PlanInputs | None = None,
+) -> list[dict[str, Any]]:
     """One row per (engine, model, GPU, tp, KV dtype); tensor-parallel sizes a model cannot split by are left out."""
     rows = []
     gpus, kv_dtypes, tps, engines = list(gpus), list(kv_dtypes), list(tps), list(engines)
@@ -35,9 +58,27 @@ def sweep_rows(specs: Iterable[ModelSpec], gpus: Iterable[Gpu], *, engines: Iter
             for gpu in gpus:
                 for tp in tps:
                     for kv_dtype in kv_dtypes:
-                        inputs = PlanInputs(engine=engine, spec=spec, gpu=gpu, tp=tp, max_model_len=length, kv_dtype=kv_dtype, warn_level=warn_level)
+                        inputs = PlanInputs(
+                            engine=engine,
+                            spec=spec,
+                            gpu=gpu,
+                            tp=tp,
+                            max_model_len=length,
+                            kv_dtype=kv_dtype,
+                            warn_level=warn_level,
+                        )
                         if base is not None:
-                            inputs = replace(base, engine=engine, spec=spec, gpu=gpu, tp=tp, gpus=None, max_model_len=length, kv_dtype=kv_dtype, warn_level=warn_level)
+                            inputs = replace(
+                                base,
+                                engine=engine,
+                                spec=spec,
+                                gpu=gpu,
+                                tp=tp,
+                                gpus=None,
+                                max_model_len=length,
+                                kv_dtype=kv_dtype,
+                                warn_level=warn_level,
+                            )
                         row = _row(inputs)
                         if row is not None:
                             rows.append(row)
@@ -52,25 +93,48 @@ def _row(inputs: PlanInputs) -> dict[str, Any] | None:
     except KvopsError:
         return None  # a tp the model's heads do not split by
     row: dict[str, Any] = {
-        "engine": inputs.engine, "model": spec.name, "gpu": gpu.id, "gpu_memory_bytes": gpu.memory_bytes, "tp": inputs.tp,
-        "kv_dtype": inputs.kv_dtype, "kv_dtype_resolved": dtype.name, "max_model_len": inputs.max_model_len, "kv_bytes_per_token_per_gpu": per_token,
+        "engine": inputs.engine,
+        "model": spec.name,
+        "gpu": gpu.id,
+        "gpu_memory_bytes": gpu.memory_bytes,
+        "tp": inputs.tp,
+        "kv_dtype": inputs.kv_dtype,
+        "kv_dtype_resolved": dtype.name,
+        "max_model_len": inputs.max_model_len,
+        "kv_bytes_per_token_per_gpu": per_token,
     }
     try:
         plan = predict(inputs)
     except KvopsError as exc:
-        return {**row, "fits": False, "problem": str(exc), "weights_bytes": None, "kv_cache_bytes": None, "num_blocks": 0, "kv_tokens": 0, "max_concurrency": 0.0, "requests_under_warn": 0}
+        return {
+            **row,
+            "fits": False,
+            "problem": str(exc),
+            "weights_bytes": None,
+            "kv_cache_bytes": None,
+            "num_blocks": 0,
+            "kv_tokens": 0,
+            "max_concurrency": 0.0,
+            "requests_under_warn": 0,
+        }
     cap = plan.capacity
     weights = next(term.bytes for term in plan.memory if term.name == "weights")
     if inputs.engine == "tgi":
         row["kv_bytes_per_token_per_gpu"] = cap["kv_bytes_per_token"]
     return {
-        **row, "fits": plan.fits, "problem": plan.problem, "weights_bytes": weights, "kv_cache_bytes": plan.kv_cache_bytes,
-        "num_blocks": cap["num_blocks"], "kv_tokens": cap["kv_tokens"], "max_concurrency": cap["max_concurrency"],
+        **row,
+        "fits": plan.fits,
+        "problem": plan.problem,
+        "weights_bytes": weights,
+        "kv_cache_bytes": plan.kv_cache_bytes,
+        "num_blocks": cap["num_blocks"],
+        "kv_tokens": cap["kv_tokens"],
+        "max_concurrency": cap["max_concurrency"],
         "requests_under_warn": cap["requests_under_warn"],
     }
 
 
-def sweep_frame(rows: list[dict[str, Any]]) -> "pandas.DataFrame":
+def sweep_frame(rows: list[dict[str, Any]]) -> pandas.DataFrame:
     import pandas
 
     frame = pandas.DataFrame(rows, columns=COLUMNS)
@@ -79,7 +143,7 @@ def sweep_frame(rows: list[dict[str, Any]]) -> "pandas.DataFrame":
     return frame
 
 
-def plot_sweep(frame: "pandas.DataFrame", out: str, engine: str = "vllm", tp: int = 1) -> None:
+def plot_sweep(frame: pandas.DataFrame, out: str, engine: str = "vllm", tp: int = 1) -> None:
     """Heatmaps of KV tokens (log scale) per model and GPU at one tp, one panel per KV dtype; '-' = does not fit."""
     import matplotlib
 
@@ -92,19 +156,42 @@ def plot_sweep(frame: "pandas.DataFrame", out: str, engine: str = "vllm", tp: in
     dtypes = list(dict.fromkeys(subset.kv_dtype))
     models = list(dict.fromkeys(subset.model))
     gpus = list(dict.fromkeys(subset.sort_values("gpu_memory_bytes").gpu))
-    figure, axes = plt.subplots(1, len(dtypes), figsize=(1.0 * len(gpus) * len(dtypes) + 4, 0.42 * len(models) + 2.5), squeeze=False, sharey=True)
+    figure, axes = plt.subplots(
+        1,
+        len(dtypes),
+        figsize=(1.0 * len(gpus) * len(dtypes) + 4, 0.42 * len(models) + 2.5),
+        squeeze=False,
+        sharey=True,
+    )
     for axis, dtype in zip(axes[0], dtypes):
-        table = subset[subset.kv_dtype == dtype].pivot_table(index="model", columns="gpu", values="kv_tokens", aggfunc="first").reindex(index=models, columns=gpus)
-        fits = subset[subset.kv_dtype == dtype].pivot_table(index="model", columns="gpu", values="fits", aggfunc="first").reindex(index=models, columns=gpus)
+        table = (
+            subset[subset.kv_dtype == dtype]
+            .pivot_table(index="model", columns="gpu", values="kv_tokens", aggfunc="first")
+            .reindex(index=models, columns=gpus)
+        )
+        fits = (
+            subset[subset.kv_dtype == dtype]
+            .pivot_table(index="model", columns="gpu", values="fits", aggfunc="first")
+            .reindex(index=models, columns=gpus)
+        )
         values = table.where(fits.astype(bool)).to_numpy(dtype=float)
         masked = numpy.ma.masked_invalid(numpy.where(values > 0, values, numpy.nan))
-        image = axis.imshow(masked, aspect="auto", cmap="viridis", norm=LogNorm(vmin=1e3, vmax=max(1e4, numpy.nanmax(values) if numpy.isfinite(values).any() else 1e4)))
+        image = axis.imshow(
+            masked,
+            aspect="auto",
+            cmap="viridis",
+            norm=LogNorm(vmin=1e3, vmax=max(1e4, numpy.nanmax(values) if numpy.isfinite(values).any() else 1e4)),
+        )
         for (row, column), value in numpy.ndenumerate(values):
             label = "-" if not numpy.isfinite(value) or value <= 0 else f"{value / 1000:.0f}k"
-            axis.text(column, row, label, ha="center", va="center", fontsize=7, color="white" if label != "-" else "black")
+            axis.text(
+                column, row, label, ha="center", va="center", fontsize=7, color="white" if label != "-" else "black"
+            )
         axis.set_xticks(range(len(gpus)), gpus, rotation=60, ha="right", fontsize=8)
         axis.set_yticks(range(len(models)), models, fontsize=8)
-        axis.set_title(f"{engine} KV cache tokens at tp {tp}, KV dtype {dtype}" + (" (the model's)" if dtype == "auto" else ""))
+        axis.set_title(
+            f"{engine} KV cache tokens at tp {tp}, KV dtype {dtype}" + (" (the model's)" if dtype == "auto" else "")
+        )
         figure.colorbar(image, ax=axis, shrink=0.6, label="KV cache size (tokens)")
     figure.tight_layout()
     figure.savefig(out, dpi=110)

@@ -16,7 +16,15 @@ BYTE_COLUMNS = ("token_tax_bytes", "kv_bytes_no_window", "kv_bytes")
 TABLE_FORMATS = ("text", "csv", "json", "markdown")
 
 
-def kv_table(spec: ModelSpec, *, batches: list[int], tokens: list[int], dtype: KvDtype, tp: int = 1, block_size: int | None = None) -> "pandas.DataFrame":
+def kv_table(
+    spec: ModelSpec,
+    *,
+    batches: list[int],
+    tokens: list[int],
+    dtype: KvDtype,
+    tp: int = 1,
+    block_size: int | None = None,
+) -> pandas.DataFrame:
     """One row per (batch, T): the token tax, the cache if no layer slid, and the cache with windows applied."""
     import pandas
 
@@ -24,7 +32,9 @@ def kv_table(spec: ModelSpec, *, batches: list[int], tokens: list[int], dtype: K
     for batch in batches:
         for count in tokens:
             windowed = kv_cost(spec, tokens=count, dtype=dtype, batch=batch, tp=tp, block_size=block_size)
-            unwindowed = kv_cost(spec, tokens=count, dtype=dtype, batch=batch, tp=tp, block_size=block_size, apply_windows=False)
+            unwindowed = kv_cost(
+                spec, tokens=count, dtype=dtype, batch=batch, tp=tp, block_size=block_size, apply_windows=False
+            )
             rows.append(
                 {
                     "batch": batch,
@@ -37,7 +47,7 @@ def kv_table(spec: ModelSpec, *, batches: list[int], tokens: list[int], dtype: K
     return pandas.DataFrame(rows, columns=["batch", "tokens", *BYTE_COLUMNS])
 
 
-def render_table(frame: "pandas.DataFrame", table_format: str) -> str:
+def render_table(frame: pandas.DataFrame, table_format: str) -> str:
     if table_format == "csv":
         return frame.to_csv(index=False).rstrip("\n")
     if table_format == "json":
@@ -45,13 +55,15 @@ def render_table(frame: "pandas.DataFrame", table_format: str) -> str:
     human = frame.copy()
     for column in BYTE_COLUMNS:
         human[column] = human[column].map(format_bytes)
-    human = human.rename(columns={"token_tax_bytes": "token tax", "kv_bytes_no_window": "KV (no window)", "kv_bytes": "KV (windowed)"})
+    human = human.rename(
+        columns={"token_tax_bytes": "token tax", "kv_bytes_no_window": "KV (no window)", "kv_bytes": "KV (windowed)"}
+    )
     if table_format == "markdown":
         return _markdown(human)
     return human.to_string(index=False)
 
 
-def _markdown(frame: "pandas.DataFrame") -> str:
+def _markdown(frame: pandas.DataFrame) -> str:
     header = "| " + " | ".join(map(str, frame.columns)) + " |"
     rule = "|" + "|".join("---:" for _ in frame.columns) + "|"
     body = ["| " + " | ".join(map(str, row)) + " |" for row in frame.itertuples(index=False)]

@@ -36,7 +36,9 @@ class LocalTokenizer:
         folder = path if path.is_dir() else path.parent
         file = folder / "tokenizer.json" if path.is_dir() else path
         if not file.exists():
-            raise ConfigError(f"{file}: no tokenizer.json (kvops tokens reads a local Hugging Face tokenizer folder or its tokenizer.json)")
+            raise ConfigError(
+                f"{file}: no tokenizer.json (kvops tokens reads a local Hugging Face tokenizer folder or its tokenizer.json)"
+            )
         try:
             self.tokenizer = Tokenizer.from_file(str(file))
         except Exception as exc:  # the tokenizers library raises a bare Exception on a bad file
@@ -57,7 +59,9 @@ class LocalTokenizer:
         if isinstance(template, list):  # named templates: the default one
             template = next((item["template"] for item in template if item.get("name") == "default"), None)
         if not template:
-            raise ConfigError(f"{self.where}: tokenizer_config.json has no chat_template; drop --chat-template or use the model's own tokenizer folder")
+            raise ConfigError(
+                f"{self.where}: tokenizer_config.json has no chat_template; drop --chat-template or use the model's own tokenizer folder"
+            )
         return template
 
 
@@ -71,13 +75,18 @@ def render_chat(tokenizer: LocalTokenizer, messages: list[dict[str, str]]) -> st
     def raise_exception(message: str) -> None:
         raise TemplateError(message)
 
-    environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    environment = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+    )
     environment.filters["tojson"] = lambda value, indent=None: json.dumps(value, ensure_ascii=False, indent=indent)
     environment.globals["raise_exception"] = raise_exception
     environment.globals["strftime_now"] = lambda form: datetime.now().strftime(form)
     try:
         return environment.from_string(tokenizer.chat_template()).render(
-            messages=messages, add_generation_prompt=True, bos_token=tokenizer.special("bos_token"), eos_token=tokenizer.special("eos_token")
+            messages=messages,
+            add_generation_prompt=True,
+            bos_token=tokenizer.special("bos_token"),
+            eos_token=tokenizer.special("eos_token"),
         )
     except TemplateError as exc:
         raise ConfigError(f"{tokenizer.where}: the chat template failed: {exc}") from None
@@ -117,10 +126,22 @@ def _messages(record: Any, where: str) -> tuple[dict[str, str], ...]:
     if isinstance(record, dict) and isinstance(record.get("prompt"), str):
         return ({"role": "user", "content": record["prompt"]},)
     messages = record.get("messages") if isinstance(record, dict) else None
-    if isinstance(messages, list) and messages and all(isinstance(m, dict) and isinstance(m.get("content"), str) and m.get("role") for m in messages):
+    if (
+        isinstance(messages, list)
+        and messages
+        and all(isinstance(m, dict) and isinstance(m.get("content"), str) and m.get("role") for m in messages)
+    ):
         return tuple({"role": str(m["role"]), "content": m["content"]} for m in messages)
-    raise UsageError(f'{where}: each line needs "prompt": "text" or "messages": [{{"role": ..., "content": "text"}}, ...]')
+    raise UsageError(
+        f'{where}: each line needs "prompt": "text" or "messages": [{{"role": ..., "content": "text"}}, ...]'
+    )
 
 
 def distribution(values: list[int]) -> dict[str, int]:
-    return {"count": len(values), "p50": percentile(values, 50), "p95": percentile(values, 95), "max": max(values), "total": sum(values)}
+    return {
+        "count": len(values),
+        "p50": percentile(values, 50),
+        "p95": percentile(values, 95),
+        "max": max(values),
+        "total": sum(values),
+    }

@@ -24,7 +24,9 @@ def parse_bytes(text: str, what: str = "size") -> int:
     number, unit = match.group(1), match.group(2).lower()
     factor = _BINARY_BY_NAME.get(unit) or _DECIMAL_UNITS.get(unit)
     if factor is None:
-        raise UsageError(f"{what} {text!r} has an unknown unit {match.group(2)!r}; use B, KiB, MiB, GiB, TiB (or KB, MB, GB, TB)")
+        raise UsageError(
+            f"{what} {text!r} has an unknown unit {match.group(2)!r}; use B, KiB, MiB, GiB, TiB (or KB, MB, GB, TB)"
+        )
     value = int(Decimal(number) * factor)  # 17.8GiB: whole bytes, rounded down
     if value <= 0:
         raise UsageError(f"{what} {text!r} must be positive")

@@ -7,9 +7,10 @@ caller reads the file.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from math import ceil
-from typing import Any, Iterable
+from typing import Any
 
 from kvops.errors import UsageError
 
@@ -34,9 +35,14 @@ class Workload:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "source": self.source, "prompt_tokens": self.prompt_tokens, "gen_tokens": self.gen_tokens,
-            "tokens_per_request": self.total_tokens, "sequences_per_request": self.sequences,
-            "p50_tokens": self.p50_tokens, "p95_tokens": self.p95_tokens, "requests": self.requests,
+            "source": self.source,
+            "prompt_tokens": self.prompt_tokens,
+            "gen_tokens": self.gen_tokens,
+            "tokens_per_request": self.total_tokens,
+            "sequences_per_request": self.sequences,
+            "p50_tokens": self.p50_tokens,
+            "p95_tokens": self.p95_tokens,
+            "requests": self.requests,
         }
 
 
@@ -57,16 +63,22 @@ def parse_workload(lines: Iterable[str], where: str, sequences: int = 1) -> Work
         prompt = _first_int(record, _PROMPT_KEYS)
         gen = _first_int(record, _GEN_KEYS)
         if prompt is None or gen is None:
-            raise UsageError(f"{where}:{number}: needs a prompt length ({', '.join(_PROMPT_KEYS)}) and an output length ({', '.join(_GEN_KEYS)})")
+            raise UsageError(
+                f"{where}:{number}: needs a prompt length ({', '.join(_PROMPT_KEYS)}) and an output length ({', '.join(_GEN_KEYS)})"
+            )
         prompts.append(prompt)
         gens.append(gen)
     if not prompts:
         raise UsageError(f"{where}: no requests in the file")
     totals = [p + g for p, g in zip(prompts, gens)]
     return Workload(
-        prompt_tokens=percentile(prompts, 95), gen_tokens=percentile(gens, 95), sequences=sequences,
-        source=f"{where} ({len(prompts)} requests, p95)", p50_tokens=percentile(totals, 50),
-        p95_tokens=percentile(totals, 95), requests=len(prompts),
+        prompt_tokens=percentile(prompts, 95),
+        gen_tokens=percentile(gens, 95),
+        sequences=sequences,
+        source=f"{where} ({len(prompts)} requests, p95)",
+        p50_tokens=percentile(totals, 50),
+        p95_tokens=percentile(totals, 95),
+        requests=len(prompts),
     )
 
 

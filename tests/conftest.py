@@ -10,13 +10,18 @@ from tests.support.policy_endpoint import PolicyEndpoint
 from tests.support.tiny_model import build_model
 from tests.support.vllm_server import DEFAULT_KV_BYTES, VllmServer, vllm_available
 
+ENGINE_TESTS = Path(__file__).resolve().parent / "engine"
+NO_VLLM = "vLLM is not importable (install the CPU build: pip install -e '.[vllm]', see DEVELOPERS.md)"
+
 
 def pytest_collection_modifyitems(config, items):
-    if vllm_available():
-        return
-    skip = pytest.mark.skip(reason="vLLM is not importable (install the CPU build: pip install -e '.[vllm]', see DEVELOPERS.md)")
+    """Tests under tests/engine/ start real engines and daemons: marked `engine`, so `-m "not engine"` is the fast
+    suite. Tests that need vLLM skip, saying how to install it, where it is not importable."""
+    skip = None if vllm_available() else pytest.mark.skip(reason=NO_VLLM)
     for item in items:
-        if "vllm" in item.keywords:
+        if ENGINE_TESTS in item.path.parents:
+            item.add_marker(pytest.mark.engine)
+        if skip is not None and "vllm" in item.keywords:
             item.add_marker(skip)
 
 
@@ -56,7 +61,14 @@ def kv_guard_engine(tiny_model, policy_endpoint, tmp_path_factory):
         "KVOPS_POLICY_URL": policy_endpoint.url,
         "KVOPS_POLICY_POLL_SECONDS": "0.2",
     }
-    args = ["--max-model-len", "1024", "--kv-cache-memory-bytes", str(DEFAULT_KV_BYTES), "--scheduler-cls", "kvops_vllm.scheduler.KVGuardScheduler"]
+    args = [
+        "--max-model-len",
+        "1024",
+        "--kv-cache-memory-bytes",
+        str(DEFAULT_KV_BYTES),
+        "--scheduler-cls",
+        "kvops_vllm.scheduler.KVGuardScheduler",
+    ]
     server = VllmServer(tiny_model, tmp_path_factory.mktemp("logs") / "vllm-kv-guard.log", args=args, env=env)
     with server:
         yield server
@@ -78,7 +90,9 @@ def run_kvops():
         result = CliRunner().invoke(main, list(args), input=input, catch_exceptions=False)
         ran = Ran(result.exit_code, result.stdout, result.stderr)
         if expect is not None:
-            assert ran.exit_code == expect, f"kvops {' '.join(args)} exited {ran.exit_code}, wanted {expect}\n{ran.stderr}"
+            assert ran.exit_code == expect, (
+                f"kvops {' '.join(args)} exited {ran.exit_code}, wanted {expect}\n{ran.stderr}"
+            )
         return ran
 
     return run

@@ -40,7 +40,7 @@ class LazyGroup(click.Group):
         module, attribute = target.split(":")
         return getattr(importlib.import_module(module), attribute)
 
-    def main(self, *args, **kwargs):  # noqa: D401 - click's entry point
+    def main(self, *args, **kwargs):
         """Run with one-line errors: user mistakes never show a traceback."""
         kwargs["standalone_mode"] = False
         try:

@@ -20,13 +20,52 @@ NAME = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")  # an RFC 1035 label, sh
 
 @click.command()
 @workload_options
-@click.option("--target", "-t", type=click.Choice(TARGETS), default="k8s", show_default=True, help="k8s: Deployment, Service, PodMonitor, PrometheusRule, policy ConfigMap; compose: engine, sidecar, Prometheus and Grafana.")
-@click.option("--out", "-o", "out_dir", type=click.Path(file_okay=False), metavar="DIR", help="Write one file per object into DIR (created) [k8s default: print one multi-document YAML].")
-@click.option("--name", metavar="NAME", help="Name of the Deployment, Service and PodMonitor (compose: the project is kvops-NAME)  [default: the engine]")
-@click.option("--replicas", type=POSITIVE, default=1, show_default=True, help="k8s: pods, each an engine with its sidecar.")
-@click.option("--kvops-image", default=f"kvops:{__version__}", show_default=True, metavar="IMAGE", help="Image with kvops installed (the repository's Dockerfile): the sidecar, and the init step that gives vLLM the KV guard.")
-@click.option("--kvops-port", type=click.IntRange(1, 65535), default=9400, show_default=True, help="The sidecar's port: /kvops/* and the proxy.")
-@click.option("--scrape-interval", type=click.IntRange(min=1), default=15, show_default=True, metavar="SECONDS", help="Prometheus' scrape interval (PodMonitor / prometheus.yml), also what the stale-metrics alert counts in.")
+@click.option(
+    "--target",
+    "-t",
+    type=click.Choice(TARGETS),
+    default="k8s",
+    show_default=True,
+    help="k8s: Deployment, Service, PodMonitor, PrometheusRule, policy ConfigMap; compose: engine, sidecar, Prometheus and Grafana.",
+)
+@click.option(
+    "--out",
+    "-o",
+    "out_dir",
+    type=click.Path(file_okay=False),
+    metavar="DIR",
+    help="Write one file per object into DIR (created) [k8s default: print one multi-document YAML].",
+)
+@click.option(
+    "--name",
+    metavar="NAME",
+    help="Name of the Deployment, Service and PodMonitor (compose: the project is kvops-NAME)  [default: the engine]",
+)
+@click.option(
+    "--replicas", type=POSITIVE, default=1, show_default=True, help="k8s: pods, each an engine with its sidecar."
+)
+@click.option(
+    "--kvops-image",
+    default=f"kvops:{__version__}",
+    show_default=True,
+    metavar="IMAGE",
+    help="Image with kvops installed (the repository's Dockerfile): the sidecar, and the init step that gives vLLM the KV guard.",
+)
+@click.option(
+    "--kvops-port",
+    type=click.IntRange(1, 65535),
+    default=9400,
+    show_default=True,
+    help="The sidecar's port: /kvops/* and the proxy.",
+)
+@click.option(
+    "--scrape-interval",
+    type=click.IntRange(min=1),
+    default=15,
+    show_default=True,
+    metavar="SECONDS",
+    help="Prometheus' scrape interval (PodMonitor / prometheus.yml), also what the stale-metrics alert counts in.",
+)
 @runbook_option
 @click.pass_context
 def manifests(ctx, target, out_dir, name, replicas, kvops_image, kvops_port, scrape_interval, runbook_url, **options):
@@ -45,24 +84,49 @@ def manifests(ctx, target, out_dir, name, replicas, kvops_image, kvops_port, scr
     engine = options["engine"].lower()
     name = name or engine
     if not NAME.match(name):
-        raise click.BadParameter(f"{name!r} must be lowercase letters, digits and '-', starting with a letter, at most 40 characters", param_hint="--name")
+        raise click.BadParameter(
+            f"{name!r} must be lowercase letters, digits and '-', starting with a letter, at most 40 characters",
+            param_hint="--name",
+        )
     if options["device"] != "gpu":
-        raise UsageError("kvops manifests deploys the engine's official GPU image; --device cpu plans the CPU build, which has none")
+        raise UsageError(
+            "kvops manifests deploys the engine's official GPU image; --device cpu plans the CPU build, which has none"
+        )
     if target == "compose" and not out_dir:
-        raise click.UsageError("--target compose writes compose.yaml and the files it mounts (Prometheus, Grafana, rules, policy): give --out DIR")
+        raise click.UsageError(
+            "--target compose writes compose.yaml and the files it mounts (Prometheus, Grafana, rules, policy): give --out DIR"
+        )
     plan = make_plan(**options)
     if not plan.fits:
         raise PlanError(does_not_fit_message(plan))
     for message in plan.warnings:
         warn(message)
     if kvops_port == plan.port:
-        raise click.BadParameter(f"{kvops_port} is the engine's port; the sidecar needs another", param_hint="--kvops-port")
+        raise click.BadParameter(
+            f"{kvops_port} is the engine's port; the sidecar needs another", param_hint="--kvops-port"
+        )
     policy_path = options["policy_path"]
     capacity = plan.capacity.get("max_batch_total_tokens") if engine == "tgi" else None
-    rules = alert_rules(engine, "prometheusrule" if target == "k8s" else "rules", runbook_url=runbook_url, policy_path=policy_path,
-                        scrape_interval=scrape_interval, capacity=capacity, capacity_options={"--max-batch-total-tokens": capacity})
-    stack = Stack(plan=plan, rules=rules, policy_text=Path(policy_path).read_text() if policy_path else default_policy_text(), command=given_command(ctx),
-                  name=name, kvops_image=kvops_image, kvops_port=kvops_port, scrape_interval=scrape_interval, replicas=replicas)
+    rules = alert_rules(
+        engine,
+        "prometheusrule" if target == "k8s" else "rules",
+        runbook_url=runbook_url,
+        policy_path=policy_path,
+        scrape_interval=scrape_interval,
+        capacity=capacity,
+        capacity_options={"--max-batch-total-tokens": capacity},
+    )
+    stack = Stack(
+        plan=plan,
+        rules=rules,
+        policy_text=Path(policy_path).read_text() if policy_path else default_policy_text(),
+        command=given_command(ctx),
+        name=name,
+        kvops_image=kvops_image,
+        kvops_port=kvops_port,
+        scrape_interval=scrape_interval,
+        replicas=replicas,
+    )
     if target == "k8s":
         files = k8s.manifests(stack)
     else:
@@ -78,8 +142,20 @@ def manifests(ctx, target, out_dir, name, replicas, kvops_image, kvops_port, scr
 
 
 @click.command()
-@click.option("--policy", "policy_path", type=click.Path(exists=True, dir_okay=False), metavar="FILE", help="Degrade policy whose levels draw the bands [default: the shipped one].")
-@click.option("--out", "-o", type=click.Path(dir_okay=False), metavar="FILE.json", help="Write the dashboard here instead of printing it.")
+@click.option(
+    "--policy",
+    "policy_path",
+    type=click.Path(exists=True, dir_okay=False),
+    metavar="FILE",
+    help="Degrade policy whose levels draw the bands [default: the shipped one].",
+)
+@click.option(
+    "--out",
+    "-o",
+    type=click.Path(dir_okay=False),
+    metavar="FILE.json",
+    help="Write the dashboard here instead of printing it.",
+)
 def dashboard(policy_path, out):
     """The Grafana dashboard: KV usage on the policy's bands, level, queue, preemptions, tokens/s, proxy clamps and rejections."""
     from kvops.deploy.grafana import dashboard as render
@@ -99,7 +175,11 @@ def given_command(ctx: click.Context) -> str:
 
     words = ["kvops", ctx.info_name]
     for param in ctx.command.params:
-        if not isinstance(param, click.Option) or param.name == "out_dir" or ctx.get_parameter_source(param.name) != ParameterSource.COMMANDLINE:
+        if (
+            not isinstance(param, click.Option)
+            or param.name == "out_dir"
+            or ctx.get_parameter_source(param.name) != ParameterSource.COMMANDLINE
+        ):
             continue
         value = ctx.params[param.name]
         if param.is_flag:

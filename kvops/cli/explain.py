@@ -17,18 +17,64 @@ def explain_options(function):
 
 
 @click.command()
-@click.option("--metrics", "metrics_url", metavar="URL", help="A live vLLM /metrics: KV usage now, the cache config, requests running and waiting.")
-@click.option("--vllm-log", "log_path", metavar="FILE", help="The engine's log (startup, or the traceback of a failed start): the memory it measured, or what ran out.")
-@click.option("--nvidia-smi", "smi_path", metavar="FILE", help="`nvidia-smi` output (its table, or --query-gpu=memory.total,memory.used --format=csv): device total and used.")
-@click.option("--gpu-index", type=click.IntRange(min=0), default=0, show_default=True, help="The device in --nvidia-smi output the engine runs on (its rank 0).")
-@click.option("--prompt-tokens", type=click.IntRange(min=0), help="Planned prompt tokens per request (headroom in requests of this size).")
+@click.option(
+    "--metrics",
+    "metrics_url",
+    metavar="URL",
+    help="A live vLLM /metrics: KV usage now, the cache config, requests running and waiting.",
+)
+@click.option(
+    "--vllm-log",
+    "log_path",
+    metavar="FILE",
+    help="The engine's log (startup, or the traceback of a failed start): the memory it measured, or what ran out.",
+)
+@click.option(
+    "--nvidia-smi",
+    "smi_path",
+    metavar="FILE",
+    help="`nvidia-smi` output (its table, or --query-gpu=memory.total,memory.used --format=csv): device total and used.",
+)
+@click.option(
+    "--gpu-index",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="The device in --nvidia-smi output the engine runs on (its rank 0).",
+)
+@click.option(
+    "--prompt-tokens",
+    type=click.IntRange(min=0),
+    help="Planned prompt tokens per request (headroom in requests of this size).",
+)
 @click.option("--gen-tokens", type=click.IntRange(min=0), help="Planned generated tokens per request.")
-@click.option("--workload", type=click.Path(exists=True, dir_okay=False), help="JSONL of requests, as `kvops plan --workload` reads (sized at its p95).")
-@click.option("--policy", "policy_path", type=click.Path(exists=True, dir_okay=False), help="Degrade policy for the level [default: the shipped one].")
+@click.option(
+    "--workload",
+    type=click.Path(exists=True, dir_okay=False),
+    help="JSONL of requests, as `kvops plan --workload` reads (sized at its p95).",
+)
+@click.option(
+    "--policy",
+    "policy_path",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Degrade policy for the level [default: the shipped one].",
+)
 @json_option
 @click.pass_context
 @explain_options
-def explain(ctx, metrics_url, log_path, smi_path, gpu_index, prompt_tokens, gen_tokens, workload, policy_path, as_json, **options):
+def explain(
+    ctx,
+    metrics_url,
+    log_path,
+    smi_path,
+    gpu_index,
+    prompt_tokens,
+    gen_tokens,
+    workload,
+    policy_path,
+    as_json,
+    **options,
+):
     """Where the GPU memory of a running or failed vLLM engine went: weights, activation peak, non-torch, CUDA graphs
     and KV; KV in use and the headroom; the level that applies and the one next action.
 
@@ -36,10 +82,11 @@ def explain(ctx, metrics_url, log_path, smi_path, gpu_index, prompt_tokens, gen_
     the terms it did not report from the planner (give --model), each marked with its source.
     """
     from kvops.calibrate import vllm_plan_options
-    from kvops.explain import Run, device_total, explain as make_explanation
-    from kvops.workload import Workload, parse_workload
+    from kvops.explain import Run, device_total
+    from kvops.explain import explain as make_explanation
     from kvops.policy import load_policy
     from kvops.render.explain import explanation_text
+    from kvops.workload import Workload, parse_workload
 
     if not (metrics_url or log_path):
         raise click.UsageError("give --metrics URL and/or --vllm-log FILE")
@@ -53,7 +100,13 @@ def explain(ctx, metrics_url, log_path, smi_path, gpu_index, prompt_tokens, gen_
         run.metrics_source = metrics_url
     if smi_path:
         run.smi, run.smi_source = read_smi(smi_path, gpu_index), smi_path
-    load = parse_workload(Path(workload).read_text().splitlines(), workload) if workload else Workload(prompt_tokens, gen_tokens, 1, "flags" if prompt_tokens is not None or gen_tokens is not None else "none")
+    load = (
+        parse_workload(Path(workload).read_text().splitlines(), workload)
+        if workload
+        else Workload(
+            prompt_tokens, gen_tokens, 1, "flags" if prompt_tokens is not None or gen_tokens is not None else "none"
+        )
+    )
     derived = vllm_plan_options(run.log, run.labels)
     total = device_total(run) if run.device == "gpu" else None
     if total and not _given(ctx, "gpu_memory"):
@@ -83,7 +136,9 @@ def _plan_inputs(ctx, options, policy_path, derived, load, pool):
         if not pool:
             return None, ["no plan: no device total (give --gpu NAME, --gpu-memory SIZE or --nvidia-smi FILE)"]
         inputs = run_plan_inputs(ctx, options, {**derived, "kv_cache_memory_bytes": pool}, workload=load)
-        return inputs, [f"no device total: the plan models the run's own KV pool ({pool} B); give --gpu NAME or --nvidia-smi FILE for the rest"]
+        return inputs, [
+            f"no device total: the plan models the run's own KV pool ({pool} B); give --gpu NAME or --nvidia-smi FILE for the rest"
+        ]
     except KvopsError as exc:
         if _given(ctx, "model"):
             raise
@@ -102,8 +157,10 @@ def read_log(path: str):
     text = _read(path, "--vllm-log")
     log = parse_vllm_log(text)
     if not log.facts and log.failure is None:
-        raise KvopsError(f"--vllm-log {path}: no vLLM lines found (looked for 'Model loading took', 'Available KV cache memory', 'KV cache size', "
-                         "'non-default args', out-of-memory and KV-cache errors)")
+        raise KvopsError(
+            f"--vllm-log {path}: no vLLM lines found (looked for 'Model loading took', 'Available KV cache memory', 'KV cache size', "
+            "'non-default args', out-of-memory and KV-cache errors)"
+        )
     return log
 
 
@@ -119,7 +176,9 @@ def read_metrics(url: str) -> tuple[dict[str, str] | None, Any]:
         raise KvopsError(f"--metrics {url}: {exc}") from None
     labels = cache_config_info(text)
     if labels is None:
-        raise KvopsError(f"--metrics {url}: no vllm:cache_config_info sample (the KV pool's size); is this a vLLM /metrics endpoint?")
+        raise KvopsError(
+            f"--metrics {url}: no vllm:cache_config_info sample (the KV pool's size); is this a vLLM /metrics endpoint?"
+        )
     return labels, reading
 
 
@@ -130,7 +189,9 @@ def read_smi(path: str, index: int):
     for device in devices:
         if device.index == index:
             return device
-    raise KvopsError(f"--gpu-index {index}: not in --nvidia-smi {path} (devices: {', '.join(str(device.index) for device in devices)})")
+    raise KvopsError(
+        f"--gpu-index {index}: not in --nvidia-smi {path} (devices: {', '.join(str(device.index) for device in devices)})"
+    )
 
 
 def _read(path: str, option: str) -> str:

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import click
 
-from kvops.cli.options import POSITIVE, int_list, json_option, kv_dtype_option, model_option, print_json, tp_option, warn
+from kvops.cli.options import (
+    POSITIVE,
+    int_list,
+    json_option,
+    kv_dtype_option,
+    model_option,
+    print_json,
+    tp_option,
+    warn,
+)
 from kvops.dtypes import resolve_kv_dtype
 from kvops.formula import MemoryFit, context_warnings, kv_cost, tokens_per_sequence_fit
 from kvops.model import load_model
@@ -14,13 +23,27 @@ from kvops.units import parse_bytes
 @click.command()
 @model_option
 @click.option("--tokens", "-t", type=POSITIVE, help="Cached tokens per sequence (prompt + generated).")
-@click.option("--prompt-tokens", type=click.IntRange(min=0), help="Prompt tokens; with --gen-tokens, stands for --tokens P+G.")
-@click.option("--gen-tokens", type=click.IntRange(min=0), help="Generated tokens; with --prompt-tokens, stands for --tokens P+G.")
+@click.option(
+    "--prompt-tokens", type=click.IntRange(min=0), help="Prompt tokens; with --gen-tokens, stands for --tokens P+G."
+)
+@click.option(
+    "--gen-tokens", type=click.IntRange(min=0), help="Generated tokens; with --prompt-tokens, stands for --tokens P+G."
+)
 @click.option("--batch", "-b", default=1, show_default=True, type=POSITIVE, help="Concurrent sequences.")
-@click.option("--beams", default=1, show_default=True, type=POSITIVE, help="Beams (or n) per request; effective batch = batch x beams.")
+@click.option(
+    "--beams",
+    default=1,
+    show_default=True,
+    type=POSITIVE,
+    help="Beams (or n) per request; effective batch = batch x beams.",
+)
 @tp_option
 @kv_dtype_option
-@click.option("--block-size", type=POSITIVE, help="Round each sequence up to whole blocks of N tokens per layer group (paged cache).")
+@click.option(
+    "--block-size",
+    type=POSITIVE,
+    help="Round each sequence up to whole blocks of N tokens per layer group (paged cache).",
+)
 @click.option("--memory", metavar="SIZE", help="Also say how many tokens fit in SIZE per GPU (e.g. 17.8GiB).")
 @json_option
 def kv(model, tokens, prompt_tokens, gen_tokens, batch, beams, tp, kv_dtype, block_size, memory, as_json):
@@ -32,7 +55,9 @@ def kv(model, tokens, prompt_tokens, gen_tokens, batch, beams, tp, kv_dtype, blo
     cost = kv_cost(spec, tokens=tokens, dtype=dtype, batch=batch, beams=beams, tp=tp, block_size=block_size)
     fit = None
     if memory_bytes:
-        longest = tokens_per_sequence_fit(spec, memory_bytes, dtype=dtype, batch=batch, beams=beams, tp=tp, block_size=block_size)
+        longest = tokens_per_sequence_fit(
+            spec, memory_bytes, dtype=dtype, batch=batch, beams=beams, tp=tp, block_size=block_size
+        )
         fit = MemoryFit(memory_bytes, memory_bytes // cost.bytes_per_token, longest)
     warnings = context_warnings(spec, tokens)
     from kvops.render.kv import kv_document, kv_text
@@ -66,11 +91,19 @@ TABLE_TOKENS = "1024,4096,8192,16384"
 @click.command()
 @model_option
 @click.option("--batches", default=TABLE_BATCHES, show_default=True, help="Comma-separated batch sizes.")
-@click.option("--tokens", "tokens_list", default=TABLE_TOKENS, show_default=True, help="Comma-separated context lengths T.")
+@click.option(
+    "--tokens", "tokens_list", default=TABLE_TOKENS, show_default=True, help="Comma-separated context lengths T."
+)
 @tp_option
 @kv_dtype_option
 @click.option("--block-size", type=POSITIVE, help="Round to whole blocks of N tokens.")
-@click.option("--format", "table_format", default="text", show_default=True, type=click.Choice(("text", "csv", "json", "markdown")))
+@click.option(
+    "--format",
+    "table_format",
+    default="text",
+    show_default=True,
+    type=click.Choice(("text", "csv", "json", "markdown")),
+)
 def table(model, batches, tokens_list, tp, kv_dtype, block_size, table_format):
     """The seed calculator's table: token tax per batch, full and window-capped KV per T."""
     batch_values = int_list(batches, "--batches")
@@ -87,13 +120,28 @@ def table(model, batches, tokens_list, tp, kv_dtype, block_size, table_format):
 
 @click.command()
 @model_option
-@click.option("--compare", multiple=True, metavar="MODEL", help="Another model on the same axes (repeatable), e.g. an MHA model against a GQA one.")
+@click.option(
+    "--compare",
+    multiple=True,
+    metavar="MODEL",
+    help="Another model on the same axes (repeatable), e.g. an MHA model against a GQA one.",
+)
 @click.option("--batches", default="1,8", show_default=True, help="Comma-separated batch sizes, one line each.")
-@click.option("--max-tokens", type=POSITIVE, help="Right end of the context axis [default: the longest max_position_embeddings, capped at 131072].")
+@click.option(
+    "--max-tokens",
+    type=POSITIVE,
+    help="Right end of the context axis [default: the longest max_position_embeddings, capped at 131072].",
+)
 @click.option("--gpu-memory", metavar="SIZE", help="Draw a capacity line, e.g. 24GiB or 80GB.")
 @tp_option
 @kv_dtype_option
-@click.option("--out", "-o", required=True, type=click.Path(dir_okay=False, writable=True), help="PNG (or any matplotlib format) to write.")
+@click.option(
+    "--out",
+    "-o",
+    required=True,
+    type=click.Path(dir_okay=False, writable=True),
+    help="PNG (or any matplotlib format) to write.",
+)
 @json_option
 def plot(model, compare, batches, max_tokens, gpu_memory, tp, kv_dtype, out, as_json):
     """Plot KV bytes against context length: windows as plateaus, GQA against MHA, GPU capacity."""
@@ -106,7 +154,16 @@ def plot(model, compare, batches, max_tokens, gpu_memory, tp, kv_dtype, out, as_
 
     plot_kv(specs, dtype_for=dtypes, batches=batch_values, longest=longest, tp=tp, gpu_memory=capacity, out=out)
     if as_json:
-        print_json({"out": out, "models": [spec.name for spec in specs], "batches": batch_values, "max_tokens": longest, "tp": tp, "gpu_memory_bytes": capacity})
+        print_json(
+            {
+                "out": out,
+                "models": [spec.name for spec in specs],
+                "batches": batch_values,
+                "max_tokens": longest,
+                "tp": tp,
+                "gpu_memory_bytes": capacity,
+            }
+        )
     else:
         click.echo(f"wrote {out}")
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import click
 
@@ -26,6 +27,7 @@ class IntOrAuto(click.ParamType):
         if text.isdigit() and int(text) > 0:
             return int(text)
         self.fail(f"{value!r} is not a positive integer or 'auto'", param, ctx)
+        return None
 
 
 INT_OR_AUTO = IntOrAuto()
@@ -39,18 +41,72 @@ def engine_options(function: Callable, model_required: bool = True, engine: bool
 
     gpus = ", ".join(gpu.id for gpu in gpu_catalog())
     options = [
-        click.option("--engine", "-e", type=click.Choice(("vllm", "tgi"), case_sensitive=False), default="vllm", show_default=True, help="Serving engine."),
+        click.option(
+            "--engine",
+            "-e",
+            type=click.Choice(("vllm", "tgi"), case_sensitive=False),
+            default="vllm",
+            show_default=True,
+            help="Serving engine.",
+        ),
         click.option("--gpu", "gpu_name", metavar="NAME", help=f"GPU from the catalog (any case): {gpus}."),
-        click.option("--gpu-memory", metavar="SIZE", help="Device memory, e.g. 80GiB: overrides the catalog figure or stands alone."),
-        click.option("--gpus", type=POSITIVE, help="GPUs in all [default: --tp]; vLLM runs gpus/tp data-parallel replicas."),
-        click.option("--tp", type=POSITIVE, help="Tensor-parallel size (vLLM --tensor-parallel-size, TGI --num-shard) [default: --gpus or 1]."),
-        click.option("--device", type=click.Choice(("gpu", "cpu")), default="gpu", show_default=True, help="cpu: vLLM's CPU build (block size 128, no async scheduling, no CUDA graphs)."),
-        click.option("--max-model-len", type=INT_OR_AUTO, help="Context per request (TGI --max-total-tokens); auto: the longest at --concurrency [default: the model's max_position_embeddings]."),
-        click.option("--kv-dtype", default="auto", show_default=True, help="KV cache type: auto, bf16, fp16, fp8, fp8_e4m3, fp8_e5m2, int8, int4."),
-        click.option("--quantization", type=click.Choice(WEIGHT_FORMAT_CHOICES, case_sensitive=False), default="auto", show_default=True, help="Weight format; auto reads the config's quantization_config."),
-        click.option("--gpu-memory-utilization", "--cuda-memory-fraction", "memory_fraction", type=FRACTION, help="vLLM --gpu-memory-utilization [0.92] / TGI --cuda-memory-fraction [1.0]."),
-        click.option("--kv-cache-memory-bytes", metavar="SIZE", help="vLLM: pin the KV cache to SIZE per GPU instead of profiling (exact)."),
-        click.option("--max-num-batched-tokens", "--max-batch-prefill-tokens", "batched_tokens", type=POSITIVE, help="vLLM --max-num-batched-tokens / TGI --max-batch-prefill-tokens [default: the engine's]."),
+        click.option(
+            "--gpu-memory",
+            metavar="SIZE",
+            help="Device memory, e.g. 80GiB: overrides the catalog figure or stands alone.",
+        ),
+        click.option(
+            "--gpus", type=POSITIVE, help="GPUs in all [default: --tp]; vLLM runs gpus/tp data-parallel replicas."
+        ),
+        click.option(
+            "--tp",
+            type=POSITIVE,
+            help="Tensor-parallel size (vLLM --tensor-parallel-size, TGI --num-shard) [default: --gpus or 1].",
+        ),
+        click.option(
+            "--device",
+            type=click.Choice(("gpu", "cpu")),
+            default="gpu",
+            show_default=True,
+            help="cpu: vLLM's CPU build (block size 128, no async scheduling, no CUDA graphs).",
+        ),
+        click.option(
+            "--max-model-len",
+            type=INT_OR_AUTO,
+            help="Context per request (TGI --max-total-tokens); auto: the longest at --concurrency [default: the model's max_position_embeddings].",
+        ),
+        click.option(
+            "--kv-dtype",
+            default="auto",
+            show_default=True,
+            help="KV cache type: auto, bf16, fp16, fp8, fp8_e4m3, fp8_e5m2, int8, int4.",
+        ),
+        click.option(
+            "--quantization",
+            type=click.Choice(WEIGHT_FORMAT_CHOICES, case_sensitive=False),
+            default="auto",
+            show_default=True,
+            help="Weight format; auto reads the config's quantization_config.",
+        ),
+        click.option(
+            "--gpu-memory-utilization",
+            "--cuda-memory-fraction",
+            "memory_fraction",
+            type=FRACTION,
+            help="vLLM --gpu-memory-utilization [0.92] / TGI --cuda-memory-fraction [1.0].",
+        ),
+        click.option(
+            "--kv-cache-memory-bytes",
+            metavar="SIZE",
+            help="vLLM: pin the KV cache to SIZE per GPU instead of profiling (exact).",
+        ),
+        click.option(
+            "--max-num-batched-tokens",
+            "--max-batch-prefill-tokens",
+            "batched_tokens",
+            type=POSITIVE,
+            help="vLLM --max-num-batched-tokens / TGI --max-batch-prefill-tokens [default: the engine's].",
+        ),
         click.option("--block-size", type=POSITIVE, help="vLLM --block-size [16 on GPU, 64 for MLA, 128 on CPU]."),
         click.option("--enforce-eager", is_flag=True, help="vLLM: no CUDA graphs (their memory goes to KV)."),
     ]
@@ -58,7 +114,12 @@ def engine_options(function: Callable, model_required: bool = True, engine: bool
         function = option(function)
     if model_required:
         return model_option(function)
-    return click.option("--model", "-m", metavar="MODEL", help="The model the run served [default: read from the log's non-default args].")(function)
+    return click.option(
+        "--model",
+        "-m",
+        metavar="MODEL",
+        help="The model the run served [default: read from the log's non-default args].",
+    )(function)
 
 
 def workload_options(function: Callable) -> Callable:
@@ -66,16 +127,52 @@ def workload_options(function: Callable) -> Callable:
     options = [
         click.option("--prompt-tokens", type=click.IntRange(min=0), help="Expected prompt tokens per request."),
         click.option("--gen-tokens", type=click.IntRange(min=0), help="Expected generated tokens per request."),
-        click.option("--workload", type=click.Path(exists=True, dir_okay=False), help="JSONL of requests ({\"prompt_tokens\": P, \"gen_tokens\": G} per line): sized at its p95."),
+        click.option(
+            "--workload",
+            type=click.Path(exists=True, dir_okay=False),
+            help='JSONL of requests ({"prompt_tokens": P, "gen_tokens": G} per line): sized at its p95.',
+        ),
         click.option("--beams", type=POSITIVE, default=1, show_default=True, help="Beam width per request."),
-        click.option("--n", "n", type=POSITIVE, default=1, show_default=True, help="Parallel samples per request (n / best_of)."),
-        click.option("--concurrency", type=INT_OR_AUTO, help="Requests that must run at once under the warn level; auto: as many as fit."),
-        click.option("--max-num-seqs", "--max-concurrent-requests", "max_num_seqs", type=POSITIVE, help="Override vLLM --max-num-seqs / TGI --max-concurrent-requests."),
-        click.option("--max-input-tokens", type=POSITIVE, help="TGI --max-input-tokens [default: max-total-tokens - 1]."),
-        click.option("--guard/--no-guard", default=None, help="vLLM: name the KV-guard scheduler (--scheduler-cls kvops_vllm.scheduler.KVGuardScheduler; needs kvops installed beside vLLM)  [default: guard]"),
-        click.option("--max-queued", type=click.IntRange(min=0), help="vLLM --max-num-queued-reqs: answer 503 beyond this many requests in flight."),
-        click.option("--profile", "profile_path", type=click.Path(exists=True, dir_okay=False), help="Calibration profile (`kvops calibrate --save`): measured terms replace estimates."),
-        click.option("--policy", "policy_path", type=click.Path(exists=True, dir_okay=False), help="Degrade policy whose warn level sizes max-num-seqs [default: the shipped one, 70%]."),
+        click.option(
+            "--n", "n", type=POSITIVE, default=1, show_default=True, help="Parallel samples per request (n / best_of)."
+        ),
+        click.option(
+            "--concurrency",
+            type=INT_OR_AUTO,
+            help="Requests that must run at once under the warn level; auto: as many as fit.",
+        ),
+        click.option(
+            "--max-num-seqs",
+            "--max-concurrent-requests",
+            "max_num_seqs",
+            type=POSITIVE,
+            help="Override vLLM --max-num-seqs / TGI --max-concurrent-requests.",
+        ),
+        click.option(
+            "--max-input-tokens", type=POSITIVE, help="TGI --max-input-tokens [default: max-total-tokens - 1]."
+        ),
+        click.option(
+            "--guard/--no-guard",
+            default=None,
+            help="vLLM: name the KV-guard scheduler (--scheduler-cls kvops_vllm.scheduler.KVGuardScheduler; needs kvops installed beside vLLM)  [default: guard]",
+        ),
+        click.option(
+            "--max-queued",
+            type=click.IntRange(min=0),
+            help="vLLM --max-num-queued-reqs: answer 503 beyond this many requests in flight.",
+        ),
+        click.option(
+            "--profile",
+            "profile_path",
+            type=click.Path(exists=True, dir_okay=False),
+            help="Calibration profile (`kvops calibrate --save`): measured terms replace estimates.",
+        ),
+        click.option(
+            "--policy",
+            "policy_path",
+            type=click.Path(exists=True, dir_okay=False),
+            help="Degrade policy whose warn level sizes max-num-seqs [default: the shipped one, 70%].",
+        ),
     ]
     for option in reversed(options):
         function = option(function)
@@ -84,8 +181,20 @@ def workload_options(function: Callable) -> Callable:
 
 @click.command()
 @workload_options
-@click.option("--format", "-f", "out_format", type=click.Choice(("text", "shell", "json", "yaml", "env", "docker", "k8s")), default="text", show_default=True, help="Output.")
-@click.option("--launcher", metavar="COMMAND", help="What starts the engine, instead of `vllm serve` / `text-generation-launcher`, e.g. 'python -m vllm.entrypoints.openai.api_server' where the console script is missing.")
+@click.option(
+    "--format",
+    "-f",
+    "out_format",
+    type=click.Choice(("text", "shell", "json", "yaml", "env", "docker", "k8s")),
+    default="text",
+    show_default=True,
+    help="Output.",
+)
+@click.option(
+    "--launcher",
+    metavar="COMMAND",
+    help="What starts the engine, instead of `vllm serve` / `text-generation-launcher`, e.g. 'python -m vllm.entrypoints.openai.api_server' where the console script is missing.",
+)
 @json_option
 def plan(out_format, launcher, as_json, **options):
     """Engine launch flags that keep the KV cache inside its budget, with every memory term and the capacity.
@@ -117,13 +226,43 @@ def _launcher(text: str | None) -> tuple[str, ...]:
     except ValueError as exc:
         raise click.BadParameter(f"{text!r} is not a shell command ({exc})", param_hint="--launcher") from None
     if not words:
-        raise click.BadParameter("give the command that starts the engine, e.g. 'python -m vllm.entrypoints.openai.api_server'", param_hint="--launcher")
+        raise click.BadParameter(
+            "give the command that starts the engine, e.g. 'python -m vllm.entrypoints.openai.api_server'",
+            param_hint="--launcher",
+        )
     return words
 
 
-def make_plan(model, engine, gpu_name, gpu_memory, gpus, tp, device, max_model_len, kv_dtype, quantization, memory_fraction, kv_cache_memory_bytes,
-              batched_tokens, block_size, enforce_eager, prompt_tokens, gen_tokens, workload, beams, n, concurrency, max_num_seqs, max_input_tokens,
-              guard, max_queued, profile_path, policy_path, launcher=()):
+def make_plan(
+    model,
+    engine,
+    gpu_name,
+    gpu_memory,
+    gpus,
+    tp,
+    device,
+    max_model_len,
+    kv_dtype,
+    quantization,
+    memory_fraction,
+    kv_cache_memory_bytes,
+    batched_tokens,
+    block_size,
+    enforce_eager,
+    prompt_tokens,
+    gen_tokens,
+    workload,
+    beams,
+    n,
+    concurrency,
+    max_num_seqs,
+    max_input_tokens,
+    guard,
+    max_queued,
+    profile_path,
+    policy_path,
+    launcher=(),
+):
     """The plan for the options of `workload_options`, fitting or not."""
     from kvops.plan import plan as plan_deployment
     from kvops.workload import Workload, parse_workload
@@ -134,15 +273,61 @@ def make_plan(model, engine, gpu_name, gpu_memory, gpus, tp, device, max_model_l
     if workload:
         load = parse_workload(Path(workload).read_text().splitlines(), workload, sequences)
     else:
-        load = Workload(prompt_tokens, gen_tokens, sequences, "flags" if prompt_tokens is not None or gen_tokens is not None else "none")
-    inputs = plan_inputs(model, engine, gpu_name, gpu_memory, gpus, tp, device, max_model_len, kv_dtype, quantization, memory_fraction,
-                         kv_cache_memory_bytes, batched_tokens, block_size, enforce_eager, profile_path, policy_path,
-                         workload=load, concurrency=concurrency, max_num_seqs=max_num_seqs, max_input_tokens=max_input_tokens, guard=guard, max_queued=max_queued, launcher=launcher)
+        load = Workload(
+            prompt_tokens,
+            gen_tokens,
+            sequences,
+            "flags" if prompt_tokens is not None or gen_tokens is not None else "none",
+        )
+    inputs = plan_inputs(
+        model,
+        engine,
+        gpu_name,
+        gpu_memory,
+        gpus,
+        tp,
+        device,
+        max_model_len,
+        kv_dtype,
+        quantization,
+        memory_fraction,
+        kv_cache_memory_bytes,
+        batched_tokens,
+        block_size,
+        enforce_eager,
+        profile_path,
+        policy_path,
+        workload=load,
+        concurrency=concurrency,
+        max_num_seqs=max_num_seqs,
+        max_input_tokens=max_input_tokens,
+        guard=guard,
+        max_queued=max_queued,
+        launcher=launcher,
+    )
     return plan_deployment(inputs)
 
 
-def plan_inputs(model, engine, gpu_name, gpu_memory, gpus, tp, device, max_model_len, kv_dtype, quantization, memory_fraction,
-                kv_cache_memory_bytes, batched_tokens, block_size, enforce_eager, profile_path=None, policy_path=None, **extra):
+def plan_inputs(
+    model,
+    engine,
+    gpu_name,
+    gpu_memory,
+    gpus,
+    tp,
+    device,
+    max_model_len,
+    kv_dtype,
+    quantization,
+    memory_fraction,
+    kv_cache_memory_bytes,
+    batched_tokens,
+    block_size,
+    enforce_eager,
+    profile_path=None,
+    policy_path=None,
+    **extra,
+):
     """The CLI's options as PlanInputs: the model loaded, the GPU resolved, files read."""
     from kvops.gpus import resolve_gpu
     from kvops.model import load_model
@@ -151,14 +336,27 @@ def plan_inputs(model, engine, gpu_name, gpu_memory, gpus, tp, device, max_model
     spec = load_model(model)
     memory = parse_bytes(gpu_memory, "--gpu-memory") if gpu_memory else None
     pinned = parse_bytes(kv_cache_memory_bytes, "--kv-cache-memory-bytes") if kv_cache_memory_bytes else None
-    gpu = resolve_gpu(gpu_name, memory) if gpu_name or memory or device == "gpu" and pinned is None else None
+    gpu = resolve_gpu(gpu_name, memory) if gpu_name or memory or (device == "gpu" and pinned is None) else None
     tp = tp or gpus or 1
     profile = load_profile(profile_path) if profile_path else None
     return PlanInputs(
-        engine=engine.lower(), spec=spec, gpu=gpu, tp=tp, gpus=gpus, device=device, max_model_len=max_model_len,
-        kv_dtype=kv_dtype, quantization=quantization, memory_fraction=memory_fraction, kv_cache_memory_bytes=pinned,
-        batched_tokens=batched_tokens, block_size=block_size, enforce_eager=enforce_eager, profile=profile,
-        warn_level=warn_level(policy_path), **extra,
+        engine=engine.lower(),
+        spec=spec,
+        gpu=gpu,
+        tp=tp,
+        gpus=gpus,
+        device=device,
+        max_model_len=max_model_len,
+        kv_dtype=kv_dtype,
+        quantization=quantization,
+        memory_fraction=memory_fraction,
+        kv_cache_memory_bytes=pinned,
+        batched_tokens=batched_tokens,
+        block_size=block_size,
+        enforce_eager=enforce_eager,
+        profile=profile,
+        warn_level=warn_level(policy_path),
+        **extra,
     )
 
 
@@ -187,10 +385,23 @@ def run_options(function: Callable) -> Callable:
 
 
 @click.command()
-@click.option("--vllm-log", type=click.Path(exists=True, dir_okay=False), help="A vLLM startup log (any release: old and new wordings).")
-@click.option("--tgi-log", type=click.Path(exists=True, dir_okay=False), help="A TGI launcher log (plain or --json-output).")
-@click.option("--metrics", "metrics_url", metavar="URL", help="A live vLLM /metrics endpoint: its vllm:cache_config_info labels.")
-@click.option("--save", "save_path", metavar="PROFILE", help="Write the measured terms as a profile (YAML, or JSON for *.json) for `kvops plan --profile`.")
+@click.option(
+    "--vllm-log",
+    type=click.Path(exists=True, dir_okay=False),
+    help="A vLLM startup log (any release: old and new wordings).",
+)
+@click.option(
+    "--tgi-log", type=click.Path(exists=True, dir_okay=False), help="A TGI launcher log (plain or --json-output)."
+)
+@click.option(
+    "--metrics", "metrics_url", metavar="URL", help="A live vLLM /metrics endpoint: its vllm:cache_config_info labels."
+)
+@click.option(
+    "--save",
+    "save_path",
+    metavar="PROFILE",
+    help="Write the measured terms as a profile (YAML, or JSON for *.json) for `kvops plan --profile`.",
+)
 @json_option
 @click.pass_context
 @run_options
@@ -210,7 +421,9 @@ def calibrate(ctx, vllm_log, tgi_log, metrics_url, save_path, as_json, **options
 
         log = parse_tgi_log(Path(tgi_log).read_text(errors="replace"))
         if log.get("max_batch_total_tokens") is None:
-            raise KvopsError(f"{tgi_log}: no 'Setting max batch total tokens to N' line: is this a TGI launcher log of a started server?")
+            raise KvopsError(
+                f"{tgi_log}: no 'Setting max batch total tokens to N' line: is this a TGI launcher log of a started server?"
+            )
         plan = _calibration_plan(ctx, options, tgi_plan_options(log))
         result = calibrate_tgi(log, plan, source)
     else:
@@ -218,7 +431,9 @@ def calibrate(ctx, vllm_log, tgi_log, metrics_url, save_path, as_json, **options
 
         log = parse_vllm_log(Path(vllm_log).read_text(errors="replace")) if vllm_log else None
         if log is not None and not log.facts:
-            raise KvopsError(f"{vllm_log}: no vLLM startup lines found (looked for 'Available KV cache memory', 'KV cache size', 'Model loading took', ...)")
+            raise KvopsError(
+                f"{vllm_log}: no vLLM startup lines found (looked for 'Available KV cache memory', 'KV cache size', 'Model loading took', ...)"
+            )
         labels = None
         if metrics_url:
             labels = cache_config_info(fetch_metrics(metrics_url))
@@ -263,10 +478,24 @@ def run_plan_inputs(ctx: click.Context, options: dict[str, Any], derived: dict[s
     if not merged.get("model"):
         return None
     return plan_inputs(
-        merged["model"], merged.get("engine", "vllm"), merged.get("gpu_name"), merged.get("gpu_memory"), merged.get("gpus"), merged.get("tp"), merged.get("device", "gpu"),
-        merged.get("max_model_len"), merged.get("kv_dtype", "auto"), merged.get("quantization", "auto"), merged.get("memory_fraction"),
-        str(merged["kv_cache_memory_bytes"]) if merged.get("kv_cache_memory_bytes") else None, merged.get("batched_tokens"), merged.get("block_size"),
-        merged.get("enforce_eager", False), policy_path=merged.get("policy_path"), max_num_seqs=merged.get("max_num_seqs"), **extra,
+        merged["model"],
+        merged.get("engine", "vllm"),
+        merged.get("gpu_name"),
+        merged.get("gpu_memory"),
+        merged.get("gpus"),
+        merged.get("tp"),
+        merged.get("device", "gpu"),
+        merged.get("max_model_len"),
+        merged.get("kv_dtype", "auto"),
+        merged.get("quantization", "auto"),
+        merged.get("memory_fraction"),
+        str(merged["kv_cache_memory_bytes"]) if merged.get("kv_cache_memory_bytes") else None,
+        merged.get("batched_tokens"),
+        merged.get("block_size"),
+        merged.get("enforce_eager", False),
+        policy_path=merged.get("policy_path"),
+        max_num_seqs=merged.get("max_num_seqs"),
+        **extra,
     )
 
 
@@ -296,13 +525,35 @@ def save_profile(profile, path: str) -> None:
 
 
 @click.command()
-@click.option("--out", "-o", required=True, type=click.Path(dir_okay=False, writable=True), help="CSV to write (one row per engine, model, GPU, tp, KV dtype).")
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, writable=True), help="Heatmap image [default: the CSV's name with .png].")
+@click.option(
+    "--out",
+    "-o",
+    required=True,
+    type=click.Path(dir_okay=False, writable=True),
+    help="CSV to write (one row per engine, model, GPU, tp, KV dtype).",
+)
+@click.option(
+    "--plot",
+    "plot_path",
+    type=click.Path(dir_okay=False, writable=True),
+    help="Heatmap image [default: the CSV's name with .png].",
+)
 @click.option("--no-plot", is_flag=True, help="Write only the CSV.")
 @click.option("--engines", default="vllm", show_default=True, help="Comma-separated: vllm, tgi.")
 @click.option("--kv-dtypes", default="auto,fp8", show_default=True, help="Comma-separated KV dtypes.")
-@click.option("--tps", default="1,2,4,8", show_default=True, help="Comma-separated tensor-parallel sizes (sizes a model cannot split by are skipped).")
-@click.option("--max-model-len", type=POSITIVE, default=8192, show_default=True, help="Context per request (capped at each model's max_position_embeddings).")
+@click.option(
+    "--tps",
+    default="1,2,4,8",
+    show_default=True,
+    help="Comma-separated tensor-parallel sizes (sizes a model cannot split by are skipped).",
+)
+@click.option(
+    "--max-model-len",
+    type=POSITIVE,
+    default=8192,
+    show_default=True,
+    help="Context per request (capped at each model's max_position_embeddings).",
+)
 @click.option("--models", help="Comma-separated catalog models [default: the whole catalog].")
 @click.option("--gpus", "gpu_names", help="Comma-separated catalog GPUs [default: the whole catalog].")
 @json_option
@@ -317,7 +568,15 @@ def sweep(out, plot_path, no_plot, engines, kv_dtypes, tps, max_model_len, model
     engine_names = _names(engines, "--engines", ("vllm", "tgi"))
     specs = [load_model(name) for name in (_names(models, "--models") if models else [entry.id for entry in catalog()])]
     gpus = [find_gpu(name) for name in _names(gpu_names, "--gpus")] if gpu_names else list(gpu_catalog())
-    rows = sweep_rows(specs, gpus, engines=engine_names, kv_dtypes=_names(kv_dtypes, "--kv-dtypes"), tps=int_list(tps, "--tps"), max_model_len=max_model_len, warn_level=warn_level(None))
+    rows = sweep_rows(
+        specs,
+        gpus,
+        engines=engine_names,
+        kv_dtypes=_names(kv_dtypes, "--kv-dtypes"),
+        tps=int_list(tps, "--tps"),
+        max_model_len=max_model_len,
+        warn_level=warn_level(None),
+    )
     frame = sweep_frame(rows)
     try:
         frame.to_csv(out, index=False)

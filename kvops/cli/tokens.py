@@ -11,12 +11,31 @@ from kvops.cli.options import json_option, print_json
 
 
 @click.command()
-@click.option("--tokenizer", "tokenizer_path", required=True, type=click.Path(exists=True), help="Local tokenizer folder (tokenizer.json, tokenizer_config.json) or tokenizer.json.")
-@click.option("--chat-template", is_flag=True, help="Render each prompt through the tokenizer's chat template, as the chat endpoint does.")
+@click.option(
+    "--tokenizer",
+    "tokenizer_path",
+    required=True,
+    type=click.Path(exists=True),
+    help="Local tokenizer folder (tokenizer.json, tokenizer_config.json) or tokenizer.json.",
+)
+@click.option(
+    "--chat-template",
+    is_flag=True,
+    help="Render each prompt through the tokenizer's chat template, as the chat endpoint does.",
+)
 @click.option("--system-prompt", metavar="TEXT", help="A system message put before every prompt.")
-@click.option("--system-prompt-file", type=click.Path(exists=True, dir_okay=False), help="The system message, from a file.")
-@click.option("--gen-tokens", type=click.IntRange(min=1), help="Expected generated tokens per request, written into the workload.")
-@click.option("--out", "-o", type=click.Path(dir_okay=False, writable=True), help="Write the workload (JSON lines: prompt_tokens, gen_tokens) here.")
+@click.option(
+    "--system-prompt-file", type=click.Path(exists=True, dir_okay=False), help="The system message, from a file."
+)
+@click.option(
+    "--gen-tokens", type=click.IntRange(min=1), help="Expected generated tokens per request, written into the workload."
+)
+@click.option(
+    "--out",
+    "-o",
+    type=click.Path(dir_okay=False, writable=True),
+    help="Write the workload (JSON lines: prompt_tokens, gen_tokens) here.",
+)
 @json_option
 @click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
 def tokens(tokenizer_path, chat_template, system_prompt, system_prompt_file, gen_tokens, out, as_json, files):
@@ -34,12 +53,24 @@ def tokens(tokenizer_path, chat_template, system_prompt, system_prompt_file, gen
     if not prompts:
         raise click.UsageError("the files hold no prompts")
     counts = [prompt_tokens(tokenizer, prompt, chat_template=chat_template, system_prompt=system) for prompt in prompts]
-    rows = [{"source": prompt.source, "prompt_tokens": count} | ({"gen_tokens": gen_tokens} if gen_tokens else {}) for prompt, count in zip(prompts, counts)]
+    rows = [
+        {"source": prompt.source, "prompt_tokens": count} | ({"gen_tokens": gen_tokens} if gen_tokens else {})
+        for prompt, count in zip(prompts, counts)
+    ]
     if out:
         Path(out).write_text("".join(json.dumps(row) + "\n" for row in rows))
     summary = distribution(counts)
     if as_json:
-        print_json({"tokenizer": tokenizer.where, "chat_template": chat_template, "system_prompt": bool(system), "prompt_tokens": summary, "prompts": rows, "workload": out})
+        print_json(
+            {
+                "tokenizer": tokenizer.where,
+                "chat_template": chat_template,
+                "system_prompt": bool(system),
+                "prompt_tokens": summary,
+                "prompts": rows,
+                "workload": out,
+            }
+        )
         return
     width = max(len(row["source"]) for row in rows)
     if len(rows) <= 20:
@@ -47,6 +78,8 @@ def tokens(tokenizer_path, chat_template, system_prompt, system_prompt_file, gen
             click.echo(f"{row['source']:<{width}}  {row['prompt_tokens']:>8} tokens")
         click.echo()
     template = "chat template" if chat_template else "no chat template"
-    click.echo(f"{summary['count']} prompts ({template}{', system prompt' if system else ''}): p50 {summary['p50']}, p95 {summary['p95']}, max {summary['max']} tokens")
+    click.echo(
+        f"{summary['count']} prompts ({template}{', system prompt' if system else ''}): p50 {summary['p50']}, p95 {summary['p95']}, max {summary['max']} tokens"
+    )
     if out:
         click.echo(f"wrote {out}: kvops plan --workload {out}")

@@ -21,22 +21,41 @@ DASHBOARD_FILE = "kvops-dashboard.json"
 def files(stack: Stack, dashboard: str) -> dict[str, str]:
     """File name -> text; compose.yaml refers to the others by relative path."""
     return {
-        "compose.yaml": stack.header(f"{stack.engine}, the kvops sidecar, Prometheus and Grafana: docker compose up") + dump_yaml(compose(stack)),
-        "prometheus.yml": stack.header("Prometheus: the engine's /metrics, the sidecar's /kvops/metrics, kvops' alert rules") + dump_yaml(prometheus_config(stack)),
+        "compose.yaml": stack.header(f"{stack.engine}, the kvops sidecar, Prometheus and Grafana: docker compose up")
+        + dump_yaml(compose(stack)),
+        "prometheus.yml": stack.header(
+            "Prometheus: the engine's /metrics, the sidecar's /kvops/metrics, kvops' alert rules"
+        )
+        + dump_yaml(prometheus_config(stack)),
         RULES_FILE: stack.rules,
         "policy.yaml": stack.policy_text,
-        "grafana-datasources.yaml": stack.header("Grafana's data source: the stack's Prometheus") + dump_yaml(GRAFANA_DATASOURCES),
-        "grafana-dashboards.yaml": stack.header("Grafana loads the kvops dashboard from this folder") + dump_yaml(GRAFANA_DASHBOARDS),
+        "grafana-datasources.yaml": stack.header("Grafana's data source: the stack's Prometheus")
+        + dump_yaml(GRAFANA_DATASOURCES),
+        "grafana-dashboards.yaml": stack.header("Grafana loads the kvops dashboard from this folder")
+        + dump_yaml(GRAFANA_DASHBOARDS),
         DASHBOARD_FILE: dashboard,
     }
 
 
-GRAFANA_DATASOURCES = {"apiVersion": 1, "datasources": [
-    {"name": "Prometheus", "type": "prometheus", "uid": "prometheus", "access": "proxy", "url": "http://prometheus:9090", "isDefault": True},
-]}
-GRAFANA_DASHBOARDS = {"apiVersion": 1, "providers": [
-    {"name": "kvops", "type": "file", "options": {"path": "/var/lib/grafana/dashboards"}},
-]}
+GRAFANA_DATASOURCES = {
+    "apiVersion": 1,
+    "datasources": [
+        {
+            "name": "Prometheus",
+            "type": "prometheus",
+            "uid": "prometheus",
+            "access": "proxy",
+            "url": "http://prometheus:9090",
+            "isDefault": True,
+        },
+    ],
+}
+GRAFANA_DASHBOARDS = {
+    "apiVersion": 1,
+    "providers": [
+        {"name": "kvops", "type": "file", "options": {"path": "/var/lib/grafana/dashboards"}},
+    ],
+}
 
 
 def compose(stack: Stack) -> dict[str, Any]:
@@ -58,9 +77,15 @@ def compose(stack: Stack) -> dict[str, Any]:
         engine["environment"] += [f"{name}={value}" for name, value in stack.guard_env("kvops").items()]
         engine["volumes"] += [f"kvops-python:{PLUGIN_DIR}:ro", f"./policy.yaml:{POLICY_FILE}:ro"]
         engine["depends_on"] = {"kvops-plugin": {"condition": "service_completed_successfully"}}
-        services["kvops-plugin"] = {"image": stack.kvops_image, "entrypoint": ["python", "-c", PLUGIN_COPY], "volumes": [f"kvops-python:{PLUGIN_DIR}"]}
+        services["kvops-plugin"] = {
+            "image": stack.kvops_image,
+            "entrypoint": ["python", "-c", PLUGIN_COPY],
+            "volumes": [f"kvops-python:{PLUGIN_DIR}"],
+        }
         volumes["kvops-python"] = {}
-    health = f"import urllib.request; urllib.request.urlopen('http://127.0.0.1:{stack.kvops_port}/kvops/healthz', timeout=2)"
+    health = (
+        f"import urllib.request; urllib.request.urlopen('http://127.0.0.1:{stack.kvops_port}/kvops/healthz', timeout=2)"
+    )
     services["kvops"] = {
         "image": stack.kvops_image,
         "command": stack.watch_args(stack.engine),
@@ -71,7 +96,10 @@ def compose(stack: Stack) -> dict[str, Any]:
     services["prometheus"] = {
         "image": PROMETHEUS_IMAGE,
         "ports": ["9090:9090"],
-        "volumes": ["./prometheus.yml:/etc/prometheus/prometheus.yml:ro", f"./{RULES_FILE}:/etc/prometheus/{RULES_FILE}:ro"],
+        "volumes": [
+            "./prometheus.yml:/etc/prometheus/prometheus.yml:ro",
+            f"./{RULES_FILE}:/etc/prometheus/{RULES_FILE}:ro",
+        ],
     }
     services["grafana"] = {
         "image": GRAFANA_IMAGE,
@@ -96,7 +124,11 @@ def prometheus_config(stack: Stack) -> dict[str, Any]:
         "rule_files": [RULES_FILE],  # relative to this file
         "scrape_configs": [
             {"job_name": stack.engine_job, "static_configs": [{"targets": [f"{stack.engine}:{stack.engine_port}"]}]},
-            {"job_name": stack.kvops_job, "metrics_path": "/kvops/metrics", "static_configs": [{"targets": [f"kvops:{stack.kvops_port}"]}]},
+            {
+                "job_name": stack.kvops_job,
+                "metrics_path": "/kvops/metrics",
+                "static_configs": [{"targets": [f"kvops:{stack.kvops_port}"]}],
+            },
         ],
     }
 
@@ -106,4 +138,8 @@ def _gpus(stack: Stack) -> dict[str, Any]:
     if inputs.gpu is not None and inputs.gpu.vendor == "amd":
         return {"devices": ["/dev/kfd", "/dev/dri"], "group_add": ["video"]}
     count = inputs.gpus or inputs.tp
-    return {"deploy": {"resources": {"reservations": {"devices": [{"driver": "nvidia", "count": count, "capabilities": ["gpu"]}]}}}}
+    return {
+        "deploy": {
+            "resources": {"reservations": {"devices": [{"driver": "nvidia", "count": count, "capabilities": ["gpu"]}]}}
+        }
+    }

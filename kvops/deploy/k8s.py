@@ -13,16 +13,23 @@ from kvops.deploy.stack import PLUGIN_COPY, PLUGIN_DIR, POLICY_DIR, Stack, dump_
 
 SIDECAR_PORT_NAME = "kvops"
 LOCALHOST = "127.0.0.1"  # containers of a pod share its network namespace
-RESTRICTED = {"runAsNonRoot": True, "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}}
+RESTRICTED = {
+    "runAsNonRoot": True,
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+}
 
 
 def manifests(stack: Stack) -> dict[str, str]:
     """File name -> YAML text, in the order `kubectl apply -f` should see them."""
     return {
-        "policy-configmap.yaml": stack.header("kvops policy for the sidecar and the KV guard") + dump_yaml(policy_config_map(stack)),
+        "policy-configmap.yaml": stack.header("kvops policy for the sidecar and the KV guard")
+        + dump_yaml(policy_config_map(stack)),
         "deployment.yaml": stack.header(f"{stack.engine} with the kvops sidecar") + dump_yaml(deployment(stack)),
         "service.yaml": stack.header("clients go through the kvops admission proxy") + dump_yaml(service(stack)),
-        "podmonitor.yaml": stack.header("Prometheus scrapes the engine's /metrics and the sidecar's /kvops/metrics") + dump_yaml(pod_monitor(stack)),
+        "podmonitor.yaml": stack.header("Prometheus scrapes the engine's /metrics and the sidecar's /kvops/metrics")
+        + dump_yaml(pod_monitor(stack)),
         "prometheusrule.yaml": stack.header("kvops alerts") + stack.rules,
     }
 
@@ -33,7 +40,8 @@ def labels(stack: Stack) -> dict[str, str]:
 
 def policy_config_map(stack: Stack) -> dict[str, Any]:
     return {
-        "apiVersion": "v1", "kind": "ConfigMap",
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
         "metadata": {"name": _policy_name(stack), "labels": labels(stack)},
         "data": {"policy.yaml": stack.policy_text},
     }
@@ -45,27 +53,38 @@ def deployment(stack: Stack) -> dict[str, Any]:
     from kvops.render.plan import k8s
 
     engine = yaml.safe_load(k8s(stack.plan))  # the container `kvops plan --format k8s` prints
-    volumes = [{"name": mount["name"], "emptyDir": {"medium": "Memory"}} for mount in engine.get("volumeMounts", []) if mount["name"] == "shm"]
+    volumes = [
+        {"name": mount["name"], "emptyDir": {"medium": "Memory"}}
+        for mount in engine.get("volumeMounts", [])
+        if mount["name"] == "shm"
+    ]
     volumes.append({"name": "kvops-policy", "configMap": {"name": _policy_name(stack)}})
     pod: dict[str, Any] = {}
     if stack.guarded:
-        engine.setdefault("env", []).extend({"name": name, "value": value} for name, value in stack.guard_env(LOCALHOST).items())
-        engine.setdefault("volumeMounts", []).extend([
-            {"name": "kvops-python", "mountPath": PLUGIN_DIR, "readOnly": True},
-            {"name": "kvops-policy", "mountPath": POLICY_DIR, "readOnly": True},
-        ])
+        engine.setdefault("env", []).extend(
+            {"name": name, "value": value} for name, value in stack.guard_env(LOCALHOST).items()
+        )
+        engine.setdefault("volumeMounts", []).extend(
+            [
+                {"name": "kvops-python", "mountPath": PLUGIN_DIR, "readOnly": True},
+                {"name": "kvops-policy", "mountPath": POLICY_DIR, "readOnly": True},
+            ]
+        )
         volumes.append({"name": "kvops-python", "emptyDir": {}})
-        pod["initContainers"] = [{
-            "name": "kvops-plugin",
-            "image": stack.kvops_image,
-            "command": ["python", "-c", PLUGIN_COPY],
-            "volumeMounts": [{"name": "kvops-python", "mountPath": PLUGIN_DIR}],
-            "securityContext": RESTRICTED,
-        }]
+        pod["initContainers"] = [
+            {
+                "name": "kvops-plugin",
+                "image": stack.kvops_image,
+                "command": ["python", "-c", PLUGIN_COPY],
+                "volumeMounts": [{"name": "kvops-python", "mountPath": PLUGIN_DIR}],
+                "securityContext": RESTRICTED,
+            }
+        ]
     pod["containers"] = [engine, sidecar(stack)]
     pod["volumes"] = volumes
     return {
-        "apiVersion": "apps/v1", "kind": "Deployment",
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
         "metadata": {"name": stack.name, "labels": labels(stack)},
         "spec": {
             "replicas": stack.replicas,
@@ -95,7 +114,8 @@ def sidecar(stack: Stack) -> dict[str, Any]:
 
 def service(stack: Stack) -> dict[str, Any]:
     return {
-        "apiVersion": "v1", "kind": "Service",
+        "apiVersion": "v1",
+        "kind": "Service",
         "metadata": {"name": stack.name, "labels": labels(stack)},
         "spec": {
             "selector": {"app.kubernetes.io/name": stack.name},
@@ -108,10 +128,16 @@ def pod_monitor(stack: Stack) -> dict[str, Any]:
     interval = f"{stack.scrape_interval}s"
 
     def endpoint(port: str, path: str, job: str) -> dict[str, Any]:
-        return {"port": port, "path": path, "interval": interval, "relabelings": [{"action": "replace", "targetLabel": "job", "replacement": job}]}
+        return {
+            "port": port,
+            "path": path,
+            "interval": interval,
+            "relabelings": [{"action": "replace", "targetLabel": "job", "replacement": job}],
+        }
 
     return {
-        "apiVersion": "monitoring.coreos.com/v1", "kind": "PodMonitor",
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PodMonitor",
         "metadata": {"name": stack.name, "labels": labels(stack)},
         "spec": {
             "selector": {"matchLabels": {"app.kubernetes.io/name": stack.name}},

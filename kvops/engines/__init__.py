@@ -7,8 +7,9 @@ Each holds how the engine turns memory into KV blocks (budget), its launch flags
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any
 
 LogPattern = tuple[str, "re.Pattern[str]", Callable[["re.Match[str]"], Any]]  # fact name, regex, value from the match
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 import math
 import re
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable, NamedTuple
+from typing import NamedTuple
 
 
 class MetricsError(Exception):
@@ -38,7 +39,7 @@ class Samples:
         self.seen = set(seen) | set(self._by_name)  # every metric name in the source, parsed or skipped
 
     @classmethod
-    def from_exposition(cls, text: str, only: Iterable[str] | None = None) -> "Samples":
+    def from_exposition(cls, text: str, only: Iterable[str] | None = None) -> Samples:
         """Parse the Prometheus text format with prometheus_client's parser.
 
         With `only` (metric names), the lines of other metrics are skipped before parsing: an engine's /metrics is
@@ -51,7 +52,14 @@ class Samples:
         if only is not None:
             text, seen = _select(text, tuple(only))
         try:
-            return cls((Sample(s.name, dict(s.labels), float(s.value)) for family in text_string_to_metric_families(text) for s in family.samples), seen)
+            return cls(
+                (
+                    Sample(s.name, dict(s.labels), float(s.value))
+                    for family in text_string_to_metric_families(text)
+                    for s in family.samples
+                ),
+                seen,
+            )
         except (ValueError, TypeError, IndexError) as exc:
             raise MetricsError(f"not the Prometheus text format ({_short(exc)})") from None
 
@@ -77,7 +85,9 @@ class Reading:
     """One replica at one instant: KV usage and the saturation counters, engine-neutral."""
 
     kv_usage: float  # 0-1
-    basis: str  # how kv_usage was obtained, e.g. "vllm:kv_cache_usage_perc" or "tgi_batch_current_max_tokens 8192 / 16000"
+    basis: (
+        str  # how kv_usage was obtained, e.g. "vllm:kv_cache_usage_perc" or "tgi_batch_current_max_tokens 8192 / 16000"
+    )
     running: float | None = None
     waiting: float | None = None
     preemptions_total: float | None = None  # a counter; None where the engine never preempts (TGI)
@@ -88,10 +98,20 @@ class Reading:
     block_size: int | None = None
 
     def to_dict(self) -> dict:
-        counts = ("running", "waiting", "preemptions_total", "progress_total", "prefix_hits_total", "prefix_queries_total")
+        counts = (
+            "running",
+            "waiting",
+            "preemptions_total",
+            "progress_total",
+            "prefix_hits_total",
+            "prefix_queries_total",
+        )
         return {
-            "kv_usage": self.kv_usage, "basis": self.basis, **{name: exact(getattr(self, name)) for name in counts},
-            "capacity_tokens": self.capacity_tokens, "block_size": self.block_size,
+            "kv_usage": self.kv_usage,
+            "basis": self.basis,
+            **{name: exact(getattr(self, name)) for name in counts},
+            "capacity_tokens": self.capacity_tokens,
+            "block_size": self.block_size,
         }
 
 

@@ -44,12 +44,18 @@ class Explanation:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "engine": "vllm", "sources": self.sources, "device": self.device, "version": self.version, "state": self.state,
+            "engine": "vllm",
+            "sources": self.sources,
+            "device": self.device,
+            "version": self.version,
+            "state": self.state,
             "memory": {item.name: item.to_dict() for item in self.figures},
             "kv": self.kv.to_dict() if self.kv else None,
-            "level": self.level.label if self.level is not None else None, "limits": self.limits.to_dict() if self.limits else None,
+            "level": self.level.label if self.level is not None else None,
+            "limits": self.limits.to_dict() if self.limits else None,
             "diagnosis": self.diagnosis.to_dict() if self.diagnosis else None,
-            "action": self.action.to_dict(), "notes": self.notes,
+            "action": self.action.to_dict(),
+            "notes": self.notes,
         }
 
 
@@ -66,8 +72,19 @@ def explain(run: Run, inputs: PlanInputs | None, policy: Policy, notes: list[str
     if inputs is None and (diagnosis or level not in (None, Level.OK)):
         notes.append("give --model (and --gpu) for the planner's estimates of unreported terms and its ways out")
     sources = [source for source in (run.log_source, run.metrics_source, run.smi_source) if source]
-    return Explanation(sources, run.device, run.facts.get("version"), _state(run), figures, kv, level,
-                       policy.limits(level) if level is not None else None, diagnosis, action, notes)
+    return Explanation(
+        sources,
+        run.device,
+        run.facts.get("version"),
+        _state(run),
+        figures,
+        kv,
+        level,
+        policy.limits(level) if level is not None else None,
+        diagnosis,
+        action,
+        notes,
+    )
 
 
 def _predict(inputs: PlanInputs | None, notes: list[str]) -> Plan | None:
@@ -85,6 +102,9 @@ def _state(run: Run) -> str:
         return "failed"
     if run.reading is not None:
         return "serving"
-    if any(run.facts.get(fact) is not None for fact in ("kv_cache_size_tokens", "num_gpu_blocks", "cudagraph_captured_bytes", "consumed_bytes")):
+    if any(
+        run.facts.get(fact) is not None
+        for fact in ("kv_cache_size_tokens", "num_gpu_blocks", "cudagraph_captured_bytes", "consumed_bytes")
+    ):
         return "started"
     return "unknown"

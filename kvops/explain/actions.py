@@ -34,8 +34,15 @@ class Action:
         return asdict(self)
 
 
-def next_action(run: Run, inputs: PlanInputs | None, kv: KvNow | None, level: Level | None, diagnosis: Diagnosis | None,
-                figures: list[Figure], notes: list[str]) -> Action:
+def next_action(
+    run: Run,
+    inputs: PlanInputs | None,
+    kv: KvNow | None,
+    level: Level | None,
+    diagnosis: Diagnosis | None,
+    figures: list[Figure],
+    notes: list[str],
+) -> Action:
     if diagnosis is not None:
         return _failure_action(run, inputs, diagnosis, figures, notes)
     if kv is None or level is None:
@@ -46,22 +53,38 @@ def next_action(run: Run, inputs: PlanInputs | None, kv: KvNow | None, level: Le
         return Action(None, f"KV at {kv.usage:.1%} ({level.label}): give --model for the planner's way out", "none")
     demand = max(1, (kv.running or 0) + (kv.waiting or 0))
     pool = kv.pool_bytes or run.pinned_kv_bytes
-    changed = replace(inputs, concurrency=demand, kv_cache_memory_bytes=pool, gpu=None, profile=None) if pool else replace(inputs, concurrency=demand)
+    changed = (
+        replace(inputs, concurrency=demand, kv_cache_memory_bytes=pool, gpu=None, profile=None)
+        if pool
+        else replace(inputs, concurrency=demand)
+    )
     action = _planner(changed, notes)
     if action is None:
-        return Action(None, f"the planner fits {demand} requests of {kv.request_tokens} tokens under the warn level in this pool, yet KV is at "
-                            f"{kv.usage:.1%}: the requests are larger than planned; give their real size (--prompt-tokens/--gen-tokens or --workload)", "planner")
+        return Action(
+            None,
+            f"the planner fits {demand} requests of {kv.request_tokens} tokens under the warn level in this pool, yet KV is at "
+            f"{kv.usage:.1%}: the requests are larger than planned; give their real size (--prompt-tokens/--gen-tokens or --workload)",
+            "planner",
+        )
     return action
 
 
-def _failure_action(run: Run, inputs: PlanInputs | None, diagnosis: Diagnosis, figures: list[Figure], notes: list[str]) -> Action:
+def _failure_action(
+    run: Run, inputs: PlanInputs | None, diagnosis: Diagnosis, figures: list[Figure], notes: list[str]
+) -> Action:
     failure = run.failure
     if failure.kind == "startup_free_memory":
         fraction = floor(failure.startup_free_bytes / failure.total_bytes * 100) / 100
-        return Action(f"--gpu-memory-utilization {fraction:.2f}", f"fits the {format_bytes(failure.startup_free_bytes)} free at startup; or free the "
-                                                                   f"{format_bytes(diagnosis.figures['held_by_others_bytes'])} other processes hold", "engine message")
+        return Action(
+            f"--gpu-memory-utilization {fraction:.2f}",
+            f"fits the {format_bytes(failure.startup_free_bytes)} free at startup; or free the "
+            f"{format_bytes(diagnosis.figures['held_by_others_bytes'])} other processes hold",
+            "engine message",
+        )
     if inputs is not None:
-        action = _planner(_replan_inputs(run, inputs, diagnosis, figures), notes, pinned_by_user=bool(run.pinned_kv_bytes))
+        action = _planner(
+            _replan_inputs(run, inputs, diagnosis, figures), notes, pinned_by_user=bool(run.pinned_kv_bytes)
+        )
         if action is not None:
             return action
     return _engine_advice(run, diagnosis, inputs)
@@ -74,14 +97,40 @@ def _replan_inputs(run: Run, inputs: PlanInputs, diagnosis: Diagnosis, figures: 
     if failure.kind not in ("kv_too_small", "no_kv_memory"):
         return inputs
     by_name = {item.name: item for item in figures}
-    total, requested, weights, kv = by_name["total"].bytes, by_name["requested"].bytes, by_name.get("weights"), by_name["kv_cache"]
-    if total and requested and weights is not None and weights.basis == "reported" and kv.bytes is not None and not run.pinned_kv_bytes:
+    total, requested, weights, kv = (
+        by_name["total"].bytes,
+        by_name["requested"].bytes,
+        by_name.get("weights"),
+        by_name["kv_cache"],
+    )
+    if (
+        total
+        and requested
+        and weights is not None
+        and weights.basis == "reported"
+        and kv.bytes is not None
+        and not run.pinned_kv_bytes
+    ):
         overhead = requested - weights.bytes - kv.bytes
-        profile = Profile("vllm", run.log_source or "the log", tp=inputs.tp, total_memory_bytes=total, weights_bytes=weights.bytes, overhead_bytes=max(0, overhead))
+        profile = Profile(
+            "vllm",
+            run.log_source or "the log",
+            tp=inputs.tp,
+            total_memory_bytes=total,
+            weights_bytes=weights.bytes,
+            overhead_bytes=max(0, overhead),
+        )
         return replace(inputs, profile=profile, kv_cache_memory_bytes=None, concurrency=None)
     pool = run.pinned_kv_bytes or diagnosis.figures.get("available_bytes") or run.facts.get("kv_cache_bytes")
     if pool and pool > 0:
-        return replace(inputs, kv_cache_memory_bytes=pool, gpu=None, profile=None, concurrency=None, max_model_len=failure.max_model_len or inputs.max_model_len)
+        return replace(
+            inputs,
+            kv_cache_memory_bytes=pool,
+            gpu=None,
+            profile=None,
+            concurrency=None,
+            max_model_len=failure.max_model_len or inputs.max_model_len,
+        )
     return inputs
 
 
@@ -100,22 +149,34 @@ def _planner(inputs: PlanInputs, notes: list[str], pinned_by_user: bool = False)
     if result.fits:
         return None
     if pinned_by_user and result.need_bytes and result.kv_cache_bytes < result.need_bytes:
-        return Action(f"--kv-cache-memory-bytes {result.need_bytes}", f"the KV pool the plan needs ({format_bytes(result.need_bytes)}; the run pinned "
-                                                                       f"{format_bytes(result.kv_cache_bytes)})", "planner", problem=result.problem, ways_out=result.ways_out)
+        return Action(
+            f"--kv-cache-memory-bytes {result.need_bytes}",
+            f"the KV pool the plan needs ({format_bytes(result.need_bytes)}; the run pinned "
+            f"{format_bytes(result.kv_cache_bytes)})",
+            "planner",
+            problem=result.problem,
+            ways_out=result.ways_out,
+        )
     ways = [way for way in result.ways_out if not way["change"].startswith("--concurrency")]
     wanted = inputs.workload.total_tokens
 
     def keeps_the_requests(way: dict[str, Any]) -> bool:
         return way["change"] != "--max-model-len auto" or bool(wanted and way["flags"]["max-model-len"] >= wanted)
 
-    chosen = next((way for way in ways if way["fits"] and keeps_the_requests(way)), None) or next((way for way in ways if way["fits"]), None)
+    chosen = next((way for way in ways if way["fits"] and keeps_the_requests(way)), None) or next(
+        (way for way in ways if way["fits"]), None
+    )
     if chosen is None:
         tried = ", ".join(way["change"] for way in ways if way["fits"] is False)
-        return Action(None, f"no single change fits (tried {tried})", "planner", problem=result.problem, ways_out=result.ways_out)
+        return Action(
+            None, f"no single change fits (tried {tried})", "planner", problem=result.problem, ways_out=result.ways_out
+        )
     warning = chosen.get("warning")
     if not keeps_the_requests(chosen):
         warning = f"requests longer than {chosen['flags']['max-model-len']:,} tokens are rejected; nothing else the planner tried fits"
-    return Action(_concrete(chosen), chosen["result"], "planner", warning, chosen.get("flags"), result.problem, result.ways_out)
+    return Action(
+        _concrete(chosen), chosen["result"], "planner", warning, chosen.get("flags"), result.problem, result.ways_out
+    )
 
 
 def _concrete(way: dict[str, Any]) -> str:
@@ -132,12 +193,24 @@ def _engine_advice(run: Run, diagnosis: Diagnosis, inputs: PlanInputs | None) ->
     if failure.kind == "kv_too_small":
         length = failure.estimated_max_model_len or (failure.kv_tokens if failure.kv_tokens else None)
         if length:
-            return Action(f"--max-model-len {length}", f"the longest context the engine's own figures fit{why}", "engine message")
+            return Action(
+                f"--max-model-len {length}", f"the longest context the engine's own figures fit{why}", "engine message"
+            )
     if diagnosis.term == "other_processes":
-        return Action(None, f"free the {format_bytes(figures['held_by_others_bytes'])} other processes hold on the device, or lower --gpu-memory-utilization", "engine message")
+        return Action(
+            None,
+            f"free the {format_bytes(figures['held_by_others_bytes'])} other processes hold on the device, or lower --gpu-memory-utilization",
+            "engine message",
+        )
     advice = {
-        "weights": ("--tensor-parallel-size 2", "split the weights over more GPUs (or --quantization, or a larger GPU)"),
-        "activation": ("--max-num-seqs / --max-num-batched-tokens lower", "the profile run and sampler warm-up size their peak from these"),
+        "weights": (
+            "--tensor-parallel-size 2",
+            "split the weights over more GPUs (or --quantization, or a larger GPU)",
+        ),
+        "activation": (
+            "--max-num-seqs / --max-num-batched-tokens lower",
+            "the profile run and sampler warm-up size their peak from these",
+        ),
         "cuda_graphs": ("--enforce-eager", "no CUDA graphs (or lower --gpu-memory-utilization to leave them room)"),
         "kv_cache": ("--gpu-memory-utilization lower", "a smaller KV pool leaves the allocation room"),
     }.get(diagnosis.term)
@@ -145,7 +218,11 @@ def _engine_advice(run: Run, diagnosis: Diagnosis, inputs: PlanInputs | None) ->
         utilization = run.facts.get("gpu_memory_utilization") or (inputs.memory_fraction if inputs else None)
         if utilization:
             lower = floor((utilization - figures["shortfall_bytes"] / figures["total_bytes"]) * 100) / 100
-            return Action(f"--gpu-memory-utilization {lower:.2f}", f"leaves the {format_bytes(figures['shortfall_bytes'])} the allocation lacked{why}", "engine message")
+            return Action(
+                f"--gpu-memory-utilization {lower:.2f}",
+                f"leaves the {format_bytes(figures['shortfall_bytes'])} the allocation lacked{why}",
+                "engine message",
+            )
     if advice:
         return Action(advice[0], advice[1] + why, "engine message")
     return Action(None, "the log does not show which term ran out" + why, "none")

@@ -37,11 +37,20 @@ def diagnose(failure: Failure | None, run: Run, figures: list[Figure], predicted
     if failure.kind == "startup_free_memory":
         others = failure.total_bytes - failure.startup_free_bytes
         return Diagnosis(
-            "other_processes", None,
+            "other_processes",
+            None,
             f"vLLM needs {format_bytes(failure.requested_bytes)} ({failure.utilization:g} x {format_bytes(failure.total_bytes)}) but only "
             f"{format_bytes(failure.startup_free_bytes)} was free at startup: something else holds {format_bytes(others)} of the device",
-            {"free_bytes": failure.startup_free_bytes, "total_bytes": failure.total_bytes, "requested_bytes": failure.requested_bytes,
-             "utilization": failure.utilization, "held_by_others_bytes": others}, failure.line, "why: vLLM's startup check wants gpu_memory_utilization x total free")
+            {
+                "free_bytes": failure.startup_free_bytes,
+                "total_bytes": failure.total_bytes,
+                "requested_bytes": failure.requested_bytes,
+                "utilization": failure.utilization,
+                "held_by_others_bytes": others,
+            },
+            failure.line,
+            "why: vLLM's startup check wants gpu_memory_utilization x total free",
+        )
     return _out_of_memory(failure, run)
 
 
@@ -57,14 +66,24 @@ def _kv_too_small(failure: Failure, run: Run, predicted: Plan | None) -> Diagnos
     else:
         available = pinned or failure.available_bytes
         needed = _needed_kv(failure, predicted)
-        figures |= {"needed_bytes": needed, "available_bytes": available, "estimated_max_model_len": failure.estimated_max_model_len,
-                    "message_needed_bytes": failure.needed_bytes, "message_available_bytes": failure.available_bytes}
-        text = (f"one request at max_model_len {failure.max_model_len:,} needs {format_bytes(needed)} of KV cache, "
-                f"the engine had {format_bytes(available)}")
+        figures |= {
+            "needed_bytes": needed,
+            "available_bytes": available,
+            "estimated_max_model_len": failure.estimated_max_model_len,
+            "message_needed_bytes": failure.needed_bytes,
+            "message_available_bytes": failure.available_bytes,
+        }
+        text = (
+            f"one request at max_model_len {failure.max_model_len:,} needs {format_bytes(needed)} of KV cache, "
+            f"the engine had {format_bytes(available)}"
+        )
         if failure.estimated_max_model_len:
             text += f"; vLLM estimates {failure.estimated_max_model_len:,} tokens fit"
-    basis = ("why: --kv-cache-memory-bytes pins a pool too small for --max-model-len" if pinned else
-             "why: the budget left after weights, activation peak and non-torch (and, from vLLM 0.21, the CUDA-graph estimate) holds less than one request at max_model_len")
+    basis = (
+        "why: --kv-cache-memory-bytes pins a pool too small for --max-model-len"
+        if pinned
+        else "why: the budget left after weights, activation peak and non-torch (and, from vLLM 0.21, the CUDA-graph estimate) holds less than one request at max_model_len"
+    )
     return Diagnosis("kv_cache", None, text, figures, failure.line, basis)
 
 
@@ -80,14 +99,31 @@ def _needed_kv(failure: Failure, predicted: Plan | None) -> int:
 def _no_kv_memory(failure: Failure, run: Run, figures: list[Figure]) -> Diagnosis:
     by_name = {item.name: item for item in figures}
     kv = failure.available_bytes if failure.available_bytes is not None else run.facts.get("kv_cache_bytes")
-    parts = [by_name[name] for name in ("weights", "non_torch", "activation") if name in by_name and by_name[name].bytes is not None]
+    parts = [
+        by_name[name]
+        for name in ("weights", "non_torch", "activation")
+        if name in by_name and by_name[name].bytes is not None
+    ]
     took = ", ".join(f"{TERM_LABELS[item.name]} {format_bytes(item.bytes)} ({item.basis})" for item in parts)
     requested = by_name.get("requested")
     budget = f" of the {format_bytes(requested.bytes)} budget" if requested and requested.bytes else ""
-    text = f"nothing was left for the KV cache{budget} after the other terms" + (f" ({format_bytes(kv)} available)" if kv is not None else "") + (f": {took}" if took else "")
-    return Diagnosis("kv_cache", None, text, {"available_bytes": kv, "requested_bytes": requested.bytes if requested else None,
-                                        **{f"{item.name}_bytes": item.bytes for item in parts}}, failure.line,
-                     "why: weights, activation peak and non-torch took the whole budget")
+    text = (
+        f"nothing was left for the KV cache{budget} after the other terms"
+        + (f" ({format_bytes(kv)} available)" if kv is not None else "")
+        + (f": {took}" if took else "")
+    )
+    return Diagnosis(
+        "kv_cache",
+        None,
+        text,
+        {
+            "available_bytes": kv,
+            "requested_bytes": requested.bytes if requested else None,
+            **{f"{item.name}_bytes": item.bytes for item in parts},
+        },
+        failure.line,
+        "why: weights, activation peak and non-torch took the whole budget",
+    )
 
 
 PHASE_TEXT = {
@@ -104,7 +140,14 @@ def _out_of_memory(failure: Failure, run: Run) -> Diagnosis:
     term = {"serving": "activation"}.get(failure.phase, failure.phase) or "unknown"
     where = PHASE_TEXT.get(failure.phase, "at a point the log does not show")
     if oom is None:
-        return Diagnosis(term, failure.phase, f"out of memory {where}; the error carries no figures", {}, failure.line, _phase_basis(failure))
+        return Diagnosis(
+            term,
+            failure.phase,
+            f"out of memory {where}; the error carries no figures",
+            {},
+            failure.line,
+            _phase_basis(failure),
+        )
     figures = {key: value for key, value in asdict(oom).items() if key != "other_processes"}
     figures["other_processes"] = [{"pid": pid, "bytes": amount} for pid, amount in oom.other_processes]
     text = f"out of memory {where}: {oom.backend} could not allocate {format_bytes(oom.tried_bytes)}"
@@ -136,7 +179,11 @@ def _out_of_memory(failure: Failure, run: Run) -> Diagnosis:
 
 
 def _phase_basis(failure: Failure) -> str:
-    return f"phase read from {failure.phase_basis}" if failure.phase_basis else "phase unknown: no traceback frame or startup line names it"
+    return (
+        f"phase read from {failure.phase_basis}"
+        if failure.phase_basis
+        else "phase unknown: no traceback frame or startup line names it"
+    )
 
 
 def _held_by_others(oom) -> int | None:

@@ -69,14 +69,30 @@ class KvNow:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "usage": self.usage, "num_blocks": self.num_blocks, "usable_blocks": self.usable_blocks, "block_size": self.block_size,
-            "used_blocks": self.used_blocks, "free_blocks": self.free_blocks, "bytes_per_block": self.bytes_per_block,
-            "bytes_per_block_source": self.bytes_per_block_source, "kv_cache_groups": self.groups, "pool_bytes": self.pool_bytes,
-            "in_use_bytes": self.in_use_bytes, "in_use_tokens": self.in_use_tokens, "headroom_tokens": self.headroom_tokens,
-            "request_tokens": self.request_tokens, "request_blocks": self.request_blocks, "request_source": self.request_source,
-            "headroom_requests": self.headroom_requests, "warn_level": self.warn_level, "headroom_blocks_to_warn": self.warn_headroom_blocks,
-            "headroom_requests_to_warn": self.headroom_requests_to_warn, "running": self.running, "waiting": self.waiting,
-            "preemptions_total": self.preemptions_total, "source": self.source,
+            "usage": self.usage,
+            "num_blocks": self.num_blocks,
+            "usable_blocks": self.usable_blocks,
+            "block_size": self.block_size,
+            "used_blocks": self.used_blocks,
+            "free_blocks": self.free_blocks,
+            "bytes_per_block": self.bytes_per_block,
+            "bytes_per_block_source": self.bytes_per_block_source,
+            "kv_cache_groups": self.groups,
+            "pool_bytes": self.pool_bytes,
+            "in_use_bytes": self.in_use_bytes,
+            "in_use_tokens": self.in_use_tokens,
+            "headroom_tokens": self.headroom_tokens,
+            "request_tokens": self.request_tokens,
+            "request_blocks": self.request_blocks,
+            "request_source": self.request_source,
+            "headroom_requests": self.headroom_requests,
+            "warn_level": self.warn_level,
+            "headroom_blocks_to_warn": self.warn_headroom_blocks,
+            "headroom_requests_to_warn": self.headroom_requests_to_warn,
+            "running": self.running,
+            "waiting": self.waiting,
+            "preemptions_total": self.preemptions_total,
+            "source": self.source,
         }
 
 
@@ -85,7 +101,11 @@ def kv_now(run: Run, predicted: Plan | None, policy: Policy) -> KvNow | None:
     reading = run.reading
     if reading is None:
         return None
-    blocks = run.label_int("num_gpu_blocks") or run.facts.get("num_gpu_blocks") or (predicted.capacity.get("num_blocks") if predicted else None)
+    blocks = (
+        run.label_int("num_gpu_blocks")
+        or run.facts.get("num_gpu_blocks")
+        or (predicted.capacity.get("num_blocks") if predicted else None)
+    )
     block_size = run.label_int("block_size") or (predicted.capacity.get("block_size") if predicted else None)
     if not blocks or not block_size:
         return None
@@ -96,10 +116,21 @@ def kv_now(run: Run, predicted: Plan | None, policy: Policy) -> KvNow | None:
     tokens, request_blocks, request_source = _request_size(run, predicted, blocks, block_size)
     warn = policy.thresholds[Level.WARN]
     return KvNow(
-        usage=reading.kv_usage, num_blocks=blocks, block_size=block_size, used_blocks=used, free_blocks=usable - used,
-        bytes_per_block=per_block, bytes_per_block_source=per_block_source, groups=groups, request_tokens=tokens,
-        request_blocks=request_blocks, request_source=request_source, warn_level=warn,
-        running=exact(reading.running), waiting=exact(reading.waiting), preemptions_total=exact(reading.preemptions_total),
+        usage=reading.kv_usage,
+        num_blocks=blocks,
+        block_size=block_size,
+        used_blocks=used,
+        free_blocks=usable - used,
+        bytes_per_block=per_block,
+        bytes_per_block_source=per_block_source,
+        groups=groups,
+        request_tokens=tokens,
+        request_blocks=request_blocks,
+        request_source=request_source,
+        warn_level=warn,
+        running=exact(reading.running),
+        waiting=exact(reading.waiting),
+        preemptions_total=exact(reading.preemptions_total),
         source=f"{reading.basis} x (vllm:cache_config_info num_gpu_blocks {blocks} - 1 null block)",
     )
 
@@ -109,7 +140,10 @@ def _bytes_per_block(run: Run, predicted: Plan | None, blocks: int) -> tuple[int
         return predicted.capacity["bytes_per_block"], "computed: the plan's KV layout for this model"
     pinned = run.pinned_kv_bytes
     if pinned:
-        return pinned // blocks, f"~ --kv-cache-memory-bytes {pinned} / {blocks} blocks (give --model for the exact block size)"
+        return (
+            pinned // blocks,
+            f"~ --kv-cache-memory-bytes {pinned} / {blocks} blocks (give --model for the exact block size)",
+        )
     kv = run.facts.get("kv_cache_bytes")
     if kv and kv > 0:
         return kv // blocks, f"~ the log's KV cache memory / {blocks} blocks (give --model for the exact block size)"
@@ -132,5 +166,9 @@ def _request_size(run: Run, predicted: Plan | None, blocks: int, block_size: int
         per_request = round(blocks / concurrency)  # max concurrency = num_gpu_blocks / blocks per request
         return length, per_request, f"max_model_len {length} at the engine's own max concurrency {concurrency:g}x"
     if length:
-        return length, -(-length // block_size), f"max_model_len {length}, one full-attention KV group assumed (give --model for the exact layout)"
+        return (
+            length,
+            -(-length // block_size),
+            f"max_model_len {length}, one full-attention KV group assumed (give --model for the exact layout)",
+        )
     return None, None, "unknown: give --model or --prompt-tokens/--gen-tokens"

@@ -37,10 +37,25 @@ def memory_figures(run: Run, predicted: Plan | None, inputs: PlanInputs | None) 
     if run.smi:
         figures.append(Figure("used", run.smi.used_bytes, "nvidia-smi", f"{run.smi_source}: {run.smi.describe()}"))
     elif oom and oom.total_bytes is not None and oom.free_bytes is not None:
-        figures.append(Figure("used", oom.total_bytes - oom.free_bytes, "reported", "total - free in torch's out-of-memory message, at the failed allocation", run.failure.line))
+        figures.append(
+            Figure(
+                "used",
+                oom.total_bytes - oom.free_bytes,
+                "reported",
+                "total - free in torch's out-of-memory message, at the failed allocation",
+                run.failure.line,
+            )
+        )
     if facts.get("startup_free_bytes") is not None and figures[0].bytes:
-        figures.append(Figure("before_engine", figures[0].bytes - facts["startup_free_bytes"], "derived",
-                              f"total - free at startup (other processes, CUDA contexts): log {run.quote('startup_free_bytes')}", run.line("startup_free_bytes")))
+        figures.append(
+            Figure(
+                "before_engine",
+                figures[0].bytes - facts["startup_free_bytes"],
+                "derived",
+                f"total - free at startup (other processes, CUDA contexts): log {run.quote('startup_free_bytes')}",
+                run.line("startup_free_bytes"),
+            )
+        )
     figures.append(_requested(run, figures[0], inputs))
 
     def reported(name: str, value: int | None, fact: str) -> Figure | None:
@@ -51,18 +66,45 @@ def memory_figures(run: Run, predicted: Plan | None, inputs: PlanInputs | None) 
         if term is not None:
             return Figure(name, term.bytes, term.basis, f"plan: {term.formula}")
         if run.device == "cpu":
-            return Figure(name, None, "missing", "the CPU build logs no such figure (host memory, not measured per term)")
-        return Figure(name, None, "missing", "not reported by the engine" + ("" if predicted else "; give --model for the planner's figure"))
+            return Figure(
+                name, None, "missing", "the CPU build logs no such figure (host memory, not measured per term)"
+            )
+        return Figure(
+            name,
+            None,
+            "missing",
+            "not reported by the engine" + ("" if predicted else "; give --model for the planner's figure"),
+        )
 
     weights = reported("weights", facts.get("weights_bytes"), "weights_bytes")
     if weights is None and oom and oom.allocated_bytes is not None and run.failure.phase == "weights":
         whole = f"; the plan's full weights: {format_bytes(planned['weights'].bytes)}" if "weights" in planned else ""
-        weights = Figure("weights", oom.allocated_bytes, "reported", f"at least: PyTorch's allocation when loading failed, {format_bytes(oom.tried_bytes)} more asked{whole}", run.failure.line)
+        weights = Figure(
+            "weights",
+            oom.allocated_bytes,
+            "reported",
+            f"at least: PyTorch's allocation when loading failed, {format_bytes(oom.tried_bytes)} more asked{whole}",
+            run.failure.line,
+        )
     non_torch = reported("non_torch", facts.get("non_torch_bytes"), "non_torch_bytes")
     if non_torch is None and log and log.non_torch_bytes is not None:
-        non_torch = Figure("non_torch", log.non_torch_bytes, "derived", f"log {run.quote('consumed_bytes')} less the weights", run.line("consumed_bytes"))
+        non_torch = Figure(
+            "non_torch",
+            log.non_torch_bytes,
+            "derived",
+            f"log {run.quote('consumed_bytes')} less the weights",
+            run.line("consumed_bytes"),
+        )
     if weights is None and non_torch is None and "consumed_bytes" in facts:
-        figures.append(Figure("weights+non_torch", facts["consumed_bytes"], "reported", f"log: {run.quote('consumed_bytes')}", run.line("consumed_bytes")))
+        figures.append(
+            Figure(
+                "weights+non_torch",
+                facts["consumed_bytes"],
+                "reported",
+                f"log: {run.quote('consumed_bytes')}",
+                run.line("consumed_bytes"),
+            )
+        )
     else:
         figures.append(weights or from_plan("weights"))
         figures.append(non_torch or from_plan("non_torch"))
@@ -88,7 +130,11 @@ def _not_reached(run: Run, item: Figure) -> Figure:
     key = failure.kind if failure and failure.kind == "startup_free_memory" else failure.phase if failure else None
     if item.name not in _NOT_REACHED.get(key, ()) or item.basis in ("reported", "derived"):
         return item
-    planned = f" (the plan's figure: {format_bytes(item.bytes)})" if item.bytes is not None and item.basis in ("computed", "estimate") else ""
+    planned = (
+        f" (the plan's figure: {format_bytes(item.bytes)})"
+        if item.bytes is not None and item.basis in ("computed", "estimate")
+        else ""
+    )
     where = "at its startup check" if key == "startup_free_memory" else "while loading the weights"
     return Figure(item.name, None, "n/a", f"not reached: the engine failed {where}{planned}")
 
@@ -97,12 +143,23 @@ def _implied_kv(run: Run) -> Figure | None:
     """KV the budget left when the log itemises every other term: budget - weights - activation - non-torch
     (- the CUDA-graph estimate, when vLLM applied one), as `determine_available_memory` computes it."""
     log, facts = run.log, run.facts
-    if not log or "requested_bytes" not in facts or "weights_bytes" not in facts or log.activation_bytes is None or log.non_torch_bytes is None:
+    if (
+        not log
+        or "requested_bytes" not in facts
+        or "weights_bytes" not in facts
+        or log.activation_bytes is None
+        or log.non_torch_bytes is None
+    ):
         return None
     reserve = log.cudagraph_estimate_applied or 0
     kv = facts["requested_bytes"] - facts["weights_bytes"] - log.activation_bytes - log.non_torch_bytes - reserve
     graphs = " - the CUDA-graph estimate" if reserve else ""
-    return Figure("kv_cache", kv, "derived", f"budget - weights - activation peak - non-torch{graphs}: what the log's figures leave (vLLM's sizing)")
+    return Figure(
+        "kv_cache",
+        kv,
+        "derived",
+        f"budget - weights - activation peak - non-torch{graphs}: what the log's figures leave (vLLM's sizing)",
+    )
 
 
 def _overhead(figures: list[Figure]) -> Figure | None:
@@ -114,12 +171,20 @@ def _overhead(figures: list[Figure]) -> Figure | None:
     if requested.bytes is None or kv.basis != "reported" or kv.bytes is None or weights is None:
         return None
     if weights.basis != "reported":
-        return Figure("weights+overhead", requested.bytes - kv.bytes, "derived",
-                      "budget - KV cache: weights + non-torch + activation peak (+ the CUDA-graph estimate vLLM >= 0.21 reserves), as the engine sized them")
+        return Figure(
+            "weights+overhead",
+            requested.bytes - kv.bytes,
+            "derived",
+            "budget - KV cache: weights + non-torch + activation peak (+ the CUDA-graph estimate vLLM >= 0.21 reserves), as the engine sized them",
+        )
     if all(item.basis in ("reported", "derived") for item in others):
         return None
-    return Figure("overhead", requested.bytes - weights.bytes - kv.bytes, "derived",
-                  "budget - weights - KV cache: non-torch + activation peak (+ the CUDA-graph estimate vLLM >= 0.21 reserves), as the engine sized them")
+    return Figure(
+        "overhead",
+        requested.bytes - weights.bytes - kv.bytes,
+        "derived",
+        "budget - weights - KV cache: non-torch + activation peak (+ the CUDA-graph estimate vLLM >= 0.21 reserves), as the engine sized them",
+    )
 
 
 def device_total(run: Run) -> int | None:
@@ -132,12 +197,30 @@ def _total(run: Run, planned: dict) -> Figure:
         return Figure("total", run.smi.total_bytes, "nvidia-smi", f"{run.smi_source}: {run.smi.describe()}")
     if run.facts.get("total_memory_bytes"):
         what = "host memory of the NUMA node (CPU build)" if run.device == "cpu" else "the device total torch saw"
-        return Figure("total", run.facts["total_memory_bytes"], "reported", f"{what}: log {run.quote('total_memory_bytes')}", run.line("total_memory_bytes"))
+        return Figure(
+            "total",
+            run.facts["total_memory_bytes"],
+            "reported",
+            f"{what}: log {run.quote('total_memory_bytes')}",
+            run.line("total_memory_bytes"),
+        )
     failure = run.failure
     if failure and failure.oom and failure.oom.total_bytes:
-        return Figure("total", failure.oom.total_bytes, "reported", "torch's out-of-memory message: 'GPU N has a total capacity of ...'", failure.line)
+        return Figure(
+            "total",
+            failure.oom.total_bytes,
+            "reported",
+            "torch's out-of-memory message: 'GPU N has a total capacity of ...'",
+            failure.line,
+        )
     if failure and failure.total_bytes:
-        return Figure("total", failure.total_bytes, "reported", "the startup check: 'Free memory on device (free/total GiB)'", failure.line)
+        return Figure(
+            "total",
+            failure.total_bytes,
+            "reported",
+            "the startup check: 'Free memory on device (free/total GiB)'",
+            failure.line,
+        )
     if "total" in planned:
         return Figure("total", planned["total"].bytes, planned["total"].basis, planned["total"].formula)
     return Figure("total", None, "missing", "no device total: give --nvidia-smi FILE, --gpu NAME or --gpu-memory SIZE")
@@ -146,15 +229,35 @@ def _total(run: Run, planned: dict) -> Figure:
 def _requested(run: Run, total: Figure, inputs: PlanInputs | None) -> Figure:
     facts = run.facts
     if facts.get("requested_bytes"):
-        return Figure("requested", facts["requested_bytes"], "reported", f"log: {run.quote('requested_bytes')}", run.line("requested_bytes"))
+        return Figure(
+            "requested",
+            facts["requested_bytes"],
+            "reported",
+            f"log: {run.quote('requested_bytes')}",
+            run.line("requested_bytes"),
+        )
     pinned = run.pinned_kv_bytes
     if pinned:
-        return Figure("requested", None, "n/a", f"--kv-cache-memory-bytes {pinned}: vLLM sizes nothing from gpu_memory_utilization")
-    stated = facts.get("gpu_memory_utilization") or (facts["cudagraph_utilization"][0] if "cudagraph_utilization" in facts else None) or run.label_float("gpu_memory_utilization")
+        return Figure(
+            "requested",
+            None,
+            "n/a",
+            f"--kv-cache-memory-bytes {pinned}: vLLM sizes nothing from gpu_memory_utilization",
+        )
+    stated = (
+        facts.get("gpu_memory_utilization")
+        or (facts["cudagraph_utilization"][0] if "cudagraph_utilization" in facts else None)
+        or run.label_float("gpu_memory_utilization")
+    )
     utilization = stated or (inputs.memory_fraction if inputs else None)
     if utilization and total.bytes and run.device == "gpu":
         where = "the run's" if stated else "the given"
-        return Figure("requested", ceil(total.bytes * utilization), "derived", f"ceil(total x {where} gpu_memory_utilization {utilization:g}) (vLLM's budget)")
+        return Figure(
+            "requested",
+            ceil(total.bytes * utilization),
+            "derived",
+            f"ceil(total x {where} gpu_memory_utilization {utilization:g}) (vLLM's budget)",
+        )
     return Figure("requested", None, "missing", "gpu_memory_utilization not known")
 
 
@@ -164,13 +267,29 @@ def _activation(run: Run, from_plan) -> Figure:
     if value is None:
         return from_plan("activation")
     if "activation_bytes" in facts:
-        return Figure("activation", value, "reported", f"log: {run.quote('activation_bytes')}", run.line("activation_bytes"))
+        return Figure(
+            "activation", value, "reported", f"log: {run.quote('activation_bytes')}", run.line("activation_bytes")
+        )
     if "peak_torch_bytes" in facts:
-        return Figure("activation", value, "derived", f"log {run.quote('peak_torch_bytes')} less the weights", run.line("peak_torch_bytes"))
+        return Figure(
+            "activation",
+            value,
+            "derived",
+            f"log {run.quote('peak_torch_bytes')} less the weights",
+            run.line("peak_torch_bytes"),
+        )
     applied = log.cudagraph_estimate_applied
     if applied:
-        return Figure("activation", value, "derived", f"log {run.quote('peak_activation_bytes')} less the CUDA-graph estimate ({format_bytes(applied)}) vLLM counts in it", run.line("peak_activation_bytes"))
-    return Figure("activation", value, "reported", f"log: {run.quote('peak_activation_bytes')}", run.line("peak_activation_bytes"))
+        return Figure(
+            "activation",
+            value,
+            "derived",
+            f"log {run.quote('peak_activation_bytes')} less the CUDA-graph estimate ({format_bytes(applied)}) vLLM counts in it",
+            run.line("peak_activation_bytes"),
+        )
+    return Figure(
+        "activation", value, "reported", f"log: {run.quote('peak_activation_bytes')}", run.line("peak_activation_bytes")
+    )
 
 
 def _cuda_graphs(run: Run, total: int | None, from_plan) -> Figure:
@@ -182,33 +301,71 @@ def _cuda_graphs(run: Run, total: int | None, from_plan) -> Figure:
     if "cudagraph_captured_bytes" in facts:
         reserve = log.cudagraph_estimate_applied
         extra = f" (vLLM reserved its estimate, {format_bytes(reserve)}, for them in the budget)" if reserve else ""
-        return Figure("cuda_graphs", facts["cudagraph_captured_bytes"], "reported", f"log: {run.quote('cudagraph_captured_bytes')}{extra}", run.line("cudagraph_captured_bytes"))
+        return Figure(
+            "cuda_graphs",
+            facts["cudagraph_captured_bytes"],
+            "reported",
+            f"log: {run.quote('cudagraph_captured_bytes')}{extra}",
+            run.line("cudagraph_captured_bytes"),
+        )
     estimate = log.cudagraph_bytes(facts.get("total_memory_bytes") or total) if log else None
     if estimate is not None:
         if "cudagraph_bytes" in facts:
-            return Figure("cuda_graphs", estimate, "reported", f"vLLM's estimate, reserved before sizing KV: log {run.quote('cudagraph_bytes')}", run.line("cudagraph_bytes"))
-        return Figure("cuda_graphs", estimate, "derived", f"vLLM's estimate, reserved before sizing KV: the utilization it is worth x total, log {run.quote('cudagraph_utilization')}",
-                      run.line("cudagraph_utilization"))
+            return Figure(
+                "cuda_graphs",
+                estimate,
+                "reported",
+                f"vLLM's estimate, reserved before sizing KV: log {run.quote('cudagraph_bytes')}",
+                run.line("cudagraph_bytes"),
+            )
+        return Figure(
+            "cuda_graphs",
+            estimate,
+            "derived",
+            f"vLLM's estimate, reserved before sizing KV: the utilization it is worth x total, log {run.quote('cudagraph_utilization')}",
+            run.line("cudagraph_utilization"),
+        )
     return from_plan("cuda_graphs")
 
 
 def _kv_cache(run: Run, predicted: Plan | None, from_plan) -> Figure:
     pinned = run.pinned_kv_bytes
     if pinned:
-        where = "the run's --kv-cache-memory-bytes" if run.log and run.log.args.get("kv_cache_memory_bytes") else "vllm:cache_config_info kv_cache_memory_bytes"
+        where = (
+            "the run's --kv-cache-memory-bytes"
+            if run.log and run.log.args.get("kv_cache_memory_bytes")
+            else "vllm:cache_config_info kv_cache_memory_bytes"
+        )
         return Figure("kv_cache", pinned, "reported", f"{where} (vLLM allocates exactly this)")
     if "kv_cache_bytes" in run.facts:
-        return Figure("kv_cache", run.facts["kv_cache_bytes"], "reported", f"log: {run.quote('kv_cache_bytes')}", run.line("kv_cache_bytes"))
+        return Figure(
+            "kv_cache",
+            run.facts["kv_cache_bytes"],
+            "reported",
+            f"log: {run.quote('kv_cache_bytes')}",
+            run.line("kv_cache_bytes"),
+        )
     failure = run.failure
     if failure and failure.kind == "kv_too_small" and failure.available_bytes is not None:
-        return Figure("kv_cache", failure.available_bytes, "reported", "the KV error: 'larger than the available KV cache memory (...)'", failure.line)
+        return Figure(
+            "kv_cache",
+            failure.available_bytes,
+            "reported",
+            "the KV error: 'larger than the available KV cache memory (...)'",
+            failure.line,
+        )
     implied = _implied_kv(run)
     if implied is not None:
         return implied
     blocks = run.label_int("num_gpu_blocks")
     if blocks and predicted:
         per_block = predicted.capacity["bytes_per_block"]
-        return Figure("kv_cache", blocks * per_block, "derived", f"vllm:cache_config_info num_gpu_blocks {blocks} x {per_block} B per block (plan's layout)")
+        return Figure(
+            "kv_cache",
+            blocks * per_block,
+            "derived",
+            f"vllm:cache_config_info num_gpu_blocks {blocks} x {per_block} B per block (plan's layout)",
+        )
     return from_plan("kv_cache")
 
 
@@ -216,7 +373,9 @@ def _totals(figures: list[Figure]) -> list[Figure]:
     """The engine's memory in all (the derived overhead standing for the terms it covers) and what is left."""
     by_name = {item.name: item for item in figures}
     derived = next((name for name in ("overhead", "weights+overhead") if name in by_name), None)
-    names = {"overhead": ("weights", "overhead", "kv_cache"), "weights+overhead": ("weights+overhead", "kv_cache")}.get(derived, (*TERMS, "weights+non_torch"))
+    names = {"overhead": ("weights", "overhead", "kv_cache"), "weights+overhead": ("weights+overhead", "kv_cache")}.get(
+        derived, (*TERMS, "weights+non_torch")
+    )
     parts = [item for item in figures if item.name in names]
     known = [item for item in parts if item.bytes is not None]
     if not known:
@@ -224,16 +383,44 @@ def _totals(figures: list[Figure]) -> list[Figure]:
     engine = sum(max(0, item.bytes) for item in known)
     missing = [item.name for item in parts if item.bytes is None]
     bases = ", ".join(sorted({item.basis for item in known}))
-    what = {"overhead": "weights + overhead + KV cache", "weights+overhead": "weights + overhead + KV cache (the budget)"}.get(derived, "sum of the terms above")
-    out = [Figure("engine", engine, "derived", f"{what} ({bases})" + (f"; without {', '.join(missing)}" if missing else ""))]
+    what = {
+        "overhead": "weights + overhead + KV cache",
+        "weights+overhead": "weights + overhead + KV cache (the budget)",
+    }.get(derived, "sum of the terms above")
+    out = [
+        Figure(
+            "engine", engine, "derived", f"{what} ({bases})" + (f"; without {', '.join(missing)}" if missing else "")
+        )
+    ]
     total, used, before = by_name["total"], by_name.get("used"), by_name.get("before_engine")
     if used is not None and used.basis == "nvidia-smi":
         unreported = f", and the unreported {', '.join(missing)}" if missing else ""
-        out.append(Figure("outside_engine", used.bytes - engine, "derived", f"nvidia-smi used - the engine's terms: CUDA context, other processes, allocator cache{unreported}"))
+        out.append(
+            Figure(
+                "outside_engine",
+                used.bytes - engine,
+                "derived",
+                f"nvidia-smi used - the engine's terms: CUDA context, other processes, allocator cache{unreported}",
+            )
+        )
     if total.bytes is not None and used is not None:
         out.append(Figure("free", total.bytes - used.bytes, "derived", "total - used"))
     elif total.bytes is not None and not missing and before is not None:
-        out.append(Figure("free", total.bytes - before.bytes - engine, "derived", "total - held before startup - the engine's terms"))
+        out.append(
+            Figure(
+                "free",
+                total.bytes - before.bytes - engine,
+                "derived",
+                "total - held before startup - the engine's terms",
+            )
+        )
     elif total.bytes is not None and not missing:
-        out.append(Figure("free", total.bytes - engine, "derived", "total - the engine's terms (free, CUDA context, other processes)"))
+        out.append(
+            Figure(
+                "free",
+                total.bytes - engine,
+                "derived",
+                "total - the engine's terms (free, CUDA context, other processes)",
+            )
+        )
     return out

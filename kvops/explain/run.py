@@ -11,8 +11,13 @@ from kvops.nvidia_smi import SmiDevice
 
 TERMS = ("weights", "non_torch", "activation", "cuda_graphs", "kv_cache")
 TERM_LABELS = {
-    "weights": "weights", "non_torch": "non-torch memory", "activation": "activation peak", "cuda_graphs": "CUDA graphs",
-    "kv_cache": "KV cache", "other_processes": "other processes", "overhead": "overhead",
+    "weights": "weights",
+    "non_torch": "non-torch memory",
+    "activation": "activation peak",
+    "cuda_graphs": "CUDA graphs",
+    "kv_cache": "KV cache",
+    "other_processes": "other processes",
+    "overhead": "overhead",
 }
 
 
@@ -68,5 +73,7 @@ class Run:
     def known_kv_pool(self) -> int | None:
         """The KV pool the run states: pinned, in its KV error, or in its log (None when not positive)."""
         failure = self.failure
-        pool = self.pinned_kv_bytes or (failure.available_bytes if failure else None) or self.facts.get("kv_cache_bytes")
+        pool = (
+            self.pinned_kv_bytes or (failure.available_bytes if failure else None) or self.facts.get("kv_cache_bytes")
+        )
         return pool if pool and pool > 0 else None

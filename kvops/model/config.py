@@ -65,7 +65,9 @@ def spec_from_config(
     head_dim = text.get("head_dim")
     if head_dim is None:
         if hidden % num_heads:
-            raise ConfigError(f"{where}: no head_dim and hidden_size {hidden} is not divisible by num_attention_heads {num_heads}")
+            raise ConfigError(
+                f"{where}: no head_dim and hidden_size {hidden} is not divisible by num_attention_heads {num_heads}"
+            )
         head_dim = hidden // num_heads
     head_dim = reader.check_positive("head_dim", head_dim)
     if head_dim * num_heads != hidden and "head_dim" in text:
@@ -73,7 +75,9 @@ def spec_from_config(
 
     layers = _layer_kinds(text, reader, num_layers, kv_heads, head_dim, notes)
     dtype = _serving_dtype(text, config, notes)
-    counted = count_parameters(text, num_layers=num_layers, hidden=hidden, num_heads=num_heads, kv_heads=kv_heads, head_dim=head_dim)
+    counted = count_parameters(
+        text, num_layers=num_layers, hidden=hidden, num_heads=num_heads, kv_heads=kv_heads, head_dim=head_dim
+    )
     return ModelSpec(
         name=name,
         source=source,
@@ -100,7 +104,9 @@ def spec_from_config(
     )
 
 
-def _layer_kinds(text: dict, reader: "_Reader", num_layers: int, kv_heads: int, head_dim: int, notes: list[str]) -> tuple[LayerKind, ...]:
+def _layer_kinds(
+    text: dict, reader: _Reader, num_layers: int, kv_heads: int, head_dim: int, notes: list[str]
+) -> tuple[LayerKind, ...]:
     if text.get("kv_lora_rank"):
         latent = MultiLatentAttention(
             kv_lora_rank=reader.positive(("kv_lora_rank",)),
@@ -124,7 +130,9 @@ def _sliding_layers(text: dict, num_layers: int, where: str, notes: list[str]) -
     layer_types = text.get("layer_types")
     if layer_types:
         if len(layer_types) != num_layers:
-            raise ConfigError(f"{where}: layer_types lists {len(layer_types)} layers but num_hidden_layers is {num_layers}")
+            raise ConfigError(
+                f"{where}: layer_types lists {len(layer_types)} layers but num_hidden_layers is {num_layers}"
+            )
         return [kind == "sliding_attention" for kind in layer_types]
     if not window:
         if "sliding_window" in text:
@@ -162,7 +170,12 @@ def _serving_dtype(text: dict, config: dict, notes: list[str]) -> str:
 
 
 def _max_positions(text: dict) -> int | None:
-    value = text.get("max_position_embeddings") or text.get("n_positions") or text.get("max_sequence_length") or text.get("seq_length")
+    value = (
+        text.get("max_position_embeddings")
+        or text.get("n_positions")
+        or text.get("max_sequence_length")
+        or text.get("seq_length")
+    )
     return int(value) if value else None
 
 

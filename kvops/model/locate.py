@@ -55,7 +55,9 @@ def _from_file(path: Path, *, name: str, source: str, parameters: int | None = N
         raise ConfigError(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
     if not isinstance(config, dict):
         raise ConfigError(f"{path}: a config.json must hold a JSON object")
-    return spec_from_config(config, name=name, source=source, where=str(path), source_path=str(path), parameters=parameters)
+    return spec_from_config(
+        config, name=name, source=source, where=str(path), source_path=str(path), parameters=parameters
+    )
 
 
 def _hf_cache_config(repo_id: str) -> Path | None:

@@ -18,7 +18,9 @@ class ParameterCount:
     num_experts: int
 
 
-def count_parameters(text: dict[str, Any], *, num_layers: int, hidden: int, num_heads: int, kv_heads: int, head_dim: int) -> ParameterCount:
+def count_parameters(
+    text: dict[str, Any], *, num_layers: int, hidden: int, num_heads: int, kv_heads: int, head_dim: int
+) -> ParameterCount:
     vocab = int(text.get("vocab_size") or 0)
     embed_dim = int(text.get("word_embed_proj_dim") or hidden)
     embeddings = vocab * embed_dim
@@ -26,9 +28,13 @@ def count_parameters(text: dict[str, Any], *, num_layers: int, hidden: int, num_
         embeddings += 2 * embed_dim * hidden
     if text.get("model_type") == "opt":
         embeddings += (int(text.get("max_position_embeddings") or 0) + 2) * hidden  # learned positions, offset 2
-    lm_head = 0 if text.get("tie_word_embeddings", True if text.get("model_type") in _TIED_BY_DEFAULT else False) else vocab * embed_dim
+    lm_head = 0 if text.get("tie_word_embeddings", text.get("model_type") in _TIED_BY_DEFAULT) else vocab * embed_dim
 
-    attention = _mla_attention(text, hidden, num_heads) if text.get("kv_lora_rank") else _gqa_attention(text, hidden, num_heads, kv_heads, head_dim)
+    attention = (
+        _mla_attention(text, hidden, num_heads)
+        if text.get("kv_lora_rank")
+        else _gqa_attention(text, hidden, num_heads, kv_heads, head_dim)
+    )
     num_experts = int(text.get("n_routed_experts") or text.get("num_local_experts") or text.get("num_experts") or 0)
     dense_mlp = _dense_mlp(text, hidden)
     norms = _norms_per_layer(text, hidden, head_dim)

@@ -7,9 +7,10 @@ kv_lora_rank + qk_rope_head_dim values per token, the same on every tensor-paral
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from math import ceil
-from typing import ClassVar, Union
+from typing import ClassVar
 
 from kvops.dtypes import SCALE_BYTES, KvDtype
 
@@ -109,7 +110,7 @@ class MultiLatentAttention:
         return f"({self.kv_lora_rank} kv_lora_rank + {self.qk_rope_head_dim} qk_rope_head_dim) x {dtype.bytes:g} B (not split by tp)"
 
 
-LayerKind = Union[FullAttention, SlidingWindow, MultiLatentAttention]
+LayerKind = FullAttention | SlidingWindow | MultiLatentAttention
 
 
 @dataclass(frozen=True)
@@ -198,6 +199,6 @@ def _stride_note(indices: tuple[int, ...]) -> str:
     if len(indices) < 2:
         return f" (layer {indices[0]})"
     stride = indices[1] - indices[0]
-    if all(b - a == stride for a, b in zip(indices, indices[1:])):
+    if all(b - a == stride for a, b in itertools.pairwise(indices)):
         return f" (every {stride} from {indices[0]})" if stride > 1 else f" (layers {indices[0]}-{indices[-1]})"
     return ""

@@ -6,14 +6,37 @@ from kvops.explain import TERM_LABELS, Explanation, Figure
 from kvops.units import format_bytes
 
 ROW_NAMES = {
-    "total": "device total", "used": "used", "before_engine": "held before startup", "requested": "budget", "weights": "weights", "weights+non_torch": "weights + non-torch",
-    "non_torch": "non-torch", "activation": "activation peak", "cuda_graphs": "CUDA graphs", "kv_cache": "KV cache", "overhead": "  overhead (sum)", "weights+overhead": "  weights + overhead", "engine": "engine total",
-    "outside_engine": "not the engine's", "free": "free",
+    "total": "device total",
+    "used": "used",
+    "before_engine": "held before startup",
+    "requested": "budget",
+    "weights": "weights",
+    "weights+non_torch": "weights + non-torch",
+    "non_torch": "non-torch",
+    "activation": "activation peak",
+    "cuda_graphs": "CUDA graphs",
+    "kv_cache": "KV cache",
+    "overhead": "  overhead (sum)",
+    "weights+overhead": "  weights + overhead",
+    "engine": "engine total",
+    "outside_engine": "not the engine's",
+    "free": "free",
 }
-HEADLINES = {"other_processes": "memory other processes hold", "unknown": "out of memory (the log does not show in which phase)"}
+HEADLINES = {
+    "other_processes": "memory other processes hold",
+    "unknown": "out of memory (the log does not show in which phase)",
+}
 BASIS_NAMES = {
-    "reported": "engine", "derived": "engine (derived)", "nvidia-smi": "nvidia-smi", "input": "input", "computed": "plan (computed)",
-    "estimate": "plan ESTIMATE", "measured": "profile", "exact": "exact", "missing": "-", "n/a": "n/a",
+    "reported": "engine",
+    "derived": "engine (derived)",
+    "nvidia-smi": "nvidia-smi",
+    "input": "input",
+    "computed": "plan (computed)",
+    "estimate": "plan ESTIMATE",
+    "measured": "profile",
+    "exact": "exact",
+    "missing": "-",
+    "n/a": "n/a",
 }
 
 
@@ -47,10 +70,21 @@ def _memory_lines(result: Explanation) -> list[str]:
     total = result.figure("total")
     title = "memory per GPU" if result.device == "gpu" else "memory (CPU build: host memory)"
     lines = [title]
-    rows = [(ROW_NAMES.get(item.name, item.name), _bytes(item), _share(item, total), BASIS_NAMES.get(item.basis, item.basis), item.source) for item in result.figures]
+    rows = [
+        (
+            ROW_NAMES.get(item.name, item.name),
+            _bytes(item),
+            _share(item, total),
+            BASIS_NAMES.get(item.basis, item.basis),
+            item.source,
+        )
+        for item in result.figures
+    ]
     widths = [max(len(row[column]) for row in rows) for column in range(4)]
     for name, amount, share, basis, source in rows:
-        lines.append(f"  {name:<{widths[0]}}  {amount:>{widths[1]}}  {share:>{widths[2]}}  {basis:<{widths[3]}}  {_short(source)}".rstrip())
+        lines.append(
+            f"  {name:<{widths[0]}}  {amount:>{widths[1]}}  {share:>{widths[2]}}  {basis:<{widths[3]}}  {_short(source)}".rstrip()
+        )
     return lines
 
 
@@ -73,22 +107,23 @@ def _kv_lines(result: Explanation) -> list[str]:
     kv = result.kv
     in_use = f", {format_bytes(kv.in_use_bytes)}" if kv.in_use_bytes is not None else ""
     pool = f" ({format_bytes(kv.pool_bytes)})" if kv.pool_bytes is not None else ""
-    lines = [
+    return [
         "KV cache now",
         f"  in use     {kv.used_blocks} of {kv.usable_blocks} usable blocks of {kv.block_size} tokens{pool}: {kv.usage:.1%}{in_use}, {kv.in_use_tokens:,} token slots",
         f"  headroom   {kv.free_blocks} blocks = {kv.headroom_tokens:,} tokens" + _requests(kv),
         f"  requests   {_count(kv.running)} running, {_count(kv.waiting)} waiting, {_count(kv.preemptions_total)} preemptions so far",
         f"  read from  {kv.source}; block size {kv.bytes_per_block_source}",
     ]
-    return lines
 
 
 def _requests(kv) -> str:
     if kv.request_blocks is None:
         return f" (request size {kv.request_source})"
     size = f"{kv.request_tokens:,} tokens" if kv.request_tokens else "the planned size"
-    return (f" = {kv.headroom_requests} more request(s) of {size} ({kv.request_blocks} blocks each, {kv.request_source}); "
-            f"{kv.headroom_requests_to_warn} before the warn level ({kv.warn_level:.0%}, {kv.warn_headroom_blocks} blocks)")
+    return (
+        f" = {kv.headroom_requests} more request(s) of {size} ({kv.request_blocks} blocks each, {kv.request_source}); "
+        f"{kv.headroom_requests_to_warn} before the warn level ({kv.warn_level:.0%}, {kv.warn_headroom_blocks} blocks)"
+    )
 
 
 def _count(value) -> str:
@@ -99,13 +134,17 @@ def _level_lines(result: Explanation) -> list[str]:
     lines = []
     if result.level is not None:
         effects = result.limits.effects() if result.limits else []
-        lines.append(f"level      {result.level.label}: " + (f"new requests {' and '.join(effects)}" if effects else "no limits"))
+        lines.append(
+            f"level      {result.level.label}: " + (f"new requests {' and '.join(effects)}" if effects else "no limits")
+        )
     action = result.action
     if action.change:
         lines.append(f"next       {action.change}  ({action.source})")
         lines.append(f"           {action.result}" + (f" ({action.warning})" if action.warning else ""))
     else:
-        lines.append(f"next       {action.result}" + (f" ({action.source})" if action.source not in ("none", "policy") else ""))
+        lines.append(
+            f"next       {action.result}" + (f" ({action.source})" if action.source not in ("none", "policy") else "")
+        )
     if action.problem:
         lines.append(f"           the run as it is: {action.problem}")
     return lines

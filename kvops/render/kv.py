@@ -82,22 +82,46 @@ def kv_text(spec: ModelSpec, cost: KVCost, fit: MemoryFit | None = None) -> str:
         ("bytes per token", format_bytes(cost.bytes_per_token), formulas),
         ("effective batch", str(cost.effective_batch), f"batch {cost.batch} x beams {cost.beams}"),
         ("token tax", format_bytes(cost.token_tax_bytes), "added per generated token, whole batch"),
-        ("total", format_bytes(cost.total_bytes), f"{cost.effective_batch} x {format_bytes(cost.sequence_bytes)} per sequence of {cost.tokens} tokens, per GPU ({cost.total_bytes} B)"),
+        (
+            "total",
+            format_bytes(cost.total_bytes),
+            f"{cost.effective_batch} x {format_bytes(cost.sequence_bytes)} per sequence of {cost.tokens} tokens, per GPU ({cost.total_bytes} B)",
+        ),
     ]
     if cost.tp > 1:
         rows.append(("all GPUs", format_bytes(cost.total_bytes_all_gpus), f"x tp {cost.tp}"))
     if cost.scale_bytes_per_token:
-        rows.append(("of which scales", format_bytes(cost.scale_bytes_per_token), "per token: " + cost.dtype.scale_note()))
+        rows.append(
+            ("of which scales", format_bytes(cost.scale_bytes_per_token), "per token: " + cost.dtype.scale_note())
+        )
     elif cost.dtype.is_quantized:
         rows.append(("scales", "-", cost.dtype.scale_note()))
     estimate = beam_search_estimate(cost.total_bytes, cost.beams)
     if estimate:
-        rows.append(("beam estimate", f"{format_bytes(estimate[0])} - {format_bytes(estimate[1])}", "seed's +20-30% observation, not in total"))
+        rows.append(
+            (
+                "beam estimate",
+                f"{format_bytes(estimate[0])} - {format_bytes(estimate[1])}",
+                "seed's +20-30% observation, not in total",
+            )
+        )
     if fit is not None:
-        rows.append(("tokens that fit", f"{fit.tokens:,}", f"{format_bytes(fit.memory_bytes)} / {format_bytes(cost.bytes_per_token)} per token ({fit.memory_bytes} B / {cost.bytes_per_token} B)"))
+        rows.append(
+            (
+                "tokens that fit",
+                f"{fit.tokens:,}",
+                f"{format_bytes(fit.memory_bytes)} / {format_bytes(cost.bytes_per_token)} per token ({fit.memory_bytes} B / {cost.bytes_per_token} B)",
+            )
+        )
         longest = "any" if fit.tokens_per_sequence is None else f"{fit.tokens_per_sequence:,}"
         why = f"tokens per sequence for {cost.effective_batch} sequences in {format_bytes(fit.memory_bytes)}, windows{' and blocks' if cost.block_size else ''} applied"
-        rows.append(("longest sequence", longest, why + (": every layer's window fits" if fit.tokens_per_sequence is None else "")))
+        rows.append(
+            (
+                "longest sequence",
+                longest,
+                why + (": every layer's window fits" if fit.tokens_per_sequence is None else ""),
+            )
+        )
     width = max(len(label) for label, _, _ in rows)
     value_width = max(len(value) for _, value, _ in rows)
     lines += [f"{label:<{width}}  {value:>{value_width}}   {why}" for label, value, why in rows]

@@ -26,7 +26,9 @@ def models_document(specs: list[ModelSpec], dtype: KvDtype) -> list[dict[str, An
                 "head_dim": spec.head_dim,
                 "sliding_window": spec.sliding_window,
                 "layer_pattern": spec.layer_pattern(),
-                "mla": None if latent is None else {"kv_lora_rank": latent.kv_lora_rank, "qk_rope_head_dim": latent.qk_rope_head_dim},
+                "mla": None
+                if latent is None
+                else {"kv_lora_rank": latent.kv_lora_rank, "qk_rope_head_dim": latent.qk_rope_head_dim},
                 "max_position_embeddings": spec.max_position_embeddings,
                 "parameters": spec.parameters,
                 "parameters_source": spec.parameters_source,

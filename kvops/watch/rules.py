@@ -14,7 +14,11 @@ from kvops.policy import GRADED, Policy
 from kvops.watch.alerts import LEVEL_ALERTS, SIGNAL_ALERTS, STALE_ALERT, AlertKind, catalogue
 
 WHERE = "{{ $labels.instance }}"
-VALUE = {"ratio": "{{ $value | humanizePercentage }}", "count": "{{ $value }}", "text": "target down, or up without the KV usage series"}
+VALUE = {
+    "ratio": "{{ $value | humanizePercentage }}",
+    "count": "{{ $value }}",
+    "text": "target down, or up without the KV usage series",
+}
 
 
 def rule_groups(policy: Policy, engine: str, promql: PromQL, *, runbook_url: str, scrape_interval: float) -> list[dict]:
@@ -30,7 +34,11 @@ def rule_groups(policy: Policy, engine: str, promql: PromQL, *, runbook_url: str
             if expr:
                 rules.append(_rule(kinds[SIGNAL_ALERTS[name]], expr, engine, runbook_url))
     stale = f"{promql.up} == 0 or ({promql.up} == 1 unless on (job, instance) {promql.usage})"
-    rules.append(_rule(kinds[STALE_ALERT], stale, engine, runbook_url, hold=duration(policy.stale_after_failures * scrape_interval)))
+    rules.append(
+        _rule(
+            kinds[STALE_ALERT], stale, engine, runbook_url, hold=duration(policy.stale_after_failures * scrape_interval)
+        )
+    )
     return [{"name": f"kvops-{engine}", "rules": rules}]
 
 
@@ -44,12 +52,23 @@ def _signal_expr(name: str, rule, promql: PromQL) -> str | None:
     if name == "stall":
         return f"{promql.running} > 0 and {PromQL.window(promql.progress_increase, rule.seconds)} == 0"
     if name == "prefix_cache_hit_rate" and promql.prefix_hits_increase and promql.prefix_queries_increase:
-        hits, queries = PromQL.window(promql.prefix_hits_increase, window), PromQL.window(promql.prefix_queries_increase, window)
+        hits, queries = (
+            PromQL.window(promql.prefix_hits_increase, window),
+            PromQL.window(promql.prefix_queries_increase, window),
+        )
         return f"{hits} / {queries} < {rule.below:g}"
     return None
 
 
-def _rule(kind: AlertKind, expr: str, engine: str, runbook_url: str, *, hold: str | None = None, keep_firing: str | None = None) -> dict:
+def _rule(
+    kind: AlertKind,
+    expr: str,
+    engine: str,
+    runbook_url: str,
+    *,
+    hold: str | None = None,
+    keep_firing: str | None = None,
+) -> dict:
     rule: dict = {"alert": kind.name, "expr": expr}
     if hold:
         rule["for"] = hold
@@ -60,7 +79,9 @@ def _rule(kind: AlertKind, expr: str, engine: str, runbook_url: str, *, hold: st
     return rule
 
 
-def render(policy: Policy, engine: str, promql: PromQL, *, fmt: str, runbook_url: str, scrape_interval: float, header: str) -> str:
+def render(
+    policy: Policy, engine: str, promql: PromQL, *, fmt: str, runbook_url: str, scrape_interval: float, header: str
+) -> str:
     import yaml
 
     groups = rule_groups(policy, engine, promql, runbook_url=runbook_url, scrape_interval=scrape_interval)
@@ -72,7 +93,12 @@ def render(policy: Policy, engine: str, promql: PromQL, *, fmt: str, runbook_url
             "kind": "PrometheusRule",
             "metadata": {
                 "name": f"kvops-{engine}",
-                "labels": {"app.kubernetes.io/name": "kvops", "app.kubernetes.io/component": "alert-rules", "prometheus": "k8s", "role": "alert-rules"},
+                "labels": {
+                    "app.kubernetes.io/name": "kvops",
+                    "app.kubernetes.io/component": "alert-rules",
+                    "prometheus": "k8s",
+                    "role": "alert-rules",
+                },
             },
             "spec": {"groups": groups},
         }

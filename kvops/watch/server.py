@@ -9,7 +9,7 @@ application before it starts (the /kvops/ routes, added first, keep matching fir
 from __future__ import annotations
 
 import json
-from typing import Iterator
+from collections.abc import Iterator
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
@@ -56,7 +56,12 @@ async def _healthz(request: web.Request) -> web.Response:
     watcher = request.app[WATCHER]
     age = None if watcher.last_poll_at is None else watcher.clock() - watcher.last_poll_at
     alive = age is None or age <= 3 * request.app[INTERVAL] + 10
-    body = {"status": "ok" if alive else "stalled", "polls": watcher.polls, "last_poll_age_seconds": age, "level": watcher.current.level.label}
+    body = {
+        "status": "ok" if alive else "stalled",
+        "polls": watcher.polls,
+        "last_poll_age_seconds": age,
+        "level": watcher.current.level.label,
+    }
     return _json(body, status=200 if alive else 503)
 
 
@@ -73,24 +78,80 @@ class WatcherCollector(Collector):
     def collect(self) -> Iterator:
         w, snapshot = self.watcher, self.watcher.current
         label = w.source.replica_label
-        yield _gauge("kvops_level", "Pressure level: -1 unknown, 0 ok, 1 warn, 2 degrade, 3 critical (the fleet's worst).", [([], int(snapshot.level))])
-        yield _gauge("kvops_kv_cache_usage_ratio", "KV-cache usage 0-1 (the fleet's highest); absent while unknown.", [] if snapshot.kv_usage is None else [([], snapshot.kv_usage)])
+        yield _gauge(
+            "kvops_level",
+            "Pressure level: -1 unknown, 0 ok, 1 warn, 2 degrade, 3 critical (the fleet's worst).",
+            [([], int(snapshot.level))],
+        )
+        yield _gauge(
+            "kvops_kv_cache_usage_ratio",
+            "KV-cache usage 0-1 (the fleet's highest); absent while unknown.",
+            [] if snapshot.kv_usage is None else [([], snapshot.kv_usage)],
+        )
         in_force = {a.split(":")[0] for a in actions(snapshot.limits)}
-        yield _gauge("kvops_action_in_force", "1 if the limits now in force take this action.", [([a], int(a in in_force)) for a in KNOWN_ACTIONS], ["action"])
+        yield _gauge(
+            "kvops_action_in_force",
+            "1 if the limits now in force take this action.",
+            [([a], int(a in in_force)) for a in KNOWN_ACTIONS],
+            ["action"],
+        )
         if snapshot.limits.max_tokens_cap is not None:
-            yield _gauge("kvops_max_tokens_cap", "Cap on max new tokens per request now in force.", [([], snapshot.limits.max_tokens_cap)])
-        yield _gauge("kvops_replica_level", "Pressure level per replica.", [([r.name], int(r.level)) for r in w.replicas.values()], [label])
-        yield _gauge("kvops_replica_kv_cache_usage_ratio", "KV-cache usage per replica.", [([r.name], r.reading.kv_usage) for r in w.replicas.values() if r.reading and r.level != Level.UNKNOWN], [label])
-        yield _gauge("kvops_signal_firing", "1 while a saturation signal fires.", [([r.name, s.name], int(s.firing)) for r in w.replicas.values() for s in r.signal_states], [label, "signal"])
-        yield _gauge("kvops_consecutive_poll_failures", "Polls in a row without usable metrics.", [([r.name], r.consecutive_failures) for r in w.replicas.values()], [label])
-        yield _counter("kvops_poll_failures", "Polls that gave no usable metrics, per replica.", [([r.name], r.failures_total) for r in w.replicas.values()], [label])
+            yield _gauge(
+                "kvops_max_tokens_cap",
+                "Cap on max new tokens per request now in force.",
+                [([], snapshot.limits.max_tokens_cap)],
+            )
+        yield _gauge(
+            "kvops_replica_level",
+            "Pressure level per replica.",
+            [([r.name], int(r.level)) for r in w.replicas.values()],
+            [label],
+        )
+        yield _gauge(
+            "kvops_replica_kv_cache_usage_ratio",
+            "KV-cache usage per replica.",
+            [([r.name], r.reading.kv_usage) for r in w.replicas.values() if r.reading and r.level != Level.UNKNOWN],
+            [label],
+        )
+        yield _gauge(
+            "kvops_signal_firing",
+            "1 while a saturation signal fires.",
+            [([r.name, s.name], int(s.firing)) for r in w.replicas.values() for s in r.signal_states],
+            [label, "signal"],
+        )
+        yield _gauge(
+            "kvops_consecutive_poll_failures",
+            "Polls in a row without usable metrics.",
+            [([r.name], r.consecutive_failures) for r in w.replicas.values()],
+            [label],
+        )
+        yield _counter(
+            "kvops_poll_failures",
+            "Polls that gave no usable metrics, per replica.",
+            [([r.name], r.failures_total) for r in w.replicas.values()],
+            [label],
+        )
         yield _counter("kvops_polls", "Polls of the metrics source.", [([], w.polls)])
-        yield _counter("kvops_level_changes", "Level changes, by the level entered.", [([lvl], n) for lvl, n in w.level_changes.items()], ["level"])
-        yield _counter("kvops_alerts_sent", "Alerts delivered to the webhook, by status.", [([s], n) for s, n in w.alerts_sent.items()], ["status"])
+        yield _counter(
+            "kvops_level_changes",
+            "Level changes, by the level entered.",
+            [([lvl], n) for lvl, n in w.level_changes.items()],
+            ["level"],
+        )
+        yield _counter(
+            "kvops_alerts_sent",
+            "Alerts delivered to the webhook, by status.",
+            [([s], n) for s, n in w.alerts_sent.items()],
+            ["status"],
+        )
         yield _counter("kvops_webhook_failures", "Failed deliveries to the webhook.", [([], w.webhook_failures)])
         yield _gauge("kvops_alerts_firing", "Alerts firing now.", [([], len(w.book.firing))])
         yield _gauge("kvops_last_poll_duration_seconds", "How long the last poll took.", [([], w.last_poll_seconds)])
-        yield _gauge("kvops_last_poll_timestamp_seconds", "When the last poll ended (unix time).", [([], snapshot.updated_at)] if w.polls else [])
+        yield _gauge(
+            "kvops_last_poll_timestamp_seconds",
+            "When the last poll ended (unix time).",
+            [([], snapshot.updated_at)] if w.polls else [],
+        )
 
 
 def _gauge(name: str, documentation: str, samples: list, labels: list[str] | None = None) -> GaugeMetricFamily:

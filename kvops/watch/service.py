@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 import signal
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from kvops.policy import Policy
 from kvops.watch.sources import MetricsSource, PrometheusSource, ScrapeSource
@@ -38,8 +38,17 @@ class WatchOptions:
 
 def make_source(options: WatchOptions) -> MetricsSource:
     if options.prometheus:
-        return PrometheusSource(options.engine, options.prometheus, selector=options.selector, replica_label=options.replica_label, timeout=options.timeout, capacity_tokens=options.capacity_tokens)
-    return ScrapeSource(options.engine, options.metrics_url, timeout=options.timeout, capacity_tokens=options.capacity_tokens)
+        return PrometheusSource(
+            options.engine,
+            options.prometheus,
+            selector=options.selector,
+            replica_label=options.replica_label,
+            timeout=options.timeout,
+            capacity_tokens=options.capacity_tokens,
+        )
+    return ScrapeSource(
+        options.engine, options.metrics_url, timeout=options.timeout, capacity_tokens=options.capacity_tokens
+    )
 
 
 def make_watcher(options: WatchOptions, log: EventLog) -> Watcher:
@@ -50,8 +59,14 @@ def make_watcher(options: WatchOptions, log: EventLog) -> Watcher:
         host, port = options.listen
         generator = f"http://{socket.gethostname() if host in ('', '0.0.0.0', '::') else host}:{port}/kvops/status"
     return Watcher(
-        options.policy, options.engine, make_source(options), webhook=options.webhook, runbook_url=options.runbook_url,
-        generator_url=generator, recorder=Recorder(options.record) if options.record else None, log=log,
+        options.policy,
+        options.engine,
+        make_source(options),
+        webhook=options.webhook,
+        runbook_url=options.runbook_url,
+        generator_url=generator,
+        recorder=Recorder(options.record) if options.record else None,
+        log=log,
     )
 
 
@@ -82,8 +97,13 @@ async def watch(options: WatchOptions, log: EventLog, setup_app: Callable | None
                 setup_app(app)
             runner = await serve(app, *options.listen)
         log.emit(
-            "started", engine=options.engine, source=watcher.source.url, interval=options.interval, timeout=options.timeout,
-            listen=f"{options.listen[0]}:{options.listen[1]}" if options.listen else None, webhook=options.webhook,
+            "started",
+            engine=options.engine,
+            source=watcher.source.url,
+            interval=options.interval,
+            timeout=options.timeout,
+            listen=f"{options.listen[0]}:{options.listen[1]}" if options.listen else None,
+            webhook=options.webhook,
             policy=options.policy.to_dict(),
         )
         await watcher.run(options.interval, stop)
@@ -93,4 +113,6 @@ async def watch(options: WatchOptions, log: EventLog, setup_app: Callable | None
         await watcher.close()
         if watcher.recorder:
             watcher.recorder.close()
-        log.emit("stopped", polls=watcher.polls, poll_failures=watcher.poll_failures_total, level=watcher.current.level.label)
+        log.emit(
+            "stopped", polls=watcher.polls, poll_failures=watcher.poll_failures_total, level=watcher.current.level.label
+        )

@@ -8,6 +8,7 @@ requests running while the generated-token counter has not moved for `seconds`.
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from dataclasses import dataclass
 
@@ -25,8 +26,11 @@ class SignalState:
 
     def to_dict(self) -> dict:
         return {
-            "name": self.name, "firing": self.firing, "value": self.value,
-            "raise_to": self.raise_to.label if self.raise_to else None, "detail": self.detail,
+            "name": self.name,
+            "firing": self.firing,
+            "value": self.value,
+            "raise_to": self.raise_to.label if self.raise_to else None,
+            "detail": self.detail,
         }
 
 
@@ -78,7 +82,13 @@ class SignalTracker:
             return SignalState(rule.name, False, None, rule.raise_to, "no waiting-queue gauge")
         growth = values[-1] - min(values)
         firing = growth > 0 and growth >= rule.min_growth
-        return SignalState(rule.name, firing, growth, rule.raise_to, f"waiting queue grew by {growth:g} (from {min(values):g} to {values[-1]:g}) within {rule.window_seconds:g} s; alert at {rule.min_growth:g}")
+        return SignalState(
+            rule.name,
+            firing,
+            growth,
+            rule.raise_to,
+            f"waiting queue grew by {growth:g} (from {min(values):g} to {values[-1]:g}) within {rule.window_seconds:g} s; alert at {rule.min_growth:g}",
+        )
 
     def _preemptions(self, rule: SignalRule, now: float) -> SignalState:
         if self.history[-1][1].preemptions_total is None:
@@ -87,15 +97,25 @@ class SignalTracker:
         if len(values) < 2:
             return SignalState(rule.name, False, None, rule.raise_to, "needs two readings of the preemption counter")
         count = increase(values)
-        return SignalState(rule.name, count > 0, count, rule.raise_to, f"{count:g} preemptions within {rule.window_seconds:g} s")
+        return SignalState(
+            rule.name, count > 0, count, rule.raise_to, f"{count:g} preemptions within {rule.window_seconds:g} s"
+        )
 
     def _stall(self, rule: SignalRule, reading: Reading, now: float) -> SignalState:
         if reading.running is None or reading.progress_total is None:
-            return SignalState(rule.name, False, None, rule.raise_to, "no running-requests gauge or generated-token counter")
+            return SignalState(
+                rule.name, False, None, rule.raise_to, "no running-requests gauge or generated-token counter"
+            )
         if not reading.running:
             return SignalState(rule.name, False, 0.0, rule.raise_to, "no request running")
         stalled = now - self.progress_at
-        return SignalState(rule.name, stalled >= rule.seconds, stalled, rule.raise_to, f"{reading.running:g} requests running, no token generated for {stalled:.1f} s; alert at {rule.seconds:g} s")
+        return SignalState(
+            rule.name,
+            stalled >= rule.seconds,
+            stalled,
+            rule.raise_to,
+            f"{reading.running:g} requests running, no token generated for {stalled:.1f} s; alert at {rule.seconds:g} s",
+        )
 
     def _hit_rate(self, rule: SignalRule, now: float) -> SignalState:
         hits, queries = self._window(rule, now, "prefix_hits_total"), self._window(rule, now, "prefix_queries_total")
@@ -103,11 +123,19 @@ class SignalTracker:
             return SignalState(rule.name, False, None, rule.raise_to, "needs two readings of the prefix-cache counters")
         asked = increase(queries)
         if asked == 0:
-            return SignalState(rule.name, False, None, rule.raise_to, f"no prefix-cache queries within {rule.window_seconds:g} s")
+            return SignalState(
+                rule.name, False, None, rule.raise_to, f"no prefix-cache queries within {rule.window_seconds:g} s"
+            )
         rate = increase(hits) / asked
-        return SignalState(rule.name, rate < rule.below, rate, rule.raise_to, f"prefix-cache hit rate {rate:.1%} of {asked:g} queried tokens within {rule.window_seconds:g} s; alert below {rule.below:.0%}")
+        return SignalState(
+            rule.name,
+            rate < rule.below,
+            rate,
+            rule.raise_to,
+            f"prefix-cache hit rate {rate:.1%} of {asked:g} queried tokens within {rule.window_seconds:g} s; alert below {rule.below:.0%}",
+        )
 
 
 def increase(values: list[float]) -> float:
     """How much a counter grew over successive readings; a drop is a reset, and the new value counts as growth."""
-    return sum(b - a if b >= a else b for a, b in zip(values, values[1:]))
+    return sum(b - a if b >= a else b for a, b in itertools.pairwise(values))

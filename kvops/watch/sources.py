@@ -71,7 +71,9 @@ class ScrapeSource:
             return Poll(failures={self.replica: str(exc)})
         except asyncio.TimeoutError:
             return Poll(failures={self.replica: f"no answer from {self.url} within {self.timeout:g} s"})
-        except Exception as exc:  # aiohttp's connection errors, a reset mid-body, bad encodings: the engine's fault, not ours
+        except (
+            Exception
+        ) as exc:  # aiohttp's connection errors, a reset mid-body, bad encodings: the engine's fault, not ours
             return Poll(failures={self.replica: f"cannot read {self.url}: {describe(exc)}"})
         return Poll(readings={self.replica: reading})
 
@@ -100,7 +102,16 @@ class PrometheusSource:
     one, `up` would pull in every other job's targets, and a replica that vanishes is reported as absent.
     """
 
-    def __init__(self, engine: str, url: str, *, selector: str | None, replica_label: str, timeout: float, capacity_tokens: int | None = None):
+    def __init__(
+        self,
+        engine: str,
+        url: str,
+        *,
+        selector: str | None,
+        replica_label: str,
+        timeout: float,
+        capacity_tokens: int | None = None,
+    ):
         self.engine = engine_module(engine)
         self.url = url.rstrip("/")
         self.matchers = selector_matchers(selector)
@@ -143,7 +154,9 @@ class PrometheusSource:
                 poll.failures[replica] = "target down in Prometheus (up == 0)"
                 continue
             try:
-                poll.readings[replica] = self.engine.reading(Samples(s for s in samples if s.name != "up"), self.capacity_tokens)
+                poll.readings[replica] = self.engine.reading(
+                    Samples(s for s in samples if s.name != "up"), self.capacity_tokens
+                )
             except MetricsError as exc:
                 poll.failures[replica] = str(exc)
         return poll

@@ -9,15 +9,27 @@ failures raises the metrics-stale alert.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, TextIO
+from typing import TextIO
 
 from kvops.engines.metrics import Reading
 from kvops.policy import GRADED, Level, LevelTracker, Limits, Policy
-from kvops.watch.alerts import LEVEL_ALERTS, SIGNAL_ALERTS, STALE_ALERT, Alert, AlertBook, AlertKind, catalogue, format_value, rfc3339
+from kvops.watch.alerts import (
+    LEVEL_ALERTS,
+    SIGNAL_ALERTS,
+    STALE_ALERT,
+    Alert,
+    AlertBook,
+    AlertKind,
+    catalogue,
+    format_value,
+    rfc3339,
+)
 from kvops.watch.signals import SignalState, SignalTracker, floor
 from kvops.watch.sources import MetricsSource, describe
 
@@ -92,7 +104,13 @@ class Snapshot:
 
     def policy_document(self) -> dict:
         """The contract read by the admission proxy and the vLLM scheduler plugin."""
-        return {"level": self.level.label, "kv_usage": self.kv_usage, "limits": self.limits.to_dict(), "updated_at": self.updated_at, "source": self.source}
+        return {
+            "level": self.level.label,
+            "kv_usage": self.kv_usage,
+            "limits": self.limits.to_dict(),
+            "updated_at": self.updated_at,
+            "source": self.source,
+        }
 
     def to_dict(self) -> dict:
         return {
@@ -162,7 +180,7 @@ class Watcher:
         self.polls += 1
         failures = dict(result.failures)
         if result.error:
-            failures.update({name: result.error for name in self.replicas} or {self.source.url: result.error})
+            failures.update(dict.fromkeys(self.replicas, result.error) or {self.source.url: result.error})
         for name in [n for n in self.replicas if n not in result.readings and n not in failures]:
             if now - self.replicas[name].last_seen > FORGET_AFTER_SECONDS:
                 del self.replicas[name]
@@ -182,12 +200,19 @@ class Watcher:
 
     def _replica(self, name: str, now: float) -> Replica:
         if name not in self.replicas:
-            self.replicas[name] = Replica(name, LevelTracker(self.policy), SignalTracker(self.policy.signals), last_seen=now)
+            self.replicas[name] = Replica(
+                name, LevelTracker(self.policy), SignalTracker(self.policy.signals), last_seen=now
+            )
         return self.replicas[name]
 
     def _observe(self, replica: Replica, reading: Reading, now: float) -> None:
         if replica.consecutive_failures:
-            self.log.emit("poll_recovered", replica=replica.name, after_failures=replica.consecutive_failures, kv_usage=reading.kv_usage)
+            self.log.emit(
+                "poll_recovered",
+                replica=replica.name,
+                after_failures=replica.consecutive_failures,
+                kv_usage=reading.kv_usage,
+            )
         replica.reading, replica.error, replica.consecutive_failures, replica.last_seen = reading, None, 0, now
         replica.signal_states = replica.signals.update(reading, now)
         before = replica.level
@@ -201,7 +226,12 @@ class Watcher:
         self.poll_failures_total += 1
         if reason != replica.error or replica.consecutive_failures == self.policy.stale_after_failures:
             stale = replica.consecutive_failures >= self.policy.stale_after_failures
-            self.log.emit("metrics_stale" if stale else "poll_failed", replica=replica.name, error=reason, consecutive_failures=replica.consecutive_failures)
+            self.log.emit(
+                "metrics_stale" if stale else "poll_failed",
+                replica=replica.name,
+                error=reason,
+                consecutive_failures=replica.consecutive_failures,
+            )
         replica.error = reason
         before = replica.level
         after = replica.tracker.update(None, now)
@@ -212,10 +242,16 @@ class Watcher:
         self.level_changes[after.label] += 1
         limits = replica.tracker.limits()
         self.log.emit(
-            "level_changed", replica=replica.name, **{"from": before.label}, to=after.label,
-            severity=_severity(after), kv_usage=replica.reading.kv_usage if after != Level.UNKNOWN and replica.reading else None,
-            signals=[s.name for s in replica.signal_states if s.firing], error=replica.error if after == Level.UNKNOWN else None,
-            actions=actions(limits), limits=limits.to_dict(),
+            "level_changed",
+            replica=replica.name,
+            **{"from": before.label},
+            to=after.label,
+            severity=_severity(after),
+            kv_usage=replica.reading.kv_usage if after != Level.UNKNOWN and replica.reading else None,
+            signals=[s.name for s in replica.signal_states if s.firing],
+            error=replica.error if after == Level.UNKNOWN else None,
+            actions=actions(limits),
+            limits=limits.to_dict(),
         )
 
     def _snapshot(self, wall: float) -> Snapshot:
@@ -225,12 +261,24 @@ class Watcher:
             self.fleet_last_known = level
         kv_usage = max((r.reading.kv_usage for r in known), default=None)
         if len(self.replicas) > 1 and level != self.current.level:
-            self.log.emit("fleet_level_changed", **{"from": self.current.level.label}, to=level.label, severity=_severity(level), kv_usage=kv_usage, replicas={r.name: r.level.label for r in self.replicas.values()})
+            self.log.emit(
+                "fleet_level_changed",
+                **{"from": self.current.level.label},
+                to=level.label,
+                severity=_severity(level),
+                kv_usage=kv_usage,
+                replicas={r.name: r.level.label for r in self.replicas.values()},
+            )
         return Snapshot(
-            level=level, kv_usage=kv_usage, limits=self.policy.limits(level, self.fleet_last_known), updated_at=wall,
-            source=self.source.url, engine=self.engine,
+            level=level,
+            kv_usage=kv_usage,
+            limits=self.policy.limits(level, self.fleet_last_known),
+            updated_at=wall,
+            source=self.source.url,
+            engine=self.engine,
             replicas=tuple(r.to_dict(self.policy.stale_after_failures) for r in self.replicas.values()),
-            alerts=tuple(sorted({a.labels["alertname"] for a in self.book.firing.values()})), polls=self.polls,
+            alerts=tuple(sorted({a.labels["alertname"] for a in self.book.firing.values()})),
+            polls=self.polls,
         )
 
     # --- alerts ------------------------------------------------------------------------------------------
@@ -239,20 +287,37 @@ class Watcher:
         desired: list[Alert] = []
         for replica in self.replicas.values():
             if replica.level == Level.UNKNOWN:  # unknown is not resolved: hold what was firing
-                desired += [a for a in self.book.firing.values() if a.labels.get(self.source.replica_label) == replica.name and a.labels["alertname"] != STALE_ALERT]
+                desired += [
+                    a
+                    for a in self.book.firing.values()
+                    if a.labels.get(self.source.replica_label) == replica.name and a.labels["alertname"] != STALE_ALERT
+                ]
             else:
                 desired += self._replica_alerts(replica)
             if replica.consecutive_failures >= self.policy.stale_after_failures:
-                desired.append(self._make(STALE_ALERT, replica, f"{replica.consecutive_failures} failed, last: {replica.error}"))
+                desired.append(
+                    self._make(STALE_ALERT, replica, f"{replica.consecutive_failures} failed, last: {replica.error}")
+                )
         for alert in self.book.reconcile(desired, wall):
-            self.log.emit("alert", status=alert.status, alertname=alert.labels["alertname"], severity=alert.labels["severity"], replica=alert.labels.get(self.source.replica_label), summary=alert.annotations["summary"])
+            self.log.emit(
+                "alert",
+                status=alert.status,
+                alertname=alert.labels["alertname"],
+                severity=alert.labels["severity"],
+                replica=alert.labels.get(self.source.replica_label),
+                summary=alert.annotations["summary"],
+            )
         if self.webhook is None:
             self.book.outbox.clear()
         elif self.book.outbox and (self._delivery is None or self._delivery.done()):
             self._delivery = asyncio.create_task(self._deliver())
 
     def _replica_alerts(self, replica: Replica) -> list[Alert]:
-        alerts = [self._make(LEVEL_ALERTS[level], replica, replica.reading.kv_usage) for level in GRADED if replica.level >= level]
+        alerts = [
+            self._make(LEVEL_ALERTS[level], replica, replica.reading.kv_usage)
+            for level in GRADED
+            if replica.level >= level
+        ]
         for state in replica.signal_states:
             if state.firing and SIGNAL_ALERTS[state.name] in self.kinds:
                 value = replica.reading.running if state.name == "stall" else state.value
@@ -261,9 +326,19 @@ class Watcher:
 
     def _make(self, name: str, replica: Replica, value: float | str | None) -> Alert:
         kind = self.kinds[name]
-        labels = {"alertname": name, "severity": kind.severity, "serving_engine": self.engine, self.source.replica_label: replica.name}
+        labels = {
+            "alertname": name,
+            "severity": kind.severity,
+            "serving_engine": self.engine,
+            self.source.replica_label: replica.name,
+        }
         text = value if isinstance(value, str) else format_value(kind.unit, value)
-        return Alert(labels, kind.annotations(replica.name, text, self.runbook_url), starts_at=0.0, generator_url=self.generator_url)
+        return Alert(
+            labels,
+            kind.annotations(replica.name, text, self.runbook_url),
+            starts_at=0.0,
+            generator_url=self.generator_url,
+        )
 
     async def _deliver(self) -> None:
         import aiohttp
@@ -295,10 +370,8 @@ class Watcher:
             now = self.clock()
             if next_at < now:
                 next_at = now + interval - (now - next_at) % interval
-            try:
+            with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), next_at - now)
-            except asyncio.TimeoutError:
-                pass
 
     async def flush(self) -> None:
         """Wait for the delivery in flight, then send what is still in the outbox (one try)."""

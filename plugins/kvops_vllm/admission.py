@@ -44,7 +44,9 @@ class GroupShape:
 
     def describe(self) -> str:
         if self.window is not None:
-            return f"sliding window {self.window} ({self.block_size}-token blocks, at most {self.max_blocks} per request)"
+            return (
+                f"sliding window {self.window} ({self.block_size}-token blocks, at most {self.max_blocks} per request)"
+            )
         if self.max_blocks is not None:
             return f"{self.block_size}-token blocks, at most {self.max_blocks} per request"
         return f"full attention ({self.block_size}-token blocks)"

@@ -43,12 +43,16 @@ def parse_reading(document: Any) -> WatcherReading:
     except PolicyError as exc:
         raise ValueError(str(exc)) from None
     usage = document.get("kv_usage")
-    if usage is not None and not (isinstance(usage, (int, float)) and not isinstance(usage, bool) and 0.0 <= usage <= 1.0):
+    if usage is not None and not (
+        isinstance(usage, (int, float)) and not isinstance(usage, bool) and 0.0 <= usage <= 1.0
+    ):
         raise ValueError(f"kv_usage {usage!r} is not a fraction in [0, 1] or null")
     updated_at = document.get("updated_at")
     if not (isinstance(updated_at, (int, float)) and not isinstance(updated_at, bool) and math.isfinite(updated_at)):
         raise ValueError(f"updated_at {updated_at!r} is not unix seconds")
-    return WatcherReading(level, limits, None if usage is None else float(usage), float(updated_at), str(document.get("source", "")))
+    return WatcherReading(
+        level, limits, None if usage is None else float(usage), float(updated_at), str(document.get("source", ""))
+    )
 
 
 class PolicyFollower:
@@ -65,7 +69,7 @@ class PolicyFollower:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="kvops-policy-follower", daemon=True)
 
-    def start(self) -> "PolicyFollower":
+    def start(self) -> PolicyFollower:
         self._thread.start()
         return self
 
@@ -92,7 +96,11 @@ class PolicyFollower:
             if problem is None:
                 self.logger.info("kvops guard: following the watcher at %s", self.url)
             else:
-                self.logger.warning("kvops guard: watcher at %s unusable (%s); levels from own KV usage until it answers", self.url, problem)
+                self.logger.warning(
+                    "kvops guard: watcher at %s unusable (%s); levels from own KV usage until it answers",
+                    self.url,
+                    problem,
+                )
             self._problem = problem
 
     def _fetch(self) -> Any:

@@ -49,7 +49,7 @@ class GuardCounts:
     siblings_dropped: int = 0  # n>1 siblings finished at degrade (index >= 1)
     rejected: int = 0  # new requests finished at once at critical
 
-    def minus(self, other: "GuardCounts") -> "GuardCounts":
+    def minus(self, other: GuardCounts) -> GuardCounts:
         return GuardCounts(**{f.name: getattr(self, f.name) - getattr(other, f.name) for f in fields(self)})
 
 
@@ -73,7 +73,11 @@ class KVGuardScheduler(AsyncScheduler):
         if self.guard_config.policy_url:
             config = self.guard_config
             self.follower = PolicyFollower(
-                config.policy_url, interval=config.poll_seconds, timeout=config.timeout_seconds, max_age=config.max_age_seconds, logger=logger
+                config.policy_url,
+                interval=config.poll_seconds,
+                timeout=config.timeout_seconds,
+                max_age=config.max_age_seconds,
+                logger=logger,
             ).start()
         self._finished_at_admission: list[Request] = []
         self._waited_for_kv: weakref.WeakSet[Request] = weakref.WeakSet()
@@ -223,7 +227,13 @@ class KVGuardScheduler(AsyncScheduler):
         else:
             in_force = (self.level_tracker.limits(), f"own KV usage {usage:.1%}")
         if in_force[0].level != self.in_force[0].level:
-            logger.info("kvops guard: level %s -> %s (%s): %s", self.in_force[0].level.label, in_force[0].level.label, in_force[1], _effect(in_force[0]))
+            logger.info(
+                "kvops guard: level %s -> %s (%s): %s",
+                self.in_force[0].level.label,
+                in_force[0].level.label,
+                in_force[1],
+                _effect(in_force[0]),
+            )
         self.in_force = in_force
         return in_force
 
@@ -244,8 +254,15 @@ class KVGuardScheduler(AsyncScheduler):
         logger.info(
             "kvops guard: in the last %.0f s: %d queued for KV, %d max_tokens capped, %d n>1 siblings dropped, %d rejected; "
             "now %d running, %d waiting, %d blocks free, %d reserved for admitted requests",
-            since, delta.queued_for_kv, delta.capped, delta.siblings_dropped, delta.rejected, len(self.running), len(self.waiting),
-            self.kv_cache_manager.block_pool.get_num_free_blocks(), sum(map(self.blocks_still_needed, self.running)),
+            since,
+            delta.queued_for_kv,
+            delta.capped,
+            delta.siblings_dropped,
+            delta.rejected,
+            len(self.running),
+            len(self.waiting),
+            self.kv_cache_manager.block_pool.get_num_free_blocks(),
+            sum(map(self.blocks_still_needed, self.running)),
         )
 
     def _describe(self) -> str:

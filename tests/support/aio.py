@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 from tests.support.vllm_server import free_port
 
@@ -43,7 +43,7 @@ class ServerThread:
         """Run a coroutine on the server's loop and wait for it."""
         return asyncio.run_coroutine_threadsafe(coroutine_function(*args), self.loop).result(timeout=30)
 
-    def start(self) -> "ServerThread":
+    def start(self) -> ServerThread:
         self.thread.start()
         if not self.ready.wait(timeout=30):
             raise RuntimeError("server did not start")
@@ -53,7 +53,7 @@ class ServerThread:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=30)
 
-    def __enter__(self) -> "ServerThread":
+    def __enter__(self) -> ServerThread:
         return self.start()
 
     def __exit__(self, *exc) -> None:

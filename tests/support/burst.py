@@ -14,7 +14,12 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-GAUGES = ("vllm:num_preemptions_total", "vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc")
+GAUGES = (
+    "vllm:num_preemptions_total",
+    "vllm:num_requests_waiting",
+    "vllm:num_requests_running",
+    "vllm:kv_cache_usage_perc",
+)
 
 
 @dataclass(frozen=True)
@@ -43,7 +48,11 @@ class BurstRun:
     @property
     def complete(self) -> list[Answer]:
         """Answers that generated every token asked for (ignore_eos: finish_reason "length")."""
-        return [a for a, r in zip(self.answers, self.requests) if a.finish_reason == "length" and a.completion_tokens == r.max_tokens]
+        return [
+            a
+            for a, r in zip(self.answers, self.requests)
+            if a.finish_reason == "length" and a.completion_tokens == r.max_tokens
+        ]
 
     def peak(self, gauge: str) -> float:
         return max((sample[gauge] for _, sample in self.samples), default=0.0)
@@ -54,21 +63,36 @@ class BurstRun:
         return next((at for at, sample in reversed(self.samples) if sample["vllm:num_requests_waiting"] > 0), 0.0)
 
 
-def burst(count: int, seed: int, *, prompt_tokens: tuple[int, int] = (32, 384), new_tokens: tuple[int, int] = (64, 640)) -> list[BurstRequest]:
+def burst(
+    count: int, seed: int, *, prompt_tokens: tuple[int, int] = (32, 384), new_tokens: tuple[int, int] = (64, 640)
+) -> list[BurstRequest]:
     """Mixed lengths: prompts of random token ids, and a random max_tokens, each drawn uniformly from the ranges."""
     rng = random.Random(seed)
-    return [BurstRequest([rng.randrange(10, 500) for _ in range(rng.randint(*prompt_tokens))], rng.randint(*new_tokens)) for _ in range(count)]
+    return [
+        BurstRequest([rng.randrange(10, 500) for _ in range(rng.randint(*prompt_tokens))], rng.randint(*new_tokens))
+        for _ in range(count)
+    ]
 
 
 def complete(url: str, model: str, request: BurstRequest, timeout: float = 1800) -> Answer:
-    body = {"model": model, "prompt": request.prompt, "max_tokens": request.max_tokens, "ignore_eos": True, "temperature": 0}
+    body = {
+        "model": model,
+        "prompt": request.prompt,
+        "max_tokens": request.max_tokens,
+        "ignore_eos": True,
+        "temperature": 0,
+    }
     started = time.monotonic()
     try:
-        http = urllib.request.Request(url + "/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"})
+        http = urllib.request.Request(
+            url + "/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+        )
         with urllib.request.urlopen(http, timeout=timeout) as response:
             answer = json.loads(response.read())
         choice = answer["choices"][0]
-        return Answer(response.status, choice["finish_reason"], answer["usage"]["completion_tokens"], time.monotonic() - started)
+        return Answer(
+            response.status, choice["finish_reason"], answer["usage"]["completion_tokens"], time.monotonic() - started
+        )
     except urllib.error.HTTPError as exc:
         return Answer(exc.code, None, 0, time.monotonic() - started, exc.read().decode(errors="replace")[:300])
 

@@ -41,11 +41,15 @@ class Daemon:
 
     def __enter__(self):
         self.log = open(self.log_path, "w")
-        self.process = subprocess.Popen(self.command(), stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True, cwd=self.workdir)
+        self.process = subprocess.Popen(
+            self.command(), stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True, cwd=self.workdir
+        )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"{self.command()[0]} exited with {self.process.returncode}:\n{self.log_path.read_text()[-2000:]}")
+                raise RuntimeError(
+                    f"{self.command()[0]} exited with {self.process.returncode}:\n{self.log_path.read_text()[-2000:]}"
+                )
             try:
                 with urllib.request.urlopen(self.url + self.ready_path, timeout=1) as response:
                     if response.status == 200:
@@ -70,21 +74,34 @@ class PrometheusServer(Daemon):
     """Scrapes `targets` ({job: ["host:port", ...]}) every `scrape_interval`, evaluates `rule_files`; or runs `config`
     (a whole prometheus.yml, relative rule files resolved against `workdir`)."""
 
-    def __init__(self, workdir: Path, targets: dict[str, list[str]] | None = None, *, scrape_interval: str = "1s", rule_files: list[Path] = (),
-                 config: dict | None = None):
+    def __init__(
+        self,
+        workdir: Path,
+        targets: dict[str, list[str]] | None = None,
+        *,
+        scrape_interval: str = "1s",
+        rule_files: list[Path] = (),
+        config: dict | None = None,
+    ):
         super().__init__(workdir)
         if config is None:
             config = {
                 "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
-                "scrape_configs": [{"job_name": job, "static_configs": [{"targets": hosts}]} for job, hosts in targets.items()],
+                "scrape_configs": [
+                    {"job_name": job, "static_configs": [{"targets": hosts}]} for job, hosts in targets.items()
+                ],
             }
             if rule_files:
                 config["rule_files"] = [str(path) for path in rule_files]
         (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
 
     def command(self) -> list[str]:
-        return [PROMETHEUS, f"--config.file={self.workdir / 'prometheus.yml'}", f"--storage.tsdb.path={self.workdir / 'data'}",
-                f"--web.listen-address=127.0.0.1:{self.port}"]
+        return [
+            PROMETHEUS,
+            f"--config.file={self.workdir / 'prometheus.yml'}",
+            f"--storage.tsdb.path={self.workdir / 'data'}",
+            f"--web.listen-address=127.0.0.1:{self.port}",
+        ]
 
     def query(self, expr: str) -> list[dict]:
         return self.get_json("/api/v1/query", query=expr)["data"]["result"]
@@ -104,12 +121,20 @@ class AlertmanagerServer(Daemon):
 
     def __init__(self, workdir: Path):
         super().__init__(workdir)
-        config = {"route": {"receiver": "nobody", "group_wait": "1s", "group_interval": "1s"}, "receivers": [{"name": "nobody"}]}
+        config = {
+            "route": {"receiver": "nobody", "group_wait": "1s", "group_interval": "1s"},
+            "receivers": [{"name": "nobody"}],
+        }
         (workdir / "alertmanager.yml").write_text(yaml.safe_dump(config))
 
     def command(self) -> list[str]:
-        return [ALERTMANAGER, f"--config.file={self.workdir / 'alertmanager.yml'}", f"--storage.path={self.workdir / 'data'}",
-                f"--web.listen-address=127.0.0.1:{self.port}", "--cluster.listen-address="]
+        return [
+            ALERTMANAGER,
+            f"--config.file={self.workdir / 'alertmanager.yml'}",
+            f"--storage.path={self.workdir / 'data'}",
+            f"--web.listen-address=127.0.0.1:{self.port}",
+            "--cluster.listen-address=",
+        ]
 
     @property
     def alerts_url(self) -> str:

@@ -54,7 +54,7 @@ class KvLoad:
         self.errors: list[str] = []
         self.workers = [threading.Thread(target=self._work, args=(index,), daemon=True) for index in range(max_workers)]
 
-    def start(self, stage: Stage) -> "KvLoad":
+    def start(self, stage: Stage) -> KvLoad:
         self.stage = stage
         for worker in self.workers:
             worker.start()
@@ -76,7 +76,13 @@ class KvLoad:
                 continue
             with self.lock:
                 prompt = [self.random.randrange(10, 500) for _ in range(stage.prompt_tokens)]
-            body = {"model": self.model, "prompt": prompt, "max_tokens": stage.max_tokens, "ignore_eos": True, "temperature": 0}
+            body = {
+                "model": self.model,
+                "prompt": prompt,
+                "max_tokens": stage.max_tokens,
+                "ignore_eos": True,
+                "temperature": 0,
+            }
             request = urllib.request.Request(self.url, json.dumps(body).encode(), {"Content-Type": "application/json"})
             try:
                 with urllib.request.urlopen(request, timeout=300) as response:

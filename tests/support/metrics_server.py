@@ -26,26 +26,44 @@ VLLM_RECORDED = DATA / "vllm-0.32-cpu-metrics.prom"
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 
 
-def vllm_exposition(kv_usage: float | str = 0.0, *, running: float = 0, waiting: float = 0, preemptions: float = 0,
-                    generated: float = 0, prefix_hits: float = 0, prefix_queries: float = 0, rename: dict[str, str] | None = None) -> str:
+def vllm_exposition(
+    kv_usage: float | str = 0.0,
+    *,
+    running: float = 0,
+    waiting: float = 0,
+    preemptions: float = 0,
+    generated: float = 0,
+    prefix_hits: float = 0,
+    prefix_queries: float = 0,
+    rename: dict[str, str] | None = None,
+) -> str:
     """The recorded vLLM /metrics with the samples the watcher reads set to these values (NaN: kv_usage="NaN")."""
     text = VLLM_RECORDED.read_text()
     values = {
-        "vllm:kv_cache_usage_perc": kv_usage, "vllm:num_requests_running": running, "vllm:num_requests_waiting": waiting,
-        "vllm:num_preemptions_total": preemptions, "vllm:generation_tokens_total": generated,
-        "vllm:prefix_cache_hits_total": prefix_hits, "vllm:prefix_cache_queries_total": prefix_queries,
+        "vllm:kv_cache_usage_perc": kv_usage,
+        "vllm:num_requests_running": running,
+        "vllm:num_requests_waiting": waiting,
+        "vllm:num_preemptions_total": preemptions,
+        "vllm:generation_tokens_total": generated,
+        "vllm:prefix_cache_hits_total": prefix_hits,
+        "vllm:prefix_cache_queries_total": prefix_queries,
     }
     for name, value in values.items():
-        text = re.sub(rf"^({re.escape(name)}\{{[^}}]*\}}) \S+$", lambda m: f"{m.group(1)} {float(value) if not isinstance(value, str) else value}", text, flags=re.M)
+        text = re.sub(
+            rf"^({re.escape(name)}\{{[^}}]*\}}) \S+$",
+            lambda m: f"{m.group(1)} {float(value) if not isinstance(value, str) else value}",
+            text,
+            flags=re.M,
+        )
     for old, new in (rename or {}).items():
         text = text.replace(old, new)
     return text
 
 
 class _Handler(BaseHTTPRequestHandler):
-    server: "MetricsServer"
+    server: MetricsServer
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+    def do_GET(self) -> None:
         self.server.hits += 1
         if self.server.delay:
             time.sleep(self.server.delay)
@@ -84,11 +102,13 @@ class MetricsServer(BackgroundServer):
         self.status, self.delay = status, delay
 
 
-
 def spawn(port: int, body_file: Path) -> subprocess.Popen:
     """The server in its own process (to be killed); returns once it answers."""
-    process = subprocess.Popen([sys.executable, "-m", "tests.support.metrics_server", "--port", str(port), "--file", str(body_file)],
-                               cwd=Path(__file__).resolve().parents[2], start_new_session=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tests.support.metrics_server", "--port", str(port), "--file", str(body_file)],
+        cwd=Path(__file__).resolve().parents[2],
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:

@@ -12,7 +12,9 @@ from kvops.policy import Level, Limits, load_policy
 from tests.support.servers import BackgroundServer
 
 
-def policy_document(level: str, usage: float | None = 0.5, *, limits: Limits | None = None, updated_at: float | None = None) -> dict:
+def policy_document(
+    level: str, usage: float | None = 0.5, *, limits: Limits | None = None, updated_at: float | None = None
+) -> dict:
     """The watcher's answer: {"level", "kv_usage", "limits", "updated_at", "source"}."""
     limits = limits or load_policy().limits(Level.parse(level))
     return {
@@ -73,7 +75,7 @@ class PolicyEndpoint:
     def close(self) -> None:
         self.server.__exit__()
 
-    def __enter__(self) -> "PolicyEndpoint":
+    def __enter__(self) -> PolicyEndpoint:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -11,12 +11,14 @@ from tests.support.servers import BackgroundServer
 
 
 class _Handler(BaseHTTPRequestHandler):
-    server: "WebhookReceiver"
+    server: WebhookReceiver
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
         with self.server.lock:
-            self.server.posts.append({"path": self.path, "content_type": self.headers.get("Content-Type"), "body": json.loads(body)})
+            self.server.posts.append(
+                {"path": self.path, "content_type": self.headers.get("Content-Type"), "body": json.loads(body)}
+            )
         self.send_response(self.server.status)
         self.send_header("Content-Length", "0")
         self.end_headers()
@@ -47,5 +49,6 @@ class WebhookReceiver(BackgroundServer):
             if predicate(alerts):
                 return alerts
             time.sleep(0.05)
-        raise AssertionError(f"webhook did not receive the expected alerts within {timeout:.0f} s; got {json.dumps(self.alerts(), indent=1)[:3000]}")
-
+        raise AssertionError(
+            f"webhook did not receive the expected alerts within {timeout:.0f} s; got {json.dumps(self.alerts(), indent=1)[:3000]}"
+        )

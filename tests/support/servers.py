@@ -5,9 +5,9 @@ from __future__ import annotations
 import logging
 import sys
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import ThreadingHTTPServer
-from typing import Iterator
 
 
 class BackgroundServer(ThreadingHTTPServer):

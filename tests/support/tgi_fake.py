@@ -68,7 +68,13 @@ class TgiMetrics:
     def batch(self, *, size: int, max_tokens: int, queue: int, decode_steps: int = 1) -> None:
         """The running batch as backend.rs reports it each loop, plus the queue and the decode calls made."""
         with self.lock:
-            self.gauges.update({"tgi_batch_current_size": float(size), "tgi_batch_current_max_tokens": float(max_tokens), "tgi_queue_size": float(queue)})
+            self.gauges.update(
+                {
+                    "tgi_batch_current_size": float(size),
+                    "tgi_batch_current_max_tokens": float(max_tokens),
+                    "tgi_queue_size": float(queue),
+                }
+            )
             for _ in range(decode_steps):
                 self._count("tgi_batch_inference_count", method="decode")
                 self._count("tgi_batch_inference_success", method="decode")
@@ -91,18 +97,39 @@ class TgiMetrics:
         with self.lock:
             out: list[str] = []
             for name in sorted({name for name, _ in self.counters}):
-                self._family(out, name, "counter", [f"{name}{_labels(dict(labels))} {value}" for (n, labels), value in sorted(self.counters.items()) if n == name])
+                self._family(
+                    out,
+                    name,
+                    "counter",
+                    [
+                        f"{name}{_labels(dict(labels))} {value}"
+                        for (n, labels), value in sorted(self.counters.items())
+                        if n == name
+                    ],
+                )
             for name, value in sorted(self.gauges.items()):
                 self._family(out, name, "gauge", [f"{name} {rust_f64(value)}"])
             if self.queue_durations:
-                lines = [f'tgi_request_queue_duration_bucket{{le="{rust_f64(le)}"}} {sum(1 for d in self.queue_durations if d <= le)}' for le in QUEUE_BUCKETS]
-                lines += [f'tgi_request_queue_duration_bucket{{le="+Inf"}} {len(self.queue_durations)}',
-                          f"tgi_request_queue_duration_sum {rust_f64(sum(self.queue_durations))}", f"tgi_request_queue_duration_count {len(self.queue_durations)}"]
+                lines = [
+                    f'tgi_request_queue_duration_bucket{{le="{rust_f64(le)}"}} {sum(1 for d in self.queue_durations if d <= le)}'
+                    for le in QUEUE_BUCKETS
+                ]
+                lines += [
+                    f'tgi_request_queue_duration_bucket{{le="+Inf"}} {len(self.queue_durations)}',
+                    f"tgi_request_queue_duration_sum {rust_f64(sum(self.queue_durations))}",
+                    f"tgi_request_queue_duration_count {len(self.queue_durations)}",
+                ]
                 self._family(out, "tgi_request_queue_duration", "histogram", lines)
             if self.skipped:
                 ordered = sorted(self.skipped)
-                lines = [f'tgi_request_skipped_tokens{{quantile="{rust_f64(q)}"}} {rust_f64(ordered[min(len(ordered) - 1, int(q * len(ordered)))])}' for q in QUANTILES]
-                lines += [f"tgi_request_skipped_tokens_sum {rust_f64(sum(ordered))}", f"tgi_request_skipped_tokens_count {len(ordered)}"]
+                lines = [
+                    f'tgi_request_skipped_tokens{{quantile="{rust_f64(q)}"}} {rust_f64(ordered[min(len(ordered) - 1, int(q * len(ordered)))])}'
+                    for q in QUANTILES
+                ]
+                lines += [
+                    f"tgi_request_skipped_tokens_sum {rust_f64(sum(ordered))}",
+                    f"tgi_request_skipped_tokens_count {len(ordered)}",
+                ]
                 self._family(out, "tgi_request_skipped_tokens", "summary", lines)
             return "".join(out)
 
@@ -131,9 +158,9 @@ def write_startup_log(path: Path, max_batch_total_tokens: int) -> Path:
 
 
 class _Handler(BaseHTTPRequestHandler):
-    server: "TgiFake"
+    server: TgiFake
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         if self.path != "/metrics":
             self.send_error(404)
             return
@@ -156,4 +183,3 @@ class TgiFake(BackgroundServer):
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.server_address[1]}/metrics"
-

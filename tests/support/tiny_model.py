@@ -40,11 +40,49 @@ TINY_LLAMA = {
 
 def corpus() -> list[str]:
     """Deterministic training text: enough words for a few hundred merges."""
-    words = (
-        "the cache grows with every token while the engine serves requests from many users at once "
-        "memory pressure preemption queue scheduler block page layer head window latent budget plan "
-        "watch alert runbook degrade reject retry model prompt answer question context document"
-    ).split()
+    words = [
+        "the",
+        "cache",
+        "grows",
+        "with",
+        "every",
+        "token",
+        "while",
+        "the",
+        "engine",
+        "serves",
+        "requests",
+        "from",
+        "many",
+        "users",
+        "at",
+        "once",
+        "memory",
+        "pressure",
+        "preemption",
+        "queue",
+        "scheduler",
+        "block",
+        "page",
+        "layer",
+        "head",
+        "window",
+        "latent",
+        "budget",
+        "plan",
+        "watch",
+        "alert",
+        "runbook",
+        "degrade",
+        "reject",
+        "retry",
+        "model",
+        "prompt",
+        "answer",
+        "question",
+        "context",
+        "document",
+    ]
     return [" ".join(words[(i * 7 + j) % len(words)] for j in range(24)) for i in range(400)]
 
 
@@ -54,7 +92,9 @@ def train_tokenizer(vocab_size: int = 512):
     tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     tokenizer.train_from_iterator(corpus(), trainer=trainer)
     return tokenizer
 
@@ -86,6 +126,8 @@ def build_model(folder: Path, config: dict | None = None) -> Path:
 if __name__ == "__main__":
     import argparse
 
-    parser = argparse.ArgumentParser(description="Build the test model (config.json + offline-trained tokenizer) in FOLDER.")
+    parser = argparse.ArgumentParser(
+        description="Build the test model (config.json + offline-trained tokenizer) in FOLDER."
+    )
     parser.add_argument("folder", type=Path)
     print(build_model(parser.parse_args().folder))

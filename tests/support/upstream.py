@@ -65,14 +65,24 @@ class RecordingUpstream:
     async def forward(self, request, body: bytes):
         from aiohttp import ClientSession, web
 
-        async with ClientSession() as session:
-            async with session.request(request.method, self.forward_to + request.path_qs, data=body or None, headers={"Content-Type": request.content_type}) as upstream:
-                response = web.StreamResponse(status=upstream.status, headers={"Content-Type": upstream.headers.get("Content-Type", "application/json")})
-                await response.prepare(request)
-                async for chunk in upstream.content.iter_any():
-                    await response.write(chunk)
-                await response.write_eof()
-                return response
+        async with (
+            ClientSession() as session,
+            session.request(
+                request.method,
+                self.forward_to + request.path_qs,
+                data=body or None,
+                headers={"Content-Type": request.content_type},
+            ) as upstream,
+        ):
+            response = web.StreamResponse(
+                status=upstream.status,
+                headers={"Content-Type": upstream.headers.get("Content-Type", "application/json")},
+            )
+            await response.prepare(request)
+            async for chunk in upstream.content.iter_any():
+                await response.write(chunk)
+            await response.write_eof()
+            return response
 
     async def hang(self, request):
         await request.read()

@@ -36,10 +36,15 @@ def build_scheduler(
     from vllm.v1.structured_output import StructuredOutputManager
 
     scheduler_config = SchedulerConfig(
-        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
-        enable_chunked_prefill=True, is_encoder_decoder=False,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_model_len=max_model_len,
+        enable_chunked_prefill=True,
+        is_encoder_decoder=False,
     )
-    model_config = ModelConfig(model=str(model), skip_tokenizer_init=True, dtype="bfloat16", max_model_len=max_model_len)
+    model_config = ModelConfig(
+        model=str(model), skip_tokenizer_init=True, dtype="bfloat16", max_model_len=max_model_len
+    )
     cache_config = CacheConfig(block_size=block_size, enable_prefix_caching=True)
     vllm_config = VllmConfig(scheduler_config=scheduler_config, model_config=model_config, cache_config=cache_config)
     spec = dict(block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
@@ -49,7 +54,10 @@ def build_scheduler(
     kv_cache_config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
     cache_config.num_gpu_blocks = num_blocks
     return scheduler_cls(
-        vllm_config=vllm_config, kv_cache_config=kv_cache_config, block_size=block_size, log_stats=True,
+        vllm_config=vllm_config,
+        kv_cache_config=kv_cache_config,
+        block_size=block_size,
+        log_stats=True,
         structured_output_manager=StructuredOutputManager(vllm_config),
     )
 
@@ -65,7 +73,16 @@ class Requests:
         init_none_hash(hash_fn)
         self.block_hasher = get_request_block_hasher(block_size, hash_fn)
 
-    def make(self, request_id: str, prompt_tokens: int, max_tokens: int, *, first_token: int = 3, stream: bool = False, min_tokens: int = 0):
+    def make(
+        self,
+        request_id: str,
+        prompt_tokens: int,
+        max_tokens: int,
+        *,
+        first_token: int = 3,
+        stream: bool = False,
+        min_tokens: int = 0,
+    ):
         from vllm.sampling_params import RequestOutputKind, SamplingParams
         from vllm.v1.request import Request
 
@@ -113,7 +130,14 @@ class Driver:
         self.run.preemptions += len(output.preempted_req_ids or ())
         ids = list(output.num_scheduled_tokens)
         sampled = [[] if scheduler.requests[i].is_prefill_chunk else [self.token] for i in ids]
-        self.in_flight.append((output, ModelRunnerOutput(req_ids=ids, req_id_to_index={i: n for n, i in enumerate(ids)}, sampled_token_ids=sampled)))
+        self.in_flight.append(
+            (
+                output,
+                ModelRunnerOutput(
+                    req_ids=ids, req_id_to_index={i: n for n, i in enumerate(ids)}, sampled_token_ids=sampled
+                ),
+            )
+        )
         self.run.peak_running = max(self.run.peak_running, len(scheduler.running))
         self.run.peak_waiting = max(self.run.peak_waiting, len(scheduler.waiting))
         self.run.peak_usage = max(self.run.peak_usage, scheduler.kv_cache_manager.usage)
@@ -126,7 +150,9 @@ class Driver:
             for out in outputs.outputs:
                 self.tokens[out.request_id] = self.tokens.get(out.request_id, 0) + len(out.new_token_ids)
                 if out.finish_reason is not None:
-                    self.run.finished[out.request_id] = Finished(out.request_id, str(out.finish_reason), out.stop_reason, self.tokens[out.request_id])
+                    self.run.finished[out.request_id] = Finished(
+                        out.request_id, str(out.finish_reason), out.stop_reason, self.tokens[out.request_id]
+                    )
 
     def drain(self, max_steps: int = 5000) -> Run:
         while (self.scheduler.has_requests() or self.in_flight) and self.run.steps < max_steps:

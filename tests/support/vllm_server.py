@@ -36,11 +36,21 @@ def free_port() -> int:
 class VllmServer:
     """`python -m vllm.entrypoints.openai.api_server` with dummy weights, on 127.0.0.1."""
 
-    def __init__(self, model: Path, log: Path, *, args: list[str] | None = None, env: dict[str, str] | None = None, port: int | None = None):
+    def __init__(
+        self,
+        model: Path,
+        log: Path,
+        *,
+        args: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        port: int | None = None,
+    ):
         self.model = model
         self.log_path = log
         self.port = port or free_port()
-        self.args = args if args is not None else ["--max-model-len", "1024", "--kv-cache-memory-bytes", str(DEFAULT_KV_BYTES)]
+        self.args = (
+            args if args is not None else ["--max-model-len", "1024", "--kv-cache-memory-bytes", str(DEFAULT_KV_BYTES)]
+        )
         self.env = env or {}
         self.process: subprocess.Popen | None = None
 
@@ -50,22 +60,37 @@ class VllmServer:
 
     def command(self) -> list[str]:
         return [
-            sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-            "--model", str(self.model), "--load-format", "dummy", "--dtype", "bfloat16",
-            "--host", "127.0.0.1", "--port", str(self.port), *self.args,
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(self.model),
+            "--load-format",
+            "dummy",
+            "--dtype",
+            "bfloat16",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            *self.args,
         ]
 
-    def start(self) -> "VllmServer":
+    def start(self) -> VllmServer:
         env = checkout_env(HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", **self.env)
         self.log_file = open(self.log_path, "w")
-        self.process = subprocess.Popen(self.command(), stdout=self.log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        self.process = subprocess.Popen(
+            self.command(), stdout=self.log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
         return self
 
-    def wait_ready(self, timeout: float = STARTUP_TIMEOUT) -> "VllmServer":
+    def wait_ready(self, timeout: float = STARTUP_TIMEOUT) -> VllmServer:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"vLLM exited with {self.process.returncode} during startup; log: {self.log_path}\n{self.log_tail()}")
+                raise RuntimeError(
+                    f"vLLM exited with {self.process.returncode} during startup; log: {self.log_path}\n{self.log_tail()}"
+                )
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=2) as response:
                     if response.status == 200:
@@ -92,7 +117,7 @@ class VllmServer:
         if getattr(self, "log_file", None):
             self.log_file.close()
 
-    def __enter__(self) -> "VllmServer":
+    def __enter__(self) -> VllmServer:
         return self.start().wait_ready()
 
     def __exit__(self, *exc) -> None:

@@ -13,6 +13,7 @@ import urllib.request
 from tests.support.processes import REPO, checkout_env, stop_group
 from tests.support.vllm_server import free_port
 
+
 class WatchProcess:
     def __init__(self, *args: str):
         self.port = free_port()
@@ -26,9 +27,16 @@ class WatchProcess:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def __enter__(self) -> "WatchProcess":
-        self.process = subprocess.Popen([sys.executable, "-m", "kvops", *self.args], cwd=REPO, env=checkout_env(HF_HUB_OFFLINE="1"), text=True,
-                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    def __enter__(self) -> WatchProcess:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "kvops", *self.args],
+            cwd=REPO,
+            env=checkout_env(HF_HUB_OFFLINE="1"),
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         threading.Thread(target=self._read, daemon=True).start()
         self.wait_event(lambda e: e["event"] == "started", timeout=60)
         return self
@@ -55,7 +63,9 @@ class WatchProcess:
         changes = self.events(event)
         firsts = [next((i for i, e in enumerate(changes) if e["to"] == level), None) for level in levels]
         seen = [e["to"] for e in changes]
-        assert None not in firsts and firsts == sorted(firsts), f"{event}: {seen} does not rise through {levels} in order"
+        assert None not in firsts and firsts == sorted(firsts), (
+            f"{event}: {seen} does not rise through {levels} in order"
+        )
         return [changes[i] for i in firsts]
 
     def wait_event(self, predicate, timeout: float = 30) -> dict:
@@ -65,9 +75,13 @@ class WatchProcess:
                 if predicate(event):
                     return event
             if self.process.poll() is not None:
-                raise AssertionError(f"kvops watch exited with {self.process.returncode}: {self.other_output[-20:]} {self.events()[-5:]}")
+                raise AssertionError(
+                    f"kvops watch exited with {self.process.returncode}: {self.other_output[-20:]} {self.events()[-5:]}"
+                )
             time.sleep(0.05)
-        raise AssertionError(f"no matching event within {timeout:.0f} s; last events: {json.dumps(self.events()[-8:], indent=1)}")
+        raise AssertionError(
+            f"no matching event within {timeout:.0f} s; last events: {json.dumps(self.events()[-8:], indent=1)}"
+        )
 
     def get(self, path: str) -> tuple[int, str]:
         try:
@@ -88,7 +102,9 @@ class WatchProcess:
             if self.process.poll() is not None:
                 raise AssertionError(f"kvops watch exited with {self.process.returncode}")
             time.sleep(0.05)
-        raise AssertionError(f"level not {level} after {timeout:.0f} s: {self.policy()}; events: {json.dumps(self.events()[-6:])[:3000]}")
+        raise AssertionError(
+            f"level not {level} after {timeout:.0f} s: {self.policy()}; events: {json.dumps(self.events()[-6:])[:3000]}"
+        )
 
     def metric(self, name: str, **labels: str) -> float | None:
         from prometheus_client.parser import text_string_to_metric_families

@@ -57,7 +57,11 @@ def resolve_attention(spec: ModelSpec, vendor: str) -> Attention:
         return Attention("flashdecoding", True, f"launcher forces flashdecoding for {spec.model_type}")
     if head_dim in (64, 128, 256):
         return Attention("flashinfer", True, f"head dim {head_dim} is supported by flashinfer")
-    return Attention("flashdecoding", False, f"head dim {'unknown' if head_dim is None else head_dim} is not 64/128/256: flashdecoding, no prefix caching")
+    return Attention(
+        "flashdecoding",
+        False,
+        f"head dim {'unknown' if head_dim is None else head_dim} is not 64/128/256: flashdecoding, no prefix caching",
+    )
 
 
 def tgi_kv_dtype(dtype: KvDtype, model_dtype: str) -> str | None:
@@ -65,12 +69,16 @@ def tgi_kv_dtype(dtype: KvDtype, model_dtype: str) -> str | None:
     if dtype.bits == 16 and dtype.name == model_dtype:
         return None
     if dtype.bits >= 16:
-        raise UsageError(f"--kv-dtype {dtype.name}: TGI keeps the KV cache in the model dtype ({model_dtype}); its --kv-cache-dtype takes only {', '.join(KV_CACHE_DTYPES)}")
+        raise UsageError(
+            f"--kv-dtype {dtype.name}: TGI keeps the KV cache in the model dtype ({model_dtype}); its --kv-cache-dtype takes only {', '.join(KV_CACHE_DTYPES)}"
+        )
     if dtype.name in ("fp8", "fp8_e4m3"):
         return "fp8_e4m3fn"
     if dtype.name == "fp8_e5m2":
         return "fp8_e5m2"
-    raise UsageError(f"invalid value '{dtype.name}' for '--kv-cache-dtype <KV_CACHE_DTYPE>' (TGI) [possible values: {', '.join(KV_CACHE_DTYPES)}]")
+    raise UsageError(
+        f"invalid value '{dtype.name}' for '--kv-cache-dtype <KV_CACHE_DTYPE>' (TGI) [possible values: {', '.join(KV_CACHE_DTYPES)}]"
+    )
 
 
 def check_fp8(attention: Attention, kv_flag: str | None, vendor: str) -> None:
@@ -78,18 +86,26 @@ def check_fp8(attention: Attention, kv_flag: str | None, vendor: str) -> None:
     if kv_flag is None:
         return
     if not (attention.backend == "flashinfer" and vendor != "amd") and attention.backend != "paged":
-        raise UsageError("TGI refuses this: FP8 KV cache is currently only supported for flashinfer on CUDA and paged attention on CUDA, ROCm and INTEL IPEX and flashdecoding in Intel IPEX")
+        raise UsageError(
+            "TGI refuses this: FP8 KV cache is currently only supported for flashinfer on CUDA and paged attention on CUDA, ROCm and INTEL IPEX and flashdecoding in Intel IPEX"
+        )
     if vendor == "amd" and kv_flag == "fp8_e5m2":
-        raise UsageError("TGI refuses this: float8_e5m2 FP8 KV cache is not supported on AMD ROCm; use --kv-dtype fp8_e4m3")
+        raise UsageError(
+            "TGI refuses this: float8_e5m2 FP8 KV cache is not supported on AMD ROCm; use --kv-dtype fp8_e4m3"
+        )
 
 
 def kv_heads_per_shard(spec: ModelSpec, shards: int) -> int:
     """`FlashCausalLM`: num_key_value_heads // shards when > 1 (must divide, flash_llama_modeling's check)."""
     heads = spec.num_attention_heads if spec.is_mla else spec.num_kv_heads
     if spec.num_attention_heads % shards:
-        raise UsageError(f"TGI refuses --num-shard {shards}: `num_heads` must be divisible by `num_shards` (got `num_heads`: {spec.num_attention_heads} and `num_shards`: {shards}")
+        raise UsageError(
+            f"TGI refuses --num-shard {shards}: `num_heads` must be divisible by `num_shards` (got `num_heads`: {spec.num_attention_heads} and `num_shards`: {shards}"
+        )
     if heads > 1 and heads % shards:
-        raise UsageError(f"TGI refuses --num-shard {shards}: `num_key_value_heads` must be divisible by `num_shards` (got `num_key_value_heads`: {heads} and `num_shards`: {shards}")
+        raise UsageError(
+            f"TGI refuses --num-shard {shards}: `num_key_value_heads` must be divisible by `num_shards` (got `num_key_value_heads`: {heads} and `num_shards`: {shards}"
+        )
     return heads // shards if heads > 1 else heads
 
 

@@ -14,17 +14,29 @@ PORT = 80  # the image sets PORT=80; the bare launcher defaults to 3000
 MAX_BATCH_TOTAL_TOKENS_IGNORED = "`--max-batch-total-tokens` is deprecated for Flash Attention models."
 
 
-def validation_errors(max_input_tokens: int, max_total_tokens: int, max_batch_prefill_tokens: int, max_batch_total_tokens: int, chunking: bool) -> list[str]:
+def validation_errors(
+    max_input_tokens: int,
+    max_total_tokens: int,
+    max_batch_prefill_tokens: int,
+    max_batch_total_tokens: int,
+    chunking: bool,
+) -> list[str]:
     """Every check TGI runs on these values, in its order, as TGI words it; empty when the launch passes."""
     errors = []
     if max_input_tokens >= max_total_tokens:
-        errors.append(f"Invalid argument: `max_input_tokens`({max_input_tokens}) must be < `max_total_tokens`({max_total_tokens})")
+        errors.append(
+            f"Invalid argument: `max_input_tokens`({max_input_tokens}) must be < `max_total_tokens`({max_total_tokens})"
+        )
     if max_total_tokens > max_batch_total_tokens:
         errors.append(f"Backend failed: Not enough memory to handle `max_total_tokens={max_total_tokens}`")
     if max_input_tokens > max_batch_prefill_tokens and not chunking:
-        errors.append(f"Argument validation error: `max_batch_prefill_tokens` must be >= `max_input_tokens`. Given: {max_batch_prefill_tokens} and {max_input_tokens}")
+        errors.append(
+            f"Argument validation error: `max_batch_prefill_tokens` must be >= `max_input_tokens`. Given: {max_batch_prefill_tokens} and {max_input_tokens}"
+        )
     if max_batch_prefill_tokens > max_batch_total_tokens:
-        errors.append(f"Argument validation error: `max_batch_prefill_tokens` must be <= `max_batch_total_tokens`. Given: {max_batch_prefill_tokens} and {max_batch_total_tokens}")
+        errors.append(
+            f"Argument validation error: `max_batch_prefill_tokens` must be <= `max_batch_total_tokens`. Given: {max_batch_prefill_tokens} and {max_batch_total_tokens}"
+        )
     return errors
 
 

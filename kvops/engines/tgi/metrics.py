@@ -29,7 +29,9 @@ QUEUE_SIZE = "tgi_queue_size"
 BATCH_SIZE = "tgi_batch_current_size"
 BATCH_MAX_TOKENS = "tgi_batch_current_max_tokens"
 INFERENCE_COUNT = "tgi_batch_inference_count"  # counter, label method = prefill | decode
-INFERENCE_SUCCESS = "tgi_batch_inference_success"  # counter, bumped when a prefill returns, just before the gauges are set
+INFERENCE_SUCCESS = (
+    "tgi_batch_inference_success"  # counter, bumped when a prefill returns, just before the gauges are set
+)
 
 SERIES = (QUEUE_SIZE, BATCH_SIZE, BATCH_MAX_TOKENS, INFERENCE_COUNT, INFERENCE_SUCCESS)
 
@@ -41,11 +43,19 @@ def reading(samples: Samples, capacity_tokens: int | None = None) -> Reading:
         raise MetricsError("TGI's KV usage needs the batch token capacity (max_batch_total_tokens)")
     reserved = samples.total(BATCH_MAX_TOKENS)
     if reserved is None and samples.total(INFERENCE_SUCCESS) is None:
-        return Reading(kv_usage=0.0, basis=f"no batch has run yet ({INFERENCE_SUCCESS} and {BATCH_MAX_TOKENS} absent)", capacity_tokens=capacity_tokens)
+        return Reading(
+            kv_usage=0.0,
+            basis=f"no batch has run yet ({INFERENCE_SUCCESS} and {BATCH_MAX_TOKENS} absent)",
+            capacity_tokens=capacity_tokens,
+        )
     if reserved is None:
-        raise MetricsError(f"no {BATCH_MAX_TOKENS} among {len(samples.seen)} metric names: not a TGI /metrics, or the metric was renamed")
+        raise MetricsError(
+            f"no {BATCH_MAX_TOKENS} among {len(samples.seen)} metric names: not a TGI /metrics, or the metric was renamed"
+        )
     if reserved < 0 or reserved > capacity_tokens:
-        raise MetricsError(f"{BATCH_MAX_TOKENS} {reserved:g} is outside 0-{capacity_tokens} (the batch token capacity): is the capacity right?")
+        raise MetricsError(
+            f"{BATCH_MAX_TOKENS} {reserved:g} is outside 0-{capacity_tokens} (the batch token capacity): is the capacity right?"
+        )
     return Reading(
         kv_usage=reserved / capacity_tokens,
         basis=f"{BATCH_MAX_TOKENS} {reserved:g} / {capacity_tokens} max batch total tokens",
@@ -58,7 +68,9 @@ def reading(samples: Samples, capacity_tokens: int | None = None) -> Reading:
 
 def promql(matchers: list[str], capacity_tokens: int | None = None) -> PromQL:
     if capacity_tokens is None:
-        raise UsageError("TGI's KV usage needs the batch token capacity: give --max-batch-total-tokens N, --plan FILE or --startup-log FILE")
+        raise UsageError(
+            "TGI's KV usage needs the batch token capacity: give --max-batch-total-tokens N, --plan FILE or --startup-log FILE"
+        )
     return PromQL(
         usage=f"({series(BATCH_MAX_TOKENS, matchers)} / {capacity_tokens})",
         up=series("up", matchers),
@@ -76,7 +88,9 @@ def capacity_from_log(path: str | Path) -> int:
     text = _read(path, "--startup-log")
     found = CAPACITY_LOG_LINE.findall(text)
     if not found:
-        raise UsageError(f"--startup-log {path}: no line 'Setting max batch total tokens to N' (TGI logs it once warmup ends)")
+        raise UsageError(
+            f"--startup-log {path}: no line 'Setting max batch total tokens to N' (TGI logs it once warmup ends)"
+        )
     return int(found[-1])
 
 
@@ -90,7 +104,9 @@ def capacity_from_plan(path: str | Path) -> int:
     values = set(_plan_values(data))
     if len(values) != 1:
         what = "no" if not values else f"conflicting ({', '.join(map(str, sorted(values)))})"
-        raise UsageError(f"--plan {path}: {what} max_batch_total_tokens (a positive integer key, or --max-batch-total-tokens N in its flags)")
+        raise UsageError(
+            f"--plan {path}: {what} max_batch_total_tokens (a positive integer key, or --max-batch-total-tokens N in its flags)"
+        )
     return values.pop()
 
 

@@ -52,7 +52,9 @@ class BatchDefaults:
 def batch_defaults(device: str, memory_bytes: int | None, gpu_name: str, world_size: int = 1) -> BatchDefaults:
     """`EngineArgs.get_batch_defaults` for the OpenAI API server (`vllm serve`)."""
     if device == "cpu":
-        return BatchDefaults(2048 * world_size, 128 * world_size, "CPU: 2048 x world size tokens, 128 x world size sequences")
+        return BatchDefaults(
+            2048 * world_size, 128 * world_size, "CPU: 2048 x world size tokens, 128 x world size sequences"
+        )
     memory = memory_bytes or 0
     if memory >= 160 * GiB:
         return BatchDefaults(16384, 1024, "GPU >= 160 GiB: 16384 tokens, 1024 sequences")
@@ -61,7 +63,9 @@ def batch_defaults(device: str, memory_bytes: int | None, gpu_name: str, world_s
     return BatchDefaults(2048, 256, "other GPUs: 2048 tokens, 256 sequences")
 
 
-def resolve_batch(defaults: BatchDefaults, max_model_len: int, max_num_batched_tokens: int | None, max_num_seqs: int | None) -> tuple[int, int]:
+def resolve_batch(
+    defaults: BatchDefaults, max_model_len: int, max_num_batched_tokens: int | None, max_num_seqs: int | None
+) -> tuple[int, int]:
     """What `_set_default_max_num_seqs_and_batched_tokens_args` settles on (chunked prefill on, the default)."""
     seqs = max_num_seqs if max_num_seqs is not None else defaults.max_num_seqs
     tokens = max_num_batched_tokens
@@ -126,7 +130,9 @@ class KVCacheLayout:
     def blocks_per_request(self, max_model_len: int, in_flight: int) -> int:
         return sum(group.admission_blocks(max_model_len, in_flight) for group in self.groups)
 
-    def blocks_held(self, prompt_tokens: int, total_tokens: int, sequences: int = 1, prefix_caching: bool = True) -> int:
+    def blocks_held(
+        self, prompt_tokens: int, total_tokens: int, sequences: int = 1, prefix_caching: bool = True
+    ) -> int:
         """Blocks one request of `sequences` parallel sequences (n or beams) holds at `total_tokens` each.
 
         With prefix caching the prompt's full blocks are shared by the siblings (vLLM fans n out into n requests
@@ -165,7 +171,9 @@ def kv_layout(spec: ModelSpec, dtype: KvDtype, tp: int, block_size: int, hybrid_
         return KVCacheLayout((_group(key, layers, block_size),), len(layers), 0, False)
     pages = {key[1] for key in buckets}
     if len(pages) > 1:
-        raise KvopsError(f"{spec.name}: layer kinds with different page sizes are not modelled (vLLM pads or rescales them)")
+        raise KvopsError(
+            f"{spec.name}: layer kinds with different page sizes are not modelled (vLLM pads or rescales them)"
+        )
     sizes = [len(layers) for layers in buckets.values()]
     group_size = max(sizes) if max(sizes) < min(sizes) * 1.5 else min(sizes)
     groups, padding = [], 0
@@ -220,11 +228,17 @@ class Capacity:
 
 
 def capacity(layout: KVCacheLayout, kv_bytes: int, max_model_len: int, in_flight: int) -> Capacity:
-    return Capacity(layout.num_blocks(kv_bytes), layout.block_size, layout.blocks_per_request(max_model_len, in_flight), max_model_len)
+    return Capacity(
+        layout.num_blocks(kv_bytes),
+        layout.block_size,
+        layout.blocks_per_request(max_model_len, in_flight),
+        max_model_len,
+    )
 
 
 def longest_context(layout: KVCacheLayout, usable_blocks: float, sequences: int, in_flight: int, upper: int) -> int:
     """Largest max_model_len whose `sequences` requests fit in `usable_blocks` (0 when not even one token does)."""
+
     def fits(length: int) -> bool:
         return sequences * layout.blocks_per_request(length, in_flight) <= usable_blocks
 

@@ -28,7 +28,11 @@ def kv_cache_dtype(dtype: KvDtype, model_dtype: str, device: str) -> str:
     """The `--kv-cache-dtype` value: 'auto' when the cache keeps the model's own dtype."""
     value = "auto" if dtype.name == model_dtype else _KV_CACHE_DTYPES.get(dtype.name)
     if value is None:
-        raise UsageError(f"--kv-dtype {dtype.name}: vLLM has no {dtype.name} KV cache; valid: auto, {', '.join(_KV_CACHE_DTYPES)}")
+        raise UsageError(
+            f"--kv-dtype {dtype.name}: vLLM has no {dtype.name} KV cache; valid: auto, {', '.join(_KV_CACHE_DTYPES)}"
+        )
     if device == "cpu" and value not in CPU_KV_CACHE_DTYPES:
-        raise UsageError(f"--kv-dtype {dtype.name}: vLLM's CPU attention takes --kv-cache-dtype {', '.join(CPU_KV_CACHE_DTYPES)} only")
+        raise UsageError(
+            f"--kv-dtype {dtype.name}: vLLM's CPU attention takes --kv-cache-dtype {', '.join(CPU_KV_CACHE_DTYPES)} only"
+        )
     return value

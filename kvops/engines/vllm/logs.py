@@ -63,42 +63,112 @@ _DESIRED = re.compile(r"[Dd]esired GPU memory utilization(?: is)? \(([\d.]+), ([
 _CURRENT_KV = re.compile(r"Current kv cache memory in use is ([\d.]+) (GiB|bytes)")
 
 PATTERNS: list[LogPattern] = [
-    ("weights_bytes", re.compile(r"(?:Model loading|Loading model weights) took " + _NUMBER + r" ?(?:GiB|GB)"), lambda m: gib(m.group(1))),
+    (
+        "weights_bytes",
+        re.compile(r"(?:Model loading|Loading model weights) took " + _NUMBER + r" ?(?:GiB|GB)"),
+        lambda m: gib(m.group(1)),
+    ),
     ("weights_bytes", re.compile(r"model weights take\s+" + _NUMBER + r" ?GiB"), lambda m: gib(m.group(1))),
     ("weights_bytes", re.compile(r"Actual usage is " + _NUMBER + r" GiB for weight,"), lambda m: gib(m.group(1))),
     ("kv_cache_bytes", re.compile(r"Available KV cache memory: (-?[\d.]+) ?GiB"), lambda m: gib(m.group(1))),
-    ("kv_cache_bytes", re.compile(r"the rest of the memory reserved for KV Cache is (-?[\d.]+) ?GiB"), lambda m: gib(m.group(1))),
+    (
+        "kv_cache_bytes",
+        re.compile(r"the rest of the memory reserved for KV Cache is (-?[\d.]+) ?GiB"),
+        lambda m: gib(m.group(1)),
+    ),
     ("kv_cache_bytes", re.compile(r"available_kv_cache_memory\s+(-?[\d.]+) ?GiB"), lambda m: gib(m.group(1))),
     ("kv_cache_bytes", re.compile(r"kv_cache_size=(-?[\d.]+) ?GiB"), lambda m: gib(m.group(1))),
-    ("kv_cache_bytes", re.compile(r"reserved " + _NUMBER + r" GiB memory for KV Cache as specified by kv_cache_memory_bytes"), lambda m: gib(m.group(1))),
-    ("kv_cache_bytes", re.compile(r"(?:Explicitly|Auto) set \(" + _NUMBER + r"/[\d.]+\) GiB for KV cache"), lambda m: gib(m.group(1))),
+    (
+        "kv_cache_bytes",
+        re.compile(r"reserved " + _NUMBER + r" GiB memory for KV Cache as specified by kv_cache_memory_bytes"),
+        lambda m: gib(m.group(1)),
+    ),
+    (
+        "kv_cache_bytes",
+        re.compile(r"(?:Explicitly|Auto) set \(" + _NUMBER + r"/[\d.]+\) GiB for KV cache"),
+        lambda m: gib(m.group(1)),
+    ),
     ("kv_cache_bytes", _CURRENT_KV, lambda m: gib(m.group(1)) if m.group(2) == "GiB" else int(m.group(1))),
     ("total_memory_bytes", re.compile(r"total_gpu_memory(?:=|\s+\(?)" + _NUMBER + r" ?GiB"), lambda m: gib(m.group(1))),
-    ("total_memory_bytes", re.compile(r"(?:Explicitly|Auto) set \([\d.]+/" + _NUMBER + r"\) GiB for KV cache"), lambda m: gib(m.group(1))),
+    (
+        "total_memory_bytes",
+        re.compile(r"(?:Explicitly|Auto) set \([\d.]+/" + _NUMBER + r"\) GiB for KV cache"),
+        lambda m: gib(m.group(1)),
+    ),
     ("total_memory_bytes", _SUMMARY_FREE, lambda m: gib(m.group(2))),
     ("startup_free_bytes", _SUMMARY_FREE, lambda m: gib(m.group(1))),
-    ("gpu_memory_utilization", re.compile(r"gpu_memory_utilization(?:=|\s+\(?)" + _NUMBER), lambda m: float(m.group(1))),
+    (
+        "gpu_memory_utilization",
+        re.compile(r"gpu_memory_utilization(?:=|\s+\(?)" + _NUMBER),
+        lambda m: float(m.group(1)),
+    ),
     ("gpu_memory_utilization", _DESIRED, lambda m: float(m.group(1))),
     ("requested_bytes", _DESIRED, lambda m: gib(m.group(2))),
-    ("requested_bytes", re.compile(r"gpu_memory_utilization \([\d.]+\) = " + _NUMBER + r" ?GiB"), lambda m: gib(m.group(1))),
-    ("requested_bytes", re.compile(r"the current vLLM instance can use\s+" + _NUMBER + r" ?GiB"), lambda m: gib(m.group(1))),
-    ("non_torch_bytes", re.compile(r"non_torch_memory(?: takes |=|\s+)" + _NUMBER + r" ?GiB"), lambda m: gib(m.group(1))),
+    (
+        "requested_bytes",
+        re.compile(r"gpu_memory_utilization \([\d.]+\) = " + _NUMBER + r" ?GiB"),
+        lambda m: gib(m.group(1)),
+    ),
+    (
+        "requested_bytes",
+        re.compile(r"the current vLLM instance can use\s+" + _NUMBER + r" ?GiB"),
+        lambda m: gib(m.group(1)),
+    ),
+    (
+        "non_torch_bytes",
+        re.compile(r"non_torch_memory(?: takes |=|\s+)" + _NUMBER + r" ?GiB"),
+        lambda m: gib(m.group(1)),
+    ),
     ("non_torch_bytes", re.compile(_NUMBER + r" GiB for non-torch memory"), lambda m: gib(m.group(1))),
-    ("activation_bytes", re.compile(r"PyTorch activation peak memory(?: takes)?\s+" + _NUMBER + r" ?GiB"), lambda m: gib(m.group(1))),
+    (
+        "activation_bytes",
+        re.compile(r"PyTorch activation peak memory(?: takes)?\s+" + _NUMBER + r" ?GiB"),
+        lambda m: gib(m.group(1)),
+    ),
     ("activation_bytes", re.compile(r"torch peak memory increase: " + _NUMBER + r" ?GiB"), lambda m: gib(m.group(1))),
     ("peak_torch_bytes", re.compile(r"peak_torch_memory=" + _NUMBER + r" ?GiB"), lambda m: gib(m.group(1))),
-    ("consumed_bytes", re.compile(r"Actual usage is " + _NUMBER + r" GiB for consumed memory"), lambda m: gib(m.group(1))),
+    (
+        "consumed_bytes",
+        re.compile(r"Actual usage is " + _NUMBER + r" GiB for consumed memory"),
+        lambda m: gib(m.group(1)),
+    ),
     ("peak_activation_bytes", re.compile(_NUMBER + r" GiB for peak activation"), lambda m: gib(m.group(1))),
     ("cudagraph_bytes", re.compile(r"Estimated CUDA graph memory: " + _NUMBER + r" ?GiB"), lambda m: gib(m.group(1))),
-    ("cudagraph_bytes", re.compile(r"CUDA graph pool memory: [\d.]+ GiB \(actual\), " + _NUMBER + r" GiB \(estimated\)"), lambda m: gib(m.group(1))),
-    ("cudagraph_utilization", re.compile(r"current --gpu-memory-utilization=" + _NUMBER + r" is equivalent to --gpu-memory-utilization=" + _NUMBER), lambda m: (float(m.group(1)), float(m.group(2)))),
+    (
+        "cudagraph_bytes",
+        re.compile(r"CUDA graph pool memory: [\d.]+ GiB \(actual\), " + _NUMBER + r" GiB \(estimated\)"),
+        lambda m: gib(m.group(1)),
+    ),
+    (
+        "cudagraph_utilization",
+        re.compile(
+            r"current --gpu-memory-utilization=" + _NUMBER + r" is equivalent to --gpu-memory-utilization=" + _NUMBER
+        ),
+        lambda m: (float(m.group(1)), float(m.group(2))),
+    ),
     ("cudagraph_estimate_disabled", re.compile(r"CUDA graph memory profiling is disabled"), lambda m: True),
-    ("cudagraph_captured_bytes", re.compile(r"CUDA graph pool memory: " + _NUMBER + r" GiB \(actual\)"), lambda m: gib(m.group(1))),
-    ("cudagraph_captured_bytes", re.compile(r"Graph capturing finished in \d+ secs?, took " + _NUMBER + r" GiB"), lambda m: gib(m.group(1))),
+    (
+        "cudagraph_captured_bytes",
+        re.compile(r"CUDA graph pool memory: " + _NUMBER + r" GiB \(actual\)"),
+        lambda m: gib(m.group(1)),
+    ),
+    (
+        "cudagraph_captured_bytes",
+        re.compile(r"Graph capturing finished in \d+ secs?, took " + _NUMBER + r" GiB"),
+        lambda m: gib(m.group(1)),
+    ),
     ("cudagraph_captured_bytes", re.compile(_NUMBER + r" GiB for CUDAGraph memory"), lambda m: gib(m.group(1))),
     ("num_gpu_blocks", re.compile(r"# (?:GPU|CPU|cuda|CUDA) blocks: " + _INT), lambda m: integer(m.group(1))),
-    ("kv_cache_size_tokens", re.compile(r"(GPU|CPU|XPU|TPU)(?: \+ host)? KV cache size: " + _INT + " tokens"), lambda m: (m.group(1), integer(m.group(2)))),
-    ("max_concurrency", re.compile(r"Maximum concurrency for " + _INT + r" tokens per request: " + _NUMBER + "x"), lambda m: (integer(m.group(1)), float(m.group(2)))),
+    (
+        "kv_cache_size_tokens",
+        re.compile(r"(GPU|CPU|XPU|TPU)(?: \+ host)? KV cache size: " + _INT + " tokens"),
+        lambda m: (m.group(1), integer(m.group(2))),
+    ),
+    (
+        "max_concurrency",
+        re.compile(r"Maximum concurrency for " + _INT + r" tokens per request: " + _NUMBER + "x"),
+        lambda m: (integer(m.group(1)), float(m.group(2))),
+    ),
     ("max_model_len", re.compile(r"Using max model len (\d+)"), lambda m: int(m.group(1))),
     ("version", re.compile(r"(?:V1 )?LLM engine \(v([^)]+)\)"), lambda m: m.group(1)),
     ("args", re.compile(r"non-default args: (\{.*\})\s*$"), lambda m: _literal(m.group(1))),
@@ -118,7 +188,7 @@ def _literal(text: str) -> dict[str, Any]:
 class VllmLog(LogFacts):
     """What one vLLM startup log says, with the line each fact was read from."""
 
-    failure: "Failure | None" = None
+    failure: Failure | None = None
 
     @property
     def device(self) -> str | None:
@@ -164,7 +234,11 @@ class VllmLog(LogFacts):
     @property
     def cudagraph_estimate_applied(self) -> int | None:
         """The CUDA-graph estimate vLLM took from the KV budget (None when it logged none or profiling was off)."""
-        if self.facts.get("cudagraph_estimate_disabled") or not {"consumed_bytes", "cudagraph_bytes", "cudagraph_utilization"} & set(self.facts):
+        if self.facts.get("cudagraph_estimate_disabled") or not {
+            "consumed_bytes",
+            "cudagraph_bytes",
+            "cudagraph_utilization",
+        } & set(self.facts):
             return None
         return self.cudagraph_bytes(self.facts.get("total_memory_bytes"))
 
@@ -208,7 +282,17 @@ _TORCH_OOM_SELF = re.compile(r"this process has " + _SIZE + r" memory in use")
 _TORCH_OOM_ALLOCATED = re.compile(r"Of the allocated memory " + _SIZE + r" is allocated by PyTorch")
 _TORCH_OOM_POOLS = re.compile(r"with " + _SIZE + r" allocated in private pools")
 _TORCH_OOM_UNALLOCATED = re.compile(_SIZE + r" is reserved by PyTorch but unallocated")
-_TORCH_OOM_OLD = re.compile(r"\(GPU (\d+); " + _SIZE + r" total capacity; " + _SIZE + r" already allocated; " + _SIZE + r" free; " + _SIZE + r" reserved in total by PyTorch\)")
+_TORCH_OOM_OLD = re.compile(
+    r"\(GPU (\d+); "
+    + _SIZE
+    + r" total capacity; "
+    + _SIZE
+    + r" already allocated; "
+    + _SIZE
+    + r" free; "
+    + _SIZE
+    + r" reserved in total by PyTorch\)"
+)
 _CUDA_ERROR_OOM = re.compile(r"(?:CUDA|HIP) error: out of memory")
 _WRAPPED_OOM = re.compile(r"out of memory occurred when warming up (sampler|pooler)(?: with (\d+) dummy requests)?")
 _KV_NEEDED = re.compile(
@@ -216,7 +300,9 @@ _KV_NEEDED = re.compile(
     r"larger than the available KV cache memory \(([\d.]+) GiB\)\.(?:\s*Based on the available memory, the estimated maximum "
     r"model length is (\d+)\.)?"
 )
-_V0_KV_TOKENS = re.compile(r"The model's max seq len \((\d+)\) is larger than the maximum number of tokens that can be stored in KV cache \((\d+)\)")
+_V0_KV_TOKENS = re.compile(
+    r"The model's max seq len \((\d+)\) is larger than the maximum number of tokens that can be stored in KV cache \((\d+)\)"
+)
 _NO_KV = re.compile(r"No available memory for the cache blocks")
 _STARTUP_FREE = re.compile(
     r"Free memory on device (?:\S+ )?\(([\d.]+)/([\d.]+) GiB\) on startup is less than desired GPU memory utilization \(([\d.]+), ([\d.]+) GiB\)"
@@ -226,21 +312,99 @@ _FRAME = re.compile(r'File "[^"]*", line \d+, in (\S+)')
 # Functions whose frame in a traceback names the phase; where frames nest (capture inside the profile pass, the
 # V0 profile run calling execute_model) the earlier phase in this order wins.
 _PHASE_FRAMES: tuple[tuple[str, frozenset[str]], ...] = (
-    ("cuda_graphs", frozenset({"capture_model", "_capture_cudagraphs", "profile_cudagraph_memory", "capture_end", "capture_begin", "_warmup_and_capture", "capture"})),
-    ("kv_cache", frozenset({"initialize_from_config", "initialize_kv_cache", "initialize_kv_cache_tensors", "_allocate_kv_cache_tensors", "_reshape_kv_cache_tensors", "_init_cache_engine", "_allocate_kv_cache", "allocate_kv_cache"})),
-    ("activation", frozenset({"determine_available_memory", "determine_num_available_blocks", "profile_run", "_dummy_sampler_run", "_dummy_pooler_run"})),
-    ("weights", frozenset({"load_model", "get_model", "initialize_model", "_initialize_model", "load_weights", "create_weights", "weight_loader", "load_weights_and_postprocess"})),
-    ("serving", frozenset({"execute_model", "execute_model_async", "step", "step_async", "engine_step", "run_engine_loop", "run_busy_loop", "_process_engine_step", "step_with_batch_queue", "sample_tokens"})),
+    (
+        "cuda_graphs",
+        frozenset(
+            {
+                "capture_model",
+                "_capture_cudagraphs",
+                "profile_cudagraph_memory",
+                "capture_end",
+                "capture_begin",
+                "_warmup_and_capture",
+                "capture",
+            }
+        ),
+    ),
+    (
+        "kv_cache",
+        frozenset(
+            {
+                "initialize_from_config",
+                "initialize_kv_cache",
+                "initialize_kv_cache_tensors",
+                "_allocate_kv_cache_tensors",
+                "_reshape_kv_cache_tensors",
+                "_init_cache_engine",
+                "_allocate_kv_cache",
+                "allocate_kv_cache",
+            }
+        ),
+    ),
+    (
+        "activation",
+        frozenset(
+            {
+                "determine_available_memory",
+                "determine_num_available_blocks",
+                "profile_run",
+                "_dummy_sampler_run",
+                "_dummy_pooler_run",
+            }
+        ),
+    ),
+    (
+        "weights",
+        frozenset(
+            {
+                "load_model",
+                "get_model",
+                "initialize_model",
+                "_initialize_model",
+                "load_weights",
+                "create_weights",
+                "weight_loader",
+                "load_weights_and_postprocess",
+            }
+        ),
+    ),
+    (
+        "serving",
+        frozenset(
+            {
+                "execute_model",
+                "execute_model_async",
+                "step",
+                "step_async",
+                "engine_step",
+                "run_engine_loop",
+                "run_busy_loop",
+                "_process_engine_step",
+                "step_with_batch_queue",
+                "sample_tokens",
+            }
+        ),
+    ),
 )
 # Startup milestones, in the order vLLM logs them: the phase a failure after each one falls in.
 _MILESTONES: tuple[tuple[re.Pattern, str], ...] = (
     (re.compile(r"Starting to load model|Loading safetensors checkpoint shards|Loading weights took"), "weights"),
     (re.compile(r"Model loading took|Loading model weights took"), "activation"),
     (re.compile(r"Profiling CUDA graph memory"), "cuda_graphs"),
-    (re.compile(r"Available KV cache memory|# (?:GPU|CPU|cuda|CUDA) blocks|KV cache size: [\d,]+ tokens|reserved for KV Cache is|kv_cache_size=|GiB for KV cache|memory for KV Cache as specified"), "kv_cache"),
+    (
+        re.compile(
+            r"Available KV cache memory|# (?:GPU|CPU|cuda|CUDA) blocks|KV cache size: [\d,]+ tokens|reserved for KV Cache is|kv_cache_size=|GiB for KV cache|memory for KV Cache as specified"
+        ),
+        "kv_cache",
+    ),
     (re.compile(r"Capturing CUDA graph|Capturing cudagraphs|Capturing the model for CUDA graphs"), "cuda_graphs"),
     (re.compile(r"Graph capturing finished"), "activation"),
-    (re.compile(r"init engine \(profile, create kv cache, warmup model\) took|Starting vLLM (?:API )?server|Application startup complete|Avg prompt throughput"), "serving"),
+    (
+        re.compile(
+            r"init engine \(profile, create kv cache, warmup model\) took|Starting vLLM (?:API )?server|Application startup complete|Avg prompt throughput"
+        ),
+        "serving",
+    ),
 )
 _MESSAGE_PHASES: tuple[tuple[re.Pattern, str], ...] = (
     (re.compile(r"Failed to load model - not enough GPU memory|Failed to create \S+ (?:\S+ )?weights"), "weights"),
@@ -306,15 +470,27 @@ def find_failure(text: str) -> Failure | None:
 
 def _failure_at(line: str, index: int, lines: list[str]) -> Failure | None:
     if match := _KV_NEEDED.search(line):
-        return Failure("kv_too_small", line.strip(), max_model_len=int(match.group(1)), needed_bytes=gib(match.group(2)), available_bytes=gib(match.group(3)),
-                       estimated_max_model_len=int(match.group(4)) if match.group(4) else None)
+        return Failure(
+            "kv_too_small",
+            line.strip(),
+            max_model_len=int(match.group(1)),
+            needed_bytes=gib(match.group(2)),
+            available_bytes=gib(match.group(3)),
+            estimated_max_model_len=int(match.group(4)) if match.group(4) else None,
+        )
     if match := _V0_KV_TOKENS.search(line):
         return Failure("kv_too_small", line.strip(), max_model_len=int(match.group(1)), kv_tokens=int(match.group(2)))
     if _NO_KV.search(line) or (match := re.search(r"Available KV cache memory: (-[\d.]+) ?GiB", line)):
         return Failure("no_kv_memory", line.strip(), available_bytes=gib(match.group(1)) if match else None)
     if match := _STARTUP_FREE.search(line):
-        return Failure("startup_free_memory", line.strip(), startup_free_bytes=gib(match.group(1)), total_bytes=gib(match.group(2)),
-                       utilization=float(match.group(3)), requested_bytes=gib(match.group(4)))
+        return Failure(
+            "startup_free_memory",
+            line.strip(),
+            startup_free_bytes=gib(match.group(1)),
+            total_bytes=gib(match.group(2)),
+            utilization=float(match.group(3)),
+            requested_bytes=gib(match.group(4)),
+        )
     if _TORCH_OOM.search(line) or _CUDA_ERROR_OOM.search(line) or _WRAPPED_OOM.search(line):
         oom = next((found for found in map(out_of_memory, lines) if found), None)
         phase, basis = _phase(index, lines)
@@ -330,7 +506,15 @@ def out_of_memory(line: str) -> OutOfMemory | None:
     backend, tried = match.group(1), size_bytes(match.group(2))
     if old := _TORCH_OOM_OLD.search(line):
         total, allocated, free, reserved = (size_bytes(old.group(i)) for i in range(2, 6))
-        return OutOfMemory(backend, tried, int(old.group(1)), total, free, allocated_bytes=allocated, unallocated_bytes=reserved - allocated)
+        return OutOfMemory(
+            backend,
+            tried,
+            int(old.group(1)),
+            total,
+            free,
+            allocated_bytes=allocated,
+            unallocated_bytes=reserved - allocated,
+        )
     device = _TORCH_OOM_DEVICE.search(line)
 
     def size(pattern: re.Pattern) -> int | None:
@@ -338,7 +522,8 @@ def out_of_memory(line: str) -> OutOfMemory | None:
         return size_bytes(found.group(1)) if found else None
 
     return OutOfMemory(
-        backend, tried,
+        backend,
+        tried,
         device=int(device.group(1)) if device else None,
         total_bytes=size_bytes(device.group(2)) if device else None,
         free_bytes=size_bytes(device.group(3)) if device else None,
@@ -353,7 +538,7 @@ def out_of_memory(line: str) -> OutOfMemory | None:
 def _phase(index: int, lines: list[str]) -> tuple[str | None, str]:
     """The phase an out-of-memory error at lines[index] hit: named by the exception's own message, else by the
     frames of the tracebacks around it (ranks interleave theirs), else by the last startup milestone before it."""
-    window = lines[max(0, index - 400): index + 400]
+    window = lines[max(0, index - 400) : index + 400]
     for line in window:
         for pattern, phase in _MESSAGE_PHASES:
             if match := pattern.search(line):

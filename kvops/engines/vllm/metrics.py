@@ -22,7 +22,17 @@ PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
 CACHE_CONFIG = "vllm:cache_config_info"
 
 # What a Prometheus source fetches for each replica.
-SERIES = (KV_USAGE, KV_USAGE_REMOVED, RUNNING, WAITING, PREEMPTIONS, GENERATION_TOKENS, PREFIX_HITS, PREFIX_QUERIES, CACHE_CONFIG)
+SERIES = (
+    KV_USAGE,
+    KV_USAGE_REMOVED,
+    RUNNING,
+    WAITING,
+    PREEMPTIONS,
+    GENERATION_TOKENS,
+    PREFIX_HITS,
+    PREFIX_QUERIES,
+    CACHE_CONFIG,
+)
 
 
 def reading(samples: Samples, capacity_tokens: int | None = None) -> Reading:

@@ -1,0 +1,121 @@
+"""Through a real Prometheus (Debian's package) scraping the real vLLM engine and a second replica (a real HTTP
+server serving a recorded vLLM exposition at 72%, nothing running): one level per replica, the fleet's worst, `--once --json`
+per replica, and the `kvops alerts` rules evaluated by that Prometheus on the same series."""
+
+import json
+
+import pytest
+
+from tests.support.daemons import PROMETHEUS, PrometheusServer
+from tests.support.kv_load import CRITICAL, DEGRADE, STAGED_POLICY, WARN, KvLoad
+from tests.support.metrics_server import MetricsServer, vllm_exposition
+from tests.support.watch_process import WatchProcess
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.skipif(
+        PROMETHEUS is None, reason="prometheus not installed (apt-get install prometheus; .ci/run does)"
+    ),
+]
+
+
+def test_fleet_levels_per_replica_and_the_worst(vllm_engine, tmp_path, run_kvops):
+    policy, rules_policy, rules = tmp_path / "policy.yaml", tmp_path / "rules-policy.yaml", tmp_path / "rules.yaml"
+    policy.write_text(STAGED_POLICY)
+    rules_policy.write_text(STAGED_POLICY.replace("min_dwell_seconds: 15", "min_dwell_seconds: 1"))  # rules: for 1s
+    rules.write_text(
+        run_kvops("alerts", "--engine", "vllm", "--policy", str(rules_policy), "--scrape-interval", "2").stdout
+    )
+    engine = f"127.0.0.1:{vllm_engine.port}"
+    # 2 s scrapes: a timeout as long as the interval, for an engine busy on 2 shared cores
+    with (
+        MetricsServer(vllm_exposition(0.72)) as second,
+        PrometheusServer(
+            tmp_path / "prometheus",
+            {"vllm": [engine, second.target]},
+            scrape_interval="2s",
+            rule_files=[rules],
+        ) as prometheus,
+    ):
+        prometheus.wait_for_series('up{job="vllm"} == 1', count=2)
+        prometheus.wait_for_series("vllm:kv_cache_usage_perc", count=2)
+
+        once = json.loads(
+            run_kvops(
+                "watch",
+                "--engine",
+                "vllm",
+                "--prometheus",
+                prometheus.url,
+                "--selector",
+                '{job="vllm"}',
+                "--once",
+                "--json",
+            ).stdout
+        )
+        assert once["level"] == "warn" and once["kv_usage"] == 0.72 and once["source"] == prometheus.url
+        assert {r["name"]: (r["level"], r["kv_usage"]) for r in once["replicas"]} == {
+            engine: ("ok", 0.0),
+            second.target: ("warn", 0.72),
+        }
+        assert once["actions"] == ["log_warning", "cap_max_tokens:512"]
+
+        with WatchProcess(
+            "--engine",
+            "vllm",
+            "--prometheus",
+            prometheus.url,
+            "--selector",
+            '{job="vllm"}',
+            "--policy",
+            str(policy),
+            "--interval",
+            "0.5",
+            "--timeout",
+            "5",
+        ) as watch:
+            watch.wait_level("warn")
+            load = KvLoad(vllm_engine.url, str(vllm_engine.model)).start(WARN)
+            try:
+                for stage, level in ((DEGRADE, "degrade"), (CRITICAL, "critical")):
+                    load.switch(stage)
+                    watch.wait_level(level, timeout=180)
+                replicas = {r["name"]: r["level"] for r in json.loads(watch.get("/kvops/status")[1])["replicas"]}
+                assert replicas == {engine: "critical", second.target: "warn"}
+                # Prometheus' own rule, from the same policy, fires on the engine's real usage while the burst lasts
+                prometheus.wait_for_series(
+                    f'ALERTS{{alertname="KVCacheCritical",alertstate="firing",instance="{engine}"}}', timeout=120
+                )
+            finally:
+                load.stop()
+            assert (
+                watch.wait_level("warn", timeout=120)["kv_usage"] == 0.72
+            )  # the engine is back to ok, the fleet to the second's warn
+            assert (
+                watch.metric("kvops_replica_level", instance=engine) == 0
+                and watch.metric("kvops_replica_level", instance=second.target) == 1
+            )
+
+            second.set("", status=503)  # the second replica's target goes down: Prometheus marks it up == 0
+            watch.wait_event(
+                lambda e: (
+                    e["event"] == "poll_failed"
+                    and e["replica"] == second.target
+                    and e["error"] == "target down in Prometheus (up == 0)"
+                ),
+                timeout=30,
+            )
+            assert (
+                watch.wait_level("ok", timeout=30)["kv_usage"] == 0.0
+            )  # the fleet's worst of the replicas still known
+
+        watch.first_rises("fleet_level_changed", ["warn", "degrade", "critical"])
+        assert watch.events("fleet_level_changed")[-1]["to"] == "ok"
+
+        prometheus.wait_for_series(
+            f'ALERTS{{alertname="KVMetricsStale",alertstate="firing",instance="{second.target}"}}', timeout=60
+        )
+        warned = prometheus.query(
+            f'max_over_time(ALERTS{{alertname="KVCacheWarn",alertstate="firing",instance="{second.target}"}}[10m])'
+        )
+        assert warned and warned[0]["value"][1] == "1"

@@ -1,0 +1,320 @@
+"""`kvops plan`: every input, every output format, the does-not-fit path and the inverse questions."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from kvops.gpus import find_gpu
+
+MiB = 1 << 20
+
+
+def plan_doc(run_kvops, *args: str, expect: int | None = 0) -> dict:
+    return json.loads(run_kvops("plan", *args, "--format", "json", expect=expect).stdout)
+
+
+def term(doc: dict, name: str) -> dict:
+    return next(item for item in doc["memory"]["terms"] if item["name"] == name)
+
+
+def test_vllm_json_carries_flags_command_every_term_and_capacity(run_kvops):
+    doc = plan_doc(run_kvops, "-m", "llama-3-8b", "--gpu", "h100", "--max-model-len", "8192")
+    assert {"engine", "model", "gpu", "flags", "command", "memory", "capacity", "warnings"} <= set(doc)
+    flags = doc["flags"]
+    for name in (
+        "gpu-memory-utilization",
+        "max-num-seqs",
+        "max-model-len",
+        "max-num-batched-tokens",
+        "kv-cache-dtype",
+        "block-size",
+        "tensor-parallel-size",
+    ):
+        assert name in flags, name
+    assert (flags["gpu-memory-utilization"], flags["block-size"], flags["max-num-batched-tokens"]) == (0.92, 16, 8192)
+    assert doc["command"]["argv"][:4] == ["vllm", "serve", "--model", "meta-llama/Meta-Llama-3-8B"]
+    assert doc["gpu"]["memory_bytes"] == 81559 * MiB
+    # requested - weights - activation - non-torch - CUDA graphs == KV, every figure an integer of bytes
+    requested = term(doc, "requested")["bytes"]
+    assert requested == -(-81559 * MiB * 92 // 100)
+    others = sum(term(doc, name)["bytes"] for name in ("weights", "activation", "non_torch", "cuda_graphs"))
+    assert doc["memory"]["kv_cache_bytes"] == requested - others == term(doc, "kv_cache")["bytes"]
+    cap = doc["capacity"]
+    assert cap["num_blocks"] == doc["memory"]["kv_cache_bytes"] // (2 * MiB)  # 32 layers x 16 tokens x 128 KiB / 16
+    assert cap["kv_tokens"] == int(cap["num_blocks"] / 512 * 8192)
+    assert {estimate["term"] for estimate in doc["estimates"]} == {"activation", "non_torch", "cuda_graphs"}
+    assert all(estimate["measure"] and "kvops calibrate" in estimate["measure"] for estimate in doc["estimates"])
+
+
+def test_max_num_seqs_keeps_the_expected_mix_under_the_warn_level(run_kvops):
+    doc = plan_doc(
+        run_kvops,
+        "-m",
+        "llama-3-8b",
+        "--gpu",
+        "l4",
+        "--max-model-len",
+        "8192",
+        "--prompt-tokens",
+        "1000",
+        "--gen-tokens",
+        "500",
+    )
+    cap = doc["capacity"]
+    assert cap["blocks_per_request"] == -(-1500 // 16)
+    seqs = doc["flags"]["max-num-seqs"]
+    assert seqs * cap["blocks_per_request"] <= 0.70 * cap["usable_blocks"] < (seqs + 1) * cap["blocks_per_request"]
+
+
+def test_n_and_beams_share_the_prompt_blocks_and_multiply_sequences(run_kvops):
+    one = plan_doc(run_kvops, "-m", "llama-3-8b", "--gpu", "h100", "--prompt-tokens", "1600", "--gen-tokens", "400")
+    four = plan_doc(
+        run_kvops, "-m", "llama-3-8b", "--gpu", "h100", "--prompt-tokens", "1600", "--gen-tokens", "400", "--n", "4"
+    )
+    assert one["capacity"]["blocks_per_request"] == 125
+    assert four["capacity"]["blocks_per_request"] == 100 + 4 * 25  # prompt blocks once, each sample its own 25
+
+
+def test_shell_line_is_the_argv_shell_quoted(run_kvops, tmp_path):
+    folder = tmp_path / "my model"
+    folder.mkdir()
+    (folder / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "llama",
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "hidden_size": 256,
+                "vocab_size": 512,
+                "max_position_embeddings": 2048,
+                "torch_dtype": "bfloat16",
+            }
+        )
+    )
+    line = run_kvops("plan", "-m", str(folder), "--gpu", "l4", "--format", "shell").stdout.strip()
+    argv = shlex.split(line)
+    assert argv[:4] == ["vllm", "serve", "--model", str(folder)]
+    assert f"'{folder}'" in line
+    assert argv == plan_doc(run_kvops, "-m", str(folder), "--gpu", "l4")["command"]["argv"]
+
+
+def test_yaml_env_docker_and_k8s_forms(run_kvops):
+    args = ("-m", "qwen3-8b", "--gpu", "a100-80gb", "--tp", "2", "--gpus", "4")
+    doc = plan_doc(run_kvops, *args)
+    assert doc["flags"]["data-parallel-size"] == 2
+    assert yaml.safe_load(run_kvops("plan", *args, "--format", "yaml").stdout) == doc
+    env = run_kvops("plan", *args, "--format", "env").stdout
+    assert "VLLM_ARGS=" in env and "--tensor-parallel-size 2" in env
+    docker = run_kvops("plan", *args, "--format", "docker").stdout.strip()
+    assert (
+        docker.startswith("docker run --rm --gpus 4 --ipc=host -p 8000:8000")
+        and " vllm/vllm-openai:v0.32.0 --model Qwen/Qwen3-8B " in docker
+    )
+    container = yaml.safe_load(run_kvops("plan", *args, "--format", "k8s").stdout)
+    assert container["image"] == "vllm/vllm-openai:v0.32.0"
+    assert container["args"] == doc["command"]["argv"][2:]
+    assert container["resources"]["limits"] == {"nvidia.com/gpu": 4}
+    rocm = yaml.safe_load(run_kvops("plan", "-m", "qwen3-8b", "--gpu", "mi300x", "--format", "k8s").stdout)
+    assert rocm["resources"]["limits"] == {"amd.com/gpu": 1} and rocm["image"] == "vllm/vllm-openai-rocm:v0.32.0"
+
+
+def test_guard_names_the_kv_guard_scheduler_and_max_queued_the_admission_valve(run_kvops):
+    plain = plan_doc(run_kvops, "-m", "llama-3-8b", "--gpu", "h100", "--no-guard")
+    assert "scheduler-cls" not in plain["flags"]
+    guarded = plan_doc(run_kvops, "-m", "llama-3-8b", "--gpu", "h100", "--max-queued", "64")
+    argv = guarded["command"]["argv"]
+    assert argv[argv.index("--scheduler-cls") + 1] == "kvops_vllm.scheduler.KVGuardScheduler"
+    assert argv[argv.index("--max-num-queued-reqs") + 1] == "64"
+
+
+def test_does_not_fit_exits_3_with_need_have_and_computed_ways_out(run_kvops):
+    ran = run_kvops(
+        "plan", "-m", "llama-3-8b", "--gpu", "l4", "--max-model-len", "8192", "--concurrency", "4", expect=3
+    )
+    assert ran.stdout == ""
+    first, *rest = ran.stderr.strip().splitlines()
+    assert first.startswith("kvops: error: does not fit: 4 concurrent requests of 8192 tokens need 2048 blocks")
+    assert "of KV cache; the plan has" in first
+    ways = "\n".join(rest)
+    assert "+ --kv-dtype fp8: fits" in ways and "quantized KV costs quality" in ways
+    assert "+ --max-model-len auto: fits" in ways and "+ --tp 2: fits" in ways and "+ --gpu RTX-4090: fits" in ways
+    assert "--kv-offloading-size" in ways and "does not raise how many sequences run at once" in ways
+    doc = plan_doc(
+        run_kvops, "-m", "llama-3-8b", "--gpu", "l4", "--max-model-len", "8192", "--concurrency", "4", expect=3
+    )
+    assert doc["fits"] is False and doc["need_bytes"] > doc["have_bytes"] > 0
+    fp8 = next(way for way in doc["ways_out"] if way["change"] == "--kv-dtype fp8")
+    assert fp8["fits"] and fp8["flags"]["kv-cache-dtype"] == "fp8"
+
+
+def test_weights_too_big_says_so_and_finds_the_tp_that_fits(run_kvops):
+    ran = run_kvops(
+        "plan", "-m", "llama-3.1-70b", "--gpu", "a100-80gb", "--max-model-len", "32768", "--concurrency", "8", expect=3
+    )
+    assert "weights and overheads need" in ran.stderr and "+ --tp 4: fits" in ran.stderr
+
+
+def test_max_model_len_auto_is_the_longest_context_at_the_target_concurrency(run_kvops):
+    doc = plan_doc(run_kvops, "-m", "llama-3-8b", "--gpu", "l4", "--max-model-len", "auto", "--concurrency", "4")
+    cap = doc["capacity"]
+    length = doc["flags"]["max-model-len"]
+    assert 4 * -(-length // 16) <= 0.70 * cap["usable_blocks"] < 4 * -(-(length + 16) // 16)
+    assert cap["requests_under_warn"] >= 4
+
+
+def test_concurrency_auto_is_the_most_sequences_at_the_context(run_kvops):
+    doc = plan_doc(run_kvops, "-m", "llama-3-8b", "--gpu", "h100", "--max-model-len", "32768", "--concurrency", "auto")
+    cap = doc["capacity"]
+    assert cap["requests_under_warn"] == int(0.70 * cap["usable_blocks"] // 2048)
+    assert doc["flags"]["max-num-seqs"] == cap["requests_under_warn"]
+
+
+def test_workload_file_is_sized_at_its_p95(run_kvops, tmp_path):
+    lines = [json.dumps({"prompt_tokens": 100 * i, "output_tokens": 10 * i}) for i in range(1, 21)]
+    path = tmp_path / "requests.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    doc = plan_doc(run_kvops, "-m", "llama-3-8b", "--gpu", "h100", "--workload", str(path))
+    load = doc["workload"]
+    assert (load["prompt_tokens"], load["gen_tokens"], load["p50_tokens"], load["p95_tokens"], load["requests"]) == (
+        1900,
+        190,
+        1100,
+        2090,
+        20,
+    )
+    assert doc["capacity"]["tokens_per_request"] == 2090
+
+
+def test_tgi_plan_uses_tgi_flags_rules_and_reservations(run_kvops):
+    doc = plan_doc(
+        run_kvops,
+        "--engine",
+        "tgi",
+        "-m",
+        "llama-3-8b",
+        "--gpu",
+        "h100",
+        "--max-model-len",
+        "8192",
+        "--prompt-tokens",
+        "2000",
+        "--gen-tokens",
+        "3000",
+    )
+    flags = doc["flags"]
+    assert list(flags) == [
+        "model-id",
+        "num-shard",
+        "max-input-tokens",
+        "max-total-tokens",
+        "max-batch-prefill-tokens",
+        "max-concurrent-requests",
+        "cuda-memory-fraction",
+    ]
+    assert flags["max-input-tokens"] < flags["max-total-tokens"] <= doc["capacity"]["max_batch_total_tokens"]
+    assert doc["capacity"]["reservation_tokens_per_request"] == 2000 + 1024 - 1  # max_new_tokens counted up to 1024
+    assert doc["command"]["argv"][0] == "text-generation-launcher"
+    assert term(doc, "budget")["bytes"] == int(81559 * MiB * 0.9)
+    env = run_kvops("plan", "--engine", "tgi", "-m", "llama-3-8b", "--gpu", "h100", "--format", "env").stdout
+    assert "MAX_TOTAL_TOKENS=" in env and "NUM_SHARD=1" in env
+    docker = run_kvops("plan", "--engine", "tgi", "-m", "llama-3-8b", "--gpu", "h100", "--format", "docker").stdout
+    assert "ghcr.io/huggingface/text-generation-inference:3.3.7 --model-id meta-llama/Meta-Llama-3-8B" in docker
+
+
+def test_tgi_sliding_window_models_reserve_the_full_context(run_kvops):
+    doc = plan_doc(run_kvops, "--engine", "tgi", "-m", "mistral-7b-v0.1", "--gpu", "h100", "--max-model-len", "16384")
+    assert doc["capacity"]["kv_bytes_per_token"] == 2 * 32 * 8 * 128 * 2
+    assert any("still reserves and caches the full context" in note for note in doc["notes"])
+
+
+def test_tgi_refusal_uses_tgis_own_message(run_kvops):
+    ran = run_kvops("plan", "--engine", "tgi", "-m", "llama-3-8b", "--gpu", "l4", "--max-model-len", "65536", expect=3)
+    assert "Backend failed: Not enough memory to handle `max_total_tokens=65536`" in ran.stderr
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (
+            ("--engine", "tgi", "-m", "llama-3-8b", "--gpu", "h100", "--kv-dtype", "int8"),
+            "[possible values: fp8_e4m3fn, fp8_e5m2]",
+        ),
+        (
+            ("--engine", "tgi", "-m", "llama-3-8b", "--gpu", "h100", "--kv-cache-memory-bytes", "1GiB"),
+            "--kv-cache-memory-bytes is a vLLM option",
+        ),
+        (
+            ("--engine", "tgi", "-m", "llama-3.1-70b", "--gpu", "h100", "--tp", "16"),
+            "`num_key_value_heads` must be divisible by `num_shards`",
+        ),
+        (("-m", "llama-3-8b", "--gpu", "h300"), "--gpu 'h300' is not in the GPU catalog"),
+        (("-m", "llama-3-8b", "--gpu", "h100", "--gpus", "3", "--tp", "2"), "--gpus 3 is not a multiple of --tp 2"),
+        (("-m", "llama-3-8b", "--gpu", "h100", "--kv-dtype", "fp6"), "--kv-dtype 'fp6' is not a KV dtype"),
+        (
+            ("-m", "llama-3-8b", "--gpu", "h100", "--max-model-len", "lots"),
+            "'lots' is not a positive integer or 'auto'",
+        ),
+        (("-m", "llama-3-8b"), "missing --gpu NAME"),
+    ],
+)
+def test_bad_input_is_one_line(run_kvops, args, words):
+    ran = run_kvops("plan", *args, expect=None)
+    assert ran.exit_code in (1, 2)
+    assert len(ran.stderr.strip().splitlines()) == 1 and words in ran.stderr
+
+
+def test_profile_replaces_estimates_with_measurements(run_kvops, tmp_path):
+    profile = tmp_path / "h100.yaml"
+    profile.write_text(
+        yaml.safe_dump(
+            {
+                "kvops_profile": 1,
+                "engine": "vllm",
+                "source": "run.log",
+                "model": "meta-llama/Meta-Llama-3-8B",
+                "tp": 1,
+                "weights_bytes": 16_060_522_496,
+                "overhead_bytes": 3 * 2**30,
+            }
+        )
+    )
+    doc = plan_doc(run_kvops, "-m", "llama-3-8b", "--gpu", "h100", "--max-model-len", "8192", "--profile", str(profile))
+    assert term(doc, "weights") == {**term(doc, "weights"), "bytes": 16_060_522_496, "basis": "measured"}
+    assert term(doc, "overhead")["basis"] == "measured" and doc["estimates"] == []
+    assert doc["memory"]["kv_cache_bytes"] == term(doc, "requested")["bytes"] - 16_060_522_496 - 3 * 2**30
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("engine: vllm\n")
+    assert (
+        "not a kvops profile"
+        in run_kvops("plan", "-m", "llama-3-8b", "--gpu", "h100", "--profile", str(bad), expect=1).stderr
+    )
+
+
+def test_h200_plan_uses_the_reported_total(run_kvops):
+    doc = plan_doc(run_kvops, "-m", "llama-3.1-70b", "--gpu", "H200", "--tp", "2")
+    assert term(doc, "total")["bytes"] == 143771 * MiB == find_gpu("h200").memory_bytes
+
+
+def test_plan_does_not_import_pandas_or_matplotlib():
+    code = "import sys; from kvops.cli import main; sys.argv=['kvops','plan','-m','llama-3-8b','--gpu','h100','-f','shell']\ntry:\n main()\nexcept SystemExit: pass\nprint(sorted(m for m in ('pandas','matplotlib','numpy','vllm') if m in sys.modules))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_launcher_replaces_only_the_program(run_kvops):
+    args = ["-m", "llama-3-8b", "--gpu", "h100", "--max-model-len", "8192"]
+    default = plan_doc(run_kvops, *args)["command"]
+    module = plan_doc(run_kvops, *args, "--launcher", "python -m vllm.entrypoints.openai.api_server")["command"]
+    assert default["program"] == ["vllm", "serve"] and module["program"] == [
+        "python",
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+    ]
+    assert module["argv"][3:] == default["argv"][2:]
+    assert "'unclosed" in run_kvops("plan", *args, "--launcher", "'unclosed", expect=2).stderr

@@ -1,0 +1,93 @@
+"""TGI's KV sizing and launch rules, as its source states them (TGI cannot run here)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvops.dtypes import KV_DTYPES
+from kvops.engines.tgi.budget import (
+    check_fp8,
+    kv_bytes_per_token,
+    reservation_tokens,
+    resolve_attention,
+    tgi_capacity,
+    tgi_kv_dtype,
+)
+from kvops.engines.tgi.flags import validation_errors
+from kvops.errors import UsageError
+from kvops.model import load_model
+
+
+def test_attention_backend_and_block_size_follow_resolve_attention():
+    assert resolve_attention(load_model("llama-3-8b"), "nvidia").block_size == 1  # flashinfer
+    deepseek = resolve_attention(load_model("deepseek-ai/DeepSeek-V2-Lite"), "nvidia")
+    assert (deepseek.backend, deepseek.block_size) == ("flashdecoding", 256)
+    rocm = resolve_attention(load_model("llama-3-8b"), "amd")
+    assert (rocm.backend, rocm.block_size, rocm.supports_chunking) == ("paged", 16, False)
+
+
+def test_kv_bytes_per_token_caches_the_whole_context_and_splits_kv_heads():
+    mistral = load_model("mistral-7b-v0.1")  # sliding window 4096 on every layer: TGI still reserves everything
+    assert kv_bytes_per_token(mistral, KV_DTYPES["bf16"], 1) == 2 * 32 * 8 * 128 * 2
+    assert kv_bytes_per_token(mistral, KV_DTYPES["bf16"], 2) == 2 * 32 * 4 * 128 * 2
+    assert kv_bytes_per_token(mistral, KV_DTYPES["fp8"], 1) == 2 * 32 * 8 * 128
+
+
+def test_kv_heads_must_divide_by_shards_in_tgi_words():
+    with pytest.raises(
+        UsageError,
+        match=r"`num_key_value_heads` must be divisible by `num_shards` \(got `num_key_value_heads`: 8 and `num_shards`: 16",
+    ):
+        kv_bytes_per_token(load_model("llama-3.1-70b"), KV_DTYPES["bf16"], 16)
+
+
+def test_kv_cache_dtype_takes_only_fp8_values():
+    assert tgi_kv_dtype(KV_DTYPES["fp8"], "bf16") == "fp8_e4m3fn"
+    assert tgi_kv_dtype(KV_DTYPES["fp8_e5m2"], "bf16") == "fp8_e5m2"
+    assert tgi_kv_dtype(KV_DTYPES["bf16"], "bf16") is None
+    with pytest.raises(UsageError, match=r"\[possible values: fp8_e4m3fn, fp8_e5m2\]"):
+        tgi_kv_dtype(KV_DTYPES["int8"], "bf16")
+
+
+def test_fp8_rules_of_the_kv_cache_constructor():
+    flashdecoding = resolve_attention(load_model("deepseek-ai/DeepSeek-V2-Lite"), "nvidia")
+    with pytest.raises(UsageError, match="FP8 KV cache is currently only supported for flashinfer on CUDA"):
+        check_fp8(flashdecoding, "fp8_e4m3fn", "nvidia")
+    with pytest.raises(UsageError, match="float8_e5m2 FP8 KV cache is not supported on AMD ROCm"):
+        check_fp8(resolve_attention(load_model("llama-3-8b"), "amd"), "fp8_e5m2", "amd")
+
+
+def test_a_request_reserves_input_plus_at_most_1024_new_tokens():
+    assert reservation_tokens(1000, 500) == 1499
+    assert reservation_tokens(1000, 4000) == 1000 + 1024 - 1
+
+
+def test_capacity_is_whole_blocks_with_block_zero_for_health_checks():
+    cap = tgi_capacity(10 * 131072 * 16 + 5, 131072, 16)
+    assert (cap.num_blocks, cap.max_batch_total_tokens, cap.usable_blocks) == (10, 160, 9)
+    assert cap.requests_fitting(40) == 3  # 3 blocks each
+
+
+def test_validation_messages_are_tgis_own():
+    assert validation_errors(100, 100, 4096, 10000, True) == [
+        "Invalid argument: `max_input_tokens`(100) must be < `max_total_tokens`(100)"
+    ]
+    assert (
+        validation_errors(8191, 8192, 4096, 5000, True)[0]
+        == "Backend failed: Not enough memory to handle `max_total_tokens=8192`"
+    )
+    assert validation_errors(8191, 8192, 4096, 20000, False) == [
+        "Argument validation error: `max_batch_prefill_tokens` must be >= `max_input_tokens`. Given: 4096 and 8191"
+    ]
+    assert validation_errors(1000, 2000, 4096, 3000, True) == [
+        "Argument validation error: `max_batch_prefill_tokens` must be <= `max_batch_total_tokens`. Given: 4096 and 3000"
+    ]
+    assert validation_errors(1000, 2000, 4096, 30000, True) == []
+
+
+def test_deepseek_in_tgi_caches_full_heads_of_nope_plus_rope():
+    from kvops.engines.tgi.budget import head_size
+
+    assert (
+        head_size(load_model("deepseek-v3")) == 128 + 64
+    )  # max(qk_nope + qk_rope, v_head_dim 128), not the 576 latent

@@ -1,0 +1,70 @@
+"""vLLM V1's block arithmetic, checked against the installed engine's own kv_cache_utils."""
+
+from __future__ import annotations
+
+from kvops.dtypes import KV_DTYPES
+from kvops.engines.vllm.budget import (
+    BatchDefaults,
+    batch_defaults,
+    capacity,
+    kv_layout,
+    longest_context,
+    max_in_flight_tokens,
+    resolve_batch,
+)
+from kvops.gpus import find_gpu
+from kvops.model import load_model
+
+BF16 = KV_DTYPES["bf16"]
+
+
+def test_tiny_model_4_mib_pool_is_32_blocks_of_128_tokens(tiny_model):
+    spec = load_model(str(tiny_model))
+    layout = kv_layout(spec, BF16, tp=1, block_size=128)
+    assert layout.bytes_per_block == 2 * 128 * (2 * 2 * 64 * 2)  # 2 layers x 128 tokens x 512 B
+    cap = capacity(layout, 4 * 1024 * 1024, max_model_len=1024, in_flight=2048)
+    assert (cap.num_blocks, cap.kv_cache_size_tokens, cap.max_concurrency, cap.usable_blocks) == (32, 4096, 4.0, 31)
+
+
+def test_gemma2_alternating_layers_form_two_groups_sharing_one_pool():
+    layout = kv_layout(load_model("gemma-2-9b"), BF16, tp=1, block_size=16)
+    assert [group.kind for group in layout.groups] == ["sliding", "full"]
+    assert [len(group.layers) for group in layout.groups] == [21, 21]
+    assert layout.bytes_per_block == 21 * 16 * (2 * 8 * 256 * 2)
+    assert layout.padding_layers == 0
+
+
+def test_gemma3_five_to_one_groups_sliding_layers_by_the_full_count():
+    layout = kv_layout(load_model("google/gemma-3-12b-it"), BF16, tp=1, block_size=16)
+    kinds = [group.kind for group in layout.groups]
+    assert kinds.count("sliding") == 5 and kinds.count("full") == 1
+    assert {len(group.layers) for group in layout.groups} == {8}  # 40 sliding + 8 full, groups of 8
+
+
+def test_sliding_group_holds_window_plus_in_flight_not_the_context():
+    layout = kv_layout(load_model("gemma-2-9b"), BF16, tp=1, block_size=16)
+    sliding, full = layout.groups
+    assert full.admission_blocks(32768, in_flight=16384) == 2048
+    assert sliding.admission_blocks(32768, in_flight=16384) == -(-(4096 - 1 + 16384) // 16) + 1
+    assert sliding.held_blocks(32768) == 4096 // 16 + 1
+
+
+def test_batch_defaults_follow_get_batch_defaults():
+    assert batch_defaults("gpu", find_gpu("H100").memory_bytes, "NVIDIA H100 80GB HBM3") == BatchDefaults(
+        8192, 1024, batch_defaults("gpu", find_gpu("H100").memory_bytes, "H100").rule
+    )
+    assert (
+        batch_defaults("gpu", find_gpu("A100-80GB").memory_bytes, "NVIDIA A100-SXM4-80GB").max_num_batched_tokens
+        == 2048
+    )
+    assert batch_defaults("gpu", find_gpu("B200").memory_bytes, "NVIDIA B200").max_num_batched_tokens == 16384
+    assert batch_defaults("cpu", None, "").max_num_seqs == 128
+    assert resolve_batch(batch_defaults("cpu", None, ""), 1024, None, None) == (2048, 128)
+    assert resolve_batch(batch_defaults("cpu", None, ""), 8, None, None) == (1024, 128)  # min(128 x 8, 2048)
+    assert max_in_flight_tokens(2048, "gpu") == 4096 and max_in_flight_tokens(2048, "cpu") == 2048
+
+
+def test_longest_context_is_the_largest_that_fits():
+    layout = kv_layout(load_model("llama-3-8b"), BF16, tp=1, block_size=16)
+    length = longest_context(layout, usable_blocks=1000, sequences=2, in_flight=0, upper=8192)
+    assert 2 * layout.blocks_per_request(length, 0) <= 1000 < 2 * layout.blocks_per_request(length + 16, 0)

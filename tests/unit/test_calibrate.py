@@ -1,0 +1,254 @@
+"""`kvops calibrate`: vLLM startup logs in every wording (a real CPU capture and public GPU excerpts, see
+tests/fixtures/logs/SOURCES.md), a live /metrics, TGI's log; predicted against actual; profiles that plans use."""
+
+from __future__ import annotations
+
+import json
+
+import yaml
+
+from kvops.engines.tgi.logs import parse_tgi_log
+from kvops.engines.vllm.logs import parse_vllm_log
+from tests.support.paths import LOGS
+from tests.support.tiny_model import TINY_LLAMA, build_model
+
+GiB = 1 << 30
+
+
+def gib(value: float) -> int:
+    return round(value * GiB)
+
+
+def read(name: str) -> str:
+    return (LOGS / name).read_text()
+
+
+def test_vllm_0_32_cpu_one_line_capacity_and_args():
+    log = parse_vllm_log(read("vllm-0.32.0-cpu-fp8-sliding.log"))
+    assert log.device == "cpu" and log.get("version") == "0.32.0"
+    assert (log.kv_cache_size_tokens, log.max_model_len, log.max_concurrency) == (7372, 2048, 3.6)
+    assert log.args["kv_cache_memory_bytes"] == 7352377 and log.args["kv_cache_dtype"] == "fp8"
+    assert log.get("kv_cache_bytes") == gib(0.01) and log.get("total_memory_bytes") == gib(
+        11.84
+    )  # "Explicitly set (0.01/11.84) GiB"
+
+
+def test_2026_gpu_lines_with_the_cuda_graph_utilization_hint():
+    log = parse_vllm_log(read("vllm-v1-2026-tp2-cudagraph.log"))
+    assert log.device == "gpu" and log.get("kv_cache_bytes") == gib(9.84)
+    assert (log.kv_cache_size_tokens, log.max_model_len, log.max_concurrency) == (619202, 262144, 2.36)
+    assert log.cudagraph_bytes(24 * GiB) == round((0.88 - 0.8592) * 24 * GiB)
+
+
+def test_2026_estimated_cuda_graph_memory_and_model_loading_lines():
+    log = parse_vllm_log(read("vllm-v1-2026-tp4-estimated-graphs.log"))
+    assert (log.cudagraph_bytes(None), log.get("kv_cache_bytes")) == (gib(0.17), gib(15.72))
+    assert parse_vllm_log(read("vllm-v1-2026-model-loading.log")).get("weights_bytes") == gib(12.66)
+
+
+def test_2025_two_line_and_early_v1_block_count():
+    two = parse_vllm_log(read("vllm-v1-2025-two-line.log"))
+    assert (two.get("kv_cache_bytes"), two.kv_cache_size_tokens, two.max_model_len, two.max_concurrency) == (
+        gib(2.30),
+        75840,
+        120000,
+        2.48,
+    )
+    early = parse_vllm_log(read("vllm-v1-2025-gpu-blocks.log"))
+    assert (early.get("weights_bytes"), early.get("num_gpu_blocks"), early.max_model_len, early.max_concurrency) == (
+        gib(67.7229),
+        1381,
+        2048,
+        10.79,
+    )
+
+
+def test_v0_memory_profile_in_both_wordings():
+    multi = parse_vllm_log(read("vllm-v0-memory-profiling.log"))
+    assert multi.get("total_memory_bytes") == gib(23.58) and multi.get("gpu_memory_utilization") == 0.99
+    assert (
+        multi.get("weights_bytes"),
+        multi.get("non_torch_bytes"),
+        multi.activation_bytes,
+        multi.get("kv_cache_bytes"),
+    ) == (gib(21.21), gib(0.20), gib(0.37), gib(1.57))
+    one = parse_vllm_log(read("vllm-v0-profiling-results.log"))
+    assert (
+        one.get("weights_bytes"),
+        one.get("total_memory_bytes"),
+        one.get("non_torch_bytes"),
+        one.get("kv_cache_bytes"),
+    ) == (gib(14.9888), gib(23.58), gib(0.35), gib(2.89))
+    assert one.activation_bytes == gib(17.98) - gib(14.9888)  # peak torch memory less the weights
+    assert (one.get("num_gpu_blocks"), one.max_model_len, one.max_concurrency, one.get("gpu_memory_utilization")) == (
+        1478,
+        29000,
+        0.82,
+        0.90,
+    )
+
+
+def test_pinned_kv_line():
+    assert parse_vllm_log(read("vllm-v1-pinned-kv.log")).get("kv_cache_bytes") == gib(49.0)
+
+
+def test_tgi_plain_and_json_output_lines():
+    log = parse_tgi_log(read("tgi-3.3-llama-3-8b.log"))
+    assert log.get("max_batch_total_tokens") == 20152 and log.get("kv_blocks") == (20152, 1)
+    assert log.get("attention") == ("flashinfer", "true") and log.get("max_batch_prefill_tokens") == 4096
+    assert log.args == {"model_id": "meta-llama/Meta-Llama-3-8B", "num_shard": 1, "cuda_memory_fraction": 1.0}
+    assert parse_tgi_log(read("tgi-json-output.log")).get("max_batch_total_tokens") == 133696
+
+
+def test_calibrating_the_cpu_capture_predicts_it_exactly(run_kvops, tmp_path):
+    """The captured run's own shape, rebuilt here: the log states every flag, the planner predicts every figure."""
+    shape = dict(
+        TINY_LLAMA,
+        architectures=["MistralForCausalLM"],
+        model_type="mistral",
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        head_dim=128,
+        sliding_window=256,
+        max_position_embeddings=4096,
+    )
+    model = build_model(tmp_path / "mistral-sliding", shape)
+    report = json.loads(
+        run_kvops(
+            "calibrate", "--vllm-log", str(LOGS / "vllm-0.32.0-cpu-fp8-sliding.log"), "--model", str(model), "--json"
+        ).stdout
+    )
+    rows = {row["term"]: row for row in report["comparisons"]}
+    for name in ("kv_cache", "kv_cache_size_tokens", "max_concurrency"):
+        assert rows[name]["difference"] == 0, rows[name]
+    assert rows["kv_cache_size_tokens"]["actual"] == 7372
+    text = run_kvops(
+        "calibrate", "--vllm-log", str(LOGS / "vllm-0.32.0-cpu-fp8-sliding.log"), "--model", str(model)
+    ).stdout
+    assert "kv_cache_size_tokens" in text and "exact" in text and "CPU KV cache size: 7,372 tokens" in text
+
+
+def test_gpu_log_prediction_against_actual_and_profile_round_trip(run_kvops, tmp_path):
+    """V0 logs itemise every term: the saved profile makes the plan reproduce the run's KV budget."""
+    saved = tmp_path / "profile.yaml"
+    out = run_kvops(
+        "calibrate",
+        "--vllm-log",
+        str(LOGS / "vllm-v0-memory-profiling.log"),
+        "--model",
+        "qwen3-8b",
+        "--gpu",
+        "rtx-4090",
+        "--max-model-len",
+        "4096",
+        "--save",
+        str(saved),
+    ).stdout
+    assert "weights" in out and "non_torch" in out and "activation" in out and f"saved profile {saved}" in out
+    profile = yaml.safe_load(saved.read_text())
+    assert profile["kvops_profile"] == 1 and profile["engine"] == "vllm"
+    assert (
+        profile["total_memory_bytes"],
+        profile["weights_bytes"],
+        profile["activation_bytes"],
+        profile["non_torch_bytes"],
+    ) == (gib(23.58), gib(21.21), gib(0.37), gib(0.20))
+    doc = json.loads(
+        run_kvops(
+            "plan",
+            "-m",
+            "qwen3-8b",
+            "--gpu",
+            "rtx-4090",
+            "--max-model-len",
+            "4096",
+            "--gpu-memory-utilization",
+            "0.99",
+            "--enforce-eager",
+            "--profile",
+            str(saved),
+            "--format",
+            "json",
+            expect=None,
+        ).stdout
+    )
+    assert abs(doc["memory"]["kv_cache_bytes"] - gib(1.57)) <= 10 * (
+        1 << 20
+    )  # the log's figures are rounded to 0.01 GiB
+
+
+def test_v1_log_profile_holds_the_measured_overhead(run_kvops, tmp_path):
+    saved = tmp_path / "profile.json"
+    report = json.loads(
+        run_kvops(
+            "calibrate",
+            "--vllm-log",
+            str(LOGS / "vllm-v1-2026-tp2-cudagraph.log"),
+            "--model",
+            "qwen3-8b",
+            "--gpu",
+            "rtx-3090",
+            "--tp",
+            "2",
+            "--gpu-memory-utilization",
+            "0.88",
+            "--max-model-len",
+            "32768",
+            "--save",
+            str(saved),
+            "--json",
+        ).stdout
+    )
+    rows = {row["term"]: row for row in report["comparisons"]}
+    assert rows["kv_cache"]["actual"] == gib(9.84) and rows["kv_cache"]["predicted"] > 0
+    assert rows["cuda_graphs"]["actual"] == round((0.88 - 0.8592) * 24576 * (1 << 20))
+    assert json.loads(saved.read_text())["cudagraph_bytes"] == rows["cuda_graphs"]["actual"]
+
+
+def test_tgi_calibration_round_trips_the_kv_pool(run_kvops, tmp_path):
+    saved = tmp_path / "tgi.yaml"
+    report = json.loads(
+        run_kvops(
+            "calibrate",
+            "--tgi-log",
+            str(LOGS / "tgi-3.3-llama-3-8b.log"),
+            "--gpu",
+            "l4",
+            "--save",
+            str(saved),
+            "--json",
+        ).stdout
+    )
+    rows = {row["term"]: row for row in report["comparisons"]}
+    assert rows["max_batch_total_tokens"]["actual"] == 20152 and rows["max_batch_total_tokens"]["predicted"] > 0
+    doc = json.loads(
+        run_kvops(
+            "plan",
+            "--engine",
+            "tgi",
+            "-m",
+            "llama-3-8b",
+            "--gpu",
+            "l4",
+            "--max-model-len",
+            "8192",
+            "--profile",
+            str(saved),
+            "--format",
+            "json",
+        ).stdout
+    )
+    assert doc["capacity"]["max_batch_total_tokens"] == 20152
+    assert any(term["name"] == "overhead" and term["basis"] == "measured" for term in doc["memory"]["terms"])
+
+
+def test_calibrate_needs_a_source_and_says_what_it_looked_for(run_kvops, tmp_path):
+    assert "give --vllm-log FILE" in run_kvops("calibrate", expect=2).stderr
+    empty = tmp_path / "empty.log"
+    empty.write_text("nothing here\n")
+    assert "no vLLM startup lines found" in run_kvops("calibrate", "--vllm-log", str(empty), expect=1).stderr
+    assert (
+        "no 'Setting max batch total tokens to N' line"
+        in run_kvops("calibrate", "--tgi-log", str(empty), expect=1).stderr
+    )

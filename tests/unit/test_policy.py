@@ -1,0 +1,98 @@
+"""The degrade policy: thresholds, hysteresis, dwell, signal floors, unknown, and request clamping."""
+
+import pytest
+
+from kvops.policy import (
+    Level,
+    LevelTracker,
+    PolicyError,
+    RequestParams,
+    clamp,
+    default_policy_text,
+    load_policy,
+)
+from tests.support.paths import REPO
+
+
+def test_shipped_config_is_the_embedded_default():
+    assert (REPO / "configs" / "policy.yaml").read_text() == default_policy_text()
+
+
+def test_default_levels_and_actions():
+    policy = load_policy()
+    assert [policy.raw_level(u) for u in (0.0, 0.69, 0.70, 0.85, 0.949, 0.95, 1.0)] == [
+        Level.OK,
+        Level.OK,
+        Level.WARN,
+        Level.DEGRADE,
+        Level.DEGRADE,
+        Level.CRITICAL,
+        Level.CRITICAL,
+    ]
+    assert policy.limits(Level.OK).max_tokens_cap is None
+    assert policy.limits(Level.WARN).max_tokens_cap == 512 and not policy.limits(Level.WARN).single_sequence
+    assert policy.limits(Level.DEGRADE).single_sequence and not policy.limits(Level.DEGRADE).reject
+    critical = policy.limits(Level.CRITICAL)
+    assert critical.reject and critical.retry_after_seconds == 10
+
+
+def test_up_is_immediate_down_needs_hysteresis_and_dwell():
+    tracker = LevelTracker(load_policy())  # hysteresis 0.05, dwell 30 s
+    assert tracker.update(0.72, now=0) == Level.WARN
+    assert tracker.update(0.96, now=1) == Level.CRITICAL
+    assert tracker.update(0.93, now=40) == Level.CRITICAL  # within 5 points of 95
+    assert tracker.update(0.80, now=45) == Level.DEGRADE  # 0.80 + 0.05 = 0.85: still degrade
+    assert tracker.update(0.10, now=50) == Level.DEGRADE  # dwell: only 5 s in degrade
+    assert tracker.update(0.10, now=75) == Level.OK
+
+
+def test_signal_floor_holds_the_level():
+    tracker = LevelTracker(load_policy())
+    assert tracker.update(0.2, now=0, floor=Level.DEGRADE) == Level.DEGRADE
+    assert tracker.update(0.2, now=10) == Level.DEGRADE
+    assert tracker.update(0.2, now=31) == Level.OK
+
+
+@pytest.mark.parametrize("mode, expected_cap", [("fail-open", None), ("fail-closed", 512)])
+def test_unknown_keeps_or_lifts_the_limits(tmp_path, mode, expected_cap):
+    path = tmp_path / "policy.yaml"
+    path.write_text(f"unknown:\n  mode: {mode}\n")
+    tracker = LevelTracker(load_policy(path))
+    tracker.update(0.9, now=0)
+    assert tracker.update(None, now=1) == Level.UNKNOWN
+    limits = tracker.limits()
+    assert limits.level == Level.UNKNOWN and limits.max_tokens_cap == expected_cap
+    assert tracker.update(0.9, now=2) == Level.DEGRADE
+
+
+def test_clamp():
+    policy = load_policy()
+    params = RequestParams(max_tokens=1024, n=4, best_of=5, beam_width=3)
+    same, changes = clamp(params, policy.limits(Level.OK))
+    assert same == params and changes == []
+    warn, changes = clamp(params, policy.limits(Level.WARN))
+    assert warn == RequestParams(512, 4, 5, 3) and changes == ["max_tokens 1024->512"]
+    degraded, changes = clamp(RequestParams(max_tokens=None, n=2), policy.limits(Level.DEGRADE))
+    assert degraded == RequestParams(512, 1) and changes == ["max_tokens unset->512", "n 2->1"]
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("levels:\n  warn: 0.9\n", "levels.warn 0.9 must be below levels.degrade 0.85"),
+        ("levels:\n  critical: 1.5\n", "levels.critical 1.5 must be a number in (0, 1]"),
+        ("hysteresis: lots\n", "hysteresis 'lots'"),
+        ("actions:\n  warn:\n    max_tokens_cap: -3\n", "actions.warn.max_tokens_cap -3"),
+        ("actions:\n  warn:\n    shrink: true\n", "unknown action 'shrink'"),
+        ("signals:\n  stall:\n    raise_to: panic\n", "signals.stall.raise_to 'panic'"),
+        ("unknown:\n  mode: maybe\n", "unknown.mode 'maybe'; valid: fail-open, fail-closed"),
+        ("levels: [\n", "not valid YAML at line"),
+        ("surprise: 1\n", "unknown key 'surprise'"),
+    ],
+)
+def test_bad_policy_is_one_line_naming_the_key(tmp_path, text, message):
+    path = tmp_path / "policy.yaml"
+    path.write_text(text)
+    with pytest.raises(PolicyError) as caught:
+        load_policy(path)
+    assert message in str(caught.value) and str(path) in str(caught.value) and "\n" not in str(caught.value)

@@ -1,0 +1,107 @@
+"""Plans for every catalog model on every catalog GPU, and the monotonic sense they must make."""
+
+from __future__ import annotations
+
+import pandas
+import pytest
+
+from kvops.gpus import custom_gpu, gpu_catalog
+from kvops.model import load_model
+from kvops.model.catalog import catalog
+from kvops.sweep import sweep_frame, sweep_rows
+
+GiB = 1 << 30
+
+
+@pytest.fixture(scope="module")
+def frame() -> pandas.DataFrame:
+    specs = [load_model(entry.id) for entry in catalog()]
+    return sweep_frame(
+        sweep_rows(specs, gpu_catalog(), engines=("vllm", "tgi"), kv_dtypes=("auto", "fp8"), tps=(1, 2, 4, 8))
+    )
+
+
+def test_every_catalog_model_meets_every_catalog_gpu(frame):
+    vllm = frame[frame.engine == "vllm"]
+    assert set(vllm.model) == {entry.id for entry in catalog()}
+    assert set(vllm.gpu) == {gpu.id for gpu in gpu_catalog()}
+    assert vllm.groupby(["model", "gpu"]).size().min() >= 2  # at least tp 1 in both KV dtypes
+    assert frame.fits.any() and (~frame.fits).any()
+
+
+def test_more_memory_never_lowers_capacity(frame):
+    for key, group in frame.groupby(["engine", "model", "tp", "kv_dtype"]):
+        tokens = group.sort_values("gpu_memory_bytes").kv_tokens.tolist()
+        assert tokens == sorted(tokens), key
+
+
+def test_more_memory_never_lowers_capacity_at_fixed_engine_settings():
+    spec = load_model("gemma-2-9b")  # hybrid: sliding and full groups
+    gpus = [custom_gpu(size * GiB) for size in range(20, 200, 7)]
+    rows = sweep_rows([spec], gpus, kv_dtypes=("auto",), tps=(1,))
+    tokens = [row["kv_tokens"] for row in rows]
+    assert tokens == sorted(tokens) and tokens[-1] > 0
+
+
+def test_fp8_doubles_kv_tokens(frame):
+    vllm = frame[(frame.engine == "vllm") & frame.fits]
+    pairs = vllm.pivot_table(
+        index=["model", "gpu", "tp"], columns="kv_dtype_resolved", values="num_blocks", aggfunc="first"
+    )
+    checked = 0
+    for (model, gpu, tp), row in pairs.iterrows():
+        sixteen = row.get("bf16") if pandas.notna(row.get("bf16")) else row.get("fp16")
+        if pandas.isna(sixteen) or pandas.isna(row.get("fp8")):
+            continue
+        assert 2 * sixteen <= row["fp8"] <= 2 * sixteen + 1, (
+            model,
+            gpu,
+            tp,
+        )  # same KV bytes, half the page: floor() may add one
+        checked += 1
+    assert checked > 100
+    tokens = vllm.pivot_table(
+        index=["model", "gpu", "tp"], columns="kv_dtype", values="kv_tokens", aggfunc="first"
+    ).dropna()
+    ratio = tokens["fp8"] / tokens["auto"]
+    assert ratio.between(1.99, 2.01).all()
+
+
+def test_tp2_halves_per_gpu_kv_for_gqa_models(frame):
+    gqa = [
+        entry.id
+        for entry in catalog()
+        if not load_model(entry.id).is_mla
+        and 2 <= load_model(entry.id).num_kv_heads < load_model(entry.id).num_attention_heads
+    ]
+    assert len(gqa) >= 10
+    vllm = frame[(frame.engine == "vllm") & (frame.kv_dtype == "auto") & frame.model.isin(gqa)]
+    per_token = vllm.pivot_table(
+        index=["model", "gpu"], columns="tp", values="kv_bytes_per_token_per_gpu", aggfunc="first"
+    )
+    assert (per_token[2] * 2 == per_token[1]).all()
+    tgi = frame[(frame.engine == "tgi") & (frame.kv_dtype == "auto") & frame.model.isin(gqa)]
+    tgi_per_token = tgi.pivot_table(
+        index=["model", "gpu"], columns="tp", values="kv_bytes_per_token_per_gpu", aggfunc="first"
+    ).dropna()
+    assert (tgi_per_token[2] * 2 == tgi_per_token[1]).all()
+
+
+def test_sweep_command_writes_csv_and_plot(run_kvops, tmp_path):
+    out = tmp_path / "sweep.csv"
+    ran = run_kvops(
+        "sweep",
+        "--out",
+        str(out),
+        "--models",
+        "llama-3-8b,gemma-2-9b",
+        "--gpus",
+        "l4,h100,h200",
+        "--engines",
+        "vllm,tgi",
+    )
+    assert f"wrote {out}" in ran.stdout
+    table = pandas.read_csv(out)
+    assert set(table.engine) == {"vllm", "tgi"} and set(table.gpu) == {"L4", "H100-80GB", "H200"}
+    png = out.with_suffix(".png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,42 @@
+import pytest
+
+from kvops.errors import UsageError
+from kvops.units import format_bytes, parse_bytes
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("24GiB", 24 << 30),
+        ("24 GiB", 24 << 30),
+        ("80GB", 80 * 10**9),
+        ("512MiB", 512 << 20),
+        ("4096", 4096),
+        ("1.5GiB", 3 << 29),
+        ("17.8GiB", 19112604467),
+    ],
+)
+def test_parse_bytes(text, expected):
+    assert parse_bytes(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "GiB", "12 parsecs", "-1GiB", "0", "1..2GiB"])
+def test_parse_bytes_rejects_with_one_line(text):
+    with pytest.raises(UsageError) as caught:
+        parse_bytes(text, "--gpu-memory")
+    assert "--gpu-memory" in str(caught.value) and "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "value, text",
+    [
+        (131072, "128 KiB"),
+        (1 << 20, "1 MiB"),
+        (3 << 29, "1.5 GiB"),
+        (1000, "1000 B"),
+        (19112604467, "~17.8 GiB"),
+        (2 << 40, "2 TiB"),
+    ],
+)
+def test_format_bytes_marks_rounding(value, text):
+    assert format_bytes(value) == text
