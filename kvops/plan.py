@@ -14,7 +14,7 @@ from typing import Any
 from kvops import budget as common
 from kvops.budget import Term
 from kvops.dtypes import KvDtype, resolve_kv_dtype
-from kvops.engines import flag_args
+from kvops.engines.flags import flag_args
 from kvops.engines.tgi import budget as tgi
 from kvops.engines.tgi import flags as tgi_flags
 from kvops.engines.vllm import budget as vllm

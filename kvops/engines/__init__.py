@@ -1,47 +1,32 @@
-"""What differs between serving engines, and only that: one package per engine.
+"""The serving engines kvops plans, watches and guards: the registry, the only list of them.
 
-Each holds how the engine turns memory into KV blocks (budget), its launch flags and their validation rules
-(flags), the lines it logs at startup (logs) and the metrics it exports (metrics).
+Everything that differs between engines lives in that engine's package (`kvops/engines/<name>/`), behind the
+`Engine` interface of `base.py`; the rest of kvops asks `engines.get(name)`. Adding an engine is one package and one
+line here. Adapters are imported when first asked for, so commands that name no engine do not load them.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING
 
-LogPattern = tuple[str, "re.Pattern[str]", Callable[["re.Match[str]"], Any]]  # fact name, regex, value from the match
+from kvops.errors import UsageError
 
+if TYPE_CHECKING:
+    from kvops.engines.base import Engine
 
-@dataclass
-class LogFacts:
-    """Facts read from an engine's log: the first line that matches each pattern, kept with its words."""
-
-    facts: dict[str, Any] = field(default_factory=dict)
-    lines: dict[str, str] = field(default_factory=dict)
-    matches: dict[str, str] = field(default_factory=dict)  # the words of the line each fact was read from
-
-    def get(self, name: str, default: Any = None) -> Any:
-        return self.facts.get(name, default)
-
-    def read(self, line: str, patterns: Iterable[LogPattern]) -> None:
-        for name, pattern, convert in patterns:
-            if name in self.facts:
-                continue
-            match = pattern.search(line)
-            if match:
-                self.facts[name] = convert(match)
-                self.lines[name] = line.strip()
-                self.matches[name] = match.group(0)
+# engine name -> the module whose ENGINE is its adapter
+REGISTRY = {
+    "vllm": "kvops.engines.vllm.engine",
+    "tgi": "kvops.engines.tgi.engine",
+}
+NAMES = tuple(REGISTRY)
 
 
-def flag_args(flags: dict[str, object]) -> list[str]:
-    """`--flag value ...` in order; True is a bare switch, None and False are left out, floats lose trailing zeros."""
-    args: list[str] = []
-    for name, value in flags.items():
-        if value is True:
-            args.append(f"--{name}")
-        elif value is not None and value is not False:
-            args += [f"--{name}", f"{value:g}" if isinstance(value, float) else str(value)]
-    return args
+def get(name: str) -> Engine:
+    """The adapter of the engine called `name` (any case)."""
+    module = REGISTRY.get(name.strip().lower())
+    if module is None:
+        raise UsageError(f"engine {name!r}; valid: {', '.join(NAMES)}")
+    engine: Engine = importlib.import_module(module).ENGINE
+    return engine

@@ -41,13 +41,10 @@ class MetricsSource(Protocol):
 
 
 def engine_module(engine: str) -> ModuleType:
-    if engine == "vllm":
-        from kvops.engines.vllm import metrics
-    elif engine == "tgi":
-        from kvops.engines.tgi import metrics
-    else:
-        raise ValueError(f"engine {engine!r}; valid: vllm, tgi")
-    return metrics
+    """The engine's metrics module (its SERIES, reading and promql)."""
+    from kvops import engines
+
+    return engines.get(engine).metrics
 
 
 class ScrapeSource:

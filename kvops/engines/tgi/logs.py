@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvops.engines import LogFacts, LogPattern
+from kvops.engines.logs import LogFacts, LogPattern
 
 PATTERNS: list[LogPattern] = [
     ("max_batch_total_tokens", re.compile(r"Setting max batch total tokens to (\d+)"), lambda m: int(m.group(1))),

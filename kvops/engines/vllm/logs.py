@@ -41,7 +41,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from kvops.engines import LogFacts, LogPattern
+from kvops.engines.logs import LogFacts, LogPattern
 
 GiB = 1 << 30
 ANSI = re.compile(r"\x1b\[[0-9;]*m|\[[0-9;]*m(?=\()")

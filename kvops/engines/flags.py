@@ -1,0 +1,14 @@
+"""Engine flags as command-line words, engine-neutral."""
+
+from __future__ import annotations
+
+
+def flag_args(flags: dict[str, object]) -> list[str]:
+    """`--flag value ...` in order; True is a bare switch, None and False are left out, floats lose trailing zeros."""
+    args: list[str] = []
+    for name, value in flags.items():
+        if value is True:
+            args.append(f"--{name}")
+        elif value is not None and value is not False:
+            args += [f"--{name}", f"{value:g}" if isinstance(value, float) else str(value)]
+    return args
