@@ -21,3 +21,7 @@ class ModelNotFound(KvopsError):
 
 class ConfigError(KvopsError):
     """A config.json that lacks, or has an unusable, field the formula needs."""
+
+
+class MissingDevice(UsageError):
+    """A plan that needs the device's memory was given neither --gpu nor --gpu-memory."""

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from importlib import resources
 
-from kvops.errors import UsageError
+from kvops.errors import MissingDevice, UsageError
 
 MiB = 1 << 20
 
@@ -83,7 +83,7 @@ def custom_gpu(memory_bytes: int) -> Gpu:
 def resolve_gpu(name: str | None, memory_bytes: int | None) -> Gpu:
     """`--gpu NAME` and/or `--gpu-memory SIZE`: at least one is needed."""
     if name is None and memory_bytes is None:
-        raise UsageError("missing --gpu NAME (e.g. H100-80GB; `kvops plan --help` lists them) or --gpu-memory SIZE")
+        raise MissingDevice("missing --gpu NAME (e.g. H100-80GB; `kvops plan --help` lists them) or --gpu-memory SIZE")
     if name is None:
         return custom_gpu(memory_bytes)
     gpu = find_gpu(name)

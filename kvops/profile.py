@@ -33,6 +33,15 @@ class Profile:
     num_gpu_blocks: int | None = None
     block_size: int | None = None
 
+    def to_text(self, as_json: bool) -> str:
+        """The profile file: YAML, or JSON."""
+        import json
+
+        import yaml
+
+        data = self.to_dict()
+        return json.dumps(data, indent=2) + "\n" if as_json else yaml.safe_dump(data, sort_keys=False)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "kvops_profile": PROFILE_VERSION,

@@ -6,12 +6,14 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from kvops import engines
 from kvops.dtypes import resolve_kv_dtype
 from kvops.errors import KvopsError
 from kvops.formula import kv_cost
 from kvops.gpus import Gpu
 from kvops.model.spec import ModelSpec
-from kvops.plan import PlanInputs, predict
+from kvops.plan import PlanInputs
+from kvops.planner import predict
 
 if TYPE_CHECKING:
     import pandas
@@ -118,19 +120,19 @@ def _row(inputs: PlanInputs) -> dict[str, Any] | None:
             "requests_under_warn": 0,
         }
     cap = plan.capacity
-    weights = next(term.bytes for term in plan.memory if term.name == "weights")
-    if inputs.engine == "tgi":
-        row["kv_bytes_per_token_per_gpu"] = cap["kv_bytes_per_token"]
+    weights = plan.term("weights")
+    assert cap is not None  # a sweep plans a fixed context, so the pool is always sized
+    row["kv_bytes_per_token_per_gpu"] = engines.get(inputs.engine).kv_bytes_per_token(spec, dtype, inputs.tp)
     return {
         **row,
         "fits": plan.fits,
         "problem": plan.problem,
-        "weights_bytes": weights,
+        "weights_bytes": weights.bytes if weights else None,
         "kv_cache_bytes": plan.kv_cache_bytes,
-        "num_blocks": cap["num_blocks"],
-        "kv_tokens": cap["kv_tokens"],
-        "max_concurrency": cap["max_concurrency"],
-        "requests_under_warn": cap["requests_under_warn"],
+        "num_blocks": cap.num_blocks,
+        "kv_tokens": cap.kv_tokens,
+        "max_concurrency": cap.max_concurrency,
+        "requests_under_warn": cap.requests_under_warn,
     }
 
 
@@ -141,58 +143,3 @@ def sweep_frame(rows: list[dict[str, Any]]) -> pandas.DataFrame:
     for column in ("weights_bytes", "kv_cache_bytes"):
         frame[column] = frame[column].astype("Int64")
     return frame
-
-
-def plot_sweep(frame: pandas.DataFrame, out: str, engine: str = "vllm", tp: int = 1) -> None:
-    """Heatmaps of KV tokens (log scale) per model and GPU at one tp, one panel per KV dtype; '-' = does not fit."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy
-    from matplotlib.colors import LogNorm
-
-    subset = frame[(frame.engine == engine) & (frame.tp == tp)]
-    dtypes = list(dict.fromkeys(subset.kv_dtype))
-    models = list(dict.fromkeys(subset.model))
-    gpus = list(dict.fromkeys(subset.sort_values("gpu_memory_bytes").gpu))
-    figure, axes = plt.subplots(
-        1,
-        len(dtypes),
-        figsize=(1.0 * len(gpus) * len(dtypes) + 4, 0.42 * len(models) + 2.5),
-        squeeze=False,
-        sharey=True,
-    )
-    for axis, dtype in zip(axes[0], dtypes):
-        table = (
-            subset[subset.kv_dtype == dtype]
-            .pivot_table(index="model", columns="gpu", values="kv_tokens", aggfunc="first")
-            .reindex(index=models, columns=gpus)
-        )
-        fits = (
-            subset[subset.kv_dtype == dtype]
-            .pivot_table(index="model", columns="gpu", values="fits", aggfunc="first")
-            .reindex(index=models, columns=gpus)
-        )
-        values = table.where(fits.astype(bool)).to_numpy(dtype=float)
-        masked = numpy.ma.masked_invalid(numpy.where(values > 0, values, numpy.nan))
-        image = axis.imshow(
-            masked,
-            aspect="auto",
-            cmap="viridis",
-            norm=LogNorm(vmin=1e3, vmax=max(1e4, numpy.nanmax(values) if numpy.isfinite(values).any() else 1e4)),
-        )
-        for (row, column), value in numpy.ndenumerate(values):
-            label = "-" if not numpy.isfinite(value) or value <= 0 else f"{value / 1000:.0f}k"
-            axis.text(
-                column, row, label, ha="center", va="center", fontsize=7, color="white" if label != "-" else "black"
-            )
-        axis.set_xticks(range(len(gpus)), gpus, rotation=60, ha="right", fontsize=8)
-        axis.set_yticks(range(len(models)), models, fontsize=8)
-        axis.set_title(
-            f"{engine} KV cache tokens at tp {tp}, KV dtype {dtype}" + (" (the model's)" if dtype == "auto" else "")
-        )
-        figure.colorbar(image, ax=axis, shrink=0.6, label="KV cache size (tokens)")
-    figure.tight_layout()
-    figure.savefig(out, dpi=110)
-    plt.close(figure)

@@ -13,19 +13,19 @@ from kvops.errors import KvopsError
 # name -> "module:function"; a module is imported only when its command runs (or --help lists it).
 COMMANDS = {
     "kv": "kvops.cli.kv:kv",
-    "table": "kvops.cli.kv:table",
-    "plot": "kvops.cli.kv:plot",
-    "models": "kvops.cli.kv:models",
+    "table": "kvops.cli.table:table",
+    "plot": "kvops.cli.plot:plot",
+    "models": "kvops.cli.models:models",
     "tokens": "kvops.cli.tokens:tokens",
     "plan": "kvops.cli.plan:plan",
-    "calibrate": "kvops.cli.plan:calibrate",
+    "calibrate": "kvops.cli.calibrate:calibrate",
     "explain": "kvops.cli.explain:explain",
-    "sweep": "kvops.cli.plan:sweep",
+    "sweep": "kvops.cli.sweep:sweep",
     "watch": "kvops.cli.watch:watch",
     "alerts": "kvops.cli.watch:alerts",
     "report": "kvops.cli.watch:report",
-    "manifests": "kvops.cli.deploy:manifests",
-    "dashboard": "kvops.cli.deploy:dashboard",
+    "manifests": "kvops.cli.manifests:manifests",
+    "dashboard": "kvops.cli.dashboard:dashboard",
 }
 
 

@@ -1,4 +1,4 @@
-"""`kvops kv`, `kvops table`, `kvops plot`, `kvops models`: the formula, for one model or the catalog."""
+"""`kvops kv`: KV-cache bytes for one model and workload point."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import click
 
 from kvops.cli.options import (
     POSITIVE,
-    int_list,
     json_option,
     kv_dtype_option,
     model_option,
@@ -82,103 +81,3 @@ def _tokens(tokens: int | None, prompt: int | None, generated: int | None) -> in
     if total < 1:
         raise click.UsageError("--prompt-tokens + --gen-tokens must be at least 1")
     return total
-
-
-TABLE_BATCHES = "1,4,8"
-TABLE_TOKENS = "1024,4096,8192,16384"
-
-
-@click.command()
-@model_option
-@click.option("--batches", default=TABLE_BATCHES, show_default=True, help="Comma-separated batch sizes.")
-@click.option(
-    "--tokens", "tokens_list", default=TABLE_TOKENS, show_default=True, help="Comma-separated context lengths T."
-)
-@tp_option
-@kv_dtype_option
-@click.option("--block-size", type=POSITIVE, help="Round to whole blocks of N tokens.")
-@click.option(
-    "--format",
-    "table_format",
-    default="text",
-    show_default=True,
-    type=click.Choice(("text", "csv", "json", "markdown")),
-)
-def table(model, batches, tokens_list, tp, kv_dtype, block_size, table_format):
-    """The seed calculator's table: token tax per batch, full and window-capped KV per T."""
-    batch_values = int_list(batches, "--batches")
-    token_values = int_list(tokens_list, "--tokens")
-    spec = load_model(model)
-    dtype = resolve_kv_dtype(kv_dtype, spec.dtype)
-    from kvops.tables import kv_table, render_table
-
-    frame = kv_table(spec, batches=batch_values, tokens=token_values, dtype=dtype, tp=tp, block_size=block_size)
-    if table_format == "text":
-        click.echo(f"{spec.name}   kv dtype {dtype.name}   tp {tp}   {spec.layer_pattern()}")
-    click.echo(render_table(frame, table_format))
-
-
-@click.command()
-@model_option
-@click.option(
-    "--compare",
-    multiple=True,
-    metavar="MODEL",
-    help="Another model on the same axes (repeatable), e.g. an MHA model against a GQA one.",
-)
-@click.option("--batches", default="1,8", show_default=True, help="Comma-separated batch sizes, one line each.")
-@click.option(
-    "--max-tokens",
-    type=POSITIVE,
-    help="Right end of the context axis [default: the longest max_position_embeddings, capped at 131072].",
-)
-@click.option("--gpu-memory", metavar="SIZE", help="Draw a capacity line, e.g. 24GiB or 80GB.")
-@tp_option
-@kv_dtype_option
-@click.option(
-    "--out",
-    "-o",
-    required=True,
-    type=click.Path(dir_okay=False, writable=True),
-    help="PNG (or any matplotlib format) to write.",
-)
-@json_option
-def plot(model, compare, batches, max_tokens, gpu_memory, tp, kv_dtype, out, as_json):
-    """Plot KV bytes against context length: windows as plateaus, GQA against MHA, GPU capacity."""
-    batch_values = int_list(batches, "--batches")
-    capacity = parse_bytes(gpu_memory, "--gpu-memory") if gpu_memory else None
-    specs = [load_model(name) for name in (model, *compare)]
-    dtypes = {spec.name: resolve_kv_dtype(kv_dtype, spec.dtype) for spec in specs}
-    longest = max_tokens or min(131072, max(spec.max_position_embeddings or 32768 for spec in specs))
-    from kvops.plots import plot_kv
-
-    plot_kv(specs, dtype_for=dtypes, batches=batch_values, longest=longest, tp=tp, gpu_memory=capacity, out=out)
-    if as_json:
-        print_json(
-            {
-                "out": out,
-                "models": [spec.name for spec in specs],
-                "batches": batch_values,
-                "max_tokens": longest,
-                "tp": tp,
-                "gpu_memory_bytes": capacity,
-            }
-        )
-    else:
-        click.echo(f"wrote {out}")
-
-
-@click.command()
-@json_option
-def models(as_json):
-    """The catalog, with the fields that decide KV cost: read num_key_value_heads and sliding_window first."""
-    from kvops.dtypes import KV_DTYPES
-    from kvops.model.catalog import catalog
-    from kvops.render.models import models_document, models_text
-
-    specs = [load_model(entry.id) for entry in catalog()]
-    rows = models_document(specs, KV_DTYPES["bf16"])
-    if as_json:
-        print_json(rows)
-    else:
-        click.echo(models_text(rows))

@@ -1,17 +1,23 @@
-"""Options several commands share, named as users say them."""
+"""Options several commands share, named as users say them, and the one place they become `DeploymentOptions`."""
 
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from collections.abc import Callable
+from importlib.util import find_spec
 from typing import Any
 
 import click
 
+from kvops.deployment import DeploymentOptions
 from kvops.dtypes import KV_DTYPE_CHOICES
+from kvops.errors import KvopsError
+from kvops.units import parse_bytes
 
 POSITIVE = click.IntRange(min=1)
+FRACTION = click.FloatRange(min=0.0, max=1.0, min_open=True)
 
 
 def model_option(function: Callable) -> Callable:
@@ -46,6 +52,223 @@ def json_option(function: Callable) -> Callable:
     )
 
 
+class IntOrAuto(click.ParamType):
+    """A positive integer, or 'auto' (also vLLM's -1) for 'let the planner find it'."""
+
+    name = "N|auto"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int | str:
+        if isinstance(value, int) or value == "auto":
+            return value
+        text = str(value).strip().lower()
+        if text in ("auto", "-1"):
+            return "auto"
+        if not (text.isdigit() and int(text) > 0):
+            self.fail(f"{value!r} is not a positive integer or 'auto'", param, ctx)
+        return int(text)
+
+
+INT_OR_AUTO = IntOrAuto()
+
+
+def _apply(function: Callable, options: list[Callable]) -> Callable:
+    for option in reversed(options):
+        function = option(function)
+    return function
+
+
+def engine_options(function: Callable, model_required: bool = True, engine: bool = True) -> Callable:
+    """The deployment a plan is for: shared by `plan`, `calibrate`, `manifests` and `explain` (vLLM only: no --engine)."""
+    from kvops import engines
+    from kvops.engines.common import WEIGHT_FORMAT_CHOICES
+    from kvops.gpus import gpu_catalog
+
+    gpus = ", ".join(gpu.id for gpu in gpu_catalog())
+    options = [
+        click.option(
+            "--engine",
+            "-e",
+            type=click.Choice(engines.NAMES, case_sensitive=False),
+            default="vllm",
+            show_default=True,
+            help="Serving engine.",
+        ),
+        click.option("--gpu", "gpu_name", metavar="NAME", help=f"GPU from the catalog (any case): {gpus}."),
+        click.option(
+            "--gpu-memory",
+            metavar="SIZE",
+            help="Device memory, e.g. 80GiB: overrides the catalog figure or stands alone.",
+        ),
+        click.option(
+            "--gpus", type=POSITIVE, help="GPUs in all [default: --tp]; vLLM runs gpus/tp data-parallel replicas."
+        ),
+        click.option(
+            "--tp",
+            type=POSITIVE,
+            help="Tensor-parallel size (vLLM --tensor-parallel-size, TGI --num-shard) [default: --gpus or 1].",
+        ),
+        click.option(
+            "--device",
+            type=click.Choice(("gpu", "cpu")),
+            default="gpu",
+            show_default=True,
+            help="cpu: vLLM's CPU build (block size 128, no async scheduling, no CUDA graphs).",
+        ),
+        click.option(
+            "--max-model-len",
+            type=INT_OR_AUTO,
+            help="Context per request (TGI --max-total-tokens); auto: the longest at --concurrency [default: the model's max_position_embeddings].",
+        ),
+        click.option(
+            "--kv-dtype",
+            default="auto",
+            show_default=True,
+            help="KV cache type: auto, bf16, fp16, fp8, fp8_e4m3, fp8_e5m2, int8, int4.",
+        ),
+        click.option(
+            "--quantization",
+            type=click.Choice(WEIGHT_FORMAT_CHOICES, case_sensitive=False),
+            default="auto",
+            show_default=True,
+            help="Weight format; auto reads the config's quantization_config.",
+        ),
+        click.option(
+            "--gpu-memory-utilization",
+            "--cuda-memory-fraction",
+            "memory_fraction",
+            type=FRACTION,
+            help="vLLM --gpu-memory-utilization [0.92] / TGI --cuda-memory-fraction [1.0].",
+        ),
+        click.option(
+            "--kv-cache-memory-bytes",
+            metavar="SIZE",
+            help="vLLM: pin the KV cache to SIZE per GPU instead of profiling (exact).",
+        ),
+        click.option(
+            "--max-num-batched-tokens",
+            "--max-batch-prefill-tokens",
+            "batched_tokens",
+            type=POSITIVE,
+            help="vLLM --max-num-batched-tokens / TGI --max-batch-prefill-tokens [default: the engine's].",
+        ),
+        click.option("--block-size", type=POSITIVE, help="vLLM --block-size [16 on GPU, 64 for MLA, 128 on CPU]."),
+        click.option("--enforce-eager", is_flag=True, help="vLLM: no CUDA graphs (their memory goes to KV)."),
+    ]
+    function = _apply(function, options if engine else options[1:])
+    if model_required:
+        return model_option(function)
+    return click.option(
+        "--model",
+        "-m",
+        metavar="MODEL",
+        help="The model the run served [default: read from the log's non-default args].",
+    )(function)
+
+
+def run_options(function: Callable) -> Callable:
+    """The deployment options of a run being read (`calibrate`): the model may come from the run's own log."""
+    return engine_options(function, model_required=False)
+
+
+def workload_options(function: Callable) -> Callable:
+    """What the deployment must serve and how: shared by `plan` and `manifests`."""
+    options = [
+        click.option("--prompt-tokens", type=click.IntRange(min=0), help="Expected prompt tokens per request."),
+        click.option("--gen-tokens", type=click.IntRange(min=0), help="Expected generated tokens per request."),
+        click.option(
+            "--workload",
+            type=click.Path(exists=True, dir_okay=False),
+            help='JSONL of requests ({"prompt_tokens": P, "gen_tokens": G} per line): sized at its p95.',
+        ),
+        click.option("--beams", type=POSITIVE, default=1, show_default=True, help="Beam width per request."),
+        click.option(
+            "--n", "n", type=POSITIVE, default=1, show_default=True, help="Parallel samples per request (n / best_of)."
+        ),
+        click.option(
+            "--concurrency",
+            type=INT_OR_AUTO,
+            help="Requests that must run at once under the warn level; auto: as many as fit.",
+        ),
+        click.option(
+            "--max-num-seqs",
+            "--max-concurrent-requests",
+            "max_num_seqs",
+            type=POSITIVE,
+            help="Override vLLM --max-num-seqs / TGI --max-concurrent-requests.",
+        ),
+        click.option(
+            "--max-input-tokens", type=POSITIVE, help="TGI --max-input-tokens [default: max-total-tokens - 1]."
+        ),
+        click.option(
+            "--guard/--no-guard",
+            default=None,
+            help="vLLM: name the KV-guard scheduler (--scheduler-cls kvops_vllm.scheduler.KVGuardScheduler; needs kvops installed beside vLLM)  [default: guard]",
+        ),
+        click.option(
+            "--max-queued",
+            type=click.IntRange(min=0),
+            help="vLLM --max-num-queued-reqs: answer 503 beyond this many requests in flight.",
+        ),
+        click.option(
+            "--profile",
+            "profile_path",
+            type=click.Path(exists=True, dir_okay=False),
+            help="Calibration profile (`kvops calibrate --save`): measured terms replace estimates.",
+        ),
+        click.option(
+            "--policy",
+            "policy_path",
+            type=click.Path(exists=True, dir_okay=False),
+            help="Degrade policy whose warn level sizes max-num-seqs [default: the shipped one, 70%].",
+        ),
+    ]
+    return engine_options(_apply(function, options))
+
+
+# click parameter name -> DeploymentOptions field, where they differ
+_FIELDS = {"gpu_name": "gpu", "profile_path": "profile", "policy_path": "policy"}
+_SIZES = {"gpu_memory": "--gpu-memory", "kv_cache_memory_bytes": "--kv-cache-memory-bytes"}
+
+
+def deployment_options(ctx: click.Context, params: dict[str, Any], launcher: tuple[str, ...] = ()) -> DeploymentOptions:
+    """The deployment options the command's parameters state; `given` holds those typed on the command line."""
+    from click.core import ParameterSource
+
+    known = set(DeploymentOptions().field_names())
+    values: dict[str, Any] = {}
+    given = set()
+    for name, value in params.items():
+        field = _FIELDS.get(name, name)
+        if field not in known:
+            continue
+        if name in _SIZES and value is not None:
+            value = parse_bytes(value, _SIZES[name])
+        values[field] = value
+        if ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE:
+            given.add(field)
+    if values.get("workload") and (values.get("prompt_tokens") is not None or values.get("gen_tokens") is not None):
+        raise click.UsageError("give either --workload FILE or --prompt-tokens/--gen-tokens, not both")
+    if launcher:
+        values["launcher"], given = launcher, given | {"launcher"}
+    return DeploymentOptions(**values, given=frozenset(given))
+
+
+def launcher_words(text: str | None) -> tuple[str, ...]:
+    """--launcher COMMAND as the words of a shell command."""
+    if text is None:
+        return ()
+    try:
+        words = tuple(shlex.split(text))
+    except ValueError as exc:
+        raise click.BadParameter(f"{text!r} is not a shell command ({exc})", param_hint="--launcher") from None
+    if not words:
+        raise click.BadParameter(
+            "give the command that starts the engine, e.g. 'python -m vllm.entrypoints.openai.api_server'",
+            param_hint="--launcher",
+        )
+    return words
+
+
 def int_list(text: str, option: str) -> list[int]:
     """'1,4,8' -> [1, 4, 8], each a positive integer."""
     try:
@@ -57,6 +280,25 @@ def int_list(text: str, option: str) -> list[int]:
     if not values or any(value < 1 for value in values):
         raise click.BadParameter(f"{text!r} must list positive integers, e.g. 1,4,8", param_hint=option)
     return values
+
+
+def names(text: str, option: str, valid: tuple[str, ...] | None = None) -> list[str]:
+    """'a, b' -> ['a', 'b'], each one of `valid` when given."""
+    found = [part.strip() for part in text.split(",") if part.strip()]
+    if not found:
+        raise click.BadParameter(f"{text!r} names nothing", param_hint=option)
+    for name in found:
+        if valid and name not in valid:
+            raise click.BadParameter(f"{name!r}; valid: {', '.join(valid)}", param_hint=option)
+    return found
+
+
+def needs(extra: str, *modules: str) -> None:
+    """Stop with one line when a command's optional dependencies are not installed."""
+    missing = [module for module in modules if find_spec(module) is None]
+    if missing:
+        command = click.get_current_context().command_path
+        raise KvopsError(f"{command} needs {', '.join(missing)}: pip install 'kvops[{extra}]'")
 
 
 def print_json(data: Any) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvops import engines
 from kvops.deploy.stack import PLUGIN_COPY, PLUGIN_DIR, POLICY_FILE, Stack, dump_yaml
 
 PROMETHEUS_IMAGE = "prom/prometheus:v3.5.0"  # keep_firing_for in the rules needs Prometheus >= 2.42
@@ -59,20 +60,16 @@ GRAFANA_DASHBOARDS = {
 
 
 def compose(stack: Stack) -> dict[str, Any]:
-    from kvops.render.plan import local_model
-
     plan = stack.plan
-    engine: dict[str, Any] = {"image": plan.image, "command": plan.args, "environment": ["HF_TOKEN"]}
-    if stack.engine == "vllm":
-        engine.update(ipc="host", volumes=["huggingface-cache:/root/.cache/huggingface"])  # downloads survive restarts
-    else:
-        engine.update(shm_size="1g", volumes=["./data:/data"])
-    model = local_model(plan)
-    if model:
-        engine["volumes"].append(f"{model}:{model}:ro")
+    container = engines.get(stack.engine).container
+    engine: dict[str, Any] = {"image": plan.image, "command": list(plan.args), "environment": ["HF_TOKEN"]}
+    engine.update(container.compose_shared_memory)
+    engine["volumes"] = [f"{container.compose_cache}:{container.model_cache}"]
+    if plan.local_model:
+        engine["volumes"].append(f"{plan.local_model}:{plan.local_model}:ro")
     engine.update(_gpus(stack))
     services: dict[str, Any] = {stack.engine: engine}
-    volumes: dict[str, Any] = {"huggingface-cache": {}} if stack.engine == "vllm" else {}
+    volumes: dict[str, Any] = {container.compose_cache: {}} if container.compose_cache_is_volume else {}
     if stack.guarded:
         engine["environment"] += [f"{name}={value}" for name, value in stack.guard_env("kvops").items()]
         engine["volumes"] += [f"kvops-python:{PLUGIN_DIR}:ro", f"./policy.yaml:{POLICY_FILE}:ro"]

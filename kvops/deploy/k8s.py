@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvops import engines
 from kvops.deploy.stack import PLUGIN_COPY, PLUGIN_DIR, POLICY_DIR, Stack, dump_yaml
+from kvops.plan import Plan
+from kvops.render.plan import require_gpu_deployment
 
 SIDECAR_PORT_NAME = "kvops"
 LOCALHOST = "127.0.0.1"  # containers of a pod share its network namespace
@@ -47,12 +50,33 @@ def policy_config_map(stack: Stack) -> dict[str, Any]:
     }
 
 
+def engine_container(plan: Plan) -> dict[str, Any]:
+    """The engine's container: the plan's image and arguments, its GPUs, a readiness probe, the HF token if any.
+    `kvops plan --format k8s` prints it; the Deployment adds the KV guard's environment and volumes to it."""
+    require_gpu_deployment(plan, "k8s")
+    gpu = plan.inputs.gpu
+    resource = "amd.com/gpu" if gpu is not None and gpu.vendor == "amd" else "nvidia.com/gpu"
+    hf_token = {"secretKeyRef": {"name": "hf-token", "key": "token", "optional": True}}
+    container: dict[str, Any] = {
+        "name": engines.get(plan.engine).container.name,
+        "image": plan.image,
+        "args": list(plan.args),
+        "ports": [{"name": "http", "containerPort": plan.port}],
+        "resources": {"limits": {resource: plan.inputs.devices}},
+        "readinessProbe": {
+            "httpGet": {"path": "/health", "port": plan.port},
+            "periodSeconds": 10,
+            "failureThreshold": 60,
+        },
+        "env": [{"name": "HF_TOKEN", "valueFrom": hf_token}],
+    }
+    if engines.get(plan.engine).container.k8s_shared_memory:
+        container["volumeMounts"] = [{"name": "shm", "mountPath": "/dev/shm"}]
+    return container
+
+
 def deployment(stack: Stack) -> dict[str, Any]:
-    import yaml
-
-    from kvops.render.plan import k8s
-
-    engine = yaml.safe_load(k8s(stack.plan))  # the container `kvops plan --format k8s` prints
+    engine = engine_container(stack.plan)
     volumes = [
         {"name": mount["name"], "emptyDir": {"medium": "Memory"}}
         for mount in engine.get("volumeMounts", [])

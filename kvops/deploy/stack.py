@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kvops.engines.vllm.flags import GUARD_SCHEDULER
+from kvops import engines
 from kvops.plan import Plan
 
 PLUGIN_DIR = "/opt/kvops/python"  # the shared volume on the engine's PYTHONPATH
@@ -51,7 +51,8 @@ class Stack:
     @property
     def guarded(self) -> bool:
         """The plan names the KV-guard scheduler: the engine must import kvops_vllm."""
-        return self.plan.flags.get("scheduler-cls") == GUARD_SCHEDULER
+        scheduler = engines.get(self.engine).guard_scheduler
+        return scheduler is not None and self.plan.flags.get("scheduler-cls") == scheduler
 
     @property
     def engine_job(self) -> str:
@@ -65,8 +66,8 @@ class Stack:
 
     @property
     def capacity_tokens(self) -> int | None:
-        """TGI's batch token capacity as the plan predicts it: the denominator of its KV usage."""
-        return self.plan.capacity.get("max_batch_total_tokens") if self.engine == "tgi" else None
+        """What the watcher needs to read the engine's KV usage, from the plan (TGI: its batch token capacity)."""
+        return engines.get(self.engine).watch_capacity(self.plan)
 
     def watch_args(self, engine_host: str) -> list[str]:
         """`kvops watch` arguments for the sidecar, the engine reachable at engine_host."""

@@ -27,6 +27,6 @@ def get(name: str) -> Engine:
     """The adapter of the engine called `name` (any case)."""
     module = REGISTRY.get(name.strip().lower())
     if module is None:
-        raise UsageError(f"engine {name!r}; valid: {', '.join(NAMES)}")
+        raise UsageError(f"--engine {name!r}; valid: {', '.join(NAMES)}")
     engine: Engine = importlib.import_module(module).ENGINE
     return engine

@@ -3,13 +3,91 @@ implements. Nothing outside `kvops/engines/` asks which engine it is; it asks th
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from types import ModuleType
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from kvops.calibrate import Calibration
+    from kvops.deployment import DeploymentOptions
+    from kvops.dtypes import KvDtype
+    from kvops.engines.logs import LogFacts
+    from kvops.model.spec import ModelSpec
+    from kvops.plan import Plan, PlanInputs, WayOut
+
+
+@dataclass(frozen=True)
+class Container:
+    """How the engine's official image runs: its container, the port it serves and where it keeps models."""
+
+    name: str  # container and compose service name
+    port: int  # the port the image serves inside the container
+    host_port: int  # what `docker run -p` publishes it as
+    model_cache: str  # where the image keeps downloaded models
+    docker_cache: str  # the `docker run -v` source of that cache, as the user's shell expands it
+    compose_cache: str  # the compose volume source of that cache: a named volume or a relative path
+    compose_cache_is_volume: bool  # the source is a named volume the compose file declares
+    docker_shared_memory: tuple[str, ...]  # `docker run` options for shared memory
+    compose_shared_memory: tuple[tuple[str, str], ...]  # the same as compose service keys
+    k8s_shared_memory: bool  # mount a memory-backed /dev/shm in Kubernetes
 
 
 class Engine(Protocol):
     name: str  # as users type it: "vllm"
     title: str  # as users read it: "vLLM"
+    program: tuple[str, ...]  # what starts it: ("vllm", "serve")
+    container: Container
+    data_parallel: bool  # one launch can run several replicas (--data-parallel-size)
+    guard_scheduler: str | None  # the KV-guard scheduler a plan may name, or None where the engine has no plugin
+    needs_capacity: bool  # its KV usage is computed from a capacity the watcher must be given
+
+    def image(self, vendor: str | None) -> str:
+        """The official image for the device's vendor (None: no device given)."""
+        ...
+
+    def plan_once(self, inputs: PlanInputs) -> Plan:
+        """The engine's plan for these inputs, fitting or not."""
+        ...
+
+    def kv_dtype_ways(self, inputs: PlanInputs) -> list[str]:
+        """The quantized KV dtypes the engine takes, in the order the planner tries them."""
+        ...
+
+    def offload_ways(self, inputs: PlanInputs, failed: Plan) -> list[WayOut]:
+        """Ways out through host memory the engine offers (described, not re-planned)."""
+        ...
+
+    def kv_bytes_per_token(self, spec: ModelSpec, dtype: KvDtype, tp: int) -> int:
+        """KV bytes per cached token per GPU, as the engine lays the cache out (the sweep's column)."""
+        ...
+
+    def env(self, plan: Plan) -> list[str]:
+        """`--format env`: the plan as environment lines (comments included)."""
+        ...
+
+    def watch_capacity(self, plan: Plan) -> int | None:
+        """What the watcher needs to turn this engine's metrics into KV usage, from the plan (None: nothing)."""
+        ...
+
+    def usage_formula(self, capacity: int | None) -> str | None:
+        """How KV usage is computed from the engine's metrics, for alert headers (None: exported directly)."""
+        ...
+
+    def read_log(self, text: str, where: str) -> LogFacts:
+        """The engine's startup log: what it measured and sized; KvopsError when it holds none of that."""
+        ...
+
+    def run_config(self, metrics_text: str, where: str) -> Any:
+        """What a running engine's /metrics states of its configuration (for calibration)."""
+        ...
+
+    def stated_options(self, log: Any, config: Any) -> DeploymentOptions:
+        """The deployment options a run states about itself (its args, its cache config, its device total)."""
+        ...
+
+    def calibrate(self, log: Any, config: Any, plan: Plan | None, source: str) -> Calibration:
+        """The run's measured figures against the plan's, and the profile they make."""
+        ...
 
     @property
     def metrics(self) -> ModuleType:

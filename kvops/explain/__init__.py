@@ -2,9 +2,9 @@
 
 Figures come first from what the engine reported (its startup log, `vllm:cache_config_info` and
 `vllm:kv_cache_usage_perc` on a live /metrics), then from nvidia-smi (device total and used), and only for terms
-the engine did not report from the planner (`kvops.plan`), each marked with where it came from. A failed run is
+the engine did not report from the planner (`kvops.planner`), each marked with where it came from. A failed run is
 read from its own error: which term ran out, with the figures the message states. The next action is the planner's
-first way out that fits (`kvops.plan.ways_out`), re-planned on the engine's real KV pool; where the planner cannot
+first way out that fits (`kvops.planner.ways_out`), re-planned on the engine's real KV pool; where the planner cannot
 reproduce the failure, the engine's own advice, with its numbers. Pure: parsed inputs in, an `Explanation` out.
 """
 
@@ -19,7 +19,8 @@ from kvops.explain.failures import Diagnosis, diagnose
 from kvops.explain.kv_now import KvNow, kv_now
 from kvops.explain.memory import LOG_ROUNDING, Figure, device_total, memory_figures
 from kvops.explain.run import TERM_LABELS, Run
-from kvops.plan import Plan, PlanInputs, predict
+from kvops.plan import Plan, PlanInputs
+from kvops.planner import predict
 from kvops.policy import Level, Limits, Policy
 
 __all__ = ["TERM_LABELS", "Action", "Diagnosis", "Explanation", "Figure", "KvNow", "Run", "device_total", "explain"]

@@ -3,7 +3,7 @@ planner cannot reproduce a failure, the engine's own advice, with its numbers.""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from math import floor
 from typing import Any
 
@@ -12,7 +12,8 @@ from kvops.explain.failures import Diagnosis
 from kvops.explain.kv_now import KvNow
 from kvops.explain.memory import Figure
 from kvops.explain.run import Run
-from kvops.plan import PlanInputs, plan
+from kvops.plan import PlanInputs, WayOut
+from kvops.planner import plan
 from kvops.policy import Level
 from kvops.profile import Profile
 from kvops.units import format_bytes
@@ -28,10 +29,12 @@ class Action:
     warning: str | None = None
     flags: dict[str, Any] | None = None
     problem: str | None = None  # the planner's need-against-have for the run as it is
-    ways_out: list[dict[str, Any]] = field(default_factory=list)
+    ways_out: tuple[WayOut, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        data["ways_out"] = [way.to_dict() for way in self.ways_out]
+        return data
 
 
 def next_action(
@@ -157,33 +160,36 @@ def _planner(inputs: PlanInputs, notes: list[str], pinned_by_user: bool = False)
             problem=result.problem,
             ways_out=result.ways_out,
         )
-    ways = [way for way in result.ways_out if not way["change"].startswith("--concurrency")]
+    ways = [way for way in result.ways_out if not way.change.startswith("--concurrency")]
     wanted = inputs.workload.total_tokens
 
-    def keeps_the_requests(way: dict[str, Any]) -> bool:
-        return way["change"] != "--max-model-len auto" or bool(wanted and way["flags"]["max-model-len"] >= wanted)
+    def keeps_the_requests(way: WayOut) -> bool:
+        return way.change != "--max-model-len auto" or bool(
+            wanted and way.flags and way.flags["max-model-len"] >= wanted
+        )
 
-    chosen = next((way for way in ways if way["fits"] and keeps_the_requests(way)), None) or next(
-        (way for way in ways if way["fits"]), None
+    chosen = next((way for way in ways if way.fits and keeps_the_requests(way)), None) or next(
+        (way for way in ways if way.fits), None
     )
     if chosen is None:
-        tried = ", ".join(way["change"] for way in ways if way["fits"] is False)
+        tried = ", ".join(way.change for way in ways if way.fits is False)
         return Action(
             None, f"no single change fits (tried {tried})", "planner", problem=result.problem, ways_out=result.ways_out
         )
-    warning = chosen.get("warning")
-    if not keeps_the_requests(chosen):
-        warning = f"requests longer than {chosen['flags']['max-model-len']:,} tokens are rejected; nothing else the planner tried fits"
-    return Action(
-        _concrete(chosen), chosen["result"], "planner", warning, chosen.get("flags"), result.problem, result.ways_out
-    )
+    warning = chosen.warning
+    flags = dict(chosen.flags) if chosen.flags is not None else None
+    if not keeps_the_requests(chosen) and flags:
+        warning = (
+            f"requests longer than {flags['max-model-len']:,} tokens are rejected; nothing else the planner tried fits"
+        )
+    return Action(_concrete(chosen), chosen.result, "planner", warning, flags, result.problem, result.ways_out)
 
 
-def _concrete(way: dict[str, Any]) -> str:
+def _concrete(way: WayOut) -> str:
     """'--max-model-len auto' as the value the planner chose."""
-    if way["change"] == "--max-model-len auto" and way.get("flags"):
-        return f"--max-model-len {way['flags']['max-model-len']}"
-    return way["change"]
+    if way.change == "--max-model-len auto" and way.flags:
+        return f"--max-model-len {way.flags['max-model-len']}"
+    return way.change
 
 
 def _engine_advice(run: Run, diagnosis: Diagnosis, inputs: PlanInputs | None) -> Action:

@@ -7,7 +7,7 @@ from typing import Any
 
 from kvops.engines.vllm.logs import Failure
 from kvops.explain.memory import Figure
-from kvops.explain.run import TERM_LABELS, Run
+from kvops.explain.run import TERM_LABELS, Run, planned_capacity
 from kvops.plan import Plan
 from kvops.units import format_bytes
 
@@ -90,9 +90,9 @@ def _kv_too_small(failure: Failure, run: Run, predicted: Plan | None) -> Diagnos
 def _needed_kv(failure: Failure, predicted: Plan | None) -> int:
     """KV for one request at max_model_len (`max_memory_usage_bytes`): the plan's exact figure when it models
     this run (the message rounds to 0.01 GiB), else the message's."""
-    cap = predicted.capacity if predicted else {}
-    if cap.get("max_model_len") == failure.max_model_len and cap.get("blocks_per_request_at_max_model_len"):
-        return cap["bytes_per_block"] * cap["blocks_per_request_at_max_model_len"]
+    cap = planned_capacity(predicted)
+    if cap and cap.max_model_len == failure.max_model_len and cap.blocks_per_request_at_max_model_len:
+        return cap.bytes_per_block * cap.blocks_per_request_at_max_model_len
     return failure.needed_bytes
 
 

@@ -8,7 +8,7 @@ from math import floor
 from typing import Any
 
 from kvops.engines.metrics import exact
-from kvops.explain.run import Run
+from kvops.explain.run import Run, planned_capacity
 from kvops.plan import Plan
 from kvops.policy import Level, Policy
 
@@ -101,18 +101,15 @@ def kv_now(run: Run, predicted: Plan | None, policy: Policy) -> KvNow | None:
     reading = run.reading
     if reading is None:
         return None
-    blocks = (
-        run.label_int("num_gpu_blocks")
-        or run.facts.get("num_gpu_blocks")
-        or (predicted.capacity.get("num_blocks") if predicted else None)
-    )
-    block_size = run.label_int("block_size") or (predicted.capacity.get("block_size") if predicted else None)
+    cap = planned_capacity(predicted)
+    blocks = run.label_int("num_gpu_blocks") or run.facts.get("num_gpu_blocks") or (cap.num_blocks if cap else None)
+    block_size = run.label_int("block_size") or (cap.block_size if cap else None)
     if not blocks or not block_size:
         return None
     usable = max(0, blocks - 1)
     used = round(reading.kv_usage * usable)
     per_block, per_block_source = _bytes_per_block(run, predicted, blocks)
-    groups = predicted.capacity.get("kv_cache_groups", 1) if predicted else 1
+    groups = cap.kv_cache_groups if cap else 1
     tokens, request_blocks, request_source = _request_size(run, predicted, blocks, block_size)
     warn = policy.thresholds[Level.WARN]
     return KvNow(
@@ -136,8 +133,9 @@ def kv_now(run: Run, predicted: Plan | None, policy: Policy) -> KvNow | None:
 
 
 def _bytes_per_block(run: Run, predicted: Plan | None, blocks: int) -> tuple[int | None, str]:
-    if predicted:
-        return predicted.capacity["bytes_per_block"], "computed: the plan's KV layout for this model"
+    cap = planned_capacity(predicted)
+    if cap:
+        return cap.bytes_per_block, "computed: the plan's KV layout for this model"
     pinned = run.pinned_kv_bytes
     if pinned:
         return (
@@ -152,11 +150,11 @@ def _bytes_per_block(run: Run, predicted: Plan | None, blocks: int) -> tuple[int
 
 def _request_size(run: Run, predicted: Plan | None, blocks: int, block_size: int) -> tuple[int | None, int | None, str]:
     """Blocks one request of the planned size holds: the plan's workload, else the engine's max_model_len."""
-    if predicted:
-        cap = predicted.capacity
+    cap = planned_capacity(predicted)
+    if predicted and cap:
         source = predicted.inputs.workload.source
-        what = f"the workload ({source})" if source != "none" else f"max_model_len {cap['max_model_len']}"
-        return cap["tokens_per_request"], cap["blocks_per_request"], what
+        what = f"the workload ({source})" if source != "none" else f"max_model_len {cap.max_model_len}"
+        return cap.tokens_per_request, cap.blocks_per_request, what
     tokens_in_pool = run.label_int("kv_cache_size_tokens") or (run.log.kv_cache_size_tokens if run.log else None)
     concurrency = run.label_float("kv_cache_max_concurrency") or (run.log.max_concurrency if run.log else None)
     length = run.log.max_model_len if run.log else None

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 from math import ceil
 from typing import Any
 
-from kvops.explain.run import TERMS, Run
+from kvops.explain.run import TERMS, Run, planned_capacity
 from kvops.plan import Plan, PlanInputs
 from kvops.units import format_bytes
 
@@ -358,8 +358,9 @@ def _kv_cache(run: Run, predicted: Plan | None, from_plan) -> Figure:
     if implied is not None:
         return implied
     blocks = run.label_int("num_gpu_blocks")
-    if blocks and predicted:
-        per_block = predicted.capacity["bytes_per_block"]
+    cap = planned_capacity(predicted)
+    if blocks and cap:
+        per_block = cap.bytes_per_block
         return Figure(
             "kv_cache",
             blocks * per_block,

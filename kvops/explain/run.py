@@ -7,7 +7,10 @@ from typing import Any
 
 from kvops.engines.metrics import Reading
 from kvops.engines.vllm.logs import Failure, VllmLog
+from kvops.engines.vllm.metrics import CacheConfig
+from kvops.engines.vllm.plan import VllmCapacity
 from kvops.nvidia_smi import SmiDevice
+from kvops.plan import Plan
 
 TERMS = ("weights", "non_torch", "activation", "cuda_graphs", "kv_cache")
 TERM_LABELS = {
@@ -27,7 +30,7 @@ class Run:
 
     log: VllmLog | None = None
     log_source: str | None = None
-    labels: dict[str, str] | None = None  # vllm:cache_config_info
+    labels: CacheConfig | None = None  # vllm:cache_config_info
     reading: Reading | None = None  # vllm:kv_cache_usage_perc and the request gauges
     metrics_source: str | None = None
     smi: SmiDevice | None = None
@@ -54,14 +57,10 @@ class Run:
         return (self.log.device if self.log else None) or self.device_option or "gpu"
 
     def label_int(self, name: str) -> int | None:
-        value = (self.labels or {}).get(name)
-        return int(value) if value and value.isdigit() else None
+        return self.labels.integer(name) if self.labels else None
 
     def label_float(self, name: str) -> float | None:
-        try:
-            return float((self.labels or {})[name])
-        except (KeyError, ValueError):
-            return None
+        return self.labels.number(name) if self.labels else None
 
     @property
     def pinned_kv_bytes(self) -> int | None:
@@ -77,3 +76,9 @@ class Run:
             self.pinned_kv_bytes or (failure.available_bytes if failure else None) or self.facts.get("kv_cache_bytes")
         )
         return pool if pool and pool > 0 else None
+
+
+def planned_capacity(plan: Plan | None) -> VllmCapacity | None:
+    """The vLLM plan's capacity record (explain reads vLLM runs), or None without a sized plan."""
+    capacity = plan.capacity if plan else None
+    return capacity if isinstance(capacity, VllmCapacity) else None

@@ -7,10 +7,7 @@ import warnings
 import pytest
 
 from kvops.dtypes import KV_DTYPES
-from kvops.engines.vllm.budget import (
-    capacity,
-    kv_layout,
-)
+from kvops.engines.vllm.layout import kv_layout, pool
 from kvops.model import load_model
 from kvops.model.catalog import catalog
 
@@ -54,7 +51,7 @@ def test_num_blocks_and_kv_tokens_match_vllm_for_every_catalog_model(tiny_model,
                     specs[f"model.layers.{index}.attn"] = kind(**common, **extra)
                 for length, memory in ((4096, 40 * 2**30 + 777), (8192, 7 * 2**30 + 12345)):
                     config.model_config.max_model_len = length
-                    ours = capacity(layout, memory, length, config.max_in_flight_tokens)
+                    ours = pool(layout, memory, length, config.max_in_flight_tokens)
                     if not ours.fits_one_request:
                         with pytest.raises(ValueError, match="To serve at least one request"):
                             kv_cache_utils.get_kv_cache_configs(config, [dict(specs)], [memory])

@@ -7,12 +7,10 @@ import json
 import pytest
 import yaml
 
-from kvops.calibrate import cache_config_info
-
 
 @pytest.mark.vllm
 def test_live_engine_metrics_and_log_match_the_plan(vllm_engine, tiny_model, run_kvops, tmp_path):
-    labels = cache_config_info(vllm_engine.metrics())
+    labels = vllm_engine.cache_config()
     assert labels["num_gpu_blocks"] == "32" and labels["kv_cache_size_tokens"] == "4096"
     saved = tmp_path / "live.yaml"
     report = json.loads(

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from kvops.calibrate import cache_config_info
 from tests.support.tiny_model import TINY_LLAMA, build_model
 from tests.support.vllm_server import VllmServer
 
@@ -73,7 +72,7 @@ def plan_json(run_kvops, *args: str) -> dict:
 
 
 def reported(server: VllmServer) -> dict[str, str]:
-    labels = cache_config_info(server.metrics())
+    labels = server.cache_config()
     assert labels is not None, "no vllm:cache_config_info on /metrics"
     return labels
 

@@ -107,6 +107,14 @@ class VllmServer:
     def log_tail(self, lines: int = 30) -> str:
         return "\n".join(self.log_text().splitlines()[-lines:])
 
+    def cache_config(self) -> dict[str, str] | None:
+        """The labels of vllm:cache_config_info, as kvops reads them."""
+        from kvops.engines.metrics import Samples
+        from kvops.engines.vllm.metrics import CACHE_CONFIG, cache_config
+
+        config = cache_config(Samples.from_exposition(self.metrics(), only=[CACHE_CONFIG]))
+        return dict(config.labels) if config else None
+
     def metrics(self) -> str:
         with urllib.request.urlopen(self.url + "/metrics", timeout=10) as response:
             return response.read().decode()

@@ -19,10 +19,13 @@ From the source (huggingface/text-generation-inference @ db931fcf, one commit af
 from __future__ import annotations
 
 from dataclasses import dataclass
+from math import floor
 
 from kvops.dtypes import KvDtype
+from kvops.engines import common
 from kvops.errors import UsageError
 from kvops.model.spec import ModelSpec
+from kvops.plan import PlanInputs, Term
 
 TGI_WIGGLE_ROOM = 0.90  # server/text_generation_server/models/globals.py
 DEFAULT_CUDA_MEMORY_FRACTION = 1.0  # launcher --cuda-memory-fraction
@@ -129,7 +132,9 @@ def reservation_tokens(input_tokens: int, max_new_tokens: int, speculate: int = 
 
 
 @dataclass(frozen=True)
-class TgiCapacity:
+class TgiPool:
+    """The KV pool TGI sizes at warmup: whole blocks, block 0 kept back."""
+
     num_blocks: int
     block_size: int
 
@@ -146,5 +151,78 @@ class TgiCapacity:
         return self.usable_blocks // -(-reservation // self.block_size)
 
 
-def tgi_capacity(kv_budget: int, bytes_per_token: int, block_size: int) -> TgiCapacity:
-    return TgiCapacity(max(0, kv_budget) // (bytes_per_token * block_size), block_size)
+def pool(kv_budget: int, bytes_per_token: int, block_size: int) -> TgiPool:
+    return TgiPool(max(0, kv_budget) // (bytes_per_token * block_size), block_size)
+
+
+# --- the memory terms -----------------------------------------------------------------------------------
+
+CALIBRATE_HINT = common.CALIBRATE_HINT.replace("--vllm-log", "--tgi-log")
+
+
+def memory_terms(inputs: PlanInputs, prefill: int) -> tuple[list[Term], int]:
+    """Every term of the per-shard budget after warmup, and the KV bytes it leaves."""
+    spec, tp, profile = inputs.spec, inputs.tp, inputs.profile
+    if profile and profile.engine != "tgi":
+        raise UsageError(
+            f"--profile is a {profile.engine} profile; plan --engine {profile.engine} with it, or calibrate a TGI run"
+        )
+    fraction = inputs.memory_fraction or DEFAULT_CUDA_MEMORY_FRACTION
+    total = common.device_total_term(inputs)
+    budget = floor(total.bytes * fraction * TGI_WIGGLE_ROOM)
+    weights = common.weight_bytes(spec, common.weight_format(spec, inputs.quantization), tp)
+    terms = [
+        total,
+        Term(
+            "budget",
+            budget,
+            "computed",
+            f"total x cuda_memory_fraction {fraction:g} x TGI_WIGGLE_ROOM {TGI_WIGGLE_ROOM:g} (get_cuda_free_memory)",
+        ),
+        weights,
+    ]
+    if profile and profile.overhead_bytes is not None:
+        terms.append(
+            Term(
+                "overhead", profile.overhead_bytes, "measured", f"profile {profile.source}: budget - weights - KV pool"
+            )
+        )
+    else:
+        forward = common.forward_activation_peak(spec, prefill, tp)
+        # the warmup batch asks for prefill logprobs: every prefill token's logits and their log_softmax, 16-bit
+        logits = prefill * spec.vocab_size * (2 + 2)
+        terms.append(
+            Term(
+                "activation",
+                forward + logits,
+                "estimate",
+                f"warmup prefill of {prefill} tokens: forward {forward} B + prefill logits {logits} B (kept in PyTorch's cache when TGI measures free memory)",
+                CALIBRATE_HINT,
+            )
+        )
+        terms.append(
+            Term(
+                "non_torch",
+                common.non_torch_estimate(tp),
+                "estimate",
+                "CUDA context, cuBLAS and NCCL buffers (TGI measures device-wide free memory)",
+                CALIBRATE_HINT,
+            )
+        )
+    kv = budget - sum(term.bytes for term in terms[2:])
+    terms.append(
+        Term(
+            "kv_cache",
+            kv,
+            "computed",
+            "budget - weights - activation - non-torch: TGI's KV pool, allocated whole at warmup",
+        )
+    )
+    return terms, kv
+
+
+def default_prefill(spec: ModelSpec) -> int:
+    """The launcher's fallback when its FLOPs table does not apply (`main.rs`: gemma3 8000, qwen2-vl 10000)."""
+    return {"gemma3": 8000, "gemma3_text": 8000, "qwen2_vl": 10000, "qwen2_5_vl": 10000}.get(
+        spec.model_type, DEFAULT_MAX_BATCH_PREFILL_TOKENS
+    )

@@ -2,12 +2,96 @@
 
 from __future__ import annotations
 
+import shlex
 from types import ModuleType
+from typing import TYPE_CHECKING
+
+from kvops.deployment import DeploymentOptions
+from kvops.engines.base import Container
+from kvops.engines.tgi import flags
+from kvops.errors import KvopsError, UsageError
+
+if TYPE_CHECKING:
+    from kvops.calibrate import Calibration
+    from kvops.dtypes import KvDtype
+    from kvops.engines.tgi.logs import TgiLog
+    from kvops.model.spec import ModelSpec
+    from kvops.plan import Plan, PlanInputs, WayOut
 
 
 class TgiEngine:
     name = "tgi"
     title = "TGI"
+    program = flags.PROGRAM
+    container = Container(
+        name="tgi",
+        port=flags.PORT,
+        host_port=8080,
+        model_cache="/data",
+        docker_cache="$PWD/data",
+        compose_cache="./data",
+        compose_cache_is_volume=False,
+        docker_shared_memory=("--shm-size", "1g"),
+        compose_shared_memory=(("shm_size", "1g"),),
+        k8s_shared_memory=False,
+    )
+    data_parallel = False  # one replica per launcher
+    guard_scheduler = None  # TGI has no scheduler plugin: the proxy guards it
+    needs_capacity = True  # KV usage = tgi_batch_current_max_tokens / max batch total tokens
+
+    def image(self, vendor: str | None) -> str:
+        return flags.image(vendor)
+
+    def plan_once(self, inputs: PlanInputs) -> Plan:
+        from kvops.engines.tgi import plan
+
+        return plan.plan_once(inputs)
+
+    def kv_dtype_ways(self, inputs: PlanInputs) -> list[str]:
+        from kvops.engines.tgi import plan
+
+        return plan.kv_dtype_ways(inputs)
+
+    def offload_ways(self, inputs: PlanInputs, failed: Plan) -> list[WayOut]:
+        return []
+
+    def kv_bytes_per_token(self, spec: ModelSpec, dtype: KvDtype, tp: int) -> int:
+        from kvops.engines.tgi import budget
+
+        return budget.kv_bytes_per_token(spec, dtype, tp)
+
+    def env(self, plan: Plan) -> list[str]:
+        return [f"{flags.env_name(name)}={shlex.quote(_env_value(value))}" for name, value in plan.flags.items()]
+
+    def watch_capacity(self, plan: Plan) -> int | None:
+        return plan.capacity.kv_tokens if plan.capacity else None
+
+    def usage_formula(self, capacity: int | None) -> str | None:
+        return f"KV usage = tgi_batch_current_max_tokens / {capacity} (max batch total tokens)."
+
+    def read_log(self, text: str, where: str) -> TgiLog:
+        from kvops.engines.tgi.logs import parse_tgi_log
+
+        log = parse_tgi_log(text)
+        if log.get("max_batch_total_tokens") is None:
+            raise KvopsError(
+                f"{where}: no 'Setting max batch total tokens to N' line: is this a TGI launcher log of a started server?"
+            )
+        return log
+
+    def run_config(self, metrics_text: str, where: str) -> None:
+        raise UsageError(f"{where}: TGI's /metrics does not state its cache configuration; give its launcher log")
+
+    def stated_options(self, log: TgiLog | None, config: None) -> DeploymentOptions:
+        from kvops.engines.tgi import run
+
+        return run.stated_options(log) if log is not None else DeploymentOptions.stated(engine=self.name)
+
+    def calibrate(self, log: TgiLog | None, config: None, plan: Plan | None, source: str) -> Calibration:
+        from kvops.engines.tgi import calibrate
+
+        assert log is not None  # a TGI calibration reads its launcher log
+        return calibrate.calibrate(log, plan, source)
 
     @property
     def metrics(self) -> ModuleType:
@@ -20,6 +104,12 @@ class TgiEngine:
         from kvops.engines.tgi import api
 
         return api
+
+
+def _env_value(value: object) -> str:
+    if value is True:
+        return "true"
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 ENGINE = TgiEngine()

@@ -43,3 +43,12 @@ def validation_errors(
 def env_name(flag: str) -> str:
     """Every launcher flag is `#[clap(long, env)]`: the env var is the field name in upper case."""
     return flag.replace("-", "_").upper()
+
+
+# `--kv-cache-dtype` (and its Args dump spelling) -> kvops KV dtype: how a run's own args name it
+KV_DTYPE_OF_FLAG = {"Fp8e4m3fn": "fp8_e4m3", "Fp8e5m2": "fp8_e5m2", "fp8_e4m3fn": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
+
+
+def image(vendor: str | None) -> str:
+    """The official image for the device's vendor."""
+    return ROCM_IMAGE if vendor == "amd" else IMAGE

@@ -1,19 +1,9 @@
-"""vLLM V1 (0.32.0): how the engine turns memory into KV blocks, and how many sequences those blocks hold.
+"""vLLM V1 (0.32.0): the memory budget the engine sizes its KV cache from, and its batching defaults.
 
-Mirrors the installed engine:
-- budget: `gpu_worker.determine_available_memory` takes `ceil(total x gpu_memory_utilization)` and subtracts
-  everything else it measured (weights, the activation peak of a profile forward over `max_num_batched_tokens`
-  tokens plus the sampler's logits for `max_num_seqs` sequences, non-torch memory, the CUDA-graph estimate);
-  `--kv-cache-memory-bytes` replaces all of that with a fixed figure.
-- grouping: `kv_cache_utils.get_kv_cache_groups`. Identical layers form one group; hybrid models (Gemma 2/3,
-  gpt-oss) get one bucket per layer kind, split into groups of `group_size` layers (the smallest bucket, or the
-  largest when it is under 1.5x the smallest) as `layers[i::num_groups]`; every group shares one block pool and
-  one block is `group_size` per-layer pages (`_get_kv_cache_bytes_per_block`).
-- blocks: `num_blocks = kv_bytes // bytes_per_block`; the block pool keeps block 0 as the null block.
-- capacity: `get_max_concurrency_for_kv_cache_config` sums each group's blocks for one request at
-  `max_model_len` (full: `cdiv(L, bs)`; sliding: `cdiv(min(W - 1 + in_flight, L), bs) + 1`, `SlidingWindowSpec`);
-  `kv_cache_size_tokens = int(num_blocks / blocks_per_request * max_model_len)`.
-The per-layer, per-token cost comes from the ModelSpec's layer kinds (kvops.model.spec), not from here.
+`gpu_worker.determine_available_memory` takes `ceil(total x gpu_memory_utilization)` and subtracts everything else
+it measured: the weights, the activation peak of a profile forward over `max_num_batched_tokens` tokens plus the
+sampler's logits for `max_num_seqs` sequences, non-torch memory and the CUDA-graph estimate;
+`--kv-cache-memory-bytes` replaces all of that with a fixed figure. How the KV bytes become blocks is layout.py.
 """
 
 from __future__ import annotations
@@ -21,25 +11,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import ceil
 
-from kvops.dtypes import KvDtype
-from kvops.errors import KvopsError
-from kvops.formula import check_tp
-from kvops.model.spec import LayerKind, ModelSpec
+from kvops.engines import common
+from kvops.errors import MissingDevice, UsageError
+from kvops.model.spec import ModelSpec
+from kvops.plan import PlanInputs, Term
 
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.92  # vllm/config/cache.py CacheConfig.gpu_memory_utilization
-GPU_BLOCK_SIZE = 16  # CacheConfig.DEFAULT_BLOCK_SIZE (FlashAttention, FlashInfer, Triton)
-GPU_MLA_BLOCK_SIZE = 64  # FlashMLA's only kernel block size
-CPU_BLOCK_SIZE = 128  # platforms/cpu.py when the user gives none
-CPU_MLA_BLOCK_SIZE = 16  # the reference CPU MLA kernel
 GiB = 1 << 30
 
 DEVICES = ("gpu", "cpu")
-
-
-def default_block_size(spec: ModelSpec, device: str) -> int:
-    if device == "cpu":
-        return CPU_MLA_BLOCK_SIZE if spec.is_mla else CPU_BLOCK_SIZE
-    return GPU_MLA_BLOCK_SIZE if spec.is_mla else GPU_BLOCK_SIZE
 
 
 @dataclass(frozen=True)
@@ -81,181 +61,171 @@ def max_in_flight_tokens(max_num_batched_tokens: int, device: str) -> int:
     return (1 if device == "cpu" else 2) * max_num_batched_tokens
 
 
-# --- KV cache groups ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class KVCacheGroup:
-    """One vLLM KV cache group: layers of one kind sharing a block table."""
-
-    kind: str  # "full", "sliding" or "mla"
-    layers: tuple[int, ...]
-    page_bytes: int  # one layer, one block
-    block_size: int
-    window: int | None = None
-
-    def admission_blocks(self, max_model_len: int, in_flight: int) -> int:
-        """Blocks one request at `max_model_len` may hold (`max_memory_usage_bytes / page_size_bytes`)."""
-        if self.kind == "sliding":
-            return -(-min(self.window - 1 + in_flight, max_model_len) // self.block_size) + 1
-        return -(-max_model_len // self.block_size)
-
-    def held_blocks(self, tokens: int) -> int:
-        """Blocks a running sequence of `tokens` tokens holds in steady decode (out-of-window blocks freed)."""
-        full = -(-tokens // self.block_size)
-        if self.kind == "sliding" and tokens > self.window:
-            return min(full, -(-self.window // self.block_size) + 1)
-        return full
-
-
-@dataclass(frozen=True)
-class KVCacheLayout:
-    groups: tuple[KVCacheGroup, ...]
-    group_size: int
-    padding_layers: int
-    hybrid: bool  # several groups share the pool (the hybrid KV cache manager)
-
-    @property
-    def block_size(self) -> int:
-        return min(group.block_size for group in self.groups)
-
-    @property
-    def bytes_per_block(self) -> int:
-        """One block of the shared pool: the largest group's pages side by side."""
-        return max(len(group.layers) * group.page_bytes for group in self.groups)
-
-    def num_blocks(self, kv_bytes: int) -> int:
-        return kv_bytes // self.bytes_per_block
-
-    def blocks_per_request(self, max_model_len: int, in_flight: int) -> int:
-        return sum(group.admission_blocks(max_model_len, in_flight) for group in self.groups)
-
-    def blocks_held(
-        self, prompt_tokens: int, total_tokens: int, sequences: int = 1, prefix_caching: bool = True
-    ) -> int:
-        """Blocks one request of `sequences` parallel sequences (n or beams) holds at `total_tokens` each.
-
-        With prefix caching the prompt's full blocks are shared by the siblings (vLLM fans n out into n requests
-        with the same prompt); sliding groups are counted per sequence.
-        """
-        blocks = 0
-        for group in self.groups:
-            own = group.held_blocks(total_tokens)
-            if sequences > 1 and prefix_caching and group.kind != "sliding":
-                shared = prompt_tokens // group.block_size
-                blocks += shared + sequences * (own - shared)
-            else:
-                blocks += sequences * own
-        return blocks
-
-    def describe(self) -> str:
-        parts = []
-        for group in self.groups:
-            label = f"sliding {group.window}" if group.kind == "sliding" else group.kind
-            parts.append(f"{label} x{len(group.layers)}")
-        text = f"{len(self.groups)} group{'s' if len(self.groups) > 1 else ''} ({', '.join(parts)})"
-        if self.padding_layers:
-            text += f", {self.padding_layers} padding layer{'s' if self.padding_layers > 1 else ''}"
-        return text
-
-
-def kv_layout(spec: ModelSpec, dtype: KvDtype, tp: int, block_size: int, hybrid_manager: bool = True) -> KVCacheLayout:
-    """The KV cache groups vLLM forms for this model on one tensor-parallel rank."""
-    check_tp(spec, tp)
-    kinds = [_layer_key(layer, dtype, tp, block_size, hybrid_manager) for layer in spec.layers]
-    buckets: dict[tuple, list[int]] = {}
-    for index, key in enumerate(kinds):
-        buckets.setdefault(key, []).append(index)
-    if len(buckets) == 1:
-        key, layers = next(iter(buckets.items()))
-        return KVCacheLayout((_group(key, layers, block_size),), len(layers), 0, False)
-    pages = {key[1] for key in buckets}
-    if len(pages) > 1:
-        raise KvopsError(
-            f"{spec.name}: layer kinds with different page sizes are not modelled (vLLM pads or rescales them)"
-        )
-    sizes = [len(layers) for layers in buckets.values()]
-    group_size = max(sizes) if max(sizes) < min(sizes) * 1.5 else min(sizes)
-    groups, padding = [], 0
-    for key, layers in buckets.items():
-        if len(layers) % group_size:
-            padding += group_size - len(layers) % group_size
-        count = -(-len(layers) // group_size)
-        groups.extend(_group(key, layers[i::count], block_size) for i in range(count))
-    return KVCacheLayout(tuple(groups), group_size, padding, True)
-
-
-def _layer_key(layer: LayerKind, dtype: KvDtype, tp: int, block_size: int, hybrid_manager: bool) -> tuple:
-    page = block_size * layer.bytes_per_token(dtype, tp)
-    if layer.kind == "sliding" and hybrid_manager:
-        return ("sliding", page, layer.window)
-    return ("mla" if layer.kind == "mla" else "full", page, None)
-
-
-def _group(key: tuple, layers: list[int], block_size: int) -> KVCacheGroup:
-    kind, page, window = key
-    return KVCacheGroup(kind, tuple(layers), page, block_size, window)
-
-
-# --- capacity -------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Capacity:
-    """What vLLM reports after sizing: `num_gpu_blocks`, `kv_cache_size_tokens`, the concurrency at max_model_len."""
-
-    num_blocks: int
-    block_size: int
-    blocks_per_request: int
-    max_model_len: int
-
-    @property
-    def usable_blocks(self) -> int:
-        return max(0, self.num_blocks - 1)  # block 0 is the block pool's null block
-
-    @property
-    def max_concurrency(self) -> float:
-        return self.num_blocks / self.blocks_per_request
-
-    @property
-    def kv_cache_size_tokens(self) -> int:
-        return int(self.max_concurrency * self.max_model_len)
-
-    @property
-    def fits_one_request(self) -> bool:
-        """vLLM's startup check: one request at max_model_len fits in the usable blocks."""
-        return self.blocks_per_request <= self.usable_blocks
-
-
-def capacity(layout: KVCacheLayout, kv_bytes: int, max_model_len: int, in_flight: int) -> Capacity:
-    return Capacity(
-        layout.num_blocks(kv_bytes),
-        layout.block_size,
-        layout.blocks_per_request(max_model_len, in_flight),
-        max_model_len,
-    )
-
-
-def longest_context(layout: KVCacheLayout, usable_blocks: float, sequences: int, in_flight: int, upper: int) -> int:
-    """Largest max_model_len whose `sequences` requests fit in `usable_blocks` (0 when not even one token does)."""
-
-    def fits(length: int) -> bool:
-        return sequences * layout.blocks_per_request(length, in_flight) <= usable_blocks
-
-    if not fits(1):
-        return 0
-    low, high = 1, upper
-    while low < high:
-        middle = (low + high + 1) // 2
-        low, high = (middle, high) if fits(middle) else (low, middle - 1)
-    return low
-
-
-def kv_bytes_needed(layout: KVCacheLayout, blocks: int) -> int:
-    """KV memory for `blocks` usable blocks (the null block added)."""
-    return (blocks + 1) * layout.bytes_per_block
-
-
 def requested_memory(total_bytes: int, utilization: float) -> int:
     """`request_memory`: ceil(total x gpu_memory_utilization)."""
     return ceil(total_bytes * utilization)
+
+
+# --- the memory terms -----------------------------------------------------------------------------------
+
+
+def memory_terms(inputs: PlanInputs, batched: int, sampler_seqs: int) -> tuple[list[Term], int, list[str]]:
+    """Every term of the per-GPU budget, the KV bytes it leaves, and warnings about a profile that may not apply."""
+    gpu, profile = inputs.gpu, inputs.profile
+    warnings: list[str] = []
+    if profile and profile.engine != "vllm":
+        raise UsageError(
+            f"--profile is a {profile.engine} profile; plan --engine {profile.engine} with it, or calibrate a vLLM run"
+        )
+    if profile:
+        warnings += _profile_mismatch(inputs, batched)
+    weights = _weights(inputs)
+    overheads = _overheads(inputs, batched, sampler_seqs)
+    if inputs.kv_cache_memory_bytes is not None:
+        kv = inputs.kv_cache_memory_bytes
+        kv_term = Term(
+            "kv_cache", kv, "input", "--kv-cache-memory-bytes: vLLM skips its memory profile and allocates exactly this"
+        )
+        if gpu is None:
+            return [weights, kv_term], kv, warnings  # nothing to check the other terms against
+        total = common.device_total_term(inputs)
+        used = weights.bytes + sum(term.bytes for term in overheads) + kv
+        headroom = Term(
+            "headroom",
+            total.bytes - used,
+            "computed",
+            "total - weights - activation - non-torch - CUDA graphs - KV cache",
+        )
+        return [total, weights, *overheads, kv_term, headroom], kv, warnings
+    if gpu is None:
+        raise MissingDevice(
+            "missing --gpu NAME or --gpu-memory SIZE (or pin the KV cache with --kv-cache-memory-bytes)"
+        )
+    utilization = inputs.memory_fraction or DEFAULT_GPU_MEMORY_UTILIZATION
+    total = common.device_total_term(inputs)
+    requested = requested_memory(total.bytes, utilization)
+    kv = requested - weights.bytes - sum(term.bytes for term in overheads)
+    return (
+        [
+            total,
+            Term("requested", requested, "computed", f"ceil({total.bytes} B x gpu_memory_utilization {utilization:g})"),
+            weights,
+            *overheads,
+            Term(
+                "kv_cache",
+                kv,
+                "computed",
+                "requested - weights - activation - non-torch - CUDA graphs (vLLM's available KV cache memory)",
+            ),
+        ],
+        kv,
+        warnings,
+    )
+
+
+def _weights(inputs: PlanInputs) -> Term:
+    """The weights per GPU: a profile's measured figure (rescaled to this tp), else the checkpoint's computed size."""
+    profile, tp = inputs.profile, inputs.tp
+    computed = common.weight_bytes(inputs.spec, common.weight_format(inputs.spec, inputs.quantization), tp)
+    if profile is None or profile.weights_bytes is None:
+        return computed
+    measured, scaled = profile.weights_bytes, ""
+    if profile.tp and profile.tp != tp:  # each rank holds 1/tp of the weights
+        measured, scaled = ceil(profile.weights_bytes * profile.tp / tp), f", x {profile.tp}/{tp} for tp {tp}"
+    return Term("weights", measured, "measured", f"profile {profile.source}: 'Model loading took'{scaled}", None)
+
+
+def _overheads(inputs: PlanInputs, batched: int, sampler_seqs: int) -> list[Term]:
+    profile = inputs.profile
+    if profile and profile.overhead_bytes is not None and profile.activation_bytes is None:
+        return [
+            Term(
+                "overhead",
+                profile.overhead_bytes,
+                "measured",
+                f"profile {profile.source}: requested - weights - available KV cache (activation peak + non-torch + CUDA graphs)",
+            )
+        ]
+    return [_activation(inputs, batched, sampler_seqs), _non_torch(inputs), _cuda_graphs(inputs)]
+
+
+def _activation(inputs: PlanInputs, batched: int, sampler_seqs: int) -> Term:
+    spec, profile = inputs.spec, inputs.profile
+    if profile and profile.activation_bytes is not None:
+        return Term("activation", profile.activation_bytes, "measured", f"profile {profile.source}")
+    forward = common.forward_activation_peak(spec, batched, inputs.tp)
+    sampler = common.sampler_peak(spec, sampler_seqs)
+    if forward >= sampler:
+        which = f"forward over {batched} batched tokens"
+    else:
+        which = f"sampler logits for {sampler_seqs} sequences x {spec.vocab_size} vocab x {common.SAMPLER_BYTES_PER_LOGIT} B"
+    return Term(
+        "activation",
+        max(forward, sampler),
+        "estimate",
+        f"profile-run peak, max(forward {forward} B, sampler {sampler} B): {which}",
+        common.CALIBRATE_HINT,
+    )
+
+
+def _non_torch(inputs: PlanInputs) -> Term:
+    profile, tp = inputs.profile, inputs.tp
+    if profile and profile.non_torch_bytes is not None:
+        return Term("non_torch", profile.non_torch_bytes, "measured", f"profile {profile.source}")
+    buffers = ", NCCL and custom all-reduce (tp >= 2)" if tp > 1 else ""
+    return Term(
+        "non_torch",
+        common.non_torch_estimate(tp),
+        "estimate",
+        f"CUDA/cuBLAS workspaces, attention buffers{buffers}",
+        common.CALIBRATE_HINT,
+    )
+
+
+def _cuda_graphs(inputs: PlanInputs) -> Term:
+    profile = inputs.profile
+    if inputs.enforce_eager or inputs.device == "cpu":
+        return Term(
+            "cuda_graphs",
+            0,
+            "exact",
+            "--enforce-eager" if inputs.enforce_eager else "the CPU build captures no CUDA graphs",
+        )
+    if profile and profile.cudagraph_bytes is not None:
+        return Term(
+            "cuda_graphs",
+            profile.cudagraph_bytes,
+            "measured",
+            f"profile {profile.source}: 'Estimated CUDA graph memory'",
+        )
+    return Term(
+        "cuda_graphs",
+        common.CUDA_GRAPH_ESTIMATE,
+        "estimate",
+        "decode CUDA graphs, profiled by vLLM >= 0.21 before sizing KV (0 with --enforce-eager)",
+        common.CALIBRATE_HINT,
+    )
+
+
+def _profile_mismatch(inputs: PlanInputs, batched: int) -> list[str]:
+    profile, spec = inputs.profile, inputs.spec
+    assert profile is not None
+    out = []
+    if profile.model and not _same_model(profile.model, spec):
+        out.append(
+            f"--profile was measured on model {profile.model}, not {spec.name}: its weights and overheads may not apply"
+        )
+    if profile.tp and profile.tp != inputs.tp:
+        out.append(f"--profile was measured at tp {profile.tp}, the plan is for tp {inputs.tp}")
+    if profile.max_num_batched_tokens and profile.max_num_batched_tokens != batched:
+        out.append(
+            f"--profile was measured with max_num_batched_tokens {profile.max_num_batched_tokens}, the plan uses {batched}: the activation peak scales with it"
+        )
+    return out
+
+
+def _same_model(name: str, spec: ModelSpec) -> bool:
+    """A profile's model is this one: the same id or path, or the same last path segment (a local copy)."""
+    return (
+        name in (spec.name, spec.source_path) or name.rstrip("/").split("/")[-1] == spec.name.rstrip("/").split("/")[-1]
+    )

@@ -2,12 +2,115 @@
 
 from __future__ import annotations
 
+import shlex
 from types import ModuleType
+from typing import TYPE_CHECKING
+
+from kvops.deployment import DeploymentOptions
+from kvops.engines.base import Container
+from kvops.engines.vllm import flags
+from kvops.errors import KvopsError
+
+if TYPE_CHECKING:
+    from kvops.calibrate import Calibration
+    from kvops.dtypes import KvDtype
+    from kvops.engines.vllm.logs import VllmLog
+    from kvops.engines.vllm.metrics import CacheConfig
+    from kvops.model.spec import ModelSpec
+    from kvops.plan import Plan, PlanInputs, WayOut
 
 
 class VllmEngine:
     name = "vllm"
     title = "vLLM"
+    program = flags.PROGRAM
+    container = Container(
+        name="vllm",
+        port=flags.PORT,
+        host_port=flags.PORT,
+        model_cache="/root/.cache/huggingface",
+        docker_cache="~/.cache/huggingface",
+        compose_cache="huggingface-cache",  # a named volume: downloads survive restarts
+        compose_cache_is_volume=True,
+        docker_shared_memory=("--ipc=host",),
+        compose_shared_memory=(("ipc", "host"),),
+        k8s_shared_memory=True,
+    )
+    data_parallel = True
+    guard_scheduler = flags.GUARD_SCHEDULER
+    needs_capacity = False
+
+    def image(self, vendor: str | None) -> str:
+        return flags.image(vendor)
+
+    def plan_once(self, inputs: PlanInputs) -> Plan:
+        from kvops.engines.vllm import plan
+
+        return plan.plan_once(inputs)
+
+    def kv_dtype_ways(self, inputs: PlanInputs) -> list[str]:
+        from kvops.engines.vllm import plan
+
+        return plan.kv_dtype_ways(inputs)
+
+    def offload_ways(self, inputs: PlanInputs, failed: Plan) -> list[WayOut]:
+        from kvops.engines.vllm import plan
+
+        return plan.offload_ways(inputs, failed)
+
+    def kv_bytes_per_token(self, spec: ModelSpec, dtype: KvDtype, tp: int) -> int:
+        from kvops.formula import kv_cost
+
+        return kv_cost(spec, tokens=1, dtype=dtype, tp=tp).bytes_per_token
+
+    def env(self, plan: Plan) -> list[str]:
+        return [
+            "# vLLM reads its engine flags from the command line, not the environment: run `vllm serve $VLLM_ARGS`",
+            f"VLLM_ARGS={shlex.quote(shlex.join(plan.args))}",
+        ]
+
+    def watch_capacity(self, plan: Plan) -> int | None:
+        return None
+
+    def usage_formula(self, capacity: int | None) -> str | None:
+        return None
+
+    def read_log(self, text: str, where: str) -> VllmLog:
+        from kvops.engines.vllm.logs import parse_vllm_log
+
+        log = parse_vllm_log(text)
+        if not log.facts:
+            raise KvopsError(
+                f"{where}: no vLLM startup lines found (looked for 'Available KV cache memory', 'KV cache size', 'Model loading took', ...)"
+            )
+        return log
+
+    def run_config(self, metrics_text: str, where: str) -> CacheConfig:
+        """The running engine's cache config, from its /metrics."""
+        from kvops.engines.metrics import MetricsError, Samples
+        from kvops.engines.vllm import metrics
+
+        try:
+            config = metrics.cache_config(Samples.from_exposition(metrics_text, only=[metrics.CACHE_CONFIG]))
+        except MetricsError:
+            config = None
+        if config is None:
+            raise KvopsError(f"{where}: no vllm:cache_config_info sample; is this a vLLM /metrics endpoint?")
+        return config
+
+    def stated_options(self, log: VllmLog | None, config: CacheConfig | None) -> DeploymentOptions:
+        from kvops.engines.vllm import run
+
+        stated = run.stated_options(log, config)
+        total = log.get("total_memory_bytes") if log is not None else None
+        if total and log is not None and log.device != "cpu":
+            stated = stated.under(DeploymentOptions.stated(gpu_memory=total))
+        return stated
+
+    def calibrate(self, log: VllmLog | None, config: CacheConfig | None, plan: Plan | None, source: str) -> Calibration:
+        from kvops.engines.vllm import calibrate
+
+        return calibrate.calibrate(log, config, plan, source)
 
     @property
     def metrics(self) -> ModuleType:

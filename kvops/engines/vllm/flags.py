@@ -9,7 +9,7 @@ PROGRAM = ("vllm", "serve")
 IMAGE = "vllm/vllm-openai:v0.32.0"  # docs.vllm.ai deployment/docker: the official image, entrypoint `vllm serve`
 ROCM_IMAGE = "vllm/vllm-openai-rocm:v0.32.0"
 PORT = 8000
-GUARD_SCHEDULER = "kvops_vllm.scheduler.KVGuardScheduler"  # the KV-guard scheduler plugin (issue 5)
+GUARD_SCHEDULER = "kvops_vllm.scheduler.KVGuardScheduler"  # the KV-guard scheduler plugin (plugins/kvops_vllm)
 
 # kvops KV dtype -> `--kv-cache-dtype` (CacheDType in vllm/config/cache.py)
 _KV_CACHE_DTYPES = {
@@ -21,6 +21,8 @@ _KV_CACHE_DTYPES = {
     "int8": "int8_per_token_head",
     "int4": "int4_per_token_head",
 }
+# `--kv-cache-dtype` -> kvops KV dtype: how a run's own args name it
+KV_DTYPE_OF_FLAG = {"auto": "auto", **{flag: name for name, flag in _KV_CACHE_DTYPES.items()}}
 CPU_KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")  # CPUAttentionBackend.supported_kv_cache_dtypes
 
 
@@ -36,3 +38,8 @@ def kv_cache_dtype(dtype: KvDtype, model_dtype: str, device: str) -> str:
             f"--kv-dtype {dtype.name}: vLLM's CPU attention takes --kv-cache-dtype {', '.join(CPU_KV_CACHE_DTYPES)} only"
         )
     return value
+
+
+def image(vendor: str | None) -> str:
+    """The official image for the device's vendor."""
+    return ROCM_IMAGE if vendor == "amd" else IMAGE

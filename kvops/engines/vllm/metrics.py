@@ -9,6 +9,9 @@ highest.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
+
 from kvops.engines.metrics import MetricsError, PromQL, Reading, Samples, series, usage_fraction
 
 KV_USAGE = "vllm:kv_cache_usage_perc"
@@ -42,7 +45,7 @@ def reading(samples: Samples, capacity_tokens: int | None = None) -> Reading:
         usage, basis = samples.highest(KV_USAGE_REMOVED), f"{KV_USAGE_REMOVED} (removed alias)"
     if usage is None:
         raise MetricsError(_missing(samples))
-    block_size, capacity = _cache_config(samples)
+    config = cache_config(samples)
     return Reading(
         kv_usage=usage_fraction(basis.split()[0], usage),
         basis=basis,
@@ -52,8 +55,8 @@ def reading(samples: Samples, capacity_tokens: int | None = None) -> Reading:
         progress_total=samples.total(GENERATION_TOKENS),
         prefix_hits_total=samples.total(PREFIX_HITS),
         prefix_queries_total=samples.total(PREFIX_QUERIES),
-        capacity_tokens=capacity_tokens or capacity,
-        block_size=block_size,
+        capacity_tokens=capacity_tokens or (config.capacity_tokens if config else None),
+        block_size=config.integer("block_size") if config else None,
     )
 
 
@@ -73,25 +76,36 @@ def promql(matchers: list[str], capacity_tokens: int | None = None) -> PromQL:
     )
 
 
-def _cache_config(samples: Samples) -> tuple[int | None, int | None]:
-    """Block size and KV capacity in tokens from the info gauge's labels (absent before the engine is up)."""
+@dataclass(frozen=True)
+class CacheConfig:
+    """The labels of `vllm:cache_config_info`: every CacheConfig field of the running engine, as strings
+    (absent before the engine is up)."""
+
+    labels: Mapping[str, str]
+
+    def get(self, name: str) -> str | None:
+        return self.labels.get(name)
+
+    def integer(self, name: str) -> int | None:
+        value = self.labels.get(name)
+        return int(value) if value and value.isdigit() else None
+
+    def number(self, name: str) -> float | None:
+        try:
+            return float(self.labels[name])
+        except (KeyError, ValueError):
+            return None
+
+    @property
+    def capacity_tokens(self) -> int | None:
+        """The KV pool in tokens: `kv_cache_size_tokens`, else num_gpu_blocks x block_size."""
+        blocks, block_size = self.integer("num_gpu_blocks"), self.integer("block_size")
+        return self.integer("kv_cache_size_tokens") or (blocks * block_size if blocks and block_size else None)
+
+
+def cache_config(samples: Samples) -> CacheConfig | None:
     found = samples.series(CACHE_CONFIG)
-    if not found:
-        return None, None
-    labels = found[0].labels
-    block_size = _int(labels.get("block_size"))
-    capacity = _int(labels.get("kv_cache_size_tokens"))
-    blocks = _int(labels.get("num_gpu_blocks"))
-    if capacity is None and blocks is not None and block_size is not None:
-        capacity = blocks * block_size
-    return block_size, capacity
-
-
-def _int(text: str | None) -> int | None:
-    try:
-        return int(text) if text is not None else None
-    except ValueError:
-        return None
+    return CacheConfig(found[0].labels) if found else None
 
 
 def _missing(samples: Samples) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvops.budget import (
+from kvops.engines.common import (
     forward_activation_peak,
     sampler_peak,
     weight_bytes,

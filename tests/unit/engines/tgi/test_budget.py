@@ -8,9 +8,9 @@ from kvops.dtypes import KV_DTYPES
 from kvops.engines.tgi.budget import (
     check_fp8,
     kv_bytes_per_token,
+    pool,
     reservation_tokens,
     resolve_attention,
-    tgi_capacity,
     tgi_kv_dtype,
 )
 from kvops.engines.tgi.flags import validation_errors
@@ -63,7 +63,7 @@ def test_a_request_reserves_input_plus_at_most_1024_new_tokens():
 
 
 def test_capacity_is_whole_blocks_with_block_zero_for_health_checks():
-    cap = tgi_capacity(10 * 131072 * 16 + 5, 131072, 16)
+    cap = pool(10 * 131072 * 16 + 5, 131072, 16)
     assert (cap.num_blocks, cap.max_batch_total_tokens, cap.usable_blocks) == (10, 160, 9)
     assert cap.requests_fitting(40) == 3  # 3 blocks each
 

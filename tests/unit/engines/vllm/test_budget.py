@@ -3,15 +3,8 @@
 from __future__ import annotations
 
 from kvops.dtypes import KV_DTYPES
-from kvops.engines.vllm.budget import (
-    BatchDefaults,
-    batch_defaults,
-    capacity,
-    kv_layout,
-    longest_context,
-    max_in_flight_tokens,
-    resolve_batch,
-)
+from kvops.engines.vllm.budget import BatchDefaults, batch_defaults, max_in_flight_tokens, resolve_batch
+from kvops.engines.vllm.layout import kv_layout, longest_context, pool
 from kvops.gpus import find_gpu
 from kvops.model import load_model
 
@@ -22,7 +15,7 @@ def test_tiny_model_4_mib_pool_is_32_blocks_of_128_tokens(tiny_model):
     spec = load_model(str(tiny_model))
     layout = kv_layout(spec, BF16, tp=1, block_size=128)
     assert layout.bytes_per_block == 2 * 128 * (2 * 2 * 64 * 2)  # 2 layers x 128 tokens x 512 B
-    cap = capacity(layout, 4 * 1024 * 1024, max_model_len=1024, in_flight=2048)
+    cap = pool(layout, 4 * 1024 * 1024, max_model_len=1024, in_flight=2048)
     assert (cap.num_blocks, cap.kv_cache_size_tokens, cap.max_concurrency, cap.usable_blocks) == (32, 4096, 4.0, 31)
 
 

@@ -1,47 +1,22 @@
-"""Engine-neutral pieces of a serving memory budget: weights, the activation peak of a forward pass, overheads.
-
-Pure arithmetic on a ModelSpec. Every figure is a `Term` that says how it was obtained: `computed` (from the
-parameter count and a dtype), `estimate` (a model of something only a run can measure, with the way to measure
-it), `measured` (from a calibration profile) or `input` (given by the user).
-"""
+"""Engine-neutral pieces of a serving memory budget: the device total, weights, the activation peak of a forward
+pass, overheads. Pure arithmetic on a ModelSpec and the plan's inputs; every figure is a `Term` that says how it
+was obtained."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from math import ceil
-from typing import Any
 
-from kvops.errors import UsageError
+from kvops.errors import MissingDevice, UsageError
 from kvops.model.spec import ModelSpec
+from kvops.plan import PlanInputs, Term
 
 GiB = 1 << 30
 MiB = 1 << 20
 
+QUALITY_WARNING = "quantized KV costs quality on long generations (the seeds' warning): evaluate before serving"
+
 CALIBRATE_HINT = "replace with measurements: run the engine once, `kvops calibrate --vllm-log LOG --save PROFILE`, then plan with --profile PROFILE"
-
-
-@dataclass(frozen=True)
-class Term:
-    """One line of a memory budget, in bytes per GPU."""
-
-    name: str
-    bytes: int
-    basis: str  # "computed" | "estimate" | "measured" | "input" | "exact"
-    formula: str
-    measure: str | None = None  # how to replace an estimate by a measurement
-
-    @property
-    def is_estimate(self) -> bool:
-        return self.basis == "estimate"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "bytes": self.bytes,
-            "basis": self.basis,
-            "formula": self.formula,
-            "measure": self.measure,
-        }
 
 
 # --- weights --------------------------------------------------------------------------------------------
@@ -188,3 +163,41 @@ CUDA_GRAPH_ESTIMATE = 512 * MiB
 
 def non_torch_estimate(tp: int) -> int:
     return NON_TORCH_ESTIMATE.get(tp, NON_TORCH_ESTIMATE_TP)
+
+
+# --- the device total ------------------------------------------------------------------------------------
+
+
+def device_total(inputs: PlanInputs) -> int:
+    """Bytes per device: what the engine measured (a profile), else the catalog's or the user's figure."""
+    if inputs.profile and inputs.profile.total_memory_bytes:
+        return inputs.profile.total_memory_bytes
+    if inputs.gpu is None:
+        raise MissingDevice("missing --gpu NAME or --gpu-memory SIZE")
+    return inputs.gpu.memory_bytes
+
+
+def device_total_term(inputs: PlanInputs) -> Term:
+    if inputs.profile and inputs.profile.total_memory_bytes:
+        return Term(
+            "total",
+            inputs.profile.total_memory_bytes,
+            "measured",
+            f"device total the engine measured (profile {inputs.profile.source})",
+        )
+    gpu = inputs.gpu
+    if gpu is None:
+        raise MissingDevice("missing --gpu NAME or --gpu-memory SIZE")
+    return Term(
+        "total",
+        gpu.memory_bytes,
+        "input",
+        f"{gpu.id}: {gpu.memory_mib:g} MiB as {gpu.reported_by} reports it ({gpu.source})",
+    )
+
+
+def model_limit(spec: ModelSpec) -> int:
+    """The longest context the model was trained for: the default max-model-len."""
+    if spec.max_position_embeddings:
+        return spec.max_position_embeddings
+    raise UsageError(f"{spec.name} has no max_position_embeddings: give --max-model-len N")

@@ -1,4 +1,5 @@
-"""`kvops manifests`, `kvops dashboard`: deployment artifacts from kvops' own plan, alert rules and watcher."""
+"""`kvops manifests`: deployment artifacts for an engine and its kvops sidecar, from the plan, the alert rules and
+the watcher."""
 
 from __future__ import annotations
 
@@ -9,10 +10,9 @@ from pathlib import Path
 import click
 
 from kvops import __version__
-from kvops.cli.options import POSITIVE, warn
-from kvops.cli.plan import make_plan, workload_options
+from kvops.cli.options import POSITIVE, deployment_options, warn, workload_options
 from kvops.cli.watch import alert_rules, runbook_option
-from kvops.errors import KvopsError, UsageError
+from kvops.errors import UsageError
 
 TARGETS = ("k8s", "compose")
 NAME = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")  # an RFC 1035 label, short enough for '<name>-kvops-policy'
@@ -68,27 +68,31 @@ NAME = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")  # an RFC 1035 label, sh
 )
 @runbook_option
 @click.pass_context
-def manifests(ctx, target, out_dir, name, replicas, kvops_image, kvops_port, scrape_interval, runbook_url, **options):
+def manifests(ctx, target, out_dir, name, replicas, kvops_image, kvops_port, scrape_interval, runbook_url, **params):
     """Deployment artifacts for an engine with the kvops sidecar, from the plan, the alert rules and the watcher.
 
     The engine runs the plan's flags (as `kvops plan` prints them); beside it `kvops watch --proxy` watches it and
     admits requests (the Service, or the published compose port, goes through it); Prometheus scrapes both and
     evaluates `kvops alerts`. Exits 3 when the plan does not fit, like `kvops plan`.
     """
+    from kvops import engines
     from kvops.deploy import compose, k8s
     from kvops.deploy.stack import Stack
+    from kvops.files import read_text, write_files
     from kvops.plan import PlanError
+    from kvops.planner import plan as make_plan
     from kvops.policy import default_policy_text
     from kvops.render.plan import does_not_fit_message
 
-    engine = options["engine"].lower()
-    name = name or engine
+    options = deployment_options(ctx, params)
+    engine = engines.get(options.engine)
+    name = name or engine.name
     if not NAME.match(name):
         raise click.BadParameter(
             f"{name!r} must be lowercase letters, digits and '-', starting with a letter, at most 40 characters",
             param_hint="--name",
         )
-    if options["device"] != "gpu":
+    if options.device != "gpu":
         raise UsageError(
             "kvops manifests deploys the engine's official GPU image; --device cpu plans the CPU build, which has none"
         )
@@ -96,19 +100,19 @@ def manifests(ctx, target, out_dir, name, replicas, kvops_image, kvops_port, scr
         raise click.UsageError(
             "--target compose writes compose.yaml and the files it mounts (Prometheus, Grafana, rules, policy): give --out DIR"
         )
-    plan = make_plan(**options)
+    plan = make_plan(options.plan_inputs())
     if not plan.fits:
         raise PlanError(does_not_fit_message(plan))
-    for message in plan.warnings:
+    for message in plan.all_warnings:
         warn(message)
     if kvops_port == plan.port:
         raise click.BadParameter(
             f"{kvops_port} is the engine's port; the sidecar needs another", param_hint="--kvops-port"
         )
-    policy_path = options["policy_path"]
-    capacity = plan.capacity.get("max_batch_total_tokens") if engine == "tgi" else None
+    policy_path = options.policy
+    capacity = engine.watch_capacity(plan)
     rules = alert_rules(
-        engine,
+        engine.name,
         "prometheusrule" if target == "k8s" else "rules",
         runbook_url=runbook_url,
         policy_path=policy_path,
@@ -119,7 +123,7 @@ def manifests(ctx, target, out_dir, name, replicas, kvops_image, kvops_port, scr
     stack = Stack(
         plan=plan,
         rules=rules,
-        policy_text=Path(policy_path).read_text() if policy_path else default_policy_text(),
+        policy_text=read_text(policy_path, "--policy") if policy_path else default_policy_text(),
         command=given_command(ctx),
         name=name,
         kvops_image=kvops_image,
@@ -141,34 +145,6 @@ def manifests(ctx, target, out_dir, name, replicas, kvops_image, kvops_port, scr
         click.echo("---\n".join(files.values()), nl=False)
 
 
-@click.command()
-@click.option(
-    "--policy",
-    "policy_path",
-    type=click.Path(exists=True, dir_okay=False),
-    metavar="FILE",
-    help="Degrade policy whose levels draw the bands [default: the shipped one].",
-)
-@click.option(
-    "--out",
-    "-o",
-    type=click.Path(dir_okay=False),
-    metavar="FILE.json",
-    help="Write the dashboard here instead of printing it.",
-)
-def dashboard(policy_path, out):
-    """The Grafana dashboard: KV usage on the policy's bands, level, queue, preemptions, tokens/s, proxy clamps and rejections."""
-    from kvops.deploy.grafana import dashboard as render
-    from kvops.policy import load_policy
-
-    text = render(load_policy(policy_path))
-    if out:
-        write_files(Path(out).parent, {Path(out).name: text})
-        click.echo(f"wrote {out}")
-    else:
-        click.echo(text, nl=False)
-
-
 def given_command(ctx: click.Context) -> str:
     """The command line as given, options in their declared order, without --out: the header of every file."""
     from click.core import ParameterSource
@@ -187,12 +163,3 @@ def given_command(ctx: click.Context) -> str:
         else:
             words += [param.opts[0], shlex.quote(str(value))]
     return " ".join(words)
-
-
-def write_files(directory: Path, files: dict[str, str]) -> None:
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        for name, text in files.items():
-            (directory / name).write_text(text)
-    except OSError as exc:
-        raise KvopsError(f"--out {directory}: cannot write ({exc.strerror or exc})") from None

@@ -1,0 +1,36 @@
+"""`kvops dashboard`: the Grafana dashboard, from the policy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+
+@click.command()
+@click.option(
+    "--policy",
+    "policy_path",
+    type=click.Path(exists=True, dir_okay=False),
+    metavar="FILE",
+    help="Degrade policy whose levels draw the bands [default: the shipped one].",
+)
+@click.option(
+    "--out",
+    "-o",
+    type=click.Path(dir_okay=False),
+    metavar="FILE.json",
+    help="Write the dashboard here instead of printing it.",
+)
+def dashboard(policy_path, out):
+    """The Grafana dashboard: KV usage on the policy's bands, level, queue, preemptions, tokens/s, proxy clamps and rejections."""
+    from kvops.deploy.grafana import dashboard as render
+    from kvops.files import write_files
+    from kvops.policy import load_policy
+
+    text = render(load_policy(policy_path))
+    if out:
+        write_files(Path(out).parent, {Path(out).name: text})
+        click.echo(f"wrote {out}")
+    else:
+        click.echo(text, nl=False)

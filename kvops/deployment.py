@@ -1,0 +1,133 @@
+"""A deployment as it is stated: by the user's options, or by a run's own log and metrics (`kvops calibrate`,
+`kvops explain`), before anything is looked up. `plan_inputs()` resolves it: the model loaded, the GPU found, the
+workload, profile and policy files read.
+
+What the user typed wins over what a run states (`under`); what neither states keeps the engine's default.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from kvops.errors import ConfigError
+from kvops.plan import PlanInputs
+from kvops.profile import Profile
+from kvops.workload import Workload, parse_workload
+
+
+@dataclass(frozen=True)
+class DeploymentOptions:
+    model: str | None = None
+    engine: str = "vllm"
+    gpu: str | None = None  # a catalog name
+    gpu_memory: int | None = None  # bytes per device
+    gpus: int | None = None
+    tp: int | None = None
+    device: str = "gpu"
+    max_model_len: int | str | None = None
+    kv_dtype: str = "auto"
+    quantization: str = "auto"
+    memory_fraction: float | None = None
+    kv_cache_memory_bytes: int | None = None
+    batched_tokens: int | None = None
+    block_size: int | None = None
+    enforce_eager: bool = False
+    max_num_seqs: int | None = None
+    prompt_tokens: int | None = None
+    gen_tokens: int | None = None
+    workload: str | None = None  # a JSONL file of requests
+    beams: int = 1
+    n: int = 1
+    concurrency: int | str | None = None
+    max_input_tokens: int | None = None
+    guard: bool | None = None
+    max_queued: int | None = None
+    profile: str | None = None  # a calibration profile file
+    policy: str | None = None  # a degrade policy file
+    launcher: tuple[str, ...] = ()
+    given: frozenset[str] = frozenset()  # the fields stated (typed by the user, or read from a run)
+
+    @classmethod
+    def stated(cls, **values: Any) -> DeploymentOptions:
+        """Options that say only these fields (a run's own statement of how it was launched)."""
+        return cls(**values, given=frozenset(values))
+
+    def under(self, run: DeploymentOptions) -> DeploymentOptions:
+        """These options where they were given; what the run states for the rest."""
+        taken = {name: getattr(run, name) for name in run.given - self.given}
+        return replace(self, **taken, given=self.given | run.given)
+
+    def field_names(self) -> list[str]:
+        return [item.name for item in fields(self) if item.name != "given"]
+
+    def request_workload(self) -> Workload:
+        """The workload the options describe: a JSONL file sized at its p95, or the per-request flags."""
+        sequences = self.beams * self.n
+        if self.workload:
+            return parse_workload(_read_text(self.workload, "--workload").splitlines(), self.workload, sequences)
+        source = "flags" if self.prompt_tokens is not None or self.gen_tokens is not None else "none"
+        return Workload(self.prompt_tokens, self.gen_tokens, sequences, source)
+
+    def plan_inputs(self, workload: Workload | None = None) -> PlanInputs:
+        """The planner's inputs: the model loaded, the GPU resolved, the files read."""
+        from kvops.gpus import resolve_gpu
+        from kvops.model import load_model
+
+        if self.model is None:
+            raise ConfigError("no model: give --model")
+        spec = load_model(self.model)
+        pinned = self.kv_cache_memory_bytes
+        needs_gpu = self.gpu or self.gpu_memory or (self.device == "gpu" and pinned is None)
+        return PlanInputs(
+            engine=self.engine.lower(),
+            spec=spec,
+            gpu=resolve_gpu(self.gpu, self.gpu_memory) if needs_gpu else None,
+            tp=self.tp or self.gpus or 1,
+            gpus=self.gpus,
+            device=self.device,
+            max_model_len=self.max_model_len,
+            workload=workload if workload is not None else self.request_workload(),
+            concurrency=self.concurrency,
+            kv_dtype=self.kv_dtype,
+            quantization=self.quantization,
+            memory_fraction=self.memory_fraction,
+            kv_cache_memory_bytes=pinned,
+            batched_tokens=self.batched_tokens,
+            max_num_seqs=self.max_num_seqs,
+            block_size=self.block_size,
+            enforce_eager=self.enforce_eager,
+            guard=self.guard,
+            launcher=self.launcher,
+            max_queued=self.max_queued,
+            max_input_tokens=self.max_input_tokens,
+            profile=load_profile(self.profile) if self.profile else None,
+            warn_level=warn_level(self.policy),
+        )
+
+
+def warn_level(policy_path: str | None) -> float:
+    """The warn threshold of a policy file (or the shipped policy): what plans size concurrency under."""
+    from kvops.policy import Level, load_policy
+
+    return load_policy(policy_path).thresholds[Level.WARN]
+
+
+def load_profile(path: str) -> Profile:
+    import yaml
+
+    try:
+        data = yaml.safe_load(_read_text(path, "--profile"))
+    except yaml.YAMLError:
+        raise ConfigError(f"{path}: not valid YAML or JSON") from None
+    return Profile.from_dict(data, path)
+
+
+def _read_text(path: str, option: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(f"{option} {path}: cannot read ({exc.strerror or exc})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{option} {path}: not a text file") from None

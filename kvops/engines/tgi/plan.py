@@ -1,0 +1,295 @@
+"""The TGI plan: the shard's budget after warmup (budget.py), the KV pool in blocks, what each request reserves,
+the `text-generation-launcher` flags, and whether TGI would start and serve the workload."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import ceil, floor
+from typing import Any
+
+from kvops.dtypes import resolve_kv_dtype
+from kvops.engines import common
+from kvops.engines.flags import flag_args
+from kvops.engines.tgi import budget, flags
+from kvops.errors import MissingDevice, UsageError
+from kvops.plan import Plan, PlanInputs, Verdict, model_argument
+from kvops.units import format_bytes
+from kvops.workload import Workload
+
+NUM_BLOCKS_NOTE = "TGI's max batch total tokens = num_blocks x block size; block 0 is kept for health checks"
+
+
+@dataclass(frozen=True)
+class TgiCapacity:
+    """The plan's KV pool as TGI sizes it at warmup, and what the planned requests reserve in it."""
+
+    num_blocks: int
+    usable_blocks: int
+    block_size: int
+    kv_bytes_per_token: int
+    max_batch_total_tokens: int  # the pool in tokens: 'Setting max batch total tokens to N'
+    max_model_len: int  # --max-total-tokens
+    max_concurrency: float
+    reservation_tokens_per_request: int
+    blocks_per_request: int
+    requests_under_warn: int
+    requests_at_full: int
+    warn_level: float
+    max_batch_prefill_tokens: int
+    attention: str
+    prefill_chunking: bool
+
+    @property
+    def kv_tokens(self) -> int:
+        return self.max_batch_total_tokens
+
+    @property
+    def request_tokens(self) -> int:
+        return self.reservation_tokens_per_request
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "num_blocks": self.num_blocks,
+            "usable_blocks": self.usable_blocks,
+            "block_size": self.block_size,
+            "kv_bytes_per_token": self.kv_bytes_per_token,
+            "max_batch_total_tokens": self.max_batch_total_tokens,
+            "kv_tokens": self.max_batch_total_tokens,
+            "num_blocks_note": NUM_BLOCKS_NOTE,
+            "max_model_len": self.max_model_len,
+            "max_concurrency": self.max_concurrency,
+            "reservation_tokens_per_request": self.reservation_tokens_per_request,
+            "blocks_per_request": self.blocks_per_request,
+            "requests_under_warn": self.requests_under_warn,
+            "requests_at_full": self.requests_at_full,
+            "warn_level": self.warn_level,
+            "max_batch_prefill_tokens": self.max_batch_prefill_tokens,
+            "attention": self.attention,
+            "prefill_chunking": self.prefill_chunking,
+        }
+
+    def lines(self) -> list[str]:
+        warn = f"{self.warn_level:.0%}"
+        return [
+            f"KV pool          {self.max_batch_total_tokens:,} tokens ('Setting max batch total tokens to'), {self.num_blocks:,} blocks of {self.block_size}, {self.kv_bytes_per_token:,} B per token per shard",
+            f"max concurrency  {self.max_concurrency:.2f}x at max-total-tokens {self.max_model_len:,}",
+            f"workload         {self.reservation_tokens_per_request:,} tokens reserved per request: {self.requests_under_warn} requests under the warn level ({warn}), {self.requests_at_full} at 100%",
+        ]
+
+
+def plan_once(inputs: PlanInputs) -> Plan:
+    """The TGI plan for these inputs, fitting or not (no ways out: the planner searches those)."""
+    _refuse_other_engines_options(inputs)
+    spec, tp, gpu = inputs.spec, inputs.tp, inputs.gpu
+    if gpu is None:
+        raise MissingDevice("missing --gpu NAME or --gpu-memory SIZE")
+    if inputs.devices != tp:
+        raise UsageError(
+            f"TGI runs one replica per launcher over --num-shard GPUs: give --gpus {tp} (= --tp) and start {inputs.replicas} launchers"
+        )
+    dtype = resolve_kv_dtype(inputs.kv_dtype, spec.dtype)
+    kv_flag = budget.tgi_kv_dtype(dtype, spec.dtype)
+    attention = budget.resolve_attention(spec, gpu.vendor)
+    budget.check_fp8(attention, kv_flag, gpu.vendor)
+    per_token = budget.kv_bytes_per_token(spec, dtype, tp)
+    model_limit = common.model_limit(spec)
+    prefill = _prefill(inputs, attention, model_limit)
+    memory, kv_bytes = budget.memory_terms(inputs, prefill)
+    pool = budget.pool(kv_bytes, per_token, attention.block_size)
+    chunking = "on" if attention.supports_chunking else "off"
+    notes = [
+        f"attention {attention.backend} (block size {attention.block_size}): {attention.reason}; prefill chunking {chunking}"
+    ]
+    sequences = inputs.workload.sequences
+    target = inputs.concurrency if isinstance(inputs.concurrency, int) else 1
+    length = _max_total_tokens(inputs, pool, model_limit, target * sequences, notes)
+    if (
+        not attention.supports_chunking
+        and not isinstance(inputs.max_model_len, int)
+        and inputs.max_input_tokens is None
+        and length > prefill + 1
+    ):
+        length = prefill + 1
+        notes.append(
+            f"prefill chunking is off: max-total-tokens held to --max-batch-prefill-tokens + 1 ({length}); raise --max-batch-prefill-tokens for longer prompts (it costs warmup memory)"
+        )
+    max_input = inputs.max_input_tokens if inputs.max_input_tokens is not None else max(1, length - 1)
+    reservation = _reservation(inputs.workload, length)
+    blocks_per_request = sequences * -(-reservation // attention.block_size)
+    under_warn = floor(inputs.warn_level * pool.usable_blocks / blocks_per_request) if blocks_per_request else 0
+    at_full = pool.usable_blocks // blocks_per_request if blocks_per_request else 0
+    capacity = TgiCapacity(
+        num_blocks=pool.num_blocks,
+        usable_blocks=pool.usable_blocks,
+        block_size=attention.block_size,
+        kv_bytes_per_token=per_token,
+        max_batch_total_tokens=pool.max_batch_total_tokens,
+        max_model_len=length,
+        max_concurrency=round(pool.usable_blocks / -(-length // attention.block_size), 4) if length else 0,
+        reservation_tokens_per_request=reservation,
+        blocks_per_request=blocks_per_request,
+        requests_under_warn=under_warn,
+        requests_at_full=at_full,
+        warn_level=inputs.warn_level,
+        max_batch_prefill_tokens=prefill,
+        attention=attention.backend,
+        prefill_chunking=attention.supports_chunking,
+    )
+    concurrent = inputs.max_num_seqs if inputs.max_num_seqs is not None else max(1, at_full, target) * sequences
+    engine_flags: dict[str, Any] = {
+        "model-id": model_argument(spec),
+        "num-shard": tp,
+        "max-input-tokens": max_input,
+        "max-total-tokens": length,
+        "max-batch-prefill-tokens": prefill,
+        "max-concurrent-requests": concurrent,
+        "cuda-memory-fraction": inputs.memory_fraction or budget.DEFAULT_CUDA_MEMORY_FRACTION,
+    }
+    if kv_flag:
+        engine_flags["kv-cache-dtype"] = kv_flag
+    warnings = _warnings(inputs, notes)
+    return Plan(
+        inputs=inputs,
+        memory=tuple(memory),
+        kv_cache_bytes=kv_bytes,
+        capacity=capacity,
+        flags=engine_flags,
+        program=inputs.launcher or flags.PROGRAM,
+        args=tuple(flag_args(engine_flags)),
+        image=flags.image(gpu.vendor),
+        port=flags.PORT,
+        verdict=_verdict(inputs, memory, kv_bytes, pool, capacity, max_input, attention),
+        warnings=tuple(warnings),
+        notes=tuple(notes),
+    )
+
+
+def _refuse_other_engines_options(inputs: PlanInputs) -> None:
+    if inputs.device != "gpu":
+        raise UsageError("--device cpu is for vLLM's CPU build; TGI plans are for GPUs")
+    for name, value in (
+        ("--kv-cache-memory-bytes", inputs.kv_cache_memory_bytes),
+        ("--block-size", inputs.block_size),
+        ("--max-queued", inputs.max_queued),
+    ):
+        if value is not None:
+            raise UsageError(f"{name} is a vLLM option; TGI sizes its KV pool itself (use --cuda-memory-fraction)")
+    if inputs.guard:
+        raise UsageError("--guard adds vLLM's KV-guard scheduler; TGI has no scheduler plugin (use the kvops proxy)")
+
+
+def _prefill(inputs: PlanInputs, attention: budget.Attention, model_limit: int) -> int:
+    prefill = inputs.batched_tokens or min(budget.default_prefill(inputs.spec), model_limit)
+    if not attention.supports_chunking and inputs.batched_tokens is None:
+        # Without prefill chunking a whole prompt must fit one prefill batch: size the warmup for the longest prompt.
+        given = inputs.max_input_tokens or (inputs.max_model_len - 1 if isinstance(inputs.max_model_len, int) else None)
+        prefill = max(prefill, given or 0)
+    return prefill
+
+
+def _max_total_tokens(
+    inputs: PlanInputs, pool: budget.TgiPool, model_limit: int, sequences: int, notes: list[str]
+) -> int:
+    if inputs.max_model_len == "auto":
+        target = inputs.concurrency if isinstance(inputs.concurrency, int) else 1
+        notes.append(
+            f"--max-model-len auto: the longest max-total-tokens at which {target} request(s) stay under the warn level ({inputs.warn_level:.0%} of {pool.usable_blocks} usable blocks)"
+        )
+        blocks = floor(inputs.warn_level * pool.usable_blocks / sequences)
+        return min(model_limit, blocks * pool.block_size + 1) if blocks else 0
+    if isinstance(inputs.max_model_len, int):
+        return inputs.max_model_len
+    return min(model_limit, pool.max_batch_total_tokens) if pool.max_batch_total_tokens > 1 else model_limit
+
+
+def _reservation(workload: Workload, length: int) -> int:
+    if workload.total_tokens is None:
+        return max(1, length - 1)  # the worst request: max input plus one new token, or short input plus many
+    return max(1, budget.reservation_tokens(workload.prompt_tokens or 0, workload.gen_tokens or 0))
+
+
+def _warnings(inputs: PlanInputs, notes: list[str]) -> list[str]:
+    spec = inputs.spec
+    if spec.sliding_window:
+        notes.append(
+            f"{spec.name} has sliding-window layers (window {spec.sliding_window}): TGI still reserves and caches the full context for every request (Model.info window_size None)"
+        )
+    if inputs.workload.sequences > 1:
+        notes.append(
+            f"{inputs.workload.sequences} sequences per request: TGI's best_of runs each as an independent request with its own full reservation and concurrency permit"
+        )
+    notes.append(
+        f"each request reserves input + min(max_new_tokens, {budget.DEFAULT_GENERATION_LENGTH}) tokens up front; TGI never preempts, requests wait in the queue"
+    )
+    notes.append(
+        f'--max-batch-total-tokens is not emitted: TGI ignores it on flash models ("{flags.MAX_BATCH_TOTAL_TOKENS_IGNORED}") and sizes the pool from free memory'
+    )
+    fraction = inputs.memory_fraction or 1.0
+    total = common.device_total(inputs)
+    spare = floor(total * fraction) - floor(total * fraction * budget.TGI_WIGGLE_ROOM)
+    graphs = common.CUDA_GRAPH_ESTIMATE
+    if graphs > spare:
+        return [
+            f"CUDA graphs (~{format_bytes(graphs)}, captured after the KV pool) may not fit in the {format_bytes(spare)} TGI_WIGGLE_ROOM leaves: consider --cuda-graphs 0"
+        ]
+    return []
+
+
+def _verdict(
+    inputs: PlanInputs,
+    memory: list,
+    kv_bytes: int,
+    pool: budget.TgiPool,
+    capacity: TgiCapacity,
+    max_input: int,
+    attention: budget.Attention,
+) -> Verdict | None:
+    block_bytes = capacity.kv_bytes_per_token * attention.block_size
+    length, prefill = capacity.max_model_len, capacity.max_batch_prefill_tokens
+    terms = {term.name: term.bytes for term in memory}
+    if kv_bytes <= 0 or length == 0:
+        others = sum(terms.get(name, 0) for name in ("weights", "activation", "non_torch", "overhead"))
+        return Verdict(
+            f"weights and warmup need {format_bytes(others)} per shard but TGI may use {format_bytes(terms['budget'])}; nothing is left for the KV cache",
+            others + block_bytes * 2,
+            terms["budget"],
+            states_need=True,
+        )
+    errors = flags.validation_errors(
+        max_input, length, prefill, pool.max_batch_total_tokens, attention.supports_chunking
+    )
+    if errors:
+        need = -(-length // attention.block_size) * block_bytes
+        return Verdict(
+            f"TGI would refuse to start: {errors[0]} (the KV pool holds {pool.max_batch_total_tokens} tokens = {format_bytes(kv_bytes)})",
+            max(need, prefill * capacity.kv_bytes_per_token),
+            kv_bytes,
+        )
+    under_warn, per_request, reservation = (
+        capacity.requests_under_warn,
+        capacity.blocks_per_request,
+        capacity.reservation_tokens_per_request,
+    )
+    if isinstance(inputs.concurrency, int) and inputs.concurrency > under_warn:
+        need = (ceil(inputs.concurrency * per_request / inputs.warn_level) + 1) * block_bytes
+        return Verdict(
+            f"{inputs.concurrency} concurrent requests reserving {reservation} tokens each need {format_bytes(need)} of KV cache with the {inputs.warn_level:.0%} warn level; the plan has {format_bytes(kv_bytes)} ({under_warn} requests under the warn level)",
+            need,
+            kv_bytes,
+            states_need=True,
+        )
+    if inputs.concurrency == "auto" and under_warn < 1:
+        return Verdict(
+            f"not one request reserving {reservation} tokens stays under the warn level",
+            ceil(per_request / inputs.warn_level + 1) * block_bytes,
+            kv_bytes,
+        )
+    return None
+
+
+# --- the ways out this engine offers --------------------------------------------------------------------
+
+
+def kv_dtype_ways(inputs: PlanInputs) -> list[str]:
+    """TGI's --kv-cache-dtype takes fp8 only."""
+    return ["fp8"]

@@ -1,0 +1,31 @@
+"""What a TGI run states about its own launch (the launcher's `Args { ... }` dump and its startup lines): the
+deployment options that predict that very run (`kvops calibrate --tgi-log`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvops.deployment import DeploymentOptions
+from kvops.engines.tgi.flags import KV_DTYPE_OF_FLAG
+from kvops.engines.tgi.logs import TgiLog
+
+
+def stated_options(log: TgiLog) -> DeploymentOptions:
+    args = log.args
+    options: dict[str, Any] = {"engine": "tgi"}
+    if args.get("model_id"):
+        options["model"] = args["model_id"]
+    shards = args.get("num_shard") or log.get("num_shard")
+    if shards:
+        options["tp"] = shards
+    if args.get("cuda_memory_fraction"):
+        options["memory_fraction"] = args["cuda_memory_fraction"]
+    prefill = args.get("max_batch_prefill_tokens") or log.get("max_batch_prefill_tokens")
+    if prefill:
+        options["batched_tokens"] = prefill
+    total = args.get("max_total_tokens") or log.get("max_total_tokens")
+    if total:
+        options["max_model_len"] = total
+    if args.get("kv_cache_dtype") in KV_DTYPE_OF_FLAG:
+        options["kv_dtype"] = KV_DTYPE_OF_FLAG[args["kv_cache_dtype"]]
+    return DeploymentOptions.stated(**options)

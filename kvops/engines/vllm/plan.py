@@ -1,0 +1,363 @@
+"""The vLLM plan: the memory budget (budget.py), the KV cache layout and pool (layout.py), the batch the workload
+needs, the `vllm serve` flags, and whether it fits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from math import ceil, floor
+from typing import Any
+
+from kvops.dtypes import KvDtype, resolve_kv_dtype
+from kvops.engines import common
+from kvops.engines.flags import flag_args
+from kvops.engines.vllm import budget, flags, layout
+from kvops.errors import UsageError
+from kvops.plan import Plan, PlanInputs, Term, Verdict, WayOut, model_argument
+from kvops.units import format_bytes
+from kvops.workload import Workload
+
+
+@dataclass(frozen=True)
+class VllmCapacity:
+    """The plan's KV pool as vLLM sizes it, and the planned workload in it."""
+
+    num_blocks: int
+    usable_blocks: int
+    block_size: int
+    bytes_per_block: int
+    kv_cache_groups: int
+    kv_cache_size_tokens: int  # vLLM's 'GPU KV cache size': max concurrency x max-model-len
+    max_model_len: int
+    blocks_per_request_at_max_model_len: int
+    max_concurrency: float
+    tokens_per_request: int
+    blocks_per_request: int
+    requests_under_warn: int
+    requests_at_full: int
+    warn_level: float
+    max_num_batched_tokens: int
+    max_in_flight_tokens: int
+    replicas: int
+
+    @property
+    def kv_tokens(self) -> int:
+        return self.kv_cache_size_tokens
+
+    @property
+    def request_tokens(self) -> int:
+        return self.tokens_per_request
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "num_blocks": self.num_blocks,
+            "usable_blocks": self.usable_blocks,
+            "block_size": self.block_size,
+            "bytes_per_block": self.bytes_per_block,
+            "kv_cache_groups": self.kv_cache_groups,
+            "kv_tokens": self.kv_cache_size_tokens,
+            "kv_cache_size_tokens": self.kv_cache_size_tokens,
+            "max_model_len": self.max_model_len,
+            "blocks_per_request_at_max_model_len": self.blocks_per_request_at_max_model_len,
+            "max_concurrency": self.max_concurrency,
+            "tokens_per_request": self.tokens_per_request,
+            "blocks_per_request": self.blocks_per_request,
+            "requests_under_warn": self.requests_under_warn,
+            "requests_at_full": self.requests_at_full,
+            "warn_level": self.warn_level,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            "max_in_flight_tokens": self.max_in_flight_tokens,
+            "replicas": self.replicas,
+        }
+
+    def lines(self) -> list[str]:
+        warn = f"{self.warn_level:.0%}"
+        return [
+            f"blocks           {self.num_blocks:,} of {self.block_size} tokens ({self.usable_blocks:,} usable; block 0 is the null block), {format_bytes(self.bytes_per_block)} each",
+            f"KV tokens        {self.kv_cache_size_tokens:,} (vLLM's 'KV cache size': max concurrency x max-model-len)",
+            f"max concurrency  {self.max_concurrency:.2f}x at max-model-len {self.max_model_len:,} ({self.blocks_per_request_at_max_model_len} blocks per request)",
+            f"workload         {self.tokens_per_request:,} tokens per request, {self.blocks_per_request} blocks: {self.requests_under_warn} requests under the warn level ({warn}), {self.requests_at_full} at 100%",
+            f"batching         max-num-batched-tokens {self.max_num_batched_tokens:,}, {self.max_in_flight_tokens:,} tokens in flight",
+        ]
+
+
+@dataclass
+class _Draft:
+    """What the plan collects on its way: the memory, its notes and warnings."""
+
+    inputs: PlanInputs
+    memory: list[Term]
+    kv_bytes: int
+    warnings: list[str]
+    notes: list[str]
+
+    def plan(self, capacity: VllmCapacity | None, engine_flags: dict[str, Any], verdict: Verdict | None) -> Plan:
+        inputs = self.inputs
+        return Plan(
+            inputs=inputs,
+            memory=tuple(self.memory),
+            kv_cache_bytes=self.kv_bytes,
+            capacity=capacity,
+            flags=engine_flags,
+            program=inputs.launcher or flags.PROGRAM,
+            args=tuple(flag_args(engine_flags)),
+            image=flags.image(inputs.gpu.vendor if inputs.gpu else None),
+            port=flags.PORT,
+            verdict=verdict,
+            warnings=tuple(self.warnings),
+            notes=tuple(self.notes),
+        )
+
+
+def plan_once(inputs: PlanInputs) -> Plan:
+    """The vLLM plan for these inputs, fitting or not (no ways out: the planner searches those)."""
+    spec, device, tp = inputs.spec, inputs.device, inputs.tp
+    if device not in budget.DEVICES:
+        raise UsageError(f"--device {device!r}; valid: {', '.join(budget.DEVICES)}")
+    dtype = resolve_kv_dtype(inputs.kv_dtype, spec.dtype)
+    kv_flag = flags.kv_cache_dtype(dtype, spec.dtype, device)
+    block_size = inputs.block_size or layout.default_block_size(spec, device)
+    kv_layout = layout.kv_layout(spec, dtype, tp, block_size)
+    model_limit = common.model_limit(spec)
+    fixed_len = inputs.max_model_len if isinstance(inputs.max_model_len, int) else model_limit
+    gpu = inputs.gpu
+    defaults = budget.batch_defaults(device, gpu.memory_bytes if gpu else None, gpu.name if gpu else "", tp)
+    batched, default_seqs = budget.resolve_batch(defaults, fixed_len, inputs.batched_tokens, inputs.max_num_seqs)
+    in_flight = budget.max_in_flight_tokens(batched, device)
+    requested_seqs = inputs.concurrency * inputs.workload.sequences if isinstance(inputs.concurrency, int) else 0
+    memory, kv_bytes, warnings = budget.memory_terms(inputs, batched, max(default_seqs, requested_seqs))
+    draft = _Draft(inputs, memory, kv_bytes, warnings, [])
+    draft.notes.append(
+        f"KV cache layout: {kv_layout.describe()}, {format_bytes(kv_layout.bytes_per_block)} per block of {block_size} tokens ({kv_layout.bytes_per_block} B)"
+    )
+    if kv_layout.padding_layers:
+        draft.warnings.append(
+            f"vLLM pads {kv_layout.padding_layers} layer slot(s) to even out its KV cache groups: that share of each block holds nothing"
+        )
+    if inputs.max_model_len == "auto":
+        length = _auto_length(draft, kv_layout, model_limit, in_flight)
+        if length == 0:
+            target = inputs.concurrency if isinstance(inputs.concurrency, int) else 1
+            problem = f"not even 1 token per sequence fits for {target} sequence(s) under the warn level"
+            failed = draft.plan(None, {}, Verdict(problem, kv_layout.bytes_per_block * (target + 1), kv_bytes))
+            return replace(failed, warn_estimates=False)
+    else:
+        length = fixed_len
+    pool = layout.pool(kv_layout, max(kv_bytes, 0), length, in_flight)
+    tokens = _request_tokens(inputs.workload, length)
+    prompt = inputs.workload.prompt_tokens if inputs.workload.prompt_tokens is not None else tokens
+    per_request = kv_layout.blocks_held(min(prompt, tokens), tokens, inputs.workload.sequences)
+    under_warn = floor(inputs.warn_level * pool.usable_blocks / per_request) if per_request else 0
+    capacity = VllmCapacity(
+        num_blocks=pool.num_blocks,
+        usable_blocks=pool.usable_blocks,
+        block_size=block_size,
+        bytes_per_block=kv_layout.bytes_per_block,
+        kv_cache_groups=len(kv_layout.groups),
+        kv_cache_size_tokens=pool.kv_cache_size_tokens,
+        max_model_len=length,
+        blocks_per_request_at_max_model_len=pool.blocks_per_request,
+        max_concurrency=round(pool.max_concurrency, 4),
+        tokens_per_request=tokens,
+        blocks_per_request=per_request,
+        requests_under_warn=under_warn,
+        requests_at_full=pool.usable_blocks // per_request if per_request else 0,
+        warn_level=inputs.warn_level,
+        max_num_batched_tokens=batched,
+        max_in_flight_tokens=in_flight,
+        replicas=inputs.replicas,
+    )
+    seqs = _max_num_seqs(draft, under_warn, defaults)
+    engine_flags = _flags(inputs, length, kv_bytes, seqs, batched, block_size, kv_flag)
+    _warnings(draft, kv_layout, dtype, capacity)
+    return draft.plan(capacity, engine_flags, _verdict(draft, kv_layout, pool, capacity))
+
+
+def _auto_length(draft: _Draft, kv_layout: layout.KVCacheLayout, model_limit: int, in_flight: int) -> int:
+    """--max-model-len auto: the longest context at which the wanted concurrency stays under the warn level."""
+    inputs = draft.inputs
+    usable = max(0, kv_layout.num_blocks(draft.kv_bytes) - 1) if draft.kv_bytes > 0 else 0
+    target = inputs.concurrency if isinstance(inputs.concurrency, int) else 1
+    draft.notes.append(
+        f"--max-model-len auto: the longest context at which {target} sequence(s) stay under the warn level ({inputs.warn_level:.0%} of {usable} usable blocks)"
+    )
+    if not usable:
+        return 0
+    longest = layout.longest_context(kv_layout, inputs.warn_level * usable, target, in_flight, model_limit)
+    return min(model_limit, longest)
+
+
+def _request_tokens(workload: Workload, length: int) -> int:
+    total = workload.total_tokens
+    return length if total is None else min(total, length)
+
+
+def _max_num_seqs(draft: _Draft, under_warn: int, defaults: budget.BatchDefaults) -> int:
+    inputs = draft.inputs
+    seqs_per_request = inputs.workload.sequences
+    if inputs.max_num_seqs is not None:
+        if inputs.max_num_seqs > under_warn * seqs_per_request:
+            draft.warnings.append(
+                f"--max-num-seqs {inputs.max_num_seqs} lets more sequences run than stay under the warn level ({under_warn * seqs_per_request}): expect KV pressure and preemptions"
+            )
+        return inputs.max_num_seqs
+    if under_warn < 1:
+        draft.warnings.append(
+            f"not one request of the expected size stays under the warn level ({inputs.warn_level:.0%}): the watcher will degrade the service from the first long request"
+        )
+    wanted = max(1, under_warn) * seqs_per_request
+    if isinstance(inputs.concurrency, int):
+        return max(min(wanted, defaults.max_num_seqs), inputs.concurrency * seqs_per_request)
+    if wanted > defaults.max_num_seqs:
+        draft.notes.append(
+            f"max-num-seqs capped at vLLM's default for this device ({defaults.max_num_seqs}; {defaults.rule}); {wanted} sequences would stay under the warn level"
+        )
+        return defaults.max_num_seqs
+    return wanted
+
+
+def _flags(
+    inputs: PlanInputs, length: int, kv_bytes: int, seqs: int, batched: int, block_size: int, kv_flag: str
+) -> dict[str, Any]:
+    pinned = inputs.kv_cache_memory_bytes is not None
+    utilization = (
+        None if pinned and inputs.device == "cpu" else (inputs.memory_fraction or budget.DEFAULT_GPU_MEMORY_UTILIZATION)
+    )
+    engine_flags: dict[str, Any] = {
+        "model": model_argument(inputs.spec),
+        "tensor-parallel-size": inputs.tp,
+        "data-parallel-size": inputs.replicas if inputs.replicas > 1 else None,
+        "max-model-len": length,
+        "gpu-memory-utilization": utilization,
+        "kv-cache-memory-bytes": kv_bytes if pinned else None,
+        "max-num-seqs": seqs,
+        "max-num-batched-tokens": batched,
+        "block-size": block_size,
+        "kv-cache-dtype": kv_flag,
+        "enforce-eager": True if inputs.enforce_eager else None,
+        "scheduler-cls": flags.GUARD_SCHEDULER if inputs.guard is not False else None,
+        "max-num-queued-reqs": inputs.max_queued,
+    }
+    return {name: value for name, value in engine_flags.items() if value is not None}
+
+
+def _warnings(draft: _Draft, kv_layout: layout.KVCacheLayout, dtype: KvDtype, capacity: VllmCapacity) -> None:
+    inputs = draft.inputs
+    spec, length = inputs.spec, capacity.max_model_len
+    if spec.max_position_embeddings and length > spec.max_position_embeddings:
+        draft.warnings.append(
+            f"--max-model-len {length} exceeds {spec.name}'s max_position_embeddings {spec.max_position_embeddings}; vLLM refuses it unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1"
+        )
+    total = inputs.workload.total_tokens
+    if total is not None and total > length:
+        draft.warnings.append(
+            f"requests of {total} tokens (prompt + gen) exceed --max-model-len {length}: vLLM rejects them"
+        )
+    windows = sorted({group.window for group in kv_layout.groups if group.kind == "sliding" and group.window})
+    if windows:
+        draft.notes.append(
+            f"sliding-window layers (window {', '.join(map(str, windows))}) hold about window + {capacity.max_in_flight_tokens} tokens in flight per request, not the whole context"
+        )
+    if dtype.is_quantized and dtype.scales == "per_token_head":
+        draft.warnings.append(f"--kv-dtype {dtype.name}: {common.QUALITY_WARNING}")
+    if spec.num_kv_heads < inputs.tp and not spec.is_mla:
+        draft.notes.append(
+            f"tp {inputs.tp} > {spec.num_kv_heads} KV heads: each KV head is replicated on {inputs.tp // spec.num_kv_heads} ranks, per-GPU KV does not shrink further"
+        )
+    if inputs.workload.sequences > 1:
+        draft.notes.append(
+            f"{inputs.workload.sequences} sequences per request (n x beams): vLLM runs each as its own request; with prefix caching the prompt's full blocks are shared"
+        )
+
+
+def _verdict(
+    draft: _Draft, kv_layout: layout.KVCacheLayout, pool: layout.Pool, capacity: VllmCapacity
+) -> Verdict | None:
+    inputs, kv = draft.inputs, draft.kv_bytes
+    terms = {term.name: term.bytes for term in draft.memory}
+    if kv <= 0:
+        others = sum(terms.get(name, 0) for name in ("weights", "activation", "non_torch", "cuda_graphs", "overhead"))
+        have = terms["requested"]
+        total = common.device_total(inputs)
+        utilization = inputs.memory_fraction or budget.DEFAULT_GPU_MEMORY_UTILIZATION
+        return Verdict(
+            f"weights and overheads need {format_bytes(others)} per GPU but vLLM may use {format_bytes(have)} ({utilization:g} of {format_bytes(total)}); nothing is left for the KV cache",
+            others + kv_layout.bytes_per_block * (pool.blocks_per_request + 1),
+            have,
+            states_need=True,
+        )
+    if terms.get("headroom", 0) < 0:
+        total = common.device_total(inputs)
+        need = total - terms["headroom"]
+        return Verdict(
+            f"weights, overheads and the pinned {format_bytes(kv)} KV cache need {format_bytes(need)} per GPU; the device has {format_bytes(total)}",
+            need,
+            total,
+            states_need=True,
+        )
+    if not pool.fits_one_request:
+        need = layout.kv_bytes_needed(kv_layout, pool.blocks_per_request)
+        return Verdict(
+            f"one request at --max-model-len {pool.max_model_len} needs {pool.blocks_per_request} blocks = {format_bytes(need)} of KV cache; {format_bytes(kv)} holds {pool.usable_blocks} usable blocks (vLLM would refuse to start: 'To serve at least one request with the model's max seq len')",
+            need,
+            kv,
+            states_need=True,
+        )
+    per_request, under_warn = capacity.blocks_per_request, capacity.requests_under_warn
+    if isinstance(inputs.concurrency, int) and inputs.concurrency > under_warn:
+        blocks = ceil(inputs.concurrency * per_request / inputs.warn_level)
+        need = layout.kv_bytes_needed(kv_layout, blocks)
+        return Verdict(
+            f"{inputs.concurrency} concurrent requests of {capacity.tokens_per_request} tokens need {inputs.concurrency * per_request} blocks, {blocks} with the {inputs.warn_level:.0%} warn level = {format_bytes(need)} of KV cache; the plan has {format_bytes(kv)} ({pool.usable_blocks} usable blocks: {under_warn} requests under the warn level)",
+            need,
+            kv,
+            states_need=True,
+        )
+    if inputs.concurrency == "auto" and under_warn < 1:
+        need = layout.kv_bytes_needed(kv_layout, ceil(per_request / inputs.warn_level))
+        return Verdict(
+            f"not one request of {capacity.tokens_per_request} tokens stays under the warn level ({per_request} blocks of {pool.usable_blocks})",
+            need,
+            kv,
+        )
+    return None
+
+
+# --- the ways out this engine offers --------------------------------------------------------------------
+
+PCIE_BYTES_PER_SECOND = 25 * 10**9  # PCIe 4.0 x16, what host<->GPU copies reach in practice (an estimate)
+
+
+def kv_dtype_ways(inputs: PlanInputs) -> list[str]:
+    """The quantized KV dtypes to try, in the planner's order: the CPU build's attention takes fp8 only."""
+    return ["fp8"] if inputs.device == "cpu" else ["fp8", "int8", "int4"]
+
+
+def offload_ways(inputs: PlanInputs, failed: Plan) -> list[WayOut]:
+    """Host memory instead of GPU memory: weights (UVA) or evicted KV blocks; described, not re-planned."""
+    if inputs.device != "gpu" or failed.need_bytes is None or failed.have_bytes is None:
+        return []
+    short = max(0, failed.need_bytes - max(failed.have_bytes, 0))
+    if short <= 0:
+        return []
+    gib = ceil(short / (1 << 30))
+    seconds = gib * (1 << 30) / PCIE_BYTES_PER_SECOND
+    weights = failed.term("weights")
+    options = []
+    if weights and gib * (1 << 30) < weights.bytes:
+        options.append(
+            WayOut(
+                f"--cpu-offload-gb {gib}",
+                None,
+                f"moves {gib} GiB of weights per GPU to host memory (UVA), freeing it for KV; every forward step streams them over PCIe: ~{seconds * 1000:.0f} ms per step at ~25 GB/s (an estimate)",
+                "decode slows by that much on every token",
+            )
+        )
+    options.append(
+        WayOut(
+            f"--kv-offloading-size {gib * inputs.tp} --kv-offloading-backend native",
+            None,
+            f"keeps {gib * inputs.tp} GiB (all TP ranks) of evicted KV blocks in host memory, so preempted and repeated prefixes reload over PCIe (~{seconds * 1000:.0f} ms per {gib} GiB) instead of being recomputed; it does not raise how many sequences run at once",
+            f"costs {gib * inputs.tp} GiB of host RAM",
+        )
+    )
+    return options

@@ -1,0 +1,114 @@
+"""The planner: one deployment in, its plan out; when the workload does not fit, the ways out, each re-planned.
+
+Engine-neutral: each engine's adapter (`kvops.engines.get(name)`) computes a plan and says which changes it
+supports (quantized KV dtypes, data-parallel replicas, offloading); the search over them is here. Pure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from math import ceil
+
+from kvops import engines
+from kvops.dtypes import resolve_kv_dtype
+from kvops.engines import common
+from kvops.errors import KvopsError, UsageError
+from kvops.formula import check_tp
+from kvops.gpus import gpu_catalog
+from kvops.plan import Plan, PlanInputs, WayOut
+
+TENSOR_PARALLEL_SIZES = (2, 4, 8)
+
+
+def plan(inputs: PlanInputs) -> Plan:
+    """Plan one deployment; when it does not fit, also compute the ways out."""
+    result = predict(inputs)
+    if result.fits:
+        return result
+    return replace(result, ways_out=tuple(ways_out(inputs, result)))
+
+
+def predict(inputs: PlanInputs) -> Plan:
+    """The plan alone, without searching for ways out (calibration, sweeps, ways out themselves)."""
+    engine = engines.get(inputs.engine)
+    if inputs.devices % inputs.tp:
+        raise UsageError(f"--gpus {inputs.devices} is not a multiple of --tp {inputs.tp}: each replica takes tp GPUs")
+    return engine.plan_once(inputs)
+
+
+def ways_out(inputs: PlanInputs, failed: Plan) -> list[WayOut]:
+    """Re-plan with each change a user can make; report what each one gives."""
+    engine = engines.get(inputs.engine)
+    options: list[WayOut] = []
+    if resolve_kv_dtype(inputs.kv_dtype, inputs.spec.dtype).bits >= 16:
+        for name in engine.kv_dtype_ways(inputs):
+            options.append(_try(f"--kv-dtype {name}", replace(inputs, kv_dtype=name), common.QUALITY_WARNING))
+    if not isinstance(inputs.max_model_len, str) and not isinstance(inputs.concurrency, str):
+        options.append(_try("--max-model-len auto", replace(inputs, max_model_len="auto")))
+    if isinstance(inputs.concurrency, int):
+        options.append(_try("--concurrency auto", replace(inputs, concurrency="auto")))
+    options += _more_tensor_parallel(inputs)
+    if engine.data_parallel:
+        options += _more_replicas(inputs, failed)
+    options += _larger_gpu(inputs)
+    options += engine.offload_ways(inputs, failed)
+    return options
+
+
+def _try(change: str, changed: PlanInputs, warning: str | None = None) -> WayOut:
+    try:
+        result = predict(changed)
+    except KvopsError as exc:
+        return WayOut(change, False, str(exc), warning)
+    if not result.fits:
+        return WayOut(change, False, f"still does not fit: {result.problem}", warning, replanned=True)
+    cap = result.capacity
+    assert cap is not None  # a plan that fits has sized its pool
+    summary = f"fits: {cap.kv_tokens:,} KV tokens, {cap.requests_under_warn} requests of {cap.request_tokens} tokens under the warn level, max-model-len {cap.max_model_len}"
+    return WayOut(change, True, summary, warning, result.flags, replanned=True)
+
+
+def _more_tensor_parallel(inputs: PlanInputs) -> list[WayOut]:
+    """Each larger tensor-parallel size the model's heads split by, up to the first that fits."""
+    options = []
+    for tp in TENSOR_PARALLEL_SIZES:
+        if tp <= inputs.tp:
+            continue
+        try:
+            check_tp(inputs.spec, tp)
+        except KvopsError:
+            continue
+        option = _try(f"--tp {tp}", replace(inputs, tp=tp, gpus=tp * inputs.replicas))
+        options.append(option)
+        if option.fits:
+            break
+    return options
+
+
+def _more_replicas(inputs: PlanInputs, failed: Plan) -> list[WayOut]:
+    """More data-parallel replicas: the same engine on more GPUs, the concurrency split between them."""
+    per_replica = failed.capacity.requests_under_warn if failed.capacity else 0
+    if not isinstance(inputs.concurrency, int) or per_replica < 1 or inputs.concurrency <= per_replica:
+        return []
+    factor = ceil(inputs.concurrency / per_replica)
+    gpus = inputs.devices * factor
+    share = ceil(inputs.concurrency / factor)
+    option = _try(f"--gpus {gpus}", replace(inputs, gpus=gpus, concurrency=share))
+    if option.fits:
+        option = replace(
+            option,
+            result=f"fits: {gpus // inputs.tp} replicas of tp {inputs.tp}, {share} of the {inputs.concurrency} requests each ({per_replica} fit one replica under the warn level)",
+        )
+    return [replace(option, replicas=gpus // inputs.tp, concurrency_per_replica=share)]
+
+
+def _larger_gpu(inputs: PlanInputs) -> list[WayOut]:
+    """The smallest catalog GPU with more memory on which the plan fits."""
+    if inputs.gpu is None or inputs.device != "gpu":
+        return []
+    current = inputs.gpu.memory_bytes
+    for gpu in sorted((gpu for gpu in gpu_catalog() if gpu.memory_bytes > current), key=lambda gpu: gpu.memory_bytes):
+        option = _try(f"--gpu {gpu.id}", replace(inputs, gpu=gpu, profile=None))
+        if option.fits:
+            return [option]
+    return []

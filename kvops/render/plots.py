@@ -1,0 +1,136 @@
+"""Figures, with matplotlib (imported here only): KV bytes against context length, the sweep's heatmaps."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from kvops.dtypes import KvDtype
+from kvops.formula import kv_cost
+from kvops.model.spec import ModelSpec
+from kvops.units import format_bytes
+
+if TYPE_CHECKING:
+    import pandas
+
+GIB = 1 << 30
+
+
+def context_points(longest: int) -> list[int]:
+    """Powers of two from 128 up to and including `longest`."""
+    points, count = [], 128
+    while count < longest:
+        points.append(count)
+        count *= 2
+    return points + [longest]
+
+
+def plot_kv(
+    specs: list[ModelSpec],
+    *,
+    dtype_for: dict[str, KvDtype],
+    batches: list[int],
+    longest: int,
+    tp: int,
+    gpu_memory: int | None,
+    out: str,
+) -> None:
+    """One colour per model, one line style per batch: KV GiB against tokens, both axes log2.
+
+    Sliding windows show as plateaus (a dotted line marks a window every layer shares).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(9, 5.5), dpi=120)
+    points = context_points(longest)
+    styles = ["-", "--", ":", "-."]
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for index, spec in enumerate(specs):
+        dtype = dtype_for[spec.name]
+        color = colors[index % len(colors)]
+        attention = (
+            "MLA"
+            if spec.is_mla
+            else ("MHA" if spec.num_kv_heads == spec.num_attention_heads else f"GQA {spec.num_kv_heads} KV heads")
+        )
+        for batch_index, batch in enumerate(batches):
+            values = [kv_cost(spec, tokens=t, dtype=dtype, batch=batch, tp=tp).total_bytes / GIB for t in points]
+            axes.plot(
+                points,
+                values,
+                styles[batch_index % len(styles)],
+                color=color,
+                marker=".",
+                label=f"{spec.name} ({attention}, {dtype.name}) batch {batch}",
+            )
+        if spec.sliding_window and all(layer.kind == "sliding" for layer in spec.layers):
+            axes.axvline(spec.sliding_window, color=color, linewidth=0.6, linestyle=":")
+    if gpu_memory:
+        axes.axhline(gpu_memory / GIB, color="red", linewidth=1.2, label=f"GPU memory {format_bytes(gpu_memory)}")
+    axes.set_xscale("log", base=2)
+    axes.set_yscale("log", base=2)
+    axes.set_xlabel("cached tokens per sequence (T)")
+    axes.set_ylabel(f"KV cache per GPU (GiB), tp {tp}")
+    axes.set_title("KV cache = 2 x L x B x T x Hkv x D x s  (windows applied)")
+    axes.grid(True, which="both", alpha=0.3)
+    axes.legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(out)
+    plt.close(figure)
+
+
+def plot_sweep(frame: pandas.DataFrame, out: str, engine: str = "vllm", tp: int = 1) -> None:
+    """Heatmaps of KV tokens (log scale) per model and GPU at one tp, one panel per KV dtype; '-' = does not fit."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy
+    from matplotlib.colors import LogNorm
+
+    subset = frame[(frame.engine == engine) & (frame.tp == tp)]
+    dtypes = list(dict.fromkeys(subset.kv_dtype))
+    models = list(dict.fromkeys(subset.model))
+    gpus = list(dict.fromkeys(subset.sort_values("gpu_memory_bytes").gpu))
+    figure, axes = plt.subplots(
+        1,
+        len(dtypes),
+        figsize=(1.0 * len(gpus) * len(dtypes) + 4, 0.42 * len(models) + 2.5),
+        squeeze=False,
+        sharey=True,
+    )
+    for axis, dtype in zip(axes[0], dtypes):
+        table = (
+            subset[subset.kv_dtype == dtype]
+            .pivot_table(index="model", columns="gpu", values="kv_tokens", aggfunc="first")
+            .reindex(index=models, columns=gpus)
+        )
+        fits = (
+            subset[subset.kv_dtype == dtype]
+            .pivot_table(index="model", columns="gpu", values="fits", aggfunc="first")
+            .reindex(index=models, columns=gpus)
+        )
+        values = table.where(fits.astype(bool)).to_numpy(dtype=float)
+        masked = numpy.ma.masked_invalid(numpy.where(values > 0, values, numpy.nan))
+        image = axis.imshow(
+            masked,
+            aspect="auto",
+            cmap="viridis",
+            norm=LogNorm(vmin=1e3, vmax=max(1e4, numpy.nanmax(values) if numpy.isfinite(values).any() else 1e4)),
+        )
+        for (row, column), value in numpy.ndenumerate(values):
+            label = "-" if not numpy.isfinite(value) or value <= 0 else f"{value / 1000:.0f}k"
+            axis.text(
+                column, row, label, ha="center", va="center", fontsize=7, color="white" if label != "-" else "black"
+            )
+        axis.set_xticks(range(len(gpus)), gpus, rotation=60, ha="right", fontsize=8)
+        axis.set_yticks(range(len(models)), models, fontsize=8)
+        axis.set_title(
+            f"{engine} KV cache tokens at tp {tp}, KV dtype {dtype}" + (" (the model's)" if dtype == "auto" else "")
+        )
+        figure.colorbar(image, ax=axis, shrink=0.6, label="KV cache size (tokens)")
+    figure.tight_layout()
+    figure.savefig(out, dpi=110)
+    plt.close(figure)
