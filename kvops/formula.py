@@ -17,7 +17,7 @@ from kvops.dtypes import KvDtype
 from kvops.errors import UsageError
 from kvops.model.spec import LayerGroup, ModelSpec
 
-# One seed observes beam search costing 20-30% more than batch x beams; an estimate, never in the formula's figures.
+# Beam search is reported to cost 20-30% more than batch x beams; an estimate, never in the formula's figures.
 BEAM_SEARCH_OVERHEAD_ESTIMATE = (0.20, 0.30)
 
 
@@ -145,7 +145,7 @@ def check_tp(spec: ModelSpec, tp: int) -> None:
 
 
 def beam_search_estimate(total_bytes: int, beams: int) -> tuple[int, int] | None:
-    """The seed's observation that beam search costs 20-30% more than batch x beams: (low, high), or None for beams 1."""
+    """The reported +20-30% of beam search over batch x beams: (low, high), or None for beams 1."""
     if beams <= 1:
         return None
     low, high = BEAM_SEARCH_OVERHEAD_ESTIMATE
@@ -166,7 +166,7 @@ class MemoryFit:
     """How much cache a memory size holds."""
 
     memory_bytes: int
-    tokens: int  # cached tokens in all, at bytes_per_token each (the seed's arithmetic: no windows, no blocks)
+    tokens: int  # cached tokens in all, at bytes_per_token each (plain arithmetic: no windows, no blocks)
     tokens_per_sequence: int | None  # longest T for the whole batch, windows and blocks applied; None = unbounded
 
 

@@ -170,7 +170,6 @@ class Plan:
     ways_out: tuple[WayOut, ...] = ()
     warnings: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
-    warn_estimates: bool = True
 
     @property
     def engine(self) -> str:
@@ -203,7 +202,7 @@ class Plan:
     @property
     def estimates_warning(self) -> str | None:
         """The one warning every plan with estimated terms carries: which, and how to measure them instead."""
-        if not self.estimates or not self.warn_estimates:
+        if not self.estimates:
             return None
         items = ", ".join(f"{term.name} {format_bytes(term.bytes)}" for term in self.estimates)
         return f"estimates in this plan: {items}; {self.estimates[0].measure}"

@@ -14,7 +14,7 @@ from kvops.plan import PlanInputs, Term
 GiB = 1 << 30
 MiB = 1 << 20
 
-QUALITY_WARNING = "quantized KV costs quality on long generations (the seeds' warning): evaluate before serving"
+QUALITY_WARNING = "quantized KV costs quality on long generations: evaluate it on your own traffic before serving"
 
 CALIBRATE_HINT = "replace with measurements: run the engine once, `kvops calibrate --vllm-log LOG --save PROFILE`, then plan with --profile PROFILE"
 

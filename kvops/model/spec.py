@@ -1,6 +1,6 @@
 """What a model's KV cache is made of: a few small layer kinds, each knowing its own cost per token per GPU.
 
-The seed's formula, per layer:  bytes per token = 2 x Hkv_per_gpu x D x s  (K and V, KV heads on this GPU,
+The KV formula, per layer:  bytes per token = 2 x Hkv_per_gpu x D x s  (K and V, KV heads on this GPU,
 head dim, bytes per value). A sliding-window layer caches at most W tokens; an MLA layer caches one latent of
 kv_lora_rank + qk_rope_head_dim values per token, the same on every tensor-parallel rank.
 """

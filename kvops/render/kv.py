@@ -50,7 +50,7 @@ def kv_document(spec: ModelSpec, cost: KVCost, warnings: list[str], fit: MemoryF
         else {
             "low_bytes": estimate[0],
             "high_bytes": estimate[1],
-            "note": "a seed's observation (+20-30% over batch x beams), not part of total_bytes; "
+            "note": "an observation from practice (+20-30% over batch x beams), not part of total_bytes; "
             "HF transformers on an H200 measured beam search at exactly the greedy batch x beams figure",
         },
         "warnings": warnings,
@@ -102,7 +102,7 @@ def kv_text(spec: ModelSpec, cost: KVCost, fit: MemoryFit | None = None) -> str:
             (
                 "beam estimate",
                 f"{format_bytes(estimate[0])} - {format_bytes(estimate[1])}",
-                "seed's +20-30% observation, not in total",
+                "+20-30% seen in practice, not in total",
             )
         )
     if fit is not None:

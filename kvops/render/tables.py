@@ -1,4 +1,4 @@
-"""The seed calculator's table, built with pandas (imported here only, never on the `kvops kv` path)."""
+"""The KV table (token tax per batch, KV per context length), built with pandas (imported here only, never on the `kvops kv` path)."""
 
 from __future__ import annotations
 

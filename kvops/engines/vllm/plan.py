@@ -3,7 +3,7 @@ needs, the `vllm serve` flags, and whether it fits."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from math import ceil, floor
 from typing import Any
 
@@ -138,8 +138,7 @@ def plan_once(inputs: PlanInputs) -> Plan:
         if length == 0:
             target = inputs.concurrency if isinstance(inputs.concurrency, int) else 1
             problem = f"not even 1 token per sequence fits for {target} sequence(s) under the warn level"
-            failed = draft.plan(None, {}, Verdict(problem, kv_layout.bytes_per_block * (target + 1), kv_bytes))
-            return replace(failed, warn_estimates=False)
+            return draft.plan(None, {}, Verdict(problem, kv_layout.bytes_per_block * (target + 1), kv_bytes))
     else:
         length = fixed_len
     pool = layout.pool(kv_layout, max(kv_bytes, 0), length, in_flight)
