@@ -1,6 +1,9 @@
-"""The README's walkthrough, run as written: plan -> launch -> watch -> explain -> re-plan -> alerts on the CPU engine.
+"""The walkthrough (docs/walkthrough.md), run as written: plan -> launch -> watch -> explain -> re-plan -> alerts on
+the CPU engine.
 
-The block is taken from README.md verbatim; only its scratch folder (DEMO) moves to a temporary one.
+The block is taken from the page verbatim; only its scratch folder (DEMO) moves to a temporary one, and its two
+ports (18000 for the engine, 19400 for the watcher and its proxy) to free ones. The test holds 18000 and 19400 busy
+while it runs, as another program on a shared machine might: the walkthrough must not need them.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import pytest
 
 from tests.support.paths import REPO
 from tests.support.processes import checkout_env
+from tests.support.walkthrough import ENGINE_PORT, PORTS, holding, on_free_ports, walkthrough_block
 
 pytestmark = [
     pytest.mark.vllm,
@@ -25,35 +29,31 @@ pytestmark = [
     ),
 ]
 
-README = REPO / "README.md"
 
-
-def walkthrough_block() -> str:
-    section = README.read_text().split("\n## Walkthrough", 1)[1].split("\n## ", 1)[0]
-    return re.search(r"```sh\n(.*?)```", section, flags=re.S).group(1)
-
-
-def test_the_readme_walkthrough_runs_as_written(tmp_path):
+def test_the_walkthrough_runs_as_written_with_its_ports_busy(tmp_path):
     block = walkthrough_block()
     assert "DEMO=/tmp/kvops-demo" in block
-    script = tmp_path / "walkthrough.sh"
-    script.write_text("set -euo pipefail\n" + block.replace("DEMO=/tmp/kvops-demo", f"DEMO={tmp_path / 'demo'}"))
-    process = subprocess.Popen(
-        ["bash", str(script)],
-        cwd=README.parent,
-        env=checkout_env(HF_HUB_OFFLINE="1"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        output, _ = process.communicate(timeout=900)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)  # whatever the script started and did not stop
-    assert process.returncode == 0, output[-3000:]
+    with holding(PORTS):
+        block, moved = on_free_ports(block)
+        script = tmp_path / "walkthrough.sh"
+        script.write_text("set -euo pipefail\n" + block.replace("DEMO=/tmp/kvops-demo", f"DEMO={tmp_path / 'demo'}"))
+        process = subprocess.Popen(
+            ["bash", str(script)],
+            cwd=REPO,
+            env=checkout_env(HF_HUB_OFFLINE="1"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            output, _ = process.communicate(timeout=900)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)  # whatever the script started and did not stop
+    assert process.returncode == 0, f"ports {moved}\n" + output[-3000:]
     assert "blocks           32 of 128 tokens (31 usable; block 0 is the null block)" in output  # 1. plan
+    assert f"http://127.0.0.1:{moved[ENGINE_PORT]}" in output  # 5. explain read the engine on the port it was moved to
     assert "KV cache now" in output and re.search(
         r"^level +(ok|warn|degrade|critical)", output, flags=re.M
     )  # 5. explain
