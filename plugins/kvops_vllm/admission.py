@@ -7,13 +7,23 @@ tokens. In a paged cache each group holds whole blocks: ceil(tokens / block_size
 A sliding-window group frees the blocks that fall behind its window, so one request never holds more than the
 window less one token, plus the tokens scheduled but not yet processed (their blocks are freed only after the
 step settles), plus one block because the window rarely starts on a block boundary; vLLM sizes its pool and its
-own admission cap the same way (SlidingWindowSpec.max_admission_blocks_per_request).
+own admission cap the same way (SlidingWindowSpec.max_admission_blocks_per_request). Once its prompt is computed,
+a decoding request has one token in flight, so it holds at most ceil(window / block_size) + 1 blocks
+(`GroupShape.decode_blocks`), the figure `kvops plan` counts too.
+
+Guard v2 admits by the future peak of the whole batch (`future_peak`): every request's course through the pool,
+one token per step from what it holds now to its projected end (`Course`), then nothing; the batch's peak is
+the largest sum over future steps, far below the sum of the requests' own peaks when they finish at different
+times. Projected ends come from max_tokens when the length is known, or from the output lengths this engine
+produced recently (`OutputLengths`, a Kaplan-Meier survival curve: a request cut by its max_tokens says only
+that its natural length was longer).
 """
 
 from __future__ import annotations
 
-from bisect import bisect_left
-from collections.abc import Iterable, Sequence
+from bisect import bisect_left, bisect_right, insort
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from kvops.formula import token_slots
@@ -36,11 +46,18 @@ class GroupShape:
     block_size: int
     max_blocks: int | None = None  # blocks one request holds at most (groups that free blocks behind a window)
     window: int | None = None  # sliding window in tokens, for the log line
+    decode_blocks: int | None = None  # blocks it holds at most once its prompt is computed (one token in flight)
 
     def blocks(self, tokens: int) -> int:
         """Blocks one request of `tokens` cached tokens holds at its peak."""
         grown = whole_blocks(tokens, self.block_size)
         return grown if self.max_blocks is None else min(grown, self.max_blocks)
+
+    def cap(self, prefilling: bool) -> int | None:
+        """The most blocks one request holds in this group, while its prompt is computed or after."""
+        if prefilling or self.decode_blocks is None:
+            return self.max_blocks
+        return self.decode_blocks
 
     def describe(self) -> str:
         if self.window is not None:
@@ -80,3 +97,185 @@ def admissible_prefix(needs: Iterable[int], slack: int, idle: bool) -> int:
         slack -= need
         admitted += 1
     return admitted
+
+
+# --- guard v2: the future peak of the whole batch -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Course:
+    """One request's projected course through the pool: it holds `held` tokens once this step is scheduled, grows
+    by one token per step up to `end`, keeps its blocks `linger` steps more (outputs still in flight, steps lost
+    to prefills), then frees them all."""
+
+    held: int
+    end: int
+    linger: int = 0
+    prefilling: bool = False  # its prompt is still to be computed: a sliding window also holds the chunk in flight
+
+    @property
+    def last_step(self) -> int:
+        """The last future step (0 = this one) at which it still holds blocks."""
+        return max(self.end - self.held, 0) + self.linger
+
+
+def blocks_at(course: Course, shape: GroupShape, step: int) -> int:
+    """Blocks `course` holds in `shape`'s group at future `step`: the definition `future_peak` computes fast."""
+    if step > course.last_step:
+        return 0
+    grown = whole_blocks(min(course.held + step, course.end), shape.block_size)
+    cap = shape.cap(course.prefilling)
+    return grown if cap is None else min(grown, cap)
+
+
+def future_peak(courses: Sequence[Course], shapes: Sequence[GroupShape], delay: int = 0) -> int:
+    """max over future steps k of the blocks all `courses` hold at k, all groups together (they share one pool);
+    `delay` more steps of holding for every course (steps they may lose to a prefill taking the token budget).
+
+    Between two steps at which some request frees its blocks, every request only grows, so the maximum is at
+    some request's last step: only those are evaluated, each in O(log n) (`_usage_at_last_steps`), so the whole
+    is O(n log n) per group instead of n x steps.
+    """
+    if not courses:
+        return 0
+    steps = sorted({course.last_step + delay for course in courses}, reverse=True)
+    totals = [0] * len(steps)
+    for shape in shapes:
+        for index, used in enumerate(_usage_at_last_steps(courses, shape, steps, delay)):
+            totals[index] += used
+    return max(totals)
+
+
+def _usage_at_last_steps(courses: Sequence[Course], shape: GroupShape, steps: list[int], delay: int) -> list[int]:
+    """Blocks in use in one group at each of `steps` (descending), by a sweep from the far future back to now.
+
+    A course holds a plateau (its last block count) from the step it reaches it until its last step, and grows
+    before: ceil((held + k) / B) = q + K + [m >= B - j] with held + B - 1 = qB + m and k = KB + j, so the growing
+    courses sum to sum(q) + count x K + #(m >= B - j): a sorted list of the m answers the last term.
+    """
+    size = shape.block_size
+    entering: list[tuple[int, int]] = []  # (last step, plateau blocks)
+    growing: list[tuple[int, int, int, int]] = []  # (plateau start step, plateau, q, m)
+    for course in courses:
+        top = blocks_at(course, shape, course.last_step)
+        if top == 0:
+            continue
+        entering.append((course.last_step + delay, top))
+        start = (top - 1) * size + 1 - course.held
+        if start > 0:
+            q, m = divmod(course.held + size - 1, size)
+            growing.append((start, top, q, m))
+    entering.sort(reverse=True)
+    growing.sort(reverse=True)
+    plateau = growth_q = growth_count = 0
+    residues: list[int] = []
+    entered = moved = 0
+    used = []
+    for step in steps:
+        while entered < len(entering) and entering[entered][0] >= step:
+            plateau += entering[entered][1]
+            entered += 1
+        while moved < len(growing) and growing[moved][0] > step:
+            _, top, q, m = growing[moved]
+            plateau -= top
+            growth_q += q
+            growth_count += 1
+            insort(residues, m)
+            moved += 1
+        whole, part = divmod(step, size)
+        crossed = growth_count - bisect_left(residues, size - part)
+        used.append(plateau + growth_q + growth_count * whole + crossed)
+    return used
+
+
+def fitting_prefix(fits: Callable[[int], bool], count: int) -> int:
+    """The longest prefix 0..count of a queue for which `fits(n)` holds, `fits` being monotone (a longer prefix
+    never fits where a shorter one does not). Galloping from 1 (1, 2, 4, ...) then halving: a step that admits
+    nothing, the common case under load, costs one call; one that admits a items, O(log a)."""
+    if count == 0 or not fits(1):
+        return 0
+    low, high, stride = 1, count, 1
+    while low < high:
+        probe = min(high, low + stride)
+        if not fits(probe):
+            high = probe - 1
+            break
+        low, stride = probe, stride * 2
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle - 1)
+    return low
+
+
+class OutputLengths:
+    """The output lengths this engine produced recently, and the end they project for a request under way.
+
+    A Kaplan-Meier survival curve over the last `capacity` finished requests: a request that stopped (EOS, a
+    stop token or string, a client that went away) is an end at its length; one cut by its max_tokens (or the
+    model length) only says that its natural length was longer (censored). The projected end of a request that
+    has generated g tokens is the `quantile` of its length given that it passed g: the smallest t > g with
+    S(t) <= (1 - quantile) S(g). Where the curve never falls that low (too few long requests seen), or fewer
+    than `min_ends` ends were seen, there is no projection (None: the caller falls back to max_tokens).
+    """
+
+    def __init__(self, capacity: int = 1000, quantile: float = 0.95, min_ends: int = 32):
+        self.quantile = quantile
+        self.min_ends = min_ends
+        self._samples: deque[tuple[int, bool]] = deque(maxlen=capacity)
+        self._since_rebuild = 0
+        self._built = False
+        self._lengths: list[int] = []  # distinct lengths at which some request ended, ascending
+        self._survival: list[float] = []  # S(t) at each of them
+        self._ends = 0
+
+    def record(self, length: int, ended: bool) -> None:
+        """One finished request: `ended` when it stopped by itself, False when its limit cut it."""
+        self._samples.append((length, ended))
+        self._since_rebuild += 1
+
+    def projected_end(self, generated: int) -> int | None:
+        """Tokens the request will have generated when it ends, at the quantile, given `generated` so far."""
+        self._refresh()
+        if self._ends < self.min_ends:
+            return None
+        lengths, survival = self._lengths, self._survival
+        passed = bisect_right(lengths, generated)  # ends at or before `generated`: behind us
+        alive = survival[passed - 1] if passed else 1.0
+        if alive <= 0.0:
+            return None
+        target = (1.0 - self.quantile) * alive * (1 + 1e-9)  # products of fractions: spare them rounding
+        # survival is non-increasing: the first index at or after `passed` where it is <= target
+        low, high = passed, len(survival)
+        while low < high:
+            middle = (low + high) // 2
+            if survival[middle] <= target:
+                high = middle
+            else:
+                low = middle + 1
+        return lengths[low] if low < len(lengths) else None
+
+    def _refresh(self) -> None:
+        """Rebuild the curve once 5% of the window is new (and at the first query): O(n log n), rarely."""
+        if self._since_rebuild == 0 or (self._built and self._since_rebuild * 20 < len(self._samples)):
+            return
+        self._since_rebuild, self._built = 0, True
+        ordered = sorted(self._samples)
+        at_risk = len(ordered)
+        survival = 1.0
+        lengths: list[int] = []
+        curve: list[float] = []
+        index = 0
+        while index < len(ordered):
+            length = ordered[index][0]
+            ended = gone = 0
+            while index < len(ordered) and ordered[index][0] == length:
+                ended += ordered[index][1]
+                gone += 1
+                index += 1
+            if ended:
+                survival *= 1.0 - ended / at_risk
+                lengths.append(length)
+                curve.append(survival)
+            at_risk -= gone
+        self._lengths, self._survival = lengths, curve
+        self._ends = sum(ended for _, ended in ordered)
