@@ -102,7 +102,7 @@ def admissible_prefix(needs: Iterable[int], slack: int, idle: bool) -> int:
 # --- guard v2: the future peak of the whole batch -------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Course:
     """One request's projected course through the pool: it holds `held` tokens once this step is scheduled, grows
     by one token per step up to `end`, keeps its blocks `linger` steps more (outputs still in flight, steps lost
@@ -154,16 +154,21 @@ def _usage_at_last_steps(courses: Sequence[Course], shape: GroupShape, steps: li
     courses sum to sum(q) + count x K + #(m >= B - j): a sorted list of the m answers the last term.
     """
     size = shape.block_size
+    caps = {True: shape.cap(True), False: shape.cap(False)}
     entering: list[tuple[int, int]] = []  # (last step, plateau blocks)
     growing: list[tuple[int, int, int, int]] = []  # (plateau start step, plateau, q, m)
-    for course in courses:
-        top = blocks_at(course, shape, course.last_step)
+    for course in courses:  # blocks_at and last_step, inlined: this loop runs at every scheduling step
+        held, end = course.held, course.end
+        top = -(-end // size)
+        cap = caps[course.prefilling]
+        if cap is not None and cap < top:
+            top = cap
         if top == 0:
             continue
-        entering.append((course.last_step + delay, top))
-        start = (top - 1) * size + 1 - course.held
+        entering.append(((end - held if end > held else 0) + course.linger + delay, top))
+        start = (top - 1) * size + 1 - held
         if start > 0:
-            q, m = divmod(course.held + size - 1, size)
+            q, m = divmod(held + size - 1, size)
             growing.append((start, top, q, m))
     entering.sort(reverse=True)
     growing.sort(reverse=True)

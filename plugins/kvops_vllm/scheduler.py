@@ -109,8 +109,8 @@ class KVGuardScheduler(AsyncScheduler):
                 logger=logger,
                 fallback="levels from own KV usage" if config.levels == "own" else "no level",
             ).start()
-        self.last_peak = 0
         self._projected_at_admission: dict[str, int] = {}
+        self._fixed_ends: dict[str, int] = {}  # known lengths: the end tokens, computed once per request
         self._waited_for_kv: weakref.WeakSet[Request] = weakref.WeakSet()
         self._held_once: weakref.WeakSet[Request] = weakref.WeakSet()
         self._logged_counts = GuardCounts()
@@ -184,22 +184,19 @@ class KVGuardScheduler(AsyncScheduler):
         idle = not admitted
         if self.guard_config.admission == "reserve":
             return admissible_prefix(map(self.projected_blocks, candidates), self.kv_slack(), idle)
-        running = [self.course(request) for request in admitted]
-        waiting = [self.course(request) for request in candidates]
-        capacity = self.peak_capacity(running, admitted)
+        running, waiting = self.courses(admitted), self.courses(candidates)
+        capacity = self.peak_capacity(admitted)
         prefill = [_prefill_tokens(request) for request in admitted]
         prefill_waiting = [_prefill_tokens(request) for request in candidates]
-        decoding = sum(1 for tokens in prefill if tokens <= 1)
-        chunk = max(1, self.max_num_scheduled_tokens - decoding)
+        chunk = max(1, self.max_num_scheduled_tokens - sum(1 for tokens in prefill if tokens <= 1))
         backlog = sum(prefill)
 
-        def peak(count: int) -> int:
+        def fits(count: int) -> bool:
             # steps the prefill backlog may take the whole token budget: a decode behind it can lose a step
             delay = -(-(backlog + sum(prefill_waiting[:count])) // chunk)
-            return future_peak(running + waiting[:count], self.kv_shapes, delay=delay)
+            return future_peak(running + waiting[:count], self.kv_shapes, delay=delay) <= capacity
 
-        count = fitting_prefix(lambda count: peak(count) <= capacity, len(candidates))
-        self.last_peak = peak(count) if count or not candidates else peak(0)
+        count = fitting_prefix(fits, len(candidates))
         return max(count, 1) if idle and candidates else count
 
     # --- guard v2: courses and the future peak ------------------------------------------------------------------
@@ -218,24 +215,33 @@ class KVGuardScheduler(AsyncScheduler):
             return limit
         return min(limit, max(projected, generated + 1, params.min_tokens))
 
-    def course(self, request: Request) -> Course:
-        """The request's course from this step: it holds every token it has (its whole prompt if still
+    def courses(self, requests: list[Request]) -> list[Course]:
+        """Each request's course from this step: it holds every token it has (its whole prompt if still
         prefilling: conservative) and grows one token per step to prompt + projected output."""
-        lookahead = self.num_lookahead_tokens
-        held = min(request.num_tokens + request.num_output_placeholders + lookahead, self.max_model_len)
-        end = min(request.num_prompt_tokens + self.projected_output(request) + lookahead, self.max_model_len)
-        return Course(held, max(end, held), self.linger_steps, prefilling=_prefill_tokens(request) > 1)
+        lookahead, longest, linger = self.num_lookahead_tokens, self.max_model_len, self.linger_steps
+        fixed = self._fixed_ends
+        courses = []
+        for request in requests:  # runs at every scheduling step: plain arithmetic
+            pending = request.num_tokens + request.num_output_placeholders
+            held = min(pending + lookahead, longest)
+            end = fixed.get(request.request_id)
+            if end is None:
+                end = min(request.num_prompt_tokens + self.projected_output(request) + lookahead, longest)
+                if request.sampling_params is None or _known_length(request.sampling_params):
+                    fixed[request.request_id] = end
+            prefilling = pending - request.num_computed_tokens > 1
+            courses.append(Course(held, end if end > held else held, linger, prefilling))
+        return courses
 
-    def peak_capacity(self, courses: list[Course], admitted: list[Request]) -> int:
-        """Blocks the admitted courses may use at their peak: the usable pool less the headroom and less what
-        holders outside them keep (a finished request whose blocks a connector still holds)."""
+    def peak_capacity(self, admitted: list[Request]) -> int:
+        """Blocks the admitted requests' courses may use at their peak: the usable pool less the headroom, and less
+        what holders outside them keep (a finished request whose blocks a KV connector or a copy still holds)."""
+        capacity = self.usable_blocks - self.guard_config.headroom_blocks
+        if self.connector is None and not self.deferred_frees:
+            return capacity  # every block in use belongs to an admitted request
         used = self.usable_blocks - self.kv_cache_manager.block_pool.get_num_free_blocks()
         modeled = sum(self.live_blocks_held(request) for request in admitted)
-        return self.usable_blocks - self.guard_config.headroom_blocks - max(0, used - modeled)
-
-    def live_blocks_held(self, request: Request) -> int:
-        managers = self.kv_cache_manager.coordinator.single_type_managers
-        return sum(live_blocks(manager.req_to_blocks.get(request.request_id, ())) for manager in managers)
+        return capacity - max(0, used - modeled)
 
     # --- guard v1: the whole prompt + max_tokens reserved ---------------------------------------------------------
 
@@ -270,6 +276,8 @@ class KVGuardScheduler(AsyncScheduler):
         if self.policy != SchedulingPolicy.FCFS or len(self.running) < 2:
             return
         free = self.kv_cache_manager.block_pool.get_num_free_blocks()
+        if free >= len(self.kv_shapes) * (len(self.running) + self.max_num_scheduled_tokens):
+            return  # every running request could take more blocks than this step can fill: none runs short
         managers = self.kv_cache_manager.coordinator.single_type_managers
         need = 0
         for request in self.running:
@@ -295,6 +303,7 @@ class KVGuardScheduler(AsyncScheduler):
     def _learn(self, request: Request) -> None:
         """Record a finished request's length (an end, or a cut by its limit), and whether it ran past the end
         projected at its admission."""
+        self._fixed_ends.pop(request.request_id, None)
         projected = self._projected_at_admission.pop(request.request_id, None)
         params = request.sampling_params
         generated = request.num_output_tokens
@@ -311,6 +320,7 @@ class KVGuardScheduler(AsyncScheduler):
 
     def add_request(self, request: Request) -> None:
         if request.request_id in self.requests or request.sampling_params is None:
+            self._fixed_ends.pop(request.request_id, None)  # a session's next input changes its prompt and limit
             super().add_request(request)  # a streaming-input update of a running session, or a pooling request
             return
         limits, _ = self._limits_in_force()
@@ -403,8 +413,7 @@ class KVGuardScheduler(AsyncScheduler):
     def _commitment(self) -> str:
         if self.guard_config.admission == "reserve":
             return f"{sum(map(self.blocks_still_needed, self.running))} reserved for admitted requests"
-        admitted = [*self.running, *self.kv_holding_waiting]
-        peak = future_peak([self.course(request) for request in admitted], self.kv_shapes)
+        peak = future_peak(self.courses([*self.running, *self.kv_holding_waiting]), self.kv_shapes)
         return f"projected peak {peak} of {self.usable_blocks} usable"
 
     def _describe(self) -> str:
