@@ -11,7 +11,8 @@ from math import ceil
 
 import pytest
 
-from kvops.engines.vllm.logs import parse_vllm_log, size_bytes
+from kvops.engines.oom import size_bytes
+from kvops.engines.vllm.logs import parse_vllm_log
 from kvops.nvidia_smi import parse_nvidia_smi
 from tests.support.paths import FIXTURES
 from tests.support.tiny_model import TINY_LLAMA, build_model
