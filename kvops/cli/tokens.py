@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from kvops.cli.options import json_option, print_json
+from kvops.cli.options import json_option, needs, print_json
 
 
 @click.command()
@@ -43,6 +43,7 @@ def tokens(tokenizer_path, chat_template, system_prompt, system_prompt_file, gen
 
     FILES: text files (one prompt each) or .jsonl files with {"prompt": ...} or {"messages": [...]} per line.
     """
+    needs("hub", "tokenizers", "jinja2")
     from kvops.tokens import LocalTokenizer, distribution, prompt_tokens, read_prompts
 
     if system_prompt and system_prompt_file:
