@@ -7,14 +7,16 @@ import shlex
 import sys
 from collections.abc import Callable
 from importlib.util import find_spec
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from kvops.deployment import DeploymentOptions
 from kvops.dtypes import KV_DTYPE_CHOICES
 from kvops.errors import KvopsError
 from kvops.units import parse_bytes
+
+if TYPE_CHECKING:
+    from kvops.deployment import DeploymentOptions
 
 POSITIVE = click.IntRange(min=1)
 FRACTION = click.FloatRange(min=0.0, max=1.0, min_open=True)
@@ -233,6 +235,8 @@ _SIZES = {"gpu_memory": "--gpu-memory", "kv_cache_memory_bytes": "--kv-cache-mem
 def deployment_options(ctx: click.Context, params: dict[str, Any], launcher: tuple[str, ...] = ()) -> DeploymentOptions:
     """The deployment options the command's parameters state; `given` holds those typed on the command line."""
     from click.core import ParameterSource
+
+    from kvops.deployment import DeploymentOptions
 
     known = set(DeploymentOptions().field_names())
     values: dict[str, Any] = {}
