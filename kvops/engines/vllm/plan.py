@@ -9,7 +9,6 @@ from typing import Any
 
 from kvops.dtypes import KvDtype, resolve_kv_dtype
 from kvops.engines import common
-from kvops.engines.flags import flag_args
 from kvops.engines.vllm import budget, flags, layout
 from kvops.errors import UsageError
 from kvops.plan import Plan, PlanInputs, Term, Verdict, WayOut, model_argument
@@ -92,14 +91,15 @@ class _Draft:
 
     def plan(self, capacity: VllmCapacity | None, engine_flags: dict[str, Any], verdict: Verdict | None) -> Plan:
         inputs = self.inputs
+        program = inputs.launcher or flags.PROGRAM
         return Plan(
             inputs=inputs,
             memory=tuple(self.memory),
             kv_cache_bytes=self.kv_bytes,
             capacity=capacity,
             flags=engine_flags,
-            program=inputs.launcher or flags.PROGRAM,
-            args=tuple(flag_args(engine_flags)),
+            program=program,
+            args=tuple(flags.arguments(engine_flags, program) if engine_flags else ()),
             image=flags.image(inputs.gpu.vendor if inputs.gpu else None),
             port=flags.PORT,
             verdict=verdict,
