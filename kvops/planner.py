@@ -6,7 +6,7 @@ supports (quantized KV dtypes, data-parallel replicas, offloading); the search o
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from math import ceil
 
 from kvops import engines
@@ -14,8 +14,10 @@ from kvops.dtypes import resolve_kv_dtype
 from kvops.engines import common
 from kvops.errors import KvopsError, UsageError
 from kvops.formula import check_tp
-from kvops.gpus import gpu_catalog
+from kvops.gpus import Gpu, gpu_catalog
+from kvops.model.spec import ModelSpec
 from kvops.plan import Plan, PlanInputs, WayOut
+from kvops.units import format_bytes
 
 TENSOR_PARALLEL_SIZES = (2, 4, 8)
 
@@ -112,3 +114,47 @@ def _larger_gpu(inputs: PlanInputs) -> list[WayOut]:
         if option.fits:
             return [option]
     return []
+
+
+@dataclass(frozen=True)
+class KvBudget:
+    """The KV memory an engine's plan leaves for one model on one device: what `kvops plot` draws."""
+
+    model: str
+    engine: str
+    gpu: str
+    memory_fraction: float | None
+    kv_cache_bytes: int
+    basis: str
+
+    @property
+    def label(self) -> str:
+        return f"KV budget: {self.basis}"
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "model": self.model,
+            "engine": self.engine,
+            "gpu": self.gpu,
+            "memory_fraction": self.memory_fraction,
+            "kv_cache_bytes": self.kv_cache_bytes,
+            "basis": self.basis,
+        }
+
+
+def kv_budget(
+    spec: ModelSpec, gpu: Gpu, engine: str, tp: int, kv_dtype: str, memory_fraction: float | None, max_model_len: int
+) -> KvBudget:
+    """The KV bytes a plan for `spec` leaves on `gpu` (the total less weights and the engine's overheads)."""
+    length = min(max_model_len, spec.max_position_embeddings or max_model_len)
+    inputs = PlanInputs(
+        engine, spec, gpu, tp=tp, max_model_len=length, kv_dtype=kv_dtype, memory_fraction=memory_fraction
+    )
+    result = predict(inputs)
+    adapter = engines.get(engine)
+    fraction = result.flags.get(adapter.memory_fraction_flag)
+    kv = max(result.kv_cache_bytes, 0)
+    basis = (
+        f"{adapter.title} --{adapter.memory_fraction_flag} {fraction:g} on {gpu.id}: {format_bytes(kv)} for {spec.name}"
+    )
+    return KvBudget(spec.name, engine, gpu.id, fraction, kv, basis)

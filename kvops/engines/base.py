@@ -37,6 +37,7 @@ class Engine(Protocol):
     title: str  # as users read it: "vLLM"
     program: tuple[str, ...]  # what starts it: ("vllm", "serve")
     container: Container
+    memory_fraction_flag: str  # the flag naming the share of the device it may use
     data_parallel: bool  # one launch can run several replicas (--data-parallel-size)
     guard_scheduler: str | None  # the KV-guard scheduler a plan may name, or None where the engine has no plugin
     needs_capacity: bool  # its KV usage is computed from a capacity the watcher must be given

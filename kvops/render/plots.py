@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kvops.dtypes import KvDtype
+from kvops.errors import KvopsError
 from kvops.formula import kv_cost
 from kvops.model.spec import ModelSpec
 from kvops.units import format_bytes
@@ -12,36 +14,50 @@ from kvops.units import format_bytes
 if TYPE_CHECKING:
     import pandas
 
-GIB = 1 << 30
+MIN_POINTS = 8  # a short context axis still draws a line, not a dot
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A horizontal line: the KV memory a plan leaves for one model on the device, and what it is."""
+
+    model: str
+    bytes: int
+    label: str
 
 
 def context_points(longest: int) -> list[int]:
-    """Powers of two from 128 up to and including `longest`."""
-    points, count = [], 128
+    """Context lengths to draw: powers of two up to `longest` (from 128 when the axis is long), or, for a short axis,
+    evenly spaced integers, so there are always several points."""
+    start = 128 if longest >= 128 * MIN_POINTS else 1
+    points, count = [], start
     while count < longest:
         points.append(count)
         count *= 2
-    return points + [longest]
+    points.append(longest)
+    if len(points) >= MIN_POINTS:
+        return points
+    step = max(1, longest // (2 * MIN_POINTS))
+    return sorted({*range(step, longest, step), longest})
 
 
-def plot_kv(
+def kv_figure(
     specs: list[ModelSpec],
     *,
     dtype_for: dict[str, KvDtype],
     batches: list[int],
     longest: int,
     tp: int,
-    gpu_memory: int | None,
-    out: str,
-) -> None:
-    """One colour per model, one line style per batch: KV GiB against tokens, both axes log2.
-
-    Sliding windows show as plateaus (a dotted line marks a window every layer shares).
-    """
+    budgets: list[Budget],
+):
+    """One colour per model, one line style per batch: KV bytes against tokens, both axes log2, the y axis in binary
+    units. Sliding windows show as plateaus (a dotted line marks a window every layer shares); each budget is a
+    horizontal line in its model's colour."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator
 
     figure, axes = plt.subplots(figsize=(9, 5.5), dpi=120)
     points = context_points(longest)
@@ -50,35 +66,57 @@ def plot_kv(
     for index, spec in enumerate(specs):
         dtype = dtype_for[spec.name]
         color = colors[index % len(colors)]
-        attention = (
-            "MLA"
-            if spec.is_mla
-            else ("MHA" if spec.num_kv_heads == spec.num_attention_heads else f"GQA {spec.num_kv_heads} KV heads")
-        )
         for batch_index, batch in enumerate(batches):
-            values = [kv_cost(spec, tokens=t, dtype=dtype, batch=batch, tp=tp).total_bytes / GIB for t in points]
-            axes.plot(
-                points,
-                values,
-                styles[batch_index % len(styles)],
-                color=color,
-                marker=".",
-                label=f"{spec.name} ({attention}, {dtype.name}) batch {batch}",
-            )
+            values = [kv_cost(spec, tokens=t, dtype=dtype, batch=batch, tp=tp).total_bytes for t in points]
+            label = f"{spec.name} ({_attention(spec)}, {dtype.name}) batch {batch}"
+            axes.plot(points, values, styles[batch_index % len(styles)], color=color, marker=".", label=label)
         if spec.sliding_window and all(layer.kind == "sliding" for layer in spec.layers):
             axes.axvline(spec.sliding_window, color=color, linewidth=0.6, linestyle=":")
-    if gpu_memory:
-        axes.axhline(gpu_memory / GIB, color="red", linewidth=1.2, label=f"GPU memory {format_bytes(gpu_memory)}")
+        for budget in budgets:
+            if budget.model == spec.name:
+                axes.axhline(budget.bytes, color=color, linewidth=4, alpha=0.3, label=budget.label)
     axes.set_xscale("log", base=2)
     axes.set_yscale("log", base=2)
+    axes.yaxis.set_major_locator(LogLocator(base=2, numticks=24))
+    axes.yaxis.set_major_formatter(FuncFormatter(lambda value, _: format_bytes(value)))
+    axes.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:,.0f}"))
     axes.set_xlabel("cached tokens per sequence (T)")
-    axes.set_ylabel(f"KV cache per GPU (GiB), tp {tp}")
+    axes.set_ylabel(f"KV cache per GPU, tp {tp}")
     axes.set_title("KV cache = 2 x L x B x T x Hkv x D x s  (windows applied)")
     axes.grid(True, which="both", alpha=0.3)
     axes.legend(fontsize=7)
     figure.tight_layout()
-    figure.savefig(out)
-    plt.close(figure)
+    return figure
+
+
+def plot_kv(specs: list[ModelSpec], *, out: str, **options) -> None:
+    """Write `kv_figure` to `out` (the format from its extension)."""
+    import matplotlib.pyplot as plt
+
+    figure = kv_figure(specs, **options)
+    try:
+        save(figure, out)
+    finally:
+        plt.close(figure)
+
+
+def save(figure, out: str) -> None:
+    """Save a figure; a bad path or an unknown extension is one line naming what would work."""
+    try:
+        figure.savefig(out)
+    except OSError as exc:
+        raise KvopsError(f"--out {out}: cannot write ({exc.strerror or exc})") from None
+    except ValueError:
+        kinds = ", ".join(sorted(figure.canvas.get_supported_filetypes()))
+        raise KvopsError(
+            f"--out {out}: not an image format matplotlib writes; name the file with one of: {kinds}"
+        ) from None
+
+
+def _attention(spec: ModelSpec) -> str:
+    if spec.is_mla:
+        return "MLA"
+    return "MHA" if spec.num_kv_heads == spec.num_attention_heads else f"GQA {spec.num_kv_heads} KV heads"
 
 
 def plot_sweep(frame: pandas.DataFrame, out: str, engine: str = "vllm", tp: int = 1) -> None:

@@ -35,6 +35,7 @@ class TgiEngine:
         compose_shared_memory=(("shm_size", "1g"),),
         k8s_shared_memory=False,
     )
+    memory_fraction_flag = "cuda-memory-fraction"  # the share of the device the engine may use
     data_parallel = False  # one replica per launcher
     guard_scheduler = None  # TGI has no scheduler plugin: the proxy guards it
     needs_capacity = True  # KV usage = tgi_batch_current_max_tokens / max batch total tokens

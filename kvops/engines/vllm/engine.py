@@ -36,6 +36,7 @@ class VllmEngine:
         compose_shared_memory=(("ipc", "host"),),
         k8s_shared_memory=True,
     )
+    memory_fraction_flag = "gpu-memory-utilization"  # the share of the device the engine may use
     data_parallel = True
     guard_scheduler = flags.GUARD_SCHEDULER
     needs_capacity = False
