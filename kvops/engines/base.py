@@ -54,6 +54,10 @@ class Engine(Protocol):
         """The quantized KV dtypes the engine takes, in the order the planner tries them."""
         ...
 
+    def kv_dtype_spelling(self, inputs: PlanInputs, name: str) -> str:
+        """How the engine is told to keep the KV cache in `name`, for the ways out's notes."""
+        ...
+
     def offload_ways(self, inputs: PlanInputs, failed: Plan) -> list[WayOut]:
         """Ways out through host memory the engine offers (described, not re-planned)."""
         ...

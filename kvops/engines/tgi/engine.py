@@ -53,6 +53,11 @@ class TgiEngine:
 
         return plan.kv_dtype_ways(inputs)
 
+    def kv_dtype_spelling(self, inputs: PlanInputs, name: str) -> str:
+        from kvops.engines.tgi import plan
+
+        return plan.kv_dtype_spelling(inputs, name)
+
     def offload_ways(self, inputs: PlanInputs, failed: Plan) -> list[WayOut]:
         return []
 

@@ -293,3 +293,9 @@ def _verdict(
 def kv_dtype_ways(inputs: PlanInputs) -> list[str]:
     """TGI's --kv-cache-dtype takes fp8 only."""
     return ["fp8"]
+
+
+def kv_dtype_spelling(inputs: PlanInputs, name: str) -> str:
+    """How TGI is told to keep the KV cache in `name` (it takes fp8 only)."""
+    value = budget.tgi_kv_dtype(resolve_kv_dtype(name, inputs.spec.dtype), inputs.spec.dtype)
+    return f"{name} KV, TGI --kv-cache-dtype {value}"

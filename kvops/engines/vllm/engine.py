@@ -54,6 +54,11 @@ class VllmEngine:
 
         return plan.kv_dtype_ways(inputs)
 
+    def kv_dtype_spelling(self, inputs: PlanInputs, name: str) -> str:
+        from kvops.engines.vllm import plan
+
+        return plan.kv_dtype_spelling(inputs, name)
+
     def offload_ways(self, inputs: PlanInputs, failed: Plan) -> list[WayOut]:
         from kvops.engines.vllm import plan
 

@@ -327,8 +327,14 @@ PCIE_BYTES_PER_SECOND = 25 * 10**9  # PCIe 4.0 x16, what host<->GPU copies reach
 
 
 def kv_dtype_ways(inputs: PlanInputs) -> list[str]:
-    """The quantized KV dtypes to try, in the planner's order: the CPU build's attention takes fp8 only."""
-    return ["fp8"] if inputs.device == "cpu" else ["fp8", "int8", "int4"]
+    """The quantized KV dtypes to try, least lossy first: the CPU build's attention takes fp8 only."""
+    return ["fp8"] if inputs.device == "cpu" else ["int8", "fp8", "int4"]
+
+
+def kv_dtype_spelling(inputs: PlanInputs, name: str) -> str:
+    """How vLLM is told to keep the KV cache in `name`."""
+    value = flags.kv_cache_dtype(resolve_kv_dtype(name, inputs.spec.dtype), inputs.spec.dtype, inputs.device)
+    return f"{name} KV, vLLM --kv-cache-dtype {value}"
 
 
 def offload_ways(inputs: PlanInputs, failed: Plan) -> list[WayOut]:
