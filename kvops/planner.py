@@ -82,7 +82,9 @@ def _shorter_context(inputs: PlanInputs) -> WayOut:
     wanted = inputs.workload.total_tokens
     found = option.flags.get("max-model-len", option.flags.get("max-total-tokens")) if option.flags else None
     if option.fits and wanted and found is not None and found < wanted:
-        result = f"the longest context that fits, {found} tokens, is shorter than the planned requests of {wanted} tokens"
+        result = (
+            f"the longest context that fits, {found} tokens, is shorter than the planned requests of {wanted} tokens"
+        )
         return replace(option, fits=False, result=result)
     return option
 

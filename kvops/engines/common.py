@@ -10,6 +10,7 @@ from math import ceil
 from kvops.errors import MissingDevice, UsageError
 from kvops.model.spec import ModelSpec
 from kvops.plan import PlanInputs, Term
+from kvops.units import format_bytes
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -193,6 +194,16 @@ def device_total_term(inputs: PlanInputs) -> Term:
         gpu.memory_bytes,
         "input",
         f"{gpu.id}: {gpu.memory_mib:g} MiB as {gpu.reported_by} reports it ({gpu.source})",
+    )
+
+
+def paging_note(num_blocks: int, block_size: int, kv_bytes: int | None, groups: int = 1) -> str:
+    """What paging does and does not do to the pool at hand: it ends fragmentation, not the total."""
+    per_group = " per KV cache group" if groups > 1 else ""
+    size = f" in {format_bytes(max(kv_bytes, 0))}" if kv_bytes is not None else ""
+    return (
+        f"paged KV (PagedAttention) removes fragmentation, not the limit: the pool still holds {num_blocks:,} blocks x "
+        f"{block_size} tokens = {num_blocks * block_size:,} token slots{per_group}{size}, and every cached token takes one"
     )
 
 

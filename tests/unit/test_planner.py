@@ -79,3 +79,11 @@ def test_a_cpu_plan_offers_no_more_devices():
     result = plan(inputs)
     assert not result.fits and not any(way.change.startswith(("--tp", "--gpus", "--gpu ")) for way in result.ways_out)
     assert [way.change for way in result.ways_out if way.change.startswith("--kv-dtype")] == ["--kv-dtype fp8"]
+
+
+def test_plans_say_paging_does_not_add_memory_with_their_own_numbers():
+    for engine, gpu in (("vllm", "L40S"), ("tgi", "L40S")):
+        result = plan(PlanInputs(engine, load_model("llama-3-8b"), find_gpu(gpu), max_model_len=8192))
+        cap = result.capacity
+        slots = f"{cap.num_blocks:,} blocks x {cap.block_size} tokens = {cap.num_blocks * cap.block_size:,} token slots"
+        assert any("removes fragmentation, not the limit" in note and slots in note for note in result.notes), engine

@@ -100,6 +100,7 @@ def plan_once(inputs: PlanInputs) -> Plan:
     notes = [
         f"attention {attention.backend} (block size {attention.block_size}): {attention.reason}; prefill chunking {chunking}"
     ]
+    notes.append(common.paging_note(pool.num_blocks, attention.block_size, kv_bytes))
     sequences = inputs.workload.sequences
     target = inputs.concurrency if isinstance(inputs.concurrency, int) else 1
     length = _max_total_tokens(inputs, pool, model_limit, target * sequences, notes)

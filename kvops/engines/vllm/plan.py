@@ -165,6 +165,7 @@ def plan_once(inputs: PlanInputs) -> Plan:
         max_in_flight_tokens=in_flight,
         replicas=inputs.replicas,
     )
+    draft.notes.append(common.paging_note(pool.num_blocks, block_size, kv_bytes, len(kv_layout.groups)))
     seqs = _max_num_seqs(draft, under_warn, defaults)
     engine_flags = _flags(inputs, length, kv_bytes, seqs, batched, block_size, kv_flag)
     _warnings(draft, kv_layout, dtype, capacity)
