@@ -197,6 +197,18 @@ def device_total_term(inputs: PlanInputs) -> Term:
     )
 
 
+OVERHEAD_TERMS = ("activation", "non_torch", "cuda_graphs", "overhead")
+
+
+def what_does_not_fit(terms: dict[str, int], have: int) -> str:
+    """The terms that leave no KV, named: the weights alone when they exceed the budget, else weights and overheads."""
+    weights = terms.get("weights", 0)
+    if weights > have:
+        return f"the weights alone ({format_bytes(weights)}) exceed the budget: weights and overheads"
+    overheads = ", ".join(f"{name} {format_bytes(terms[name])}" for name in OVERHEAD_TERMS if terms.get(name))
+    return f"weights ({format_bytes(weights)}) and overheads ({overheads})"
+
+
 def paging_note(num_blocks: int, block_size: int, kv_bytes: int | None, groups: int = 1) -> str:
     """What paging does and does not do to the pool at hand: it ends fragmentation, not the total."""
     per_group = " per KV cache group" if groups > 1 else ""

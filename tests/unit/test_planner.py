@@ -87,3 +87,35 @@ def test_plans_say_paging_does_not_add_memory_with_their_own_numbers():
         cap = result.capacity
         slots = f"{cap.num_blocks:,} blocks x {cap.block_size} tokens = {cap.num_blocks * cap.block_size:,} token slots"
         assert any("removes fragmentation, not the limit" in note and slots in note for note in result.notes), engine
+
+
+def test_tgi_warns_beyond_the_models_trained_context(run_kvops):
+    ran = run_kvops(
+        "plan", "-e", "tgi", "-m", "llama-3-8b", "--gpu", "L40S", "--max-model-len", "100000", "--format", "shell"
+    )
+    assert "--max-total-tokens 100000 exceeds meta-llama/Meta-Llama-3-8B's max_position_embeddings 8192" in ran.stderr
+
+
+def test_weights_that_do_not_fit_are_named_and_not_blamed_on_the_workload(run_kvops):
+    ran = run_kvops(
+        "plan", "-m", "llama-3.1-70b", "--gpu", "L40S", "--max-model-len", "8192", "--format", "shell", expect=3
+    )
+    assert "does not fit: the weights alone (~131.42 GiB) exceed the budget" in ran.stderr
+    assert "not one request" not in ran.stderr
+    tgi = run_kvops(
+        "plan",
+        "-e",
+        "tgi",
+        "-m",
+        "llama-3-8b",
+        "--gpu",
+        "L4",
+        "--max-model-len",
+        "8192",
+        "--gpu-memory",
+        "17GiB",
+        expect=3,
+    )
+    assert (
+        "does not fit: weights (~14.96 GiB) and overheads (activation ~2.35 GiB, non_torch 512 MiB) need" in tgi.stderr
+    )

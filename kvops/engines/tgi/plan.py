@@ -148,7 +148,7 @@ def plan_once(inputs: PlanInputs) -> Plan:
     }
     if kv_flag:
         engine_flags["kv-cache-dtype"] = kv_flag
-    warnings = _warnings(inputs, notes)
+    warnings = _warnings(inputs, notes, length)
     return Plan(
         inputs=inputs,
         memory=tuple(memory),
@@ -209,8 +209,14 @@ def _reservation(workload: Workload, length: int) -> int:
     return max(1, budget.reservation_tokens(workload.prompt_tokens or 0, workload.gen_tokens or 0))
 
 
-def _warnings(inputs: PlanInputs, notes: list[str]) -> list[str]:
+def _warnings(inputs: PlanInputs, notes: list[str], length: int) -> list[str]:
     spec = inputs.spec
+    warnings = []
+    if spec.max_position_embeddings and length > spec.max_position_embeddings:
+        warnings.append(
+            f"--max-total-tokens {length} exceeds {spec.name}'s max_position_embeddings {spec.max_position_embeddings}: TGI takes it, "
+            "but the model was not trained for longer sequences (extend it with ROPE_SCALING and ROPE_FACTOR, or plan a shorter context)"
+        )
     if spec.sliding_window:
         notes.append(
             f"{spec.name} has sliding-window layers (window {spec.sliding_window}): TGI still reserves and caches the full context for every request (Model.info window_size None)"
@@ -230,10 +236,10 @@ def _warnings(inputs: PlanInputs, notes: list[str]) -> list[str]:
     spare = floor(total * fraction) - floor(total * fraction * budget.TGI_WIGGLE_ROOM)
     graphs = common.CUDA_GRAPH_ESTIMATE
     if graphs > spare:
-        return [
+        warnings.append(
             f"CUDA graphs (~{format_bytes(graphs)}, captured after the KV pool) may not fit in the {format_bytes(spare)} TGI_WIGGLE_ROOM leaves: consider --cuda-graphs 0"
-        ]
-    return []
+        )
+    return warnings
 
 
 def _verdict(
@@ -251,7 +257,7 @@ def _verdict(
     if kv_bytes <= 0 or length == 0:
         others = sum(terms.get(name, 0) for name in ("weights", "activation", "non_torch", "overhead"))
         return Verdict(
-            f"weights and warmup need {format_bytes(others)} per shard but TGI may use {format_bytes(terms['budget'])}; nothing is left for the KV cache",
+            f"{common.what_does_not_fit(terms, terms['budget'])} need {format_bytes(others)} per shard but TGI may use {format_bytes(terms['budget'])}; nothing is left for the KV cache",
             others + block_bytes * 2,
             terms["budget"],
             states_need=True,

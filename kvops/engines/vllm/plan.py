@@ -200,7 +200,7 @@ def _max_num_seqs(draft: _Draft, under_warn: int, defaults: budget.BatchDefaults
                 f"--max-num-seqs {inputs.max_num_seqs} lets more sequences run than stay under the warn level ({under_warn * seqs_per_request}): expect KV pressure and preemptions"
             )
         return inputs.max_num_seqs
-    if under_warn < 1:
+    if under_warn < 1 and draft.kv_bytes > 0:  # with no KV at all the verdict names the term that does not fit
         draft.warnings.append(
             f"not one request of the expected size stays under the warn level ({inputs.warn_level:.0%}): the watcher will degrade the service from the first long request"
         )
@@ -280,7 +280,7 @@ def _verdict(
         total = common.device_total(inputs)
         utilization = inputs.memory_fraction or budget.DEFAULT_GPU_MEMORY_UTILIZATION
         return Verdict(
-            f"weights and overheads need {format_bytes(others)} per GPU but vLLM may use {format_bytes(have)} ({utilization:g} of {format_bytes(total)}); nothing is left for the KV cache",
+            f"{common.what_does_not_fit(terms, have)} need {format_bytes(others)} per GPU but vLLM may use {format_bytes(have)} ({utilization:g} of {format_bytes(total)}); nothing is left for the KV cache",
             others + kv_layout.bytes_per_block * (pool.blocks_per_request + 1),
             have,
             states_need=True,
