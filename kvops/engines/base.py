@@ -66,8 +66,8 @@ class Engine(Protocol):
         """KV bytes per cached token per GPU, as the engine lays the cache out (the sweep's column)."""
         ...
 
-    def env(self, plan: Plan) -> list[str]:
-        """`--format env`: the plan as environment lines (comments included)."""
+    def env_variables(self, plan: Plan) -> list[tuple[str, str]] | None:
+        """The plan as the engine's environment variables, or None when it reads its flags only as arguments."""
         ...
 
     def watch_capacity(self, plan: Plan) -> int | None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shlex
 from types import ModuleType
 from typing import TYPE_CHECKING
 
@@ -69,11 +68,8 @@ class VllmEngine:
 
         return kv_cost(spec, tokens=1, dtype=dtype, tp=tp).bytes_per_token
 
-    def env(self, plan: Plan) -> list[str]:
-        return [
-            "# vLLM reads its engine flags from the command line, not the environment: run `vllm serve $VLLM_ARGS`",
-            f"VLLM_ARGS={shlex.quote(shlex.join(plan.args))}",
-        ]
+    def env_variables(self, plan: Plan) -> list[tuple[str, str]] | None:
+        return None  # vLLM reads its engine flags only from the command line
 
     def watch_capacity(self, plan: Plan) -> int | None:
         return None
