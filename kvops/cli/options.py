@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import shlex
 import sys
 from collections.abc import Callable
@@ -19,7 +20,19 @@ if TYPE_CHECKING:
     from kvops.deployment import DeploymentOptions
 
 POSITIVE = click.IntRange(min=1)
-FRACTION = click.FloatRange(min=0.0, max=1.0, min_open=True)
+
+
+class FiniteRange(click.FloatRange):
+    """A float range that also refuses nan and infinities (click's range checks let nan through)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number; give one {self._describe_range()}", param, ctx)
+        return number
+
+
+FRACTION = FiniteRange(min=0.0, max=1.0, min_open=True)
 
 
 def model_option(function: Callable) -> Callable:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kvops import engines
 from kvops.dtypes import KvDtype
 from kvops.errors import KvopsError
 from kvops.formula import kv_cost
@@ -101,8 +103,9 @@ def plot_kv(specs: list[ModelSpec], *, out: str, **options) -> None:
 
 
 def save(figure, out: str) -> None:
-    """Save a figure; a bad path or an unknown extension is one line naming what would work."""
+    """Save a figure (its folder made if missing); a bad path or an unknown extension is one line naming what would work."""
     try:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
         figure.savefig(out)
     except OSError as exc:
         raise KvopsError(f"--out {out}: cannot write ({exc.strerror or exc})") from None
@@ -119,56 +122,59 @@ def _attention(spec: ModelSpec) -> str:
     return "MHA" if spec.num_kv_heads == spec.num_attention_heads else f"GQA {spec.num_kv_heads} KV heads"
 
 
-def plot_sweep(frame: pandas.DataFrame, out: str, engine: str = "vllm", tp: int = 1) -> None:
-    """Heatmaps of KV tokens (log scale) per model and GPU at one tp, one panel per KV dtype; '-' = does not fit."""
+def plot_sweep(frame: pandas.DataFrame, out: str, tp: int) -> None:
+    """Heatmaps of KV tokens (log scale) per model and GPU at one tp: a row per engine, a panel per KV dtype;
+    '-' = does not fit (or the model does not split over this tp)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import numpy
-    from matplotlib.colors import LogNorm
 
-    subset = frame[(frame.engine == engine) & (frame.tp == tp)]
+    subset = frame[frame.tp == tp]
+    engine_names = list(dict.fromkeys(subset.engine))
     dtypes = list(dict.fromkeys(subset.kv_dtype))
     models = list(dict.fromkeys(subset.model))
     gpus = list(dict.fromkeys(subset.sort_values("gpu_memory_bytes").gpu))
     figure, axes = plt.subplots(
-        1,
+        len(engine_names),
         len(dtypes),
-        figsize=(1.0 * len(gpus) * len(dtypes) + 4, 0.42 * len(models) + 2.5),
+        figsize=(1.0 * len(gpus) * len(dtypes) + 4, (0.42 * len(models) + 2.5) * len(engine_names)),
         squeeze=False,
         sharey=True,
     )
-    for axis, dtype in zip(axes[0], dtypes):
-        table = (
-            subset[subset.kv_dtype == dtype]
-            .pivot_table(index="model", columns="gpu", values="kv_tokens", aggfunc="first")
-            .reindex(index=models, columns=gpus)
+    try:
+        for row, engine in enumerate(engine_names):
+            for axis, dtype in zip(axes[row], dtypes):
+                cells = subset[(subset.engine == engine) & (subset.kv_dtype == dtype)]
+                title = f"{engines.get(engine).title}, tp {tp}, KV {dtype}" + (
+                    " (the model's)" if dtype == "auto" else ""
+                )
+                _heatmap(figure, axis, cells, models, gpus, title)
+        figure.tight_layout()
+        save(figure, out)
+    finally:
+        plt.close(figure)
+
+
+def _heatmap(figure, axis, cells: pandas.DataFrame, models: list[str], gpus: list[str], title: str) -> None:
+    import numpy
+    from matplotlib.colors import LogNorm
+
+    def table(column: str) -> pandas.DataFrame:
+        return cells.pivot_table(index="model", columns="gpu", values=column, aggfunc="first").reindex(
+            index=models, columns=gpus
         )
-        fits = (
-            subset[subset.kv_dtype == dtype]
-            .pivot_table(index="model", columns="gpu", values="fits", aggfunc="first")
-            .reindex(index=models, columns=gpus)
-        )
-        values = table.where(fits.astype(bool)).to_numpy(dtype=float)
-        masked = numpy.ma.masked_invalid(numpy.where(values > 0, values, numpy.nan))
-        image = axis.imshow(
-            masked,
-            aspect="auto",
-            cmap="viridis",
-            norm=LogNorm(vmin=1e3, vmax=max(1e4, numpy.nanmax(values) if numpy.isfinite(values).any() else 1e4)),
-        )
-        for (row, column), value in numpy.ndenumerate(values):
-            label = "-" if not numpy.isfinite(value) or value <= 0 else f"{value / 1000:.0f}k"
-            axis.text(
-                column, row, label, ha="center", va="center", fontsize=7, color="white" if label != "-" else "black"
-            )
-        axis.set_xticks(range(len(gpus)), gpus, rotation=60, ha="right", fontsize=8)
-        axis.set_yticks(range(len(models)), models, fontsize=8)
-        axis.set_title(
-            f"{engine} KV cache tokens at tp {tp}, KV dtype {dtype}" + (" (the model's)" if dtype == "auto" else "")
-        )
-        figure.colorbar(image, ax=axis, shrink=0.6, label="KV cache size (tokens)")
-    figure.tight_layout()
-    figure.savefig(out, dpi=110)
-    plt.close(figure)
+
+    values = table("kv_tokens").where(table("fits").fillna(False).astype(bool)).to_numpy(dtype=float)
+    finite = numpy.isfinite(values) & (values > 0)
+    masked = numpy.ma.masked_invalid(numpy.where(finite, values, numpy.nan))
+    top = max(1e4, float(values[finite].max())) if finite.any() else 1e4
+    image = axis.imshow(masked, aspect="auto", cmap="viridis", norm=LogNorm(vmin=1e3, vmax=top))
+    for (row, column), value in numpy.ndenumerate(values):
+        fits = finite[row, column]
+        label = f"{value / 1000:.0f}k" if fits else "-"
+        axis.text(column, row, label, ha="center", va="center", fontsize=7, color="white" if fits else "black")
+    axis.set_xticks(range(len(gpus)), gpus, rotation=60, ha="right", fontsize=8)
+    axis.set_yticks(range(len(models)), models, fontsize=8)
+    axis.set_title(title, fontsize=9)
+    figure.colorbar(image, ax=axis, shrink=0.6, label="KV cache size (tokens)")

@@ -68,10 +68,16 @@ def test_plot_json_names_the_budgets(run_kvops, tmp_path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_a_missing_output_folder_is_made(run_kvops, tmp_path):
+    run_kvops("plot", "-m", "llama-2-7b", "--out", str(tmp_path / "figures" / "kv.png"))
+    assert (tmp_path / "figures" / "kv.png").read_bytes()[:4] == b"\x89PNG"
+
+
 @pytest.mark.parametrize(
     "out, message",
-    [("missing/folder/kv.png", "cannot write"), ("kv.nosuchformat", "not an image format matplotlib writes")],
+    [("a-file/kv.png", "cannot write"), ("kv.nosuchformat", "not an image format matplotlib writes")],
 )
 def test_a_bad_output_path_is_one_line(run_kvops, tmp_path, out, message):
+    (tmp_path / "a-file").write_text("not a folder")
     ran = run_kvops("plot", "-m", "llama-2-7b", "--out", str(tmp_path / out), expect=1)
     assert message in ran.stderr and len(ran.stderr.strip().splitlines()) == 1

@@ -21,7 +21,9 @@ HOSTILE = ["~/m;touch PWNED;#", "m $(touch PWNED) `touch PWNED`", "m\ntouch PWNE
 def bash_words(line: str, cwd) -> list[str]:
     """The words bash reads from `line` (a command line kvops printed), without running it."""
     script = f"set -- {line}\nprintf '%s\\0' \"$@\""
-    ran = subprocess.run(["bash", "-c", script], capture_output=True, cwd=cwd, timeout=30)  # bytes: no newline translation
+    ran = subprocess.run(
+        ["bash", "-c", script], capture_output=True, cwd=cwd, timeout=30
+    )  # bytes: no newline translation
     assert ran.returncode == 0, ran.stderr
     return [word.decode("utf-8", "surrogateescape") for word in ran.stdout.split(b"\0")[:-1]]
 
