@@ -33,7 +33,7 @@ class WeightFormat:
     note: str
 
 
-WEIGHT_FORMAT_CHOICES = ("auto", "bf16", "fp16", "fp32", "fp8", "int8", "awq", "gptq", "mxfp4")
+WEIGHT_FORMAT_CHOICES = ("auto", "bf16", "fp16", "fp32", "fp8", "int8", "awq", "gptq", "mxfp4", "nvfp4")
 DEFAULT_GROUP_SIZE = 128
 
 
@@ -43,6 +43,8 @@ def weight_format(spec: ModelSpec, name: str = "auto") -> WeightFormat:
     quant = spec.quantization or {}
     if key == "auto":
         key = str(quant.get("quant_method") or spec.dtype).lower()
+        if key == "modelopt":  # NVIDIA ModelOpt names its format in quant_algo
+            key = {"FP8": "fp8", "NVFP4": "nvfp4"}.get(str(quant.get("quant_algo")).upper(), key)
         if key in ("compressed-tensors", "compressed_tensors"):
             raise UsageError(
                 f"{spec.name}: compressed-tensors checkpoints are not modelled; pass --quantization fp8, int8, awq or gptq"
@@ -77,6 +79,14 @@ def weight_format(spec: ModelSpec, name: str = "auto") -> WeightFormat:
             per_weight,
             "linear",
             f"{key} int{bits}, group {group}: one fp16 scale + one int{bits} zero per group; embeddings and LM head 16-bit",
+        )
+    if key == "nvfp4":
+        group = int(quant.get("group_size") or 16)
+        return WeightFormat(
+            "nvfp4",
+            4 + 8 / group,
+            "linear",
+            f"NVFP4 weights: 4-bit values + one fp8 scale per {group}; embeddings and LM head 16-bit",
         )
     if key == "mxfp4":
         return WeightFormat(
