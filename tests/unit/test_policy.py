@@ -56,7 +56,7 @@ def test_signal_floor_holds_the_level():
 @pytest.mark.parametrize("mode, expected_cap", [("fail-open", None), ("fail-closed", 512)])
 def test_unknown_keeps_or_lifts_the_limits(tmp_path, mode, expected_cap):
     path = tmp_path / "policy.yaml"
-    path.write_text(f"unknown:\n  mode: {mode}\n")
+    path.write_text(f"unknown:\n  mode: {mode}\n  grace_polls: 0\n")
     tracker = LevelTracker(load_policy(path))
     tracker.update(0.9, now=0)
     assert tracker.update(None, now=1) == Level.UNKNOWN
