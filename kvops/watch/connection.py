@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 REQUEST_TIMEOUT = b"HTTP/1.1 408 Request Timeout\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+LINGER_SECONDS = 2.0
 PROBE_GAP_SECONDS = 0.5  # between the two interim responses: far longer than a round trip to a peer that is gone
 
 
@@ -174,7 +175,9 @@ async def serve(app: web.Application, host: str, port: int, *, header_timeout: f
     work); OSError when the address cannot be bound."""
     app.middlewares.insert(0, track_requests)
     app.on_response_prepare.append(_response_started)
-    runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+    # lingering: how long an answered request's unread body is drained before the close (aiohttp's 10 s would
+    # keep a stalled client's connection that long after its 408)
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=True, lingering_time=LINGER_SECONDS)
     await runner.setup()
     handlers = runner.server
     assert handlers is not None

@@ -176,9 +176,9 @@ class AdmissionProxy:
         self.metrics.request(limits.level, route is not None)
         if route is None:
             return await self.forward(request, path, self._client_body(request), limits, [], self.api.ERRORS)
+        if limits.reject:  # before reading the body: at critical the proxy spends as little as it can
+            return self._reject(limits, route.errors)
         if not route.json:
-            if limits.reject:
-                return self._reject(limits, route.errors)
             return await self.forward(request, path, self._client_body(request), limits, [], route.errors)
         try:
             raw = await self._read_body(request)
@@ -188,8 +188,6 @@ class AdmissionProxy:
             return self._refuse(refusal.status, refusal.message, route.errors)
         except BodyError as problem:
             return self._refuse(HTTPStatus.BAD_REQUEST, str(problem), route.errors)
-        if limits.reject:
-            return self._reject(limits, route.errors)
         changes = apply_limits(found, limits)
         for change in changes:
             self.metrics.clamped.labels(change.split(" ", 1)[0]).inc()
@@ -246,7 +244,10 @@ class AdmissionProxy:
 
     def _refuse(self, status: HTTPStatus, message: str, errors: ErrorShape) -> web.Response:
         self.metrics.refused.labels(str(status.value)).inc()
-        return self.error(status, message, self.limits(), errors)
+        response = self.error(status, message, self.limits(), errors)
+        if status in (HTTPStatus.REQUEST_TIMEOUT, HTTPStatus.REQUEST_ENTITY_TOO_LARGE):
+            response.force_close()  # the rest of the body is not worth waiting for: close, as nginx does
+        return response
 
     def error(
         self, status: HTTPStatus, message: str, limits: Limits, errors: ErrorShape, retry_after: int | None = None

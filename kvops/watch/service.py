@@ -112,9 +112,7 @@ async def once(options: WatchOptions) -> Snapshot:
     try:
         return await watcher.poll()
     finally:
-        await watcher.close()
-        if watcher.recorder:
-            watcher.recorder.close()
+        await _close(watcher)
 
 
 async def watch(options: WatchOptions, log: EventLog) -> None:
@@ -123,9 +121,12 @@ async def watch(options: WatchOptions, log: EventLog) -> None:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
-    listeners: list[Listener] = []
     try:
         listeners = await serve(options, watcher, log)
+    except KvopsError:
+        await _close(watcher)
+        raise
+    try:
         log.emit(
             "started",
             engine=options.engine,
@@ -141,12 +142,16 @@ async def watch(options: WatchOptions, log: EventLog) -> None:
     finally:
         for listener in listeners:
             await listener.close()
-        await watcher.close()
-        if watcher.recorder:
-            watcher.recorder.close()
+        await _close(watcher)
         log.emit(
             "stopped", polls=watcher.polls, poll_failures=watcher.poll_failures_total, level=watcher.current.level.label
         )
+
+
+async def _close(watcher: Watcher) -> None:
+    await watcher.close()
+    if watcher.recorder:
+        watcher.recorder.close()
 
 
 async def serve(options: WatchOptions, watcher: Watcher, log: EventLog) -> list[Listener]:
