@@ -10,8 +10,10 @@ import time
 
 
 def request_bytes(method: str, target: str, body: bytes = b"", headers: dict[str, str] | None = None) -> bytes:
+    """One request, `Connection: close` unless `headers` say otherwise (so that reading to the close ends)."""
+    headers = {"Connection": "close", **(headers or {})}
     lines = [f"{method} {target} HTTP/1.1", "Host: 127.0.0.1"]
-    lines += [f"{name}: {value}" for name, value in (headers or {}).items()]
+    lines += [f"{name}: {value}" for name, value in headers.items()]
     if body or method == "POST":
         lines.append(f"Content-Length: {len(body)}")
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body

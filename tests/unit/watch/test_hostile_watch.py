@@ -215,3 +215,30 @@ def test_no_header_value_is_ever_logged(value):
         watch.stop()
     everything = json.dumps(watch.events()) + "".join(watch.other_output)
     assert SECRET not in everything and not watch.other_output
+
+
+def test_the_proxy_on_its_own_address_keeps_the_admin_endpoints_off_it():
+    from tests.support.vllm_server import free_port
+
+    proxy_port = free_port()
+    with (
+        MetricsServer(vllm_exposition(0.2)) as metrics,
+        ServerThread(RecordingUpstream().app) as upstream,
+        WatchProcess(
+            "--engine",
+            "vllm",
+            "--metrics-url",
+            metrics.url,
+            "--proxy",
+            upstream.url,
+            "--proxy-listen",
+            f"127.0.0.1:{proxy_port}",
+        ) as watch,
+    ):
+        admin_models = exchange(watch.port, request_bytes("GET", "/v1/models"))
+        proxied_policy = exchange(proxy_port, request_bytes("GET", "/kvops/policy"))
+        proxied_models = exchange(proxy_port, request_bytes("GET", "/v1/models"))
+    assert watch.events("started")[0]["proxy_listen"] == f"127.0.0.1:{proxy_port}"
+    assert status_of(admin_models) == 404  # the admin address serves /kvops/* only
+    assert status_of(proxied_models) == 200 and b"X-KVops-Level: ok" in proxied_models
+    assert b'"level"' not in proxied_policy  # forwarded to the engine, which has no such endpoint
