@@ -26,9 +26,15 @@ from http import HTTPStatus
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from aiohttp import web
+from multidict import CIMultiDict
+from yarl import URL
+
 from kvops.engines.api import ErrorShape, Route
 from kvops.policy import Level, Limits
 from kvops.watch.guard import BodyError, apply_limits, canonical_path, encode_body, parse_body, quoted, sites
+from kvops.watch.upstream import Broken, Pool, Response, Unreachable
+from kvops.watch.watcher import EventLog
 
 if sys.version_info >= (3, 11):
     from asyncio import timeout as deadline
@@ -36,10 +42,7 @@ else:  # aiohttp depends on async-timeout before 3.11
     from async_timeout import timeout as deadline
 
 if TYPE_CHECKING:
-    from aiohttp import ClientResponse, ClientSession, web
     from prometheus_client import CollectorRegistry
-
-    from kvops.watch.watcher import EventLog
 
 # Hop-by-hop headers (RFC 9110 7.6.1) and those aiohttp recomputes; everything else passes both ways.
 _HOP_BY_HOP = frozenset(
@@ -55,8 +58,10 @@ _HOP_BY_HOP = frozenset(
         "upgrade",
         "host",
         "content-length",
+        "expect",  # the proxy answered the client's 100-continue itself when it read the body
     }
 )
+_HOP_BY_HOP_NAMES = tuple(sorted(_HOP_BY_HOP))
 LEVEL_HEADER = "X-KVops-Level"
 CLAMPED_HEADER = "X-KVops-Clamped"
 WHOLE_BODY_BYTES = 1 << 20  # an upstream body of known length up to this size is read whole and sent in one write
@@ -137,10 +142,7 @@ class AdmissionProxy:
         metrics: ProxyMetrics,
         log: EventLog | None = None,
     ):
-        from yarl import URL
-
         from kvops import engines
-        from kvops.watch.watcher import EventLog
 
         self.settings = settings
         self.limits = limits
@@ -148,24 +150,17 @@ class AdmissionProxy:
         self.log = log or EventLog(None)
         self.api: ModuleType = engines.get(settings.engine).api
         base = URL(settings.upstream)
-        self._origin = (base.scheme, base.raw_host, base.explicit_port, base.raw_path.rstrip("/"))
-        self.session: ClientSession | None = None
+        self.pool = Pool(base.scheme, base.raw_host or "127.0.0.1", base.port or 80, settings.connect_timeout)
+        self._prefix = base.raw_path.rstrip("/")
+        self._targets: dict[str, str] = {}  # canonical path -> the encoded target sent upstream
 
     def attach(self, app: web.Application) -> None:
-        """Add the catch-all route (after the app's own routes, which keep matching first) and the client session."""
+        """Add the catch-all route (after the app's own routes, which keep matching first)."""
         app.router.add_route("*", "/{tail:.*}", self.handle)
-        app.on_startup.append(self._open)
         app.on_cleanup.append(self._close)
 
-    async def _open(self, app: web.Application) -> None:
-        from aiohttp import ClientSession, ClientTimeout, TCPConnector
-
-        timeout = ClientTimeout(total=None, sock_connect=self.settings.connect_timeout)
-        self.session = ClientSession(timeout=timeout, connector=TCPConnector(limit=0), auto_decompress=False)
-
     async def _close(self, app: web.Application) -> None:
-        if self.session:
-            await self.session.close()
+        self.pool.close()
 
     # --- one request -------------------------------------------------------------------------------------------
 
@@ -188,7 +183,7 @@ class AdmissionProxy:
             return self._refuse(refusal.status, refusal.message, route.errors)
         except BodyError as problem:
             return self._refuse(HTTPStatus.BAD_REQUEST, str(problem), route.errors)
-        changes = apply_limits(found, limits)
+        changes = apply_limits(found, limits) if limits.max_tokens_cap is not None or limits.single_sequence else []
         for change in changes:
             self.metrics.clamped.labels(change.split(" ", 1)[0]).inc()
         return await self.forward(request, path, encode_body(body) if changes else raw, limits, changes, route.errors)
@@ -201,12 +196,15 @@ class AdmissionProxy:
                 HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
                 f"request body of {declared} bytes exceeds the proxy's limit of {limit} bytes",
             )
+        content = request.content
+        if content.is_eof():  # the whole body came with the headers: nothing to wait for
+            return content.read_nowait(-1)
         chunks: list[bytes] = []
         size = 0
         while True:
             try:
                 async with deadline(idle):
-                    chunk = await request.content.readany()
+                    chunk = await content.readany()
             except asyncio.TimeoutError:
                 raise Refusal(HTTPStatus.REQUEST_TIMEOUT, f"request body stalled for more than {idle:g} s") from None
             if not chunk:
@@ -253,8 +251,6 @@ class AdmissionProxy:
         self, status: HTTPStatus, message: str, limits: Limits, errors: ErrorShape, retry_after: int | None = None
     ) -> web.Response:
         """An error in the route's own shape (vLLM's OpenAI ErrorResponse, TGI's {error, error_type}, ...)."""
-        from aiohttp import web
-
         headers = {LEVEL_HEADER: limits.level.label}
         if retry_after is not None:
             headers["Retry-After"] = str(retry_after)
@@ -266,13 +262,13 @@ class AdmissionProxy:
 
     # --- forwarding -------------------------------------------------------------------------------------------------
 
-    def _url(self, path: str, query: str) -> Any:
-        from yarl import URL
-
-        scheme, host, port, prefix = self._origin
-        return URL.build(
-            scheme=scheme, host=host, port=port, path=prefix + quoted(path), query_string=query, encoded=True
-        )
+    def _target(self, path: str, query: str) -> str:
+        target = self._targets.get(path)
+        if target is None:
+            target = self._prefix + quoted(path)
+            if len(self._targets) < 1024:  # the routes clients use; a scan of odd paths cannot grow it
+                self._targets[path] = target
+        return f"{target}?{query}" if query else target
 
     async def forward(
         self,
@@ -283,72 +279,74 @@ class AdmissionProxy:
         changes: list[str],
         errors: ErrorShape,
     ) -> web.StreamResponse:
-        from aiohttp import ClientConnectorError, ClientError, ConnectionTimeoutError
-
-        headers = _without_hop_by_hop(request.headers)
-        if request.content_length is not None and not isinstance(data, bytes):
-            headers["Content-Length"] = str(request.content_length)  # streamed through untouched: same framing
-        assert self.session is not None
+        dropped = _HOP_BY_HOP | _connection_tokens(request.headers.get("Connection"))
+        headers = [(name, value) for name, value in request.headers.items() if name.lower() not in dropped]
+        upstream_name = self.settings.upstream
         try:
             async with deadline(self.settings.first_byte_timeout):
-                upstream = await self.session.request(
+                upstream = await self.pool.request(
                     request.method,
-                    self._url(path, request.rel_url.raw_query_string),
-                    headers=headers,
-                    data=data,
-                    allow_redirects=False,
+                    self._target(path, request.rel_url.raw_query_string),
+                    headers,
+                    data,
+                    None if isinstance(data, bytes) else request.content_length,
                 )
-        except ClientError as exc:
-            if _client_gone(request):
-                raise
-            if isinstance(exc.__cause__, ClientTooSlow):  # aiohttp wraps what the body generator raised
-                stalled = f"request body stalled for more than {self.settings.body_timeout:g} s"
-                return self._refuse(HTTPStatus.REQUEST_TIMEOUT, stalled, errors)
-            unreachable = isinstance(exc, (ClientConnectorError, ConnectionTimeoutError))
-            what = "unreachable" if unreachable else "sent no valid answer"
-            message = f"upstream {self.settings.upstream} {what} ({exc.__class__.__name__})"
+        except ClientTooSlow:
+            stalled = f"request body stalled for more than {self.settings.body_timeout:g} s"
+            return self._refuse(HTTPStatus.REQUEST_TIMEOUT, stalled, errors)
+        except Unreachable as exc:
+            message = f"upstream {upstream_name} unreachable ({exc})"
+            self._upstream_failed(HTTPStatus.BAD_GATEWAY, message, path)
+            return self.error(HTTPStatus.BAD_GATEWAY, message, limits, errors)
+        except Broken as exc:
+            message = f"upstream {upstream_name} sent no valid answer ({exc})"
             self._upstream_failed(HTTPStatus.BAD_GATEWAY, message, path)
             return self.error(HTTPStatus.BAD_GATEWAY, message, limits, errors)
         except asyncio.TimeoutError:
-            message = f"upstream {self.settings.upstream} did not answer within {self.settings.first_byte_timeout:g} s"
+            message = f"upstream {upstream_name} did not answer within {self.settings.first_byte_timeout:g} s"
             self._upstream_failed(HTTPStatus.GATEWAY_TIMEOUT, message, path)
             return self.error(HTTPStatus.GATEWAY_TIMEOUT, message, limits, errors)
         try:
             return await self._relay(request, upstream, path, limits, changes, errors)
         finally:
-            upstream.release()
+            upstream.release()  # back to the pool, or closed: a client gone mid-answer stops the upstream's work
 
     async def _relay(
         self,
         request: web.Request,
-        upstream: ClientResponse,
+        upstream: Response,
         path: str,
         limits: Limits,
         changes: list[str],
         errors: ErrorShape,
     ) -> web.StreamResponse:
-        from aiohttp import ClientError, web
-
         headers = _without_hop_by_hop(upstream.headers)
         headers[LEVEL_HEADER] = limits.level.label
         if changes:
             headers[CLAMPED_HEADER] = ", ".join(changes)
         length = upstream.content_length
-        if length is not None and length <= WHOLE_BODY_BYTES and request.method != "HEAD":
-            try:
-                async with deadline(self.settings.idle_timeout):
-                    body = await upstream.read()
-            except (ClientError, asyncio.TimeoutError) as exc:
-                status = HTTPStatus.GATEWAY_TIMEOUT if isinstance(exc, asyncio.TimeoutError) else HTTPStatus.BAD_GATEWAY
-                message = f"upstream {self.settings.upstream} broke off its answer ({exc.__class__.__name__})"
-                self._upstream_failed(status, message, path)
-                return self.error(status, message, limits, errors)
+        if length is not None and length <= WHOLE_BODY_BYTES and not upstream.head_only:
+            body = upstream.body_nowait()  # a small answer usually came with its headers
+            if body is None:
+                try:
+                    async with deadline(self.settings.idle_timeout):
+                        body = await upstream.read()
+                except (Broken, asyncio.TimeoutError) as exc:
+                    timed_out = isinstance(exc, asyncio.TimeoutError)
+                    status = HTTPStatus.GATEWAY_TIMEOUT if timed_out else HTTPStatus.BAD_GATEWAY
+                    message = f"upstream {self.settings.upstream} broke off its answer ({exc or 'timed out'})"
+                    self._upstream_failed(status, message, path)
+                    return self.error(status, message, limits, errors)
             return web.Response(status=upstream.status, reason=upstream.reason, body=body, headers=headers)
+        first, problem = await self._next(upstream)  # before the status line: a failure now is a clean 502/504
+        if problem is not None:
+            self._upstream_failed(problem[0], problem[1], path)
+            return self.error(problem[0], problem[1], limits, errors)
         response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
         if length is not None:
             response.content_length = length
         await response.prepare(request)
-        problem = await self._stream(upstream, response)
+        problem = await self._stream(upstream, response, first)
         if problem is None:
             await response.write_eof()
             return response
@@ -362,30 +360,38 @@ class AdmissionProxy:
             request.transport.close()  # any other body: cut short, so the client sees it incomplete
         return response
 
-    async def _stream(self, upstream: ClientResponse, response: web.StreamResponse) -> tuple[HTTPStatus, str] | None:
-        """Copy the upstream's body chunk by chunk; why it had to stop early, or None."""
-        from aiohttp import ClientError
-
+    async def _next(self, upstream: Response) -> tuple[bytes, tuple[HTTPStatus, str] | None]:
+        """The next piece of the upstream's body (b"" at its end), or why there is none."""
         idle = self.settings.idle_timeout
-        while True:
-            try:
-                async with deadline(idle):
-                    chunk = await upstream.content.readany()
-            except asyncio.TimeoutError:
-                return HTTPStatus.GATEWAY_TIMEOUT, f"upstream {self.settings.upstream} sent nothing for {idle:g} s"
-            except ClientError as exc:
-                return HTTPStatus.BAD_GATEWAY, f"upstream {self.settings.upstream} broke off ({exc.__class__.__name__})"
-            if not chunk:
-                return None
+        try:
+            async with deadline(idle):
+                return await upstream.next_chunk(), None
+        except asyncio.TimeoutError:
+            return b"", (HTTPStatus.GATEWAY_TIMEOUT, f"upstream {self.settings.upstream} sent nothing for {idle:g} s")
+        except Broken as exc:
+            return b"", (HTTPStatus.BAD_GATEWAY, f"upstream {self.settings.upstream} broke off ({exc})")
+
+    async def _stream(
+        self, upstream: Response, response: web.StreamResponse, chunk: bytes
+    ) -> tuple[HTTPStatus, str] | None:
+        """Copy the upstream's body chunk by chunk, from `chunk`; why it had to stop early, or None."""
+        while chunk:
             await response.write(chunk)  # a client that went away raises here: the handler is cancelled
+            chunk, problem = await self._next(upstream)
+            if problem is not None:
+                return problem
+        return None
 
 
-def _without_hop_by_hop(headers: Any) -> Any:
+def _without_hop_by_hop(headers: Any) -> CIMultiDict:
     """Headers to pass on: all but the hop-by-hop ones (repeated ones such as Set-Cookie kept, in order)."""
-    from multidict import CIMultiDict
-
-    dropped = _HOP_BY_HOP | _connection_tokens(headers.get("Connection"))
-    return CIMultiDict((name, value) for name, value in headers.items() if name.lower() not in dropped)
+    kept = CIMultiDict(headers)
+    for name in _HOP_BY_HOP_NAMES:
+        if name in kept:
+            kept.popall(name)
+    for name in _connection_tokens(headers.get("Connection")):
+        kept.popall(name, None)
+    return kept
 
 
 def _connection_tokens(value: str | None) -> frozenset[str]:
@@ -393,10 +399,6 @@ def _connection_tokens(value: str | None) -> frozenset[str]:
     if not value:
         return frozenset()
     return frozenset(token.strip().lower() for token in value.split(","))
-
-
-def _client_gone(request: web.Request) -> bool:
-    return request.transport is None or request.transport.is_closing()
 
 
 def mount(
