@@ -10,7 +10,7 @@ structured line per event.
 - **Logs**: aiohttp's and asyncio's log records become one JSON event each, with the exception's type and never its
   text: aiohttp's parse errors quote the offending header bytes (`no header value is ever logged`).
 
-`serve(app, host, port, ...)` starts an application behind these connections and returns its runner.
+`serve(app, host, port, ...)` starts an application behind these connections and returns its `Listener`.
 """
 
 from __future__ import annotations
@@ -158,7 +158,7 @@ async def _response_started(request: web.Request, response: web.StreamResponse) 
 class Listener:
     """An application served on one address through ClientConnections (aiohttp's TCPSite, its protocol wrapped)."""
 
-    def __init__(self, runner: web.AppRunner, server: asyncio.AbstractServer):
+    def __init__(self, runner: web.AppRunner, server: asyncio.Server):
         self.runner, self.server = runner, server
 
     @property

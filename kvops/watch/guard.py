@@ -102,7 +102,7 @@ class Site:
 def sites(route: Route, body: dict[str, Any]) -> list[Site]:
     """The generations a body asks for, each validated; BodyError names the first malformed field."""
     items = [body] if route.each is None else body.get(route.each)
-    if route.each is not None and not (isinstance(items, list) and all(isinstance(i, dict) for i in items)):
+    if not (isinstance(items, list) and all(isinstance(i, dict) for i in items)):
         raise BodyError(f'"{route.each}" must be a list of JSON objects')
     found = []
     for item in items:
@@ -147,26 +147,28 @@ def apply_limits(found: list[Site], limits: Limits) -> list[str]:
 def _clamp_site(site: Site, limits: Limits) -> list[str]:
     fields, holder = site.fields, site.holder or {}
     given = [name for name in fields.tokens if holder.get(name) is not None]
-    beams = holder.get(fields.n) or 1 if fields.beam_search and holder.get(fields.beam_search) else None
+    n = (holder.get(fields.n) if fields.n else None) or 1
+    beams = n if fields.beam_search and holder.get(fields.beam_search) else None
     params = RequestParams(
         max_tokens=min(holder[name] for name in given) if given else fields.default,
-        n=(holder.get(fields.n) if fields.n else None) or 1,
+        n=n,
         best_of=holder.get(fields.best_of) if fields.best_of else None,
         beam_width=beams,
     )
     clamped, changes = clamp(params, limits)
-    if clamped.max_tokens != params.max_tokens:
+    cap = clamped.max_tokens
+    if cap is not None and cap != params.max_tokens:
         names = given or ([fields.add] if fields.add else [])
         if not names:  # the engine requires the field and the request lacks it: the engine refuses it
             changes = [change for change in changes if not change.startswith("max_tokens ")]
         else:
             writable = site.holder_for_writing()
             for name in names:
-                writable[name] = clamped.max_tokens
-            changes += _lower_dependents(site.item, writable, fields, clamped.max_tokens)
-    if clamped.n != params.n or clamped.beam_width != params.beam_width:
+                writable[name] = cap
+            changes += _lower_dependents(site.item, writable, fields, cap)
+    if fields.n and (clamped.n != params.n or clamped.beam_width != params.beam_width):
         site.holder_for_writing()[fields.n] = 1
-    if clamped.best_of != params.best_of:
+    if fields.best_of and clamped.best_of != params.best_of:
         site.holder_for_writing()[fields.best_of] = 1
     if beams is not None:  # with beam search, n is the beam width: report it once, as beam_width
         changes = [change for change in changes if not change.startswith("n ")]

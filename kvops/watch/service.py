@@ -174,7 +174,7 @@ async def serve(options: WatchOptions, watcher: Watcher, log: EventLog) -> list[
         shared = options.proxy_listen is None
         client_app = admin if shared else web.Application()
         mount(client_app, options.proxy, lambda: watcher.current.limits, admin[REGISTRY], log)
-        if not shared:
+        if options.proxy_listen is not None:
             apps.append(("--proxy-listen", options.proxy_listen, client_app))
     listeners: list[Listener] = []
     try:

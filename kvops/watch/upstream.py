@@ -220,7 +220,7 @@ class Response:
         a client that went away: the upstream sees the close and stops its work)."""
         connection = self.connection
         sending = self.sender is not None and not self.sender.done()
-        if sending:
+        if self.sender is not None and sending:
             self.sender.cancel()  # the upstream answered before the request body was all sent
         if connection.complete and connection.keep_alive and not (self.head_only or connection.chunks or sending):
             self.pool.give_back(connection)
@@ -291,8 +291,9 @@ class Pool:
             ready.cancel()
             if sender is not None:
                 sender.cancel()
-                if sender.done() and not sender.cancelled() and sender.exception() is not None:
-                    raise sender.exception() from None  # the body's own failure (a client too slow)
+                failure = sender.exception() if sender.done() and not sender.cancelled() else None
+                if failure is not None:
+                    raise failure from None  # the body's own failure (a client too slow)
             if isinstance(exc, UpstreamError | asyncio.CancelledError | asyncio.TimeoutError):
                 raise
             raise Broken(f"failed while sending ({type(exc).__name__})") from None
