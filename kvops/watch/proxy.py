@@ -12,8 +12,10 @@ Responses come back whole when the upstream sent a small body with its length, e
 (server-sent events included). The upstream must send its headers within `first_byte_timeout` and then never fall
 silent for `idle_timeout`; a stream that must end early ends with the route's error event and a clean terminator
 (server-sent events), or is cut short (any other body: the client sees it incomplete). A client that disconnects
-cancels the upstream request (the server runs with aiohttp's handler_cancellation). Headers are forwarded, never
-logged; the proxy's own events (upstream failures, cut streams) are one JSON line each.
+cancels the upstream request (the server runs with aiohttp's handler_cancellation). Requests reach the upstream
+through `kvops.watch.upstream`, a keep-alive HTTP/1.1 client that sends the client's headers (hop-by-hop ones
+dropped) and nothing else. Headers are never logged; the proxy's own events (upstream failures, cut streams) are
+one JSON line each.
 """
 
 from __future__ import annotations
