@@ -14,9 +14,14 @@ a decoding request has one token in flight, so it holds at most ceil(window / bl
 Guard v2 admits by the future peak of the whole batch (`future_peak`): every request's course through the pool,
 one token per step from what it holds now to its projected end (`Course`), then nothing; the batch's peak is
 the largest sum over future steps, far below the sum of the requests' own peaks when they finish at different
-times. Projected ends come from max_tokens when the length is known, or from the output lengths this engine
-produced recently (`OutputLengths`, a Kaplan-Meier survival curve: a request cut by its max_tokens says only
-that its natural length was longer).
+times. A request whose length is known (ignore_eos, no stop tokens or strings) ends at its max_tokens, and the peak of
+such a batch is exact (`future_peak`). A request that may stop at any step ends by the output lengths this engine
+produced recently (`OutputLengths`, a Kaplan-Meier survival curve: a request cut by its max_tokens says only that
+its natural length was longer), given what it has generated: at every future step it is still running with the
+curve's probability, never past its max_tokens. Such a batch is admitted by risk (`risk_prefix`): at every future
+step, the blocks the batch is expected to hold plus z standard deviations (z for the configured quantile, the
+requests' ends taken as independent) must fit. Summing every request's own high quantile instead would count
+each one at its unlikely longest, all at once: the batch's total is far more predictable than any one request.
 """
 
 from __future__ import annotations
@@ -25,6 +30,9 @@ from bisect import bisect_left, bisect_right, insort
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from statistics import NormalDist
+
+import numpy as np
 
 from kvops.formula import token_slots
 
@@ -112,6 +120,10 @@ class Course:
     end: int
     linger: int = 0
     prefilling: bool = False  # its prompt is still to be computed: a sliding window also holds the chunk in flight
+    # None: its length is known, it ends at `end`. Else it may stop at any step: the output tokens it has, and
+    # those it generates at least (min_tokens); `end` is then where max_tokens stops it at the latest.
+    generated: int | None = None
+    at_least: int = 0
 
     @property
     def last_step(self) -> int:
@@ -193,6 +205,118 @@ def _usage_at_last_steps(courses: Sequence[Course], shape: GroupShape, steps: li
     return used
 
 
+# --- guard v2 with lengths unknown: the batch's usage by risk --------------------------------------------------
+
+
+def risk_margin(quantile: float) -> float:
+    """Standard deviations above the expected usage that the batch's usage stays under with `quantile`
+    probability at a future step (normal approximation of a sum of many independent requests)."""
+    return NormalDist().inv_cdf(quantile)
+
+
+def future_grid(horizon: int, fine: int = 16, ratio: float = 1.125) -> np.ndarray:
+    """Future steps 0..horizon at which a batch is weighed: every step up to `fine`, then each about 1/8 further
+    than the last (about 50 points for 1,000 steps), and `horizon`. Each point stands for the steps up to the
+    next one (`risk_prefix` bounds the usage over that whole interval)."""
+    steps = list(range(min(fine, horizon + 1)))
+    step = float(fine)
+    while step < horizon:
+        steps.append(int(step))
+        step *= ratio
+    steps.append(horizon)
+    return np.unique(np.array(steps, dtype=np.int64))
+
+
+class Survival:
+    """S(t) = P(a request's output length > t), a Kaplan-Meier step curve: `lengths` where it steps (ascending),
+    `values` the curve just after each."""
+
+    def __init__(self, lengths: Sequence[int], values: Sequence[float]):
+        self.lengths = np.asarray(lengths, dtype=np.int64)
+        self.values = np.asarray(values, dtype=np.float64)
+
+    def at(self, tokens: np.ndarray) -> np.ndarray:
+        index = np.searchsorted(self.lengths, tokens, side="right")
+        return np.where(index == 0, 1.0, self.values[np.maximum(index - 1, 0)])
+
+
+def _rows(courses: Sequence[Course], shapes: Sequence[GroupShape], survival: Survival | None, delay: int, grid):
+    """Per course and grid interval [grid[j], grid[j + 1]): the most blocks it may hold in the interval (it
+    grows) and the chance it still runs at the interval's start (that chance only falls)."""
+    held = np.fromiter((course.held for course in courses), np.int64, len(courses))
+    end = np.fromiter((course.end for course in courses), np.int64, len(courses))
+    linger = np.fromiter((course.linger for course in courses), np.int64, len(courses))
+    prefilling = np.fromiter((course.prefilling for course in courses), bool, len(courses))
+    latest = np.append(grid[1:] - 1, grid[-1])  # each interval's last step
+    tokens = np.minimum(held[:, None] + latest[None, :], end[:, None])
+    blocks = np.zeros(tokens.shape, dtype=np.int64)
+    for shape in shapes:
+        grown = -(-tokens // shape.block_size)
+        caps = (shape.cap(True), shape.cap(False))
+        if caps != (None, None):
+            unbounded = np.iinfo(np.int64).max
+            cap = np.where(prefilling, caps[0] or unbounded, caps[1] or unbounded)
+            grown = np.minimum(grown, cap[:, None])
+        blocks += grown
+    last = (end - held) + linger + delay  # the last step it may hold blocks
+    alive = (grid[None, :] <= last[:, None]).astype(np.float64)
+    unknown = [index for index, course in enumerate(courses) if course.generated is not None]
+    if unknown and survival is not None:
+        rows = np.array(unknown)
+        floor = np.array([courses[index].at_least - 1 for index in unknown])[:, None]
+        generated = np.array([courses[index].generated for index in unknown])[:, None]
+        shifted = np.maximum(grid[None, :] - delay - linger[rows][:, None], 0)  # steps it may have lost
+        now = survival.at(np.maximum(generated, floor))
+        later = survival.at(np.maximum(generated + shifted, floor))
+        # a request that outlived every length seen: the curve knows nothing more, it runs to its max_tokens
+        chance = np.where(now > 0, later / np.where(now > 0, now, 1.0), 1.0)
+        alive[rows] *= chance
+    return blocks, alive
+
+
+def risk_prefix(
+    running: Sequence[Course],
+    waiting: Sequence[Course],
+    shapes: Sequence[GroupShape],
+    capacity: int,
+    survival: Survival | None,
+    margin: float,
+    delay: int = 0,
+) -> int:
+    """How many of `waiting`, in order, may join `running` while at every future step the batch's expected
+    blocks plus `margin` standard deviations fit `capacity`. A course's blocks are bounded over each grid
+    interval by its blocks at the interval's end and its chance to run at its start: conservative between the
+    points (a course of known length runs with chance 1 up to its end, as in `future_peak`). `delay`: steps of
+    holding more for every course, as there."""
+    courses = [*running, *waiting]
+    if not waiting:
+        return 0
+    horizon = max(max(course.end - course.held, 0) + course.linger for course in courses) + delay
+    grid = future_grid(horizon)
+    blocks, alive = _rows(courses, shapes, survival, delay, grid)
+    expected = blocks * alive
+    spread = blocks * blocks * alive * (1.0 - alive)
+    split = len(running)
+    mean = expected[:split].sum(axis=0) + np.cumsum(expected[split:], axis=0)
+    variance = spread[:split].sum(axis=0) + np.cumsum(spread[split:], axis=0)
+    peaks = (mean + margin * np.sqrt(variance)).max(axis=1)
+    too_many = np.flatnonzero(peaks > capacity + 1e-9)
+    return int(too_many[0]) if too_many.size else len(waiting)
+
+
+def risk_peak(
+    courses: Sequence[Course], shapes: Sequence[GroupShape], survival: Survival | None, margin: float
+) -> float:
+    """The largest, over future steps, of the batch's expected blocks plus `margin` standard deviations."""
+    if not courses:
+        return 0.0
+    grid = future_grid(max(max(course.end - course.held, 0) + course.linger for course in courses))
+    blocks, alive = _rows(courses, shapes, survival, 0, grid)
+    mean = (blocks * alive).sum(axis=0)
+    variance = (blocks * blocks * alive * (1.0 - alive)).sum(axis=0)
+    return float((mean + margin * np.sqrt(variance)).max())
+
+
 def fitting_prefix(fits: Callable[[int], bool], count: int) -> int:
     """The longest prefix 0..count of a queue for which `fits(n)` holds, `fits` being monotone (a longer prefix
     never fits where a shorter one does not). Galloping from 1 (1, 2, 4, ...) then halving: a step that admits
@@ -232,11 +356,21 @@ class OutputLengths:
         self._lengths: list[int] = []  # distinct lengths at which some request ended, ascending
         self._survival: list[float] = []  # S(t) at each of them
         self._ends = 0
+        self._curve: Survival | None = None
 
     def record(self, length: int, ended: bool) -> None:
         """One finished request: `ended` when it stopped by itself, False when its limit cut it."""
         self._samples.append((length, ended))
         self._since_rebuild += 1
+
+    def survival(self) -> Survival | None:
+        """The curve, or None before `min_ends` requests ended by themselves."""
+        self._refresh()
+        if self._ends < self.min_ends:
+            return None
+        if self._curve is None:
+            self._curve = Survival(self._lengths, self._survival)
+        return self._curve
 
     def projected_end(self, generated: int) -> int | None:
         """Tokens the request will have generated when it ends, at the quantile, given `generated` so far."""
@@ -282,5 +416,5 @@ class OutputLengths:
                 lengths.append(length)
                 curve.append(survival)
             at_risk -= gone
-        self._lengths, self._survival = lengths, curve
+        self._lengths, self._survival, self._curve = lengths, curve, None
         self._ends = sum(ended for _, ended in ordered)

@@ -46,6 +46,9 @@ from kvops_vllm.admission import (
     future_peak,
     live_blocks,
     projected_blocks,
+    risk_margin,
+    risk_peak,
+    risk_prefix,
     whole_blocks,
     window_blocks,
 )
@@ -96,6 +99,7 @@ class KVGuardScheduler(AsyncScheduler):
         # held through the next step, which Course already counts; more batches in flight hold them longer.
         self.linger_steps = max(0, self.vllm_config.max_concurrent_batches - 2)
         self.output_lengths = OutputLengths(config.output_history, config.output_quantile, config.output_min_ends)
+        self.risk_margin = risk_margin(config.output_quantile)
         self.level_tracker = LevelTracker(config.policy)
         self.guard_counts = GuardCounts()
         self.in_force: tuple[Limits, str] = (config.policy.limits(Level.OK), "no watcher")
@@ -114,6 +118,7 @@ class KVGuardScheduler(AsyncScheduler):
         self._waited_for_kv: weakref.WeakSet[Request] = weakref.WeakSet()
         self._held_once: weakref.WeakSet[Request] = weakref.WeakSet()
         self._logged_counts = GuardCounts()
+        self._fewest_free = self.usable_blocks  # since the last summary: its peak KV usage
         self._summary_since = time.monotonic()
         self._next_summary = self._summary_since + config.log_seconds
         logger.info("kvops guard: %s", self._describe())
@@ -129,6 +134,9 @@ class KVGuardScheduler(AsyncScheduler):
         finally:
             if held is not None:
                 self._release(held)
+            free = self.kv_cache_manager.block_pool.get_num_free_blocks()
+            if free < self._fewest_free:
+                self._fewest_free = free
             self._maybe_log_summary()
 
     def _hold_back(self, limits: Limits):
@@ -184,12 +192,17 @@ class KVGuardScheduler(AsyncScheduler):
         idle = not admitted
         if self.guard_config.admission == "reserve":
             return admissible_prefix(map(self.projected_blocks, candidates), self.kv_slack(), idle)
+        survival = self.output_lengths.survival()
         running, waiting = self.courses(admitted), self.courses(candidates)
         capacity = self.peak_capacity(admitted)
         prefill = [_prefill_tokens(request) for request in admitted]
         prefill_waiting = [_prefill_tokens(request) for request in candidates]
         chunk = max(1, self.max_num_scheduled_tokens - sum(1 for tokens in prefill if tokens <= 1))
         backlog = sum(prefill)
+        if any(course.generated is not None for course in (*running, *waiting)):
+            delay = -(-(backlog + sum(prefill_waiting)) // chunk)  # all of them: an upper bound for every prefix
+            count = risk_prefix(running, waiting, self.kv_shapes, capacity, survival, self.risk_margin, delay)
+            return max(count, 1) if idle else count
 
         def fits(count: int) -> bool:
             # steps the prefill backlog may take the whole token budget: a decode behind it can lose a step
@@ -217,20 +230,31 @@ class KVGuardScheduler(AsyncScheduler):
 
     def courses(self, requests: list[Request]) -> list[Course]:
         """Each request's course from this step: it holds every token it has (its whole prompt if still
-        prefilling: conservative) and grows one token per step to prompt + projected output."""
+        prefilling: conservative) and grows one token per step up to prompt + max_tokens; one that may stop
+        earlier carries what it generated, for the output lengths' survival curve (until enough requests ended
+        for one, it counts to its max_tokens)."""
         lookahead, longest, linger = self.num_lookahead_tokens, self.max_model_len, self.linger_steps
+        survival = self.output_lengths.survival()
         fixed = self._fixed_ends
         courses = []
         for request in requests:  # runs at every scheduling step: plain arithmetic
             pending = request.num_tokens + request.num_output_placeholders
             held = min(pending + lookahead, longest)
-            end = fixed.get(request.request_id)
-            if end is None:
-                end = min(request.num_prompt_tokens + self.projected_output(request) + lookahead, longest)
-                if request.sampling_params is None or _known_length(request.sampling_params):
-                    fixed[request.request_id] = end
             prefilling = pending - request.num_computed_tokens > 1
-            courses.append(Course(held, end if end > held else held, linger, prefilling))
+            end = fixed.get(request.request_id)
+            if end is not None:
+                courses.append(Course(held, end if end > held else held, linger, prefilling))
+                continue
+            params = request.sampling_params
+            limit = max(0, min(request.max_tokens, longest - request.num_prompt_tokens))
+            end = min(request.num_prompt_tokens + limit + lookahead, longest)
+            if params is None or _known_length(params) or survival is None:
+                if params is None or _known_length(params):
+                    fixed[request.request_id] = end
+                courses.append(Course(held, end if end > held else held, linger, prefilling))
+                continue
+            generated = request.num_output_tokens + request.num_output_placeholders
+            courses.append(Course(held, end if end > held else held, linger, prefilling, generated, params.min_tokens))
         return courses
 
     def peak_capacity(self, admitted: list[Request]) -> int:
@@ -393,9 +417,10 @@ class KVGuardScheduler(AsyncScheduler):
         self._next_summary = now + self.guard_config.log_seconds
         since, self._summary_since = now - self._summary_since, now
         self._logged_counts = GuardCounts(**vars(self.guard_counts))
+        peak_used, self._fewest_free = self.usable_blocks - self._fewest_free, self.usable_blocks
         logger.info(
             "kvops guard: in the last %.0f s: %d queued for KV, %d max_tokens capped, %d kept waiting by the level, "
-            "%d preempted (%d tokens to recompute), %d past their projected length; "
+            "%d preempted (%d tokens to recompute), %d past their projected length; peak KV usage %.1f%% (%d of %d blocks); "
             "now %d running, %d waiting, %d blocks free, %s",
             since,
             delta.queued_for_kv,
@@ -404,6 +429,9 @@ class KVGuardScheduler(AsyncScheduler):
             delta.preempted,
             delta.recomputed_tokens,
             delta.mispredicted,
+            100 * peak_used / self.usable_blocks,
+            peak_used,
+            self.usable_blocks,
             len(self.running),
             len(self.waiting),
             self.kv_cache_manager.block_pool.get_num_free_blocks(),
@@ -413,8 +441,12 @@ class KVGuardScheduler(AsyncScheduler):
     def _commitment(self) -> str:
         if self.guard_config.admission == "reserve":
             return f"{sum(map(self.blocks_still_needed, self.running))} reserved for admitted requests"
-        peak = future_peak(self.courses([*self.running, *self.kv_holding_waiting]), self.kv_shapes)
-        return f"projected peak {peak} of {self.usable_blocks} usable"
+        survival = self.output_lengths.survival()
+        courses = self.courses([*self.running, *self.kv_holding_waiting])
+        if any(course.generated is not None for course in courses):
+            peak = risk_peak(courses, self.kv_shapes, survival, self.risk_margin)
+            return f"projected peak {peak:.0f} of {self.usable_blocks} usable (p{self.guard_config.output_quantile * 100:g})"
+        return f"projected peak {future_peak(courses, self.kv_shapes)} of {self.usable_blocks} usable"
 
     def _describe(self) -> str:
         config = self.guard_config
@@ -425,8 +457,9 @@ class KVGuardScheduler(AsyncScheduler):
             how = "projected KV (prompt + max_tokens)"
         else:
             how = (
-                f"the future peak of the whole batch (output lengths: max_tokens where known, else p{config.output_quantile * 100:g} "
-                f"of the last {config.output_history} finished, max_tokens until {config.output_min_ends} ended)"
+                f"the future peak of the whole batch (lengths: max_tokens where known, else the last "
+                f"{config.output_history} finished, the batch within the pool at p{config.output_quantile * 100:g}; "
+                f"max_tokens until {config.output_min_ends} ended)"
             )
         watcher = f"the watcher at {config.policy_url}" if config.policy_url else ""
         if config.levels == "own":

@@ -473,8 +473,9 @@ def test_the_startup_line_and_a_summary_when_the_engine_drains(guard, watcher, r
     run = Driver(scheduler).drain()
     assert run.preemptions == 0 and len(run.finished) == 6
     assert startup_line(guard_log) == (
-        "kvops guard: admitting by the future peak of the whole batch (output lengths: max_tokens where known, "
-        "else p95 of the last 1000 finished, max_tokens until 32 ended) over 13 usable blocks, headroom 0; "
+        "kvops guard: admitting by the future peak of the whole batch (lengths: max_tokens where known, else the "
+        "last 1000 finished, the batch within the pool at p95; max_tokens until 32 ended) over 13 usable blocks, "
+        "headroom 0; "
         "groups: full attention (16-token blocks); policy shipped default (warn 70%, degrade 85%, critical 95%); "
         f"levels from the watcher at {watcher.url}"
     )
@@ -482,7 +483,8 @@ def test_the_startup_line_and_a_summary_when_the_engine_drains(guard, watcher, r
     assert len(summaries) == 1
     assert summaries[0].endswith(
         " s: 1 queued for KV, 5 max_tokens capped, 0 kept waiting by the level, 0 preempted (0 tokens to recompute), "
-        "0 past their projected length; now 0 running, 0 waiting, 13 blocks free, projected peak 0 of 13 usable"
+        "0 past their projected length; peak KV usage 76.9% (10 of 13 blocks); now 0 running, 0 waiting, 13 blocks free, "
+        "projected peak 0 of 13 usable"
     )
 
 
