@@ -41,6 +41,7 @@ import re
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
@@ -75,6 +76,9 @@ class Arm:
     name: str
     args: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
+
+
+ARMS = ("stock", "guard-v1", "guard-v2", "stock+caps")
 
 
 def arms(queue_cap: int) -> list[Arm]:
@@ -142,7 +146,12 @@ class Outcome:
     tokens: int = 0
     finish: str | None = None
     refusals: int = 0
-    error: str | None = None
+    streamed_refusals: int = 0  # of them, refusals sent as an error event in an HTTP 200 stream
+    error: str | dict | None = None
+
+    def refused_in_stream(self) -> bool:
+        """The stream carried no token, only an error whose code is a retryable refusal (429, 503)."""
+        return self.tokens == 0 and isinstance(self.error, dict) and self.error.get("code") in (429, 503)
 
     @property
     def complete(self) -> bool:
@@ -182,6 +191,12 @@ async def send(session, url: str, model: str, job: Job, start: float) -> Outcome
                 await read_stream(response, outcome)
             except (aiohttp.ClientError, ValueError) as exc:
                 outcome.error = str(exc)
+            if outcome.refused_in_stream():  # vLLM's queue caps refuse a stream as HTTP 200 + an error event
+                outcome.refusals += 1
+                outcome.streamed_refusals += 1
+                outcome.error = outcome.finish = None
+                await asyncio.sleep(RETRY_SECONDS)
+                continue
             return outcome
 
 
@@ -192,7 +207,7 @@ async def read_stream(response, outcome: Outcome) -> None:
             continue
         chunk = json.loads(line[len("data: ") :])
         if "error" in chunk:
-            outcome.error = str(chunk["error"])
+            outcome.error = chunk["error"]
         for choice in chunk.get("choices", ()):
             if choice.get("text") and outcome.first is None:
                 outcome.first = time.monotonic()
@@ -231,6 +246,7 @@ class Result:
             "completed": sum(o.complete for o in self.outcomes),
             "sent": len(self.outcomes),
             "refused_then_retried": sum(o.refusals for o in self.outcomes),
+            "refused_in_a_200_stream": sum(o.streamed_refusals for o in self.outcomes),
             "errors": sum(o.error is not None for o in self.outcomes),
             "seconds": round(self.seconds, 2),
             "goodput_tokens_per_s": round(self.goodput, 1),
@@ -246,48 +262,64 @@ class Result:
 
 GUARD_LINE = re.compile(
     r"kvops guard: in the last \d+ s: (\d+) queued for KV, \d+ max_tokens capped, \d+ kept waiting by the level, "
-    r"(\d+) preempted \((\d+) tokens to recompute\), (\d+) past their projected length"
+    r"(\d+) preempted \((\d+) tokens to recompute\), (\d+) past their projected length; "
+    r"peak KV usage [\d.]+% \((\d+) of (\d+) blocks\)"
 )
 
 
-def guard_counts(log: str) -> dict[str, int]:
-    """The guard's own counts in a stretch of its log (its summary lines)."""
-    totals = {"queued_for_kv": 0, "guard_preempted": 0, "recomputed_tokens": 0, "mispredicted": 0}
+def guard_counts(log: str) -> dict[str, float]:
+    """The guard's own counts in a stretch of its log (its summary lines), and its peak KV usage there."""
+    totals: dict[str, float] = {"queued_for_kv": 0, "guard_preempted": 0, "recomputed_tokens": 0, "mispredicted": 0}
+    peak = 0.0
     for match in GUARD_LINE.finditer(log):
-        for key, value in zip(totals, match.groups()):
+        *counts, used, usable = match.groups()
+        for key, value in zip(totals, counts):
             totals[key] += int(value)
-    return totals
+        peak = max(peak, int(used) / int(usable))
+    return {**totals, "guard_peak_kv_usage": round(peak, 3)}
+
+
+class Sampler(threading.Thread):
+    """/metrics every 0.1 s from a thread of its own, so the client's event loop never delays it. The API server
+    answers late while it streams to many clients: a scrape that fails or times out is skipped, and the peaks
+    are those of the scrapes that answered (the guard's own peak, from inside the engine, is exact)."""
+
+    def __init__(self, url: str):
+        super().__init__(daemon=True)
+        self.url, self.stop, self.scrapes = url, threading.Event(), 0
+        self.peak_kv = self.peak_running = 0.0
+
+    def run(self) -> None:
+        import urllib.request
+
+        while not self.stop.is_set():
+            with suppress(OSError, ValueError, KeyError):
+                with urllib.request.urlopen(self.url + "/metrics", timeout=2) as response:
+                    values = gauges(response.read().decode())
+                self.peak_kv = max(self.peak_kv, values["vllm:kv_cache_usage_perc"])
+                self.peak_running = max(self.peak_running, values["vllm:num_requests_running"])
+                self.scrapes += 1
+            self.stop.wait(0.1)
 
 
 async def run_jobs(server: VllmServer, name: str, jobs: list[Job]) -> Result:
-    """Send `jobs` on their schedule, sample /metrics every 0.1 s, and read the guard's log lines meanwhile."""
+    """Send `jobs` on their schedule, sample /metrics meanwhile, and read the guard's log lines."""
     import aiohttp
 
     log_start = len(server.log_text())
     before = gauges(server.metrics())
-    peaks = {"kv": 0.0, "running": 0.0}
-    done = asyncio.Event()
-
-    async def sample(session) -> None:
-        while not done.is_set():
-            async with session.get(server.url + "/metrics") as response:
-                values = gauges(await response.text())
-            peaks["kv"] = max(peaks["kv"], values["vllm:kv_cache_usage_perc"])
-            peaks["running"] = max(peaks["running"], values["vllm:num_requests_running"])
-            with suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(done.wait(), 0.1)
-
+    sampler = Sampler(server.url)
     timeout = aiohttp.ClientTimeout(total=1800)
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
-        sampler = asyncio.create_task(sample(session))
+        sampler.start()
         start = time.monotonic()
         outcomes = await asyncio.gather(*(send(session, server.url, str(server.model), job, start) for job in jobs))
         seconds = max(o.done or time.monotonic() for o in outcomes) - start
-        done.set()
-        await sampler
+        sampler.stop.set()
         # one small request after the run: the guard logs its summary when it drains
         await send(session, server.url, str(server.model), Job(0, [5, 6, 7], 2, True, 0), time.monotonic())
+    sampler.join()
     await asyncio.sleep(0.3)
     after = gauges(server.metrics())
     return Result(
@@ -295,8 +327,8 @@ async def run_jobs(server: VllmServer, name: str, jobs: list[Job]) -> Result:
         list(outcomes),
         seconds,
         int(after["vllm:num_preemptions_total"] - before["vllm:num_preemptions_total"]),
-        peaks["kv"],
-        int(peaks["running"]),
+        sampler.peak_kv,
+        int(sampler.peak_running),
         guard_counts(server.log_text()[log_start:]) if "scheduler-cls" in " ".join(server.args) else {},
     )
 
@@ -341,9 +373,10 @@ def step_cost(model: Path, running: int = 256, steps: int = 200) -> dict:
         ("guard-v1", KVGuardScheduler, {"KVOPS_ADMISSION": "reserve"}),
         ("guard-v2", KVGuardScheduler, {"KVOPS_ADMISSION": "peak"}),
     ):
+        seats = running if cls is AsyncScheduler else 2 * running  # stock: its seats keep the queue waiting
         with environment(KVOPS_LOG_SECONDS="3600", **env):
             scheduler = build_scheduler(
-                cls, model, num_blocks=pool, max_num_seqs=2 * running, max_num_batched_tokens=8192, max_model_len=2048
+                cls, model, num_blocks=pool, max_num_seqs=seats, max_num_batched_tokens=8192, max_model_len=2048
             )
         requests = Requests()
         driver = Driver(scheduler)
@@ -411,8 +444,13 @@ def bench_shape(name: str, shape: dict, folder: Path, options) -> dict:
         warm = {arm.name: run(servers[arm.name], arm.name, warmup) for arm in arm_list}
         stock = warm["stock"]
         rate = stock.summary()["completed"] / stock.seconds  # requests per second stock sustains, saturated
-        lone = run(servers["stock"], "stock", unknown_jobs(options.seed + 1000, 1, None)).outcomes[0]
-        slo = {"ttft_s": round(10 * lone.ttft, 3), "tpot_s": round(3 * lone.tpot, 4)}
+        lone = [
+            run(servers["stock"], "stock", unknown_jobs(options.seed + 1000 + i, 1, None)).outcomes[0] for i in range(5)
+        ]
+        slo = {
+            "ttft_s": round(10 * statistics.median(o.ttft for o in lone), 3),
+            "tpot_s": round(3 * statistics.median(o.tpot for o in lone), 4),
+        }
         rows: dict[str, list[dict]] = {}
         for rep in range(options.reps):
             seed = options.seed + rep
@@ -421,6 +459,7 @@ def bench_shape(name: str, shape: dict, folder: Path, options) -> dict:
                 "b": unknown_jobs(seed, 48, 2 * rate),
                 **{f"c{factor:g}": unknown_jobs(seed + 100, 30, factor * rate) for factor in (0.5, 1, 1.5, 2)},
             }
+            workloads = {key: jobs for key, jobs in workloads.items() if key[0] in options.workloads}
             order = arm_list[rep % len(arm_list) :] + arm_list[: rep % len(arm_list)]  # rotate who goes first
             for workload, jobs in workloads.items():
                 for arm in order:
@@ -449,6 +488,20 @@ def medians(rows: list[dict], arm: str, key: str) -> float:
     return statistics.median(values) if values else float("nan")
 
 
+def paired_ratio(rows: list[dict], arm: str, key: str) -> float:
+    """The median over repetitions of arm / stock, each ratio within one repetition (the arms of a repetition
+    run back to back: the machine's slow drifts cancel in the ratio)."""
+    stock = {row["rep"]: row[key] for row in rows if row["arm"] == "stock"}
+    ratios = [row[key] / stock[row["rep"]] for row in rows if row["arm"] == arm and stock.get(row["rep"])]
+    return statistics.median(ratios) if ratios else float("nan")
+
+
+def peak_kv(rows: list[dict], arm: str) -> str:
+    """The guard's own peak (exact) where it reports one, else the sampled /metrics peak, marked ~."""
+    own = medians(rows, arm, "guard_peak_kv_usage")
+    return f"{own:.0%}" if not math.isnan(own) else f"~{medians(rows, arm, 'peak_kv_usage'):.0%}"
+
+
 def print_table(results: list[dict], step: dict) -> None:
     print("admission cost per scheduling step, 256 requests running and a queue waiting (in-process scheduler):")
     for arm, figures in step.items():
@@ -465,27 +518,37 @@ def print_table(results: list[dict], step: dict) -> None:
             f"token); KV 31 usable blocks of 128 tokens; stock sustains {result['stock_rate_rps']} req/s; SLO TTFT "
             f"{result['slo']['ttft_s']} s, TPOT {result['slo']['tpot_s'] * 1000:.0f} ms"
         )
-        header = f"  {'workload':<10} {'arm':<11} {'goodput':>9} {'vs stock':>8} {'preempt':>7} {'recomp':>7} {'mispred':>7} {'peak KV':>7} {'p99 e2e':>8} {'lengths p5/50/95':>17}"
+        header = (
+            f"  {'workload':<8} {'arm':<11} {'goodput':>9} {'vs stock':>8} {'preempt':>7} {'recomp':>7} "
+            f"{'mispred':>7} {'peak KV':>7} {'p99 e2e':>8} {'vs stock':>8} {'refused':>7} {'lengths p5/50/95':>17}"
+        )
         print(header)
         for workload in ("a", "b"):
-            rows = result["rows"][workload]
-            stock = medians(rows, "stock", "goodput_tokens_per_s")
-            for arm in ("stock", "guard-v1", "guard-v2", "stock+caps"):
-                goodput = medians(rows, arm, "goodput_tokens_per_s")
+            rows = result["rows"].get(workload)
+            for arm in ARMS if rows else ():
                 lengths = next((row["lengths_p5_p50_p95"] for row in rows if row["arm"] == arm), None) or ["-"] * 3
                 print(
-                    f"  {workload:<10} {arm:<11} {goodput:>7.0f}/s {goodput / stock:>8.2f} "
+                    f"  {workload:<8} {arm:<11} {medians(rows, arm, 'goodput_tokens_per_s'):>7.0f}/s "
+                    f"{paired_ratio(rows, arm, 'goodput_tokens_per_s'):>8.2f} "
                     f"{medians(rows, arm, 'preemptions'):>7.0f} {_figure(medians(rows, arm, 'recomputed_tokens')):>7} "
-                    f"{_figure(medians(rows, arm, 'mispredicted')):>7} {medians(rows, arm, 'peak_kv_usage'):>7.0%} "
-                    f"{medians(rows, arm, 'p99_e2e_s'):>7.1f}s {'/'.join(str(x) for x in lengths):>17}"
+                    f"{_figure(medians(rows, arm, 'mispredicted')):>7} {peak_kv(rows, arm):>7} "
+                    f"{medians(rows, arm, 'p99_e2e_s'):>7.1f}s {paired_ratio(rows, arm, 'p99_e2e_s'):>8.2f} "
+                    f"{medians(rows, arm, 'refused_then_retried'):>7.0f} {'/'.join(str(x) for x in lengths):>17}"
                 )
         factors = sorted({key for key in result["rows"] if key.startswith("c")}, key=lambda key: float(key[1:]))
+        if not factors:
+            continue
         print(
-            f"  (c) SLO goodput, req/s meeting both targets, at {', '.join(f[1:] + 'x' for f in factors)} stock's rate:"
+            f"  (c) SLO goodput, req/s meeting both targets, at {', '.join(f[1:] + 'x' for f in factors)} stock's rate"
+            " (median; in brackets the median ratio to stock):"
         )
-        for arm in ("stock", "guard-v1", "guard-v2", "stock+caps"):
-            curve = [medians(result["rows"][factor], arm, "slo_goodput_rps") for factor in factors]
-            print(f"  {'c':<10} {arm:<11} " + "  ".join(f"{value:5.2f}" for value in curve))
+        for arm in ARMS:
+            curve = [
+                f"{medians(result['rows'][factor], arm, 'slo_goodput_rps'):5.2f} "
+                f"({paired_ratio(result['rows'][factor], arm, 'slo_goodput_rps'):4.2f})"
+                for factor in factors
+            ]
+            print(f"  {'c':<8} {arm:<11} " + "  ".join(curve))
 
 
 def _figure(value: float) -> str:
@@ -495,7 +558,9 @@ def _figure(value: float) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default="tiny,8x", help="comma-separated: tiny, 8x (default both)")
-    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--workloads", default="abc", help="which of a, b, c (default all: abc)")
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--keep", type=Path, help="write the models and engine logs here, and keep them")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--queue-cap", type=int, default=12, help="stock+caps: --max-num-queued-reqs (default 12)")
     parser.add_argument("--json", action="store_true")
@@ -506,10 +571,12 @@ def main() -> None:
     if unknown:
         parser.error(f"--shapes {unknown[0]!r}; valid: {', '.join(SHAPES)}")
     results = []
-    with tempfile.TemporaryDirectory(prefix="guard-goodput-") as folder:
-        step = step_cost(build_model(Path(folder) / "scheduler-model"))
+    with tempfile.TemporaryDirectory(prefix="guard-goodput-") as scratch:
+        folder = options.keep or Path(scratch)
+        folder.mkdir(parents=True, exist_ok=True)
+        step = step_cost(build_model(folder / "scheduler-model"))
         if not options.step_cost_only:
-            results = [bench_shape(name, SHAPES[name], Path(folder), options) for name in names]
+            results = [bench_shape(name, SHAPES[name], folder, options) for name in names]
     if options.json:
         print(json.dumps({"seed": options.seed, "reps": options.reps, "step_cost": step, "shapes": results}, indent=2))
     else:

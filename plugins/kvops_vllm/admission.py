@@ -304,16 +304,23 @@ def risk_prefix(
     return int(too_many[0]) if too_many.size else len(waiting)
 
 
+def expected_usage(
+    courses: Sequence[Course], shapes: Sequence[GroupShape], survival: Survival | None, delay: int = 0
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(grid, mean, variance): over each interval of the future grid, the blocks the batch is expected to hold
+    and their variance, bounded as `risk_prefix` bounds them."""
+    grid = future_grid(max(max(course.end - course.held, 0) + course.linger for course in courses) + delay)
+    blocks, alive = _rows(courses, shapes, survival, delay, grid)
+    return grid, (blocks * alive).sum(axis=0), (blocks * blocks * alive * (1.0 - alive)).sum(axis=0)
+
+
 def risk_peak(
     courses: Sequence[Course], shapes: Sequence[GroupShape], survival: Survival | None, margin: float
 ) -> float:
     """The largest, over future steps, of the batch's expected blocks plus `margin` standard deviations."""
     if not courses:
         return 0.0
-    grid = future_grid(max(max(course.end - course.held, 0) + course.linger for course in courses))
-    blocks, alive = _rows(courses, shapes, survival, 0, grid)
-    mean = (blocks * alive).sum(axis=0)
-    variance = (blocks * blocks * alive * (1.0 - alive)).sum(axis=0)
+    _, mean, variance = expected_usage(courses, shapes, survival)
     return float((mean + margin * np.sqrt(variance)).max())
 
 
