@@ -74,6 +74,10 @@ class Engine(Protocol):
         """What the watcher needs to turn this engine's metrics into KV usage, from the plan (None: nothing)."""
         ...
 
+    def capacity_from(self, plan: str | None = None, startup_log: str | None = None) -> int:
+        """The capacity the watcher needs (needs_capacity), from a kvops plan file or the engine's startup log."""
+        ...
+
     def usage_formula(self, capacity: int | None) -> str | None:
         """How KV usage is computed from the engine's metrics, for alert headers (None: exported directly)."""
         ...

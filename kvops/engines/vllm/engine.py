@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from kvops.deployment import DeploymentOptions
 from kvops.engines.base import Container
 from kvops.engines.vllm import flags
-from kvops.errors import KvopsError
+from kvops.errors import KvopsError, UsageError
 
 if TYPE_CHECKING:
     from kvops.calibrate import Calibration
@@ -73,6 +73,9 @@ class VllmEngine:
 
     def watch_capacity(self, plan: Plan) -> int | None:
         return None
+
+    def capacity_from(self, plan: str | None = None, startup_log: str | None = None) -> int:
+        raise UsageError("vLLM exports its KV usage: it needs no capacity")
 
     def usage_formula(self, capacity: int | None) -> str | None:
         return None
