@@ -109,17 +109,30 @@ class Limits:
             done.append(f"reject_503:retry_after={self.retry_after_seconds}")
         return done
 
-    def effects(self) -> list[str]:
-        """What these limits do to each new request, as phrases after "new requests are" (explain, alert texts)."""
-        if self.reject:
+    def effects(self, held: bool = False) -> list[str]:
+        """What these limits do to each new request, as phrases after "new requests are" (explain, alert texts).
+
+        held: as the KV guard enforces them. A scheduler cannot answer a request, so the ones a level refuses wait
+        in the engine's queue, and n>1 siblings after the first wait too, instead of being forced to one."""
+        if self.reject and not held:
             return [f"rejected with 503 and Retry-After: {self.retry_after_seconds}"]
         done = []
         if self.max_tokens_cap is not None:
             done.append(f"capped at {self.max_tokens_cap} new tokens")
         if self.single_sequence:
-            done.append("forced to one sequence (n, best_of, beam width 1)")
-        if self.reject_sheddable:
-            done.append(f"rejected with 429 and Retry-After: {self.retry_after_seconds} when sheddable")
+            done.append(
+                "run one sequence at a time (n>1 siblings after the first wait)"
+                if held
+                else "forced to one sequence (n, best_of, beam width 1)"
+            )
+        if self.reject:
+            done.append("held in the queue unless protected")
+        elif self.reject_sheddable:
+            done.append(
+                "held in the queue when sheddable"
+                if held
+                else f"rejected with 429 and Retry-After: {self.retry_after_seconds} when sheddable"
+            )
         return done
 
     def refusal(self, request_class: RequestClass = RequestClass.STANDARD) -> Refusal | None:

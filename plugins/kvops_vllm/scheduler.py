@@ -398,7 +398,7 @@ class KVGuardScheduler(AsyncScheduler):
                 self.in_force[0].level.label,
                 limits.level.label,
                 source,
-                _effect(limits),
+                ", ".join(limits.effects(held=True)) or "no limits",
             )
         self.in_force = (limits, source)
         return self.in_force
@@ -498,16 +498,3 @@ def _prefill_tokens(request: Request) -> int:
 def _known_length(params) -> bool:
     """It generates exactly max_tokens: nothing can stop it earlier (EOS ignored, no stop tokens or strings)."""
     return params.eos_token_id is None and not params.stop_token_ids and not params.stop
-
-
-def _effect(limits: Limits) -> str:
-    effects = []
-    if limits.max_tokens_cap is not None:
-        effects.append(f"max_tokens capped at {limits.max_tokens_cap}")
-    if limits.single_sequence:
-        effects.append("n>1 siblings after the first wait")
-    if limits.reject:
-        effects.append("new requests wait, but protected ones")
-    elif limits.reject_sheddable:
-        effects.append("sheddable requests wait")
-    return ", ".join(effects) or "no limits"

@@ -249,14 +249,33 @@ def _flags(
         "block-size": block_size,
         "kv-cache-dtype": kv_flag,
         "enforce-eager": True if inputs.enforce_eager else None,
-        "scheduler-cls": flags.GUARD_SCHEDULER if inputs.guard is not False else None,
+        "scheduler-cls": flags.GUARD_SCHEDULER if guard_named(inputs) else None,
         "max-num-queued-reqs": inputs.max_queued,
     }
     return {name: value for name, value in engine_flags.items() if value is not None}
 
 
+def guard_named(inputs: PlanInputs) -> bool:
+    """The plan names the KV-guard scheduler: with --guard, or by default while the guard holds stock vLLM's
+    goodput on bench/guard_goodput.py (GUARD_BY_DEFAULT)."""
+    return inputs.guard if inputs.guard is not None else flags.GUARD_BY_DEFAULT
+
+
+def _guard_note(inputs: PlanInputs) -> str:
+    if guard_named(inputs):
+        return (
+            f"KV guard: --scheduler-cls {flags.GUARD_SCHEDULER} loads a plugin from vLLM's own Python: pip install "
+            "kvops into the environment that runs vLLM (check there: python -c 'import kvops_vllm.scheduler'). The "
+            "official image has none: --format docker/k8s leave the flag out; `kvops manifests` adds the plugin"
+        )
+    if inputs.guard is False:
+        return "KV guard: not named (--no-guard)"
+    return f"KV guard: not named by default ({flags.GUARD_DEFAULT_REASON}); --guard names it (kvops installed in vLLM's own Python)"
+
+
 def _warnings(draft: _Draft, kv_layout: layout.KVCacheLayout, dtype: KvDtype, capacity: VllmCapacity) -> None:
     inputs = draft.inputs
+    draft.notes.append(_guard_note(inputs))
     spec, length = inputs.spec, capacity.max_model_len
     if spec.max_position_embeddings and length > spec.max_position_embeddings:
         draft.warnings.append(
