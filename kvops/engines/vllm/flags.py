@@ -12,7 +12,7 @@ ROCM_IMAGE = "vllm/vllm-openai-rocm:v0.32.0"
 PORT = 8000
 GUARD_SCHEDULER = "kvops_vllm.scheduler.KVGuardScheduler"  # the KV-guard scheduler plugin (plugins/kvops_vllm)
 # A default must not cost goodput against stock vLLM: the plan names the guard unasked only while guard v2 holds
-# >= 0.95 x stock's goodput on bench/guard_goodput.py (docs/guard.md has the run).
+# >= 0.95 x stock's goodput on bench/guard_goodput.py (docs/kv-guard.md has the run).
 GUARD_BY_DEFAULT = False
 GUARD_DEFAULT_REASON = (
     "guard v2 at 0.70 and 0.54 x stock vLLM's goodput, exact and unknown lengths, on bench/guard_goodput.py's test "

@@ -323,7 +323,7 @@ def test_launcher_replaces_only_the_program(run_kvops):
 
 
 def test_the_default_plan_names_no_scheduler_and_the_text_says_where_the_guard_goes(run_kvops):
-    """The KV guard is opt-in while it costs goodput against stock vLLM (bench/guard_goodput.py, docs/guard.md)."""
+    """The KV guard is opt-in while it costs goodput against stock vLLM (bench/guard_goodput.py, docs/kv-guard.md)."""
     args = ("-m", "qwen3-8b", "--gpu", "L40S", "--max-model-len", "8192")
     assert "scheduler-cls" not in plan_doc(run_kvops, *args)["flags"]
     plain = run_kvops("plan", *args).stdout
