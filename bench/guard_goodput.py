@@ -9,10 +9,11 @@ A B C D A B C D ... and the machine's noise hits every arm alike):
   guard-v2    the KV guard admitting by the future peak of the whole batch (the default)
   stock+caps  vLLM's own scheduler with its queue cap (--max-num-queued-reqs: overflow answered 503, retried)
 
-Workloads (requests seeded by --seed and the repetition; the same for every arm):
+Workloads (prompts, max_tokens and arrivals seeded by --seed and the repetition; the same for every arm):
   (a) exact lengths: ignore_eos, prompts 32-256 tokens, max_tokens 64-640, arrivals spread over 3 s
   (b) unknown lengths: prompts 16-128, max_tokens 900, temperature 1 with stop_token_ids (dummy weights pick
-      tokens almost at random, so each request stops at a random step: the table prints the lengths), arriving
+      tokens almost at random, so each request stops at a random step: the table prints the lengths; the engine's
+      own sampler draws them, with no per-request seed, which vLLM's CPU build cannot run), arriving
       at twice the request rate stock vLLM sustains (measured in the warm-up)
   (c) SLO goodput as DistServe defines it: requests per second that meet both a TTFT and a TPOT target (set from
       a lone request on the stock engine: TTFT 10x, TPOT 3x), at 0.5, 1, 1.5 and 2x that sustained rate
