@@ -44,7 +44,7 @@ def ways_out(inputs: PlanInputs, failed: Plan) -> list[WayOut]:
         for name in engine.kv_dtype_ways(inputs):
             options.append(_try(f"--kv-dtype {name}", replace(inputs, kv_dtype=name), common.QUALITY_WARNING))
     if not isinstance(inputs.max_model_len, str) and not isinstance(inputs.concurrency, str):
-        options.append(_try("--max-model-len auto", replace(inputs, max_model_len="auto")))
+        options.append(_shorter_context(inputs))
     if isinstance(inputs.concurrency, int):
         options.append(_try("--concurrency auto", replace(inputs, concurrency="auto")))
     options += _more_tensor_parallel(inputs)
@@ -66,6 +66,21 @@ def _try(change: str, changed: PlanInputs, warning: str | None = None) -> WayOut
     assert cap is not None  # a plan that fits has sized its pool
     summary = f"fits: {cap.kv_tokens:,} KV tokens, {cap.requests_under_warn} requests of {cap.request_tokens} tokens under the warn level, max-model-len {cap.max_model_len}"
     return WayOut(change, True, summary, warning, result.flags, replanned=True)
+
+
+def _shorter_context(inputs: PlanInputs) -> WayOut:
+    """The longest context that fits; it does not fit the workload when it is shorter than the planned requests
+    (the workload's, else the --max-model-len asked for): a shorter context would reject them."""
+    option = _try("--max-model-len auto", replace(inputs, max_model_len="auto"))
+    wanted = inputs.workload.total_tokens or (inputs.max_model_len if isinstance(inputs.max_model_len, int) else None)
+    length = option.flags.get("max-model-len", option.flags.get("max-total-tokens")) if option.flags else None
+    if option.fits and wanted and length is not None and length < wanted:
+        return replace(
+            option,
+            fits=False,
+            result=f"the longest context that fits is {length:,} tokens, shorter than the planned requests' {wanted:,}",
+        )
+    return option
 
 
 def _more_tensor_parallel(inputs: PlanInputs) -> list[WayOut]:

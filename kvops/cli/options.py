@@ -93,6 +93,12 @@ def engine_options(function: Callable, model_required: bool = True, engine: bool
             show_default=True,
             help="Serving engine.",
         ),
+        click.option(
+            "--engine-version",
+            metavar="VERSION",
+            help="The engine release whose rules to plan with, e.g. 0.19.0, 0.8.5-v0 (vLLM's V0 engine) or 2.4.1 (TGI) "
+            "[default: the newest; calibrate and explain read it from the run].",
+        ),
         click.option("--gpu", "gpu_name", metavar="NAME", help=f"GPU from the catalog (any case): {gpus}."),
         click.option(
             "--gpu-memory",

@@ -4,10 +4,13 @@ was obtained."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from math import ceil
+from dataclasses import asdict, dataclass, replace
+from functools import lru_cache
+from math import ceil, floor
+from typing import Any
 
 from kvops.errors import MissingDevice, UsageError
+from kvops.gpus import gpu_catalog
 from kvops.model.spec import ModelSpec
 from kvops.plan import PlanInputs, Term
 
@@ -148,33 +151,269 @@ def sampler_peak(spec: ModelSpec, sequences: int) -> int:
     return sequences * spec.vocab_size * SAMPLER_BYTES_PER_LOGIT
 
 
-# --- overheads (estimates until measured) ---------------------------------------------------------------
+# --- overheads fitted on the corpus of public engine logs ------------------------------------------------
 
-# Memory a serving process holds outside PyTorch's allocator after startup (cuBLAS/cuDNN workspaces, attention
-# backend buffers, NCCL and custom all-reduce buffers when tp >= 2). Public vLLM logs: 0.35 GiB (RTX 3090, tp 1,
-# vllm-project/vllm#10517), 0.20 GiB per rank (RTX 4090, tp 4, vllm-project/vllm#14447). kvops budgets more.
-NON_TORCH_ESTIMATE = {1: 512 * MiB}
-NON_TORCH_ESTIMATE_TP = 1 * GiB
-
-# CUDA graphs captured for decode batch sizes. vLLM >= 0.21 profiles this before sizing KV; public logs show
-# 0.17 GiB (TP4, noonghunna/club-3090#127) to 0.5 GiB (TP2, util 0.8800 -> 0.8592 on 24 GiB, club-3090#104).
-CUDA_GRAPH_ESTIMATE = 512 * MiB
-
-
-def non_torch_estimate(tp: int) -> int:
-    return NON_TORCH_ESTIMATE.get(tp, NON_TORCH_ESTIMATE_TP)
+# What kvops plans when nothing was measured for a release family: the engine's own figures from public startup
+# logs (tests/fixtures/corpus), fitted by `fit_overheads` and shipped in kvops/catalog/overheads.json (the test
+# tests/unit/engines/test_overhead_fit.py refits the corpus and checks the file; `python bench/accuracy.py --refit`
+# writes it). Medians, so that one odd log does not move a family.
+OVERHEADS_FILE = "overheads.json"
+OVERHEAD_QUANTILE = 0.9  # the planned KV is below what this share of the family's logs got
+IMPLAUSIBLE_OVERHEAD_SHARE = 0.25  # an overhead read from a budget beyond this share of it is not the launch's
+MIN_FAMILY_LOGS = 3  # fewer logs than this and a family plans with the fit pooled over every family
+MIN_MARGIN_LOGS = 5  # fewer residuals than this bound nothing: no margin, no band (the plan says so)
 
 
-# --- the device total ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Observation:
+    """What one engine log measured of the terms kvops estimates, beside kvops' own model of that launch."""
+
+    source: str
+    family: str
+    tp: int
+    activation_model: int  # kvops' physical activation peak for this launch (forward pass, sampler, prefill logits)
+    activation: int | None = None
+    non_torch: int | None = None
+    cuda_graphs: int | None = None  # what the engine took for CUDA graphs before sizing the KV cache
+    cuda_graphs_applied: bool = False  # the release takes a CUDA-graph estimate from the KV budget
+    overhead: int | None = None  # activation + non-torch + CUDA graphs, when the log gives only their sum
+    budget: int = 0  # the memory the engine sized from (requested memory), for the plausibility check
+    gpu: str | None = None
+
+    @property
+    def implausible(self) -> str | None:
+        """Why an overhead read from the budget arithmetic cannot be the launch's (the log ran with other flags, on
+        another part, or the source's figures do not add up), or None."""
+        if self.overhead is None or not self.budget:
+            return None
+        if self.overhead < 0 or self.overhead > IMPLAUSIBLE_OVERHEAD_SHARE * self.budget:
+            share = self.overhead / self.budget
+            return f"its budget leaves {share:.0%} of the memory besides the weights and the KV cache: the stated launch does not match the log"
+        return None
+
+    @property
+    def total(self) -> int | None:
+        if self.overhead is not None:
+            return self.overhead
+        if self.activation is None or self.non_torch is None:
+            return None
+        return self.activation + self.non_torch + (self.cuda_graphs or 0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {key: value for key, value in asdict(self).items() if value is not None}
+
+
+@dataclass(frozen=True)
+class FamilyFit:
+    """One release family's fitted overhead terms, and how far its logs fell from them."""
+
+    family: str
+    activation_excess: int  # the engine's activation peak beyond kvops' physical model, median of the logs, bytes
+    non_torch: tuple[int, int]  # bytes at tp 1, at tp >= 2
+    cuda_graphs: int  # bytes the engine takes for CUDA graphs before sizing KV (0 where it does not)
+    margin: int  # bytes planned on top of the fitted overheads: most logs got at least the KV left
+    spread: tuple[int, int]  # how far below and above the planned KV the family's logs fell, bytes
+    logs: int
+    residuals: int = 0  # logs the margin and the spread rest on (each predicted without itself)
+
+    @property
+    def bounded(self) -> bool:
+        """Enough logs to plan a margin and state a band; below that the plan says it cannot bound the estimate."""
+        return self.residuals >= MIN_MARGIN_LOGS
+
+    def activation(self, activation_model: int) -> int:
+        return max(0, activation_model + self.activation_excess)
+
+    def non_torch_bytes(self, tp: int) -> int:
+        return self.non_torch[0] if tp == 1 else self.non_torch[1]
+
+    def total(self, activation_model: int, tp: int, cuda_graphs: bool) -> int:
+        graphs = self.cuda_graphs if cuda_graphs else 0
+        return self.activation(activation_model) + self.non_torch_bytes(tp) + graphs
+
+    def band(self) -> tuple[int, int]:
+        """How far below and above the planned KV the engine may land, bytes: the family's logs' spread."""
+        return self.spread
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "family": self.family,
+            "activation_excess_bytes": self.activation_excess,
+            "non_torch_bytes": {"tp1": self.non_torch[0], "tp2_plus": self.non_torch[1]},
+            "cuda_graphs_bytes": self.cuda_graphs,
+            "margin_bytes": self.margin,
+            "spread_bytes": {"below": self.spread[0], "above": self.spread[1]},
+            "logs": self.logs,
+            "residual_logs": self.residuals,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> FamilyFit:
+        return cls(
+            data["family"],
+            data["activation_excess_bytes"],
+            (data["non_torch_bytes"]["tp1"], data["non_torch_bytes"]["tp2_plus"]),
+            data["cuda_graphs_bytes"],
+            data["margin_bytes"],
+            (data["spread_bytes"]["below"], data["spread_bytes"]["above"]),
+            data["logs"],
+            data.get("residual_logs", 0),
+        )
+
+
+@dataclass(frozen=True)
+class OverheadFit:
+    engine: str
+    families: dict[str, FamilyFit]
+    sources: tuple[str, ...]  # the logs it was fitted on
+    excluded: tuple[tuple[str, str], ...] = ()  # (log, why) left out as implausible
+
+    def family(self, name: str) -> FamilyFit:
+        return self.families.get(name) or self.families[POOLED]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "engine": self.engine,
+            "families": [fit.to_dict() for fit in self.families.values()],
+            "sources": list(self.sources),
+            "excluded": [{"log": source, "why": why} for source, why in self.excluded],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> OverheadFit:
+        families = {item["family"]: FamilyFit.from_dict(item) for item in data["families"]}
+        excluded = tuple((item["log"], item["why"]) for item in data.get("excluded", ()))
+        return cls(data["engine"], families, tuple(data["sources"]), excluded)
+
+
+POOLED = "all releases"  # the fit over every family, for a family without logs of its own
+
+
+def fit_overheads(engine: str, observations: list[Observation], families: tuple[str, ...]) -> OverheadFit:
+    """Each family's terms from its logs (the pooled fit where it has none). The margin and the spread come from
+    every log's leave-one-out residual (each predicted by its family's fit without it), pooled over the families:
+    a handful of logs per family is too few for a quantile of their own. Logs whose budget arithmetic cannot be
+    the launch's are left out, and listed."""
+    excluded = tuple(sorted((item.source, why) for item in observations if (why := item.implausible)))
+    kept = [item for item in observations if item.implausible is None]
+    pooled = _fit_terms(POOLED, kept, None)
+    groups = {family: [item for item in kept if item.family == family] for family in families}
+    fits = {POOLED: pooled} | {
+        family: _fit_terms(family, own, pooled) for family, own in groups.items() if len(own) >= MIN_FAMILY_LOGS
+    }
+    residuals = [residual for own in groups.values() for residual in _residuals(own, pooled)]
+    if residuals:
+        margin = max(0, _quantile(residuals, OVERHEAD_QUANTILE))
+        spread = (max(0, max(residuals) - margin), max(0, margin - min(residuals)))
+        fits = {
+            name: replace(fit, margin=margin, spread=spread, residuals=len(residuals)) for name, fit in fits.items()
+        }
+    return OverheadFit(engine, fits, tuple(sorted(item.source for item in kept)), excluded)
+
+
+def _residuals(observations: list[Observation], pooled: FamilyFit) -> list[int]:
+    """Each log's total overhead less what its family's fit without it predicts (positive: kvops said too little)."""
+    out = []
+    for index, held in enumerate(observations):
+        if held.total is None:
+            continue
+        rest = observations[:index] + observations[index + 1 :]
+        fit = _fit_terms(held.family, rest, pooled) if len(rest) >= MIN_FAMILY_LOGS else pooled
+        out.append(held.total - fit.total(held.activation_model, held.tp, held.cuda_graphs_applied))
+    return out
+
+
+def _fit_terms(family: str, observations: list[Observation], fallback: FamilyFit | None) -> FamilyFit:
+    non_torch_all = [item.non_torch for item in observations if item.non_torch is not None]
+    default_non_torch = fallback.non_torch if fallback else (NON_TORCH_TP1, NON_TORCH_TP)
+
+    def non_torch(multi: bool, default: int) -> int:
+        found = [item.non_torch for item in observations if item.non_torch is not None and (item.tp > 1) == multi]
+        return _median(found) if found else (_median(non_torch_all) if non_torch_all else default)
+
+    nt = (non_torch(False, default_non_torch[0]), non_torch(True, default_non_torch[1]))
+    graphs = [item.cuda_graphs for item in observations if item.cuda_graphs]
+    cuda_graphs = _median(graphs) if graphs else (fallback.cuda_graphs if fallback else 0)
+    excess = []
+    for item in observations:
+        if item.activation is not None:
+            excess.append(item.activation - item.activation_model)
+        elif item.overhead is not None:
+            graphs = (
+                item.cuda_graphs if item.cuda_graphs is not None else (cuda_graphs if item.cuda_graphs_applied else 0)
+            )
+            excess.append(item.overhead - nt[0 if item.tp == 1 else 1] - graphs - item.activation_model)
+    extra = _median(excess) if excess else (fallback.activation_excess if fallback else 0)
+    return FamilyFit(family, extra, nt, cuda_graphs, 0, (0, 0), len(observations))
+
+
+def _median(values: list[int]) -> int:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) // 2
+
+
+def _quantile(values: list[int], share: float) -> int:
+    """Nearest-rank quantile: the smallest value at least `share` of the values are at or below."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, ceil(share * len(ordered)) - 1))]
+
+
+# Before any log: non-torch memory of one process (CUDA/cuBLAS workspaces, attention buffers) and, at tp >= 2, NCCL
+# and custom all-reduce buffers too: 0.35 GiB (RTX 3090, tp 1, vllm-project/vllm#10517) to 0.20 GiB per rank
+# (RTX 3090, vllm-project/vllm PR #14447) in V0 logs.
+NON_TORCH_TP1 = 512 * MiB
+NON_TORCH_TP = 1 * GiB
+
+
+@lru_cache(maxsize=4)
+def shipped_fit(engine: str) -> OverheadFit:
+    """The fit kvops ships for an engine (kvops/catalog/overheads.json)."""
+    import json
+    from importlib import resources
+
+    data = json.loads(resources.files("kvops.catalog").joinpath(OVERHEADS_FILE).read_text())
+    return OverheadFit.from_dict(data[engine])
+
+
+# --- the device total as the engine sees it ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EngineTotal:
+    """A GPU's total as torch reports it to the engine, from a public engine log (kvops/catalog/device_totals.json)."""
+
+    bytes: int
+    printed: str
+    source: str
+
+
+@lru_cache(maxsize=1)
+def _device_totals() -> tuple[dict[str, EngineTotal], float]:
+    import json
+    from importlib import resources
+
+    data = json.loads(resources.files("kvops.catalog").joinpath("device_totals.json").read_text())
+    totals = {
+        gpu_id: EngineTotal(round(float(item["gib"]) * GiB), item["printed"], item["source"])
+        for gpu_id, item in data["devices"].items()
+    }
+    reserved = [1 - totals[gpu.id].bytes / gpu.memory_bytes for gpu in gpu_catalog() if gpu.id in totals]
+    return totals, max(reserved)
+
+
+def engine_total(gpu_id: str) -> EngineTotal | None:
+    return _device_totals()[0].get(gpu_id)
+
+
+def largest_reserved_fraction() -> float:
+    """The largest share of nvidia-smi's total the driver keeps from torch, among GPUs whose both totals are known."""
+    return _device_totals()[1]
 
 
 def device_total(inputs: PlanInputs) -> int:
-    """Bytes per device: what the engine measured (a profile), else the catalog's or the user's figure."""
-    if inputs.profile and inputs.profile.total_memory_bytes:
-        return inputs.profile.total_memory_bytes
-    if inputs.gpu is None:
-        raise MissingDevice("missing --gpu NAME or --gpu-memory SIZE")
-    return inputs.gpu.memory_bytes
+    """Bytes per device as the engine sees them: what it measured (a profile), else the table, else an estimate."""
+    return device_total_term(inputs).bytes
 
 
 def device_total_term(inputs: PlanInputs) -> Term:
@@ -188,11 +427,32 @@ def device_total_term(inputs: PlanInputs) -> Term:
     gpu = inputs.gpu
     if gpu is None:
         raise MissingDevice("missing --gpu NAME or --gpu-memory SIZE")
+    if gpu.reported_by == "--gpu-memory":
+        return Term("total", gpu.memory_bytes, "input", f"{gpu.source}: taken as the total the engine sees")
+    if gpu.vendor == "amd":
+        return Term(
+            "total",
+            gpu.memory_bytes,
+            "input",
+            f"{gpu.id}: {gpu.memory_mib:g} MiB as {gpu.reported_by} reports it, the total torch sees on ROCm ({gpu.source})",
+        )
+    seen = engine_total(gpu.id)
+    if seen is not None:
+        return Term(
+            "total",
+            seen.bytes,
+            "input",
+            f"{gpu.id}: {seen.bytes / GiB:.2f} GiB as torch reports it to the engine ('{seen.printed}', {seen.source}); "
+            f"{gpu.reported_by} shows {gpu.memory_mib:g} MiB",
+        )
+    reserved = largest_reserved_fraction()
     return Term(
         "total",
-        gpu.memory_bytes,
-        "input",
-        f"{gpu.id}: {gpu.memory_mib:g} MiB as {gpu.reported_by} reports it ({gpu.source})",
+        floor(gpu.memory_bytes * (1 - reserved)),
+        "estimate",
+        f"{gpu.id}: {gpu.memory_mib:g} MiB as {gpu.reported_by} reports it, less {reserved:.2%} the driver keeps "
+        "(the largest share seen among GPUs whose engine-side total is known)",
+        CALIBRATE_HINT,
     )
 
 

@@ -217,7 +217,7 @@ def test_tgi_gets_no_plugin_and_the_plans_capacity(run_kvops):
     )
 
 
-@pytest.mark.parametrize("engine, extra", [("vllm", []), ("tgi", ["--max-batch-total-tokens", "441364"])])
+@pytest.mark.parametrize("engine, extra", [("vllm", []), ("tgi", ["--max-batch-total-tokens", "427308"])])
 def test_the_rules_are_kvops_alerts_output(run_kvops, tmp_path, engine, extra):
     emitted = {
         fmt: run_kvops("alerts", "--engine", engine, "--format", fmt, "--scrape-interval", "15", *extra).stdout

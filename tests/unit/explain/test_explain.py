@@ -11,6 +11,7 @@ from math import ceil
 
 import pytest
 
+from kvops.engines.common import engine_total
 from kvops.engines.oom import size_bytes
 from kvops.engines.vllm.logs import parse_vllm_log
 from kvops.nvidia_smi import parse_nvidia_smi
@@ -180,10 +181,11 @@ def test_v1_lines_without_a_summary_take_the_unreported_terms_from_the_plan(run_
         and basis(doc, "activation") == "estimate"
         and basis(doc, "non_torch") == "estimate"
     )
-    # the run states its utilization (0.92): what its budget left besides KV is weights + overhead, the log's own figure
-    assert figure(doc, "requested") == ceil(24576 * MiB * 0.92)
+    # the run states its utilization (0.92): what its budget left besides KV is weights + overhead, the log's own
+    # figure; the total is the one torch reports on an RTX 3090 (kvops/catalog/device_totals.json)
+    assert figure(doc, "requested") == ceil(engine_total("RTX-3090").bytes * 0.92)
     assert (figure(doc, "weights+overhead"), basis(doc, "weights+overhead")) == (
-        ceil(24576 * MiB * 0.92) - gib(15.72),
+        ceil(engine_total("RTX-3090").bytes * 0.92) - gib(15.72),
         "derived",
     )
     assert figure(doc, "engine") == figure(doc, "requested")
@@ -255,7 +257,7 @@ def test_no_memory_left_for_the_kv_cache(run_kvops):
     )
     assert doc["diagnosis"]["term"] == "kv_cache" and doc["diagnosis"]["figures"]["available_bytes"] == -gib(2.14)
     requested = figure(doc, "requested")
-    assert requested == ceil(81559 * MiB * 0.9)
+    assert requested == ceil(engine_total("H100-80GB").bytes * 0.9)  # the total torch reports, not nvidia-smi's
     assert (figure(doc, "weights"), figure(doc, "kv_cache")) == (gib(65.9651), -gib(2.14))
     assert (figure(doc, "overhead"), basis(doc, "overhead")) == (requested - gib(65.9651) + gib(2.14), "derived")
     assert basis(doc, "activation") == "estimate"  # not reported: the plan's, marked as such
