@@ -58,6 +58,11 @@ class Row:
     predicted: dict[str, float | None] = field(default_factory=dict)
     pinned: dict[str, float | None] = field(default_factory=dict)  # the capacity, with the logged KV pinned
     fits: bool | None = None
+    kind: str = ""  # dense, MoE, MLA, sliding, hybrid
+    predicted_len: int = 0  # the max-model-len the plan sized for
+    weights_error: int | None = None  # kvops' computed weights less the logged ones (bytes), where logged
+    weights_logged: int | None = None
+    caveats: tuple[str, ...] = ()
 
     @property
     def planned(self) -> bool:
@@ -132,6 +137,12 @@ def evaluate() -> tuple[list[Row], dict[str, common.Observation]]:
             row.family = plan.release.family if plan.release else ""
             row.gpu = row.inputs.gpu.id if row.inputs.gpu else ""
             row.logged = logged(entry, plan)
+            row.kind = architecture(plan)
+            row.predicted_len = plan.capacity.max_model_len if plan.capacity else 0
+            row.caveats = tuple(entry.kvops.get("caveats", ()))
+            weights, measured = plan.term("weights"), entry.log.get("weights_bytes")
+            if weights is not None and measured is not None:
+                row.weights_logged, row.weights_error = measured, weights.bytes - measured
         rows.append(row)
     found = observations()
     for row in rows:
@@ -143,6 +154,77 @@ def evaluate() -> tuple[list[Row], dict[str, common.Observation]]:
         if row.logged.kv_bytes is not None and row.logged.kv_bytes > 0 and row.entry.engine == "vllm":
             row.pinned = figures(plan_entry(row.entry, fit, pinned_kv=row.logged.kv_bytes))
     return rows, found
+
+
+def architecture(plan: Plan) -> str:
+    spec = plan.inputs.spec
+    kinds = {layer.kind for layer in spec.layers}
+    if kinds - {"full", "sliding", "mla"}:
+        return "hybrid"
+    if "mla" in kinds:
+        return "MLA"
+    if spec.num_experts:
+        return "MoE"
+    return "sliding" if "sliding" in kinds else "dense"
+
+
+# --- the goals (kvops issue 13) ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Goal:
+    name: str
+    limit: float
+    members: list[Row]
+    figure: float | None
+    count: str
+
+    def line(self) -> str:
+        if self.figure is None:
+            return f"| {self.name} | {self.limit:.0%} | - | {self.count} | no log to judge |"
+        met = "met" if self.figure <= self.limit else "NOT met"
+        return f"| {self.name} | {self.limit:.0%} | {self.figure:.1%} | {self.count} | {met} |"
+
+
+def goals(rows: list[Row]) -> list[Goal]:
+    planned = [row for row in rows if row.planned]
+    recent = [
+        row
+        for row in planned
+        if row.entry.engine == "vllm" and row.family != "V0" and row.kind in ("dense", "MoE", "sliding", "MLA")
+    ]
+    hybrid_v0 = [row for row in planned if row.entry.engine == "vllm" and (row.family == "V0" or row.kind == "hybrid")]
+    tgi = [row for row in planned if row.entry.engine == "tgi"]
+
+    def mape(members: list[Row]) -> Goal:
+        found = errors(members, "kv_bytes")
+        return (sum(pair[1] for pair in found) / len(found) if found else None), f"{len(found)} logs"
+
+    out = []
+    for name, limit, members in (
+        ("KV MAPE, vLLM >= 0.10 (dense, MoE)", 0.02, recent),
+        ("KV MAPE, vLLM hybrid and V0", 0.05, hybrid_v0),
+        ("KV MAPE, TGI", 0.03, tgi),
+    ):
+        figure, count = mape(members)
+        out.append(Goal(name, limit, members, figure, count))
+    over, judged = over_promise(planned)
+    out.append(
+        Goal(
+            "over-promise share (> 2% more KV than logged)",
+            0.10,
+            planned,
+            over / judged if judged else None,
+            f"{over} of {judged}",
+        )
+    )
+    agree, total = agreement(planned)
+    out.append(
+        Goal(
+            "fit/no-fit disagreement", 0.0, planned, 1 - agree / total if total else None, f"{total - agree} of {total}"
+        )
+    )
+    return out
 
 
 # --- the tables --------------------------------------------------------------------------------------------
@@ -209,15 +291,25 @@ def grouped(rows: list[Row], by: str) -> dict[str, list[Row]]:
 
 
 def per_log(rows: list[Row]) -> list[str]:
-    lines = ["| entry | family | GPU | logged KV | kvops KV | error | fits (log) |", "|---|---|---|---|---|---|---|"]
+    """Each planned log: its KV error, and how much of it is the weights kvops computes (the rest is the fitted
+    overheads and the device total)."""
+    lines = [
+        "| entry | family | kind | GPU | logged KV GiB | kvops KV GiB | error | of which weights | fits (log) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for row in rows:
         if not row.planned:
             continue
         actual, guess = row.logged.kv_bytes, row.predicted.get("kv_bytes")
         error = f"{(guess - actual) / actual:+.1%}" if actual and guess is not None and actual > 0 else "-"
+        weights = "-"
+        if row.weights_error is not None and actual and actual > 0:
+            weights = f"{-row.weights_error / actual:+.1%} (weights {row.weights_error / row.weights_logged:+.1%})"
         shown = [f"{value / GiB:.2f}" if value is not None else "-" for value in (actual, guess)]
         verdict = f"{'yes' if row.fits else 'no'} ({'started' if row.entry.started else 'failed'})"
-        lines.append(f"| {row.entry.id} | {row.family} | {row.gpu} | {shown[0]} | {shown[1]} | {error} | {verdict} |")
+        lines.append(
+            f"| {row.entry.id} | {row.family} | {row.kind} | {row.gpu} | {shown[0]} | {shown[1]} | {error} | {weights} | {verdict} |"
+        )
     return lines
 
 
@@ -233,7 +325,10 @@ def report(rows: list[Row], found: dict[str, common.Observation]) -> str:
         f"{len(found)} give measured overheads to fit on (leave-one-out: each predicted without its own)",
         "",
     ]
-    lines += table("kvops against the logs, by release family", grouped(rows, "family"))
+    lines += ["goals", "", "| goal | limit | kvops | logs | |", "|---|---|---|---|---|"]
+    lines += [goal.line() for goal in goals(rows)]
+    lines += ["", *table("kvops against the logs, by release family", grouped(rows, "family"))]
+    lines += ["", *table("kvops against the logs, by architecture", grouped(rows, "kind"))]
     lines += ["", *table("kvops against the logs, by GPU", grouped(rows, "gpu"))]
     lines += [
         "",

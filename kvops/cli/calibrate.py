@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from kvops.cli.options import deployment_options, json_option, print_json, run_options, warn
+from kvops.deployment import DeploymentOptions
 
 
 @click.command()
@@ -52,9 +53,14 @@ def calibrate(
     source = " + ".join(str(item) for item in (vllm_log, tgi_log, metrics_url) if item)
     log = engine.read_log(read_text(log_path, "--tgi-log" if tgi_log else "--vllm-log"), log_path) if log_path else None
     config = engine.run_config(fetch_metrics(metrics_url), metrics_url) if metrics_url else None
-    result, no_prediction = calibrate_run(engine, log, config, deployment_options(ctx, params), source)
+    options = deployment_options(ctx, params)
+    if metrics_url:
+        options = options.under(running_version(metrics_url))
+    result, no_prediction = calibrate_run(engine, log, config, options, source)
     if no_prediction:
         warn(no_prediction)
+    for message in result.warnings:
+        warn(message)
     if as_json:
         print_json(result.to_dict())
     else:
@@ -63,3 +69,16 @@ def calibrate(
         write_text(save_path, result.profile.to_text(save_path.endswith(".json")), "--save")
         if not as_json:
             click.echo(f"saved profile {save_path}: use it with kvops plan --profile {save_path}")
+
+
+def running_version(url: str) -> DeploymentOptions:
+    """The release a running vLLM states at /version (nothing when it does not answer: older builds, other engines)."""
+    from kvops.engines.vllm.run import version_from_endpoint
+    from kvops.errors import KvopsError
+    from kvops.files import fetch_endpoint
+
+    try:
+        version = version_from_endpoint(fetch_endpoint(url, "/version", "--metrics"))
+    except KvopsError:
+        return DeploymentOptions.stated()
+    return DeploymentOptions.stated(engine_version=version) if version else DeploymentOptions.stated()
