@@ -456,6 +456,37 @@ def device_total_term(inputs: PlanInputs) -> Term:
     )
 
 
+# --- profiles from another run ----------------------------------------------------------------------------
+
+
+def profile_mismatch(inputs: PlanInputs, version: str, label: str) -> list[str]:
+    """A profile measured on another model, GPU or engine release than the plan's: its figures may not apply."""
+    profile = inputs.profile
+    assert profile is not None
+    out = []
+    if profile.model and not same_model(profile.model, inputs.spec):
+        out.append(
+            f"--profile was measured on model {profile.model}, not {inputs.spec.name}: its weights and overheads may not apply"
+        )
+    if profile.gpu and inputs.gpu and profile.gpu != inputs.gpu.id:
+        out.append(
+            f"--profile was measured on {profile.gpu}, the plan is for {inputs.gpu.id}: its device total and overheads may not apply"
+        )
+    if profile.engine_version and profile.engine_version.removesuffix("-v0") != version:
+        out.append(
+            f"--profile was measured on {profile.engine} {profile.engine_version}, the plan follows {label}: "
+            f"give --engine-version {profile.engine_version} to plan that release"
+        )
+    return out
+
+
+def same_model(name: str, spec: ModelSpec) -> bool:
+    """A profile's model is this one: the same id or path, or the same last path segment (a local copy)."""
+    return (
+        name in (spec.name, spec.source_path) or name.rstrip("/").split("/")[-1] == spec.name.rstrip("/").split("/")[-1]
+    )
+
+
 def model_limit(spec: ModelSpec) -> int:
     """The longest context the model was trained for: the default max-model-len."""
     if spec.max_position_embeddings:

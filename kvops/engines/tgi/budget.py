@@ -69,11 +69,15 @@ def resolve_attention(spec: ModelSpec, vendor: str, release: TgiRelease | None =
     )
 
 
-# Vision-language models TGI serves without prefill chunking: from 3.3 only these (server/.../models/__init__.py,
-# `support_chunking=False`, PR #3188 "Chunked Prefill VLM"); in 3.0-3.2 every VlmCausalLM model
-# (vlm_causal_lm.py `support_chunking=False`).
-NO_CHUNKING_MODELS = ("gemma3", "qwen2_vl", "qwen2_5_vl", "mllama")
-VLM_MODELS_3_0 = (*NO_CHUNKING_MODELS, "idefics", "idefics2", "idefics3", "llava_next", "paligemma")
+# Vision-language models TGI serves without prefill chunking (the config's top-level model, as TGI's get_model
+# reads it): from 3.3 only these (server/.../models/__init__.py, `support_chunking=False`, PR #3188 "Chunked Prefill
+# VLM"); in 3.0-3.2 every VlmCausalLM model (vlm_causal_lm.py `support_chunking=False`).
+NO_CHUNKING_ARCHITECTURES = (
+    "Gemma3ForConditionalGeneration",
+    "Qwen2VLForConditionalGeneration",
+    "Qwen2_5_VLForConditionalGeneration",
+    "MllamaForConditionalGeneration",
+)
 
 
 def chunking(spec: ModelSpec, attention: Attention, release: TgiRelease) -> tuple[bool, str]:
@@ -82,9 +86,10 @@ def chunking(spec: ModelSpec, attention: Attention, release: TgiRelease) -> tupl
         return False, f"{release.label} has no prefill chunking"
     if not attention.supports_chunking:
         return False, f"attention {attention.backend} has no prefill chunking"
-    vlms = NO_CHUNKING_MODELS if release.version.at_least(3, 3) else VLM_MODELS_3_0
-    if spec.model_type in vlms:
-        return False, f"TGI serves {spec.model_type} without prefill chunking"
+    for architecture in spec.architectures:
+        vlm = architecture.endswith("ForConditionalGeneration")
+        if architecture in NO_CHUNKING_ARCHITECTURES or (vlm and not release.version.at_least(3, 3)):
+            return False, f"TGI {release.version} serves {architecture} without prefill chunking"
     return True, "prefill chunking on"
 
 

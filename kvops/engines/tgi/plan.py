@@ -155,6 +155,8 @@ def plan_once(inputs: PlanInputs) -> Plan:
     if kv_flag:
         engine_flags["kv-cache-dtype"] = kv_flag
     warnings = _warnings(inputs, notes)
+    if inputs.profile:
+        warnings += common.profile_mismatch(inputs, str(release.version), release.label)
     return Plan(
         inputs=inputs,
         memory=tuple(memory),

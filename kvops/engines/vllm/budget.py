@@ -288,21 +288,9 @@ def _logs(fit: common.FamilyFit) -> str:
 
 
 def _profile_mismatch(inputs: PlanInputs, release_: VllmRelease, batched: int) -> list[str]:
-    profile, spec = inputs.profile, inputs.spec
+    profile = inputs.profile
     assert profile is not None
-    out = []
-    if profile.model and not _same_model(profile.model, spec):
-        out.append(
-            f"--profile was measured on model {profile.model}, not {spec.name}: its weights and overheads may not apply"
-        )
-    if profile.gpu and inputs.gpu and profile.gpu != inputs.gpu.id:
-        out.append(
-            f"--profile was measured on a {profile.gpu}, the plan is for a {inputs.gpu.id}: its device total and overheads may not apply"
-        )
-    if profile.engine_version and profile.engine_version != str(release_.version):
-        out.append(
-            f"--profile was measured on vLLM {profile.engine_version}, the plan follows {release_.label}: give --engine-version {profile.engine_version} to plan that release"
-        )
+    out = common.profile_mismatch(inputs, str(release_.version), release_.label)
     if profile.tp and profile.tp != inputs.tp:
         out.append(f"--profile was measured at tp {profile.tp}, the plan is for tp {inputs.tp}")
     if profile.max_num_batched_tokens and profile.max_num_batched_tokens != batched:
@@ -310,10 +298,3 @@ def _profile_mismatch(inputs: PlanInputs, release_: VllmRelease, batched: int) -
             f"--profile was measured with max_num_batched_tokens {profile.max_num_batched_tokens}, the plan uses {batched}: the activation peak scales with it"
         )
     return out
-
-
-def _same_model(name: str, spec: ModelSpec) -> bool:
-    """A profile's model is this one: the same id or path, or the same last path segment (a local copy)."""
-    return (
-        name in (spec.name, spec.source_path) or name.rstrip("/").split("/")[-1] == spec.name.rstrip("/").split("/")[-1]
-    )

@@ -12,6 +12,7 @@ from kvops.engines.vllm.logs import VllmLog
 from kvops.engines.vllm.metrics import CacheConfig
 from kvops.engines.vllm.plan import VllmCapacity
 from kvops.engines.vllm.releases import VllmRelease, release
+from kvops.gpus import find_gpu
 from kvops.plan import Plan
 from kvops.profile import Profile
 from kvops.units import format_bytes
@@ -170,9 +171,14 @@ def _version_text(run_release: VllmRelease) -> str:
 
 
 def _other_gpu(total: int, plan: Plan) -> list[str]:
+    """The log's device total is not the one of the GPU the calibration names (the catalog part's, as the engine
+    sees it): the profile would carry another part's figures."""
     gpu = plan.inputs.gpu
     assert gpu is not None
-    expected = common.device_total(plan.inputs)
+    if gpu.id == "custom":
+        return []
+    seen = common.engine_total(gpu.id)
+    expected = seen.bytes if seen else find_gpu(gpu.id).memory_bytes
     if abs(total - expected) <= OTHER_GPU_SHARE * expected:
         return []
     return [

@@ -83,12 +83,9 @@ class KVCacheLayout:
         return sum(group.admission_blocks(max_model_len, in_flight) for group in self.groups)
 
     def bytes_per_request(self, max_model_len: int, in_flight: int) -> int:
-        """What vLLM's startup check needs for one request at `max_model_len`: each real layer's pages
-        (`max_memory_usage_bytes`, summed over layers; padding slots hold nothing)."""
-        return sum(
-            len(group.layers) * group.admission_blocks(max_model_len, in_flight) * group.page_bytes
-            for group in self.groups
-        )
+        """What vLLM's startup check needs for one request at `max_model_len`: its blocks across the groups, each
+        a whole pool block, padding included (`_max_memory_usage_bytes_from_groups`)."""
+        return self.blocks_per_request(max_model_len, in_flight) * self.bytes_per_block
 
     def blocks_held(
         self, prompt_tokens: int, total_tokens: int, sequences: int = 1, prefix_caching: bool = True
@@ -174,6 +171,7 @@ class Pool:
     max_model_len: int
     bytes_needed: int = 0  # one request at max_model_len, as the startup check counts it
     kv_bytes: int = 0
+    bytes_per_block: int = 0
     groups: int = 1
     null_block: bool = True  # V1's block pool keeps block 0 back
     tokens_by_concurrency: bool = True  # 'GPU KV cache size' as concurrency x max_model_len (V1 0.20+)
@@ -198,11 +196,12 @@ class Pool:
 
     @property
     def fits_one_request(self) -> bool:
-        """The engine's startup check: V1 compares one request's bytes at max_model_len with the KV memory
-        (`_check_enough_kv_cache_memory`); V0 refuses a max_model_len above the tokens the blocks hold."""
+        """The engine's startup check: V1 compares one request's bytes at max_model_len with the KV memory less the
+        null block (`get_kv_cache_configs`: "Reserve the null block ... so auto-fit and the capacity check both plan
+        against usable blocks"); V0 refuses a max_model_len above the tokens its blocks hold."""
         if not self.null_block:
             return self.max_model_len <= self.num_blocks * self.block_size
-        return self.bytes_needed <= self.kv_bytes
+        return self.bytes_needed <= self.kv_bytes - self.bytes_per_block
 
 
 def pool(
@@ -220,6 +219,7 @@ def pool(
         max_model_len,
         layout.bytes_per_request(max_model_len, in_flight),
         kv_bytes,
+        layout.bytes_per_block,
         len(layout.groups),
         null_block,
         tokens_by_concurrency,
@@ -229,12 +229,13 @@ def pool(
 def engine_max_model_len(layout: KVCacheLayout, kv_bytes: int, in_flight: int, upper: int, null_block: bool) -> int:
     """The longest max_model_len the engine accepts for this KV memory: what `--max-model-len auto` (-1) picks and
     the 'estimated maximum model length' of its error (V1 `_estimate_max_model_len_from_groups`: one request's
-    bytes within the memory); V0 takes the tokens its blocks hold. 0 when not even one token fits."""
+    blocks within the memory less the null block); V0 takes the tokens its blocks hold. 0 when not even one token
+    fits."""
     if not null_block:
         return min(upper, layout.num_blocks(kv_bytes) * layout.block_size)
 
-    def fits(length: int) -> bool:
-        return layout.bytes_per_request(length, in_flight) <= kv_bytes
+    def fits(length: int) -> bool:  # the null block held back, as the startup check does
+        return layout.bytes_per_request(length, in_flight) <= kv_bytes - layout.bytes_per_block
 
     if kv_bytes <= 0 or not fits(1):
         return 0

@@ -312,7 +312,7 @@ def _verdict(
             total,
             states_need=True,
         )
-    if not pool.fits_one_request or pool.usable_blocks < pool.blocks_per_request:
+    if not pool.fits_one_request:
         return _too_short_verdict(draft, kv_layout, pool, capacity)
     per_request, under_warn = capacity.blocks_per_request, capacity.requests_under_warn
     if isinstance(inputs.concurrency, int) and inputs.concurrency > under_warn:
@@ -337,9 +337,10 @@ def _verdict(
 def _too_short_verdict(
     draft: _Draft, kv_layout: layout.KVCacheLayout, pool: layout.Pool, capacity: VllmCapacity
 ) -> Verdict:
-    """One request at max-model-len does not fit the KV memory: the engine's startup check, in its words (or, where
-    the engine starts, the request that would wait forever for a block the null block holds)."""
-    length, kv, longest = pool.max_model_len, draft.kv_bytes, capacity.engine_auto_max_model_len
+    """One request at max-model-len does not fit the KV memory: the engine's startup check, in its words."""
+    length, kv = pool.max_model_len, draft.kv_bytes
+    # the error's estimate searches up to the max_model_len asked for (`_estimate_max_model_len_from_groups`)
+    longest = layout.engine_max_model_len(kv_layout, max(kv, 0), capacity.max_in_flight_tokens, length, True)
     need = layout.kv_bytes_needed(kv_layout, pool.blocks_per_request)
     blocks = f"one request at --max-model-len {length} needs {pool.blocks_per_request} blocks"
     if not draft.release.null_block:
@@ -354,17 +355,9 @@ def _too_short_verdict(
             kv,
             states_need=True,
         )
-    if pool.fits_one_request:  # the startup check passes by bytes; block 0 is the null block
-        return Verdict(
-            f"{blocks} and {format_bytes(kv)} holds {pool.usable_blocks} usable ones (block 0 is the null block): "
-            "vLLM starts, but a request that long would wait forever for its last block",
-            need,
-            kv,
-            states_need=True,
-        )
     estimate = f"; the estimated maximum model length is {longest}" if longest else ""
     return Verdict(
-        f"{blocks} = {format_bytes(pool.bytes_needed)} of KV cache, more than the {format_bytes(kv)} vLLM has "
+        f"{blocks} = {format_bytes(need)} of KV cache (block 0 is the null block), more than the {format_bytes(kv)} vLLM has "
         "(vLLM refuses to start: 'To serve at least one request with the model's max seq len ... KV cache is "
         f"needed, which is larger than the available KV cache memory'){estimate}",
         need,

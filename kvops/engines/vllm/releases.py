@@ -191,7 +191,7 @@ class VllmRelease:
         rules.append(_UTILIZATION_0_92 if self.cudagraphs_before_kv else _UTILIZATION_0_9)
         rules.append(_CUDAGRAPH_ESTIMATE if self.cudagraphs_before_kv else _CUDAGRAPH_AFTER)
         if self.v0:
-            return [*rules, _V0_BLOCKS, _V0_BATCH]
+            return [*rules, _V0_BLOCKS, _NO_HYBRID_MANAGER, _V0_BATCH]
         rules += [_V1_NULL_BLOCK, _KV_TOKENS_CONCURRENCY if self.kv_tokens_by_concurrency else _KV_TOKENS_GROUPS]
         rules.append(_HYBRID_MANAGER if self.hybrid_manager else _NO_HYBRID_MANAGER)
         rules.append(_SLIDING_IN_FLIGHT if self.sliding_counts_in_flight else _SLIDING_BATCHED)
@@ -230,9 +230,19 @@ def release(text: str | None, how: str | None = None) -> VllmRelease:
     return VllmRelease(version, v0 or not version.at_least(0, 8), how or f"--engine-version {raw}")
 
 
+LAST_V0_DEFAULT = "0.7.3"  # the last release whose default engine was V0 (V1 from 0.8.0)
+
+
 def from_log(version: str | None, v0_wording: bool) -> VllmRelease | None:
-    """The release a log names (its version, and V0 wording on 0.8-0.10), or None when it names none."""
+    """The release a log names (its version, and V0 wording on 0.8-0.10); a V0 log without a version is planned as
+    the last V0 release; None when the log names no release at all. A source build without tags reports
+    "0.1.devN": no version."""
+    if version is not None and version.startswith("0.1.dev"):
+        version = None
     if version is None:
-        return None
-    text = f"{Version.parse(version, 'the log version').text}{V0_SUFFIX if v0_wording and not Version.parse(version).at_least(0, 11) else ''}"
-    return release(text, how=f"the log's version line ({version})")
+        if not v0_wording:
+            return None
+        return release(LAST_V0_DEFAULT, how=f"the log's V0 wording (no version line): planned as {LAST_V0_DEFAULT}")
+    parsed = Version.parse(version, "the log's version")
+    suffix = V0_SUFFIX if v0_wording and parsed.at_least(0, 8) and not parsed.at_least(0, 11) else ""
+    return release(f"{parsed.text}{suffix}", how=f"the log's version line ({version})")
