@@ -3,21 +3,36 @@
 from __future__ import annotations
 
 import json
+import math
 import shlex
 import sys
 from collections.abc import Callable
 from importlib.util import find_spec
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from kvops.deployment import DeploymentOptions
 from kvops.dtypes import KV_DTYPE_CHOICES
 from kvops.errors import KvopsError
 from kvops.units import parse_bytes
 
+if TYPE_CHECKING:
+    from kvops.deployment import DeploymentOptions
+
 POSITIVE = click.IntRange(min=1)
-FRACTION = click.FloatRange(min=0.0, max=1.0, min_open=True)
+
+
+class FiniteRange(click.FloatRange):
+    """A float range that also refuses nan and infinities (click's range checks let nan through)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number; give one {self._describe_range()}", param, ctx)
+        return number
+
+
+FRACTION = FiniteRange(min=0.0, max=1.0, min_open=True)
 
 
 def model_option(function: Callable) -> Callable:
@@ -239,6 +254,8 @@ _SIZES = {"gpu_memory": "--gpu-memory", "kv_cache_memory_bytes": "--kv-cache-mem
 def deployment_options(ctx: click.Context, params: dict[str, Any], launcher: tuple[str, ...] = ()) -> DeploymentOptions:
     """The deployment options the command's parameters state; `given` holds those typed on the command line."""
     from click.core import ParameterSource
+
+    from kvops.deployment import DeploymentOptions
 
     known = set(DeploymentOptions().field_names())
     values: dict[str, Any] = {}

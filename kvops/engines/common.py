@@ -13,6 +13,7 @@ from kvops.errors import MissingDevice, UsageError
 from kvops.gpus import gpu_catalog
 from kvops.model.spec import ModelSpec
 from kvops.plan import PlanInputs, Term
+from kvops.units import format_bytes
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -35,7 +36,7 @@ class WeightFormat:
     note: str
 
 
-WEIGHT_FORMAT_CHOICES = ("auto", "bf16", "fp16", "fp32", "fp8", "int8", "awq", "gptq", "mxfp4")
+WEIGHT_FORMAT_CHOICES = ("auto", "bf16", "fp16", "fp32", "fp8", "int8", "awq", "gptq", "mxfp4", "nvfp4")
 DEFAULT_GROUP_SIZE = 128
 
 
@@ -45,6 +46,8 @@ def weight_format(spec: ModelSpec, name: str = "auto") -> WeightFormat:
     quant = spec.quantization or {}
     if key == "auto":
         key = str(quant.get("quant_method") or spec.dtype).lower()
+        if key == "modelopt":  # NVIDIA ModelOpt names its format in quant_algo
+            key = {"FP8": "fp8", "NVFP4": "nvfp4"}.get(str(quant.get("quant_algo")).upper(), key)
         if key in ("compressed-tensors", "compressed_tensors"):
             raise UsageError(
                 f"{spec.name}: compressed-tensors checkpoints are not modelled; pass --quantization fp8, int8, awq or gptq"
@@ -79,6 +82,14 @@ def weight_format(spec: ModelSpec, name: str = "auto") -> WeightFormat:
             per_weight,
             "linear",
             f"{key} int{bits}, group {group}: one fp16 scale + one int{bits} zero per group; embeddings and LM head 16-bit",
+        )
+    if key == "nvfp4":
+        group = int(quant.get("group_size") or 16)
+        return WeightFormat(
+            "nvfp4",
+            4 + 8 / group,
+            "linear",
+            f"NVFP4 weights: 4-bit values + one fp8 scale per {group}; embeddings and LM head 16-bit",
         )
     if key == "mxfp4":
         return WeightFormat(
@@ -484,6 +495,28 @@ def same_model(name: str, spec: ModelSpec) -> bool:
     """A profile's model is this one: the same id or path, or the same last path segment (a local copy)."""
     return (
         name in (spec.name, spec.source_path) or name.rstrip("/").split("/")[-1] == spec.name.rstrip("/").split("/")[-1]
+    )
+
+
+OVERHEAD_TERMS = ("activation", "non_torch", "cuda_graphs", "overhead")
+
+
+def what_does_not_fit(terms: dict[str, int], have: int) -> str:
+    """The terms that leave no KV, named: the weights alone when they exceed the budget, else weights and overheads."""
+    weights = terms.get("weights", 0)
+    if weights > have:
+        return f"the weights alone ({format_bytes(weights)}) exceed the budget: weights and overheads"
+    overheads = ", ".join(f"{name} {format_bytes(terms[name])}" for name in OVERHEAD_TERMS if terms.get(name))
+    return f"weights ({format_bytes(weights)}) and overheads ({overheads})"
+
+
+def paging_note(num_blocks: int, block_size: int, kv_bytes: int | None, groups: int = 1) -> str:
+    """What paging does and does not do to the pool at hand: it ends fragmentation, not the total."""
+    per_group = " per KV cache group" if groups > 1 else ""
+    size = f" in {format_bytes(max(kv_bytes, 0))}" if kv_bytes is not None else ""
+    return (
+        f"paged KV (PagedAttention) removes fragmentation, not the limit: the pool still holds {num_blocks:,} blocks x "
+        f"{block_size} tokens = {num_blocks * block_size:,} token slots{per_group}{size}, and every cached token takes one"
     )
 
 

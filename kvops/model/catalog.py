@@ -19,6 +19,9 @@ class CatalogEntry:
     parameters: int | None
     parameters_source: str | None
     file: str
+    tied_lm_head_stored: bool = False  # the checkpoint stores lm_head.weight although tied (counted once when loaded)
+    hf_quant_config: dict[str, Any] | None = None  # NVIDIA ModelOpt's hf_quant_config.json, beside config.json
+    notes: str | None = None
 
 
 @lru_cache(maxsize=1)
@@ -39,6 +42,9 @@ def catalog() -> tuple[CatalogEntry, ...]:
                 parameters=data.get("parameters"),
                 parameters_source=data.get("parameters_source"),
                 file=f"kvops/catalog/models/{item.name}",
+                tied_lm_head_stored=bool(data.get("tied_lm_head_stored")),
+                hf_quant_config=data.get("hf_quant_config"),
+                notes=data.get("notes"),
             )
         )
     return tuple(entries)

@@ -17,7 +17,7 @@ from typing import Any
 from kvops.dtypes import canonical_dtype_name
 from kvops.errors import ConfigError
 from kvops.model.defaults import with_defaults
-from kvops.model.params import count_parameters
+from kvops.model.params import ParameterCount, count_parameters
 from kvops.model.spec import FullAttention, LayerKind, ModelSpec, MultiLatentAttention, SlidingWindow
 
 # Field names differ between architectures; the first one present wins.
@@ -47,8 +47,10 @@ def spec_from_config(
     source_path: str | None = None,
     parameters: int | None = None,
     aliases: tuple[str, ...] = (),
+    stored_tied_head: bool = False,
 ) -> ModelSpec:
-    """Build a ModelSpec. `where` names the file in error messages; `parameters` is a published count, if known."""
+    """Build a ModelSpec. `where` names the file in error messages; `parameters` is a published count of the
+    checkpoint, if known; `stored_tied_head`: the checkpoint stores lm_head.weight although it is tied."""
     notes: list[str] = []
     text = with_defaults(language_config(config), notes)
     reader = _Reader(text, where)
@@ -76,8 +78,15 @@ def spec_from_config(
     layers = _layer_kinds(text, reader, num_layers, kv_heads, head_dim, notes)
     dtype = _serving_dtype(text, config, notes)
     counted = count_parameters(
-        text, num_layers=num_layers, hidden=hidden, num_heads=num_heads, kv_heads=kv_heads, head_dim=head_dim
+        text,
+        num_layers=num_layers,
+        hidden=hidden,
+        num_heads=num_heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        wrapper=config,
     )
+    loaded = _loaded_parameters(counted, parameters, stored_tied_head, notes)
     return ModelSpec(
         name=name,
         source=source,
@@ -91,14 +100,17 @@ def spec_from_config(
         vocab_size=int(text.get("vocab_size") or 0),
         intermediate_size=int(_first(text, _INTERMEDIATE) or 4 * hidden),
         max_position_embeddings=_max_positions(text),
-        parameters=parameters if parameters else counted.total,
+        parameters=loaded,
         parameters_source="catalog" if parameters else "config",
+        checkpoint_parameters=parameters or counted.checkpoint,
+        mtp_parameters=counted.mtp,
+        vision_parameters=counted.vision,
         expert_parameters=counted.experts,
         num_experts=counted.num_experts,
         experts_per_token=int(text.get("num_experts_per_tok") or text.get("experts_per_token") or 0),
         moe_intermediate_size=int(text.get("moe_intermediate_size") or 0),
         tie_word_embeddings=bool(text.get("tie_word_embeddings", config.get("tie_word_embeddings", False))),
-        quantization=config.get("quantization_config") or text.get("quantization_config"),
+        quantization=_quantization(config, text),
         aliases=aliases,
         notes=tuple(notes),
     )
@@ -154,6 +166,35 @@ def _sliding_layers(text: dict, num_layers: int, where: str, notes: list[str]) -
         first = int(text["max_window_layers"])
         return [i >= first for i in range(num_layers)]
     return [True] * num_layers
+
+
+def _loaded_parameters(counted: ParameterCount, published: int | None, stored_tied_head: bool, notes: list[str]) -> int:
+    """What an engine loads to generate text: the published checkpoint count without what it does not load
+    (MTP layers, a stored copy of tied embeddings), else the counted language model and vision tower."""
+    if counted.mtp:
+        notes.append(
+            f"{counted.mtp:,} parameters of multi-token-prediction layers are in the checkpoint; vLLM loads them only for MTP speculative decoding"
+        )
+    if counted.vision:
+        notes.append(f"{counted.vision:,} parameters of the vision tower and projector are loaded with the model")
+    if not published:
+        return counted.total + counted.vision
+    tied_copy = 0
+    if stored_tied_head:
+        tied_copy = counted.embeddings
+        notes.append(
+            f"the checkpoint stores lm_head.weight ({tied_copy:,} parameters) although it is tied to the embeddings: loaded once"
+        )
+    return published - counted.mtp - tied_copy
+
+
+def _quantization(config: dict, text: dict) -> dict | None:
+    """The checkpoint's quantization_config; NVIDIA ModelOpt's hf_quant_config.json form (its settings under
+    "quantization", no quant_method) is read as quant_method "modelopt", as vLLM reads it."""
+    quant = config.get("quantization_config") or text.get("quantization_config")
+    if isinstance(quant, dict) and "quant_method" not in quant and isinstance(quant.get("quantization"), dict):
+        return {"quant_method": "modelopt", **quant["quantization"]}
+    return quant
 
 
 def _serving_dtype(text: dict, config: dict, notes: list[str]) -> str:

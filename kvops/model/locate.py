@@ -23,19 +23,32 @@ def load_model(name: str) -> ModelSpec:
         return _from_file(cached, name=name, source="hf-cache", parameters=entry.parameters if entry else None)
     entry = catalog.find(name)
     if entry is not None:
-        return spec_from_config(
-            entry.config,
-            name=entry.id,
-            source="catalog",
-            where=entry.file,
-            parameters=entry.parameters,
-            aliases=entry.aliases,
-        )
+        return catalog_spec(entry)
     close = catalog.suggestions(name)
     hint = f"; did you mean {', '.join(close)}?" if close else ""
     raise ModelNotFound(
         f"model {name!r} not found: not a path, not in the local Hugging Face cache, not in the catalog{hint} (`kvops models` lists the catalog)"
     )
+
+
+def catalog_spec(entry: catalog.CatalogEntry) -> ModelSpec:
+    """A catalog entry's ModelSpec, its published count and its ModelOpt hf_quant_config applied."""
+    return spec_from_config(
+        with_quant_config(entry.config, entry.hf_quant_config),
+        name=entry.id,
+        source="catalog",
+        where=entry.file,
+        parameters=entry.parameters,
+        aliases=entry.aliases,
+        stored_tied_head=entry.tied_lm_head_stored,
+    )
+
+
+def with_quant_config(config: dict, hf_quant_config: dict | None) -> dict:
+    """vLLM reads hf_quant_config.json (NVIDIA ModelOpt <= 0.29) as the quantization_config when config.json has none."""
+    if hf_quant_config and not config.get("quantization_config"):
+        return {**config, "quantization_config": hf_quant_config}
+    return config
 
 
 def _config_file(path: Path) -> Path:

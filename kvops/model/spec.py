@@ -139,8 +139,11 @@ class ModelSpec:
     vocab_size: int
     intermediate_size: int
     max_position_embeddings: int | None
-    parameters: int
+    parameters: int  # what the engine loads for text generation
     parameters_source: str  # "catalog" (a published count) or "config" (counted from the architecture)
+    checkpoint_parameters: int = 0  # what the checkpoint stores (published, or counted)
+    mtp_parameters: int = 0  # multi-token-prediction layers in the checkpoint, not loaded without MTP speculation
+    vision_parameters: int = 0  # vision tower and projector (counted), loaded with the model
     expert_parameters: int = 0  # weights inside routed MoE experts (their own quantization may apply)
     num_experts: int = 0
     experts_per_token: int = 0

@@ -1,56 +1,42 @@
-"""kvops' reading of each catalog config against vLLM's own (vllm.config.ModelConfig from a local folder).
+"""kvops' reading of each catalog config against vLLM's own: its ModelConfig, and the KV-cache spec of every
+layer of the model vLLM builds for it (on the meta device: no weights, no memory; tests/support/vllm_specs.py).
 
 Needs the vLLM CPU build; nothing is downloaded (the config is written to a temporary folder, the tokenizer is
-the locally built test one and is not initialised).
+the locally built test one and is not initialised). Multimodal wrappers are compared through their language
+model's own CausalLM class (the wrappers need torchvision, which does not import beside this torch build).
 """
 
 from __future__ import annotations
 
-import json
+import re
 import warnings
 
 import pytest
 
-from kvops.model import load_model
+from kvops.dtypes import KV_DTYPES
 from kvops.model.catalog import catalog
+from kvops.model.locate import catalog_spec
+from tests.support.vllm_specs import engine_config, kv_cache_specs, text_model_config
 
 pytestmark = pytest.mark.vllm
 
-IDS = [entry.id for entry in catalog()]
+ENTRIES = {entry.id: entry for entry in catalog()}
+# Models the vLLM CPU build cannot instantiate, and why; their layers are checked against ModelConfig only.
+UNBUILDABLE: dict[str, str] = {}
+LAYER = re.compile(r"layers\.(\d+)\.")
 
 
-@pytest.fixture(scope="module")
-def vllm_config_classes():
+@pytest.fixture(scope="module", autouse=True)
+def quiet():
     warnings.simplefilter("ignore")
-    from vllm.config import ModelConfig, ParallelConfig
-
-    return ModelConfig, ParallelConfig
 
 
-@pytest.mark.parametrize("model", IDS)
-def test_vllm_reads_the_same_layers_heads_and_windows(model, vllm_config_classes, tiny_model, tmp_path, monkeypatch):
-    ModelConfig, ParallelConfig = vllm_config_classes
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    from kvops.model.catalog import find
+@pytest.mark.parametrize("model", list(ENTRIES))
+def test_vllm_reads_the_same_layers_heads_and_windows(model, tiny_model, tmp_path):
+    from vllm.config import ParallelConfig
 
-    config = find(model).config
-    if "text_config" in config:
-        # The multimodal wrapper needs torchvision, which does not import beside this torch build:
-        # compare the language model, which is what holds the KV cache.
-        config = {
-            **config["text_config"],
-            "architectures": ["Gemma3ForCausalLM"],
-            "torch_dtype": config.get("torch_dtype"),
-        }
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    spec = load_model(model)
-    config = ModelConfig(
-        model=str(tmp_path),
-        tokenizer=str(tiny_model),
-        skip_tokenizer_init=True,
-        dtype="bfloat16",
-        trust_remote_code=False,
-    )
+    spec = catalog_spec(ENTRIES[model])
+    config = engine_config(text_model_config(ENTRIES[model].config), tmp_path, tiny_model).model_config
 
     assert config.get_num_layers(ParallelConfig()) == spec.num_layers
     assert config.get_head_size() == spec.head_dim
@@ -62,8 +48,22 @@ def test_vllm_reads_the_same_layers_heads_and_windows(model, vllm_config_classes
     assert config.use_mla == spec.is_mla
     assert (config.get_sliding_window() or None) == spec.sliding_window
 
-    layer_types = getattr(config.hf_text_config, "layer_types", None)
-    if layer_types:
-        kinds = ["sliding" if kind == "sliding_attention" else "full" for kind in layer_types]
-        if not spec.is_mla:
-            assert [layer.kind for layer in spec.layers] == kinds
+
+@pytest.mark.parametrize("model", [model for model in ENTRIES if model not in UNBUILDABLE])
+def test_each_layer_caches_what_vllm_builds_for_it(model, tiny_model, tmp_path):
+    """Per layer: the spec class, KV heads, head size, window, and the page bytes at block size 16."""
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec, SlidingWindowSpec
+
+    spec = catalog_spec(ENTRIES[model])
+    _, vllm_specs = kv_cache_specs(ENTRIES[model].config, tmp_path, tiny_model, max_model_len=1024)
+    by_layer = {int(LAYER.search(name).group(1)): layer_spec for name, layer_spec in vllm_specs.items()}
+    assert sorted(by_layer) == list(range(spec.num_layers))
+    expected_class = {"full": FullAttentionSpec, "sliding": SlidingWindowSpec, "mla": MLAAttentionSpec}
+    for index, layer in enumerate(spec.layers):
+        theirs = by_layer[index]
+        assert type(theirs) is expected_class[layer.kind], (index, theirs)
+        assert (theirs.num_kv_heads, theirs.head_size) == (layer.heads_per_gpu(1), layer.head_dim), index
+        assert getattr(theirs, "sliding_window", None) == getattr(layer, "window", None), index
+        from dataclasses import replace
+
+        assert replace(theirs, block_size=16).page_size_bytes == 16 * layer.bytes_per_token(KV_DTYPES["bf16"], 1)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shlex
 from types import ModuleType
 from typing import TYPE_CHECKING
 
@@ -36,6 +35,7 @@ class VllmEngine:
         compose_shared_memory=(("ipc", "host"),),
         k8s_shared_memory=True,
     )
+    memory_fraction_flag = "gpu-memory-utilization"  # the share of the device the engine may use
     data_parallel = True
     guard_scheduler = flags.GUARD_SCHEDULER
     needs_capacity = False
@@ -53,6 +53,11 @@ class VllmEngine:
 
         return plan.kv_dtype_ways(inputs)
 
+    def kv_dtype_spelling(self, inputs: PlanInputs, name: str) -> str:
+        from kvops.engines.vllm import plan
+
+        return plan.kv_dtype_spelling(inputs, name)
+
     def offload_ways(self, inputs: PlanInputs, failed: Plan) -> list[WayOut]:
         from kvops.engines.vllm import plan
 
@@ -63,11 +68,8 @@ class VllmEngine:
 
         return kv_cost(spec, tokens=1, dtype=dtype, tp=tp).bytes_per_token
 
-    def env(self, plan: Plan) -> list[str]:
-        return [
-            "# vLLM reads its engine flags from the command line, not the environment: run `vllm serve $VLLM_ARGS`",
-            f"VLLM_ARGS={shlex.quote(shlex.join(plan.args))}",
-        ]
+    def env_variables(self, plan: Plan) -> list[tuple[str, str]] | None:
+        return None  # vLLM reads its engine flags only from the command line
 
     def watch_capacity(self, plan: Plan) -> int | None:
         return None

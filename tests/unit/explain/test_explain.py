@@ -577,3 +577,14 @@ def test_weights_measured_at_one_tp_scale_to_another(run_kvops, tmp_path):
     )
     weights = next(term for term in doc["memory"]["terms"] if term["name"] == "weights")
     assert weights["bytes"] == 8000000000 and weights["basis"] == "measured" and "x 1/2 for tp 2" in weights["formula"]
+
+
+def test_explain_says_paging_does_not_add_memory_with_the_pools_numbers(run_kvops):
+    from tests.support.metrics_server import MetricsServer, vllm_exposition
+
+    with MetricsServer(vllm_exposition(0.72, running=4, waiting=2, preemptions=3)) as server:
+        text = run_kvops("explain", "--metrics", server.url, "--device", "cpu").stdout
+    assert (
+        "removes fragmentation, not the limit: the pool still holds 32 blocks x 128 tokens = 4,096 token slots in 4 MiB"
+        in text
+    )
