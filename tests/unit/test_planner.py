@@ -4,6 +4,8 @@ lossy, each with its quality warning and the engine's spelling, then host memory
 
 from __future__ import annotations
 
+import re
+
 from kvops.gpus import find_gpu
 from kvops.model import load_model
 from kvops.plan import PlanInputs
@@ -116,6 +118,9 @@ def test_weights_that_do_not_fit_are_named_and_not_blamed_on_the_workload(run_kv
         "17GiB",
         expect=3,
     )
-    assert (
-        "does not fit: weights (~14.96 GiB) and overheads (activation ~2.35 GiB, non_torch 512 MiB) need" in tgi.stderr
+    # the overheads are the fitted terms of the shipped fit (kvops/catalog/overheads.json, issue 13)
+    assert re.search(
+        r"does not fit: weights \(~14\.96 GiB\) and overheads \(activation ~[\d.]+ GiB, non_torch [\d.]+ [MG]iB\) "
+        r"need ~[\d.]+ GiB per shard but TGI may use ~15\.3 GiB; nothing is left for the KV cache",
+        tgi.stderr,
     )

@@ -158,7 +158,7 @@ def test_does_not_fit_exits_3_with_need_have_and_computed_ways_out(run_kvops):
     fp8 = next(way for way in doc["ways_out"] if way["change"] == "--kv-dtype fp8")
     assert fp8["fits"] and fp8["flags"]["kv-cache-dtype"] == "fp8"
     shorter = next(way for way in doc["ways_out"] if way["change"] == "--max-model-len auto")
-    assert shorter["fits"] is False and "shorter than the planned requests' 8,192" in shorter["result"]
+    assert shorter["fits"] is False and "shorter than the planned requests of 8192 tokens" in shorter["result"]
 
 
 def test_weights_too_big_says_so_and_finds_the_tp_that_fits(run_kvops):
