@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import click
@@ -9,6 +10,32 @@ import click
 from kvops.cli.options import POSITIVE, json_option, print_json
 
 ENGINES = click.Choice(("vllm", "tgi"))
+
+
+class Seconds(click.ParamType):
+    """A finite number of seconds within [low, high]: 'nan', 'inf' and out-of-range values are one clear error."""
+
+    name = "seconds"
+
+    def __init__(self, low: float, high: float):
+        self.low, self.high = low, high
+
+    def convert(self, value, param, ctx) -> float:
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            number = math.nan
+        valid = f"seconds, from {self.low:g} to {self.high:g}"
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number ({valid})", param, ctx)
+        if number < self.low:
+            self.fail(f"{number!r} is not in the range x>={self.low:g} ({valid})", param, ctx)
+        if number > self.high:
+            self.fail(f"{number!r} is not in the range x<={self.high:g} ({valid})", param, ctx)
+        return number
+
+
+MAX_BODY_LIMIT = 1 << 30  # the proxy holds a guarded body in memory
 
 
 def engine_option(function):
@@ -86,18 +113,35 @@ def capacity_options(function):
     "--interval",
     default=1.0,
     show_default=True,
-    type=click.FloatRange(min=0.05),
+    type=Seconds(0.05, 3600),
     metavar="SECONDS",
     help="Seconds between polls.",
 )
 @click.option(
     "--timeout",
-    type=click.FloatRange(min=0.05),
+    type=Seconds(0.05, 3600),
     metavar="SECONDS",
     help="Give up on a poll after this long; a busy engine's /metrics can take seconds  [default: the interval, within 5-10]",
 )
 @click.option(
-    "--listen", metavar="HOST:PORT", help="Serve /kvops/metrics, /kvops/policy, /kvops/status and /kvops/healthz here."
+    "--listen",
+    metavar="HOST:PORT",
+    help="Serve /kvops/metrics, /kvops/policy, /kvops/status and /kvops/healthz here (':PORT': on 127.0.0.1).",
+)
+@click.option(
+    "--admin-token-file",
+    type=click.Path(dir_okay=False),
+    metavar="FILE",
+    help="Require 'Authorization: Bearer <token>' on /kvops/* but /kvops/healthz; the token is the file's first "
+    "line  [default: $KVOPS_ADMIN_TOKEN, else no token]",
+)
+@click.option(
+    "--header-timeout",
+    default=20.0,
+    show_default=True,
+    type=Seconds(0.1, 3600),
+    metavar="SECONDS",
+    help="Answer 408 and close a connection whose request headers are not complete in this time.",
 )
 @click.option(
     "--webhook",
@@ -116,7 +160,12 @@ def capacity_options(function):
     "--proxy",
     "upstream",
     metavar="UPSTREAM_URL",
-    help="Also serve the engine's API on --listen, forwarding to UPSTREAM_URL with the level's limits applied.",
+    help="Also serve the engine's API, forwarding to UPSTREAM_URL with the level's limits applied.",
+)
+@click.option(
+    "--proxy-listen",
+    metavar="HOST:PORT",
+    help="With --proxy: serve the engine's API here, apart from the /kvops/* endpoints  [default: on --listen]",
 )
 @click.option(
     "--max-body-size",
@@ -126,18 +175,35 @@ def capacity_options(function):
     help="With --proxy: refuse larger request bodies with 413.",
 )
 @click.option(
-    "--upstream-timeout",
+    "--body-timeout",
+    default=20.0,
+    show_default=True,
+    type=Seconds(0.1, 3600),
+    metavar="SECONDS",
+    help="With --proxy: answer 408 when a client's request body stalls this long.",
+)
+@click.option(
+    "--upstream-first-byte-timeout",
     default=600.0,
     show_default=True,
-    type=click.FloatRange(min=0.1),
+    type=Seconds(0.1, 86400),
     metavar="SECONDS",
-    help="With --proxy: answer 504 when the upstream exchange takes longer (streaming included).",
+    help="With --proxy: answer 504 when the upstream sends no response headers in this time (a whole "
+    "non-streamed generation).",
+)
+@click.option(
+    "--upstream-idle-timeout",
+    default=300.0,
+    show_default=True,
+    type=Seconds(0.1, 86400),
+    metavar="SECONDS",
+    help="With --proxy: end a response whose upstream sends nothing for this long (a stream with an error event).",
 )
 @click.option(
     "--upstream-connect-timeout",
     default=5.0,
     show_default=True,
-    type=click.FloatRange(min=0.1),
+    type=Seconds(0.1, 600),
     metavar="SECONDS",
     help="With --proxy: answer 502 when the upstream does not accept the connection in time.",
 )
@@ -153,6 +219,8 @@ def watch(
     interval,
     timeout,
     listen,
+    admin_token_file,
+    header_timeout,
     webhook,
     runbook_url,
     record,
@@ -160,8 +228,11 @@ def watch(
     plan,
     startup_log,
     upstream,
+    proxy_listen,
     max_body_size,
-    upstream_timeout,
+    body_timeout,
+    upstream_first_byte_timeout,
+    upstream_idle_timeout,
     upstream_connect_timeout,
     once,
     as_json,
@@ -172,24 +243,26 @@ def watch(
     dwell) and the request limits it implies, logs one JSON line per level change, and alerts. The limits are
     served at /kvops/policy for the admission proxy and the vLLM scheduler plugin.
     """
-    import asyncio
-    import functools
-
     from kvops.policy import load_policy
-    from kvops.watch.service import WatchOptions
+    from kvops.watch.service import WatchOptions, admin_token, run
     from kvops.watch.service import once as poll_once
     from kvops.watch.service import watch as run_watch
     from kvops.watch.watcher import EventLog
 
-    listen_at = _listen(listen) if listen else None
+    listen_at = _listen(listen, "--listen") if listen else None
+    proxy_at = _listen(proxy_listen, "--proxy-listen") if proxy_listen else None
     if (metrics_url is None) == (prometheus is None):
         raise click.UsageError("give exactly one of --metrics-url URL (one engine) or --prometheus URL (a fleet)")
     if selector and not prometheus:
         raise click.UsageError("--selector applies to --prometheus only")
-    if once and listen:
-        raise click.UsageError("--once polls once and exits: drop --listen")
-    if upstream and not listen:
-        raise click.UsageError("--proxy serves the engine's API on --listen HOST:PORT: add --listen")
+    if once and (listen or proxy_listen):
+        raise click.UsageError("--once polls once and exits: drop --listen and --proxy-listen")
+    if upstream and not (listen or proxy_listen):
+        raise click.UsageError("--proxy serves the engine's API on --proxy-listen HOST:PORT (or --listen): add one")
+    if proxy_listen and not upstream:
+        raise click.UsageError("--proxy-listen is where --proxy serves: add --proxy UPSTREAM_URL")
+    if listen_at and proxy_at and listen_at == proxy_at:
+        raise click.UsageError(f"--listen and --proxy-listen are both {listen}: give them different ports")
     for option, url in (
         ("--metrics-url", metrics_url),
         ("--prometheus", prometheus),
@@ -212,28 +285,50 @@ def watch(
         runbook_url=runbook_url,
         record=Path(record) if record else None,
         capacity_tokens=_capacity(engine, max_batch_total_tokens, plan, startup_log),
+        proxy=_proxy_settings(
+            upstream,
+            engine,
+            max_body_size,
+            upstream_connect_timeout,
+            upstream_first_byte_timeout,
+            upstream_idle_timeout,
+            body_timeout,
+        ),
+        proxy_listen=proxy_at,
+        header_timeout=header_timeout,
+        admin_token=admin_token(admin_token_file),
     )
     if once:
-        snapshot = asyncio.run(poll_once(options))
+        snapshot = run(poll_once(options))
         if as_json:
             print_json(snapshot.to_dict())
         else:
             click.echo(once_text(snapshot))
         return
-    setup_app = None
-    if upstream:
-        from kvops.units import parse_bytes
-        from kvops.watch.proxy import ProxySettings, attach_to_watcher
+    run(run_watch(options, EventLog()))
 
-        settings = ProxySettings(
-            upstream.rstrip("/"),
-            engine,
-            parse_bytes(max_body_size, "--max-body-size"),
-            upstream_connect_timeout,
-            upstream_timeout,
+
+def _proxy_settings(upstream, engine, max_body_size, connect, first_byte, idle, body):
+    if not upstream:
+        return None
+    from kvops.units import format_bytes, parse_bytes
+    from kvops.watch.proxy import ProxySettings
+
+    limit = parse_bytes(max_body_size, "--max-body-size")
+    if limit > MAX_BODY_LIMIT:
+        raise click.BadParameter(
+            f"{max_body_size!r} is more than {format_bytes(MAX_BODY_LIMIT)} (the proxy holds a body in memory)",
+            param_hint="--max-body-size",
         )
-        setup_app = functools.partial(attach_to_watcher, settings=settings)
-    asyncio.run(run_watch(options, EventLog(), setup_app=setup_app))
+    return ProxySettings(
+        upstream.rstrip("/"),
+        engine,
+        limit,
+        connect_timeout=connect,
+        first_byte_timeout=first_byte,
+        idle_timeout=idle,
+        body_timeout=body,
+    )
 
 
 @click.command()
@@ -398,11 +493,16 @@ def _selector(selector: str | None) -> str | None:
     return selector
 
 
-def _listen(text: str) -> tuple[str, int]:
+def _listen(text: str, option: str) -> tuple[str, int]:
+    """'HOST:PORT' (IPv6 in brackets); ':PORT' listens on 127.0.0.1 only."""
+    from kvops.watch.service import DEFAULT_HOST
+
     host, colon, port = text.rpartition(":")
     if not colon or not port.isdigit() or not 0 < int(port) < 65536:
-        raise click.BadParameter(f"{text!r} is not HOST:PORT, e.g. 127.0.0.1:9400 or :9400", param_hint="--listen")
-    return (host.strip("[]") or "0.0.0.0"), int(port)
+        raise click.BadParameter(
+            f"{text!r} is not HOST:PORT with a port in 1-65535, e.g. 0.0.0.0:9400 or :9400", param_hint=option
+        )
+    return (host.strip("[]") or DEFAULT_HOST), int(port)
 
 
 def _capacity(engine: str, tokens: int | None, plan: str | None, startup_log: str | None) -> int | None:

@@ -1,7 +1,8 @@
 """One engine and its kvops sidecar: what every deployment target puts side by side.
 
-The sidecar runs `kvops watch --engine E --metrics-url <engine>/metrics --listen 0.0.0.0:PORT --proxy <engine>`:
-it watches the engine, serves /kvops/{policy,metrics,healthz} and is the admission proxy clients go through.
+The sidecar runs `kvops watch --engine E --metrics-url <engine>/metrics --listen 0.0.0.0:PORT --proxy <engine>
+--proxy-listen 0.0.0.0:PORT+1`: it watches the engine, serves /kvops/{policy,metrics,healthz} on PORT and is the
+admission proxy clients go through on PORT+1 (the only port the clients' Service or published port reaches).
 A vLLM plan that names the KV-guard scheduler needs `kvops_vllm` importable in the engine's Python: the official
 vLLM image does not have it, so an init step of the kvops image copies the pure-Python `kvops` and `kvops_vllm`
 packages into a shared volume that the engine puts on PYTHONPATH (the engine image stays the official one).
@@ -50,6 +51,11 @@ class Stack:
         return self.plan.port
 
     @property
+    def proxy_port(self) -> int:
+        """The admission proxy's port, apart from the /kvops/* endpoints' so that clients reach only the proxy."""
+        return self.kvops_port + 1
+
+    @property
     def guarded(self) -> bool:
         """The plan names the KV-guard scheduler: the engine must import kvops_vllm."""
         scheduler = engines.get(self.engine).guard_scheduler
@@ -83,6 +89,8 @@ class Stack:
             f"0.0.0.0:{self.kvops_port}",
             "--proxy",
             engine_url,
+            "--proxy-listen",
+            f"0.0.0.0:{self.proxy_port}",
             "--policy",
             POLICY_FILE,
         ]

@@ -61,7 +61,7 @@ def catalogue(policy: Policy, engine: str) -> list[AlertKind]:
             "text",
             "KV metrics of {where} are stale",
             f"No usable KV metrics from {{where}} for {policy.stale_after_failures} consecutive polls ({{value}}): "
-            f"kvops holds the level at unknown and the request limits are {_unknown_limits(policy)}.",
+            f"kvops {_unknown_level(policy)} and the request limits are {_unknown_limits(policy)}.",
         )
     )
     return kinds
@@ -108,6 +108,12 @@ def _signal_kind(rule: SignalRule) -> AlertKind:
     }
     unit, summary, description = texts[rule.name]
     return AlertKind(SIGNAL_ALERTS[rule.name], SEVERITY[rule.raise_to], unit, summary, description)
+
+
+def _unknown_level(policy: Policy) -> str:
+    if policy.grace_polls >= policy.stale_after_failures:
+        return f"keeps the last level for up to {policy.grace_polls} failed polls, then holds it at unknown"
+    return "holds the level at unknown"
 
 
 def _unknown_limits(policy: Policy) -> str:

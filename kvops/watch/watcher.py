@@ -224,6 +224,8 @@ class Watcher:
         replica.consecutive_failures += 1
         replica.failures_total += 1
         self.poll_failures_total += 1
+        before = replica.level
+        after = replica.tracker.update(None, now)  # the last level through the policy's grace, then unknown
         if reason != replica.error or replica.consecutive_failures == self.policy.stale_after_failures:
             stale = replica.consecutive_failures >= self.policy.stale_after_failures
             self.log.emit(
@@ -231,10 +233,9 @@ class Watcher:
                 replica=replica.name,
                 error=reason,
                 consecutive_failures=replica.consecutive_failures,
+                level=after.label,
             )
         replica.error = reason
-        before = replica.level
-        after = replica.tracker.update(None, now)
         if after != before:
             self._level_changed(replica, before, after)
 
