@@ -107,6 +107,7 @@ def entry(entry_id: str) -> Entry:
 # --- kvops on the corpus: plans, and the measured overheads the fit takes ------------------------------------
 
 FAMILIES = {"vllm": vllm_releases.FAMILIES, "tgi": tgi_releases.FAMILIES}
+FALLBACKS = {"vllm": vllm_releases.FALLBACKS, "tgi": {}}
 
 
 def plan_entry(entry: Entry, fit: OverheadFit | None = None, pinned_kv: int | None = None) -> Plan:
@@ -139,7 +140,10 @@ def observations() -> dict[str, Observation]:
 def fit_corpus(engine: str, found: dict[str, Observation]) -> OverheadFit:
     engine_of = {item.id: item.engine for item in entries()}
     return fit_overheads(
-        engine, [item for source, item in found.items() if engine_of[source] == engine], FAMILIES[engine]
+        engine,
+        [item for source, item in found.items() if engine_of[source] == engine],
+        FAMILIES[engine],
+        FALLBACKS[engine],
     )
 
 

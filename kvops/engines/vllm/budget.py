@@ -13,6 +13,7 @@ measured figures replace them.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from math import ceil, floor
 
 from kvops.engines import common
@@ -68,13 +69,20 @@ def requested_memory(total_bytes: int, utilization: float, release_: VllmRelease
     return floor(total_bytes * utilization) if release_.v0 else ceil(total_bytes * utilization)
 
 
-def activation_model(spec: ModelSpec, batched: int, sampler_seqs: int, tp: int) -> tuple[int, str]:
-    """kvops' physical model of the profile run's peak: the forward pass or the sampler's logits, the larger."""
-    forward = common.forward_activation_peak(spec, batched, tp)
-    sampler = common.sampler_peak(spec, sampler_seqs)
-    if forward >= sampler:
-        return forward, f"forward over {batched} batched tokens ({format_bytes(forward)})"
-    return sampler, f"sampler logits for {sampler_seqs} sequences x {spec.vocab_size} vocab ({format_bytes(sampler)})"
+def profile_run(
+    spec: ModelSpec, batched: int, sampler_seqs: int, tp: int, fmt_scope: str = "none"
+) -> tuple[int, int, int]:
+    """What the profile run holds, in kvops' model: the forward pass's peak over `batched` tokens (bytes), the logits
+    of its sampler run for `sampler_seqs` sequences (the fitted bytes per logit make them bytes), and what stays
+    allocated through the sampler run: the fused-MoE workspace, kept by the workspace manager across layers and steps
+    (v1/worker/workspace.py; experts/triton_moe.py TritonExperts.workspace_shapes: (M, topk, max(I, H)) and
+    (M, topk, max(2I, H)) per rank, M the batched tokens). MXFP4 experts run other kernels and keep none."""
+    workspace = 0
+    if spec.num_experts and fmt_scope != "experts":
+        inter = ceil((spec.moe_intermediate_size or spec.intermediate_size) / tp)
+        topk = max(1, spec.experts_per_token)
+        workspace = batched * topk * (max(inter, spec.hidden_size) + max(2 * inter, spec.hidden_size)) * 2
+    return common.forward_activation_peak(spec, batched, tp), common.sampler_logits(spec, sampler_seqs), workspace
 
 
 # --- the memory terms -----------------------------------------------------------------------------------
@@ -161,16 +169,45 @@ def _fit(inputs: PlanInputs, release_: VllmRelease) -> common.FamilyFit:
     return fit.family(release_.family)
 
 
+# MXFP4 MoE experts as the Marlin and TRT-LLM kernels lay them out: hidden to a multiple of 256, the intermediate
+# size per rank to 128 (model_executor/layers/fused_moe/oracle/mxfp4.py mxfp4_round_up_hidden_size_and_intermediate_size;
+# gpt-oss-120b on an H100 logs 65.97 GiB, 60.77 unpadded, 65.90 padded). ROCm kernels align both to 256.
+MXFP4_ALIGNMENT = {"nvidia": (256, 128), "amd": (256, 256)}
+
+
 def _weights(inputs: PlanInputs) -> Term:
-    """The weights per GPU: a profile's measured figure (rescaled to this tp), else the checkpoint's computed size."""
-    profile, tp = inputs.profile, inputs.tp
-    computed = common.weight_bytes(inputs.spec, common.weight_format(inputs.spec, inputs.quantization), tp)
-    if profile is None or profile.weights_bytes is None:
+    """The weights per GPU: a profile's measured figure (rescaled to this tp), else the checkpoint's computed size
+    with the experts padded as vLLM's kernels lay them out, plus the rotary cos/sin cache the model registers."""
+    profile, tp, spec = inputs.profile, inputs.tp, inputs.spec
+    if profile is not None and profile.weights_bytes is not None:
+        measured, scaled = profile.weights_bytes, ""
+        if profile.tp and profile.tp != tp:  # each rank holds 1/tp of the weights
+            measured, scaled = ceil(profile.weights_bytes * profile.tp / tp), f", x {profile.tp}/{tp} for tp {tp}"
+        return Term("weights", measured, "measured", f"profile {profile.source}: 'Model loading took'{scaled}", None)
+    vendor = inputs.gpu.vendor if inputs.gpu else "nvidia"
+    alignment = MXFP4_ALIGNMENT.get(vendor, MXFP4_ALIGNMENT["nvidia"])
+    computed = common.weight_bytes(
+        spec, common.weight_format(spec, inputs.quantization), tp, expert_alignment=alignment
+    )
+    rotary = rotary_cache_bytes(spec)
+    if not rotary:
         return computed
-    measured, scaled = profile.weights_bytes, ""
-    if profile.tp and profile.tp != tp:  # each rank holds 1/tp of the weights
-        measured, scaled = ceil(profile.weights_bytes * profile.tp / tp), f", x {profile.tp}/{tp} for tp {tp}"
-    return Term("weights", measured, "measured", f"profile {profile.source}: 'Model loading took'{scaled}", None)
+    return replace(
+        computed,
+        bytes=computed.bytes + rotary,
+        formula=f"{computed.formula}; + {format_bytes(rotary)} rotary cos/sin cache ({spec.max_position_embeddings:,} "
+        "positions x rotary dim x 2 B, model_executor/layers/rotary_embedding: RotaryEmbedding.cos_sin_cache)",
+    )
+
+
+def rotary_cache_bytes(spec: ModelSpec) -> int:
+    """vLLM's cos/sin cache: one row of rotary-dim values per position, in the model dtype."""
+    if not spec.max_position_embeddings:
+        return 0
+    rotary = next(
+        (layer.qk_rope_head_dim for layer in spec.layers if spec.is_mla and hasattr(layer, "qk_rope_head_dim")), 0
+    )
+    return spec.max_position_embeddings * (rotary or spec.head_dim) * 2
 
 
 def _overheads(inputs: PlanInputs, release_: VllmRelease, batched: int, sampler_seqs: int) -> list[Term]:
@@ -195,14 +232,25 @@ def _activation(inputs: PlanInputs, release_: VllmRelease, batched: int, sampler
     profile = inputs.profile
     if profile and profile.activation_bytes is not None:
         return Term("activation", profile.activation_bytes, "measured", f"profile {profile.source}")
-    model, which = activation_model(inputs.spec, batched, sampler_seqs, inputs.tp)
+    scope = common.weight_format(inputs.spec, inputs.quantization).scope
+    forward, logits, workspace = profile_run(inputs.spec, batched, sampler_seqs, inputs.tp, scope)
     fit = _fit(inputs, release_)
+    sampler = fit.sampler(logits) + workspace
+    if forward >= sampler:
+        which = f"the forward pass over {batched} batched tokens ({format_bytes(forward)})"
+    else:
+        which = (
+            f"the sampler's decode step for {sampler_seqs} sequences x {inputs.spec.vocab_size:,} vocabulary at "
+            f"{fit.sampler_bytes_per_logit:.1f} B per logit ({format_bytes(fit.sampler(logits))})"
+        )
+        if workspace:
+            which += f" + the fused-MoE workspace over {batched} tokens ({format_bytes(workspace)})"
     return Term(
         "activation",
-        fit.activation(model),
+        fit.activation(forward, logits, workspace),
         "estimate",
-        f"profile-run peak: kvops' model ({which}) {_signed(fit.activation_excess)}, the median excess of "
-        f"{_logs(fit)} over that model",
+        f"profile-run peak: {which} {_signed(fit.activation_excess)}, the median excess of {_logs(fit)} over "
+        "kvops' model",
         common.CALIBRATE_HINT,
     )
 

@@ -130,12 +130,13 @@ def observation(log: VllmLog, plan: Plan, source: str) -> common.Observation | N
     if not isinstance(capacity, VllmCapacity) or plan.release is None or inputs.kv_cache_memory_bytes is not None:
         return None
     run_release: VllmRelease = plan.release  # type: ignore[assignment]
-    model, _ = budget.activation_model(
-        inputs.spec, capacity.max_num_batched_tokens, capacity.sampler_sequences, inputs.tp
+    scope = common.weight_format(inputs.spec, inputs.quantization).scope
+    forward, logits, workspace = budget.profile_run(
+        inputs.spec, capacity.max_num_batched_tokens, capacity.sampler_sequences, inputs.tp, scope
     )
     facts = log.facts
     graphs_applied = run_release.cudagraphs_before_kv and not inputs.enforce_eager
-    graphs = log.cudagraph_estimate_applied if graphs_applied else None
+    graphs = log.cudagraph_estimate_applied if graphs_applied else log.get("cudagraph_bytes")
     total = facts.get("total_memory_bytes") or common.device_total(inputs)
     overhead = None
     requested = budget.requested_memory(total, run_utilization(log, None, plan, run_release), run_release)
@@ -145,10 +146,12 @@ def observation(log: VllmLog, plan: Plan, source: str) -> common.Observation | N
         source,
         run_release.family,
         inputs.tp,
-        model,
+        forward,
+        logits,
+        workspace,
         activation=log.activation_bytes,
         non_torch=log.non_torch_bytes,
-        cuda_graphs=graphs if graphs_applied else None,
+        cuda_graphs=graphs,
         cuda_graphs_applied=graphs_applied,
         overhead=overhead if log.activation_bytes is None or log.non_torch_bytes is None else None,
         budget=requested,

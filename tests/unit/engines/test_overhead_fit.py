@@ -1,5 +1,6 @@
 """The overheads kvops plans with: fitted on the corpus of public startup logs, each release family from its own logs
-(the pooled fit below three), a margin from leave-one-out residuals; the shipped fit is the corpus fit."""
+(below three, the family it falls back to, else the pooled fit), the sampler's bytes per logit from the logs whose
+profile peaked in the sampler, a margin from leave-one-out residuals; the shipped fit is the corpus fit."""
 
 from __future__ import annotations
 
@@ -11,11 +12,14 @@ from tests.support.corpus import fit_corpus, observations
 
 GiB = 1 << 30
 MiB = 1 << 20
-FAMILIES = ("V0", "V1 < 0.21", "V1 >= 0.21")
+FAMILIES = ("V0", "V1 < 0.11.1", "V1 0.11.1-0.20", "V1 >= 0.21")
+FALLBACKS = {"V1 >= 0.21": "V1 0.11.1-0.20"}
 
 
-def logged(source: str, family: str, model: int, activation: int, non_torch: int, tp: int = 1) -> Observation:
-    return Observation(source, family, tp, model, activation=activation, non_torch=non_torch)
+def logged(
+    source: str, family: str, model: int, activation: int, non_torch: int, tp: int = 1, logits: int = 0
+) -> Observation:
+    return Observation(source, family, tp, model, logits, activation=activation, non_torch=non_torch)
 
 
 def test_each_family_takes_the_median_excess_over_kvops_model():
@@ -28,10 +32,31 @@ def test_each_family_takes_the_median_excess_over_kvops_model():
 
 def test_a_family_with_fewer_than_three_logs_plans_with_the_pooled_fit():
     items = [logged(f"v0-{i}", "V0", GiB, GiB + 100 * MiB, 50 * MiB) for i in range(3)]
-    items.append(logged("v1-0", "V1 < 0.21", GiB, GiB + 900 * MiB, 10 * MiB))
+    items.append(logged("v1-0", "V1 < 0.11.1", GiB, GiB + 900 * MiB, 10 * MiB))
     fit = fit_overheads("vllm", items, FAMILIES)
-    assert "V1 < 0.21" not in fit.families and fit.family("V1 < 0.21") is fit.families[common.POOLED]
+    assert "V1 < 0.11.1" not in fit.families and fit.family("V1 < 0.11.1") is fit.families[common.POOLED]
     assert fit.family("V1 >= 0.21").family == common.POOLED
+
+
+def test_a_family_with_fewer_than_three_logs_plans_with_the_family_it_falls_back_to():
+    items = [logged(f"v1-{i}", "V1 0.11.1-0.20", GiB, GiB + 100 * MiB, 50 * MiB) for i in range(3)]
+    items.append(logged("v0-0", "V0", GiB, GiB + 900 * MiB, 10 * MiB))
+    fit = fit_overheads("vllm", items, FAMILIES, FALLBACKS)
+    assert fit.family("V1 >= 0.21") is fit.families["V1 0.11.1-0.20"]
+    assert fit.family("V0") is fit.families[common.POOLED]  # no fallback named: the pooled fit
+
+
+def test_the_sampler_bytes_per_logit_come_from_logs_that_peaked_in_the_sampler():
+    logits = 1024 * 128256
+    sampler = [  # the forward pass (200 MiB) is far below the peak: the sampler's logits set it
+        logged(f"s-{i}", "V1 0.11.1-0.20", 200 * MiB, round(logits * per_logit), 0, logits=logits)
+        for i, per_logit in enumerate((15.0, 15.5, 16.0))
+    ]
+    forward = logged("f", "V1 0.11.1-0.20", 3 * GiB, 3 * GiB + 10 * MiB, 0, logits=logits)  # the forward pass peaked
+    fit = fit_overheads("vllm", [*sampler, forward], FAMILIES).family("V1 0.11.1-0.20")
+    assert fit.sampler_bytes_per_logit == pytest.approx(15.5, abs=1e-6)  # the median, of the sampler logs only
+    assert fit.activation(200 * MiB, logits) == fit.sampler(logits) + fit.activation_excess
+    assert fit.activation(4 * GiB, logits) == 4 * GiB + fit.activation_excess  # a longer forward pass wins
 
 
 def test_margin_is_the_90th_percentile_of_leave_one_out_residuals_and_the_band_their_spread():
@@ -55,6 +80,8 @@ def test_too_few_logs_bound_nothing():
 
 def test_an_overhead_the_budget_cannot_leave_is_excluded_and_listed():
     odd = Observation("odd", "V0", 1, GiB, overhead=40 * GiB, budget=60 * GiB)
+    also = Observation("odd-terms", "V0", 1, GiB, activation=30 * GiB, non_torch=GiB, budget=60 * GiB)
+    assert also.implausible and "does not match the log" in also.implausible  # itemised terms are checked too
     fit = fit_overheads("vllm", [odd, logged("ok", "V0", GiB, GiB, 0)], FAMILIES)
     assert fit.sources == ("ok",) and fit.excluded[0][0] == "odd" and "does not match the log" in fit.excluded[0][1]
 

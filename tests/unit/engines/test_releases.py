@@ -35,9 +35,11 @@ def test_the_default_is_the_newest_release_and_says_so():
 
 def test_families_by_version_and_the_v0_engine():
     assert vllm.release("0.6.4").family == "V0"  # V1 became the default engine in 0.8.0
-    assert vllm.release("0.8.5.post1").family == "V1 < 0.21"
+    assert vllm.release("0.8.5.post1").family == vllm.release("0.11.0").family == "V1 < 0.11.1"
     assert vllm.release("0.8.5-v0").family == "V0" and vllm.release("0.8.5-v0").label == "vLLM 0.8.5 (V0 engine)"
-    assert vllm.release("0.20.1rc1.dev16+g7a1eb8ac2").family == "V1 < 0.21"
+    # FlashInfer became a default dependency in 0.11.1: the profile's sampler stops sorting the vocabulary
+    assert vllm.release("0.11.1").family == vllm.release("0.20.1rc1.dev16+g7a1eb8ac2").family == "V1 0.11.1-0.20"
+    assert not vllm.release("0.11.0").sampler_sort_free and vllm.release("0.11.1").sampler_sort_free
     assert vllm.release("0.21.0").family == vllm.release("0.32.0").family == "V1 >= 0.21"
     assert tgi.release("2.4.1").family == "TGI 1.x/2.x" and tgi.release("v3.0.1").family == "TGI 3.x"
 
@@ -117,9 +119,9 @@ def test_tgi_wiggle_room_per_tag():
 @pytest.mark.parametrize(
     ("entry_id", "label", "family"),
     [
-        ("vllm-0.11.2-h100-kaggle-gpt-oss-120b-tp1", "vLLM 0.11.2", "V1 < 0.21"),  # "vLLM API server version"
-        ("vllm-0.19.0-a100-gpt-oss-20b-tp1", "vLLM 0.19.0", "V1 < 0.21"),  # the startup banner
-        ("vllm-0.10.2-l4-qwen3-8b-fp8-unsloth-tp1", "vLLM 0.10.2", "V1 < 0.21"),  # "V1 LLM engine (v0.10.2)"
+        ("vllm-0.11.2-h100-kaggle-gpt-oss-120b-tp1", "vLLM 0.11.2", "V1 0.11.1-0.20"),  # "vLLM API server version"
+        ("vllm-0.19.0-a100-gpt-oss-20b-tp1", "vLLM 0.19.0", "V1 0.11.1-0.20"),  # the startup banner
+        ("vllm-0.10.2-l4-qwen3-8b-fp8-unsloth-tp1", "vLLM 0.10.2", "V1 < 0.11.1"),  # "V1 LLM engine (v0.10.2)"
         ("vllm-0.8.5.post1-t4-qwen3-4b-base-unsloth-tp1", "vLLM 0.8.5.post1 (V0 engine)", "V0"),  # "V0 LLM engine"
         ("vllm-0.6-rtx3090-llama-3.1-8b-20k-tp1", "vLLM 0.7.3", "V0"),  # no version line, V0's wording
         ("vllm-0.6dev-80gb-x2-bamba-9.8b-fp32-tp2", "vLLM 0.7.3", "V0"),  # an untagged source build: 0.1.dev3512
