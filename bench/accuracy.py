@@ -313,6 +313,31 @@ def per_log(rows: list[Row]) -> list[str]:
     return lines
 
 
+MISS = 0.02  # a KV error beyond this, or a fit/no-fit disagreement, is listed with what the corpus knows of the log
+
+
+def misses(rows: list[Row]) -> list[str]:
+    """The logs kvops misses (a KV error beyond 2%, or the opposite fit/no-fit), each with the caveats its corpus
+    entry records: why the log cannot be planned closer (a line it lacks, a launch it does not state)."""
+    out = []
+    for row in rows:
+        if not row.planned:
+            continue
+        actual, guess = row.logged.kv_bytes, row.predicted.get("kv_bytes")
+        error = (guess - actual) / actual if actual and guess is not None and actual > 0 else None
+        disagrees = row.fits is not None and row.fits != row.entry.started
+        if not disagrees and (error is None or abs(error) <= MISS):
+            continue
+        what = [f"KV {error:+.1%}"] if error is not None else []
+        if disagrees:
+            what.append(
+                f"kvops says {'fits' if row.fits else 'does not fit'}, the engine {'started' if row.entry.started else 'failed'}"
+            )
+        why = "; ".join(row.caveats) or "no caveat recorded"
+        out.append(f"- {row.entry.id}: {', '.join(what)} ({why})")
+    return out
+
+
 def not_planned(rows: list[Row]) -> list[str]:
     return [f"- {row.entry.id}: not planned: {row.why}" for row in rows if not row.planned]
 
@@ -336,7 +361,14 @@ def report(rows: list[Row], found: dict[str, common.Observation]) -> str:
             "the capacity formula alone (the logged KV pinned), by release family", grouped(rows, "family"), "pinned"
         ),
     ]
-    lines += ["", "per log", "", *per_log(rows), "", "not planned", "", *not_planned(rows)]
+    lines += ["", "per log", "", *per_log(rows)]
+    lines += [
+        "",
+        "where kvops misses (beyond 2% of the logged KV, or the opposite fit/no-fit), and why",
+        "",
+        *misses(rows),
+    ]
+    lines += ["", "not planned", "", *not_planned(rows)]
     return "\n".join(lines)
 
 

@@ -11,8 +11,10 @@ Install them apart from kvops: `python -m venv VENV && VENV/bin/pip install vllm
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,60 +24,106 @@ if TYPE_CHECKING:
     from accuracy import Row
 
 GiB = 1 << 30
+OVER_PROMISE = 0.02  # as bench/accuracy.py: more than 2% more KV than logged
 PEERS = ("vllm-wizard", "vramscout")
 WEIGHT_FLAGS = {"fp8": "fp8", "awq": "awq", "gptq": "gptq", "int8": "int8"}
 
 
+@dataclass
+class Guess:
+    """What one planner said of one launch: the KV it leaves, whether it starts, max concurrency when it says."""
+
+    kv_bytes: float
+    fits: bool | None
+    concurrency: float | None = None
+
+
 def peer_report(rows: list[Row], venv: Path) -> str:
-    planned = [row for row in rows if row.planned and row.entry.engine == "vllm" and row.logged.kv_bytes]
-    lines = [
-        "peers on the same launches (KV memory the engine leaves for the cache; MAPE against the logged KV)",
-        "",
-        "| entry | logged KV | kvops | vllm-wizard 0.2.0 | vramscout 0.7.0 |",
-        "|---|---|---|---|---|",
-    ]
-    errors: dict[str, dict[str, float]] = {"kvops": {}, **{peer: {} for peer in PEERS}}
+    # a negative logged KV (the launch failed for it) has no relative error: such logs count in kvops' agreement only
+    planned = [row for row in rows if row.planned and row.entry.engine == "vllm" and (row.logged.kv_bytes or 0) > 0]
+    guesses: dict[str, dict[str, Guess]] = {"kvops": {}, **{peer: {} for peer in PEERS}}
     failures: dict[str, list[str]] = {peer: [] for peer in PEERS}
     with tempfile.TemporaryDirectory() as scratch:
         for row in planned:
             config = _config_dir(row, Path(scratch))
-            logged = row.logged.kv_bytes
-            cells = [row.entry.id, f"{logged / GiB:.2f}", _cell(row, row.predicted["kv_bytes"], errors["kvops"])]
+            guesses["kvops"][row.entry.id] = Guess(row.predicted["kv_bytes"], row.fits, row.predicted["concurrency"])
             for peer in PEERS:
                 try:
-                    guess = _run(peer, venv, row, config)
+                    guesses[peer][row.entry.id] = _run(peer, venv, row, config)
                 except PeerFailed as exc:
                     failures[peer].append(f"{row.entry.id}: {exc}")
-                    cells.append("failed")
-                    continue
-                cells.append(_cell(row, guess, errors[peer]))
-            lines.append("| " + " | ".join(cells) + " |")
-    common = set.intersection(*(set(found) for found in errors.values()))
+    lines = [
+        "peers on the same launches (the KV memory each says the engine leaves; errors against the logged KV)",
+        "",
+        *_per_log(planned, guesses),
+        "",
+        *_grouped("by release family", planned, guesses, lambda row: row.family),
+        "",
+        *_grouped("by GPU", planned, guesses, lambda row: row.gpu),
+    ]
+    common = set.intersection(*(set(found) for found in guesses.values()))
     lines += [
         "",
         f"| planner | KV MAPE (launches it ran) | KV MAPE on the {len(common)} launches all three ran |",
         "|---|---|---|",
     ]
-    for name, found in errors.items():
+    by_id = {row.entry.id: row for row in planned}
+    for name, found in guesses.items():
+        ran = [by_id[key] for key in found]
+        both = [by_id[key] for key in sorted(common)]
         lines.append(
-            f"| {name} | {_mape(list(found.values()))} ({len(found)} of {len(planned)}) | {_mape([found[key] for key in common])} |"
+            f"| {name} | {_mape(_errors(ran, found))} ({len(found)} of {len(planned)}) | {_mape(_errors(both, found))} |"
         )
     for peer, failed in failures.items():
         lines += ["", f"{peer} could not run:", *(f"- {item}" for item in failed)] if failed else []
     return "\n".join(lines)
 
 
+def _per_log(planned: list[Row], guesses: dict[str, dict[str, Guess]]) -> list[str]:
+    head = ["entry", "logged KV GiB", *(f"{name} KV GiB" for name in guesses)]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in planned:
+        logged = row.logged.kv_bytes
+        cells = [row.entry.id, f"{logged / GiB:.2f}"]
+        for found in guesses.values():
+            guess = found.get(row.entry.id)
+            cells.append(
+                f"{guess.kv_bytes / GiB:.2f} ({(guess.kv_bytes - logged) / abs(logged):+.1%})" if guess else "failed"
+            )
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def _grouped(title: str, planned: list[Row], guesses: dict[str, dict[str, Guess]], key) -> list[str]:
+    """Per group, for each planner: KV MAE / MAPE (n), the over-promise share and the fit/no-fit agreement."""
+    groups: dict[str, list[Row]] = {}
+    for row in planned:
+        groups.setdefault(key(row), []).append(row)
+    head = ["group", *(f"{name}: KV MAE GiB / MAPE (n), over-promise, fit agrees" for name in guesses)]
+    lines = [f"peers {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, members in sorted(groups.items()):
+        cells = [name]
+        for found in guesses.values():
+            ran = [row for row in members if row.entry.id in found]
+            if not ran:
+                cells.append("-")
+                continue
+            errors = _errors(ran, found)
+            mae = statistics.mean(abs(found[row.entry.id].kv_bytes - row.logged.kv_bytes) for row in ran) / GiB
+            over = sum(found[row.entry.id].kv_bytes > (1 + OVER_PROMISE) * row.logged.kv_bytes for row in ran)
+            judged = [row for row in ran if found[row.entry.id].fits is not None]
+            agree = sum(found[row.entry.id].fits == row.entry.started for row in judged)
+            cells.append(f"{mae:.2f} / {_mape(errors)} ({len(ran)}), {over}/{len(ran)}, {agree}/{len(judged)}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def _errors(rows: list[Row], found: dict[str, Guess]) -> list[float]:
+    return [abs(found[row.entry.id].kv_bytes - row.logged.kv_bytes) / abs(row.logged.kv_bytes) for row in rows]
+
+
 class PeerFailed(Exception):
     pass
-
-
-def _cell(row: Row, guess: float | None, errors: dict[str, float]) -> str:
-    if guess is None:
-        return "-"
-    logged = row.logged.kv_bytes
-    error = (guess - logged) / logged
-    errors[row.entry.id] = abs(error)
-    return f"{guess / GiB:.2f} ({error:+.1%})"
 
 
 def _mape(found: list[float]) -> str:
@@ -92,7 +140,7 @@ def _config_dir(row: Row, scratch: Path) -> Path:
     return folder
 
 
-def _run(peer: str, venv: Path, row: Row, config: Path) -> float:
+def _run(peer: str, venv: Path, row: Row, config: Path) -> Guess:
     inputs, plan_len = row.inputs, row.predicted_len
     gpu = inputs.gpu
     utilization = inputs.memory_fraction or 0.9
@@ -108,7 +156,8 @@ def _run(peer: str, venv: Path, row: Row, config: Path) -> float:
             command += ["--quantization", weights]
         data = _json(command)
         report = data["feasibility"]
-        return (report["vram_target_alloc_gb"] - report["weights_gb"] - report["overhead_gb"]) * GiB
+        kv = (report["vram_target_alloc_gb"] - report["weights_gb"] - report["overhead_gb"]) * GiB
+        return Guess(kv, report.get("fits"), report.get("max_concurrency_at_context"))
     command = [
         str(venv / "bin" / "vramscout"), str(config), "--context", str(plan_len), "--engine", "vllm",
         "--tp", str(inputs.tp), "--gpu-memory-utilization", f"{utilization:g}", "--vram-gib", f"{vram:.2f}", "--json",
@@ -123,7 +172,7 @@ def _run(peer: str, venv: Path, row: Row, config: Path) -> float:
     if "parts_gib" not in data:
         raise PeerFailed(str(data.get("error") or data)[:160])
     spent = sum(size for name, size in data["parts_gib"].items() if name != "KV cache")
-    return (data["memory_budget_gib"] - spent) * GiB
+    return Guess((data["memory_budget_gib"] - spent) * GiB, data.get("fits"))
 
 
 def _json(command: list[str]) -> dict:
@@ -135,7 +184,7 @@ def _json(command: list[str]) -> dict:
         env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "COLUMNS": "100000", "TERM": "dumb"},
     )
     try:
-        return json.loads(result.stdout)
+        return json.loads(result.stdout, strict=False)  # vramscout's notes may hold control characters
     except json.JSONDecodeError:
         message = (result.stderr or result.stdout).strip().splitlines()
         raise PeerFailed(message[-1][:160] if message else f"exit {result.returncode}") from None

@@ -520,7 +520,10 @@ def device_total(inputs: PlanInputs) -> int:
 
 
 def device_total_term(inputs: PlanInputs) -> Term:
-    if inputs.profile and inputs.profile.total_memory_bytes:
+    """The device total: a profile's measured one when it ran on the plan's GPU, else the GPU's engine-side total."""
+    profile = inputs.profile
+    same_gpu = profile is not None and (profile.gpu is None or inputs.gpu is None or profile.gpu == inputs.gpu.id)
+    if profile and profile.total_memory_bytes and same_gpu:
         return Term(
             "total",
             inputs.profile.total_memory_bytes,

@@ -12,7 +12,7 @@ from kvops.engines.vllm.logs import VllmLog
 from kvops.engines.vllm.metrics import CacheConfig
 from kvops.engines.vllm.plan import VllmCapacity
 from kvops.engines.vllm.releases import VllmRelease, release
-from kvops.gpus import find_gpu
+from kvops.gpus import find_gpu, gpu_catalog
 from kvops.plan import Plan
 from kvops.profile import Profile
 from kvops.units import format_bytes
@@ -41,8 +41,12 @@ def calibrate(log: VllmLog | None, config: CacheConfig | None, plan: Plan | None
     if pinned and (kv_actual is None or abs(kv_actual - pinned) < 0.01 * (1 << 30)):
         kv_actual, kv_where = pinned, "--kv-cache-memory-bytes (vLLM allocates exactly this)"
     total = facts.get("total_memory_bytes") if log and log.device != "cpu" else None
+    run_gpu = plan.inputs.gpu.id if plan and plan.inputs.gpu else None
     if total and plan and plan.inputs.gpu:
-        warnings += _other_gpu(total, plan)
+        other = _other_gpu(total, plan)
+        if other:
+            warnings += other
+            run_gpu = gpu_of_total(total)
     plan_total = total or (plan.term("total").bytes if plan and plan.term("total") else None)
     util = run_utilization(log, config, plan, run_release)
     cudagraph = log.cudagraph_bytes(plan_total) if log else None
@@ -90,7 +94,7 @@ def calibrate(log: VllmLog | None, config: CacheConfig | None, plan: Plan | None
         engine="vllm",
         source=source,
         model=(log.args.get("model") if log else None) or (plan.inputs.spec.name if plan else None),
-        gpu=plan.inputs.gpu.id if plan and plan.inputs.gpu else None,
+        gpu=run_gpu,
         engine_version=_version_text(run_release),
         tp=(log.args.get("tensor_parallel_size") if log else None) or (plan.inputs.tp if plan else None),
         max_num_batched_tokens=(log.args.get("max_num_batched_tokens") if log else None)
@@ -186,8 +190,19 @@ def _other_gpu(total: int, plan: Plan) -> list[str]:
         return []
     return [
         f"the log's device total is {format_bytes(total)}, not a {gpu.id}'s ({format_bytes(expected)}): it ran on "
-        f"another GPU; the profile keeps the log's total, and plans for a {gpu.id} should not use it"
+        f"another GPU ({gpu_of_total(total) or 'not in the catalog'}); the profile records that GPU and its total, and "
+        f"plans for a {gpu.id} take the {gpu.id}'s own total"
     ]
+
+
+def gpu_of_total(total: int) -> str | None:
+    """The catalog GPU whose engine-side total this is (within the driver's share), or None when none is."""
+    for gpu in gpu_catalog():
+        seen = common.engine_total(gpu.id)
+        expected = seen.bytes if seen else gpu.memory_bytes
+        if abs(total - expected) <= OTHER_GPU_SHARE * expected:
+            return gpu.id
+    return None
 
 
 def _label(config: CacheConfig | None, name: str) -> int | None:

@@ -446,6 +446,12 @@ _MESSAGE_PHASES: tuple[tuple[re.Pattern, str], ...] = (
 )
 
 
+# a negative KV budget in each release's wording (V1 "Available KV cache memory", V0's profile lines)
+_NEGATIVE_KV = re.compile(
+    r"(?:Available KV cache memory:|reserved for KV Cache is|kv_cache_size=|available_kv_cache_memory)\s*(-[\d.]+) ?GiB"
+)
+
+
 @dataclass(frozen=True)
 class Failure:
     """Why a vLLM run stopped, with the figures its own message states."""
@@ -488,7 +494,7 @@ def _failure_at(line: str, index: int, lines: list[str]) -> Failure | None:
         )
     if match := _V0_KV_TOKENS.search(line):
         return Failure("kv_too_small", line.strip(), max_model_len=int(match.group(1)), kv_tokens=int(match.group(2)))
-    if _NO_KV.search(line) or (match := re.search(r"Available KV cache memory: (-[\d.]+) ?GiB", line)):
+    if _NO_KV.search(line) or (match := _NEGATIVE_KV.search(line)):
         return Failure("no_kv_memory", line.strip(), available_bytes=gib(match.group(1)) if match else None)
     if match := _STARTUP_FREE.search(line):
         return Failure(

@@ -210,3 +210,45 @@ def test_what_vllms_own_max_model_len_auto_picks(run_kvops, tiny_model):
     limit = json.loads((tiny_model / "config.json").read_text())["max_position_embeddings"]
     assert doc["capacity"]["engine_auto_max_model_len"] == limit
     assert doc["engine_version"]["version"] == vllm.NEWEST and doc["engine_version"]["rules"]
+
+
+# --- every corpus log of each family: its own capacity formula, the logged KV pinned ----------------------
+
+LOG_ROUNDING = 5 << 20  # vLLM logs GiB with two decimals: a logged KV is within +-5 MiB of what it allocated
+
+
+def _capacity_logs(family: str):
+    """Corpus logs of a vLLM release family that print their KV bytes and at least one capacity figure."""
+    from tests.support.corpus import NotPlanned, entries
+
+    found = []
+    for item in entries():
+        if item.engine != "vllm" or item.log.get("kv_cache_bytes") is None:
+            continue
+        try:
+            inputs = item.options().plan_inputs()
+        except (NotPlanned, ModelNotFound, UsageError):
+            continue
+        if vllm.release(inputs.engine_version).family != family or item.log.get("kv_cache_bytes") <= 0:
+            continue
+        if item.log.kv_cache_size_tokens or item.log.get("num_gpu_blocks") or item.log.max_concurrency:
+            found.append(item)
+    return found
+
+
+@pytest.mark.parametrize("family", ["V0", "V1 < 0.11.1", "V1 0.11.1-0.20"])
+def test_each_familys_capacity_formula_gives_what_its_logs_printed(family):
+    """Blocks (V0's '# GPU blocks'), 'GPU KV cache size' tokens and 'Maximum concurrency', from the logged KV by the
+    release's rules (null block, groups, tokens per group or concurrency x max_model_len): each logged figure lies
+    between what the formula gives at the logged KV -5 MiB and +5 MiB."""
+    logs = _capacity_logs(family)
+    assert logs, f"no {family} log in the corpus prints its KV and capacity"
+    for item in logs:
+        kv = item.log.get("kv_cache_bytes")
+        low, high = (plan_entry(item, pinned_kv=kv + delta).capacity for delta in (-LOG_ROUNDING, LOG_ROUNDING))
+        if item.log.get("num_gpu_blocks"):
+            assert low.num_blocks <= item.log.get("num_gpu_blocks") <= high.num_blocks, item.id
+        if item.log.kv_cache_size_tokens:
+            assert low.kv_cache_size_tokens <= item.log.kv_cache_size_tokens <= high.kv_cache_size_tokens, item.id
+        if item.log.max_concurrency:
+            assert round(low.max_concurrency, 2) <= item.log.max_concurrency <= round(high.max_concurrency, 2), item.id

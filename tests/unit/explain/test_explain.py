@@ -6,6 +6,7 @@ and the planner's next action. Bad input ends in one line."""
 from __future__ import annotations
 
 import json
+import re
 import socket
 from math import ceil
 
@@ -588,3 +589,35 @@ def test_explain_says_paging_does_not_add_memory_with_the_pools_numbers(run_kvop
         "removes fragmentation, not the limit: the pool still holds 32 blocks x 128 tokens = 4,096 token slots in 4 MiB"
         in text
     )
+
+
+# V0's profile lines in vllm/worker/worker.py's wording (0.7-0.8: determine_num_available_blocks), with the numbers of
+# an RTX 3090 whose weights took the whole budget (the shape of vllm-project/vllm PR #14447's 16 x 3090 logs)
+V0_NEGATIVE_KV = """\
+INFO 12-02 10:00:00 worker.py:267] Memory profiling takes 2.10 seconds
+INFO 12-02 10:00:00 worker.py:267] the current vLLM instance can use total_gpu_memory (23.58GiB) x gpu_memory_utilization (0.90) = 21.22GiB
+INFO 12-02 10:00:00 worker.py:267] model weights take 21.21GiB; non_torch_memory takes 0.20GiB; PyTorch activation peak memory takes 0.37GiB; the rest of the memory reserved for KV Cache is -0.56GiB.
+"""
+
+
+def _utilization(change: str | None) -> float | None:
+    found = re.search(r"--gpu-memory-utilization ([\d.]+)", change or "")
+    return float(found.group(1)) if found else None
+
+
+def test_a_negative_kv_budget_raises_memory_and_never_lowers_the_utilization(run_kvops, tmp_path):
+    log = tmp_path / "v0.log"
+    log.write_text(V0_NEGATIVE_KV)
+    doc = json.loads(run_kvops("explain", "--vllm-log", str(log), "--json").stdout)
+    assert doc["diagnosis"]["term"] == "kv_cache" and doc["diagnosis"]["figures"]["available_bytes"] == -gib(0.56)
+    raised = _utilization(doc["action"]["change"])
+    assert raised is not None and raised > 0.90  # a higher budget: the weights and overheads took all of it
+    # with the model named, the planner's way out: more GPUs or more memory, never a lower utilization
+    for args in (
+        ("--vllm-log", str(log), "--model", "qwen2.5-32b-instruct", "--gpu", "rtx-3090"),
+        ("--vllm-log", str(LOGS / "vllm-v1-2025-no-kv-memory.log"), "--model", "gpt-oss-120b", "--gpu", "h100"),
+    ):
+        action = json.loads(run_kvops("explain", *args, "--json").stdout)["action"]
+        change = action["change"] or ""
+        assert re.match(r"--(tp|tensor-parallel-size|gpus|gpu|gpu-memory-utilization|max-model-len) ", change), action
+        assert (_utilization(change) or 1.0) > 0.9, action
