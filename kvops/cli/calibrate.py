@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import click
 
-from kvops.cli.options import deployment_options, json_option, print_json, run_options, warn
-from kvops.deployment import DeploymentOptions
+from kvops.cli.options import deployment_options, json_option, print_json, run_options, running_version, warn
 
 
 @click.command()
@@ -69,16 +68,3 @@ def calibrate(
         write_text(save_path, result.profile.to_text(save_path.endswith(".json")), "--save")
         if not as_json:
             click.echo(f"saved profile {save_path}: use it with kvops plan --profile {save_path}")
-
-
-def running_version(url: str) -> DeploymentOptions:
-    """The release a running vLLM states at /version (nothing when it does not answer: older builds, other engines)."""
-    from kvops.engines.vllm.run import version_from_endpoint
-    from kvops.errors import KvopsError
-    from kvops.files import fetch_endpoint
-
-    try:
-        version = version_from_endpoint(fetch_endpoint(url, "/version", "--metrics"))
-    except KvopsError:
-        return DeploymentOptions.stated()
-    return DeploymentOptions.stated(engine_version=version) if version else DeploymentOptions.stated()

@@ -331,3 +331,16 @@ def print_json(data: Any) -> None:
 
 def warn(message: str) -> None:
     click.echo(f"kvops: warning: {message}", err=True)
+
+
+def running_version(url: str) -> DeploymentOptions:
+    """The release a running vLLM states at /version (nothing when it does not answer: older builds, other engines)."""
+    from kvops.deployment import DeploymentOptions
+    from kvops.engines.vllm.run import version_from_endpoint
+    from kvops.files import fetch_endpoint
+
+    try:
+        version = version_from_endpoint(fetch_endpoint(url, "/version", "--metrics"))
+    except KvopsError:
+        return DeploymentOptions.stated()
+    return DeploymentOptions.stated(engine_version=version) if version else DeploymentOptions.stated()

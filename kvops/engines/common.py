@@ -261,11 +261,14 @@ class FamilyFit:
     activation_excess: int  # the engine's activation peak beyond kvops' model, median of the logs, bytes
     sampler_bytes_per_logit: float  # the sampler's peak per logit of the profile's decode step
     non_torch: tuple[int, int]  # bytes at tp 1, at tp >= 2
-    cuda_graphs: int  # bytes of the engine's CUDA-graph estimate (taken from the KV budget where the release does)
+    cuda_graphs: tuple[
+        int, int
+    ]  # the engine's CUDA-graph estimate at tp 1, at tp >= 2 (taken from the KV budget where the release does)
     margin: int  # bytes planned on top of the fitted overheads: most logs got at least the KV left
     spread: tuple[int, int]  # how far below and above the planned KV the family's logs fell, bytes
     logs: int
     residuals: int = 0  # logs the margin and the spread rest on (each predicted without itself)
+    borrowed: str = ""  # the family whose logs this one took, their CUDA-graph estimate applied ("" for its own)
 
     @property
     def bounded(self) -> bool:
@@ -283,9 +286,12 @@ class FamilyFit:
     def non_torch_bytes(self, tp: int) -> int:
         return self.non_torch[0] if tp == 1 else self.non_torch[1]
 
+    def cuda_graph_bytes(self, tp: int) -> int:
+        return self.cuda_graphs[0] if tp == 1 else self.cuda_graphs[1]
+
     def total(self, held: Observation) -> int:
         """The overheads this fit predicts for a logged launch."""
-        graphs = self.cuda_graphs if held.cuda_graphs_applied else 0
+        graphs = self.cuda_graph_bytes(held.tp) if held.cuda_graphs_applied else 0
         return self.activation(held.forward, held.logits, held.persistent) + self.non_torch_bytes(held.tp) + graphs
 
     def band(self) -> tuple[int, int]:
@@ -298,11 +304,12 @@ class FamilyFit:
             "activation_excess_bytes": self.activation_excess,
             "sampler_bytes_per_logit": round(self.sampler_bytes_per_logit, 3),
             "non_torch_bytes": {"tp1": self.non_torch[0], "tp2_plus": self.non_torch[1]},
-            "cuda_graphs_bytes": self.cuda_graphs,
+            "cuda_graphs_bytes": {"tp1": self.cuda_graphs[0], "tp2_plus": self.cuda_graphs[1]},
             "margin_bytes": self.margin,
             "spread_bytes": {"below": self.spread[0], "above": self.spread[1]},
             "logs": self.logs,
             "residual_logs": self.residuals,
+            **({"borrowed_from": self.borrowed} if self.borrowed else {}),
         }
 
     @classmethod
@@ -312,11 +319,12 @@ class FamilyFit:
             data["activation_excess_bytes"],
             data.get("sampler_bytes_per_logit", 0.0),
             (data["non_torch_bytes"]["tp1"], data["non_torch_bytes"]["tp2_plus"]),
-            data["cuda_graphs_bytes"],
+            (data["cuda_graphs_bytes"]["tp1"], data["cuda_graphs_bytes"]["tp2_plus"]),
             data["margin_bytes"],
             (data["spread_bytes"]["below"], data["spread_bytes"]["above"]),
             data["logs"],
             data.get("residual_logs", 0),
+            data.get("borrowed_from", ""),
         )
 
 
@@ -360,16 +368,30 @@ def fit_overheads(
     observations: list[Observation],
     families: tuple[str, ...],
     fallbacks: dict[str, str] | None = None,
+    graph_families: tuple[str, ...] = (),
 ) -> OverheadFit:
     """Each family's terms from its logs; a family with too few plans with the one it falls back to (the nearest
-    release that shares its rules), else with the pooled fit. The margin and the spread come from every log's
-    leave-one-out residual (each predicted by its family's fit without it): the family's own when it has enough,
-    else pooled over the families. Logs whose budget arithmetic cannot be the launch's are left out, and listed."""
+    release that shares its rules), else with the pooled fit. A family in `graph_families` (its release takes the
+    CUDA-graph estimate from the KV budget) with too few logs of its own borrows its fallback's logs that print that
+    estimate, as if it had been applied: the same arithmetic, so its margin and band carry the estimate's spread.
+    The margin and the spread come from every log's leave-one-out residual (each predicted by its family's fit
+    without it): the family's own when it has enough, else pooled over the families. Logs whose budget arithmetic
+    cannot be the launch's are left out, and listed."""
     fallbacks = fallbacks or {}
     excluded = tuple(sorted((item.source, why) for item in observations if (why := item.implausible)))
     kept = [item for item in observations if item.implausible is None]
     pooled = _fit_terms(POOLED, kept, None)
     groups = {family: [item for item in kept if item.family == family] for family in families}
+    borrowed: dict[str, str] = {}
+    for family in graph_families:
+        own, fallback = groups.get(family, []), fallbacks.get(family)
+        if len(own) < MIN_FAMILY_LOGS and fallback:
+            borrowed[family] = fallback
+            groups[family] = own + [
+                replace(item, family=family, cuda_graphs_applied=True)
+                for item in groups.get(fallback, [])
+                if item.cuda_graphs and item.activation is not None and item.non_torch is not None
+            ]
     fits: dict[str, FamilyFit] = {POOLED: pooled}
 
     def base(family: str) -> FamilyFit:
@@ -380,7 +402,7 @@ def fit_overheads(
 
     for family in sorted(families, key=lambda name: _depth(name, fallbacks), reverse=True):
         if len(groups[family]) >= MIN_FAMILY_LOGS:
-            fits[family] = _fit_terms(family, groups[family], base(family))
+            fits[family] = replace(_fit_terms(family, groups[family], base(family)), borrowed=borrowed.get(family, ""))
     residuals = {family: _residuals(own, base(family)) for family, own in groups.items()}
     every = [value for own in residuals.values() for value in own]
     for name, fit in list(fits.items()):
@@ -422,8 +444,14 @@ def _fit_terms(family: str, observations: list[Observation], base: FamilyFit | N
         return _median(found) if found else (_median(non_torch_all) if non_torch_all else default)
 
     nt = (non_torch(False, default_non_torch[0]), non_torch(True, default_non_torch[1]))
-    estimates = [item.cuda_graphs for item in observations if item.cuda_graphs]
-    cuda_graphs = _median(estimates) if estimates else (base.cuda_graphs if base else 0)
+    default_graphs = base.cuda_graphs if base else (0, 0)
+
+    def graphs(multi: bool, default: int) -> int:
+        found = [item.cuda_graphs for item in observations if item.cuda_graphs and (item.tp > 1) == multi]
+        every = [item.cuda_graphs for item in observations if item.cuda_graphs]
+        return _median(found) if found else (_median(every) if every else default)
+
+    cuda_graphs = (graphs(False, default_graphs[0]), graphs(True, default_graphs[1]))
     peaks = [(item, peak) for item in observations if (peak := _activation_seen(item, nt, cuda_graphs)) is not None]
     per_logit = [
         (peak - item.persistent) / item.logits
@@ -440,13 +468,13 @@ def _fit_terms(family: str, observations: list[Observation], base: FamilyFit | N
     return replace(sampler, activation_excess=extra, logs=len(observations))
 
 
-def _activation_seen(item: Observation, non_torch: tuple[int, int], cuda_graphs: int) -> int | None:
+def _activation_seen(item: Observation, non_torch: tuple[int, int], cuda_graphs: tuple[int, int]) -> int | None:
     """The activation peak a log measured, or read from its overhead sum less the fitted non-torch and graphs."""
     if item.activation is not None:
         return item.activation
     if item.overhead is None:
         return None
-    graphs = (item.cuda_graphs or cuda_graphs) if item.cuda_graphs_applied else 0
+    graphs = (item.cuda_graphs or cuda_graphs[0 if item.tp == 1 else 1]) if item.cuda_graphs_applied else 0
     return item.overhead - non_torch[0 if item.tp == 1 else 1] - graphs
 
 

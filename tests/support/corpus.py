@@ -108,6 +108,7 @@ def entry(entry_id: str) -> Entry:
 
 FAMILIES = {"vllm": vllm_releases.FAMILIES, "tgi": tgi_releases.FAMILIES}
 FALLBACKS = {"vllm": vllm_releases.FALLBACKS, "tgi": {}}
+GRAPH_FAMILIES = {"vllm": vllm_releases.GRAPH_FAMILIES, "tgi": ()}
 
 
 def plan_entry(entry: Entry, fit: OverheadFit | None = None, pinned_kv: int | None = None) -> Plan:
@@ -144,6 +145,7 @@ def fit_corpus(engine: str, found: dict[str, Observation]) -> OverheadFit:
         [item for source, item in found.items() if engine_of[source] == engine],
         FAMILIES[engine],
         FALLBACKS[engine],
+        GRAPH_FAMILIES[engine],
     )
 
 

@@ -158,8 +158,8 @@ def _kv_term(kv: int, release_: VllmRelease, inputs: PlanInputs, overheads: list
         return Term("kv_cache", kv, "computed", f"{formula}; {_unbounded(fit)}")
     below, above = fit.band()
     formula += (
-        f"; {format_bytes(kv)}, -{format_bytes(below)}/+{format_bytes(above)}: where the {release_.family} logs kvops"
-        " was fitted on landed around this plan"
+        f"; KV {format_bytes(kv)}, -{format_bytes(below).lstrip('~')}/+{format_bytes(above).lstrip('~')}: where "
+        f"{_logs(fit)} landed around their own predictions (each without its log)"
     )
     return Term("kv_cache", kv, "computed", formula, band=(kv - below, kv + above))
 
@@ -297,9 +297,10 @@ def _cuda_graphs(inputs: PlanInputs, release_: VllmRelease) -> Term:
     fit = _fit(inputs, release_)
     return Term(
         "cuda_graphs",
-        fit.cuda_graphs,
+        fit.cuda_graph_bytes(inputs.tp),
         "estimate",
-        f"vLLM's CUDA-graph estimate, taken before sizing KV: the median of {_logs(fit)} (0 with --enforce-eager)",
+        f"vLLM's CUDA-graph estimate, taken before sizing KV: the median of {_logs(fit)} at tp "
+        f"{'1' if inputs.tp == 1 else '>= 2'} (0 with --enforce-eager)",
         common.CALIBRATE_HINT,
     )
 
@@ -331,6 +332,8 @@ def _signed(size: int) -> str:
 
 
 def _logs(fit: common.FamilyFit) -> str:
+    if fit.borrowed:
+        return f"{fit.logs} public {fit.borrowed} startup logs (their CUDA-graph estimate taken from the KV budget, as {fit.family} does)"
     where = "public vLLM startup logs" if fit.family == common.POOLED else f"public {fit.family} startup logs"
     return f"{fit.logs} {where}"
 

@@ -28,6 +28,9 @@ FAMILIES = ("V0", "V1 < 0.11.1", "V1 0.11.1-0.20", "V1 >= 0.21")
 # A family with too few public logs plans with the nearest one that shares its rules: from 0.21 the CUDA-graph
 # estimate comes out of the KV budget, everything else as in 0.11.1-0.20 (whose logs print that estimate too).
 FALLBACKS = {"V1 >= 0.21": "V1 0.11.1-0.20", "V1 0.11.1-0.20": "V1 < 0.11.1", "V1 < 0.11.1": "V0"}
+# Families whose releases take the CUDA-graph estimate from the KV budget: with too few logs of their own they borrow
+# their fallback's logs that print the estimate (0.19 prints it: "Estimated CUDA graph memory"), as if applied.
+GRAPH_FAMILIES = ("V1 >= 0.21",)
 
 _V1_DEFAULT = Rule(
     "V1 is the default engine from 0.8.0 (V0 only with VLLM_USE_V1=0, removed in 0.11)",

@@ -107,3 +107,18 @@ def test_the_shipped_fit_is_the_corpus_fit():
         assert fit_corpus(engine, found).to_dict() == shipped.to_dict(), (
             f"kvops/catalog/overheads.json is stale for {engine}: python bench/accuracy.py --refit"
         )
+
+
+def test_a_release_that_takes_the_graph_estimate_borrows_logs_that_print_it():
+    """0.21+ takes the CUDA-graph estimate from the KV budget; with too few logs of its own it plans with 0.11.1-0.20
+    logs that print the estimate, as if applied: the graphs term is their median, and their spread is in the margin."""
+    items = [
+        Observation(f"v19-{i}", "V1 0.11.1-0.20", 1, GiB, activation=GiB, non_torch=0, cuda_graphs=graphs * MiB)
+        for i, graphs in enumerate((600, 800, 840, 900, 1900))
+    ]
+    fit = fit_overheads("vllm", items, FAMILIES, FALLBACKS, ("V1 >= 0.21",))
+    newest = fit.family("V1 >= 0.21")
+    assert newest.borrowed == "V1 0.11.1-0.20" and newest.logs == 5
+    assert newest.cuda_graph_bytes(1) == 840 * MiB  # the median estimate at tp 1
+    assert newest.margin > 0 and newest.bounded  # one log's estimate ran 1060 MiB above the median
+    assert fit.family("V1 0.11.1-0.20").margin == 0  # its own launches did not take the estimate

@@ -621,3 +621,16 @@ def test_a_negative_kv_budget_raises_memory_and_never_lowers_the_utilization(run
         change = action["change"] or ""
         assert re.match(r"--(tp|tensor-parallel-size|gpus|gpu|gpu-memory-utilization|max-model-len) ", change), action
         assert (_utilization(change) or 1.0) > 0.9, action
+
+
+def test_the_release_comes_from_the_running_engines_version_endpoint(run_kvops):
+    """With --metrics, explain plans the unreported terms by the release the engine states at /version (a real
+    server on 127.0.0.1 serving vLLM's recorded /metrics and its /version JSON); --engine-version overrides it."""
+    from tests.support.metrics_server import MetricsServer, vllm_exposition
+
+    with MetricsServer(vllm_exposition(0.5), routes={"/version": '{"version": "0.19.0"}'}) as server:
+        args = ("--metrics", server.url, "--model", "llama-3-8b", "--gpu", "H100-80GB")
+        stated = explain_doc(run_kvops, *args)
+        named = explain_doc(run_kvops, *args, "--engine-version", "0.32.0")
+    assert "vLLM 0.19.0 captures CUDA graphs after sizing the KV cache" in stated["memory"]["cuda_graphs"]["source"]
+    assert named["memory"]["cuda_graphs"]["bytes"] > 0  # 0.21+: the estimate comes out of the KV budget
