@@ -39,6 +39,7 @@ class Level(IntEnum):
 
 
 GRADED = (Level.WARN, Level.DEGRADE, Level.CRITICAL)
+ACTIONS = ("log_warning", "cap_max_tokens", "single_sequence", "reset_prefix_cache", "reject_503")  # Limits.actions
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,21 @@ class Limits:
     reject: bool = False  # answer 503 + Retry-After, do not forward
     retry_after_seconds: int | None = None
     reset_prefix_cache: bool = False
+
+    def actions(self) -> list[str]:
+        """What these limits do, as short names: kvops_action_in_force's labels, the watcher's log and alerts."""
+        done: list[str] = []
+        if self.level in GRADED:
+            done.append("log_warning")
+        if self.max_tokens_cap is not None:
+            done.append(f"cap_max_tokens:{self.max_tokens_cap}")
+        if self.single_sequence:
+            done.append("single_sequence")
+        if self.reset_prefix_cache:
+            done.append("reset_prefix_cache")
+        if self.reject:
+            done.append(f"reject_503:retry_after={self.retry_after_seconds}")
+        return done
 
     def effects(self) -> list[str]:
         """What these limits do to each new request, as phrases after "new requests are" (explain, alert texts)."""

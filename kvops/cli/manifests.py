@@ -9,10 +9,10 @@ from pathlib import Path
 import click
 
 from kvops import __version__
-from kvops.cli.options import POSITIVE, deployment_options, warn, workload_options
-from kvops.cli.watch import alert_rules, runbook_option
+from kvops.cli.options import POSITIVE, deployment_options, runbook_option, warn, workload_options
 from kvops.errors import UsageError
 from kvops.render.quote import shell_word
+from kvops.watch.rules import alert_rules
 
 TARGETS = ("k8s", "compose")
 NAME = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")  # an RFC 1035 label, short enough for '<name>-kvops-policy'

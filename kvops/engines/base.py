@@ -40,6 +40,7 @@ class Engine(Protocol):
     memory_fraction_flag: str  # the flag naming the share of the device it may use
     data_parallel: bool  # one launch can run several replicas (--data-parallel-size)
     guard_scheduler: str | None  # the KV-guard scheduler a plan may name, or None where the engine has no plugin
+    signals: tuple[str, ...]  # the saturation signals its metrics support (the policy's signal names)
     needs_capacity: bool  # its KV usage is computed from a capacity the watcher must be given
 
     def image(self, vendor: str | None) -> str:
@@ -72,6 +73,10 @@ class Engine(Protocol):
 
     def watch_capacity(self, plan: Plan) -> int | None:
         """What the watcher needs to turn this engine's metrics into KV usage, from the plan (None: nothing)."""
+        ...
+
+    def capacity_from(self, plan: str | None = None, startup_log: str | None = None) -> int:
+        """The capacity the watcher needs (needs_capacity), from a kvops plan file or the engine's startup log."""
         ...
 
     def usage_formula(self, capacity: int | None) -> str | None:

@@ -11,6 +11,7 @@ from kvops.dtypes import KvDtype
 from kvops.errors import KvopsError
 from kvops.formula import kv_cost
 from kvops.model.spec import ModelSpec
+from kvops.policy import GRADED, Level, Policy
 from kvops.units import format_bytes
 
 if TYPE_CHECKING:
@@ -178,3 +179,57 @@ def _heatmap(figure, axis, cells: pandas.DataFrame, models: list[str], gpus: lis
     axis.set_yticks(range(len(models)), models, fontsize=8)
     axis.set_title(title, fontsize=9)
     figure.colorbar(image, ax=axis, shrink=0.6, label="KV cache size (tokens)")
+
+
+REPORT_BANDS = {Level.OK: "#e8f5e9", Level.WARN: "#fff8e1", Level.DEGRADE: "#ffe0b2", Level.CRITICAL: "#ffcdd2"}
+REPORT_LEVELS = {"ok": "#2e7d32", "warn": "#f9a825", "degrade": "#ef6c00", "critical": "#c62828", "unknown": "#616161"}
+
+
+def plot_report(frame: pandas.DataFrame, policy: Policy, out: str, title: str) -> None:
+    """Each replica's KV usage over time on the policy's bands, a vertical line at every level change."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(10, 4.5), dpi=120)
+    edges = [0.0] + [policy.thresholds[level] * 100 for level in GRADED] + [100.0]
+    for level, low, high in zip((Level.OK, *GRADED), edges, edges[1:]):
+        axes.axhspan(low, high, color=REPORT_BANDS[level], zorder=0)
+        axes.text(1.005, (low + high) / 2, level.label, transform=axes.get_yaxis_transform(), va="center", fontsize=8)
+    for replica, rows in frame.groupby("replica", sort=True):
+        rows = rows.sort_values("time")
+        axes.plot(
+            rows["seconds"],
+            rows["kv_usage"] * 100,
+            marker=".",
+            markersize=3,
+            linewidth=1.2,
+            label=str(replica),
+            zorder=3,
+        )
+        for at, before, after in zip(rows["seconds"], rows["level"].shift(), rows["level"]):
+            if isinstance(before, str) and before != after:
+                axes.axvline(at, color=REPORT_LEVELS.get(after, "black"), linestyle="--", linewidth=0.8, zorder=2)
+                axes.text(
+                    at,
+                    101,
+                    after,
+                    rotation=90,
+                    va="bottom",
+                    ha="center",
+                    fontsize=7,
+                    color=REPORT_LEVELS.get(after, "black"),
+                )
+    axes.set_ylim(0, 100)
+    axes.set_xlim(left=0)
+    axes.set_xlabel("seconds since the first poll")
+    axes.set_ylabel("KV-cache usage (%)")
+    axes.set_title(title, fontsize=10, pad=28)
+    if frame["replica"].nunique() > 1:
+        axes.legend(fontsize=8, loc="upper left")
+    figure.tight_layout()
+    try:
+        save(figure, out)
+    finally:
+        plt.close(figure)

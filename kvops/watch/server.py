@@ -20,14 +20,13 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from kvops.policy import Level
-from kvops.watch.watcher import Watcher, actions
+from kvops.policy import ACTIONS, Level
+from kvops.watch.watcher import Watcher
 
 WATCHER = web.AppKey("kvops_watcher", Watcher)
 INTERVAL = web.AppKey("kvops_interval", float)
 REGISTRY = web.AppKey("kvops_registry", CollectorRegistry)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-KNOWN_ACTIONS = ("log_warning", "cap_max_tokens", "single_sequence", "reset_prefix_cache", "reject_503")
 
 
 def create_app(watcher: Watcher, interval: float, token: str | None = None) -> web.Application:
@@ -116,11 +115,11 @@ class WatcherCollector(Collector):
             "KV-cache usage 0-1 (the fleet's highest); absent while unknown.",
             [] if snapshot.kv_usage is None else [([], snapshot.kv_usage)],
         )
-        in_force = {a.split(":")[0] for a in actions(snapshot.limits)}
+        in_force = {a.split(":")[0] for a in snapshot.limits.actions()}
         yield _gauge(
             "kvops_action_in_force",
             "1 if the limits now in force take this action.",
-            [([a], int(a in in_force)) for a in KNOWN_ACTIONS],
+            [([a], int(a in in_force)) for a in ACTIONS],
             ["action"],
         )
         if snapshot.limits.max_tokens_cap is not None:

@@ -37,6 +37,7 @@ class TgiEngine:
     memory_fraction_flag = "cuda-memory-fraction"  # the share of the device the engine may use
     data_parallel = False  # one replica per launcher
     guard_scheduler = None  # TGI has no scheduler plugin: the proxy guards it
+    signals = ("queue_growth", "stall")  # TGI never preempts and exports no prefix-cache counters
     needs_capacity = True  # KV usage = tgi_batch_current_max_tokens / max batch total tokens
 
     def image(self, vendor: str | None) -> str:
@@ -71,6 +72,12 @@ class TgiEngine:
 
     def watch_capacity(self, plan: Plan) -> int | None:
         return plan.capacity.kv_tokens if plan.capacity else None
+
+    def capacity_from(self, plan: str | None = None, startup_log: str | None = None) -> int:
+        """The batch token capacity from a kvops plan file or the router's startup line."""
+        from kvops.engines.tgi.metrics import capacity_from_log, capacity_from_plan
+
+        return capacity_from_plan(plan) if plan else capacity_from_log(startup_log)
 
     def usage_formula(self, capacity: int | None) -> str | None:
         return f"KV usage = tgi_batch_current_max_tokens / {capacity} (max batch total tokens)."

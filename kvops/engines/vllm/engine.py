@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from kvops.deployment import DeploymentOptions
 from kvops.engines.base import Container
 from kvops.engines.vllm import flags
-from kvops.errors import KvopsError
+from kvops.errors import KvopsError, UsageError
 
 if TYPE_CHECKING:
     from kvops.calibrate import Calibration
@@ -38,6 +38,7 @@ class VllmEngine:
     memory_fraction_flag = "gpu-memory-utilization"  # the share of the device the engine may use
     data_parallel = True
     guard_scheduler = flags.GUARD_SCHEDULER
+    signals = ("queue_growth", "preemptions", "stall", "prefix_cache_hit_rate")
     needs_capacity = False
 
     def image(self, vendor: str | None) -> str:
@@ -73,6 +74,9 @@ class VllmEngine:
 
     def watch_capacity(self, plan: Plan) -> int | None:
         return None
+
+    def capacity_from(self, plan: str | None = None, startup_log: str | None = None) -> int:
+        raise UsageError("vLLM exports its KV usage: it needs no capacity")
 
     def usage_formula(self, capacity: int | None) -> str | None:
         return None
