@@ -252,3 +252,27 @@ def test_each_familys_capacity_formula_gives_what_its_logs_printed(family):
             assert low.kv_cache_size_tokens <= item.log.kv_cache_size_tokens <= high.kv_cache_size_tokens, item.id
         if item.log.max_concurrency:
             assert round(low.max_concurrency, 2) <= item.log.max_concurrency <= round(high.max_concurrency, 2), item.id
+
+
+@pytest.mark.parametrize("family", tgi.FAMILIES)
+def test_each_tgi_familys_block_size_gives_what_its_logs_printed(family):
+    """TGI logs its pool as 'Setting max batch total tokens' (1.x/2.x: whole 16-token paged blocks) or, from 3.0,
+    'KV-cache blocks: N, size: S' (flashinfer's 1-token blocks): the release's block size is what each log shows."""
+    from tests.support.corpus import NotPlanned, entries
+
+    checked = []
+    for item in entries():
+        tokens = item.log.get("max_batch_total_tokens")
+        if item.engine != "tgi" or not tokens or item.log.get("no_automatic_total"):
+            continue
+        try:
+            plan = plan_of(item)
+        except (NotPlanned, ModelNotFound, UsageError):
+            continue
+        if plan.release.family != family:
+            continue
+        block_size = plan.capacity.to_dict()["block_size"]
+        logged = item.log.get("kv_blocks")
+        assert (logged[1] == block_size) if logged else (tokens % block_size == 0), item.id
+        checked.append(item.id)
+    assert checked, f"no {family} log in the corpus prints its pool"
