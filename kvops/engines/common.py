@@ -298,6 +298,13 @@ class FamilyFit:
         """How far below and above the planned KV the engine may land, bytes: the family's logs' spread."""
         return self.spread
 
+    def unbounded(self) -> str:
+        """What a plan says of its KV when too few logs bound the estimates (no margin, no band)."""
+        return (
+            f"no band and no margin: {self.residuals} public logs fit these estimates, fewer than the "
+            f"{MIN_MARGIN_LOGS} that bound them"
+        )
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "family": self.family,

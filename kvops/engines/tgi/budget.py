@@ -242,6 +242,9 @@ def memory_terms(inputs: PlanInputs, release: TgiRelease, prefill: int) -> tuple
         if any(t.name == "margin" for t in terms)
         else f": {release.label}'s KV pool, allocated whole at warmup"
     )
+    fit = _fit(inputs, release)
+    if any(term.is_estimate for term in terms) and not fit.bounded:
+        formula += f"; {fit.unbounded()}"
     terms.append(Term("kv_cache", kv, "computed", formula, band=_band(inputs, release, terms, kv)))
     return terms, kv
 

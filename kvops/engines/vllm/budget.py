@@ -155,7 +155,7 @@ def _kv_term(kv: int, release_: VllmRelease, inputs: PlanInputs, overheads: list
         return Term("kv_cache", kv, "computed", formula)
     fit = _fit(inputs, release_)
     if margin is None:
-        return Term("kv_cache", kv, "computed", f"{formula}; {_unbounded(fit)}")
+        return Term("kv_cache", kv, "computed", f"{formula}; {fit.unbounded()}")
     below, above = fit.band()
     formula += (
         f"; KV {format_bytes(kv)}, -{format_bytes(below).lstrip('~')}/+{format_bytes(above).lstrip('~')}: where "
@@ -317,13 +317,6 @@ def _margin(inputs: PlanInputs, release_: VllmRelease, overheads: list[Term]) ->
         f"with it, {common.OVERHEAD_QUANTILE:.0%} of {_logs(fit)} had at least the KV this plan leaves, each "
         "predicted without its own log (err toward less KV)",
         common.CALIBRATE_HINT,
-    )
-
-
-def _unbounded(fit: common.FamilyFit) -> str:
-    return (
-        f"no band and no margin: {fit.residuals} public logs fit these estimates, fewer than the "
-        f"{common.MIN_MARGIN_LOGS} that bound them"
     )
 
 

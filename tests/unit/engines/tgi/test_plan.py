@@ -75,3 +75,12 @@ def test_args_dumps_in_every_shape_tgi_logs_print():
     )  # 2.x prints it over many lines
     bare = parse_tgi_log(entry("tgi-0.9-a10g-x8-llama-2-70b-fail").text).args  # posted without its prefix
     assert (bare["num_shard"], bare["max_input_tokens"], bare["max_total_tokens"]) == (8, 3072, 4096)
+
+
+def test_a_tgi_pool_resting_on_too_few_logs_says_it_has_no_band(run_kvops):
+    """TGI logs print only the pool they kept: 3 in the corpus fit the warmup estimate, too few to bound it, so the
+    plan says it states no band and plans no margin rather than print a band it cannot back (issue 13)."""
+    doc = plan(run_kvops, "-m", "llama-3-8b", "--gpu", "h100")
+    kv = {term["name"]: term for term in doc["memory"]["terms"]}["kv_cache"]
+    assert "no band and no margin" in kv["formula"] and "fewer than the 5 that bound them" in kv["formula"]
+    assert kv.get("band") is None and "margin" not in {term["name"] for term in doc["memory"]["terms"]}
