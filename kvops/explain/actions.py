@@ -4,7 +4,7 @@ planner cannot reproduce a failure, the engine's own advice, with its numbers.""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
-from math import floor
+from math import ceil, floor
 from typing import Any
 
 from kvops.errors import KvopsError
@@ -168,9 +168,10 @@ def _planner(inputs: PlanInputs, notes: list[str], pinned_by_user: bool = False)
             wanted and way.flags and way.flags["max-model-len"] >= wanted
         )
 
-    chosen = next((way for way in ways if way.fits and keeps_the_requests(way)), None) or next(
-        (way for way in ways if way.fits), None
-    )
+    # the last resort: the longest context that starts, though shorter than the requests (the planner does not
+    # count it as fitting the workload; its flags are the re-planned ones)
+    shorter = next((way for way in ways if way.change == "--max-model-len auto" and way.flags), None)
+    chosen = next((way for way in ways if way.fits and keeps_the_requests(way)), None) or shorter
     if chosen is None:
         tried = ", ".join(way.change for way in ways if way.fits is False)
         return Action(
@@ -192,6 +193,36 @@ def _concrete(way: WayOut) -> str:
     return way.change
 
 
+# The highest --gpu-memory-utilization explain suggests: the rest of the device is the CUDA graphs' and the driver's.
+MAX_UTILIZATION = 0.98
+LOG_SLACK = 16 << 20  # vLLM logs GiB with two decimals (+-5 MiB): ask for a little more than the shortfall
+
+
+def _more_memory(run: Run, diagnosis: Diagnosis, inputs: PlanInputs | None, why: str) -> Action:
+    """Nothing was left for the KV cache (a negative or zero available KV): the budget must grow (a higher
+    utilization, while there is device memory to give) or the weights shrink per GPU; a lower utilization would
+    leave even less."""
+    figures = diagnosis.figures
+    available, requested = figures.get("available_bytes"), figures.get("requested_bytes")
+    utilization = run.facts.get("gpu_memory_utilization") or (inputs.memory_fraction if inputs else None)
+    if available is not None and requested and utilization:
+        total = requested / utilization
+        higher = ceil((utilization + (LOG_SLACK - available) / total) * 100) / 100
+        if higher <= MAX_UTILIZATION:
+            return Action(
+                f"--gpu-memory-utilization {higher:.2f}",
+                f"raises the budget by {format_bytes(ceil((higher - utilization) * total))}: the weights and overheads "
+                f"took all of it ({format_bytes(max(0, -available))} short){why}",
+                "engine message",
+            )
+    return Action(
+        "--tensor-parallel-size 2",
+        f"the weights and overheads take the whole device: split the weights over more GPUs, or a larger GPU or "
+        f"--quantization{why}",
+        "engine message",
+    )
+
+
 def _engine_advice(run: Run, diagnosis: Diagnosis, inputs: PlanInputs | None) -> Action:
     """What the engine's own message and figures say to change, when the planner has no way out to offer."""
     failure, figures = run.failure, diagnosis.figures
@@ -202,6 +233,8 @@ def _engine_advice(run: Run, diagnosis: Diagnosis, inputs: PlanInputs | None) ->
             return Action(
                 f"--max-model-len {length}", f"the longest context the engine's own figures fit{why}", "engine message"
             )
+    if failure.kind == "no_kv_memory":
+        return _more_memory(run, diagnosis, inputs, why)
     if diagnosis.term == "other_processes":
         return Action(
             None,
