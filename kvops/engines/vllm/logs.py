@@ -453,23 +453,56 @@ _NEGATIVE_KV = re.compile(
 
 
 @dataclass(frozen=True)
-class Failure:
-    """Why a vLLM run stopped, with the figures its own message states."""
+class KvTooSmall:
+    """One request at max_model_len does not fit the KV cache (V1's message, in bytes)."""
 
-    kind: str  # "out_of_memory" | "kv_too_small" | "no_kv_memory" | "startup_free_memory"
     line: str
-    phase: str | None = None  # one of PHASES (out_of_memory)
+    max_model_len: int
+    needed_bytes: int  # KV for one request at max_model_len
+    available_bytes: int  # KV the engine had
+    estimated_max_model_len: int | None = None  # vLLM's own estimate of the length that fits
+
+
+@dataclass(frozen=True)
+class KvTokensTooFew:
+    """One request at max_model_len does not fit the KV cache (V0's message, in the pool's tokens)."""
+
+    line: str
+    max_model_len: int
+    kv_tokens: int
+
+
+@dataclass(frozen=True)
+class NoKvMemory:
+    """Nothing was left for the KV cache after the other terms (a zero or negative budget)."""
+
+    line: str
+    available_bytes: int | None = None  # the negative budget, where the message states it
+
+
+@dataclass(frozen=True)
+class StartupFreeMemory:
+    """Less was free at startup than gpu_memory_utilization x total: something else holds the device."""
+
+    line: str
+    startup_free_bytes: int
+    total_bytes: int
+    utilization: float
+    requested_bytes: int
+
+
+@dataclass(frozen=True)
+class EngineOutOfMemory:
+    """An allocation failed: the torch or CUDA error, and the phase of startup or serving it hit."""
+
+    line: str
+    phase: str | None = None  # one of PHASES
     phase_basis: str = ""  # the frame, message or milestone the phase was read from
     oom: OutOfMemory | None = None
-    max_model_len: int | None = None
-    needed_bytes: int | None = None  # KV for one request at max_model_len
-    available_bytes: int | None = None  # KV the engine had
-    estimated_max_model_len: int | None = None  # vLLM's own estimate, in the message
-    kv_tokens: int | None = None  # V0: tokens the KV cache holds
-    startup_free_bytes: int | None = None
-    total_bytes: int | None = None
-    utilization: float | None = None
-    requested_bytes: int | None = None
+
+
+Failure = KvTooSmall | KvTokensTooFew | NoKvMemory | StartupFreeMemory | EngineOutOfMemory
+"""Why a vLLM run stopped, with the figures its own message states."""
 
 
 def find_failure(text: str) -> Failure | None:
@@ -484,8 +517,7 @@ def find_failure(text: str) -> Failure | None:
 
 def _failure_at(line: str, index: int, lines: list[str]) -> Failure | None:
     if match := _KV_NEEDED.search(line):
-        return Failure(
-            "kv_too_small",
+        return KvTooSmall(
             line.strip(),
             max_model_len=int(match.group(1)),
             needed_bytes=gib(match.group(2)),
@@ -493,12 +525,11 @@ def _failure_at(line: str, index: int, lines: list[str]) -> Failure | None:
             estimated_max_model_len=int(match.group(4)) if match.group(4) else None,
         )
     if match := _V0_KV_TOKENS.search(line):
-        return Failure("kv_too_small", line.strip(), max_model_len=int(match.group(1)), kv_tokens=int(match.group(2)))
+        return KvTokensTooFew(line.strip(), max_model_len=int(match.group(1)), kv_tokens=int(match.group(2)))
     if _NO_KV.search(line) or (match := _NEGATIVE_KV.search(line)):
-        return Failure("no_kv_memory", line.strip(), available_bytes=gib(match.group(1)) if match else None)
+        return NoKvMemory(line.strip(), available_bytes=gib(match.group(1)) if match else None)
     if match := _STARTUP_FREE.search(line):
-        return Failure(
-            "startup_free_memory",
+        return StartupFreeMemory(
             line.strip(),
             startup_free_bytes=gib(match.group(1)),
             total_bytes=gib(match.group(2)),
@@ -508,7 +539,7 @@ def _failure_at(line: str, index: int, lines: list[str]) -> Failure | None:
     if TORCH_OOM.search(line) or _CUDA_ERROR_OOM.search(line) or _WRAPPED_OOM.search(line):
         oom = next((found for found in map(out_of_memory, lines) if found), None)
         phase, basis = _phase(index, lines)
-        return Failure("out_of_memory", line.strip(), phase=phase, phase_basis=basis, oom=oom)
+        return EngineOutOfMemory(line.strip(), phase=phase, phase_basis=basis, oom=oom)
     return None
 
 
@@ -525,9 +556,9 @@ def _phase(index: int, lines: list[str]) -> tuple[str | None, str]:
         hit = sorted(frames & names)
         if hit:
             return phase, f"traceback frame {hit[0]}()"
-    phase, basis = None, ""
+    last: tuple[str | None, str] = (None, "")
     for line in lines[:index]:
         for pattern, milestone_phase in _MILESTONES:
             if match := pattern.search(line):
-                phase, basis = milestone_phase, f"the last startup line before it: {match.group(0)!r}"
-    return phase, basis
+                last = (milestone_phase, f"the last startup line before it: {match.group(0)!r}")
+    return last
