@@ -9,6 +9,7 @@ from pathlib import Path
 from kvops.errors import ConfigError, ModelNotFound
 from kvops.model import catalog
 from kvops.model.config import spec_from_config
+from kvops.model.params import PublishedCount
 from kvops.model.spec import ModelSpec
 
 
@@ -20,7 +21,7 @@ def load_model(name: str) -> ModelSpec:
     cached = _hf_cache_config(name)
     if cached is not None:
         entry = catalog.find(name)
-        return _from_file(cached, name=name, source="hf-cache", parameters=entry.parameters if entry else None)
+        return _from_file(cached, name=name, source="hf-cache", published=entry.published if entry else None)
     entry = catalog.find(name)
     if entry is not None:
         return catalog_spec(entry)
@@ -38,9 +39,8 @@ def catalog_spec(entry: catalog.CatalogEntry) -> ModelSpec:
         name=entry.id,
         source="catalog",
         where=entry.file,
-        parameters=entry.parameters,
+        published=entry.published,
         aliases=entry.aliases,
-        stored_tied_head=entry.tied_lm_head_stored,
     )
 
 
@@ -59,7 +59,7 @@ def _config_file(path: Path) -> Path:
     return path
 
 
-def _from_file(path: Path, *, name: str, source: str, parameters: int | None = None) -> ModelSpec:
+def _from_file(path: Path, *, name: str, source: str, published: PublishedCount | None = None) -> ModelSpec:
     try:
         config = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError) as exc:
@@ -69,7 +69,7 @@ def _from_file(path: Path, *, name: str, source: str, parameters: int | None = N
     if not isinstance(config, dict):
         raise ConfigError(f"{path}: a config.json must hold a JSON object")
     return spec_from_config(
-        config, name=name, source=source, where=str(path), source_path=str(path), parameters=parameters
+        config, name=name, source=source, where=str(path), source_path=str(path), published=published
     )
 
 

@@ -49,7 +49,15 @@ def test_fp8_doubles_kv_tokens(frame):
         index=["model", "gpu", "tp"], columns="kv_dtype_resolved", values="num_blocks", aggfunc="first"
     )
     checked = 0
+    # caches fp8 does not halve: recurrent state (vLLM pads it to the attention page), the sparse indexer's fp8 keys
+    stateful = {
+        entry.id
+        for entry in catalog()
+        if (spec := load_model(entry.id)).has_state or any(layer.kind == "indexer" for _, layer in spec.caches())
+    }
     for (model, gpu, tp), row in pairs.iterrows():
+        if model in stateful:
+            continue
         sixteen = row.get("bf16") if pandas.notna(row.get("bf16")) else row.get("fp16")
         if pandas.isna(sixteen) or pandas.isna(row.get("fp8")):
             continue
@@ -63,6 +71,7 @@ def test_fp8_doubles_kv_tokens(frame):
     tokens = vllm.pivot_table(
         index=["model", "gpu", "tp"], columns="kv_dtype", values="kv_tokens", aggfunc="first"
     ).dropna()
+    tokens = tokens[~tokens.index.get_level_values("model").isin(stateful)]
     ratio = tokens["fp8"] / tokens["auto"]
     assert ratio.between(1.99, 2.01).all()
 

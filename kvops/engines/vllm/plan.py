@@ -116,7 +116,7 @@ def plan_once(inputs: PlanInputs) -> Plan:
     dtype = resolve_kv_dtype(inputs.kv_dtype, spec.dtype)
     kv_flag = flags.kv_cache_dtype(dtype, spec.dtype, device)
     block_size = inputs.block_size or layout.default_block_size(spec, device)
-    kv_layout = layout.kv_layout(spec, dtype, tp, block_size)
+    kv_layout = layout.kv_layout(spec, dtype, tp, block_size, options=layout_options(inputs))
     model_limit = common.model_limit(spec)
     fixed_len = inputs.max_model_len if isinstance(inputs.max_model_len, int) else model_limit
     gpu = inputs.gpu
@@ -127,7 +127,7 @@ def plan_once(inputs: PlanInputs) -> Plan:
     memory, kv_bytes, warnings = budget.memory_terms(inputs, batched, max(default_seqs, requested_seqs))
     draft = _Draft(inputs, memory, kv_bytes, warnings, [])
     draft.notes.append(
-        f"KV cache layout: {kv_layout.describe()}, {format_bytes(kv_layout.bytes_per_block)} per block of {block_size} tokens ({kv_layout.bytes_per_block} B)"
+        f"KV cache layout: {kv_layout.describe()}, {format_bytes(kv_layout.bytes_per_block)} per block of {kv_layout.block_size} tokens ({kv_layout.bytes_per_block} B)"
     )
     if kv_layout.padding_layers:
         draft.warnings.append(
@@ -149,7 +149,7 @@ def plan_once(inputs: PlanInputs) -> Plan:
     capacity = VllmCapacity(
         num_blocks=pool.num_blocks,
         usable_blocks=pool.usable_blocks,
-        block_size=block_size,
+        block_size=kv_layout.block_size,
         bytes_per_block=kv_layout.bytes_per_block,
         kv_cache_groups=len(kv_layout.groups),
         kv_cache_size_tokens=pool.kv_cache_size_tokens,
@@ -165,10 +165,33 @@ def plan_once(inputs: PlanInputs) -> Plan:
         max_in_flight_tokens=in_flight,
         replicas=inputs.replicas,
     )
-    seqs = _max_num_seqs(draft, under_warn, defaults)
+    seqs = _state_blocks_cap(draft, _max_num_seqs(draft, under_warn, defaults), kv_layout, pool)
     engine_flags = _flags(inputs, length, kv_bytes, seqs, batched, block_size, kv_flag)
     _warnings(draft, kv_layout, dtype, capacity)
     return draft.plan(capacity, engine_flags, _verdict(draft, kv_layout, pool, capacity))
+
+
+def layout_options(inputs: PlanInputs) -> layout.LayoutOptions:
+    """The engine settings of these inputs that change vLLM's KV cache layout."""
+    return layout.LayoutOptions(device=inputs.device, block_size_given=inputs.block_size is not None)
+
+
+def _state_blocks_cap(draft: _Draft, seqs: int, kv_layout: layout.KVCacheLayout, pool: layout.Pool) -> int:
+    """With recurrent-state layers and CUDA graphs, vLLM refuses to start when max_num_seqs exceeds the blocks
+    (every decoding sequence needs one state block: 'max_num_seqs (N) exceeds available Mamba cache blocks',
+    config/compilation.py)."""
+    inputs = draft.inputs
+    if not kv_layout.has_state or inputs.device != "gpu" or inputs.enforce_eager or seqs <= pool.num_blocks:
+        return seqs
+    if inputs.max_num_seqs is not None:
+        draft.warnings.append(
+            f"--max-num-seqs {seqs} exceeds the {pool.num_blocks} KV cache blocks: vLLM refuses to start a state-space model with CUDA graphs ('max_num_seqs exceeds available Mamba cache blocks'); lower it or add --enforce-eager"
+        )
+        return seqs
+    draft.notes.append(
+        f"max-num-seqs held to the {pool.num_blocks} KV cache blocks: each decoding sequence of a state-space model needs one state block"
+    )
+    return max(1, pool.num_blocks)
 
 
 def _auto_length(draft: _Draft, kv_layout: layout.KVCacheLayout, model_limit: int, in_flight: int) -> int:
