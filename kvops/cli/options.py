@@ -14,7 +14,7 @@ import click
 from kvops.deployment import DeploymentOptions
 from kvops.dtypes import KV_DTYPE_CHOICES
 from kvops.errors import KvopsError
-from kvops.units import parse_bytes
+from kvops.units import parse_bytes, parse_count
 
 POSITIVE = click.IntRange(min=1)
 FRACTION = click.FloatRange(min=0.0, max=1.0, min_open=True)
@@ -53,19 +53,20 @@ def json_option(function: Callable) -> Callable:
 
 
 class IntOrAuto(click.ParamType):
-    """A positive integer, or 'auto' (also vLLM's -1) for 'let the planner find it'."""
+    """A positive count as vLLM writes it (32K, 32k, 1M), or 'auto' (also vLLM's -1) for 'let the planner find it'."""
 
     name = "N|auto"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int | str:
         if isinstance(value, int) or value == "auto":
             return value
-        text = str(value).strip().lower()
-        if text in ("auto", "-1"):
+        text = str(value).strip()
+        if text.lower() in ("auto", "-1"):
             return "auto"
-        if not (text.isdigit() and int(text) > 0):
-            self.fail(f"{value!r} is not a positive integer or 'auto'", param, ctx)
-        return int(text)
+        try:
+            return parse_count(text, param.opts[0] if param else "value", or_auto=True)
+        except KvopsError as exc:
+            self.fail(str(exc), param, ctx)
 
 
 INT_OR_AUTO = IntOrAuto()
