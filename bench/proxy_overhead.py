@@ -1,11 +1,14 @@
 """What the admission proxy costs: requests per second and added p50/p99 latency against the upstream called directly.
 
-    python bench/proxy_overhead.py [--requests 3000] [--concurrency 16] [--rounds 3]
+    python bench/proxy_overhead.py [--requests 3000] [--concurrency 16] [--rounds 3] [--baseline CHECKOUT]
 
 One run, same machine: a fast local upstream (a separate process answering an OpenAI-style completion at once,
 and serving a vLLM /metrics whose KV usage this script sets), `kvops watch --proxy` in front of it (a separate
-process, as deployed), and this process as the client (aiohttp, `--concurrency` requests in flight). Rounds
-interleave direct and proxied runs so drift hits both alike. Three cases through the proxy:
+process, as deployed), and this process as the client (aiohttp, `--concurrency` requests in flight). With
+`--baseline`, a second `kvops watch --proxy` runs the kvops of another checkout (e.g. `git worktree add /tmp/base
+<commit>`) beside this one: before and after, in the same run. Rounds interleave direct and proxied runs so drift
+hits all alike. Besides latency, each proxy's own CPU time per request (its process's utime + stime over the run),
+which a busy shared machine disturbs far less than latency. Three cases through the proxy:
   ok    - KV usage 0.10: the body is parsed and forwarded byte for byte;
   warn  - KV usage 0.75: max_tokens 1024 is capped at 512, the body re-serialised;
   get   - an unguarded GET /v1/models, streamed through untouched.
@@ -105,15 +108,16 @@ def wait_http(url: str, timeout: float = 60) -> None:
     raise RuntimeError(f"{url} did not come up")
 
 
-def set_level(upstream: str, proxy: str, usage: float, level: str) -> None:
+def set_level(upstream: str, proxies: list[str], usage: float, level: str) -> None:
     urllib.request.urlopen(
         urllib.request.Request(upstream + "/usage", data=str(usage).encode(), method="POST"), timeout=5
     ).read()
     deadline = time.monotonic() + 30
-    while json.loads(urllib.request.urlopen(proxy + "/kvops/policy", timeout=5).read())["level"] != level:
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"the watcher did not reach {level}")
-        time.sleep(0.1)
+    for proxy in proxies:
+        while json.loads(urllib.request.urlopen(proxy + "/kvops/policy", timeout=5).read())["level"] != level:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the watcher at {proxy} did not reach {level}")
+            time.sleep(0.1)
 
 
 def percentile(values: list[float], percent: float) -> float:
@@ -121,73 +125,83 @@ def percentile(values: list[float], percent: float) -> float:
     return ordered[min(len(ordered) - 1, int(percent / 100 * len(ordered)))]
 
 
+def cpu_seconds(pid: int) -> float:
+    """A process's user + system CPU time so far (Linux /proc)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def start_watch(checkout: Path, upstream: str, port: int) -> subprocess.Popen:
+    """`kvops watch --proxy` of the kvops in `checkout`."""
+    env = {**checkout_env(), "PYTHONPATH": os.pathsep.join([str(checkout), str(checkout / "plugins")])}
+    args = ["--engine", "vllm", "--metrics-url", upstream + "/metrics", "--interval", "0.5"]
+    args += ["--listen", f"127.0.0.1:{port}", "--proxy", upstream]
+    return subprocess.Popen(
+        [sys.executable, "-m", "kvops", "watch", *args], env=env, cwd=checkout, stdout=subprocess.DEVNULL
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=3000)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--baseline", type=Path, help="another checkout whose kvops runs a second proxy: before/after")
     parser.add_argument("--serve-upstream", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_upstream:
         serve_upstream(args.serve_upstream)
         return
 
-    env = checkout_env()
-    upstream_port, proxy_port = free_port(), free_port()
-    upstream, proxy = f"http://127.0.0.1:{upstream_port}", f"http://127.0.0.1:{proxy_port}"
-    processes = [subprocess.Popen([sys.executable, __file__, "--serve-upstream", str(upstream_port)], env=env)]
+    upstream = f"http://127.0.0.1:{free_port()}"
+    processes = [
+        subprocess.Popen([sys.executable, __file__, "--serve-upstream", upstream.rsplit(":", 1)[1]], env=checkout_env())
+    ]
     try:
         wait_http(upstream + "/v1/models")
-        processes.append(
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "kvops",
-                    "watch",
-                    "--engine",
-                    "vllm",
-                    "--metrics-url",
-                    upstream + "/metrics",
-                    "--interval",
-                    "0.5",
-                    "--listen",
-                    f"127.0.0.1:{proxy_port}",
-                    "--proxy",
-                    upstream,
-                ],
-                env=env,
-                cwd=REPO,
-                stdout=subprocess.DEVNULL,
-            )
-        )
-        wait_http(proxy + "/kvops/healthz")
+        checkouts = {"proxy": REPO} | ({"baseline": args.baseline.resolve()} if args.baseline else {})
+        proxies: dict[str, tuple[str, subprocess.Popen]] = {}
+        for via, checkout in checkouts.items():
+            port = free_port()
+            processes.append(start_watch(checkout, upstream, port))
+            proxies[via] = (f"http://127.0.0.1:{port}", processes[-1])
+            wait_http(proxies[via][0] + "/kvops/healthz")
         cases = {  # levels only rise, so the policy's dwell never holds a case up
             "POST /v1/completions, level ok": ("POST", "/v1/completions", 0.10, "ok"),
             "GET /v1/models (unguarded)": ("GET", "/v1/models", 0.10, "ok"),
             "POST /v1/completions, level warn (clamped)": ("POST", "/v1/completions", 0.75, "warn"),
         }
         print(
-            f"{args.requests} requests x {args.rounds} rounds per case, {args.concurrency} in flight; client, proxy and upstream on one {os.cpu_count()}-core machine\n"
+            f"{args.requests} requests x {args.rounds} rounds per case, {args.concurrency} in flight; client, proxies "
+            f"and upstream on one {os.cpu_count()}-core machine"
+            + (f"; baseline: the kvops of {args.baseline}" if args.baseline else "")
+            + "\n"
         )
-        print(f"{'case':<44} {'path':<7} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8}")
+        print(f"{'case':<44} {'path':<9} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'CPU us/req':>11}")
         for name, (method, path, usage, level) in cases.items():
-            set_level(upstream, proxy, usage, level)
-            results: dict[str, list] = {"direct": [[], []], "proxy": [[], []]}
+            set_level(upstream, [url for url, _ in proxies.values()], usage, level)
+            bases = {"direct": (upstream, None)} | {via: (url, process.pid) for via, (url, process) in proxies.items()}
+            results: dict[str, list] = {via: [[], [], 0.0] for via in bases}
             for _ in range(args.rounds):
-                for via, base in (("direct", upstream), ("proxy", proxy)):
+                for via, (base, pid) in bases.items():
+                    before = cpu_seconds(pid) if pid else 0.0
                     rate, latencies = asyncio.run(load(base + path, method, args.requests, args.concurrency))
                     results[via][0].append(rate)
                     results[via][1].extend(latencies)
+                    results[via][2] += (cpu_seconds(pid) - before) if pid else 0.0
             summary = {
-                via: (statistics.median(rates), percentile(lat, 50) * 1000, percentile(lat, 99) * 1000)
-                for via, (rates, lat) in results.items()
+                via: (statistics.median(rates), percentile(lat, 50) * 1000, percentile(lat, 99) * 1000, cpu)
+                for via, (rates, lat, cpu) in results.items()
             }
-            for via in ("direct", "proxy"):
-                rate, p50, p99 = summary[via]
-                print(f"{name if via == 'direct' else '':<44} {via:<7} {rate:8.0f} {p50:8.2f} {p99:8.2f}")
-            (d_rate, d50, d99), (p_rate, p50, p99) = summary["direct"], summary["proxy"]
-            print(f"{'':<44} {'added':<7} {p_rate / d_rate - 1:+8.0%} {p50 - d50:+8.2f} {p99 - d99:+8.2f}")
+            total = args.requests * args.rounds
+            for index, (via, (rate, p50, p99, cpu)) in enumerate(summary.items()):
+                per_request = f"{cpu / total * 1e6:11.0f}" if via != "direct" else f"{'':>11}"
+                print(f"{name if index == 0 else '':<44} {via:<9} {rate:8.0f} {p50:8.2f} {p99:8.2f} {per_request}")
+            d_rate, d50, d99, _ = summary["direct"]
+            for via in proxies:
+                rate, p50, p99, _ = summary[via]
+                print(f"{'':<44} {'+' + via:<9} {rate / d_rate - 1:+8.0%} {p50 - d50:+8.2f} {p99 - d99:+8.2f}")
     finally:
         for process in reversed(processes):
             process.terminate()

@@ -6,7 +6,7 @@ supports (quantized KV dtypes, data-parallel replicas, offloading); the search o
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from math import ceil
 
 from kvops import engines
@@ -14,8 +14,10 @@ from kvops.dtypes import resolve_kv_dtype
 from kvops.engines import common
 from kvops.errors import KvopsError, UsageError
 from kvops.formula import check_tp
-from kvops.gpus import gpu_catalog
+from kvops.gpus import Gpu, gpu_catalog
+from kvops.model.spec import ModelSpec
 from kvops.plan import Plan, PlanInputs, WayOut
+from kvops.units import format_bytes
 
 TENSOR_PARALLEL_SIZES = (2, 4, 8)
 
@@ -37,20 +39,26 @@ def predict(inputs: PlanInputs) -> Plan:
 
 
 def ways_out(inputs: PlanInputs, failed: Plan) -> list[WayOut]:
-    """Re-plan with each change a user can make; report what each one gives."""
+    """Re-plan with each change a user can make; report what each one gives.
+
+    In the order a user should try them: the lossless ways first (more tensor parallelism, more replicas, a larger
+    GPU, a shorter context), then quantized KV from the least lossy (int8, then fp8, then int4), each with its
+    quality warning and the engine's own spelling, then host memory."""
     engine = engines.get(inputs.engine)
     options: list[WayOut] = []
-    if resolve_kv_dtype(inputs.kv_dtype, inputs.spec.dtype).bits >= 16:
-        for name in engine.kv_dtype_ways(inputs):
-            options.append(_try(f"--kv-dtype {name}", replace(inputs, kv_dtype=name), common.QUALITY_WARNING))
+    if inputs.device == "gpu":  # the ways that add or change devices: a CPU build runs where it runs
+        options += _more_tensor_parallel(inputs)
+        if engine.data_parallel:
+            options += _more_replicas(inputs, failed)
+        options += _larger_gpu(inputs)
     if not isinstance(inputs.max_model_len, str) and not isinstance(inputs.concurrency, str):
-        options.append(_try("--max-model-len auto", replace(inputs, max_model_len="auto")))
+        options.append(_shorter_context(inputs))
     if isinstance(inputs.concurrency, int):
         options.append(_try("--concurrency auto", replace(inputs, concurrency="auto")))
-    options += _more_tensor_parallel(inputs)
-    if engine.data_parallel:
-        options += _more_replicas(inputs, failed)
-    options += _larger_gpu(inputs)
+    if resolve_kv_dtype(inputs.kv_dtype, inputs.spec.dtype).bits >= 16:
+        for name in engine.kv_dtype_ways(inputs):
+            warning = f"{engine.kv_dtype_spelling(inputs, name)}: {common.QUALITY_WARNING}"
+            options.append(_try(f"--kv-dtype {name}", replace(inputs, kv_dtype=name), warning))
     options += engine.offload_ways(inputs, failed)
     return options
 
@@ -66,6 +74,19 @@ def _try(change: str, changed: PlanInputs, warning: str | None = None) -> WayOut
     assert cap is not None  # a plan that fits has sized its pool
     summary = f"fits: {cap.kv_tokens:,} KV tokens, {cap.requests_under_warn} requests of {cap.request_tokens} tokens under the warn level, max-model-len {cap.max_model_len}"
     return WayOut(change, True, summary, warning, result.flags, replanned=True)
+
+
+def _shorter_context(inputs: PlanInputs) -> WayOut:
+    """--max-model-len auto: a way out only when the context it finds still holds the planned requests."""
+    option = _try("--max-model-len auto", replace(inputs, max_model_len="auto"))
+    wanted = inputs.workload.total_tokens
+    found = option.flags.get("max-model-len", option.flags.get("max-total-tokens")) if option.flags else None
+    if option.fits and wanted and found is not None and found < wanted:
+        result = (
+            f"the longest context that fits, {found} tokens, is shorter than the planned requests of {wanted} tokens"
+        )
+        return replace(option, fits=False, result=result)
+    return option
 
 
 def _more_tensor_parallel(inputs: PlanInputs) -> list[WayOut]:
@@ -104,7 +125,7 @@ def _more_replicas(inputs: PlanInputs, failed: Plan) -> list[WayOut]:
 
 def _larger_gpu(inputs: PlanInputs) -> list[WayOut]:
     """The smallest catalog GPU with more memory on which the plan fits."""
-    if inputs.gpu is None or inputs.device != "gpu":
+    if inputs.gpu is None:
         return []
     current = inputs.gpu.memory_bytes
     for gpu in sorted((gpu for gpu in gpu_catalog() if gpu.memory_bytes > current), key=lambda gpu: gpu.memory_bytes):
@@ -112,3 +133,47 @@ def _larger_gpu(inputs: PlanInputs) -> list[WayOut]:
         if option.fits:
             return [option]
     return []
+
+
+@dataclass(frozen=True)
+class KvBudget:
+    """The KV memory an engine's plan leaves for one model on one device: what `kvops plot` draws."""
+
+    model: str
+    engine: str
+    gpu: str
+    memory_fraction: float | None
+    kv_cache_bytes: int
+    basis: str
+
+    @property
+    def label(self) -> str:
+        return f"KV budget: {self.basis}"
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "model": self.model,
+            "engine": self.engine,
+            "gpu": self.gpu,
+            "memory_fraction": self.memory_fraction,
+            "kv_cache_bytes": self.kv_cache_bytes,
+            "basis": self.basis,
+        }
+
+
+def kv_budget(
+    spec: ModelSpec, gpu: Gpu, engine: str, tp: int, kv_dtype: str, memory_fraction: float | None, max_model_len: int
+) -> KvBudget:
+    """The KV bytes a plan for `spec` leaves on `gpu` (the total less weights and the engine's overheads)."""
+    length = min(max_model_len, spec.max_position_embeddings or max_model_len)
+    inputs = PlanInputs(
+        engine, spec, gpu, tp=tp, max_model_len=length, kv_dtype=kv_dtype, memory_fraction=memory_fraction
+    )
+    result = predict(inputs)
+    adapter = engines.get(engine)
+    fraction = result.flags.get(adapter.memory_fraction_flag)
+    kv = max(result.kv_cache_bytes, 0)
+    basis = (
+        f"{adapter.title} --{adapter.memory_fraction_flag} {fraction:g} on {gpu.id}: {format_bytes(kv)} for {spec.name}"
+    )
+    return KvBudget(spec.name, engine, gpu.id, fraction, kv, basis)

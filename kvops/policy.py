@@ -39,6 +39,7 @@ class Level(IntEnum):
 
 
 GRADED = (Level.WARN, Level.DEGRADE, Level.CRITICAL)
+ACTIONS = ("log_warning", "cap_max_tokens", "single_sequence", "reset_prefix_cache", "reject_503")  # Limits.actions
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,21 @@ class Limits:
     reject: bool = False  # answer 503 + Retry-After, do not forward
     retry_after_seconds: int | None = None
     reset_prefix_cache: bool = False
+
+    def actions(self) -> list[str]:
+        """What these limits do, as short names: kvops_action_in_force's labels, the watcher's log and alerts."""
+        done: list[str] = []
+        if self.level in GRADED:
+            done.append("log_warning")
+        if self.max_tokens_cap is not None:
+            done.append(f"cap_max_tokens:{self.max_tokens_cap}")
+        if self.single_sequence:
+            done.append("single_sequence")
+        if self.reset_prefix_cache:
+            done.append("reset_prefix_cache")
+        if self.reject:
+            done.append(f"reject_503:retry_after={self.retry_after_seconds}")
+        return done
 
     def effects(self) -> list[str]:
         """What these limits do to each new request, as phrases after "new requests are" (explain, alert texts)."""
@@ -104,8 +120,10 @@ class Policy:
     min_dwell_seconds: float
     actions: dict[Level, Limits]
     signals: dict[str, SignalRule] = field(default_factory=dict)
-    unknown_mode: str = "fail-open"
+    unknown_mode: str = "fail-closed"
     stale_after_failures: int = 3
+    grace_polls: int = 2  # failed polls in a row that keep the last level before it turns unknown
+    grace_seconds: float | None = None  # nor longer than this since the last good reading (None: no time bound)
 
     def raw_level(self, usage: float) -> Level:
         """The level usage alone implies, without hysteresis."""
@@ -128,8 +146,20 @@ class Policy:
             "hysteresis": self.hysteresis,
             "min_dwell_seconds": self.min_dwell_seconds,
             "actions": {level.label: self.actions[level].to_dict() for level in GRADED},
-            "unknown": {"mode": self.unknown_mode, "stale_after_failures": self.stale_after_failures},
+            "unknown": {
+                "mode": self.unknown_mode,
+                "grace_polls": self.grace_polls,
+                "grace_seconds": self.grace_seconds,
+                "stale_after_failures": self.stale_after_failures,
+            },
         }
+
+    def in_grace(self, failures: int, since_good: float | None) -> bool:
+        """Whether a replica whose last `failures` polls failed, its last good reading `since_good` seconds ago
+        (None: never read), still keeps its last level."""
+        if since_good is None or failures > self.grace_polls:
+            return False
+        return self.grace_seconds is None or since_good <= self.grace_seconds
 
 
 class LevelTracker:
@@ -137,7 +167,8 @@ class LevelTracker:
 
     Up is immediate. Down needs usage below (threshold of the current level - hysteresis) and at least
     min_dwell_seconds spent in the current level; it then lands on the level that usage + hysteresis implies.
-    A signal floor (queue growth, preemptions, stall) holds the level up the same way.
+    A signal floor (queue growth, preemptions, stall) holds the level up the same way. A missing reading (None)
+    keeps the last level through the policy's grace, then makes it unknown.
     """
 
     def __init__(self, policy: Policy):
@@ -145,13 +176,18 @@ class LevelTracker:
         self.level = Level.OK
         self.last_known = Level.OK
         self.since: float | None = None
+        self.failures = 0  # missing readings in a row
+        self.last_good: float | None = None
 
     def update(self, usage: float | None, now: float, floor: Level = Level.OK) -> Level:
         if usage is None:
-            if self.level != Level.UNKNOWN:
+            self.failures += 1
+            since_good = None if self.last_good is None else now - self.last_good
+            if self.level != Level.UNKNOWN and not self.policy.in_grace(self.failures, since_good):
                 self.last_known = self.level
                 self.level, self.since = Level.UNKNOWN, now
             return self.level
+        self.failures, self.last_good = 0, now
         target = max(self.policy.raw_level(usage), floor)
         current = self.last_known if self.level == Level.UNKNOWN else self.level
         if target >= current:
@@ -264,15 +300,25 @@ def policy_from_dict(data: dict[str, Any], where: str) -> Policy:
         for name, rule in (data.get("signals") or {}).items()
     }
     unknown = data.get("unknown") or {}
-    mode = unknown.get("mode", "fail-open")
+    extra = sorted(set(unknown) - _UNKNOWN_KEYS)
+    if extra:
+        raise PolicyError(f"{where}: unknown key 'unknown.{extra[0]}'; valid: {', '.join(sorted(_UNKNOWN_KEYS))}")
+    mode = unknown.get("mode", "fail-closed")
     if mode not in ("fail-open", "fail-closed"):
         raise PolicyError(f"{where}: unknown.mode {mode!r}; valid: fail-open, fail-closed")
     stale = unknown.get("stale_after_failures", 3)
     if not isinstance(stale, int) or isinstance(stale, bool) or stale < 1:
         raise PolicyError(f"{where}: unknown.stale_after_failures {stale!r} must be a positive integer")
-    return Policy(thresholds, hysteresis, dwell, actions, signals, mode, stale)
+    grace_polls = unknown.get("grace_polls", 2)
+    if not isinstance(grace_polls, int) or isinstance(grace_polls, bool) or grace_polls < 0:
+        raise PolicyError(f"{where}: unknown.grace_polls {grace_polls!r} must be a whole number, 0 or more")
+    grace_seconds = None
+    if unknown.get("grace_seconds") is not None:
+        grace_seconds = _number(unknown, "grace_seconds", f"{where}: unknown", low=0.0, high=86400.0)
+    return Policy(thresholds, hysteresis, dwell, actions, signals, mode, stale, grace_polls, grace_seconds)
 
 
+_UNKNOWN_KEYS = {"mode", "grace_polls", "grace_seconds", "stale_after_failures"}
 _ACTION_KEYS = {"max_tokens_cap", "single_sequence", "reject", "retry_after_seconds", "reset_prefix_cache"}
 _SIGNALS = {
     "queue_growth": ("window_seconds", "min_growth"),

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from kvops import engines
 from kvops.errors import ConfigError
 
 PROFILE_VERSION = 1
@@ -58,8 +59,8 @@ class Profile:
         unknown = sorted(set(data) - known - {"kvops_profile"})
         if unknown:
             raise ConfigError(f"{where}: unknown profile key {unknown[0]!r}; valid: {', '.join(sorted(known))}")
-        if data.get("engine") not in ("vllm", "tgi"):
-            raise ConfigError(f"{where}: engine {data.get('engine')!r}; valid: vllm, tgi")
+        if data.get("engine") not in engines.NAMES:
+            raise ConfigError(f"{where}: engine {data.get('engine')!r}; valid: {', '.join(engines.NAMES)}")
         for key in known - {"engine", "source", "model", "gpu", "gpu_memory_utilization"}:
             value = data.get(key)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):

@@ -22,8 +22,8 @@ COMMANDS = {
     "explain": "kvops.cli.explain:explain",
     "sweep": "kvops.cli.sweep:sweep",
     "watch": "kvops.cli.watch:watch",
-    "alerts": "kvops.cli.watch:alerts",
-    "report": "kvops.cli.watch:report",
+    "alerts": "kvops.cli.alerts:alerts",
+    "report": "kvops.cli.report:report",
     "manifests": "kvops.cli.manifests:manifests",
     "dashboard": "kvops.cli.dashboard:dashboard",
 }

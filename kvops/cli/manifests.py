@@ -4,15 +4,15 @@ the watcher."""
 from __future__ import annotations
 
 import re
-import shlex
 from pathlib import Path
 
 import click
 
 from kvops import __version__
-from kvops.cli.options import POSITIVE, deployment_options, warn, workload_options
-from kvops.cli.watch import alert_rules, runbook_option
+from kvops.cli.options import POSITIVE, deployment_options, runbook_option, warn, workload_options
 from kvops.errors import UsageError
+from kvops.render.quote import shell_word
+from kvops.watch.rules import alert_rules
 
 TARGETS = ("k8s", "compose")
 NAME = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")  # an RFC 1035 label, short enough for '<name>-kvops-policy'
@@ -161,5 +161,5 @@ def given_command(ctx: click.Context) -> str:
         if param.is_flag:
             words.append(param.opts[0] if value or not param.secondary_opts else param.secondary_opts[0])
         else:
-            words += [param.opts[0], shlex.quote(str(value))]
+            words += [param.opts[0], shell_word(str(value))]
     return " ".join(words)

@@ -3,21 +3,52 @@
 from __future__ import annotations
 
 import json
+import math
 import shlex
 import sys
 from collections.abc import Callable
 from importlib.util import find_spec
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from kvops.deployment import DeploymentOptions
 from kvops.dtypes import KV_DTYPE_CHOICES
 from kvops.errors import KvopsError
 from kvops.units import parse_bytes, parse_count
 
+if TYPE_CHECKING:
+    from kvops.deployment import DeploymentOptions
+
 POSITIVE = click.IntRange(min=1)
-FRACTION = click.FloatRange(min=0.0, max=1.0, min_open=True)
+
+
+class Finite(click.ParamType):
+    """A finite number within [low, high] (low excluded when `low_open`): 'nan', 'inf' and out-of-range values are
+    one clear error that says what is valid."""
+
+    name = "number"
+
+    def __init__(self, low: float, high: float, what: str = "seconds", low_open: bool = False):
+        self.low, self.high, self.what, self.low_open = low, high, what, low_open
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            number = math.nan
+        valid = f"{self.what}, from {self.low:g}{' (excluded)' if self.low_open else ''} to {self.high:g}"
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number ({valid})", param, ctx)
+        if number < self.low or (self.low_open and number == self.low):
+            self.fail(
+                f"{number!r} is not in the range x{'>' if self.low_open else '>='}{self.low:g} ({valid})", param, ctx
+            )
+        if number > self.high:
+            self.fail(f"{number!r} is not in the range x<={self.high:g} ({valid})", param, ctx)
+        return number
+
+
+FRACTION = Finite(0.0, 1.0, "a share of the device", low_open=True)
 
 
 def model_option(function: Callable) -> Callable:
@@ -166,6 +197,96 @@ def engine_options(function: Callable, model_required: bool = True, engine: bool
     )(function)
 
 
+def engine_option(function: Callable) -> Callable:
+    """--engine for the commands that read an engine's metrics (required: the metric names differ)."""
+    from kvops import engines
+
+    choice = click.Choice(engines.NAMES, case_sensitive=False)
+    return click.option("--engine", required=True, type=choice, help="The serving engine whose metrics are read.")(
+        function
+    )
+
+
+def policy_option(function: Callable) -> Callable:
+    return click.option(
+        "--policy",
+        "policy_path",
+        type=click.Path(dir_okay=False),
+        metavar="FILE",
+        help="Degrade policy YAML (default: the shipped configs/policy.yaml).",
+    )(function)
+
+
+def runbook_option(function: Callable) -> Callable:
+    return click.option(
+        "--runbook-url",
+        default="runbooks",
+        show_default=True,
+        metavar="BASE",
+        help="Where the runbooks are published; each alert links BASE/<alertname, lowercased>.md.",
+    )(function)
+
+
+def capacity_options(function: Callable) -> Callable:
+    """The KV capacity an engine that does not export its KV usage needs (TGI's max batch total tokens)."""
+    options = [
+        click.option(
+            "--max-batch-total-tokens",
+            type=POSITIVE,
+            metavar="N",
+            help="TGI: the batch token capacity (its KV pool in tokens).",
+        ),
+        click.option(
+            "--plan",
+            type=click.Path(dir_okay=False),
+            metavar="FILE",
+            help="TGI: read the capacity from a kvops plan (JSON with max_batch_total_tokens).",
+        ),
+        click.option(
+            "--startup-log",
+            type=click.Path(dir_okay=False),
+            metavar="FILE",
+            help="TGI: read the capacity from its startup log ('Setting max batch total tokens to N').",
+        ),
+    ]
+    return _apply(function, options)
+
+
+def watch_capacity(engine_name: str, tokens: int | None, plan: str | None, startup_log: str | None) -> int | None:
+    """The capacity from the one capacity option given, for an engine that needs one; for others, none may be."""
+    from kvops import engines
+
+    engine = engines.get(engine_name)
+    given = [
+        name
+        for name, value in (("--max-batch-total-tokens", tokens), ("--plan", plan), ("--startup-log", startup_log))
+        if value is not None
+    ]
+    if not engine.needs_capacity:
+        if given:
+            needing = ", ".join(name for name in engines.NAMES if engines.get(name).needs_capacity)
+            raise click.UsageError(
+                f"{given[0]} applies to --engine {needing} only ({engine.title} exports its KV usage)"
+            )
+        return None
+    if len(given) != 1:
+        raise click.UsageError(
+            f"--engine {engine.name} needs the batch token capacity from exactly one of --max-batch-total-tokens N, --plan FILE, --startup-log FILE"
+        )
+    return tokens if tokens is not None else engine.capacity_from(plan=plan, startup_log=startup_log)
+
+
+def checked_selector(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A click callback: --selector must be a PromQL label selector."""
+    from kvops.engines.metrics import selector_matchers
+
+    try:
+        selector_matchers(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    return value
+
+
 def run_options(function: Callable) -> Callable:
     """The deployment options of a run being read (`calibrate`): the model may come from the run's own log."""
     return engine_options(function, model_required=False)
@@ -234,6 +355,8 @@ _SIZES = {"gpu_memory": "--gpu-memory", "kv_cache_memory_bytes": "--kv-cache-mem
 def deployment_options(ctx: click.Context, params: dict[str, Any], launcher: tuple[str, ...] = ()) -> DeploymentOptions:
     """The deployment options the command's parameters state; `given` holds those typed on the command line."""
     from click.core import ParameterSource
+
+    from kvops.deployment import DeploymentOptions
 
     known = set(DeploymentOptions().field_names())
     values: dict[str, Any] = {}

@@ -58,6 +58,7 @@ def sweep(
     needs("plot", "pandas", "matplotlib")
     from kvops import engines
     from kvops.deployment import warn_level
+    from kvops.dtypes import KV_DTYPE_CHOICES
     from kvops.errors import KvopsError
     from kvops.gpus import find_gpu, gpu_catalog
     from kvops.model import load_model
@@ -66,26 +67,28 @@ def sweep(
     from kvops.sweep import sweep_frame, sweep_rows
 
     engine_list = names(engine_names, "--engines", engines.NAMES)
+    tp_sizes = int_list(tps, "--tps")
     specs = [load_model(name) for name in (names(models, "--models") if models else [entry.id for entry in catalog()])]
     gpus = [find_gpu(name) for name in names(gpu_names, "--gpus")] if gpu_names else list(gpu_catalog())
     rows = sweep_rows(
         specs,
         gpus,
         engines=engine_list,
-        kv_dtypes=names(kv_dtypes, "--kv-dtypes"),
-        tps=int_list(tps, "--tps"),
+        kv_dtypes=names(kv_dtypes, "--kv-dtypes", KV_DTYPE_CHOICES),
+        tps=tp_sizes,
         max_model_len=max_model_len,
         warn_level=warn_level(None),
     )
     frame = sweep_frame(rows)
     try:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
         frame.to_csv(out, index=False)
     except OSError as exc:
         raise KvopsError(f"--out {out}: cannot write ({exc.strerror or exc})") from None
     image = None
     if not no_plot:
         image = plot_path or str(Path(out).with_suffix(".png"))
-        plot_sweep(frame, image, engine=engine_list[0], tp=1)
+        plot_sweep(frame, image, tp=tp_sizes[0])
     fits = int(frame.fits.sum())
     if as_json:
         print_json({"out": out, "plot": image, "rows": len(frame), "fits": fits})

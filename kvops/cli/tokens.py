@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from kvops.cli.options import json_option, print_json
+from kvops.cli.options import json_option, needs, print_json
 
 
 @click.command()
@@ -43,11 +43,13 @@ def tokens(tokenizer_path, chat_template, system_prompt, system_prompt_file, gen
 
     FILES: text files (one prompt each) or .jsonl files with {"prompt": ...} or {"messages": [...]} per line.
     """
+    needs("hub", "tokenizers", "jinja2")
+    from kvops.files import read_text
     from kvops.tokens import LocalTokenizer, distribution, prompt_tokens, read_prompts
 
     if system_prompt and system_prompt_file:
         raise click.UsageError("give --system-prompt or --system-prompt-file, not both")
-    system = Path(system_prompt_file).read_text() if system_prompt_file else system_prompt
+    system = read_text(system_prompt_file, "--system-prompt-file") if system_prompt_file else system_prompt
     tokenizer = LocalTokenizer(tokenizer_path)
     prompts = [prompt for file in files for prompt in read_prompts(Path(file))]
     if not prompts:

@@ -86,7 +86,7 @@ def compose(stack: Stack) -> dict[str, Any]:
     services["kvops"] = {
         "image": stack.kvops_image,
         "command": stack.watch_args(stack.engine),
-        "ports": [f"{stack.engine_port}:{stack.kvops_port}"],
+        "ports": [f"{stack.engine_port}:{stack.proxy_port}"],  # the proxy only: /kvops/* stays on the network
         "volumes": [f"./policy.yaml:{POLICY_FILE}:ro"],
         "healthcheck": {"test": ["CMD", "python", "-c", health], "interval": "10s", "timeout": "3s", "retries": 3},
     }

@@ -2,7 +2,8 @@
 PodMonitor for both /metrics endpoints.
 
 The engine container is `kvops plan --format k8s` as printed; the Deployment adds to it only the KV guard's
-environment and volumes. Clients reach the engine through the sidecar's proxy (the Service targets its port).
+environment and volumes. Clients reach the engine through the sidecar's proxy (the Service targets its port, not
+the port of the /kvops/* endpoints).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from kvops.plan import Plan
 from kvops.render.plan import require_gpu_deployment
 
 SIDECAR_PORT_NAME = "kvops"
+PROXY_PORT_NAME = "kvops-proxy"
 LOCALHOST = "127.0.0.1"  # containers of a pod share its network namespace
 RESTRICTED = {
     "runAsNonRoot": True,
@@ -127,7 +129,10 @@ def sidecar(stack: Stack) -> dict[str, Any]:
         "image": stack.kvops_image,
         "command": ["kvops"],
         "args": stack.watch_args(LOCALHOST),
-        "ports": [{"name": SIDECAR_PORT_NAME, "containerPort": stack.kvops_port}],
+        "ports": [
+            {"name": SIDECAR_PORT_NAME, "containerPort": stack.kvops_port},
+            {"name": PROXY_PORT_NAME, "containerPort": stack.proxy_port},
+        ],
         "readinessProbe": {**health, "periodSeconds": 5},
         "livenessProbe": {**health, "periodSeconds": 10, "failureThreshold": 3},
         "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}},
@@ -143,7 +148,7 @@ def service(stack: Stack) -> dict[str, Any]:
         "metadata": {"name": stack.name, "labels": labels(stack)},
         "spec": {
             "selector": {"app.kubernetes.io/name": stack.name},
-            "ports": [{"name": "http", "port": stack.engine_port, "targetPort": SIDECAR_PORT_NAME, "protocol": "TCP"}],
+            "ports": [{"name": "http", "port": stack.engine_port, "targetPort": PROXY_PORT_NAME, "protocol": "TCP"}],
         },
     }
 

@@ -37,8 +37,10 @@ class Engine(Protocol):
     title: str  # as users read it: "vLLM"
     program: tuple[str, ...]  # what starts it: ("vllm", "serve")
     container: Container
+    memory_fraction_flag: str  # the flag naming the share of the device it may use
     data_parallel: bool  # one launch can run several replicas (--data-parallel-size)
     guard_scheduler: str | None  # the KV-guard scheduler a plan may name, or None where the engine has no plugin
+    signals: tuple[str, ...]  # the saturation signals its metrics support (the policy's signal names)
     needs_capacity: bool  # its KV usage is computed from a capacity the watcher must be given
 
     def image(self, vendor: str | None) -> str:
@@ -53,6 +55,10 @@ class Engine(Protocol):
         """The quantized KV dtypes the engine takes, in the order the planner tries them."""
         ...
 
+    def kv_dtype_spelling(self, inputs: PlanInputs, name: str) -> str:
+        """How the engine is told to keep the KV cache in `name`, for the ways out's notes."""
+        ...
+
     def offload_ways(self, inputs: PlanInputs, failed: Plan) -> list[WayOut]:
         """Ways out through host memory the engine offers (described, not re-planned)."""
         ...
@@ -61,12 +67,16 @@ class Engine(Protocol):
         """KV bytes per cached token per GPU, as the engine lays the cache out (the sweep's column)."""
         ...
 
-    def env(self, plan: Plan) -> list[str]:
-        """`--format env`: the plan as environment lines (comments included)."""
+    def env_variables(self, plan: Plan) -> list[tuple[str, str]] | None:
+        """The plan as the engine's environment variables, or None when it reads its flags only as arguments."""
         ...
 
     def watch_capacity(self, plan: Plan) -> int | None:
         """What the watcher needs to turn this engine's metrics into KV usage, from the plan (None: nothing)."""
+        ...
+
+    def capacity_from(self, plan: str | None = None, startup_log: str | None = None) -> int:
+        """The capacity the watcher needs (needs_capacity), from a kvops plan file or the engine's startup log."""
         ...
 
     def usage_formula(self, capacity: int | None) -> str | None:

@@ -10,6 +10,7 @@ from math import ceil
 from kvops.errors import MissingDevice, UsageError
 from kvops.model.spec import ModelSpec
 from kvops.plan import PlanInputs, Term
+from kvops.units import format_bytes
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -203,6 +204,28 @@ def device_total_term(inputs: PlanInputs) -> Term:
         gpu.memory_bytes,
         "input",
         f"{gpu.id}: {gpu.memory_mib:g} MiB as {gpu.reported_by} reports it ({gpu.source})",
+    )
+
+
+OVERHEAD_TERMS = ("activation", "non_torch", "cuda_graphs", "overhead")
+
+
+def what_does_not_fit(terms: dict[str, int], have: int) -> str:
+    """The terms that leave no KV, named: the weights alone when they exceed the budget, else weights and overheads."""
+    weights = terms.get("weights", 0)
+    if weights > have:
+        return f"the weights alone ({format_bytes(weights)}) exceed the budget: weights and overheads"
+    overheads = ", ".join(f"{name} {format_bytes(terms[name])}" for name in OVERHEAD_TERMS if terms.get(name))
+    return f"weights ({format_bytes(weights)}) and overheads ({overheads})"
+
+
+def paging_note(num_blocks: int, block_size: int, kv_bytes: int | None, groups: int = 1) -> str:
+    """What paging does and does not do to the pool at hand: it ends fragmentation, not the total."""
+    per_group = " per KV cache group" if groups > 1 else ""
+    size = f" in {format_bytes(max(kv_bytes, 0))}" if kv_bytes is not None else ""
+    return (
+        f"paged KV (PagedAttention) removes fragmentation, not the limit: the pool still holds {num_blocks:,} blocks x "
+        f"{block_size} tokens = {num_blocks * block_size:,} token slots{per_group}{size}, and every cached token takes one"
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kvops.engines.common import paging_note
 from kvops.explain import TERM_LABELS, Explanation, Figure
 from kvops.units import format_bytes
 
@@ -113,7 +114,13 @@ def _kv_lines(result: Explanation) -> list[str]:
         f"  headroom   {kv.free_blocks} blocks = {kv.headroom_tokens:,} tokens" + _requests(kv),
         f"  requests   {_count(kv.running)} running, {_count(kv.waiting)} waiting, {_count(kv.preemptions_total)} preemptions so far",
         f"  read from  {kv.source}; block size {kv.bytes_per_block_source}",
+        f"  paging     {_paging(kv)}",
     ]
+
+
+def _paging(kv) -> str:
+    pool = kv.num_blocks * kv.bytes_per_block if kv.bytes_per_block is not None else None
+    return paging_note(kv.num_blocks, kv.block_size, pool, kv.groups)
 
 
 def _requests(kv) -> str:

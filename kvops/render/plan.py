@@ -5,12 +5,12 @@ The engine's container for Kubernetes is an object `kvops.deploy.k8s` builds; `k
 
 from __future__ import annotations
 
-import shlex
 from typing import Any
 
 from kvops import engines
 from kvops.errors import UsageError
 from kvops.plan import Plan
+from kvops.render.quote import ShellText, comment, env_assignment, shell_line
 from kvops.units import format_bytes
 
 FORMATS = ("text", "shell", "json", "yaml", "env", "docker", "k8s")
@@ -23,7 +23,7 @@ def render(plan: Plan, fmt: str) -> str:
 
 
 def shell(plan: Plan) -> str:
-    return shlex.join(plan.argv)
+    return shell_line(plan.argv)
 
 
 def plan_json(plan: Plan) -> str:
@@ -39,7 +39,18 @@ def plan_yaml(plan: Plan) -> str:
 
 
 def env(plan: Plan) -> str:
-    return "\n".join(engines.get(plan.engine).env(plan))
+    """The plan as a file a shell sources: the engine's own variables, or, for an engine that reads its flags only
+    from the command line, a bash array that keeps every argument one word (no splitting, no globbing)."""
+    engine = engines.get(plan.engine)
+    variables = engine.env_variables(plan)
+    if variables is not None:
+        return "\n".join(env_assignment(name, value) for name, value in variables)
+    array = f"{engine.name.upper()}_ARGS"
+    how = f'source this file in bash, then run\n  {shell_line(plan.program)} "${{{array}[@]}}"'
+    return (
+        comment(f"{engine.title} reads its flags from the command line, not the environment: {how}")
+        + f"{array}=({shell_line(plan.args)})"
+    )
 
 
 def docker(plan: Plan) -> str:
@@ -53,13 +64,13 @@ def docker(plan: Plan) -> str:
     else:
         words += ["--gpus", str(plan.inputs.devices)]
     words += [*container.docker_shared_memory, "-p", f"{container.host_port}:{plan.port}"]
-    words += ["-v", f"{container.docker_cache}:{container.model_cache}", "-e", "HF_TOKEN"]
+    words += ["-v", ShellText(f"{container.docker_cache}:{container.model_cache}"), "-e", "HF_TOKEN"]
     local = plan.local_model
     if local:
         words += ["-v", f"{local}:{local}:ro"]
     words.append(plan.image)
     words += plan.args
-    return " ".join(word if word.startswith(("~", "$PWD")) else shlex.quote(word) for word in words)
+    return shell_line(words)
 
 
 def kubernetes_container(container: dict[str, Any]) -> str:

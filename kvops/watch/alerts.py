@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 
+from kvops import engines
 from kvops.engines.metrics import duration
 from kvops.policy import GRADED, Level, Policy, SignalRule
 
@@ -23,10 +24,6 @@ SIGNAL_ALERTS = {
 }
 STALE_ALERT = "KVMetricsStale"
 SEVERITY = {Level.WARN: "warning", Level.DEGRADE: "warning", Level.CRITICAL: "critical", None: "info"}
-ENGINE_SIGNALS = {
-    "vllm": ("queue_growth", "preemptions", "stall", "prefix_cache_hit_rate"),
-    "tgi": ("queue_growth", "stall"),
-}
 
 
 @dataclass(frozen=True)
@@ -53,7 +50,7 @@ class AlertKind:
 def catalogue(policy: Policy, engine: str) -> list[AlertKind]:
     """Every alert the policy defines for an engine: the three levels, its signals, metrics stale."""
     kinds = [_level_kind(policy, level) for level in GRADED]
-    kinds += [_signal_kind(policy.signals[name]) for name in ENGINE_SIGNALS[engine] if name in policy.signals]
+    kinds += [_signal_kind(policy.signals[name]) for name in engines.get(engine).signals if name in policy.signals]
     kinds.append(
         AlertKind(
             STALE_ALERT,
@@ -61,7 +58,7 @@ def catalogue(policy: Policy, engine: str) -> list[AlertKind]:
             "text",
             "KV metrics of {where} are stale",
             f"No usable KV metrics from {{where}} for {policy.stale_after_failures} consecutive polls ({{value}}): "
-            f"kvops holds the level at unknown and the request limits are {_unknown_limits(policy)}.",
+            f"kvops {_unknown_level(policy)} and the request limits are {_unknown_limits(policy)}.",
         )
     )
     return kinds
@@ -108,6 +105,12 @@ def _signal_kind(rule: SignalRule) -> AlertKind:
     }
     unit, summary, description = texts[rule.name]
     return AlertKind(SIGNAL_ALERTS[rule.name], SEVERITY[rule.raise_to], unit, summary, description)
+
+
+def _unknown_level(policy: Policy) -> str:
+    if policy.grace_polls >= policy.stale_after_failures:
+        return f"keeps the last level for up to {policy.grace_polls} failed polls, then holds it at unknown"
+    return "holds the level at unknown"
 
 
 def _unknown_limits(policy: Policy) -> str:

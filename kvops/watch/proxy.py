@@ -1,57 +1,83 @@
-"""The admission proxy: the engine's API on the watcher's --listen address, the level in force applied per request.
+"""The admission proxy: the engine's API on its own address (or on the watcher's), the level in force applied per
+request.
 
-Guarded requests (POST to OpenAI-compatible /v1/completions and /v1/chat/completions, TGI /generate and
-/generate_stream) are read, clamped with `kvops.policy.clamp` (max new tokens capped, n / best_of / beam width
-forced to 1) or, at critical, answered 503 with Retry-After in the upstream's own error shape without touching
-the upstream. Everything else is forwarded untouched. Responses stream back chunk by chunk as they arrive
-(server-sent events included); a client that disconnects cancels the upstream request (the server must run with
-aiohttp's handler_cancellation). Headers are forwarded, never logged.
+A request is matched by its canonical path (`guard.canonical_path`: what the upstream will see, and what is
+forwarded) against the engine's generation routes (`kvops.engines.get(engine).api.ROUTES`). A guarded request is
+read (within `max_body_bytes` and `body_timeout`), parsed within depth and number limits, clamped with
+`kvops.policy.clamp` on the fields its route names (max new tokens capped, n / best_of / beam width forced to 1)
+or, at critical, answered 503 with Retry-After in the route's own error shape without touching the upstream. A
+body the level leaves alone is forwarded byte for byte; everything else passes untouched.
+
+Responses come back whole when the upstream sent a small body with its length, else chunk by chunk as they arrive
+(server-sent events included). The upstream must send its headers within `first_byte_timeout` and then never fall
+silent for `idle_timeout`; a stream that must end early ends with the route's error event and a clean terminator
+(server-sent events), or is cut short (any other body: the client sees it incomplete). A client that disconnects
+cancels the upstream request (the server runs with aiohttp's handler_cancellation). Requests reach the upstream
+through `kvops.watch.upstream`, a keep-alive HTTP/1.1 client that sends the client's headers (hop-by-hop ones
+dropped) and nothing else. Headers are never logged; the proxy's own events (upstream failures, cut streams) are
+one JSON line each.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-import logging
-from collections.abc import Callable
+import sys
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from http import HTTPStatus
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from kvops.policy import Limits, RequestParams, clamp
+from aiohttp import web
+from multidict import CIMultiDict
+from yarl import URL
+
+from kvops.engines.api import ErrorShape, Route
+from kvops.policy import Level, Limits
+from kvops.watch.guard import BodyError, apply_limits, canonical_path, encode_body, parse_body, quoted, sites
+from kvops.watch.upstream import Broken, Pool, Response, Unreachable
+from kvops.watch.watcher import EventLog
+
+if sys.version_info >= (3, 11):
+    from asyncio import timeout as deadline
+else:  # aiohttp depends on async-timeout before 3.11
+    from async_timeout import timeout as deadline
 
 if TYPE_CHECKING:
-    from aiohttp import ClientSession, web
     from prometheus_client import CollectorRegistry
 
-log = logging.getLogger("kvops.proxy")
-
-OPENAI_PATHS = {"/v1/completions", "/v1/chat/completions"}
-TGI_PATHS = {"/generate", "/generate_stream"}
 # Hop-by-hop headers (RFC 9110 7.6.1) and those aiohttp recomputes; everything else passes both ways.
-_HOP_BY_HOP = {
-    "connection",
-    "keep-alive",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-    "host",
-    "content-length",
-}
+_HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+        "expect",  # the proxy answered the client's 100-continue itself when it read the body
+    }
+)
+_HOP_BY_HOP_NAMES = tuple(sorted(_HOP_BY_HOP))
 LEVEL_HEADER = "X-KVops-Level"
 CLAMPED_HEADER = "X-KVops-Clamped"
+WHOLE_BODY_BYTES = 1 << 20  # an upstream body of known length up to this size is read whole and sent in one write
 
 
 @dataclass(frozen=True)
 class ProxySettings:
     upstream: str  # e.g. http://127.0.0.1:8000
-    engine: str = "vllm"  # vllm | tgi: decides the error shape and the default token-limit field
+    engine: str = "vllm"  # whose API: the routes guarded, their fields and error shapes
     max_body_bytes: int = 8 << 20
     connect_timeout: float = 5.0
-    timeout: float = 600.0  # whole upstream exchange, streaming included
+    first_byte_timeout: float = 600.0  # request sent -> response headers: a whole non-streamed generation
+    idle_timeout: float = 300.0  # between two chunks of the upstream's response
+    body_timeout: float = 20.0  # between two chunks of the client's request body (Apache mod_reqtimeout's 20 s)
 
 
 class ProxyMetrics:
@@ -79,232 +105,313 @@ class ProxyMetrics:
         )
         self.refused = Counter(
             "kvops_proxy_refused",
-            "Requests the proxy refused as malformed (400) or too large (413).",
+            "Requests the proxy refused as malformed (400), too slow to send (408) or too large (413).",
             ["status"],
             registry=registry,
         )
         self.upstream_errors = Counter(
             "kvops_proxy_upstream_errors",
-            "Upstream failures answered 502 (unreachable) or 504 (timed out).",
+            "Upstream failures answered 502 (unreachable, garbage) or 504 (timed out), or that cut a stream.",
             ["status"],
             registry=registry,
         )
+        # label children bound once: a labels() call per request is a lock and a dict lookup saved
+        self._by_level = {
+            (level, guarded): self.requests.labels(level.label, str(guarded).lower())
+            for level in Level
+            for guarded in (False, True)
+        }
+
+    def request(self, level: Level, guarded: bool) -> None:
+        self._by_level[level, guarded].inc()
+
+
+class ClientTooSlow(Exception):
+    """The client's request body stalled for longer than body_timeout."""
+
+
+class Refusal(Exception):
+    def __init__(self, status: HTTPStatus, message: str):
+        super().__init__(message)
+        self.status, self.message = status, message
 
 
 class AdmissionProxy:
-    def __init__(self, settings: ProxySettings, limits: Callable[[], Limits], metrics: ProxyMetrics):
+    def __init__(
+        self,
+        settings: ProxySettings,
+        limits: Callable[[], Limits],
+        metrics: ProxyMetrics,
+        log: EventLog | None = None,
+    ):
+        from kvops import engines
+
         self.settings = settings
         self.limits = limits
         self.metrics = metrics
-        self.session: ClientSession | None = None
+        self.log = log or EventLog(None)
+        self.api: ModuleType = engines.get(settings.engine).api
+        base = URL(settings.upstream)
+        self.pool = Pool(base.scheme, base.raw_host or "127.0.0.1", base.port or 80, settings.connect_timeout)
+        self._prefix = base.raw_path.rstrip("/")
+        self._targets: dict[str, str] = {}  # canonical path -> the encoded target sent upstream
 
     def attach(self, app: web.Application) -> None:
-        """Add the catch-all route (after the app's own routes, which keep matching first) and the client session."""
+        """Add the catch-all route (after the app's own routes, which keep matching first)."""
         app.router.add_route("*", "/{tail:.*}", self.handle)
-        app.on_startup.append(self._open)
         app.on_cleanup.append(self._close)
 
-    async def _open(self, app: web.Application) -> None:
-        from aiohttp import ClientSession, ClientTimeout, TCPConnector
-
-        timeout = ClientTimeout(total=self.settings.timeout, sock_connect=self.settings.connect_timeout)
-        self.session = ClientSession(
-            self.settings.upstream, timeout=timeout, connector=TCPConnector(limit=0), auto_decompress=False
-        )
-
     async def _close(self, app: web.Application) -> None:
-        if self.session:
-            await self.session.close()
+        self.pool.close()
+
+    # --- one request -------------------------------------------------------------------------------------------
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         limits = self.limits()
-        guarded = request.method == "POST" and request.path in OPENAI_PATHS | TGI_PATHS
-        self.metrics.requests.labels(limits.level.label, str(guarded).lower()).inc()
-        if not guarded:
-            return await self.forward(request, request.content.iter_any() if request.body_exists else None, limits, [])
-        raw, body, refusal = await self._read_json(request)
-        if refusal is not None:
-            return refusal
-        if limits.reject:
-            self.metrics.rejected.inc()
-            return self.error(
-                HTTPStatus.SERVICE_UNAVAILABLE,
-                f"KV cache pressure is critical; retry in {limits.retry_after_seconds} s",
-                limits,
-                retry_after=limits.retry_after_seconds,
-            )
-        changes = apply_limits(body, request.path, limits, self.settings.engine)
-        for change in changes:
-            self.metrics.clamped.labels(change.split(" ")[0]).inc()
-        return await self.forward(request, json.dumps(body).encode() if changes else raw, limits, changes)
-
-    async def _read_json(self, request: web.Request) -> tuple[bytes, dict[str, Any], web.Response | None]:
-        """The body as sent and as parsed, or the 400/413 answer that refuses it."""
-        limit = self.settings.max_body_bytes
-        if request.content_length is not None and request.content_length > limit:
-            return (
-                b"",
-                {},
-                self._refuse(
-                    HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-                    f"request body of {request.content_length} bytes exceeds the proxy's limit of {limit} bytes",
-                ),
-            )
-        buffer = bytearray()
-        async for chunk in request.content.iter_any():
-            buffer += chunk
-            if len(buffer) > limit:
-                return (
-                    b"",
-                    {},
-                    self._refuse(
-                        HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"request body exceeds the proxy's limit of {limit} bytes"
-                    ),
-                )
-        raw = bytes(buffer)
+        path = canonical_path(request.rel_url.raw_path)
+        route: Route | None = self.api.ROUTES.match(request.method, path)
+        self.metrics.request(limits.level, route is not None)
+        if route is None:
+            return await self.forward(request, path, self._client_body(request), limits, [], self.api.ERRORS)
+        if limits.reject:  # before reading the body: at critical the proxy spends as little as it can
+            return self._reject(limits, route.errors)
+        if not route.json:
+            return await self.forward(request, path, self._client_body(request), limits, [], route.errors)
         try:
-            body = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            return (
-                b"",
-                {},
-                self._refuse(
-                    HTTPStatus.BAD_REQUEST, f"request body is not JSON ({getattr(exc, 'msg', exc.__class__.__name__)})"
-                ),
+            raw = await self._read_body(request)
+            body = parse_body(raw)
+            found = sites(route, body)
+        except Refusal as refusal:
+            return self._refuse(refusal.status, refusal.message, route.errors)
+        except BodyError as problem:
+            return self._refuse(HTTPStatus.BAD_REQUEST, str(problem), route.errors)
+        changes = apply_limits(found, limits) if limits.max_tokens_cap is not None or limits.single_sequence else []
+        for change in changes:
+            self.metrics.clamped.labels(change.split(" ", 1)[0]).inc()
+        return await self.forward(request, path, encode_body(body) if changes else raw, limits, changes, route.errors)
+
+    async def _read_body(self, request: web.Request) -> bytes:
+        limit, idle = self.settings.max_body_bytes, self.settings.body_timeout
+        declared = request.content_length
+        if declared is not None and declared > limit:
+            raise Refusal(
+                HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                f"request body of {declared} bytes exceeds the proxy's limit of {limit} bytes",
             )
-        problem = "request body must be a JSON object" if not isinstance(body, dict) else malformed(body, request.path)
-        if problem:
-            return b"", {}, self._refuse(HTTPStatus.BAD_REQUEST, problem)
-        return raw, body, None
+        content = request.content
+        if content.is_eof():  # the whole body came with the headers: nothing to wait for
+            return content.read_nowait(-1)
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            try:
+                async with deadline(idle):
+                    chunk = await content.readany()
+            except asyncio.TimeoutError:
+                raise Refusal(HTTPStatus.REQUEST_TIMEOUT, f"request body stalled for more than {idle:g} s") from None
+            if not chunk:
+                return b"".join(chunks)
+            size += len(chunk)
+            if size > limit:
+                raise Refusal(
+                    HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"request body exceeds the proxy's limit of {limit} bytes"
+                )
+            chunks.append(chunk)
 
-    def _refuse(self, status: HTTPStatus, message: str) -> web.Response:
+    def _client_body(self, request: web.Request) -> AsyncIterator[bytes] | None:
+        """An unguarded request's body, streamed through (ClientTooSlow when it stalls), or None."""
+        return self._stream_body(request) if request.body_exists else None
+
+    async def _stream_body(self, request: web.Request) -> AsyncIterator[bytes]:
+        idle = self.settings.body_timeout
+        while True:
+            try:
+                async with deadline(idle):
+                    chunk = await request.content.readany()
+            except asyncio.TimeoutError:
+                raise ClientTooSlow from None
+            if not chunk:
+                return
+            yield chunk
+
+    # --- answers of its own --------------------------------------------------------------------------------------
+
+    def _reject(self, limits: Limits, errors: ErrorShape) -> web.Response:
+        self.metrics.rejected.inc()
+        seconds = limits.retry_after_seconds
+        message = f"KV cache pressure is critical; retry in {seconds} s"
+        return self.error(HTTPStatus.SERVICE_UNAVAILABLE, message, limits, errors, retry_after=seconds)
+
+    def _refuse(self, status: HTTPStatus, message: str, errors: ErrorShape) -> web.Response:
         self.metrics.refused.labels(str(status.value)).inc()
-        return self.error(status, message, self.limits())
+        response = self.error(status, message, self.limits(), errors)
+        if status in (HTTPStatus.REQUEST_TIMEOUT, HTTPStatus.REQUEST_ENTITY_TOO_LARGE):
+            response.force_close()  # the rest of the body is not worth waiting for: close, as nginx does
+        return response
 
-    def error(self, status: HTTPStatus, message: str, limits: Limits, retry_after: int | None = None) -> web.Response:
-        """An error in the upstream's own shape (vLLM's OpenAI ErrorResponse, or TGI's {error, error_type})."""
-        from aiohttp import web
-
-        if self.settings.engine == "tgi":
-            payload: dict[str, Any] = {
-                "error": message,
-                "error_type": "overloaded" if status == HTTPStatus.SERVICE_UNAVAILABLE else "validation",
-            }
-        else:
-            payload = {
-                "error": {
-                    "message": message,
-                    "type": _OPENAI_ERROR_TYPES.get(status, "BadRequestError"),
-                    "param": None,
-                    "code": status.value,
-                }
-            }
+    def error(
+        self, status: HTTPStatus, message: str, limits: Limits, errors: ErrorShape, retry_after: int | None = None
+    ) -> web.Response:
+        """An error in the route's own shape (vLLM's OpenAI ErrorResponse, TGI's {error, error_type}, ...)."""
         headers = {LEVEL_HEADER: limits.level.label}
         if retry_after is not None:
             headers["Retry-After"] = str(retry_after)
-        return web.json_response(payload, status=status.value, headers=headers)
+        return web.json_response(errors.body(status, message), status=status.value, headers=headers)
 
-    async def forward(self, request: web.Request, data: Any, limits: Limits, changes: list[str]) -> web.StreamResponse:
-        from aiohttp import ClientConnectionError, web
+    def _upstream_failed(self, status: HTTPStatus, message: str, path: str) -> None:
+        self.metrics.upstream_errors.labels(str(status.value)).inc()
+        self.log.emit("proxy_upstream_error", status=status.value, path=path, error=message)
 
-        headers = {name: value for name, value in request.headers.items() if name.lower() not in _HOP_BY_HOP}
-        if request.content_length is not None and not isinstance(data, bytes):
-            headers["Content-Length"] = str(request.content_length)  # streamed through untouched: same framing
+    # --- forwarding -------------------------------------------------------------------------------------------------
+
+    def _target(self, path: str, query: str) -> str:
+        target = self._targets.get(path)
+        if target is None:
+            target = self._prefix + quoted(path)
+            if len(self._targets) < 1024:  # the routes clients use; a scan of odd paths cannot grow it
+                self._targets[path] = target
+        return f"{target}?{query}" if query else target
+
+    async def forward(
+        self,
+        request: web.Request,
+        path: str,
+        data: Any,
+        limits: Limits,
+        changes: list[str],
+        errors: ErrorShape,
+    ) -> web.StreamResponse:
+        dropped = _HOP_BY_HOP | _connection_tokens(request.headers.get("Connection"))
+        headers = [(name, value) for name, value in request.headers.items() if name.lower() not in dropped]
+        upstream_name = self.settings.upstream
         try:
-            async with self.session.request(
-                request.method, request.rel_url, headers=headers, data=data, allow_redirects=False
-            ) as upstream:
-                response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
-                for name, value in upstream.headers.items():
-                    if name.lower() not in _HOP_BY_HOP:
-                        response.headers.add(name, value)
-                response.headers[LEVEL_HEADER] = limits.level.label
-                if changes:
-                    response.headers[CLAMPED_HEADER] = ", ".join(changes)
-                await response.prepare(request)
-                async for chunk in upstream.content.iter_any():
-                    await response.write(chunk)
-                await response.write_eof()
-                return response
+            async with deadline(self.settings.first_byte_timeout):
+                upstream = await self.pool.request(
+                    request.method,
+                    self._target(path, request.rel_url.raw_query_string),
+                    headers,
+                    data,
+                    None if isinstance(data, bytes) else request.content_length,
+                )
+        except ClientTooSlow:
+            stalled = f"request body stalled for more than {self.settings.body_timeout:g} s"
+            return self._refuse(HTTPStatus.REQUEST_TIMEOUT, stalled, errors)
+        except Unreachable as exc:
+            message = f"upstream {upstream_name} unreachable ({exc})"
+            self._upstream_failed(HTTPStatus.BAD_GATEWAY, message, path)
+            return self.error(HTTPStatus.BAD_GATEWAY, message, limits, errors)
+        except Broken as exc:
+            message = f"upstream {upstream_name} sent no valid answer ({exc})"
+            self._upstream_failed(HTTPStatus.BAD_GATEWAY, message, path)
+            return self.error(HTTPStatus.BAD_GATEWAY, message, limits, errors)
         except asyncio.TimeoutError:
-            self.metrics.upstream_errors.labels("504").inc()
-            return self.error(
-                HTTPStatus.GATEWAY_TIMEOUT,
-                f"upstream {self.settings.upstream} did not answer within {self.settings.timeout:g} s",
-                limits,
-            )
-        except ClientConnectionError as exc:
-            if request.transport is None or request.transport.is_closing():
-                raise  # the client went away mid-stream; nothing to answer
-            self.metrics.upstream_errors.labels("502").inc()
-            return self.error(
-                HTTPStatus.BAD_GATEWAY,
-                f"upstream {self.settings.upstream} unreachable ({exc.__class__.__name__})",
-                limits,
-            )
+            message = f"upstream {upstream_name} did not answer within {self.settings.first_byte_timeout:g} s"
+            self._upstream_failed(HTTPStatus.GATEWAY_TIMEOUT, message, path)
+            return self.error(HTTPStatus.GATEWAY_TIMEOUT, message, limits, errors)
+        try:
+            return await self._relay(request, upstream, path, limits, changes, errors)
+        finally:
+            upstream.release()  # back to the pool, or closed: a client gone mid-answer stops the upstream's work
+
+    async def _relay(
+        self,
+        request: web.Request,
+        upstream: Response,
+        path: str,
+        limits: Limits,
+        changes: list[str],
+        errors: ErrorShape,
+    ) -> web.StreamResponse:
+        headers = _without_hop_by_hop(upstream.headers)
+        headers[LEVEL_HEADER] = limits.level.label
+        if changes:
+            headers[CLAMPED_HEADER] = ", ".join(changes)
+        length = upstream.content_length
+        if length is not None and length <= WHOLE_BODY_BYTES and not upstream.head_only:
+            body = upstream.body_nowait()  # a small answer usually came with its headers
+            if body is None:
+                try:
+                    async with deadline(self.settings.idle_timeout):
+                        body = await upstream.read()
+                except (Broken, asyncio.TimeoutError) as exc:
+                    timed_out = isinstance(exc, asyncio.TimeoutError)
+                    status = HTTPStatus.GATEWAY_TIMEOUT if timed_out else HTTPStatus.BAD_GATEWAY
+                    message = f"upstream {self.settings.upstream} broke off its answer ({exc or 'timed out'})"
+                    self._upstream_failed(status, message, path)
+                    return self.error(status, message, limits, errors)
+            return web.Response(status=upstream.status, reason=upstream.reason, body=body, headers=headers)
+        first, problem = await self._next(upstream)  # before the status line: a failure now is a clean 502/504
+        if problem is not None:
+            self._upstream_failed(problem[0], problem[1], path)
+            return self.error(problem[0], problem[1], limits, errors)
+        response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
+        if length is not None:
+            response.content_length = length
+        await response.prepare(request)
+        problem = await self._stream(upstream, response, first)
+        if problem is None:
+            await response.write_eof()
+            return response
+        status, message = problem
+        self._upstream_failed(status, message, path)
+        self.log.emit("proxy_stream_cut", status=status.value, path=path, error=message)
+        if upstream.content_type == "text/event-stream" and length is None:
+            await response.write(errors.event(status, message))  # the client reads why, then a clean end
+            await response.write_eof()
+        elif request.transport is not None:
+            request.transport.close()  # any other body: cut short, so the client sees it incomplete
+        return response
+
+    async def _next(self, upstream: Response) -> tuple[bytes, tuple[HTTPStatus, str] | None]:
+        """The next piece of the upstream's body (b"" at its end), or why there is none."""
+        idle = self.settings.idle_timeout
+        try:
+            async with deadline(idle):
+                return await upstream.next_chunk(), None
+        except asyncio.TimeoutError:
+            return b"", (HTTPStatus.GATEWAY_TIMEOUT, f"upstream {self.settings.upstream} sent nothing for {idle:g} s")
+        except Broken as exc:
+            return b"", (HTTPStatus.BAD_GATEWAY, f"upstream {self.settings.upstream} broke off ({exc})")
+
+    async def _stream(
+        self, upstream: Response, response: web.StreamResponse, chunk: bytes
+    ) -> tuple[HTTPStatus, str] | None:
+        """Copy the upstream's body chunk by chunk, from `chunk`; why it had to stop early, or None."""
+        while chunk:
+            await response.write(chunk)  # a client that went away raises here: the handler is cancelled
+            chunk, problem = await self._next(upstream)
+            if problem is not None:
+                return problem
+        return None
 
 
-_OPENAI_ERROR_TYPES = {
-    HTTPStatus.BAD_REQUEST: "BadRequestError",
-    HTTPStatus.REQUEST_ENTITY_TOO_LARGE: "BadRequestError",
-    HTTPStatus.SERVICE_UNAVAILABLE: "ServiceUnavailableError",
-    HTTPStatus.BAD_GATEWAY: "InternalServerError",
-    HTTPStatus.GATEWAY_TIMEOUT: "InternalServerError",
-}
+def _without_hop_by_hop(headers: Any) -> CIMultiDict:
+    """Headers to pass on: all but the hop-by-hop ones (repeated ones such as Set-Cookie kept, in order)."""
+    kept = CIMultiDict(headers)
+    for name in _HOP_BY_HOP_NAMES:
+        if name in kept:
+            kept.popall(name)
+    for name in _connection_tokens(headers.get("Connection")):
+        kept.popall(name, None)
+    return kept
 
 
-def malformed(body: dict[str, Any], path: str) -> str | None:
-    """Why a guarded body's limit fields cannot be read, or None."""
-    fields = body.get("parameters", {}) if path in TGI_PATHS else body
-    if path in TGI_PATHS and not isinstance(fields, dict):
-        return '"parameters" must be a JSON object'
-    for name in ("max_tokens", "max_completion_tokens", "max_new_tokens", "n", "best_of"):
-        value = fields.get(name)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-            return f'"{name}" must be a positive integer, got {json.dumps(value)}'
-    if "use_beam_search" in fields and not isinstance(fields["use_beam_search"], bool):
-        return '"use_beam_search" must be true or false'
-    return None
+def _connection_tokens(value: str | None) -> frozenset[str]:
+    """Header names a Connection header lists: hop-by-hop as well (RFC 9110 7.6.1)."""
+    if not value:
+        return frozenset()
+    return frozenset(token.strip().lower() for token in value.split(","))
 
 
-def apply_limits(body: dict[str, Any], path: str, limits: Limits, engine: str) -> list[str]:
-    """Clamp a guarded request body in place; return what changed."""
-    if path in TGI_PATHS:
-        fields = body.setdefault("parameters", {})
-        token_fields = ["max_new_tokens"]
-        default_field = "max_new_tokens"
-    else:
-        fields = body
-        token_fields = [name for name in ("max_tokens", "max_completion_tokens") if fields.get(name) is not None]
-        default_field = (
-            "max_completion_tokens" if path.endswith("/chat/completions") and engine == "vllm" else "max_tokens"
-        )
-    present = [fields[name] for name in token_fields if fields.get(name) is not None]
-    beams = fields.get("n", 1) if fields.get("use_beam_search") else None
-    params = RequestParams(
-        max_tokens=min(present) if present else None,
-        n=fields.get("n") or 1,
-        best_of=fields.get("best_of"),
-        beam_width=beams,
-    )
-    clamped, changes = clamp(params, limits)
-    if clamped.max_tokens != params.max_tokens:
-        for name in token_fields if present else [default_field]:
-            fields[name] = clamped.max_tokens
-    if clamped.n != params.n or clamped.beam_width != params.beam_width:
-        fields["n"] = 1
-    if clamped.best_of != params.best_of:
-        fields["best_of"] = 1
-    if beams is not None:  # with beam search, n is the beam width: report it once, as beam_width
-        changes = [change for change in changes if not change.startswith("n ")]
-    return changes
-
-
-def attach_to_watcher(app: web.Application, settings: ProxySettings) -> AdmissionProxy:
-    """Mount the proxy on the watcher's --listen server: it reads the watcher's limits in-process, per request."""
-    from kvops.watch.server import REGISTRY, WATCHER
-
-    watcher = app[WATCHER]
-    proxy = AdmissionProxy(settings, lambda: watcher.current.limits, ProxyMetrics(app[REGISTRY]))
+def mount(
+    app: web.Application,
+    settings: ProxySettings,
+    limits: Callable[[], Limits],
+    registry: CollectorRegistry,
+    log: EventLog,
+) -> AdmissionProxy:
+    """Mount the proxy on an application (the watcher's, or one of its own): it reads the limits in force
+    in-process, per request, and counts into the registry behind /kvops/metrics."""
+    proxy = AdmissionProxy(settings, limits, ProxyMetrics(registry), log)
     proxy.attach(app)
     return proxy

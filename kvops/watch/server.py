@@ -1,33 +1,36 @@
 """The watcher's own HTTP endpoints, under /kvops/ on `--listen`: metrics, policy, status, healthz.
 
-`create_app(watcher, interval)` returns the aiohttp application with the watcher stored under `WATCHER` and the
-registry behind /kvops/metrics under `REGISTRY`. Another module (the admission proxy) adds its routes to the same
-application before it starts (the /kvops/ routes, added first, keep matching first), reads
-`app[WATCHER].current` (level, limits) in-process, and registers its own metrics on `app[REGISTRY]`.
+`create_app(watcher, interval, token=...)` returns the aiohttp application with the watcher stored under `WATCHER`
+and the registry behind /kvops/metrics under `REGISTRY`. The admission proxy either adds its routes to the same
+application (the /kvops/ routes, added first, keep matching first) or serves an application of its own; either way
+it reads the watcher's limits in-process and registers its metrics on `app[REGISTRY]`.
+
+With a token, every /kvops/ endpoint but /kvops/healthz (what Kubernetes probes, which send no credentials, read)
+answers 401 unless the request carries `Authorization: Bearer <token>`.
 """
 
 from __future__ import annotations
 
+import hmac
 import json
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from kvops.policy import Level
-from kvops.watch.watcher import Watcher, actions
+from kvops.policy import ACTIONS, Level
+from kvops.watch.watcher import Watcher
 
 WATCHER = web.AppKey("kvops_watcher", Watcher)
 INTERVAL = web.AppKey("kvops_interval", float)
 REGISTRY = web.AppKey("kvops_registry", CollectorRegistry)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-KNOWN_ACTIONS = ("log_warning", "cap_max_tokens", "single_sequence", "reset_prefix_cache", "reject_503")
 
 
-def create_app(watcher: Watcher, interval: float) -> web.Application:
-    app = web.Application()
+def create_app(watcher: Watcher, interval: float, token: str | None = None) -> web.Application:
+    app = web.Application(middlewares=[_require_token(token)] if token else [])
     app[WATCHER] = watcher
     app[INTERVAL] = interval
     app[REGISTRY] = CollectorRegistry(auto_describe=True)
@@ -37,6 +40,27 @@ def create_app(watcher: Watcher, interval: float) -> web.Application:
     app.router.add_get("/kvops/status", _status)
     app.router.add_get("/kvops/healthz", _healthz)
     return app
+
+
+def _require_token(token: str) -> Callable:
+    """Middleware: the protected endpoints need the bearer token (compared in constant time)."""
+    expected = f"Bearer {token}".encode()
+
+    @web.middleware
+    async def check(request: web.Request, handler: Callable[[web.Request], Awaitable]) -> web.StreamResponse:
+        route = request.match_info.route
+        if route.handler not in _PROTECTED:
+            return await handler(request)  # /kvops/healthz, and the proxy's catch-all when it shares the app
+        given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
+        if hmac.compare_digest(given, expected):
+            return await handler(request)
+        return web.json_response(
+            {"error": "this endpoint needs Authorization: Bearer <the watcher's admin token>"},
+            status=401,
+            headers={"WWW-Authenticate": 'Bearer realm="kvops"'},
+        )
+
+    return check
 
 
 async def _metrics(request: web.Request) -> web.Response:
@@ -69,6 +93,9 @@ def _json(body: dict, status: int = 200) -> web.Response:
     return web.Response(text=json.dumps(body), status=status, content_type="application/json")
 
 
+_PROTECTED = frozenset({_metrics, _policy, _status})
+
+
 class WatcherCollector(Collector):
     """The watcher's state at scrape time, in client_python's custom-collector style."""
 
@@ -88,11 +115,11 @@ class WatcherCollector(Collector):
             "KV-cache usage 0-1 (the fleet's highest); absent while unknown.",
             [] if snapshot.kv_usage is None else [([], snapshot.kv_usage)],
         )
-        in_force = {a.split(":")[0] for a in actions(snapshot.limits)}
+        in_force = {a.split(":")[0] for a in snapshot.limits.actions()}
         yield _gauge(
             "kvops_action_in_force",
             "1 if the limits now in force take this action.",
-            [([a], int(a in in_force)) for a in KNOWN_ACTIONS],
+            [([a], int(a in in_force)) for a in ACTIONS],
             ["action"],
         )
         if snapshot.limits.max_tokens_cap is not None:
@@ -166,11 +193,3 @@ def _counter(name: str, documentation: str, samples: list, labels: list[str] | N
     for values, value in samples:
         family.add_metric(values, value)
     return family
-
-
-async def serve(app: web.Application, host: str, port: int) -> web.AppRunner:
-    """Start serving; a client that disconnects cancels its handler (what a proxy needs to cancel upstream work)."""
-    runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
-    await runner.setup()
-    await web.TCPSite(runner, host, port).start()
-    return runner

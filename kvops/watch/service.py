@@ -1,22 +1,31 @@
-"""`kvops watch` as a service: the source, the watcher, its /kvops/* server, signals, shutdown.
+"""`kvops watch` as a service: the source, the watcher, its /kvops/* server, the admission proxy, signals, shutdown.
 
-`watch(options, setup_app=...)` runs until SIGINT/SIGTERM. `setup_app` receives the aiohttp application before
-it starts, so another module (the admission proxy) can add routes to the same `--listen` server and read
-`app[server.WATCHER].current` in-process.
+`watch(options, log)` runs until SIGINT/SIGTERM. The /kvops/* endpoints listen on `options.listen`; the proxy, when
+configured, on `options.proxy_listen`, or beside the endpoints on `options.listen` when it has no address of its
+own. Either way the proxy reads the watcher's limits in-process. `run(coroutine)` runs it on uvloop when installed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import socket
-from collections.abc import Callable
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+from kvops.errors import KvopsError
 from kvops.policy import Policy
 from kvops.watch.sources import MetricsSource, PrometheusSource, ScrapeSource
 from kvops.watch.watcher import EventLog, Snapshot, Watcher
+
+if TYPE_CHECKING:
+    from kvops.watch.connection import Listener
+    from kvops.watch.proxy import ProxySettings
+
+DEFAULT_HOST = "127.0.0.1"  # a --listen given as a port only: the endpoints stay on this machine unless asked
 
 
 @dataclass(frozen=True)
@@ -34,6 +43,33 @@ class WatchOptions:
     runbook_url: str = "runbooks"
     record: Path | None = None
     capacity_tokens: int | None = None
+    proxy: ProxySettings | None = None
+    proxy_listen: tuple[str, int] | None = None  # None: the proxy shares `listen`
+    header_timeout: float = 20.0  # a request's headers must arrive within this (Apache mod_reqtimeout's 20 s)
+    admin_token: str | None = None  # bearer token the /kvops/* endpoints (but healthz) require
+
+
+def run(coroutine: Coroutine[Any, Any, Any]) -> Any:
+    """Run on uvloop when it is installed (the proxy's per-request cost falls by about a third), else asyncio."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coroutine)
+    return uvloop.run(coroutine)
+
+
+def admin_token(path: str | None, environ: dict[str, str] | None = None) -> str | None:
+    """The admin token from a file (its first line), or from KVOPS_ADMIN_TOKEN; None when neither is given."""
+    if path is not None:
+        try:
+            text = Path(path).read_text().strip()
+        except OSError as exc:
+            raise KvopsError(f"--admin-token-file {path}: cannot read ({exc.strerror or exc})") from None
+        if not text:
+            raise KvopsError(f"--admin-token-file {path}: the file is empty; put the token on its first line")
+        return text.splitlines()[0].strip()
+    token = (os.environ if environ is None else environ).get("KVOPS_ADMIN_TOKEN", "").strip()
+    return token or None
 
 
 def make_source(options: WatchOptions) -> MetricsSource:
@@ -76,43 +112,91 @@ async def once(options: WatchOptions) -> Snapshot:
     try:
         return await watcher.poll()
     finally:
-        await watcher.close()
-        if watcher.recorder:
-            watcher.recorder.close()
+        await _close(watcher)
 
 
-async def watch(options: WatchOptions, log: EventLog, setup_app: Callable | None = None) -> None:
+async def watch(options: WatchOptions, log: EventLog) -> None:
     watcher = make_watcher(options, log)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
-    runner = None
     try:
-        if options.listen:
-            from kvops.watch.server import create_app, serve
-
-            app = create_app(watcher, options.interval)
-            if setup_app is not None:
-                setup_app(app)
-            runner = await serve(app, *options.listen)
+        listeners = await serve(options, watcher, log)
+    except KvopsError:
+        await _close(watcher)
+        raise
+    try:
         log.emit(
             "started",
             engine=options.engine,
             source=watcher.source.url,
             interval=options.interval,
             timeout=options.timeout,
-            listen=f"{options.listen[0]}:{options.listen[1]}" if options.listen else None,
+            listen=_address(options.listen),
+            proxy_listen=_address(options.proxy_listen or (options.listen if options.proxy else None)),
             webhook=options.webhook,
             policy=options.policy.to_dict(),
         )
         await watcher.run(options.interval, stop)
     finally:
-        if runner is not None:
-            await runner.cleanup()
-        await watcher.close()
-        if watcher.recorder:
-            watcher.recorder.close()
+        for listener in listeners:
+            await listener.close()
+        await _close(watcher)
         log.emit(
             "stopped", polls=watcher.polls, poll_failures=watcher.poll_failures_total, level=watcher.current.level.label
         )
+
+
+async def _close(watcher: Watcher) -> None:
+    await watcher.close()
+    if watcher.recorder:
+        watcher.recorder.close()
+
+
+async def serve(options: WatchOptions, watcher: Watcher, log: EventLog) -> list[Listener]:
+    """Start the /kvops/* endpoints and the proxy on their addresses; KvopsError naming the option whose address
+    cannot be bound."""
+    if not options.listen and not options.proxy_listen:
+        return []
+    from aiohttp import web
+
+    from kvops.watch.connection import capture_library_logs
+    from kvops.watch.proxy import mount
+    from kvops.watch.server import REGISTRY, create_app
+
+    capture_library_logs(log)
+    admin = create_app(watcher, options.interval, options.admin_token)
+    apps: list[tuple[str, tuple[str, int], web.Application]] = []
+    if options.listen:
+        apps.append(("--listen", options.listen, admin))
+    if options.proxy is not None:
+        shared = options.proxy_listen is None
+        client_app = admin if shared else web.Application()
+        mount(client_app, options.proxy, lambda: watcher.current.limits, admin[REGISTRY], log)
+        if options.proxy_listen is not None:
+            apps.append(("--proxy-listen", options.proxy_listen, client_app))
+    listeners: list[Listener] = []
+    try:
+        for option, address, app in apps:
+            listeners.append(await _listen(option, address, app, options.header_timeout, log))
+    except KvopsError:
+        for listener in listeners:
+            await listener.close()
+        raise
+    return listeners
+
+
+async def _listen(option: str, address: tuple[str, int], app: Any, header_timeout: float, log: EventLog) -> Listener:
+    from kvops.watch.connection import serve
+
+    host, port = address
+    try:
+        return await serve(app, host, port, header_timeout=header_timeout, log=log)
+    except OSError as exc:
+        reason = os.strerror(exc.errno).lower() if exc.errno else str(exc)
+        raise KvopsError(f"{option} {host}:{port}: cannot listen there ({reason}); choose another address") from None
+
+
+def _address(address: tuple[str, int] | None) -> str | None:
+    return f"{address[0]}:{address[1]}" if address else None

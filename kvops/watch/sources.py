@@ -21,7 +21,8 @@ from urllib.parse import urlsplit
 
 from kvops.engines.metrics import MetricsError, Reading, Sample, Samples, selector_matchers
 
-MAX_BODY_BYTES = 32 * 1024 * 1024  # a vLLM /metrics is ~50 KiB; anything this large is not one
+MAX_BODY_BYTES = 32 * 1024 * 1024  # a vLLM /metrics is ~50 KiB (MiBs with many LoRA adapters); this is not one
+PARSE_INLINE_CHARS = 1 << 20  # larger expositions are parsed in a thread: milliseconds per MiB of event-loop time
 
 
 @dataclass
@@ -63,28 +64,41 @@ class ScrapeSource:
     async def poll(self) -> Poll:
         try:
             text = await asyncio.wait_for(self._fetch(), self.timeout)
-            reading = self.engine.reading(Samples.from_exposition(text, only=self.engine.SERIES), self.capacity_tokens)
+            reading = await self._read(text)
         except MetricsError as exc:
             return Poll(failures={self.replica: str(exc)})
         except asyncio.TimeoutError:
             return Poll(failures={self.replica: f"no answer from {self.url} within {self.timeout:g} s"})
-        except (
-            Exception
-        ) as exc:  # aiohttp's connection errors, a reset mid-body, bad encodings: the engine's fault, not ours
+        except Exception as exc:  # aiohttp's connection errors, a reset mid-body, bad encodings: the engine's fault
             return Poll(failures={self.replica: f"cannot read {self.url}: {describe(exc)}"})
         return Poll(readings={self.replica: reading})
 
+    async def _read(self, text: str) -> Reading:
+        """The reading of an exposition; a large one is parsed off the event loop (that loop also runs the proxy)."""
+
+        def read() -> Reading:
+            return self.engine.reading(Samples.from_exposition(text, only=self.engine.SERIES), self.capacity_tokens)
+
+        return await asyncio.to_thread(read) if len(text) > PARSE_INLINE_CHARS else read()
+
     async def _fetch(self) -> str:
+        """The whole exposition, read to its end; MetricsError past MAX_BODY_BYTES (a level is never decided from
+        part of a body: what aiohttp has buffered at one moment may be the first 64 KiB of many MiB)."""
         import aiohttp
 
         if self._session is None:
             self._session = aiohttp.ClientSession()
         async with self._session.get(self.url, headers={"Accept": "text/plain"}) as response:
-            body = await response.content.read(MAX_BODY_BYTES + 1)
             if response.status != 200:
                 raise MetricsError(f"{self.url} answered HTTP {response.status} {response.reason or ''}".rstrip())
-            if len(body) > MAX_BODY_BYTES:
-                raise MetricsError(f"{self.url} sent more than {MAX_BODY_BYTES // (1024 * 1024)} MiB")
+            too_large = f"{self.url} sent more than {MAX_BODY_BYTES // (1024 * 1024)} MiB: not an engine's /metrics"
+            if response.content_length is not None and response.content_length > MAX_BODY_BYTES:
+                raise MetricsError(too_large)
+            body = bytearray()
+            async for chunk in response.content.iter_any():
+                body += chunk
+                if len(body) > MAX_BODY_BYTES:
+                    raise MetricsError(too_large)
             return body.decode(response.charset or "utf-8", errors="replace")
 
     async def close(self) -> None:

@@ -36,22 +36,6 @@ from kvops.watch.sources import MetricsSource, describe
 FORGET_AFTER_SECONDS = 300.0  # a replica absent from the source this long is dropped (Prometheus' lookback)
 
 
-def actions(limits: Limits) -> list[str]:
-    """What the limits in force do, as short names (what /kvops/metrics exports as kvops_action_in_force)."""
-    done: list[str] = []
-    if limits.level in GRADED:
-        done.append("log_warning")
-    if limits.max_tokens_cap is not None:
-        done.append(f"cap_max_tokens:{limits.max_tokens_cap}")
-    if limits.single_sequence:
-        done.append("single_sequence")
-    if limits.reset_prefix_cache:
-        done.append("reset_prefix_cache")
-    if limits.reject:
-        done.append(f"reject_503:retry_after={limits.retry_after_seconds}")
-    return done
-
-
 @dataclass
 class Replica:
     """What the watcher knows of one engine replica."""
@@ -100,7 +84,7 @@ class Snapshot:
 
     @property
     def actions(self) -> list[str]:
-        return actions(self.limits)
+        return self.limits.actions()
 
     def policy_document(self) -> dict:
         """The contract read by the admission proxy and the vLLM scheduler plugin."""
@@ -224,6 +208,8 @@ class Watcher:
         replica.consecutive_failures += 1
         replica.failures_total += 1
         self.poll_failures_total += 1
+        before = replica.level
+        after = replica.tracker.update(None, now)  # the last level through the policy's grace, then unknown
         if reason != replica.error or replica.consecutive_failures == self.policy.stale_after_failures:
             stale = replica.consecutive_failures >= self.policy.stale_after_failures
             self.log.emit(
@@ -231,10 +217,9 @@ class Watcher:
                 replica=replica.name,
                 error=reason,
                 consecutive_failures=replica.consecutive_failures,
+                level=after.label,
             )
         replica.error = reason
-        before = replica.level
-        after = replica.tracker.update(None, now)
         if after != before:
             self._level_changed(replica, before, after)
 
@@ -250,7 +235,7 @@ class Watcher:
             kv_usage=replica.reading.kv_usage if after != Level.UNKNOWN and replica.reading else None,
             signals=[s.name for s in replica.signal_states if s.firing],
             error=replica.error if after == Level.UNKNOWN else None,
-            actions=actions(limits),
+            actions=limits.actions(),
             limits=limits.to_dict(),
         )
 

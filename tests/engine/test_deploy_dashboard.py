@@ -33,7 +33,8 @@ DASHBOARD = json.loads((REPO / "configs" / "grafana" / "kvops.json").read_text()
 
 
 def sidecar_args(engine: str, engine_url: str) -> list[str]:
-    """The compose file's `kvops watch` arguments, the engine and policy file moved here (WatchProcess adds --listen)."""
+    """The compose file's `kvops watch` arguments, the engine and policy file moved here (WatchProcess adds --listen,
+    which the proxy then shares: the compose file's fixed --proxy-listen port is dropped)."""
     stack = COMPOSE / engine
     command = yaml.safe_load((stack / "compose.yaml").read_text())["services"]["kvops"]["command"]
     compose_url = f"http://{engine}:{8000 if engine == 'vllm' else 80}"
@@ -41,8 +42,9 @@ def sidecar_args(engine: str, engine_url: str) -> list[str]:
         arg.replace(compose_url, engine_url).replace("/etc/kvops/policy.yaml", str(stack / "policy.yaml"))
         for arg in command
     ]
-    at = args.index("--listen")
-    del args[at : at + 2]
+    for option in ("--listen", "--proxy-listen"):
+        at = args.index(option)
+        del args[at : at + 2]
     assert args[0] == "watch"
     return args[1:]
 

@@ -10,11 +10,23 @@ from tests.support.vllm_server import free_port
 
 
 class ServerThread:
-    """`with ServerThread(make_app) as server: server.url` — make_app() runs inside the server's own loop."""
+    """`with ServerThread(make_app) as server: server.url` — make_app() runs inside the server's own loop.
 
-    def __init__(self, make_app: Callable, port: int | None = None):
+    With `guarded=True` the app is served as `kvops watch` serves it (kvops.watch.connection: the header deadline,
+    half-close), its events written to `log` (an EventLog, default none)."""
+
+    def __init__(
+        self,
+        make_app: Callable,
+        port: int | None = None,
+        *,
+        guarded: bool = False,
+        header_timeout: float = 20,
+        log=None,
+    ):
         self.make_app = make_app
         self.port = port or free_port()
+        self.guarded, self.header_timeout, self.log = guarded, header_timeout, log
         self.loop = asyncio.new_event_loop()
         self.ready = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -29,14 +41,27 @@ class ServerThread:
         asyncio.set_event_loop(self.loop)
 
         async def start():
-            self.runner = web.AppRunner(self.make_app(), handler_cancellation=True)
-            await self.runner.setup()
-            await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
+            if self.guarded:
+                from kvops.watch.connection import serve
+                from kvops.watch.watcher import EventLog
+
+                self.listener = await serve(
+                    self.make_app(),
+                    "127.0.0.1",
+                    self.port,
+                    header_timeout=self.header_timeout,
+                    log=self.log or EventLog(None),
+                )
+                self.runner = self.listener.runner
+            else:
+                self.runner = web.AppRunner(self.make_app(), handler_cancellation=True)
+                await self.runner.setup()
+                await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
             self.ready.set()
 
         self.loop.run_until_complete(start())
         self.loop.run_forever()
-        self.loop.run_until_complete(self.runner.cleanup())
+        self.loop.run_until_complete(self.listener.close() if self.guarded else self.runner.cleanup())
         self.loop.close()
 
     def call(self, coroutine_function: Callable, *args):

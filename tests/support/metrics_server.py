@@ -60,6 +60,47 @@ def vllm_exposition(
     return text
 
 
+def data_parallel_exposition(usages: list[float], *, padding_bytes: int = 200_000, adapters: int = 0) -> str:
+    """A vLLM /metrics of a data-parallel engine (one `engine` label value per rank, each with its own KV usage),
+    in the Prometheus text format: every family once, its samples together, with `padding_bytes` or more of other
+    series (the e2e latency histogram for `adapters` LoRA adapters: enough to reach the padding when 0) ahead of
+    the KV usage family, the last one."""
+    families = _families(vllm_exposition(0.0))
+    kv_name = "vllm:kv_cache_usage_perc"
+    histogram = "vllm:e2e_request_latency_seconds"
+    blocks = []
+    for name, lines in families.items():
+        if name == kv_name:
+            continue
+        samples = [line for line in lines if not line.startswith("#")]
+        if name == histogram:
+            per_adapter = sum(len(line) + 1 for line in samples) * len(usages)
+            count = adapters or -(-padding_bytes // per_adapter)
+            samples = [
+                line.replace('model_name="tiny-llama"', f'model_name="adapter-{a}"')
+                for a in range(count)
+                for line in samples
+            ]
+        ranks = [line.replace('engine="0"', f'engine="{rank}"') for line in samples for rank in range(len(usages))]
+        blocks.append("\n".join([line for line in lines if line.startswith("#")] + ranks))
+    kv_head = [line for line in families[kv_name] if line.startswith("#")]
+    kv_samples = [f'{kv_name}{{engine="{rank}",model_name="tiny-llama"}} {usage}' for rank, usage in enumerate(usages)]
+    return "\n".join(blocks + ["\n".join(kv_head + kv_samples)]) + "\n"
+
+
+def _families(text: str) -> dict[str, list[str]]:
+    """Exposition lines grouped by the family their HELP line opens, in order."""
+    families: dict[str, list[str]] = {}
+    current = None
+    for line in text.splitlines():
+        if line.startswith("# HELP "):
+            current = line.split()[2]
+            families[current] = []
+        if current is not None and line:
+            families[current].append(line)
+    return families
+
+
 class _Handler(BaseHTTPRequestHandler):
     server: MetricsServer
 
@@ -72,7 +113,14 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", self.server.content_type)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
-        self.wfile.write(body)  # a client that gave up (a watcher's poll timeout) is BackgroundServer's to ignore
+        # a client that gave up (a watcher's poll timeout) is BackgroundServer's to ignore
+        if not self.server.trickle:
+            self.wfile.write(body)
+            return
+        for start in range(0, len(body), 16384):  # the way a big exposition arrives: in pieces, over time
+            self.wfile.write(body[start : start + 16384])
+            self.wfile.flush()
+            time.sleep(0.002)
 
     def log_message(self, *args) -> None:
         pass
@@ -84,6 +132,7 @@ class MetricsServer(BackgroundServer):
     def __init__(self, body: str = "", port: int = 0):
         super().__init__(("127.0.0.1", port), _Handler)
         self.body, self.status, self.delay, self.content_type, self.hits = body, 200, 0.0, PROMETHEUS_TEXT, 0
+        self.trickle = False  # send the body in 16 KiB pieces, 2 ms apart
 
     @property
     def url(self) -> str:

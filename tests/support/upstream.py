@@ -19,6 +19,7 @@ class Received:
     query: str
     headers: dict[str, str]
     body: bytes
+    raw_path: str = ""  # the target as it arrived, undecoded, query included
 
     def json(self):
         return json.loads(self.body)
@@ -28,6 +29,7 @@ class Received:
 class RecordingUpstream:
     chunks: int = 5
     chunk_delay: float = 0.0
+    stall_after: int | None = None  # stop sending (without ending the stream) after this many events
     forward_to: str | None = None
     received: list[Received] = field(default_factory=list)
     cancelled: list[str] = field(default_factory=list)
@@ -44,7 +46,9 @@ class RecordingUpstream:
         from aiohttp import web
 
         body = await request.read()
-        self.received.append(Received(request.method, request.path, request.query_string, dict(request.headers), body))
+        self.received.append(
+            Received(request.method, request.path, request.query_string, dict(request.headers), body, request.raw_path)
+        )
         if self.forward_to:
             return await self.forward(request, body)
         streaming = request.path.endswith("_stream") or (body[:1] == b"{" and json.loads(body).get("stream") is True)
@@ -54,6 +58,8 @@ class RecordingUpstream:
         await response.prepare(request)
         try:
             for index in range(self.chunks):
+                if index == self.stall_after:
+                    await asyncio.sleep(3600)
                 await response.write(f"data: {json.dumps({'index': index})}\n\n".encode())
                 await asyncio.sleep(self.chunk_delay)
             await response.write(b"data: [DONE]\n\n")
@@ -86,4 +92,8 @@ class RecordingUpstream:
 
     async def hang(self, request):
         await request.read()
-        await asyncio.sleep(3600)
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            self.cancelled.append(request.path)
+            raise

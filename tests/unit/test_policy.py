@@ -56,7 +56,7 @@ def test_signal_floor_holds_the_level():
 @pytest.mark.parametrize("mode, expected_cap", [("fail-open", None), ("fail-closed", 512)])
 def test_unknown_keeps_or_lifts_the_limits(tmp_path, mode, expected_cap):
     path = tmp_path / "policy.yaml"
-    path.write_text(f"unknown:\n  mode: {mode}\n")
+    path.write_text(f"unknown:\n  mode: {mode}\n  grace_polls: 0\n")
     tracker = LevelTracker(load_policy(path))
     tracker.update(0.9, now=0)
     assert tracker.update(None, now=1) == Level.UNKNOWN
@@ -96,3 +96,57 @@ def test_bad_policy_is_one_line_naming_the_key(tmp_path, text, message):
     with pytest.raises(PolicyError) as caught:
         load_policy(path)
     assert message in str(caught.value) and str(path) in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_the_grace_keeps_the_last_level_for_n_failed_polls_then_unknown(tmp_path):
+    path = tmp_path / "policy.yaml"
+    path.write_text("unknown:\n  grace_polls: 2\n  mode: fail-open\n")
+    tracker = LevelTracker(load_policy(path))
+    tracker.update(0.97, now=0)
+    assert [tracker.update(None, now=t) for t in (1, 2, 3)] == [Level.CRITICAL, Level.CRITICAL, Level.UNKNOWN]
+    assert tracker.limits().reject is False  # fail-open once the grace is over
+    assert tracker.update(0.97, now=4) == Level.CRITICAL
+    assert tracker.update(None, now=5) == Level.CRITICAL  # a good reading starts a new grace
+
+
+def test_the_grace_is_also_bounded_in_time(tmp_path):
+    path = tmp_path / "policy.yaml"
+    path.write_text("unknown:\n  grace_polls: 100\n  grace_seconds: 5\n")
+    tracker = LevelTracker(load_policy(path))
+    tracker.update(0.80, now=0)
+    assert tracker.update(None, now=4) == Level.WARN
+    assert tracker.update(None, now=6) == Level.UNKNOWN
+
+
+def test_no_reading_yet_is_unknown_at_once():
+    tracker = LevelTracker(load_policy())
+    assert tracker.update(None, now=0) == Level.UNKNOWN
+
+
+def test_the_shipped_policy_keeps_two_failed_polls_then_fails_closed():
+    policy = load_policy()
+    assert (policy.grace_polls, policy.grace_seconds, policy.unknown_mode) == (2, None, "fail-closed")
+    assert policy.to_dict()["unknown"] == {
+        "mode": "fail-closed",
+        "grace_polls": 2,
+        "grace_seconds": None,
+        "stale_after_failures": 3,
+    }
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("unknown:\n  grace_polls: -1\n", "unknown.grace_polls -1 must be a whole number, 0 or more"),
+        ("unknown:\n  grace_polls: 1.5\n", "unknown.grace_polls 1.5 must be a whole number"),
+        ("unknown:\n  grace_seconds: .nan\n", "unknown.grace_seconds nan must be a number in [0, 86400]"),
+        ("unknown:\n  grace_seconds: .inf\n", "unknown.grace_seconds inf must be a number in [0, 86400]"),
+        ("unknown:\n  grace: 3\n", "unknown key 'unknown.grace'; valid: grace_polls, grace_seconds, mode"),
+    ],
+)
+def test_bad_grace_is_one_line(tmp_path, text, message):
+    path = tmp_path / "policy.yaml"
+    path.write_text(text)
+    with pytest.raises(PolicyError) as caught:
+        load_policy(path)
+    assert message in str(caught.value) and "\n" not in str(caught.value)

@@ -120,3 +120,24 @@ def test_sweep_command_writes_csv_and_plot(run_kvops, tmp_path):
     assert set(table.engine) == {"vllm", "tgi"} and set(table.gpu) == {"L4", "H100-80GB", "H200"}
     png = out.with_suffix(".png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_sweep_plots_every_engine_at_the_first_tp_and_checks_its_names(run_kvops, tmp_path):
+    out = tmp_path / "new-folder" / "sweep.csv"
+    args = [
+        "sweep",
+        "--out",
+        str(out),
+        "--engines",
+        "vllm,tgi",
+        "--tps",
+        "2",
+        "--models",
+        "qwen3-8b,llama-3-8b",
+        "--gpus",
+        "L40S,H100-80GB",
+    ]
+    assert "16 plans" in run_kvops(*args).stdout
+    assert out.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
+    ran = run_kvops("sweep", "--out", str(out), "--kv-dtypes", "fp7", expect=2)
+    assert "'fp7'; valid: auto" in ran.stderr

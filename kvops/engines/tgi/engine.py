@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shlex
 from types import ModuleType
 from typing import TYPE_CHECKING
 
@@ -28,15 +27,17 @@ class TgiEngine:
         port=flags.PORT,
         host_port=8080,
         model_cache="/data",
-        docker_cache="$PWD/data",
+        docker_cache='"$PWD"/data',
         compose_cache="./data",
         compose_cache_is_volume=False,
         docker_shared_memory=("--shm-size", "1g"),
         compose_shared_memory=(("shm_size", "1g"),),
         k8s_shared_memory=False,
     )
+    memory_fraction_flag = "cuda-memory-fraction"  # the share of the device the engine may use
     data_parallel = False  # one replica per launcher
     guard_scheduler = None  # TGI has no scheduler plugin: the proxy guards it
+    signals = ("queue_growth", "stall")  # TGI never preempts and exports no prefix-cache counters
     needs_capacity = True  # KV usage = tgi_batch_current_max_tokens / max batch total tokens
 
     def image(self, vendor: str | None) -> str:
@@ -52,6 +53,11 @@ class TgiEngine:
 
         return plan.kv_dtype_ways(inputs)
 
+    def kv_dtype_spelling(self, inputs: PlanInputs, name: str) -> str:
+        from kvops.engines.tgi import plan
+
+        return plan.kv_dtype_spelling(inputs, name)
+
     def offload_ways(self, inputs: PlanInputs, failed: Plan) -> list[WayOut]:
         return []
 
@@ -60,11 +66,18 @@ class TgiEngine:
 
         return budget.kv_bytes_per_token(spec, dtype, tp)
 
-    def env(self, plan: Plan) -> list[str]:
-        return [f"{flags.env_name(name)}={shlex.quote(_env_value(value))}" for name, value in plan.flags.items()]
+    def env_variables(self, plan: Plan) -> list[tuple[str, str]] | None:
+        """Every launcher flag is also an environment variable (`#[clap(long, env)]`)."""
+        return [(flags.env_name(name), _env_value(value)) for name, value in plan.flags.items()]
 
     def watch_capacity(self, plan: Plan) -> int | None:
         return plan.capacity.kv_tokens if plan.capacity else None
+
+    def capacity_from(self, plan: str | None = None, startup_log: str | None = None) -> int:
+        """The batch token capacity from a kvops plan file or the router's startup line."""
+        from kvops.engines.tgi.metrics import capacity_from_log, capacity_from_plan
+
+        return capacity_from_plan(plan) if plan else capacity_from_log(startup_log)
 
     def usage_formula(self, capacity: int | None) -> str | None:
         return f"KV usage = tgi_batch_current_max_tokens / {capacity} (max batch total tokens)."

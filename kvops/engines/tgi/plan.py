@@ -100,6 +100,7 @@ def plan_once(inputs: PlanInputs) -> Plan:
     notes = [
         f"attention {attention.backend} (block size {attention.block_size}): {attention.reason}; prefill chunking {chunking}"
     ]
+    notes.append(common.paging_note(pool.num_blocks, attention.block_size, kv_bytes))
     sequences = inputs.workload.sequences
     target = inputs.concurrency if isinstance(inputs.concurrency, int) else 1
     length = _max_total_tokens(inputs, pool, model_limit, target * sequences, notes)
@@ -147,7 +148,7 @@ def plan_once(inputs: PlanInputs) -> Plan:
     }
     if kv_flag:
         engine_flags["kv-cache-dtype"] = kv_flag
-    warnings = _warnings(inputs, notes)
+    warnings = _warnings(inputs, notes, length)
     return Plan(
         inputs=inputs,
         memory=tuple(memory),
@@ -208,8 +209,14 @@ def _reservation(workload: Workload, length: int) -> int:
     return max(1, budget.reservation_tokens(workload.prompt_tokens or 0, workload.gen_tokens or 0))
 
 
-def _warnings(inputs: PlanInputs, notes: list[str]) -> list[str]:
+def _warnings(inputs: PlanInputs, notes: list[str], length: int) -> list[str]:
     spec = inputs.spec
+    warnings = []
+    if spec.max_position_embeddings and length > spec.max_position_embeddings:
+        warnings.append(
+            f"--max-total-tokens {length} exceeds {spec.name}'s max_position_embeddings {spec.max_position_embeddings}: TGI takes it, "
+            "but the model was not trained for longer sequences (extend it with ROPE_SCALING and ROPE_FACTOR, or plan a shorter context)"
+        )
     if spec.sliding_window:
         notes.append(
             f"{spec.name} has sliding-window layers (window {spec.sliding_window}): TGI still reserves and caches the full context for every request (Model.info window_size None)"
@@ -229,10 +236,10 @@ def _warnings(inputs: PlanInputs, notes: list[str]) -> list[str]:
     spare = floor(total * fraction) - floor(total * fraction * budget.TGI_WIGGLE_ROOM)
     graphs = common.CUDA_GRAPH_ESTIMATE
     if graphs > spare:
-        return [
+        warnings.append(
             f"CUDA graphs (~{format_bytes(graphs)}, captured after the KV pool) may not fit in the {format_bytes(spare)} TGI_WIGGLE_ROOM leaves: consider --cuda-graphs 0"
-        ]
-    return []
+        )
+    return warnings
 
 
 def _verdict(
@@ -250,7 +257,7 @@ def _verdict(
     if kv_bytes <= 0 or length == 0:
         others = sum(terms.get(name, 0) for name in ("weights", "activation", "non_torch", "overhead"))
         return Verdict(
-            f"weights and warmup need {format_bytes(others)} per shard but TGI may use {format_bytes(terms['budget'])}; nothing is left for the KV cache",
+            f"{common.what_does_not_fit(terms, terms['budget'])} need {format_bytes(others)} per shard but TGI may use {format_bytes(terms['budget'])}; nothing is left for the KV cache",
             others + block_bytes * 2,
             terms["budget"],
             states_need=True,
@@ -293,3 +300,9 @@ def _verdict(
 def kv_dtype_ways(inputs: PlanInputs) -> list[str]:
     """TGI's --kv-cache-dtype takes fp8 only."""
     return ["fp8"]
+
+
+def kv_dtype_spelling(inputs: PlanInputs, name: str) -> str:
+    """How TGI is told to keep the KV cache in `name` (it takes fp8 only)."""
+    value = budget.tgi_kv_dtype(resolve_kv_dtype(name, inputs.spec.dtype), inputs.spec.dtype)
+    return f"{name} KV, TGI --kv-cache-dtype {value}"

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import shlex
 from types import ModuleType
 from typing import TYPE_CHECKING
 
 from kvops.deployment import DeploymentOptions
 from kvops.engines.base import Container
 from kvops.engines.vllm import flags
-from kvops.errors import KvopsError
+from kvops.errors import KvopsError, UsageError
 
 if TYPE_CHECKING:
     from kvops.calibrate import Calibration
@@ -36,8 +35,10 @@ class VllmEngine:
         compose_shared_memory=(("ipc", "host"),),
         k8s_shared_memory=True,
     )
+    memory_fraction_flag = "gpu-memory-utilization"  # the share of the device the engine may use
     data_parallel = True
     guard_scheduler = flags.GUARD_SCHEDULER
+    signals = ("queue_growth", "preemptions", "stall", "prefix_cache_hit_rate")
     needs_capacity = False
 
     def image(self, vendor: str | None) -> str:
@@ -53,6 +54,11 @@ class VllmEngine:
 
         return plan.kv_dtype_ways(inputs)
 
+    def kv_dtype_spelling(self, inputs: PlanInputs, name: str) -> str:
+        from kvops.engines.vllm import plan
+
+        return plan.kv_dtype_spelling(inputs, name)
+
     def offload_ways(self, inputs: PlanInputs, failed: Plan) -> list[WayOut]:
         from kvops.engines.vllm import plan
 
@@ -63,14 +69,14 @@ class VllmEngine:
 
         return kv_cost(spec, tokens=1, dtype=dtype, tp=tp).bytes_per_token
 
-    def env(self, plan: Plan) -> list[str]:
-        return [
-            "# vLLM reads its engine flags from the command line, not the environment: run `vllm serve $VLLM_ARGS`",
-            f"VLLM_ARGS={shlex.quote(shlex.join(plan.args))}",
-        ]
+    def env_variables(self, plan: Plan) -> list[tuple[str, str]] | None:
+        return None  # vLLM reads its engine flags only from the command line
 
     def watch_capacity(self, plan: Plan) -> int | None:
         return None
+
+    def capacity_from(self, plan: str | None = None, startup_log: str | None = None) -> int:
+        raise UsageError("vLLM exports its KV usage: it needs no capacity")
 
     def usage_formula(self, capacity: int | None) -> str | None:
         return None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from kvops.dtypes import KvDtype
+from kvops.engines.flags import flag_args
 from kvops.errors import UsageError
 
 PROGRAM = ("vllm", "serve")
@@ -38,6 +39,16 @@ def kv_cache_dtype(dtype: KvDtype, model_dtype: str, device: str) -> str:
             f"--kv-dtype {dtype.name}: vLLM's CPU attention takes --kv-cache-dtype {', '.join(CPU_KV_CACHE_DTYPES)} only"
         )
     return value
+
+
+def arguments(flags: dict[str, object], program: tuple[str, ...]) -> list[str]:
+    """The argv after the program. `vllm serve` takes the model as its positional argument (`--model` is
+    deprecated there: vllm/utils/argparse_utils.py); a launcher that is not `... serve`, such as
+    `python -m vllm.entrypoints.openai.api_server`, reads only `--model` (its positional model_tag is ignored)."""
+    if program[-1:] != ("serve",):
+        return flag_args(flags)
+    rest = {name: value for name, value in flags.items() if name != "model"}
+    return [str(flags["model"]), *flag_args(rest)]
 
 
 def image(vendor: str | None) -> str:

@@ -27,7 +27,7 @@ Read (each as it appears in some release; the first occurrence wins, TP workers 
               "CUDA graph pool memory: C GiB (actual), E GiB (estimated)".
 Memory figures are logged with two decimals of GiB: each is exact to +-5 MiB only.
 
-`find_failure` reads why a run died: torch's CUDA/HIP out-of-memory message (which phase of startup or serving it
+`find_failure` reads why a run died: torch's CUDA/HIP out-of-memory message (kvops.engines.oom) (which phase of startup or serving it
 hit, from the traceback's frames or, failing those, the last startup milestone), vLLM's KV budget errors ("KV cache
 is needed, which is larger than the available KV cache memory", V0's "max seq len ... larger than the maximum number
 of tokens that can be stored in KV cache", "No available memory for the cache blocks", a negative "Available KV
@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvops.engines.logs import LogFacts, LogPattern
+from kvops.engines.oom import TORCH_OOM, OutOfMemory, out_of_memory
 
 GiB = 1 << 30
 ANSI = re.compile(r"\x1b\[[0-9;]*m|\[[0-9;]*m(?=\()")
@@ -273,26 +274,6 @@ def parse_vllm_log(text: str) -> VllmLog:
 
 PHASES = ("weights", "activation", "cuda_graphs", "kv_cache", "serving")
 
-_SIZE_UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
-_SIZE = r"([\d.]+ (?:B|KiB|MiB|GiB|TiB))"
-_TORCH_OOM = re.compile(r"(CUDA|HIP|XPU) out of memory\. Tried to allocate " + _SIZE)
-_TORCH_OOM_DEVICE = re.compile(r"GPU (\d+) has a total capac(?:i)?ty of " + _SIZE + r" of which " + _SIZE + r" is free")
-_TORCH_OOM_OTHER = re.compile(r"Process (\d+) has " + _SIZE + r" memory in use")
-_TORCH_OOM_SELF = re.compile(r"this process has " + _SIZE + r" memory in use")
-_TORCH_OOM_ALLOCATED = re.compile(r"Of the allocated memory " + _SIZE + r" is allocated by PyTorch")
-_TORCH_OOM_POOLS = re.compile(r"with " + _SIZE + r" allocated in private pools")
-_TORCH_OOM_UNALLOCATED = re.compile(_SIZE + r" is reserved by PyTorch but unallocated")
-_TORCH_OOM_OLD = re.compile(
-    r"\(GPU (\d+); "
-    + _SIZE
-    + r" total capacity; "
-    + _SIZE
-    + r" already allocated; "
-    + _SIZE
-    + r" free; "
-    + _SIZE
-    + r" reserved in total by PyTorch\)"
-)
 _CUDA_ERROR_OOM = re.compile(r"(?:CUDA|HIP) error: out of memory")
 _WRAPPED_OOM = re.compile(r"out of memory occurred when warming up (sampler|pooler)(?: with (\d+) dummy requests)?")
 _KV_NEEDED = re.compile(
@@ -412,32 +393,6 @@ _MESSAGE_PHASES: tuple[tuple[re.Pattern, str], ...] = (
 )
 
 
-def size_bytes(text: str) -> int:
-    """torch's '1.74 GiB' / '448.00 KiB' as bytes (binary units; two decimals, so +-0.5% of the unit)."""
-    number, unit = text.split()
-    return round(float(number) * _SIZE_UNITS[unit])
-
-
-@dataclass(frozen=True)
-class OutOfMemory:
-    """The figures of one torch out-of-memory message (per device, at the moment of the failed allocation)."""
-
-    backend: str  # CUDA, HIP, XPU
-    tried_bytes: int
-    device: int | None = None
-    total_bytes: int | None = None
-    free_bytes: int | None = None
-    process_bytes: int | None = None  # "this process has X memory in use" (with non-PyTorch memory)
-    other_processes: tuple[tuple[int, int], ...] = ()  # (pid, bytes) of "Process N has X memory in use"
-    allocated_bytes: int | None = None  # by PyTorch, live tensors
-    private_pool_bytes: int | None = None  # PyTorch private pools: CUDA graphs
-    unallocated_bytes: int | None = None  # reserved by PyTorch but unallocated (fragmentation)
-
-    @property
-    def shortfall_bytes(self) -> int | None:
-        return self.tried_bytes - self.free_bytes if self.free_bytes is not None else None
-
-
 @dataclass(frozen=True)
 class Failure:
     """Why a vLLM run stopped, with the figures its own message states."""
@@ -491,48 +446,11 @@ def _failure_at(line: str, index: int, lines: list[str]) -> Failure | None:
             utilization=float(match.group(3)),
             requested_bytes=gib(match.group(4)),
         )
-    if _TORCH_OOM.search(line) or _CUDA_ERROR_OOM.search(line) or _WRAPPED_OOM.search(line):
+    if TORCH_OOM.search(line) or _CUDA_ERROR_OOM.search(line) or _WRAPPED_OOM.search(line):
         oom = next((found for found in map(out_of_memory, lines) if found), None)
         phase, basis = _phase(index, lines)
         return Failure("out_of_memory", line.strip(), phase=phase, phase_basis=basis, oom=oom)
     return None
-
-
-def out_of_memory(line: str) -> OutOfMemory | None:
-    """The figures of torch's out-of-memory message on this line, in its current or its pre-2.1 wording."""
-    match = _TORCH_OOM.search(line)
-    if not match:
-        return None
-    backend, tried = match.group(1), size_bytes(match.group(2))
-    if old := _TORCH_OOM_OLD.search(line):
-        total, allocated, free, reserved = (size_bytes(old.group(i)) for i in range(2, 6))
-        return OutOfMemory(
-            backend,
-            tried,
-            int(old.group(1)),
-            total,
-            free,
-            allocated_bytes=allocated,
-            unallocated_bytes=reserved - allocated,
-        )
-    device = _TORCH_OOM_DEVICE.search(line)
-
-    def size(pattern: re.Pattern) -> int | None:
-        found = pattern.search(line)
-        return size_bytes(found.group(1)) if found else None
-
-    return OutOfMemory(
-        backend,
-        tried,
-        device=int(device.group(1)) if device else None,
-        total_bytes=size_bytes(device.group(2)) if device else None,
-        free_bytes=size_bytes(device.group(3)) if device else None,
-        process_bytes=size(_TORCH_OOM_SELF),
-        other_processes=tuple((int(pid), size_bytes(amount)) for pid, amount in _TORCH_OOM_OTHER.findall(line)),
-        allocated_bytes=size(_TORCH_OOM_ALLOCATED),
-        private_pool_bytes=size(_TORCH_OOM_POOLS),
-        unallocated_bytes=size(_TORCH_OOM_UNALLOCATED),
-    )
 
 
 def _phase(index: int, lines: list[str]) -> tuple[str | None, str]:

@@ -9,7 +9,6 @@ from typing import Any
 
 from kvops.dtypes import KvDtype, resolve_kv_dtype
 from kvops.engines import common
-from kvops.engines.flags import flag_args
 from kvops.engines.vllm import budget, flags, layout
 from kvops.errors import UsageError
 from kvops.plan import Plan, PlanInputs, Term, Verdict, WayOut, model_argument
@@ -92,14 +91,15 @@ class _Draft:
 
     def plan(self, capacity: VllmCapacity | None, engine_flags: dict[str, Any], verdict: Verdict | None) -> Plan:
         inputs = self.inputs
+        program = inputs.launcher or flags.PROGRAM
         return Plan(
             inputs=inputs,
             memory=tuple(self.memory),
             kv_cache_bytes=self.kv_bytes,
             capacity=capacity,
             flags=engine_flags,
-            program=inputs.launcher or flags.PROGRAM,
-            args=tuple(flag_args(engine_flags)),
+            program=program,
+            args=tuple(flags.arguments(engine_flags, program) if engine_flags else ()),
             image=flags.image(inputs.gpu.vendor if inputs.gpu else None),
             port=flags.PORT,
             verdict=verdict,
@@ -165,6 +165,9 @@ def plan_once(inputs: PlanInputs) -> Plan:
         max_in_flight_tokens=in_flight,
         replicas=inputs.replicas,
     )
+    paging = common.paging_note(pool.num_blocks, kv_layout.block_size, kv_bytes, len(kv_layout.groups))
+    state = "; in a state group a block holds one request's recurrent state instead" if kv_layout.has_state else ""
+    draft.notes.append(paging + state)
     seqs = _state_blocks_cap(draft, _max_num_seqs(draft, under_warn, defaults), kv_layout, pool)
     engine_flags = _flags(inputs, length, kv_bytes, seqs, batched, block_size, kv_flag)
     _warnings(draft, kv_layout, dtype, capacity)
@@ -222,7 +225,7 @@ def _max_num_seqs(draft: _Draft, under_warn: int, defaults: budget.BatchDefaults
                 f"--max-num-seqs {inputs.max_num_seqs} lets more sequences run than stay under the warn level ({under_warn * seqs_per_request}): expect KV pressure and preemptions"
             )
         return inputs.max_num_seqs
-    if under_warn < 1:
+    if under_warn < 1 and draft.kv_bytes > 0:  # with no KV at all the verdict names the term that does not fit
         draft.warnings.append(
             f"not one request of the expected size stays under the warn level ({inputs.warn_level:.0%}): the watcher will degrade the service from the first long request"
         )
@@ -314,7 +317,7 @@ def _verdict(
         total = common.device_total(inputs)
         utilization = inputs.memory_fraction or budget.DEFAULT_GPU_MEMORY_UTILIZATION
         return Verdict(
-            f"weights and overheads need {format_bytes(others)} per GPU but vLLM may use {format_bytes(have)} ({utilization:g} of {format_bytes(total)}); nothing is left for the KV cache",
+            f"{common.what_does_not_fit(terms, have)} need {format_bytes(others)} per GPU but vLLM may use {format_bytes(have)} ({utilization:g} of {format_bytes(total)}); nothing is left for the KV cache",
             others + kv_layout.bytes_per_block * (pool.blocks_per_request + 1),
             have,
             states_need=True,
@@ -362,8 +365,14 @@ PCIE_BYTES_PER_SECOND = 25 * 10**9  # PCIe 4.0 x16, what host<->GPU copies reach
 
 
 def kv_dtype_ways(inputs: PlanInputs) -> list[str]:
-    """The quantized KV dtypes to try, in the planner's order: the CPU build's attention takes fp8 only."""
-    return ["fp8"] if inputs.device == "cpu" else ["fp8", "int8", "int4"]
+    """The quantized KV dtypes to try, least lossy first: the CPU build's attention takes fp8 only."""
+    return ["fp8"] if inputs.device == "cpu" else ["int8", "fp8", "int4"]
+
+
+def kv_dtype_spelling(inputs: PlanInputs, name: str) -> str:
+    """How vLLM is told to keep the KV cache in `name`."""
+    value = flags.kv_cache_dtype(resolve_kv_dtype(name, inputs.spec.dtype), inputs.spec.dtype, inputs.device)
+    return f"{name} KV, vLLM --kv-cache-dtype {value}"
 
 
 def offload_ways(inputs: PlanInputs, failed: Plan) -> list[WayOut]:

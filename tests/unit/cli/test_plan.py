@@ -38,7 +38,8 @@ def test_vllm_json_carries_flags_command_every_term_and_capacity(run_kvops):
     ):
         assert name in flags, name
     assert (flags["gpu-memory-utilization"], flags["block-size"], flags["max-num-batched-tokens"]) == (0.92, 16, 8192)
-    assert doc["command"]["argv"][:4] == ["vllm", "serve", "--model", "meta-llama/Meta-Llama-3-8B"]
+    assert doc["command"]["argv"][:3] == ["vllm", "serve", "meta-llama/Meta-Llama-3-8B"]  # the model: positional
+    assert "--model" not in doc["command"]["argv"] and doc["flags"]["model"] == "meta-llama/Meta-Llama-3-8B"
     assert doc["gpu"]["memory_bytes"] == 81559 * MiB
     # requested - weights - activation - non-torch - CUDA graphs == KV, every figure an integer of bytes
     requested = term(doc, "requested")["bytes"]
@@ -99,7 +100,7 @@ def test_shell_line_is_the_argv_shell_quoted(run_kvops, tmp_path):
     )
     line = run_kvops("plan", "-m", str(folder), "--gpu", "l4", "--format", "shell").stdout.strip()
     argv = shlex.split(line)
-    assert argv[:4] == ["vllm", "serve", "--model", str(folder)]
+    assert argv[:3] == ["vllm", "serve", str(folder)]
     assert f"'{folder}'" in line
     assert argv == plan_doc(run_kvops, "-m", str(folder), "--gpu", "l4")["command"]["argv"]
 
@@ -114,7 +115,7 @@ def test_yaml_env_docker_and_k8s_forms(run_kvops):
     docker = run_kvops("plan", *args, "--format", "docker").stdout.strip()
     assert (
         docker.startswith("docker run --rm --gpus 4 --ipc=host -p 8000:8000")
-        and " vllm/vllm-openai:v0.32.0 --model Qwen/Qwen3-8B " in docker
+        and " vllm/vllm-openai:v0.32.0 Qwen/Qwen3-8B --tensor-parallel-size 2 " in docker  # the image runs `vllm serve`
     )
     container = yaml.safe_load(run_kvops("plan", *args, "--format", "k8s").stdout)
     assert container["image"] == "vllm/vllm-openai:v0.32.0"
@@ -316,5 +317,6 @@ def test_launcher_replaces_only_the_program(run_kvops):
         "-m",
         "vllm.entrypoints.openai.api_server",
     ]
-    assert module["argv"][3:] == default["argv"][2:]
+    # `vllm serve` takes the model as its positional argument; the API server module takes --model
+    assert module["argv"][3:] == ["--model", *default["argv"][2:]]
     assert "'unclosed" in run_kvops("plan", *args, "--launcher", "'unclosed", expect=2).stderr

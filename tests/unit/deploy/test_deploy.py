@@ -182,9 +182,11 @@ def test_the_engine_container_is_the_plans_and_the_sidecar_runs_kvops_watch(run_
         pod["initContainers"][0]["command"][:2] == ["python", "-c"]
         and "/opt/kvops/python" in pod["initContainers"][0]["command"][2]
     )
-    assert objects["Service"]["spec"]["ports"] == [
-        {"name": "http", "port": 8000, "targetPort": "kvops", "protocol": "TCP"}
+    assert objects["Service"]["spec"]["ports"] == [  # the proxy's port only: /kvops/* is not on the clients' Service
+        {"name": "http", "port": 8000, "targetPort": "kvops-proxy", "protocol": "TCP"}
     ]
+    assert context.params["proxy_listen"] == "0.0.0.0:9401"
+    assert {p["name"]: p["containerPort"] for p in sidecar["ports"]} == {"kvops": 9400, "kvops-proxy": 9401}
     ports = {p["name"] for c in pod["containers"] for p in c["ports"]}
     endpoints = objects["PodMonitor"]["spec"]["podMetricsEndpoints"]
     assert [(e["port"], e["path"], e["relabelings"][0]["replacement"]) for e in endpoints] == [
@@ -274,7 +276,8 @@ def test_compose_stack_passes_the_compose_specification(engine):
     assert set(services) == expected
     assert services["kvops"]["command"][:3] == ["watch", "--engine", engine]
     port = 8000 if engine == "vllm" else 80
-    assert services["kvops"]["ports"] == [f"{port}:9400"]  # clients reach the proxy
+    assert services["kvops"]["ports"] == [f"{port}:9401"]  # clients reach the proxy, and only the proxy
+    assert services["kvops"]["command"][services["kvops"]["command"].index("--proxy-listen") + 1] == "0.0.0.0:9401"
     assert "ports" not in services[engine]
     mounts = [volume.split(":")[:2] for volume in services["prometheus"]["volumes"]]
     assert mounts == [

@@ -11,7 +11,8 @@ from math import ceil
 
 import pytest
 
-from kvops.engines.vllm.logs import parse_vllm_log, size_bytes
+from kvops.engines.oom import size_bytes
+from kvops.engines.vllm.logs import parse_vllm_log
 from kvops.nvidia_smi import parse_nvidia_smi
 from tests.support.paths import FIXTURES
 from tests.support.tiny_model import TINY_LLAMA, build_model
@@ -574,3 +575,14 @@ def test_weights_measured_at_one_tp_scale_to_another(run_kvops, tmp_path):
     )
     weights = next(term for term in doc["memory"]["terms"] if term["name"] == "weights")
     assert weights["bytes"] == 8000000000 and weights["basis"] == "measured" and "x 1/2 for tp 2" in weights["formula"]
+
+
+def test_explain_says_paging_does_not_add_memory_with_the_pools_numbers(run_kvops):
+    from tests.support.metrics_server import MetricsServer, vllm_exposition
+
+    with MetricsServer(vllm_exposition(0.72, running=4, waiting=2, preemptions=3)) as server:
+        text = run_kvops("explain", "--metrics", server.url, "--device", "cpu").stdout
+    assert (
+        "removes fragmentation, not the limit: the pool still holds 32 blocks x 128 tokens = 4,096 token slots in 4 MiB"
+        in text
+    )

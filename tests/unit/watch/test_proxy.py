@@ -198,7 +198,7 @@ def test_upstream_down_is_502_and_a_hang_is_504_within_the_timeout(upstream):
             and "unreachable" in response.json()["error"]["message"]
             and time.monotonic() - start < 5
         )
-    with ServerThread(make_proxy_app(upstream.url, LevelHolder(), timeout=1.5)) as proxy:
+    with ServerThread(make_proxy_app(upstream.url, LevelHolder(), first_byte_timeout=1.5)) as proxy:
         start = time.monotonic()
         response = requests.post(proxy.url + "/hang", json={})
         assert response.status_code == 504 and 1.4 < time.monotonic() - start < 5

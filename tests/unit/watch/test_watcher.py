@@ -10,7 +10,8 @@ import pytest
 from aiohttp import web
 
 from kvops.policy import Level, load_policy
-from kvops.watch.server import REGISTRY, WATCHER, create_app, serve
+from kvops.watch.connection import serve
+from kvops.watch.server import REGISTRY, WATCHER, create_app
 from kvops.watch.sources import ScrapeSource
 from kvops.watch.watcher import EventLog, Watcher
 from tests.support.metrics_server import MetricsServer, vllm_exposition
@@ -34,7 +35,15 @@ def policy_file(tmp_path: Path, text: str = "min_dwell_seconds: 5\n") -> Path:
     return path
 
 
-def make_watcher(server, tmp_path, *, webhook=None, policy_text="min_dwell_seconds: 5\n", timeout=1.0, recorder=None):
+def make_watcher(
+    server,
+    tmp_path,
+    *,
+    webhook=None,
+    policy_text="min_dwell_seconds: 5\nunknown:\n  grace_polls: 0\n",
+    timeout=1.0,
+    recorder=None,
+):
     clock, log = Clock(), io.StringIO()
     watcher = Watcher(
         load_policy(policy_file(tmp_path, policy_text)),
@@ -156,7 +165,7 @@ def test_endpoints_and_a_route_added_by_another_module(tmp_path):
             Counter(
                 "kvops_guard_requests", "Requests seen by a module mounted on the same server.", registry=app[REGISTRY]
             ).inc(3)
-            runner = await serve(app, "127.0.0.1", port)
+            listener = await serve(app, "127.0.0.1", port, header_timeout=20, log=EventLog(None))
             try:
                 await watcher.poll()
                 async with aiohttp.ClientSession() as session:
@@ -166,7 +175,7 @@ def test_endpoints_and_a_route_added_by_another_module(tmp_path):
                             answers[path] = (response.status, response.headers["Content-Type"], await response.text())
                     return answers
             finally:
-                await runner.cleanup()
+                await listener.close()
                 await watcher.close()
 
         answers = asyncio.run(run())
@@ -208,7 +217,7 @@ def test_unknown_counts_failures_then_alerts_stale_and_recovers(tmp_path, mode, 
             server,
             tmp_path,
             webhook=receiver.url,
-            policy_text=f"min_dwell_seconds: 5\nunknown:\n  mode: {mode}\n  stale_after_failures: 3\n",
+            policy_text=f"min_dwell_seconds: 5\nunknown:\n  mode: {mode}\n  grace_polls: 0\n  stale_after_failures: 3\n",
         )
 
         async def run():

@@ -1,8 +1,5 @@
-"""`kvops report`: a `kvops watch --record` CSV as a summary and a plot of usage over time.
-
-The plot shades the policy's bands (ok, warn, degrade, critical), draws each replica's KV usage, and marks
-every level change with a vertical line labelled with the level entered.
-"""
+"""`kvops report`: a `kvops watch --record` CSV read back, summarised per replica (time in each level, level
+changes, peak usage); `kvops.render.plots.plot_report` draws it."""
 
 from __future__ import annotations
 
@@ -10,11 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvops.errors import UsageError
-from kvops.policy import GRADED, Level, Policy
+from kvops.policy import Level
 from kvops.watch.record import COLUMNS
-
-BAND_COLOURS = {Level.OK: "#e8f5e9", Level.WARN: "#fff8e1", Level.DEGRADE: "#ffe0b2", Level.CRITICAL: "#ffcdd2"}
-LEVEL_COLOURS = {"ok": "#2e7d32", "warn": "#f9a825", "degrade": "#ef6c00", "critical": "#c62828", "unknown": "#616161"}
 
 
 @dataclass(frozen=True)
@@ -87,50 +81,3 @@ def summarise(frame) -> list[ReplicaSummary]:
             )
         )
     return summaries
-
-
-def plot(frame, policy: Policy, out: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axes = plt.subplots(figsize=(10, 4.5), dpi=120)
-    edges = [0.0] + [policy.thresholds[level] * 100 for level in GRADED] + [100.0]
-    for level, low, high in zip((Level.OK, *GRADED), edges, edges[1:]):
-        axes.axhspan(low, high, color=BAND_COLOURS[level], zorder=0)
-        axes.text(1.005, (low + high) / 2, level.label, transform=axes.get_yaxis_transform(), va="center", fontsize=8)
-    for replica, rows in frame.groupby("replica", sort=True):
-        rows = rows.sort_values("time")
-        axes.plot(
-            rows["seconds"],
-            rows["kv_usage"] * 100,
-            marker=".",
-            markersize=3,
-            linewidth=1.2,
-            label=str(replica),
-            zorder=3,
-        )
-        for at, before, after in zip(rows["seconds"], rows["level"].shift(), rows["level"]):
-            if isinstance(before, str) and before != after:
-                axes.axvline(at, color=LEVEL_COLOURS.get(after, "black"), linestyle="--", linewidth=0.8, zorder=2)
-                axes.text(
-                    at,
-                    101,
-                    after,
-                    rotation=90,
-                    va="bottom",
-                    ha="center",
-                    fontsize=7,
-                    color=LEVEL_COLOURS.get(after, "black"),
-                )
-    axes.set_ylim(0, 100)
-    axes.set_xlim(left=0)
-    axes.set_xlabel("seconds since the first poll")
-    axes.set_ylabel("KV-cache usage (%)")
-    axes.set_title(title, fontsize=10, pad=28)
-    if frame["replica"].nunique() > 1:
-        axes.legend(fontsize=8, loc="upper left")
-    figure.tight_layout()
-    figure.savefig(out)
-    plt.close(figure)

@@ -1,0 +1,121 @@
+"""The planner's ways out, in the order a user should try them: lossless first (more tensor parallelism, more
+replicas, a larger GPU, a shorter context that still holds the planned requests), then quantized KV from the least
+lossy, each with its quality warning and the engine's spelling, then host memory."""
+
+from __future__ import annotations
+
+from kvops.gpus import find_gpu
+from kvops.model import load_model
+from kvops.plan import PlanInputs
+from kvops.planner import plan
+from kvops.workload import Workload
+
+LONG_REQUESTS = Workload(8000, 2000, source="flags")
+
+
+def changes(result) -> list[str]:
+    return [
+        way.change.split()[0] + (" " + way.change.split()[1] if way.change.startswith("--kv-dtype") else "")
+        for way in result.ways_out
+    ]
+
+
+def test_lossless_ways_come_first_then_int8_fp8_int4_then_host_memory():
+    inputs = PlanInputs(
+        "vllm", load_model("llama-3-8b"), find_gpu("L40S"), max_model_len=32768, workload=LONG_REQUESTS, concurrency=64
+    )
+    result = plan(inputs)
+    assert not result.fits
+    order = changes(result)
+    assert order.index("--tp") < order.index("--gpus") < order.index("--gpu") < order.index("--max-model-len")
+    assert (
+        order.index("--max-model-len")
+        < order.index("--kv-dtype int8")
+        < order.index("--kv-dtype fp8")
+        < order.index("--kv-dtype int4")
+    )
+    assert order[-1] == "--kv-offloading-size"
+    quantized = {way.change: way.warning for way in result.ways_out if way.change.startswith("--kv-dtype")}
+    assert quantized["--kv-dtype int8"].startswith(
+        "int8 KV, vLLM --kv-cache-dtype int8_per_token_head: quantized KV costs quality"
+    )
+    assert quantized["--kv-dtype fp8"].startswith("fp8 KV, vLLM --kv-cache-dtype fp8: quantized KV costs quality")
+
+
+def test_a_shorter_context_that_drops_the_planned_requests_is_not_a_way_out():
+    inputs = PlanInputs(
+        "vllm", load_model("llama-3-8b"), find_gpu("L40S"), max_model_len=32768, workload=LONG_REQUESTS, concurrency=64
+    )
+    shorter = next(way for way in plan(inputs).ways_out if way.change == "--max-model-len auto")
+    assert shorter.fits is False
+    assert "is shorter than the planned requests of 10000 tokens" in shorter.result
+
+
+def test_tgi_offers_fp8_only_in_its_own_spelling():
+    inputs = PlanInputs(
+        "tgi",
+        load_model("llama-3-8b"),
+        find_gpu("L4"),
+        max_model_len=8192,
+        workload=Workload(4000, 1000, source="flags"),
+        concurrency=64,
+    )
+    quantized = [way for way in plan(inputs).ways_out if way.change.startswith("--kv-dtype")]
+    assert [way.change for way in quantized] == ["--kv-dtype fp8"]
+    assert quantized[0].warning.startswith("fp8 KV, TGI --kv-cache-dtype fp8_e4m3fn: ")
+
+
+def test_a_cpu_plan_offers_no_more_devices():
+    inputs = PlanInputs(
+        "vllm",
+        load_model("llama-3-8b"),
+        None,
+        device="cpu",
+        max_model_len=8192,
+        kv_cache_memory_bytes=64 << 20,
+        workload=LONG_REQUESTS,
+        concurrency=8,
+    )
+    result = plan(inputs)
+    assert not result.fits and not any(way.change.startswith(("--tp", "--gpus", "--gpu ")) for way in result.ways_out)
+    assert [way.change for way in result.ways_out if way.change.startswith("--kv-dtype")] == ["--kv-dtype fp8"]
+
+
+def test_plans_say_paging_does_not_add_memory_with_their_own_numbers():
+    for engine, gpu in (("vllm", "L40S"), ("tgi", "L40S")):
+        result = plan(PlanInputs(engine, load_model("llama-3-8b"), find_gpu(gpu), max_model_len=8192))
+        cap = result.capacity
+        slots = f"{cap.num_blocks:,} blocks x {cap.block_size} tokens = {cap.num_blocks * cap.block_size:,} token slots"
+        assert any("removes fragmentation, not the limit" in note and slots in note for note in result.notes), engine
+
+
+def test_tgi_warns_beyond_the_models_trained_context(run_kvops):
+    ran = run_kvops(
+        "plan", "-e", "tgi", "-m", "llama-3-8b", "--gpu", "L40S", "--max-model-len", "100000", "--format", "shell"
+    )
+    assert "--max-total-tokens 100000 exceeds meta-llama/Meta-Llama-3-8B's max_position_embeddings 8192" in ran.stderr
+
+
+def test_weights_that_do_not_fit_are_named_and_not_blamed_on_the_workload(run_kvops):
+    ran = run_kvops(
+        "plan", "-m", "llama-3.1-70b", "--gpu", "L40S", "--max-model-len", "8192", "--format", "shell", expect=3
+    )
+    assert "does not fit: the weights alone (~131.42 GiB) exceed the budget" in ran.stderr
+    assert "not one request" not in ran.stderr
+    tgi = run_kvops(
+        "plan",
+        "-e",
+        "tgi",
+        "-m",
+        "llama-3-8b",
+        "--gpu",
+        "L4",
+        "--max-model-len",
+        "8192",
+        "--gpu-memory",
+        "17GiB",
+        expect=3,
+    )
+    assert (
+        "does not fit: weights (~14.96 GiB) and overheads (activation ~2.35 GiB, non_torch 512 MiB) need" in tgi.stderr
+    )
