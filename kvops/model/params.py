@@ -24,6 +24,9 @@ class ParameterCount:
     mtp: int = 0  # multi-token-prediction layers the checkpoint stores (vLLM loads them only to speculate)
     vision: int = 0  # vision tower and projector, when its architecture is counted
     embeddings: int = 0  # the token embedding matrix (vocab x hidden)
+    lm_head: int = 0  # an untied LM head (0 when tied to the embeddings)
+    layers: tuple[int, ...] = ()  # each decoder layer (what pipeline stages split)
+    layer_experts: tuple[int, ...] = ()  # each decoder layer's routed experts
 
     @property
     def checkpoint(self) -> int:
@@ -78,8 +81,11 @@ def count_parameters(
     lm_head = 0 if text.get("tie_word_embeddings", shape.model_type in _TIED_BY_DEFAULT) else vocab * embed_dim
 
     kinds = layers or (None,) * num_layers
-    blocks = sum(shape.decoder_layer(index, kind) for index, kind in enumerate(kinds))
-    experts = sum(shape.routed_experts() for index in range(num_layers) if shape.mlp_kind(index) == "moe")
+    per_layer = tuple(shape.decoder_layer(index, kind) for index, kind in enumerate(kinds))
+    layer_experts = tuple(
+        shape.routed_experts() if shape.mlp_kind(index) == "moe" else 0 for index in range(num_layers)
+    )
+    blocks, experts = sum(per_layer), sum(layer_experts)
     final_norm = 2 * hidden if shape.model_type == "opt" else hidden  # OPT's LayerNorm has a bias
     total = embeddings + lm_head + blocks + final_norm
     return ParameterCount(
@@ -89,6 +95,9 @@ def count_parameters(
         mtp=_mtp(shape, vocab, kinds),
         vision=vision_parameters(wrapper or {}),
         embeddings=vocab * embed_dim,
+        lm_head=lm_head,
+        layers=per_layer,
+        layer_experts=layer_experts,
     )
 
 

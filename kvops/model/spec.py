@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, ClassVar
 from kvops.dtypes import SCALE_BYTES, KvDtype
 
 if TYPE_CHECKING:
+    from kvops.model.checkpoint import Checkpoint
     from kvops.model.params import ParameterCount
 
 ATTENTION_KINDS = ("full", "sliding", "chunked", "mla")
@@ -307,6 +308,7 @@ class ModelSpec:
     extra_caches: tuple[tuple[int, LayerKind], ...] = ()  # a second cache in some layers (the indexer), by index
     mtp_layers: int = 0  # MTP modules the checkpoint carries (num_nextn_predict_layers)
     revision: str | None = None  # the Hub revision read, when the model came from the Hub
+    checkpoint: Checkpoint | None = field(default=None, compare=False, repr=False)  # its safetensors headers, if read
     notes: tuple[str, ...] = field(default=())  # how ambiguous config fields were read
 
     @property

@@ -8,13 +8,15 @@ sampler's logits for `max_num_seqs` sequences, non-torch memory and the CUDA-gra
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from math import ceil
 
 from kvops.engines import common
 from kvops.errors import MissingDevice, UsageError
+from kvops.model.checkpoint import Parallel
 from kvops.model.spec import ModelSpec
 from kvops.plan import PlanInputs, Term
+from kvops.units import format_bytes
 
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.92  # vllm/config/cache.py CacheConfig.gpu_memory_utilization
 GiB = 1 << 30
@@ -69,8 +71,11 @@ def requested_memory(total_bytes: int, utilization: float) -> int:
 # --- the memory terms -----------------------------------------------------------------------------------
 
 
-def memory_terms(inputs: PlanInputs, batched: int, sampler_seqs: int) -> tuple[list[Term], int, list[str]]:
-    """Every term of the per-GPU budget, the KV bytes it leaves, and warnings about a profile that may not apply."""
+def memory_terms(
+    inputs: PlanInputs, batched: int, sampler_seqs: int, stage: int | None = None
+) -> tuple[list[Term], int, list[str]]:
+    """Every term of the per-GPU budget, the KV bytes it leaves, and warnings about a profile that may not apply;
+    with pipeline parallelism, of one stage (None: the stage holding the most weights)."""
     gpu, profile = inputs.gpu, inputs.profile
     warnings: list[str] = []
     if profile and profile.engine != "vllm":
@@ -79,7 +84,7 @@ def memory_terms(inputs: PlanInputs, batched: int, sampler_seqs: int) -> tuple[l
         )
     if profile:
         warnings += _profile_mismatch(inputs, batched)
-    weights = _weights(inputs)
+    weights = _weights(inputs, stage)
     overheads = _overheads(inputs, batched, sampler_seqs)
     if inputs.kv_cache_memory_bytes is not None:
         kv = inputs.kv_cache_memory_bytes
@@ -123,16 +128,58 @@ def memory_terms(inputs: PlanInputs, batched: int, sampler_seqs: int) -> tuple[l
     )
 
 
-def _weights(inputs: PlanInputs) -> Term:
-    """The weights per GPU: a profile's measured figure (rescaled to this tp), else the checkpoint's computed size."""
+def weight_options(inputs: PlanInputs) -> common.WeightOptions:
+    """How vLLM splits and loads the weights: routed experts over tp x dp ranks (`FusedMoEParallelConfig.make`
+    flattens data parallelism into the experts' split, whole experts per rank with --enable-expert-parallel)."""
+    parallel = Parallel(inputs.tp, inputs.pp, inputs.tp * inputs.replicas, inputs.expert_parallel)
+    speculative = inputs.speculative
+    return common.WeightOptions(
+        parallel,
+        serving_dtype=None if inputs.dtype == "auto" else inputs.dtype,
+        text_only=inputs.text_only,
+        load_mtp=speculative is not None and speculative.method == "mtp",
+    )
+
+
+def _weights(inputs: PlanInputs, stage: int | None = None) -> Term:
+    """The weights per GPU: a profile's measured figure (rescaled to this tp), else the checkpoint's computed size;
+    a draft model or EAGLE head on the last stage; --cpu-offload-gb subtracted."""
     profile, tp = inputs.profile, inputs.tp
-    computed = common.weight_bytes(inputs.spec, common.weight_format(inputs.spec, inputs.quantization), tp)
+    computed = _computed_weights(inputs, stage)
     if profile is None or profile.weights_bytes is None:
         return computed
     measured, scaled = profile.weights_bytes, ""
     if profile.tp and profile.tp != tp:  # each rank holds 1/tp of the weights
         measured, scaled = ceil(profile.weights_bytes * profile.tp / tp), f", x {profile.tp}/{tp} for tp {tp}"
     return Term("weights", measured, "measured", f"profile {profile.source}: 'Model loading took'{scaled}", None)
+
+
+def _computed_weights(inputs: PlanInputs, stage: int | None) -> Term:
+    term, stages = common.stage_weights(
+        inputs.spec, common.weight_format(inputs.spec, inputs.quantization), weight_options(inputs)
+    )
+    index = stages.index(max(stages)) if stage is None else stage
+    size, formula = stages[index], term.formula
+    if inputs.pp > 1:
+        formula = f"{formula}; stage {index} of {inputs.pp}"
+    draft, words = _draft_weights(inputs)
+    if draft and index == inputs.pp - 1:
+        size, formula = size + draft, f"{formula}; + {words}"
+    if inputs.cpu_offload_bytes:
+        offloaded = min(size, inputs.cpu_offload_bytes)
+        size, formula = size - offloaded, f"{formula}; - {format_bytes(offloaded)} in host memory (--cpu-offload-gb)"
+    return replace(term, bytes=size, formula=formula)
+
+
+def _draft_weights(inputs: PlanInputs) -> tuple[int, str]:
+    """An EAGLE head's or a draft model's weights per GPU (MTP layers are the target's own, counted with it)."""
+    speculative = inputs.speculative
+    if speculative is None or speculative.draft is None:
+        return 0, ""
+    draft = speculative.draft
+    tp = speculative.draft_tp or inputs.tp
+    term = common.weight_bytes(draft, common.weight_format(draft), tp)
+    return term.bytes, f"{speculative.method} draft {draft.name} {format_bytes(term.bytes)} ({term.formula})"
 
 
 def _overheads(inputs: PlanInputs, batched: int, sampler_seqs: int) -> list[Term]:

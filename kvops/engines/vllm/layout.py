@@ -343,6 +343,39 @@ def _group(cache: CacheSpec, layers: tuple[int, ...], members: list[CacheSpec]) 
     return KVCacheGroup(cache.kind, layers, tuple(member.page_bytes for member in members), cache)
 
 
+def project(layout: KVCacheLayout, layers: set[int]) -> KVCacheLayout:
+    """The groups as one pipeline stage holds them: each group keeps only the stage's layers
+    (`_project_kv_cache_groups_to_worker`); the stage's block is its largest group's pages side by side."""
+    groups = []
+    for group in layout.groups:
+        kept = [(layer, page) for layer, page in zip(group.layers, group.layer_pages) if layer in layers]
+        groups.append(replace(group, layers=tuple(i for i, _ in kept), layer_pages=tuple(p for _, p in kept)))
+    return replace(layout, groups=tuple(groups))
+
+
+# --- speculative decoding ------------------------------------------------------------------------------------
+
+
+def with_draft_layers(spec: ModelSpec, draft_caches: list[LayerKind]) -> ModelSpec:
+    """The target with the drafter's KV layers after its own (vLLM registers them last; they share the pool)."""
+    if not draft_caches:
+        return spec
+    start = max((index for index, _ in spec.caches()), default=-1) + 1
+    extra = tuple((start + offset, layer) for offset, layer in enumerate(draft_caches))
+    return replace(spec, extra_caches=(*spec.extra_caches, *extra))
+
+
+def mtp_caches(spec: ModelSpec) -> list[LayerKind]:
+    """MTP modules are decoder layers of the target's full-attention kind (with the indexer beside sparse MLA),
+    one per module the checkpoint carries (num_nextn_predict_layers / mtp_num_hidden_layers)."""
+    kinds = [layer for _, layer in spec.caches() if layer.kind in ("full", "mla")]
+    if not kinds or not spec.mtp_layers:
+        return []
+    attention = kinds[-1]
+    indexer = [layer for _, layer in spec.extra_caches if layer.kind == "indexer"][:1]
+    return [cache for _ in range(spec.mtp_layers) for cache in (attention, *indexer)]
+
+
 # --- the block pool -------------------------------------------------------------------------------------------
 
 
@@ -373,9 +406,12 @@ class Pool:
         return self.blocks_per_request <= self.usable_blocks
 
 
-def pool(layout: KVCacheLayout, kv_bytes: int, max_model_len: int, in_flight: int) -> Pool:
+def pool(
+    layout: KVCacheLayout, kv_bytes: int, max_model_len: int, in_flight: int, num_blocks: int | None = None
+) -> Pool:
+    """The pool for `kv_bytes` per GPU, or of `num_blocks` (pipeline stages: the smallest stage's count)."""
     return Pool(
-        layout.num_blocks(kv_bytes),
+        layout.num_blocks(kv_bytes) if num_blocks is None else num_blocks,
         layout.block_size,
         layout.blocks_per_request(max_model_len, in_flight),
         max_model_len,
