@@ -257,9 +257,7 @@ def engine_options(function: Callable, model_required: bool = True, engine: bool
             help="vLLM: state pages kept per request [default: align with prefix caching, else none].",
         ),
         click.option("--mamba-cache-dtype", default="auto", show_default=True, help="vLLM: the conv state's dtype."),
-        click.option(
-            "--mamba-ssm-cache-dtype", default="auto", show_default=True, help="vLLM: the SSM state's dtype."
-        ),
+        click.option("--mamba-ssm-cache-dtype", default="auto", show_default=True, help="vLLM: the SSM state's dtype."),
         click.option(
             "--from-command",
             metavar="COMMAND",

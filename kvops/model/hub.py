@@ -88,7 +88,7 @@ def fetch_model(ref: HubRef) -> HubModel:
     offline = bool(constants.HF_HUB_OFFLINE)
     with _hub_errors(ref, offline):
         files, commit = (None, None) if offline else _repository(ref)
-        revision = commit or ref.revision
+        revision = ref.revision  # by name, so the cache records it (refs/<revision>) for offline use
         config_path = _download(ref.repo, "config.json", revision, offline)
         commit = commit or _commit_of(config_path)
         quant = None

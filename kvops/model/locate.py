@@ -45,7 +45,7 @@ def load_model(name: str) -> ModelSpec:
     except hub.HubError as exc:
         if ref.explicit:
             raise
-        raise hub.HubError(f"{name!r} is not in the catalog or the local Hugging Face cache; {exc}") from None
+        raise hub.HubError(f"{name!r} is not in the catalog; {exc}") from None
 
 
 def _local(name: str) -> ModelSpec | None:
@@ -76,7 +76,7 @@ def hub_spec(model) -> ModelSpec:
         source_path=model.config_path,
         published=entry.published if entry else None,
     )
-    spec = replace(spec, revision=model.commit or model.ref.revision)
+    spec = replace(spec, revision=model.ref.revision)
     if model.note:
         spec = replace(spec, notes=(*spec.notes, f"weights from the parameter count: {model.note}"))
     return _with_checkpoint(spec, model.checkpoint)

@@ -24,6 +24,7 @@ from math import floor
 from kvops.dtypes import KvDtype
 from kvops.engines import common
 from kvops.errors import UsageError
+from kvops.model.checkpoint import Parallel
 from kvops.model.spec import ModelSpec
 from kvops.plan import PlanInputs, Term
 
@@ -42,6 +43,7 @@ class Attention:
     backend: str  # flashinfer | flashdecoding | paged
     prefix_caching: bool
     reason: str
+    speculate: int = 0  # --speculate: the launcher turns prefill chunking off
 
     @property
     def block_size(self) -> int:
@@ -49,7 +51,7 @@ class Attention:
 
     @property
     def supports_chunking(self) -> bool:
-        return self.backend in CHUNKING_ATTENTION
+        return self.backend in CHUNKING_ATTENTION and not self.speculate
 
 
 def resolve_attention(spec: ModelSpec, vendor: str) -> Attention:
@@ -170,7 +172,9 @@ def memory_terms(inputs: PlanInputs, prefill: int) -> tuple[list[Term], int]:
     fraction = inputs.memory_fraction or DEFAULT_CUDA_MEMORY_FRACTION
     total = common.device_total_term(inputs)
     budget = floor(total.bytes * fraction * TGI_WIGGLE_ROOM)
-    weights = common.weight_bytes(spec, common.weight_format(spec, inputs.quantization), tp)
+    serving = None if inputs.dtype == "auto" else inputs.dtype
+    options = common.WeightOptions(Parallel(tp, 1, tp), serving_dtype=serving)  # TGI splits experts by tp
+    weights = common.weight_bytes(spec, common.weight_format(spec, inputs.quantization), tp, options)
     terms = [
         total,
         Term(

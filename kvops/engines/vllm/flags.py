@@ -159,6 +159,16 @@ def serve_options() -> dict[str, tuple[str, str]]:
     return table
 
 
+def check_weight_format(name: str) -> None:
+    """vLLM 0.32 serves every weight format kvops models but bitsandbytes (removed) and EETQ (TGI's)."""
+    if name.startswith("bitsandbytes"):
+        raise UsageError(
+            f"{name} weights: vLLM 0.32 has no bitsandbytes quantization (removed); serve an AWQ, GPTQ or FP8 checkpoint, or plan --engine tgi (--quantize {name})"
+        )
+    if name == "eetq":
+        raise UsageError("eetq weights are TGI's (--quantize eetq); plan --engine tgi, or vLLM with --quantization fp8")
+
+
 def quantization(value: str) -> str:
     """kvops's weight format for vLLM's --quantization value."""
     key = value.strip().lower()

@@ -115,6 +115,7 @@ def plan_once(inputs: PlanInputs) -> Plan:
     spec, device, tp = inputs.spec, inputs.device, inputs.tp
     if device not in budget.DEVICES:
         raise UsageError(f"--device {device!r}; valid: {', '.join(budget.DEVICES)}")
+    flags.check_weight_format(common.weight_format(spec, inputs.quantization).name)
     dtype = resolve_kv_dtype(inputs.kv_dtype, spec.dtype)
     kv_flag = flags.kv_cache_dtype(dtype, spec.dtype, device)
     block_size = inputs.block_size or layout.default_block_size(spec, device)
