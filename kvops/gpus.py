@@ -83,7 +83,9 @@ _VENDOR_PREFIXES = ("nvidia-geforce-", "nvidia-", "amd-instinct-", "amd-", "gefo
 
 
 def _normal(name: str) -> str:
-    return re.sub(r"[\s_]+", "-", name.strip().lower()).rstrip(".")
+    """Case, spacing and the memory's spelling as logs and threads write it: 'A100 80 GB', 'A100 80G', 'a100_80gb'."""
+    spaced = re.sub(r"(\d+)\s*g(?:b|ib)?\b", r"\1gb", name.strip().lower())
+    return re.sub(r"[\s_]+", "-", spaced).rstrip(".")
 
 
 def _keys(name: str) -> list[str]:

@@ -4,6 +4,7 @@ was obtained."""
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from math import ceil
 
@@ -63,7 +64,10 @@ def weight_format(spec: ModelSpec, name: str = "auto") -> WeightFormat:
     if key == "auto":
         key = str(quant.get("quant_method") or spec.dtype).lower()
         if key == "modelopt":  # NVIDIA ModelOpt names its format in quant_algo
-            key = {"FP8": "fp8", "NVFP4": "nvfp4"}.get(str(quant.get("quant_algo")).upper(), key)
+            algo = str(quant.get("quant_algo")).upper()
+            if algo == "MIXED_PRECISION":
+                return _mixed_precision(quant, spec)
+            key = {"FP8": "fp8", "NVFP4": "nvfp4"}.get(algo, key)
         if key == "bitsandbytes":
             key = (
                 "bitsandbytes"
@@ -140,6 +144,25 @@ def weight_format(spec: ModelSpec, name: str = "auto") -> WeightFormat:
     raise UsageError(
         f"--quantization {name!r} is not a weight format kvops models; valid: {', '.join(WEIGHT_FORMAT_CHOICES)}"
     )
+
+
+def _mixed_precision(quant: dict, spec: ModelSpec) -> WeightFormat:
+    """ModelOpt MIXED_PRECISION names a format per layer. Counted so as to promise less KV cache: routed experts
+    all NVFP4 -> the experts at NVFP4 and the rest 16-bit; else every quantized layer at fp8. The checkpoint's own
+    bytes replace the count when its safetensors headers are read."""
+    layers = quant.get("quantized_layers") or {}
+    algos = Counter(str(layer.get("quant_algo")).upper() for layer in layers.values())
+    mix = ", ".join(f"{count} {algo}" for algo, count in sorted(algos.items()))
+    exact = "an overestimate; plan hf://ORG/NAME or a local folder for the checkpoint's own bytes"
+    experts = [str(layer.get("quant_algo")).upper() for name, layer in layers.items() if name.endswith(".experts")]
+    if spec.num_experts and experts and all("NVFP4" in algo for algo in experts):
+        return WeightFormat(
+            "nvfp4",
+            4 + 8 / 16,
+            "experts",
+            f"ModelOpt mixed precision ({mix} layers): routed experts NVFP4 (one fp8 scale per 16), the rest counted 16-bit, {exact}",
+        )
+    return WeightFormat("fp8", 8, "linear", f"ModelOpt mixed precision ({mix} layers), all counted as fp8, {exact}")
 
 
 @dataclass(frozen=True)

@@ -48,16 +48,18 @@ class PlannedServer(VllmServer):
     """The plan's own argv, with the program swapped for the module entry point."""
 
     def __init__(self, argv: list[str], log: Path):
-        super().__init__(Path(argv[argv.index("--model") + 1]), log)
-        self.planned = argv
+        assert argv[:2] == ["vllm", "serve"]
+        super().__init__(Path(argv[2]), log)
+        self.planned = argv[3:]  # the model is `vllm serve`'s positional argument; the module reads only --model
 
     def command(self) -> list[str]:
-        assert self.planned[:2] == ["vllm", "serve"]
         return [
             sys.executable,
             "-m",
             "vllm.entrypoints.openai.api_server",
-            *self.planned[2:],
+            "--model",
+            str(self.model),
+            *self.planned,
             "--load-format",
             "dummy",
             "--host",

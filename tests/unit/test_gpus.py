@@ -55,8 +55,15 @@ def test_mi300x_total_is_what_rocm_smi_reports_in_bytes():
 INDEXED_ONLY = {"GH200", "H100-NVL", "H100-PCIe", "H200-NVL", "H20", "H800", "RTX-6000-Ada", "MI325X"}
 
 
+# Totals found only as vLLM's own 'total_gpu_memory (X GiB)' line in a public notebook's output (named by its path)
+VLLM_LINE_ONLY = {"T4"}
+
+
 def test_every_entry_names_its_source():
     for gpu in gpu_catalog():
+        if gpu.id in VLLM_LINE_ONLY:
+            assert "total_gpu_memory (" in gpu.source and ".ipynb" in gpu.source, gpu.id
+            continue
         if gpu.id in INDEXED_ONLY:
             assert "code-index id" in gpu.source and ("MiB |" in gpu.source or "vendor" in gpu.source), gpu.id
             continue

@@ -127,6 +127,6 @@ READERS: dict[str, Reader] = {
     "--max-total-tokens": setter("max_model_len", integer),
     "--max-batch-prefill-tokens": setter("batched_tokens", integer),
     "--max-concurrent-requests": setter("max_num_seqs", integer),
-    "--cuda-memory-fraction": setter("memoryfraction", fraction),
+    "--cuda-memory-fraction": setter("memory_fraction", fraction),
     "--speculate": _speculate,
 }

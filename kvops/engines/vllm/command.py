@@ -27,7 +27,8 @@ from kvops.engines.vllm import flags
 from kvops.errors import UsageError
 from kvops.units import parse_count
 
-MODULE_LAUNCHERS = ("vllm.entrypoints.openai.api_server", "vllm.entrypoints.cli.main")
+# vllm.entrypoints.api_server: the demo server of vLLM <= 0.10, same engine options (pasted from older threads)
+MODULE_LAUNCHERS = ("vllm.entrypoints.openai.api_server", "vllm.entrypoints.cli.main", "vllm.entrypoints.api_server")
 IMAGES = (
     "vllm/vllm-openai",
     "vllm/vllm-openai-rocm",
@@ -201,7 +202,7 @@ READERS: dict[str, Reader] = {
     "--data-parallel-size": setter("data_parallel", integer),
     "--enable-expert-parallel": _switch("expert_parallel"),
     "--max-model-len": setter("max_model_len", _length),
-    "--gpu-memory-utilization": setter("memoryfraction", fraction),
+    "--gpu-memory-utilization": setter("memory_fraction", fraction),
     "--kv-cache-memory-bytes": setter("kv_cache_memory_bytes", _count),
     "--max-num-batched-tokens": setter("batched_tokens", _count),
     "--max-num-seqs": setter("max_num_seqs", integer),

@@ -145,6 +145,8 @@ QUANTIZATION_OF_FLAG = {
     "compressed-tensors": "auto",
     "inc": "auto",
 }
+# spellings earlier vLLM releases took, read as vLLM 0.32 reads the same checkpoints
+RENAMED_QUANTIZATION = {"auto_round": "inc", "auto-round": "inc"}
 REMOVED_QUANTIZATION = {"bitsandbytes", "gguf", "deepspeedfp", "hqq", "tpu_int8", "ptpc_fp8", "bitblas", "marlin"}
 
 
@@ -174,6 +176,8 @@ def quantization(value: str) -> str:
     key = value.strip().lower()
     if key in QUANTIZATION_OF_FLAG:
         return QUANTIZATION_OF_FLAG[key]
+    if key in RENAMED_QUANTIZATION:  # the checkpoint's own config names its format; the plan emits no --quantization
+        return QUANTIZATION_OF_FLAG[RENAMED_QUANTIZATION[key]]
     if key in REMOVED_QUANTIZATION:
         raise UsageError(
             f"--quantization {value}: vLLM 0.32 has no {value} quantization (removed); serve an AWQ, GPTQ or FP8 checkpoint, or plan --engine tgi, which takes --quantize bitsandbytes"
