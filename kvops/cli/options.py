@@ -473,7 +473,10 @@ def _vllm_spellings(params: dict[str, Any]) -> tuple[dict[str, Any], set[str]]:
     if data_parallel:
         if params.get("gpus"):
             raise click.UsageError("give --gpus or --data-parallel-size, not both")
-        params["gpus"] = data_parallel * (params.get("tp") or 1) * (params.get("pp") or 1)
+        if not params.get("tp"):  # vLLM's default: each replica on one GPU
+            params["tp"] = 1
+            derived.add("tp")
+        params["gpus"] = data_parallel * params["tp"] * (params.get("pp") or 1)
         derived.add("gpus")
     offload = params.pop("cpu_offload_gb", None)
     if offload:

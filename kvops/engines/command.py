@@ -89,7 +89,7 @@ def split_options(
             positional.append(word)
             continue
         name, inline = word, None
-        if word.startswith("--") and "=" in word:
+        if "=" in word:  # --max-model-len=8192, and the short forms argparse splits alike: -dp=8
             name, inline = word.split("=", 1)
         if dashes and name.startswith("--"):
             head, dot, tail = name[2:].partition(".")

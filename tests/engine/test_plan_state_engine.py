@@ -83,10 +83,12 @@ def assert_blocks(plan: dict, labels: dict[str, str]) -> None:
 def test_hybrid_mamba_model_blocks_equal_the_engines(run_kvops, tmp_path):
     plan, labels = planned_and_reported(GRANITE_HYBRID, "granite-hybrid", run_kvops, tmp_path)
     assert "(mamba x1, mamba x1, mamba x1, full x1)" in layout(plan)
+    assert (plan["capacity"]["num_blocks"], plan["capacity"]["kv_cache_size_tokens"]) == (144, 11796)
     assert_blocks(plan, labels)
 
 
 def test_chunked_attention_model_blocks_equal_the_engines(run_kvops, tmp_path):
     plan, labels = planned_and_reported(LLAMA4_CHUNKED, "llama4-chunked", run_kvops, tmp_path)
     assert "(chunked 256 x1, chunked 256 x1, chunked 256 x1, full x1)" in layout(plan)
+    assert (plan["capacity"]["num_blocks"], plan["capacity"]["kv_cache_size_tokens"]) == (144, 10532)
     assert_blocks(plan, labels)

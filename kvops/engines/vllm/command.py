@@ -97,7 +97,8 @@ def _parallel_devices(stated: StatedCommand) -> None:
     """--data-parallel-size replicas of tp x pp GPUs: the devices in all."""
     dp = stated.values.pop("data_parallel", None)
     if dp:
-        stated.values["gpus"] = dp * stated.values.get("tp", 1) * stated.values.get("pp", 1)
+        stated.values.setdefault("tp", 1)  # vLLM's default: each replica on one GPU
+        stated.values["gpus"] = dp * stated.values["tp"] * stated.values.get("pp", 1)
 
 
 def _count(word: Word) -> int:

@@ -108,3 +108,19 @@ def test_modelopt_mixed_precision_is_counted_at_the_wider_format_and_says_so(run
     stated = plan(run_kvops, "--gpu", "h100", "-m", model, "--max-model-len", "32768")
     weights = next(term for term in stated["memory"]["terms"] if term["name"] == "weights")
     assert "ModelOpt mixed precision" in weights["formula"] and "an overestimate" in weights["formula"]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("-m", "deepseek-ai/DeepSeek-V3", "-dp", "8", "-ep"),
+        ("--from-command", "vllm serve deepseek-ai/DeepSeek-V3 -dp=8 --enable-expert-parallel"),
+    ],
+    ids=["options", "command"],
+)
+def test_data_parallel_alone_is_replicas_of_one_gpu(run_kvops, args):
+    stated = plan(run_kvops, "--gpu", "h200", "--max-model-len", "32768", *args)
+    assert (stated["tp"], stated["gpus"]) == (1, 8)
+    assert stated["flags"]["data-parallel-size"] == 8 and stated["flags"]["enable-expert-parallel"] is True
+    weights = next(term for term in stated["memory"]["terms"] if term["name"] == "weights")
+    assert "experts / 8 ranks, the rest / tp 1" in weights["formula"]
