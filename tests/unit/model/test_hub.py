@@ -122,6 +122,8 @@ def test_a_public_config_plans_with_the_checkpoint_bytes(run, hub):
     asked = [(method, path) for method, path, _, _ in hub.requests]
     assert ("GET", "/api/models/acme/tiny-llama") in asked
     assert any(path.endswith("/config.json") for _, path in asked)
+    # huggingface_hub asks HEAD first: the stand-in's X-Repo-Commit, ETag and Content-Length name what is cached
+    assert any(method == "HEAD" and path.endswith("/resolve/main/config.json") for method, path in asked)
     assert not any(path.endswith(".safetensors") and not ranged for _, path, ranged, _ in hub.requests), (
         "weights were downloaded"
     )
