@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kvops.errors import KvopsError
 from kvops.gpus import Gpu
@@ -17,6 +17,9 @@ from kvops.model.spec import ModelSpec
 from kvops.profile import Profile
 from kvops.units import format_bytes
 from kvops.workload import Workload
+
+if TYPE_CHECKING:
+    from kvops.engines.common import OverheadFit
 
 
 class PlanError(KvopsError):
@@ -36,19 +39,23 @@ class Term:
     basis: str
     formula: str
     measure: str | None = None  # how to replace an estimate by a measurement
+    band: tuple[int, int] | None = None  # where the engine may land instead, bytes (lowest, highest)
 
     @property
     def is_estimate(self) -> bool:
         return self.basis == "estimate"
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "name": self.name,
             "bytes": self.bytes,
             "basis": self.basis,
             "formula": self.formula,
             "measure": self.measure,
         }
+        if self.band is not None:
+            data["band"] = {"low": self.band[0], "high": self.band[1]}
+        return data
 
 
 @dataclass(frozen=True)
@@ -107,6 +114,8 @@ class PlanInputs:
     command_lines: tuple[str, ...] = ()  # what a pasted launch command's other options are (--from-command)
     profile: Profile | None = None
     warn_level: float = 0.70
+    engine_version: str | None = None  # the release whose rules the plan follows (None: the newest)
+    overhead_fit: OverheadFit | None = None  # the fitted overheads to plan with (None: the ones kvops ships)
 
     @property
     def devices(self) -> int:
@@ -122,15 +131,44 @@ class PlanInputs:
         return self.devices // self.gpus_per_replica
 
 
+class Release(Protocol):
+    """The engine release a plan follows; each engine's releases.py defines its own."""
+
+    @property
+    def family(self) -> str: ...
+
+    @property
+    def label(self) -> str: ...
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+
 class Capacity(Protocol):
     """What an engine's plan says its KV pool holds; each engine's plan.py defines its own frozen record."""
 
-    num_blocks: int
-    usable_blocks: int
-    block_size: int
-    max_model_len: int
-    requests_under_warn: int
-    requests_at_full: int
+    # read-only, as the engines' frozen records hold them
+    @property
+    def num_blocks(self) -> int: ...
+
+    @property
+    def usable_blocks(self) -> int: ...
+
+    @property
+    def block_size(self) -> int: ...
+
+    @property
+    def max_model_len(self) -> int: ...
+
+    @property
+    def max_concurrency(self) -> float:
+        """Requests at max_model_len the pool holds at once (a fraction when fewer than one)."""
+        ...
+
+    @property
+    def requests_under_warn(self) -> int: ...
+
+    @property
+    def requests_at_full(self) -> int: ...
 
     @property
     def kv_tokens(self) -> int: ...
@@ -204,6 +242,7 @@ class Plan:
     ways_out: tuple[WayOut, ...] = ()
     warnings: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
+    release: Release | None = None  # the engine release whose rules the plan follows
 
     @property
     def engine(self) -> str:
@@ -258,6 +297,7 @@ class Plan:
         inputs = self.inputs
         return {
             "engine": self.engine,
+            "engine_version": self.release.to_dict() if self.release else None,
             "model": inputs.spec.name,
             "gpu": inputs.gpu.to_dict() if inputs.gpu else None,
             "gpus": inputs.devices,

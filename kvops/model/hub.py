@@ -40,7 +40,7 @@ _REPO = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _SNAPSHOT = re.compile(r"/snapshots/([0-9a-f]{40})/")
 
 
-class HubError(KvopsError):
+class HubError(ModelNotFound):
     """The Hub could not give a model's files: one line saying what failed and what to do."""
 
 

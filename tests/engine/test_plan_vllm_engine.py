@@ -45,12 +45,13 @@ LLAMA_HYBRID = dict(
 
 
 class PlannedServer(VllmServer):
-    """The plan's own argv, with the program swapped for the module entry point."""
+    """The plan's own argv (`vllm serve MODEL ...`), run by the API server module: `--model MODEL`, then every flag
+    as emitted (the `vllm` program needs the package's metadata, which this CPU build does not install)."""
 
     def __init__(self, argv: list[str], log: Path):
-        assert argv[:2] == ["vllm", "serve"]
+        assert argv[:2] == ["vllm", "serve"], argv
         super().__init__(Path(argv[2]), log)
-        self.planned = argv[3:]  # the model is `vllm serve`'s positional argument; the module reads only --model
+        self.planned = argv
 
     def command(self) -> list[str]:
         return [
@@ -58,8 +59,8 @@ class PlannedServer(VllmServer):
             "-m",
             "vllm.entrypoints.openai.api_server",
             "--model",
-            str(self.model),
-            *self.planned,
+            self.planned[2],
+            *self.planned[3:],
             "--load-format",
             "dummy",
             "--host",

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from math import ceil, floor
 from typing import Any
 
-from kvops.dtypes import KvDtype, resolve_kv_dtype
+from kvops.dtypes import KvDtype, resolve_kv_dtype, serving_dtype
 from kvops.engines import common
-from kvops.engines.vllm import budget, flags, layout
+from kvops.engines.vllm import budget, flags, layout, releases
 from kvops.errors import UsageError
 from kvops.model.checkpoint import pipeline_partition
 from kvops.model.spec import ModelSpec
@@ -39,6 +39,8 @@ class VllmCapacity:
     max_num_batched_tokens: int
     max_in_flight_tokens: int
     replicas: int
+    engine_auto_max_model_len: int = 0  # what vLLM's own --max-model-len auto would pick for this KV memory
+    sampler_sequences: int = 0  # the sequences the profile run sizes the sampler's logits for
 
     @property
     def kv_tokens(self) -> int:
@@ -68,6 +70,8 @@ class VllmCapacity:
             "max_num_batched_tokens": self.max_num_batched_tokens,
             "max_in_flight_tokens": self.max_in_flight_tokens,
             "replicas": self.replicas,
+            "engine_auto_max_model_len": self.engine_auto_max_model_len,
+            "sampler_sequences": self.sampler_sequences,
         }
 
     def lines(self) -> list[str]:
@@ -78,6 +82,7 @@ class VllmCapacity:
             f"max concurrency  {self.max_concurrency:.2f}x at max-model-len {self.max_model_len:,} ({self.blocks_per_request_at_max_model_len} blocks per request)",
             f"workload         {self.tokens_per_request:,} tokens per request, {self.blocks_per_request} blocks: {self.requests_under_warn} requests under the warn level ({warn}), {self.requests_at_full} at 100%",
             f"batching         max-num-batched-tokens {self.max_num_batched_tokens:,}, {self.max_in_flight_tokens:,} tokens in flight",
+            f"engine auto      vLLM's --max-model-len auto would pick {self.engine_auto_max_model_len:,} for this KV memory",
         ]
 
 
@@ -90,6 +95,7 @@ class _Draft:
     kv_bytes: int
     warnings: list[str]
     notes: list[str]
+    release: releases.VllmRelease
 
     def plan(self, capacity: VllmCapacity | None, engine_flags: dict[str, Any], verdict: Verdict | None) -> Plan:
         inputs = self.inputs
@@ -107,6 +113,7 @@ class _Draft:
             verdict=verdict,
             warnings=tuple(self.warnings),
             notes=tuple(self.notes),
+            release=self.release,
         )
 
 
@@ -115,23 +122,27 @@ def plan_once(inputs: PlanInputs) -> Plan:
     spec, device, tp = inputs.spec, inputs.device, inputs.tp
     if device not in budget.DEVICES:
         raise UsageError(f"--device {device!r}; valid: {', '.join(budget.DEVICES)}")
+    release = releases.release(inputs.engine_version)
     flags.check_weight_format(common.weight_format(spec, inputs.quantization).name)
-    dtype = resolve_kv_dtype(inputs.kv_dtype, spec.dtype)
-    kv_flag = flags.kv_cache_dtype(dtype, spec.dtype, device)
+    served = spec.dtype if inputs.dtype == "auto" else serving_dtype(inputs.dtype)  # kv dtype auto follows --dtype
+    dtype = resolve_kv_dtype(inputs.kv_dtype, served)
+    kv_flag = flags.kv_cache_dtype(dtype, served, device)
     block_size = inputs.block_size or layout.default_block_size(spec, device)
     cached = cached_spec(inputs)
-    kv_layout = layout.kv_layout(cached, dtype, tp, block_size, options=layout_options(inputs))
+    kv_layout = layout.kv_layout(cached, dtype, tp, block_size, options=layout_options(inputs, release))
     model_limit = common.model_limit(spec)
     fixed_len = inputs.max_model_len if isinstance(inputs.max_model_len, int) else model_limit
     gpu = inputs.gpu
-    defaults = budget.batch_defaults(device, gpu.memory_bytes if gpu else None, gpu.name if gpu else "", tp)
+    engine_total = common.device_total(inputs) if gpu else None
+    defaults = budget.batch_defaults(device, engine_total, gpu.name if gpu else "", tp, release, fixed_len)
     batched, default_seqs = budget.resolve_batch(defaults, fixed_len, inputs.batched_tokens, inputs.max_num_seqs)
-    in_flight = budget.max_in_flight_tokens(batched, device)
+    in_flight = budget.max_in_flight_tokens(batched, device, release)
     requested_seqs = inputs.concurrency * inputs.workload.sequences if isinstance(inputs.concurrency, int) else 0
-    draft, stage_blocks, page = _budget(inputs, kv_layout, batched, max(default_seqs, requested_seqs))
+    sampler_seqs = max(default_seqs, requested_seqs)
+    draft, stage_blocks, page = _budget(inputs, release, kv_layout, batched, sampler_seqs)
     per_stage = " on the binding pipeline stage" if inputs.pp > 1 else ""
     draft.notes.insert(
-        0,
+        1,
         f"KV cache layout: {kv_layout.describe()}, {format_bytes(page)} per block of {kv_layout.block_size} tokens ({page} B){per_stage}",
     )
     _speculative_notes(draft, cached)
@@ -147,7 +158,15 @@ def plan_once(inputs: PlanInputs) -> Plan:
             return draft.plan(None, {}, Verdict(problem, kv_layout.bytes_per_block * (target + 1), draft.kv_bytes))
     else:
         length = fixed_len
-    pool = layout.pool(kv_layout, max(draft.kv_bytes, 0), length, in_flight, stage_blocks)
+    pool = layout.pool(
+        kv_layout,
+        max(draft.kv_bytes, 0),
+        length,
+        in_flight,
+        release.null_block,
+        release.kv_tokens_by_concurrency,
+        num_blocks=stage_blocks,
+    )
     tokens = _request_tokens(inputs.workload, length)
     prompt = inputs.workload.prompt_tokens if inputs.workload.prompt_tokens is not None else tokens
     lookahead = lookahead_tokens(inputs)
@@ -171,6 +190,10 @@ def plan_once(inputs: PlanInputs) -> Plan:
         max_num_batched_tokens=batched,
         max_in_flight_tokens=in_flight,
         replicas=inputs.replicas,
+        engine_auto_max_model_len=layout.engine_max_model_len(
+            kv_layout, max(draft.kv_bytes, 0), in_flight, model_limit, release.null_block
+        ),
+        sampler_sequences=sampler_seqs,
     )
     paging = common.paging_note(pool.num_blocks, kv_layout.block_size, pool.num_blocks * page, len(kv_layout.groups))
     state = "; in a state group a block holds one request's recurrent state instead" if kv_layout.has_state else ""
@@ -209,23 +232,24 @@ def lookahead_tokens(inputs: PlanInputs) -> int:
 
 
 def _budget(
-    inputs: PlanInputs, kv_layout: layout.KVCacheLayout, batched: int, sampler_seqs: int
+    inputs: PlanInputs, release: releases.VllmRelease, kv_layout: layout.KVCacheLayout, batched: int, sampler_seqs: int
 ) -> tuple[_Draft, int | None, int]:
     """The memory terms and the KV bytes; with pipeline parallelism, of the stage with the fewest blocks (vLLM
     gives every stage the smallest stage's block count, `get_kv_cache_configs`), that count and its block's bytes
     per GPU."""
+    notes = [f"engine release: {release.label}, {release.how}"]
     if inputs.pp == 1:
-        memory, kv_bytes, warnings = budget.memory_terms(inputs, batched, sampler_seqs)
-        return _Draft(inputs, memory, kv_bytes, warnings, []), None, kv_layout.bytes_per_block
+        memory, kv_bytes, warnings = budget.memory_terms(inputs, release, batched, sampler_seqs)
+        return _Draft(inputs, memory, kv_bytes, warnings, notes, release), None, kv_layout.bytes_per_block
     stages = []
     for stage, layers in enumerate(stage_layers(inputs, kv_layout)):
-        memory, kv_bytes, warnings = budget.memory_terms(inputs, batched, sampler_seqs, stage)
+        memory, kv_bytes, warnings = budget.memory_terms(inputs, release, batched, sampler_seqs, stage)
         stage_layout = layout.project(kv_layout, layers)
         page = stage_layout.bytes_per_block
         blocks = stage_layout.num_blocks(max(kv_bytes, 0)) if page else None
         stages.append(_Stage(stage, memory, kv_bytes, warnings, blocks, page, len(layers)))
     binding = min(stages, key=lambda item: (item.blocks is None, item.blocks or 0, item.kv_bytes))
-    draft = _Draft(inputs, binding.memory, binding.kv_bytes, binding.warnings, [])
+    draft = _Draft(inputs, binding.memory, binding.kv_bytes, binding.warnings, notes, release)
     parts = [
         f"stage {item.stage}: {item.layers} cache layers, weights {format_bytes(_term(item.memory, 'weights'))}, {item.blocks if item.blocks is not None else 'no'} blocks of {format_bytes(item.page)}"
         for item in stages
@@ -283,13 +307,13 @@ def _speculative_notes(draft: _Draft, cached: ModelSpec) -> None:
         )
 
 
-def layout_options(inputs: PlanInputs) -> layout.LayoutOptions:
+def layout_options(inputs: PlanInputs, release: releases.VllmRelease) -> layout.LayoutOptions:
     """The engine settings of these inputs that change vLLM's KV cache layout."""
     speculative = inputs.speculative
     return layout.LayoutOptions(
         device=inputs.device,
         block_size_given=inputs.block_size is not None,
-        hybrid_manager=inputs.hybrid_manager and not _eagle_with_chunked(inputs),
+        hybrid_manager=inputs.hybrid_manager and release.hybrid_manager and not _eagle_with_chunked(inputs),
         mamba_cache_mode=inputs.mamba_cache_mode or ("none" if inputs.prefix_caching is False else "align"),
         mamba_cache_dtype=inputs.mamba_cache_dtype,
         mamba_ssm_cache_dtype=inputs.mamba_ssm_cache_dtype,
@@ -328,7 +352,8 @@ def _auto_length(
     """--max-model-len auto: the longest context at which the wanted concurrency stays under the warn level."""
     inputs = draft.inputs
     total = kv_layout.num_blocks(draft.kv_bytes) if blocks is None else blocks
-    usable = max(0, total - 1) if draft.kv_bytes > 0 else 0
+    total = total if draft.kv_bytes > 0 else 0
+    usable = max(0, total - 1) if draft.release.null_block else total
     target = inputs.concurrency if isinstance(inputs.concurrency, int) else 1
     draft.notes.append(
         f"--max-model-len auto: the longest context at which {target} sequence(s) stay under the warn level ({inputs.warn_level:.0%} of {usable} usable blocks)"
@@ -373,7 +398,9 @@ def _flags(
 ) -> dict[str, Any]:
     pinned = inputs.kv_cache_memory_bytes is not None
     utilization = (
-        None if pinned and inputs.device == "cpu" else (inputs.memory_fraction or budget.DEFAULT_GPU_MEMORY_UTILIZATION)
+        None
+        if pinned and inputs.device == "cpu"
+        else (inputs.memory_fraction or releases.release(inputs.engine_version).default_gpu_memory_utilization)
     )
     engine_flags: dict[str, Any] = {
         "model": model_argument(inputs.spec),
@@ -458,7 +485,7 @@ def _verdict(
         others = sum(terms.get(name, 0) for name in ("weights", "activation", "non_torch", "cuda_graphs", "overhead"))
         have = terms["requested"]
         total = common.device_total(inputs)
-        utilization = inputs.memory_fraction or budget.DEFAULT_GPU_MEMORY_UTILIZATION
+        utilization = inputs.memory_fraction or draft.release.default_gpu_memory_utilization
         return Verdict(
             f"{common.what_does_not_fit(terms, have)} need {format_bytes(others)} per GPU but vLLM may use {format_bytes(have)} ({utilization:g} of {format_bytes(total)}); nothing is left for the KV cache",
             others + kv_layout.bytes_per_block * (pool.blocks_per_request + 1),
@@ -475,13 +502,7 @@ def _verdict(
             states_need=True,
         )
     if not pool.fits_one_request:
-        need = layout.kv_bytes_needed(kv_layout, pool.blocks_per_request)
-        return Verdict(
-            f"one request at --max-model-len {pool.max_model_len} needs {pool.blocks_per_request} blocks = {format_bytes(need)} of KV cache; {format_bytes(kv)} holds {pool.usable_blocks} usable blocks (vLLM would refuse to start: 'To serve at least one request with the model's max seq len')",
-            need,
-            kv,
-            states_need=True,
-        )
+        return _too_short_verdict(draft, kv_layout, pool, capacity)
     per_request, under_warn = capacity.blocks_per_request, capacity.requests_under_warn
     if isinstance(inputs.concurrency, int) and inputs.concurrency > under_warn:
         blocks = ceil(inputs.concurrency * per_request / inputs.warn_level)
@@ -500,6 +521,38 @@ def _verdict(
             kv,
         )
     return None
+
+
+def _too_short_verdict(
+    draft: _Draft, kv_layout: layout.KVCacheLayout, pool: layout.Pool, capacity: VllmCapacity
+) -> Verdict:
+    """One request at max-model-len does not fit the KV memory: the engine's startup check, in its words."""
+    length, kv = pool.max_model_len, draft.kv_bytes
+    # the error's estimate searches up to the max_model_len asked for (`_estimate_max_model_len_from_groups`)
+    longest = layout.engine_max_model_len(kv_layout, max(kv, 0), capacity.max_in_flight_tokens, length, True)
+    need = layout.kv_bytes_needed(kv_layout, pool.blocks_per_request)
+    blocks = f"one request at --max-model-len {length} needs {pool.blocks_per_request} blocks"
+    if not draft.release.null_block:
+        tokens = pool.num_blocks * pool.block_size
+        refusal = (
+            f"{draft.release.label} refuses to start: 'The model's max seq len ({length}) is larger than the maximum "
+            f"number of tokens that can be stored in KV cache ({tokens})'"
+        )
+        return Verdict(
+            f"{blocks} of {pool.block_size} tokens; the KV cache holds {pool.num_blocks} ({tokens:,} tokens): {refusal}",
+            need,
+            kv,
+            states_need=True,
+        )
+    estimate = f"; the estimated maximum model length is {longest}" if longest else ""
+    return Verdict(
+        f"{blocks} = {format_bytes(need)} of KV cache (block 0 is the null block), more than the {format_bytes(kv)} vLLM has "
+        "(vLLM refuses to start: 'To serve at least one request with the model's max seq len ... KV cache is "
+        f"needed, which is larger than the available KV cache memory'){estimate}",
+        need,
+        kv,
+        states_need=True,
+    )
 
 
 # --- the ways out this engine offers --------------------------------------------------------------------
@@ -538,6 +591,8 @@ def offload_ways(inputs: PlanInputs, failed: Plan) -> list[WayOut]:
                 "decode slows by that much on every token",
             )
         )
+    if failed.kv_cache_bytes <= 0:
+        return options  # the weights and overheads do not fit: host memory for KV blocks changes nothing
     options.append(
         WayOut(
             f"--kv-offloading-size {gib * inputs.tp} --kv-offloading-backend native",
