@@ -114,9 +114,11 @@ def custom_gpu(memory_bytes: int) -> Gpu:
 
 def resolve_gpu(name: str | None, memory_bytes: int | None) -> Gpu:
     """`--gpu NAME` and/or `--gpu-memory SIZE`: at least one is needed."""
-    if name is None and memory_bytes is None:
-        raise MissingDevice("missing --gpu NAME (e.g. H100-80GB; `kvops plan --help` lists them) or --gpu-memory SIZE")
     if name is None:
+        if memory_bytes is None:
+            raise MissingDevice(
+                "missing --gpu NAME (e.g. H100-80GB; `kvops plan --help` lists them) or --gpu-memory SIZE"
+            )
         return custom_gpu(memory_bytes)
     gpu = find_gpu(name)
     return gpu.with_memory(memory_bytes) if memory_bytes is not None else gpu

@@ -613,8 +613,8 @@ def fit_overheads(
     residuals = {family: _residuals(own, base(family)) for family, own in groups.items()}
     every = [value for own in residuals.values() for value in own]
     for name, fit in list(fits.items()):
-        own = residuals.get(name, [])
-        chosen = own if len(own) >= MIN_MARGIN_LOGS else every
+        family_residuals = residuals.get(name, [])
+        chosen = family_residuals if len(family_residuals) >= MIN_MARGIN_LOGS else every
         if chosen:
             margin = max(0, _quantile(chosen, OVERHEAD_QUANTILE))
             spread = (max(0, max(chosen) - margin), max(0, margin - min(chosen)))
@@ -761,9 +761,9 @@ def device_total_term(inputs: PlanInputs) -> Term:
     if profile and profile.total_memory_bytes and same_gpu:
         return Term(
             "total",
-            inputs.profile.total_memory_bytes,
+            profile.total_memory_bytes,
             "measured",
-            f"device total the engine measured (profile {inputs.profile.source})",
+            f"device total the engine measured (profile {profile.source})",
         )
     gpu = inputs.gpu
     if gpu is None:

@@ -150,8 +150,11 @@ def _layer_kinds(
         return attention, ()
     if state is None and "mamba" in kinds:
         raise ConfigError(f"{reader.where}: recurrent layers of {text.get('model_type')!r} are not modelled")
-    by_kind = {"attention": None, "mamba": state, "none": NoCache()}
-    return tuple(attention[i] if kind == "attention" else by_kind[kind] for i, kind in enumerate(kinds)), ()
+    none = NoCache()
+    return tuple(
+        attention[i] if kind == "attention" else state if kind == "mamba" and state is not None else none
+        for i, kind in enumerate(kinds)
+    ), ()
 
 
 def _mla_layers(
@@ -176,7 +179,7 @@ def _mla_layers(
 
 def _attention_layers(
     text: dict, reader: _Reader, num_layers: int, kv_heads: int, head_dim: int, notes: list[str]
-) -> tuple[LayerKind, ...]:
+) -> tuple[CacheKind, ...]:
     """Full, sliding or chunked attention per layer (the attention a hybrid model's attention layers use)."""
     full = FullAttention(kv_heads, head_dim, int(text.get("v_head_dim") or 0))
     if text.get("global_head_dim") or text.get("num_global_key_value_heads"):  # Gemma 4: wider global layers

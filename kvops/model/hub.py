@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.util import find_spec
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from kvops.errors import ConfigError, KvopsError, ModelNotFound
 from kvops.model.checkpoint import (
@@ -93,7 +93,7 @@ def fetch_model(ref: HubRef) -> HubModel:
         commit = commit or _commit_of(config_path)
         quant = None
         if files is None or "hf_quant_config.json" in files:
-            quant_path = _download(ref.repo, "hf_quant_config.json", revision, offline, missing_ok=True)
+            quant_path = _download_if_present(ref.repo, "hf_quant_config.json", revision, offline)
             quant = _json(Path(quant_path), ref) if quant_path else None
         checkpoint, note = _checkpoint(ref, revision, commit, files, offline)
     return HubModel(ref, _json(Path(config_path), ref), quant, commit, config_path, checkpoint, note)
@@ -112,16 +112,20 @@ def _repository(ref: HubRef) -> tuple[set[str], str | None]:
     return {sibling.rfilename for sibling in info.siblings or ()}, info.sha
 
 
-def _download(repo: str, filename: str, revision: str | None, offline: bool, missing_ok: bool = False) -> str | None:
+def _download(repo: str, filename: str, revision: str | None, offline: bool) -> str:
+    """The file's path in the HF cache (fetched unless offline); a missing file raises the library's error."""
     from huggingface_hub import hf_hub_download
+
+    return hf_hub_download(repo, filename, revision=revision, local_files_only=offline)
+
+
+def _download_if_present(repo: str, filename: str, revision: str | None, offline: bool) -> str | None:
     from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
 
     try:
-        return hf_hub_download(repo, filename, revision=revision, local_files_only=offline)
+        return _download(repo, filename, revision, offline)
     except (EntryNotFoundError, LocalEntryNotFoundError):
-        if missing_ok:
-            return None
-        raise
+        return None
 
 
 def _commit_of(path: str) -> str | None:
@@ -154,7 +158,7 @@ def _checkpoint(
         return None, "HF_HUB_OFFLINE=1 and the checkpoint's headers are not in kvops's cache"
     if files is not None and SAFETENSORS_INDEX not in files and SAFETENSORS_SINGLE not in files:
         return None, "the repository has no model.safetensors or model.safetensors.index.json"
-    index_path = _download(ref.repo, SAFETENSORS_INDEX, revision, offline, missing_ok=True)
+    index_path = _download_if_present(ref.repo, SAFETENSORS_INDEX, revision, offline)
     total = None
     if index_path:
         index = _json(Path(index_path), ref)
@@ -243,7 +247,7 @@ class _hub_errors:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, kind: type | None, error: BaseException | None, traceback: Any) -> bool:
+    def __exit__(self, kind: type | None, error: BaseException | None, traceback: Any) -> Literal[False]:
         if error is None or isinstance(error, KvopsError):
             return False
         message = _message(self.ref, error, self.offline)

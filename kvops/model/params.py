@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from kvops.errors import ConfigError
 from kvops.model.spec import CacheKind, MambaState
 
 
@@ -230,7 +231,12 @@ class _Shape:
         return (3 if self._gated() else 2) * self.hidden * inter
 
     def expert_intermediate(self) -> int:
-        return int(self.text.get("moe_intermediate_size") or self.text.get("intermediate_size"))
+        size = self.text.get("moe_intermediate_size") or self.text.get("intermediate_size")
+        if size is None:
+            raise ConfigError(
+                "config.json: a mixture-of-experts model needs moe_intermediate_size or intermediate_size"
+            )
+        return int(size)
 
     def routed_experts(self) -> int:
         inter = self.expert_intermediate()

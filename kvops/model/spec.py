@@ -327,7 +327,7 @@ class ModelSpec:
 
     def caches(self) -> list[tuple[int, LayerKind]]:
         """Every cache the model keeps, with its layer index: the main ones, then the extra ones."""
-        main = [(index, layer) for index, layer in enumerate(self.layers) if layer.kind != "none"]
+        main = [(index, layer) for index, layer in enumerate(self.layers) if not isinstance(layer, NoCache)]
         return main + list(self.extra_caches)
 
     def attention_layers(self) -> list[LayerKind]:
@@ -352,12 +352,12 @@ class ModelSpec:
 
     @property
     def sliding_window(self) -> int | None:
-        windows = [layer.window for layer in self.layers if layer.kind == "sliding"]
+        windows = [layer.window for layer in self.layers if isinstance(layer, SlidingWindow)]
         return max(windows) if windows else None
 
     @property
     def attention_chunk(self) -> int | None:
-        chunks = [layer.chunk for layer in self.layers if layer.kind == "chunked"]
+        chunks = [layer.chunk for layer in self.layers if isinstance(layer, ChunkedLocal)]
         return max(chunks) if chunks else None
 
     def layer_groups(self) -> tuple[LayerGroup, ...]:

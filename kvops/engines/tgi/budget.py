@@ -26,7 +26,7 @@ from kvops.engines import common
 from kvops.engines.tgi.releases import TgiRelease
 from kvops.errors import UsageError
 from kvops.model.checkpoint import Parallel
-from kvops.model.spec import ModelSpec
+from kvops.model.spec import ModelSpec, MultiLatentAttention
 from kvops.plan import PlanInputs, Term
 
 DEFAULT_CUDA_MEMORY_FRACTION = 1.0  # launcher --cuda-memory-fraction
@@ -144,7 +144,7 @@ def kv_heads_per_shard(spec: ModelSpec, shards: int) -> int:
 
 def head_size(spec: ModelSpec) -> int:
     """DeepSeek V2/V3 in TGI cache full K/V heads (no latent) of max(qk_nope + qk_rope, v_head_dim)."""
-    latent = next((layer for layer in spec.layers if layer.kind == "mla"), None)
+    latent = next((layer for layer in spec.layers if isinstance(layer, MultiLatentAttention)), None)
     if latent is not None:
         return max(latent.qk_nope_head_dim + latent.qk_rope_head_dim, latent.v_head_dim)
     return spec.head_dim

@@ -83,7 +83,11 @@ class TgiEngine:
         """The batch token capacity from a kvops plan file or the router's startup line."""
         from kvops.engines.tgi.metrics import capacity_from_log, capacity_from_plan
 
-        return capacity_from_plan(plan) if plan else capacity_from_log(startup_log)
+        if plan:
+            return capacity_from_plan(plan)
+        if startup_log:
+            return capacity_from_log(startup_log)
+        raise UsageError("TGI's batch token capacity needs a kvops plan file or the router's startup log")
 
     def usage_formula(self, capacity: int | None) -> str | None:
         return f"KV usage = tgi_batch_current_max_tokens / {capacity} (max batch total tokens)."

@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 from kvops.dtypes import KV_DTYPES, KvDtype, canonical_dtype_name
 from kvops.errors import KvopsError
 from kvops.formula import check_tp
-from kvops.model.spec import LayerKind, MambaState, ModelSpec
+from kvops.model.spec import LayerKind, MambaState, ModelSpec, MultiLatentAttention
 
 GPU_BLOCK_SIZE = 16  # CacheConfig.DEFAULT_BLOCK_SIZE (FlashAttention, FlashInfer, Triton)
 GPU_MLA_BLOCK_SIZE = 64  # FlashMLA's only kernel block size
@@ -93,14 +93,21 @@ class CacheSpec:
             self.page_bytes if self.kind == "mamba" else 0,
         )
 
+    @property
+    def span(self) -> int:
+        """The tokens a sliding (its window) or chunked (its chunk) group keeps."""
+        if self.window is None:
+            raise ValueError(f"a {self.kind} cache spec without its window")
+        return self.window
+
     def admission_blocks(self, max_model_len: int, in_flight: int) -> int:
         """Blocks one request at `max_model_len` may hold (`cdiv(max_memory_usage_bytes, page_size_bytes)`)."""
         if self.kind == "mamba":
             return self.state_pages
         if self.kind == "sliding":
-            return -(-min(self.window - 1 + in_flight, max_model_len) // self.block_size) + 1
+            return -(-min(self.span - 1 + in_flight, max_model_len) // self.block_size) + 1
         if self.kind == "chunked":
-            return -(-min(self.window + in_flight, max_model_len) // self.block_size)
+            return -(-min(self.span + in_flight, max_model_len) // self.block_size)
         return -(-max_model_len // self.block_size)
 
     def held_blocks(self, tokens: int) -> int:
@@ -108,10 +115,10 @@ class CacheSpec:
         if self.kind == "mamba":
             return self.state_pages
         full = -(-tokens // self.block_size)
-        if self.kind == "sliding" and tokens > self.window:
-            return min(full, -(-self.window // self.block_size) + 1)
+        if self.kind == "sliding" and tokens > self.span:
+            return min(full, -(-self.span // self.block_size) + 1)
         if self.kind == "chunked":
-            return min(full, -(-self.window // self.block_size))
+            return min(full, -(-self.span // self.block_size))
         return full
 
 
@@ -152,7 +159,7 @@ class KVCacheGroup:
         (plugins/kvops_vllm/admission.py, GroupShape.max_blocks)."""
         full = -(-tokens // self.block_size)
         if self.kind == "sliding":
-            return min(full, -(-(self.window - 1 + in_flight) // self.block_size) + 1)
+            return min(full, -(-(self.spec.span - 1 + in_flight) // self.block_size) + 1)
         return full
 
     def held_blocks(self, tokens: int) -> int:
@@ -264,7 +271,7 @@ def layer_spec(
         return CacheSpec("mamba", state_page_bytes(spec, layer, tp, options), block_size, state_pages=pages)
     window = getattr(layer, "window", None) or getattr(layer, "chunk", None)
     per_token = layer.bytes_per_token(dtype, tp)
-    if layer.kind == "mla" and layer.sparse and dtype.bits == 8 and options.device == "gpu":
+    if isinstance(layer, MultiLatentAttention) and layer.sparse and dtype.bits == 8 and options.device == "gpu":
         per_token = FP8_DS_MLA_BYTES
     return CacheSpec(layer.kind, block_size * per_token, block_size, window or None)
 
