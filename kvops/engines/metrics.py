@@ -94,8 +94,16 @@ class Reading:
     progress_total: float | None = None  # a counter that grows while tokens are generated
     prefix_hits_total: float | None = None
     prefix_queries_total: float | None = None
-    capacity_tokens: int | None = None
+    capacity_tokens: int | None = None  # the replica's KV pool (every data-parallel engine's)
     block_size: int | None = None
+    usable_tokens: int | None = None  # the tokens kv_usage is a fraction of
+    used_tokens: float | None = None  # KV tokens in use (or reserved) now: kv_usage x usable_tokens
+    max_model_len: int | None = None
+    waiting_for_capacity: float | None = None  # waiting requests held back for KV or batch room (vLLM)
+    offload_usage: float | None = None  # the host (CPU) KV tier: the share pinned by transfers, 0-1
+    offload_load_seconds_total: float | None = None  # counters: time spent and loads from the host tier to the GPU
+    offload_loads_total: float | None = None
+    offload_load_bytes_total: float | None = None
 
     def to_dict(self) -> dict:
         counts = (
@@ -105,13 +113,21 @@ class Reading:
             "progress_total",
             "prefix_hits_total",
             "prefix_queries_total",
+            "used_tokens",
+            "waiting_for_capacity",
+            "offload_loads_total",
+            "offload_load_bytes_total",
         )
         return {
             "kv_usage": self.kv_usage,
             "basis": self.basis,
             **{name: exact(getattr(self, name)) for name in counts},
             "capacity_tokens": self.capacity_tokens,
+            "usable_tokens": self.usable_tokens,
             "block_size": self.block_size,
+            "max_model_len": self.max_model_len,
+            "offload_usage": self.offload_usage,
+            "offload_load_seconds_total": self.offload_load_seconds_total,
         }
 
 
@@ -208,6 +224,9 @@ class PromQL:
     preemptions_increase: str | None = None
     prefix_hits_increase: str | None = None
     prefix_queries_increase: str | None = None
+    offload_usage: str | None = None  # the host KV tier, 0-1
+    offload_load_seconds_increase: str | None = None  # seconds spent loading from the host tier within $window
+    offload_loads_increase: str | None = None  # loads from the host tier within $window
 
     @staticmethod
     def window(template: str, seconds: float) -> str:

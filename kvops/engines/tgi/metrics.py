@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -38,15 +39,26 @@ SERIES = (QUEUE_SIZE, BATCH_SIZE, BATCH_MAX_TOKENS, INFERENCE_COUNT, INFERENCE_S
 CAPACITY_LOG_LINE = re.compile(r"Setting max batch total tokens to (\d+)")
 
 
+PREFIX = "tgi_"  # every series the router exports
+
+
 def reading(samples: Samples, capacity_tokens: int | None = None) -> Reading:
     if capacity_tokens is None:
         raise MetricsError("TGI's KV usage needs the batch token capacity (max_batch_total_tokens)")
+    foreign = sorted(name for name in samples.seen if not name.startswith(PREFIX))
+    if foreign and len(foreign) == len(samples.seen):  # an empty body is a router that has served nothing yet
+        raise MetricsError(
+            f"no {PREFIX}* metric among {len(samples.seen)} metric names (found {', '.join(foreign[:2])}, ...): "
+            "not a TGI /metrics; is --engine right?"
+        )
     reserved = samples.total(BATCH_MAX_TOKENS)
     if reserved is None and samples.total(INFERENCE_SUCCESS) is None:
         return Reading(
             kv_usage=0.0,
             basis=f"no batch has run yet ({INFERENCE_SUCCESS} and {BATCH_MAX_TOKENS} absent)",
             capacity_tokens=capacity_tokens,
+            usable_tokens=capacity_tokens,
+            used_tokens=0.0,
         )
     if reserved is None:
         raise MetricsError(
@@ -63,7 +75,14 @@ def reading(samples: Samples, capacity_tokens: int | None = None) -> Reading:
         waiting=samples.total(QUEUE_SIZE),
         progress_total=samples.total(INFERENCE_COUNT, method="decode"),
         capacity_tokens=capacity_tokens,
+        usable_tokens=capacity_tokens,
+        used_tokens=reserved,
     )
+
+
+def usage_pool_tokens(capacity: Mapping[str, Any]) -> int:
+    """From a plan's capacity (`kvops plan --json`), the tokens the usage is a fraction of: the batch token capacity."""
+    return int(capacity["kv_tokens"])
 
 
 def promql(matchers: list[str], capacity_tokens: int | None = None) -> PromQL:

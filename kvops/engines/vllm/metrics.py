@@ -4,13 +4,23 @@
 Older releases exported it as `vllm:gpu_cache_usage_perc`, deprecated in favour of the new name and since removed;
 it is read when the new name is absent. Counters carry prometheus_client's `_total` suffix. Every series is
 labelled `model_name` and `engine` (one per data-parallel engine): counts are summed over them, usage is the
-highest.
+highest; the tokens in use are each engine's usage times its pool (`vllm:cache_config_info`), summed.
+
+The host (CPU) KV tier, with `--kv-offloading-size` (vLLM's native OffloadingConnector,
+`vllm/distributed/kv_transfer/kv_connector/v1/offloading/metrics.py` and `vllm/v1/kv_offload/cpu/spec.py`):
+`vllm:kv_offload_cpu_cache_usage_perc` (the share of the tier pinned by transfers in flight), and per transfer
+direction the bytes and seconds moved (`vllm:kv_offload_load_bytes`/`_load_time`, GPU<-CPU; `_store_*`, GPU->CPU)
+with a histogram of each transfer's size, whose `_count` counts the transfers. 0.32.0 still exports the older
+`vllm:kv_offload_total_bytes`/`_total_time`/`_size{transfer_type="CPU_to_GPU"|"GPU_to_CPU"}` beside them, marked
+deprecated: they are read when the new names are absent. The tier's capacity is not exported
+(vllm-project/vllm#49307); `cache_config_info` states its size in GiB (`kv_offloading_size`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from kvops.engines.metrics import MetricsError, PromQL, Reading, Samples, series, usage_fraction
 
@@ -23,6 +33,18 @@ GENERATION_TOKENS = "vllm:generation_tokens_total"
 PREFIX_HITS = "vllm:prefix_cache_hits_total"
 PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
 CACHE_CONFIG = "vllm:cache_config_info"
+WAITING_BY_REASON = "vllm:num_requests_waiting_by_reason"  # reason = capacity | deferred
+OFFLOAD_USAGE = "vllm:kv_offload_cpu_cache_usage_perc"
+OFFLOAD_LOAD_BYTES = "vllm:kv_offload_load_bytes_total"
+OFFLOAD_LOAD_SECONDS = "vllm:kv_offload_load_time_total"
+OFFLOAD_LOADS = "vllm:kv_offload_load_size_count"  # the histogram of load sizes counts the loads
+# deprecated in 0.32.0, read when the names above are absent: one series per direction
+OFFLOAD_BYTES_DEPRECATED = "vllm:kv_offload_total_bytes_total"
+OFFLOAD_SECONDS_DEPRECATED = "vllm:kv_offload_total_time_total"
+OFFLOAD_TRANSFERS_DEPRECATED = "vllm:kv_offload_size_count"
+LOAD_DIRECTION = {"transfer_type": "CPU_to_GPU"}
+TTFT = "vllm:time_to_first_token_seconds"
+INTER_TOKEN = "vllm:inter_token_latency_seconds"
 
 # What a Prometheus source fetches for each replica.
 SERIES = (
@@ -35,6 +57,14 @@ SERIES = (
     PREFIX_HITS,
     PREFIX_QUERIES,
     CACHE_CONFIG,
+    WAITING_BY_REASON,
+    OFFLOAD_USAGE,
+    OFFLOAD_LOAD_BYTES,
+    OFFLOAD_LOAD_SECONDS,
+    OFFLOAD_LOADS,
+    OFFLOAD_BYTES_DEPRECATED,
+    OFFLOAD_SECONDS_DEPRECATED,
+    OFFLOAD_TRANSFERS_DEPRECATED,
 )
 
 
@@ -45,9 +75,14 @@ def reading(samples: Samples, capacity_tokens: int | None = None) -> Reading:
         usage, basis = samples.highest(KV_USAGE_REMOVED), f"{KV_USAGE_REMOVED} (removed alias)"
     if usage is None:
         raise MetricsError(_missing(samples))
+    name = basis.split()[0]
+    usage = usage_fraction(name, usage)
     config = cache_config(samples)
+    pool = capacity_tokens or (config.capacity_tokens if config else None)
+    usable = config.usable_tokens if config else None
+    ranks = [usage_fraction(name, s.value) for s in samples.series(name)]
     return Reading(
-        kv_usage=usage_fraction(basis.split()[0], usage),
+        kv_usage=usage,
         basis=basis,
         running=samples.total(RUNNING),
         waiting=samples.total(WAITING),
@@ -55,9 +90,31 @@ def reading(samples: Samples, capacity_tokens: int | None = None) -> Reading:
         progress_total=samples.total(GENERATION_TOKENS),
         prefix_hits_total=samples.total(PREFIX_HITS),
         prefix_queries_total=samples.total(PREFIX_QUERIES),
-        capacity_tokens=capacity_tokens or (config.capacity_tokens if config else None),
+        capacity_tokens=pool * len(ranks) if pool else None,
         block_size=config.integer("block_size") if config else None,
+        usable_tokens=usable * len(ranks) if usable else None,
+        used_tokens=sum(ranks) * usable if usable else None,
+        max_model_len=config.max_model_len if config else None,
+        waiting_for_capacity=samples.total(WAITING_BY_REASON, reason="capacity"),
+        **_offload(samples),
     )
+
+
+def _offload(samples: Samples) -> dict[str, float | None]:
+    """The host KV tier's usage and loads; all None when the engine runs without one."""
+    usage = samples.highest(OFFLOAD_USAGE)
+    seconds, loads = samples.total(OFFLOAD_LOAD_SECONDS), samples.total(OFFLOAD_LOADS)
+    loaded = samples.total(OFFLOAD_LOAD_BYTES)
+    if seconds is None:
+        seconds = samples.total(OFFLOAD_SECONDS_DEPRECATED, **LOAD_DIRECTION)
+        loads = samples.total(OFFLOAD_TRANSFERS_DEPRECATED, **LOAD_DIRECTION)
+        loaded = samples.total(OFFLOAD_BYTES_DEPRECATED, **LOAD_DIRECTION)
+    return {
+        "offload_usage": None if usage is None else usage_fraction(OFFLOAD_USAGE, usage),
+        "offload_load_seconds_total": seconds,
+        "offload_loads_total": loads,
+        "offload_load_bytes_total": loaded,
+    }
 
 
 def promql(matchers: list[str], capacity_tokens: int | None = None) -> PromQL:
@@ -73,6 +130,15 @@ def promql(matchers: list[str], capacity_tokens: int | None = None) -> PromQL:
         preemptions_increase=f"increase({of(PREEMPTIONS)}[$window])",
         prefix_hits_increase=f"increase({of(PREFIX_HITS)}[$window])",
         prefix_queries_increase=f"increase({of(PREFIX_QUERIES)}[$window])",
+        offload_usage=of(OFFLOAD_USAGE),
+        offload_load_seconds_increase=(
+            f"(increase({of(OFFLOAD_LOAD_SECONDS)}[$window]) or ignoring (transfer_type) "
+            f"increase({series(OFFLOAD_SECONDS_DEPRECATED, matchers, **LOAD_DIRECTION)}[$window]))"
+        ),
+        offload_loads_increase=(
+            f"(increase({of(OFFLOAD_LOADS)}[$window]) or ignoring (transfer_type) "
+            f"increase({series(OFFLOAD_TRANSFERS_DEPRECATED, matchers, **LOAD_DIRECTION)}[$window]))"
+        ),
     )
 
 
@@ -101,6 +167,26 @@ class CacheConfig:
         """The KV pool in tokens: `kv_cache_size_tokens`, else num_gpu_blocks x block_size."""
         blocks, block_size = self.integer("num_gpu_blocks"), self.integer("block_size")
         return self.integer("kv_cache_size_tokens") or (blocks * block_size if blocks and block_size else None)
+
+    @property
+    def usable_tokens(self) -> int | None:
+        """The tokens `vllm:kv_cache_usage_perc` is a fraction of: the pool less its null block
+        (vllm/v1/core/block_pool.py, get_usage: 1 - free / (num_gpu_blocks - 1))."""
+        tokens, blocks = self.capacity_tokens, self.integer("num_gpu_blocks")
+        return tokens * (blocks - 1) // blocks if tokens and blocks else None
+
+    @property
+    def max_model_len(self) -> int | None:
+        """The engine's context: `kv_cache_size_tokens` is int(kv_cache_max_concurrency x max-model-len)
+        (vllm/v1/core/kv_cache_utils.py, get_kv_cache_capacity)."""
+        tokens, concurrency = self.integer("kv_cache_size_tokens"), self.number("kv_cache_max_concurrency")
+        return round(tokens / concurrency) if tokens and concurrency else None
+
+
+def usage_pool_tokens(capacity: Mapping[str, Any]) -> int:
+    """From a plan's capacity (`kvops plan --json`), the tokens the usage gauge is a fraction of: the pool less
+    its null block."""
+    return int(capacity["kv_tokens"]) * int(capacity["usable_blocks"]) // int(capacity["num_blocks"])
 
 
 def cache_config(samples: Samples) -> CacheConfig | None:

@@ -219,10 +219,15 @@ def test_tgi_gets_no_plugin_and_the_plans_capacity(run_kvops):
     )
 
 
-@pytest.mark.parametrize("engine, extra", [("vllm", []), ("tgi", ["--max-batch-total-tokens", "441364"])])
-def test_the_rules_are_kvops_alerts_output(run_kvops, tmp_path, engine, extra):
+@pytest.mark.parametrize("engine", ["vllm", "tgi"])
+def test_the_rules_are_kvops_alerts_output(run_kvops, tmp_path, monkeypatch, engine):
+    """The rules name the plan they were computed from as plan.json: `kvops plan ... --json` of the same options."""
+    (tmp_path / "plan.json").write_text(run_kvops("plan", "--engine", engine, *EXAMPLE, "--json").stdout)
+    monkeypatch.chdir(tmp_path)
     emitted = {
-        fmt: run_kvops("alerts", "--engine", engine, "--format", fmt, "--scrape-interval", "15", *extra).stdout
+        fmt: run_kvops(
+            "alerts", "--engine", engine, "--format", fmt, "--scrape-interval", "15", "--plan", "plan.json"
+        ).stdout
         for fmt in ("prometheusrule", "rules")
     }
     k8s_rule = (REPO / "configs" / "k8s" / engine / "prometheusrule.yaml").read_text()
@@ -304,7 +309,7 @@ def test_the_compose_validator_catches_a_bad_file():
 
 
 @pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (apt-get install prometheus; .ci/run does)")
-@pytest.mark.parametrize("engine, rules", [("vllm", 8), ("tgi", 6)])
+@pytest.mark.parametrize("engine, rules", [("vllm", 16), ("tgi", 12)])  # alerts, GPUMemoryHigh, 5 recorded
 def test_compose_prometheus_config_and_rules_pass_promtool(engine, rules):
     directory = REPO / "configs" / "compose" / engine
     ran = subprocess.run(
