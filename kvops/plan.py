@@ -77,6 +77,9 @@ class PlanInputs:
     max_input_tokens: int | None = None  # TGI
     profile: Profile | None = None
     warn_level: float = 0.70
+    kv_offloading_size: float | None = None  # vLLM --kv-offloading-size: GiB of host memory, all TP ranks
+    kv_offloading_backend: str | None = None  # vLLM --kv-offloading-backend (native when a size is given)
+    gpu_memory_target: float | None = None  # the policy's gpu_memory.below: the plan says why it reserves more
 
     @property
     def devices(self) -> int:

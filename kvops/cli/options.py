@@ -184,6 +184,17 @@ def engine_options(function: Callable, model_required: bool = True, engine: bool
         ),
         click.option("--block-size", type=POSITIVE, help="vLLM --block-size [16 on GPU, 64 for MLA, 128 on CPU]."),
         click.option("--enforce-eager", is_flag=True, help="vLLM: no CUDA graphs (their memory goes to KV)."),
+        click.option(
+            "--kv-offloading-size",
+            type=Finite(0, 1 << 20, "GiB of host memory, all tensor-parallel ranks together", low_open=True),
+            metavar="GiB",
+            help="vLLM: a host (CPU) KV tier of this size; the plan says the tokens it holds and what a reload costs.",
+        ),
+        click.option(
+            "--kv-offloading-backend",
+            type=click.Choice(("native", "lmcache")),
+            help="vLLM: the host tier's backend  [default: native, with --kv-offloading-size]",
+        ),
     ]
     function = _apply(function, options if engine else options[1:])
     if model_required:

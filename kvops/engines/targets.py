@@ -12,9 +12,14 @@ use, so the target is held on memory in use:
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from kvops.engines.common import OVERHEAD_TERMS
 from kvops.units import format_bytes
+
+if TYPE_CHECKING:
+    from kvops.plan import Plan
 
 NON_KV_TERMS = ("weights", *OVERHEAD_TERMS)
 
@@ -47,6 +52,16 @@ def note(fraction: float, flag: str, non_kv: int, kv_bytes: int, total: int, bel
         return f"{head}, and weights and overheads alone exceed {below:.0%} of {format_bytes(total)}"
     if at >= 1:
         return f"{head}, which stays under {below:.0%} of {format_bytes(total)} even with the KV cache full"
-    return (
-        f"{head}, which reaches {below:.0%} of {format_bytes(total)} at {at:.1%} KV usage (GPUMemoryHigh alerts there)"
+    return f"{head}, which reaches {below:.0%} of {format_bytes(total)} at {at:.1%} KV usage (where the GPUMemoryHigh rule of kvops manifests alerts)"
+
+
+def with_note(plan: Plan, flag: str) -> Plan:
+    """The plan with the GPU-memory note when its share of the device is above the policy's target."""
+    target, fraction = plan.inputs.gpu_memory_target, plan.flags.get(flag)
+    total = plan.term("total")
+    if target is None or not isinstance(fraction, float) or total is None or plan.kv_cache_bytes <= 0:
+        return plan
+    text = note(
+        fraction, flag, non_kv_bytes((t.name, t.bytes) for t in plan.memory), plan.kv_cache_bytes, total.bytes, target
     )
+    return replace(plan, notes=(*plan.notes, text)) if text else plan

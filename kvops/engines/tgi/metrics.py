@@ -163,3 +163,36 @@ def _read(path: str | Path, option: str) -> str:
         return Path(path).read_text(errors="replace")
     except OSError as exc:
         raise UsageError(f"{option} {path}: cannot read ({exc.strerror or exc})") from None
+
+
+# --- the Grafana dashboard's TGI queries (kvops/deploy/grafana.py asks every engine for its own) ----------
+
+QUEUE_DURATION = "tgi_request_queue_duration"  # histogram, seconds (router/src/server.rs)
+DECODE = ',method="decode"'
+
+
+def dashboard(selector: str, rate: str) -> dict[str, list[tuple[str, str]]]:
+    """Panel key -> (PromQL, legend) of TGI's series. TGI exports no KV gauge (the watcher's usage covers it), no
+    preemption, prefix-cache or host-tier counters, and no time to first token: its queue time stands there."""
+
+    def of(name: str, extra: str = "") -> str:
+        return f"{name}{{{selector}{extra}}}"
+
+    return {
+        "requests": [
+            (f"sum by (instance) ({of(BATCH_SIZE)})", "{{instance}} running (TGI batch)"),
+            (f"sum by (instance) ({of(QUEUE_SIZE)})", "{{instance}} waiting (TGI queue)"),
+        ],
+        "throughput": [
+            (
+                f"sum by (instance) (rate({of(INFERENCE_COUNT, DECODE)}[{rate}]))",
+                "{{instance}} decode steps/s (TGI)",
+            )
+        ],
+        "ttft": [
+            (
+                f"histogram_quantile(0.95, sum by (instance, le) (rate({of(QUEUE_DURATION + '_bucket')}[{rate}])))",
+                "{{instance}} queue time p95 (TGI)",
+            )
+        ],
+    }

@@ -44,9 +44,10 @@ class VllmEngine:
         return flags.image(vendor)
 
     def plan_once(self, inputs: PlanInputs) -> Plan:
-        from kvops.engines.vllm import plan
+        from kvops.engines import targets
+        from kvops.engines.vllm import offload, plan
 
-        return plan.plan_once(inputs)
+        return targets.with_note(offload.with_tier(inputs, plan.plan_once(inputs)), self.memory_fraction_flag)
 
     def kv_dtype_ways(self, inputs: PlanInputs) -> list[str]:
         from kvops.engines.vllm import plan
@@ -59,9 +60,9 @@ class VllmEngine:
         return plan.kv_dtype_spelling(inputs, name)
 
     def offload_ways(self, inputs: PlanInputs, failed: Plan) -> list[WayOut]:
-        from kvops.engines.vllm import plan
+        from kvops.engines.vllm import offload
 
-        return plan.offload_ways(inputs, failed)
+        return offload.offload_ways(inputs, failed)
 
     def kv_bytes_per_token(self, spec: ModelSpec, dtype: KvDtype, tp: int) -> int:
         from kvops.formula import kv_cost

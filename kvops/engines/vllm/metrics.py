@@ -200,3 +200,43 @@ def _missing(samples: Samples) -> str:
     renamed = sorted(name for name in samples.seen if "kv_cache" in name or "cache_usage" in name)
     hint = f"; found {', '.join(renamed)}: renamed?" if renamed else ": not a vLLM /metrics, or the metric was renamed"
     return f"no {KV_USAGE} (nor the removed {KV_USAGE_REMOVED}) among {len(samples.seen)} metric names{hint}"
+
+
+# --- the Grafana dashboard's vLLM queries (kvops/deploy/grafana.py asks every engine for its own) ---------
+
+
+CAPACITY_REASON = ',reason="capacity"'
+
+
+def dashboard(selector: str, rate: str) -> dict[str, list[tuple[str, str]]]:
+    """Panel key -> (PromQL, legend) of vLLM's series; `selector` is the matchers inside {}, `rate` a range."""
+
+    def of(name: str, extra: str = "") -> str:
+        return f"{name}{{{selector}{extra}}}"
+
+    def per_second(name: str, extra: str = "") -> str:
+        return f"sum by (instance) (rate({of(name, extra)}[{rate}]))"
+
+    def p95(histogram: str) -> str:
+        return f"histogram_quantile(0.95, sum by (instance, le) (rate({of(histogram + '_bucket')}[{rate}])))"
+
+    return {
+        "kv_usage": [(f"max by (job, instance) ({of(KV_USAGE)})", "{{instance}} vLLM")],
+        "requests": [
+            (f"sum by (instance) ({of(RUNNING)})", "{{instance}} running"),
+            (f"sum by (instance) ({of(WAITING)})", "{{instance}} waiting"),
+            (
+                f"sum by (instance) ({of(WAITING_BY_REASON, CAPACITY_REASON)})",
+                "{{instance}} waiting for KV or batch room",
+            ),
+        ],
+        "preemptions": [(per_second(PREEMPTIONS), "{{instance}}")],
+        "throughput": [(per_second(GENERATION_TOKENS), "{{instance}} tokens/s (vLLM)")],
+        "prefix_hit_rate": [(f"{per_second(PREFIX_HITS)} / {per_second(PREFIX_QUERIES)}", "{{instance}} vLLM")],
+        "ttft": [(p95(TTFT), "{{instance}} time to first token p95 (vLLM)")],
+        "tpot": [(p95(INTER_TOKEN), "{{instance}} time per output token p95 (vLLM)")],
+        "offload_usage": [(f"max by (instance) ({of(OFFLOAD_USAGE)})", "{{instance}} host tier pinned")],
+        "offload_load": [
+            (f"{per_second(OFFLOAD_LOAD_SECONDS)} / {per_second(OFFLOAD_LOADS)}", "{{instance}} time per load")
+        ],
+    }

@@ -11,7 +11,7 @@ from kvops.dtypes import KvDtype, resolve_kv_dtype
 from kvops.engines import common
 from kvops.engines.vllm import budget, flags, layout
 from kvops.errors import UsageError
-from kvops.plan import Plan, PlanInputs, Term, Verdict, WayOut, model_argument
+from kvops.plan import Plan, PlanInputs, Term, Verdict, model_argument
 from kvops.units import format_bytes
 from kvops.workload import Workload
 
@@ -324,8 +324,6 @@ def _verdict(
 
 # --- the ways out this engine offers --------------------------------------------------------------------
 
-PCIE_BYTES_PER_SECOND = 25 * 10**9  # PCIe 4.0 x16, what host<->GPU copies reach in practice (an estimate)
-
 
 def kv_dtype_ways(inputs: PlanInputs) -> list[str]:
     """The quantized KV dtypes to try, least lossy first: the CPU build's attention takes fp8 only."""
@@ -336,34 +334,3 @@ def kv_dtype_spelling(inputs: PlanInputs, name: str) -> str:
     """How vLLM is told to keep the KV cache in `name`."""
     value = flags.kv_cache_dtype(resolve_kv_dtype(name, inputs.spec.dtype), inputs.spec.dtype, inputs.device)
     return f"{name} KV, vLLM --kv-cache-dtype {value}"
-
-
-def offload_ways(inputs: PlanInputs, failed: Plan) -> list[WayOut]:
-    """Host memory instead of GPU memory: weights (UVA) or evicted KV blocks; described, not re-planned."""
-    if inputs.device != "gpu" or failed.need_bytes is None or failed.have_bytes is None:
-        return []
-    short = max(0, failed.need_bytes - max(failed.have_bytes, 0))
-    if short <= 0:
-        return []
-    gib = ceil(short / (1 << 30))
-    seconds = gib * (1 << 30) / PCIE_BYTES_PER_SECOND
-    weights = failed.term("weights")
-    options = []
-    if weights and gib * (1 << 30) < weights.bytes:
-        options.append(
-            WayOut(
-                f"--cpu-offload-gb {gib}",
-                None,
-                f"moves {gib} GiB of weights per GPU to host memory (UVA), freeing it for KV; every forward step streams them over PCIe: ~{seconds * 1000:.0f} ms per step at ~25 GB/s (an estimate)",
-                "decode slows by that much on every token",
-            )
-        )
-    options.append(
-        WayOut(
-            f"--kv-offloading-size {gib * inputs.tp} --kv-offloading-backend native",
-            None,
-            f"keeps {gib * inputs.tp} GiB (all TP ranks) of evicted KV blocks in host memory, so preempted and repeated prefixes reload over PCIe (~{seconds * 1000:.0f} ms per {gib} GiB) instead of being recomputed; it does not raise how many sequences run at once",
-            f"costs {gib * inputs.tp} GiB of host RAM",
-        )
-    )
-    return options

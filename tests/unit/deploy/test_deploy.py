@@ -339,7 +339,7 @@ def test_dashboard_bands_are_the_policys_levels(run_kvops, tmp_path):
         }
         assert not area & cells and max(x for x, _ in area) < 24
         cells |= area
-    assert len({panel["id"] for panel in document["panels"]}) == len(document["panels"]) == 8
+    assert len({panel["id"] for panel in document["panels"]}) == len(document["panels"]) == 14
     levels = document["panels"][1]["fieldConfig"]["defaults"]["mappings"][0]["options"]
     assert {value: option["text"] for value, option in levels.items()} == {
         "-1": "unknown",
