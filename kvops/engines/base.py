@@ -40,6 +40,7 @@ class Engine(Protocol):
     memory_fraction_flag: str  # the flag naming the share of the device it may use
     data_parallel: bool  # one launch can run several replicas (--data-parallel-size)
     guard_scheduler: str | None  # the KV-guard scheduler a plan may name, or None where the engine has no plugin
+    signals: tuple[str, ...]  # the saturation signals its metrics support (the policy's signal names)
     needs_capacity: bool  # its KV usage is computed from a capacity the watcher must be given
 
     def image(self, vendor: str | None) -> str:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kvops.engines.common import paging_note
-from kvops.explain import TERM_LABELS, Explanation, Figure
+from kvops.explain import TERM_LABELS, Diagnosis, Explanation, Figure, KvNow
 from kvops.units import format_bytes
 
 ROW_NAMES = {
@@ -46,18 +46,17 @@ def explanation_text(result: Explanation) -> str:
     head = f"vLLM{' ' + result.version if result.version else ''} on {where}: {result.state}"
     lines = [head, f"  from {', '.join(result.sources)}", ""]
     if result.diagnosis:
-        lines += _diagnosis_lines(result) + [""]
+        lines += _diagnosis_lines(result.diagnosis) + [""]
     lines += _memory_lines(result)
     if result.kv:
-        lines += [""] + _kv_lines(result)
+        lines += [""] + _kv_lines(result.kv)
     lines += [""] + _level_lines(result)
     if result.notes:
         lines += ["", "notes"] + [f"  {note}" for note in result.notes]
     return "\n".join(lines)
 
 
-def _diagnosis_lines(result: Explanation) -> list[str]:
-    diagnosis = result.diagnosis
+def _diagnosis_lines(diagnosis: Diagnosis) -> list[str]:
     headline = HEADLINES.get(diagnosis.term) or f"the {TERM_LABELS.get(diagnosis.term, diagnosis.term)} ran out"
     return [
         f"FAILED: {headline}",
@@ -104,8 +103,7 @@ def _short(text: str, width: int = 150) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
-def _kv_lines(result: Explanation) -> list[str]:
-    kv = result.kv
+def _kv_lines(kv: KvNow) -> list[str]:
     in_use = f", {format_bytes(kv.in_use_bytes)}" if kv.in_use_bytes is not None else ""
     pool = f" ({format_bytes(kv.pool_bytes)})" if kv.pool_bytes is not None else ""
     return [

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 
+from kvops import engines
 from kvops.engines.metrics import duration
 from kvops.policy import GRADED, Level, Policy, SignalRule
 
@@ -26,10 +27,6 @@ SIGNAL_ALERTS = {
 GPU_MEMORY_ALERT = "GPUMemoryHigh"
 STALE_ALERT = "KVMetricsStale"
 SEVERITY = {Level.WARN: "warning", Level.DEGRADE: "warning", Level.CRITICAL: "critical", None: "info"}
-ENGINE_SIGNALS = {
-    "vllm": ("queue_growth", "preemptions", "stall", "prefix_cache_hit_rate", "offload_usage", "offload_load_latency"),
-    "tgi": ("queue_growth", "stall"),
-}
 
 
 @dataclass(frozen=True)
@@ -56,7 +53,7 @@ class AlertKind:
 def catalogue(policy: Policy, engine: str) -> list[AlertKind]:
     """Every alert the policy defines for an engine: the three levels, its signals, metrics stale."""
     kinds = [_level_kind(policy, level) for level in GRADED]
-    kinds += [_signal_kind(policy.signals[name]) for name in ENGINE_SIGNALS[engine] if name in policy.signals]
+    kinds += [_signal_kind(policy.signals[name]) for name in engines.get(engine).signals if name in policy.signals]
     kinds.append(
         AlertKind(
             STALE_ALERT,

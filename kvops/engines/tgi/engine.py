@@ -37,6 +37,7 @@ class TgiEngine:
     memory_fraction_flag = "cuda-memory-fraction"  # the share of the device the engine may use
     data_parallel = False  # one replica per launcher
     guard_scheduler = None  # TGI has no scheduler plugin: the proxy guards it
+    signals = ("queue_growth", "stall")  # TGI never preempts and exports no prefix-cache counters
     needs_capacity = True  # KV usage = tgi_batch_current_max_tokens / max batch total tokens
 
     def image(self, vendor: str | None) -> str:

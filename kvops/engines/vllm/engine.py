@@ -38,6 +38,7 @@ class VllmEngine:
     memory_fraction_flag = "gpu-memory-utilization"  # the share of the device the engine may use
     data_parallel = True
     guard_scheduler = flags.GUARD_SCHEDULER
+    signals = ("queue_growth", "preemptions", "stall", "prefix_cache_hit_rate", "offload_usage", "offload_load_latency")
     needs_capacity = False
 
     def image(self, vendor: str | None) -> str:
