@@ -363,7 +363,7 @@ _SIZES = {"gpu_memory": "--gpu-memory", "kv_cache_memory_bytes": "--kv-cache-mem
 
 
 def deployment_options(ctx: click.Context, params: dict[str, Any], launcher: tuple[str, ...] = ()) -> DeploymentOptions:
-    """The deployment options the command's parameters state; `given` holds those typed on the command line."""
+    """The deployment options the command's parameters state; `given` holds those the user stated (flags or -f file)."""
     from click.core import ParameterSource
 
     from kvops.deployment import DeploymentOptions
@@ -378,8 +378,8 @@ def deployment_options(ctx: click.Context, params: dict[str, Any], launcher: tup
         if name in _SIZES and value is not None:
             value = parse_bytes(value, _SIZES[name])
         values[field] = value
-        if ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE:
-            given.add(field)
+        if ctx.get_parameter_source(name) in (ParameterSource.COMMANDLINE, ParameterSource.DEFAULT_MAP):
+            given.add(field)  # typed, or stated in the -f file
     if values.get("workload") and (values.get("prompt_tokens") is not None or values.get("gen_tokens") is not None):
         raise click.UsageError("give either --workload FILE or --prompt-tokens/--gen-tokens, not both")
     if launcher:

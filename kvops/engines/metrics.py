@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import re
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -237,3 +237,55 @@ def duration(seconds: float) -> str:
     """A Prometheus duration: 30s, 5m, 90s."""
     whole = round(seconds)
     return f"{whole // 60}m" if whole and whole % 60 == 0 else f"{whole}s"
+
+
+# --- what a release exports, for `kvops lint` --------------------------------------------------------------
+
+
+def release_key(release: str) -> tuple[int, ...]:
+    """'0.32' -> (0, 32): releases compare by their numbers."""
+    return tuple(int(part) for part in release.split("."))
+
+
+@dataclass(frozen=True)
+class Retired:
+    """A metric the engine stopped exporting, or will: its replacement and the releases of each step."""
+
+    replacement: str | None  # None: nothing replaces it
+    deprecated: str
+    hidden: str | None  # still exported on request (vLLM's --show-hidden-metrics-for-version)
+    removed: str | None
+    source: str  # the upstream change that says so
+
+    def state(self, release: str) -> str | None:
+        """'removed', 'hidden', 'deprecated' at `release`, or None before its deprecation."""
+        at = release_key(release)
+        for state, since in (("removed", self.removed), ("hidden", self.hidden), ("deprecated", self.deprecated)):
+            if since is not None and at >= release_key(since):
+                return state
+        return None
+
+
+@dataclass(frozen=True)
+class Catalogue:
+    """An engine's metric families (names as registered, without `_total`/`_bucket`/... suffixes) at a release."""
+
+    engine: str
+    release: str
+    pattern: str  # a regex that finds the engine's metric names in any text
+    exported: frozenset[str]
+    retired: Mapping[str, Retired]
+    others: Mapping[str, str]  # names with the engine's prefix another component exports: name -> who
+
+    SUFFIXES = ("_total", "_bucket", "_count", "_sum", "_created")
+
+    def family(self, name: str) -> str:
+        """The family a sample name belongs to (vllm:num_preemptions_total -> vllm:num_preemptions)."""
+        for suffix in self.SUFFIXES:
+            base = name.removesuffix(suffix)
+            if base != name and self.known(base) and not self.known(name):
+                return base
+        return name
+
+    def known(self, name: str) -> bool:
+        return name in self.exported or name in self.retired or name in self.others

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from kvops.engines.metrics import MetricsError, PromQL, Reading, Samples, series
+from kvops.engines.metrics import Catalogue, MetricsError, PromQL, Reading, Samples, series
 from kvops.errors import UsageError
 
 QUEUE_SIZE = "tgi_queue_size"
@@ -196,3 +196,24 @@ def dashboard(selector: str, rate: str) -> dict[str, list[tuple[str, str]]]:
             )
         ],
     }
+
+
+# --- what TGI exports, for `kvops lint` (router/src/server.rs, validation.rs, queue.rs, backends/v3/src/) -------
+# TGI 3.3.7 (the release kvops deploys; TGI is in maintenance mode): nothing retired. `tgi_batch_total_tokens` is described but never
+# set; `tgi_batch_max_total_tokens` is set before the recorder exists, so it is never exported either.
+
+_EXPORTED = """
+request_count request_success request_failure request_duration request_validation_duration request_queue_duration
+request_inference_duration request_mean_time_per_token_duration request_generated_tokens request_input_length
+request_max_new_tokens request_skipped_tokens queue_size batch_current_size batch_current_max_tokens batch_next_size
+batch_concat batch_inference_count batch_inference_success batch_inference_failure batch_inference_duration
+batch_forward_duration batch_decode_duration batch_filter_duration batch_concat_duration
+"""
+CATALOGUE = Catalogue(
+    engine="tgi",
+    release="3.3.7",
+    pattern=r"\btgi_[a-z0-9_]+",
+    exported=frozenset(f"tgi_{name}" for name in _EXPORTED.split()),
+    retired={},
+    others={},
+)

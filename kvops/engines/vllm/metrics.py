@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kvops.engines.metrics import MetricsError, PromQL, Reading, Samples, series, usage_fraction
+from kvops.engines.metrics import Catalogue, MetricsError, PromQL, Reading, Retired, Samples, series, usage_fraction
 
 KV_USAGE = "vllm:kv_cache_usage_perc"
 KV_USAGE_REMOVED = "vllm:gpu_cache_usage_perc"
@@ -240,3 +240,74 @@ def dashboard(selector: str, rate: str) -> dict[str, list[tuple[str, str]]]:
             (f"{per_second(OFFLOAD_LOAD_SECONDS)} / {per_second(OFFLOAD_LOADS)}", "{{instance}} time per load")
         ],
     }
+
+
+# --- what vLLM 0.32.0 exports and what it retired, for `kvops lint` ----------------------------------------
+# Exported: every family the installed 0.32.0 package registers (vllm/v1/metrics/loggers.py, vllm/v1/kv_offload/,
+# vllm/distributed/kv_transfer/kv_connector/v1/*/metrics.py and the server's own). Retired: vLLM's policy is
+# "deprecated in X.Y, hidden in X.Y+1 (--show-hidden-metrics-for-version=X.Y brings them back), removed in X.Y+2".
+
+RELEASE = "0.32"
+_V08 = ("0.8", "0.9", "0.10", "vllm-project/vllm#14136, hidden #15458, removed #18837")
+_V010 = ("0.10", "0.11", "0.12", "vllm-project/vllm#18354, hidden #24245, removed #29330")
+_V032 = ("0.32", "0.33", "0.34", "vllm 0.32.0 offloading/metrics.py (_DEPRECATED_CONNECTOR_METRIC_DEFINITIONS)")
+_RETIRED = {
+    "vllm:gpu_cache_usage_perc": ("vllm:kv_cache_usage_perc", _V010),
+    "vllm:gpu_prefix_cache_queries": ("vllm:prefix_cache_queries", _V010),
+    "vllm:gpu_prefix_cache_hits": ("vllm:prefix_cache_hits", _V010),
+    "vllm:time_per_output_token_seconds": (
+        "vllm:inter_token_latency_seconds",
+        ("0.11", "0.12", "0.13", "vllm-project/vllm#24110, hidden #29330"),
+    ),
+    "vllm:num_requests_swapped": (None, _V08),
+    "vllm:cpu_cache_usage_perc": (None, _V08),
+    "vllm:cpu_prefix_cache_hit_rate": (None, _V08),
+    "vllm:gpu_prefix_cache_hit_rate": ("vllm:prefix_cache_hits / vllm:prefix_cache_queries", _V08),
+    "vllm:time_in_queue_requests": ("vllm:request_queue_time_seconds", _V08),
+    "vllm:model_forward_time_milliseconds": (None, _V08),
+    "vllm:model_execute_time_milliseconds": (None, _V08),
+    "vllm:kv_offload_total_bytes": ("vllm:kv_offload_load_bytes and vllm:kv_offload_store_bytes", _V032),
+    "vllm:kv_offload_total_time": ("vllm:kv_offload_load_time and vllm:kv_offload_store_time", _V032),
+    "vllm:kv_offload_size": ("vllm:kv_offload_load_size and vllm:kv_offload_store_size", _V032),
+}
+_EXPORTED = """
+admission_rejections cache_config_info corrupted_requests diffusion_num_canvas_positions
+diffusion_num_committed_tokens diffusion_num_denoising_steps e2e_request_latency_seconds engine_sleep_state
+estimated_flops_per_gpu_total estimated_read_bytes_per_gpu_total estimated_write_bytes_per_gpu_total
+external_prefix_cache_hits external_prefix_cache_queries generation_tokens hisparse_cache_hits hisparse_cache_misses
+hisparse_host_block_idle_before_evict_seconds hisparse_host_block_lifetime_seconds
+hisparse_host_block_reuse_gap_seconds hisparse_host_cache_usage_perc hisparse_host_to_device_bytes
+hisparse_pending_page_transfers inter_token_latency_seconds iteration_tokens_total kv_block_idle_before_evict_seconds
+kv_block_lifetime_seconds kv_block_reuse_gap_seconds kv_cache_usage_perc kv_offload_allocation_failure
+kv_offload_cpu_allocation_size kv_offload_cpu_cache_read_usage_perc kv_offload_cpu_cache_usage_perc
+kv_offload_cpu_cache_write_usage_perc kv_offload_load_bytes kv_offload_load_size kv_offload_load_time
+kv_offload_lookup_async_delay_seconds kv_offload_lookup_sync_delay_seconds kv_offload_store_bytes
+kv_offload_store_size kv_offload_store_time kv_offload_stores_skipped lora_requests_info mm_cache_hits
+mm_cache_queries num_preemptions num_requests_kv_fetch_by_stage num_requests_running num_requests_waiting
+num_requests_waiting_by_reason prefix_cache_hits prefix_cache_queries prompt_tokens prompt_tokens_by_source
+prompt_tokens_cached prompt_tokens_cached_by_source request_decode_time_seconds request_generation_tokens
+request_inference_time_seconds request_max_num_generation_tokens request_num_preemptions request_params_max_tokens
+request_params_n request_prefill_kv_computed_tokens request_prefill_time_seconds request_prompt_tokens
+request_queue_time_seconds request_success request_time_per_output_token_seconds spec_decode_num_accepted_tokens
+spec_decode_num_accepted_tokens_per_pos spec_decode_num_draft_tokens spec_decode_num_drafts
+time_to_first_token_seconds watermark_requests nixl_bytes_transferred nixl_num_descriptors
+nixl_num_failed_notifications nixl_num_failed_transfers nixl_num_kv_expired_reqs nixl_num_notifications_after_expiry
+nixl_post_time_seconds nixl_xfer_time_seconds
+"""
+# vLLM production-stack's router exports these under vLLM's prefix (src/vllm_router/services/metrics_service/)
+_ROUTER = """
+current_qps avg_decoding_length num_prefill_requests num_decoding_requests num_incoming_requests healthy_pods_total
+avg_latency avg_itl input_tokens_total output_tokens_total request_errors_total request_latency_seconds
+"""
+
+CATALOGUE = Catalogue(
+    engine="vllm",
+    release=RELEASE,
+    pattern=r"vllm:[A-Za-z_][A-Za-z0-9_:]*",
+    exported=frozenset(f"vllm:{name}" for name in _EXPORTED.split()),
+    retired={
+        name: Retired(replacement, deprecated, hidden, removed, source)
+        for name, (replacement, (deprecated, hidden, removed, source)) in _RETIRED.items()
+    },
+    others={f"vllm:{name}": "vLLM production-stack's router" for name in _ROUTER.split()},
+)
