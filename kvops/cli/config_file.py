@@ -40,7 +40,16 @@ SEED_KEYS = {
 
 
 def file_option(function: Callable) -> Callable:
-    """`-f/--file FILE`: the command's options from a YAML file, read before the flags (which override it)."""
+    """`-f/--file FILE`: the command's options from a YAML file, read before the flags (which override it); and
+    `--file-schema`, the JSON schema of that file."""
+    function = click.option(
+        "--file-schema",
+        is_flag=True,
+        is_eager=True,
+        expose_value=False,
+        callback=_print_schema,
+        help="Print the JSON schema of the -f file for this command, and exit.",
+    )(function)
     return click.option(
         "-f",
         "--file",
@@ -71,11 +80,73 @@ def _load(ctx: click.Context, param: click.Parameter, path: Path | None) -> None
     ctx.default_map = {**(ctx.default_map or {}), **values}
 
 
+def _print_schema(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    if not value:
+        return
+    import json
+
+    click.echo(json.dumps(schema(ctx.command), indent=2))
+    ctx.exit(0)
+
+
+def schema(command: click.Command) -> dict[str, Any]:
+    """The JSON schema (draft 2020-12) of the -f file: each long option by its name, and the seed's kv_cache block."""
+    properties: dict[str, Any] = {}
+    for option, name in _option_names(command).items():
+        param = next(p for p in command.params if p.name == name)
+        spec = {"description": (getattr(param, "help", None) or "").strip(), **_type(param)}
+        properties[option] = properties[option.replace("-", "_")] = spec  # both spellings are read
+    section = {"type": "object", "additionalProperties": False}
+    properties["kv_cache"] = {
+        **section,
+        "description": "The seed's KV cache block, mapped onto the engines' options.",
+        "properties": {
+            "max_length": {"type": "integer", "minimum": 1, "description": "-> max-model-len"},
+            "chunk_size": {"type": "integer", "description": "not used: " + UNSUPPORTED["kv_cache.chunk_size"]},
+            "precision": {"type": "string", "description": "-> kv-dtype (unquantized)"},
+            "compression": {
+                **section,
+                "properties": {"enabled": {"type": "boolean"}, "method": {"type": "string"}},
+            },
+            "swap": {
+                **section,
+                "properties": {
+                    "enabled": {"type": "boolean"},
+                    "path": {"type": "string", "description": "not used: " + UNSUPPORTED["kv_cache.swap.path"]},
+                    "max_size": {"type": ["string", "integer"], "description": "-> kv-offloading-size"},
+                },
+            },
+        },
+    }
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": f"kvops {command.name} -f FILE",
+        "type": "object",
+        "additionalProperties": False,
+        "properties": properties,
+    }
+
+
+def _type(param: click.Parameter) -> dict[str, Any]:
+    """A click parameter's values as JSON schema; sizes and numbers with units are strings."""
+    kind = param.type
+    if isinstance(param, click.Option) and param.is_flag:
+        return {"type": "boolean"}
+    if isinstance(kind, click.Choice):
+        return {"enum": list(kind.choices)}
+    if isinstance(kind, click.IntRange | type(click.INT)):
+        bounds = {"minimum": kind.min} if getattr(kind, "min", None) is not None else {}
+        return {"type": "integer", **bounds}
+    if param.multiple:
+        return {"type": "array", "items": {"type": "string"}}
+    return {"type": ["string", "number"]}
+
+
 def _option_names(command: click.Command) -> dict[str, str]:
     """Every long option of the command (dashes) -> its parameter name."""
     names = {}
     for param in command.params:
-        if isinstance(param, click.Option) and param.name and param.name != "config_file":
+        if isinstance(param, click.Option) and param.name not in (None, "config_file", "file_schema"):
             for opt in param.opts:
                 if opt.startswith("--"):
                     names[opt[2:]] = param.name

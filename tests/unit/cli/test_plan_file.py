@@ -66,3 +66,17 @@ def test_file_mistakes_are_one_line(run_kvops, tmp_path, text, message):
     config.write_text(text)
     result = run_kvops("plan", "-f", str(config), *TARGET, expect=2)
     assert message in result.stderr and "Traceback" not in result.stderr and len(result.stderr.splitlines()) == 1
+
+
+def test_the_files_json_schema_takes_the_seed_and_refuses_a_typo(run_kvops, tmp_path):
+    import jsonschema
+    import yaml
+
+    schema = json.loads(run_kvops("plan", "--file-schema").stdout)
+    jsonschema.Draft202012Validator.check_schema(schema)
+    jsonschema.validate(yaml.safe_load(SEED.read_text()), schema)
+    jsonschema.validate({"model": "llama-3-8b", "max_model_len": 4096, "enforce-eager": True}, schema)
+    with pytest.raises(jsonschema.ValidationError, match="'pooling' was unexpected"):
+        jsonschema.validate({"kv_cache": {"pooling": "mean"}}, schema)
+    with pytest.raises(jsonschema.ValidationError, match="'int9' is not one of"):
+        jsonschema.validate({"quantization": "int9"}, schema)
