@@ -51,6 +51,7 @@ class Calibration:
     rows: list[Comparison]
     profile: Profile
     notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # the run does not match the deployment it is compared with
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -59,6 +60,7 @@ class Calibration:
             "comparisons": [row.to_dict() for row in self.rows],
             "profile": self.profile.to_dict(),
             "notes": self.notes,
+            "warnings": self.warnings,
         }
 
 

@@ -21,6 +21,7 @@ from kvops.workload import Workload, parse_workload
 class DeploymentOptions:
     model: str | None = None
     engine: str = "vllm"
+    engine_version: str | None = None  # the release to plan for (None: the newest); a run states its own
     gpu: str | None = None  # a catalog name
     gpu_memory: int | None = None  # bytes per device
     gpus: int | None = None
@@ -86,6 +87,7 @@ class DeploymentOptions:
         needs_gpu = self.gpu or self.gpu_memory or (self.device == "gpu" and pinned is None)
         return PlanInputs(
             engine=self.engine.lower(),
+            engine_version=self.engine_version,
             spec=spec,
             gpu=resolve_gpu(self.gpu, self.gpu_memory) if needs_gpu else None,
             tp=self.tp or self.gpus or 1,

@@ -27,10 +27,19 @@ def read_text(path: str, option: str) -> str:
 
 def fetch_metrics(url: str, option: str = "--metrics") -> str:
     """An engine's /metrics (the path added when the URL names only the server)."""
+    return fetch_endpoint(url, "/metrics", option)
+
+
+def fetch_endpoint(url: str, path: str, option: str) -> str:
+    """One of a server's endpoints (`/metrics`, `/version`): `path` replaces the URL's own last segment when the URL
+    names another endpoint of it, else is added."""
     import urllib.error
     import urllib.request
 
-    target = url if url.rstrip("/").endswith("/metrics") else url.rstrip("/") + "/metrics"
+    base = url.rstrip("/")
+    if base.endswith(("/metrics", "/version")):
+        base = base.rsplit("/", 1)[0]
+    target = base + path
     try:
         with urllib.request.urlopen(target, timeout=10) as response:
             return response.read().decode("utf-8", errors="replace")

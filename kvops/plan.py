@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kvops.errors import KvopsError
 from kvops.gpus import Gpu
@@ -17,6 +17,9 @@ from kvops.model.spec import ModelSpec
 from kvops.profile import Profile
 from kvops.units import format_bytes
 from kvops.workload import Workload
+
+if TYPE_CHECKING:
+    from kvops.engines.common import OverheadFit
 
 
 class PlanError(KvopsError):
@@ -36,19 +39,23 @@ class Term:
     basis: str
     formula: str
     measure: str | None = None  # how to replace an estimate by a measurement
+    band: tuple[int, int] | None = None  # where the engine may land instead, bytes (lowest, highest)
 
     @property
     def is_estimate(self) -> bool:
         return self.basis == "estimate"
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "name": self.name,
             "bytes": self.bytes,
             "basis": self.basis,
             "formula": self.formula,
             "measure": self.measure,
         }
+        if self.band is not None:
+            data["band"] = {"low": self.band[0], "high": self.band[1]}
+        return data
 
 
 @dataclass(frozen=True)
@@ -80,6 +87,8 @@ class PlanInputs:
     kv_offloading_size: float | None = None  # vLLM --kv-offloading-size: GiB of host memory, all TP ranks
     kv_offloading_backend: str | None = None  # vLLM --kv-offloading-backend (native when a size is given)
     gpu_memory_target: float | None = None  # the policy's gpu_memory.below: the plan says why it reserves more
+    engine_version: str | None = None  # the release whose rules the plan follows (None: the newest)
+    overhead_fit: OverheadFit | None = None  # the fitted overheads to plan with (None: the ones kvops ships)
 
     @property
     def devices(self) -> int:
@@ -89,6 +98,15 @@ class PlanInputs:
     @property
     def replicas(self) -> int:
         return self.devices // self.tp
+
+
+class Release(Protocol):
+    """The engine release a plan follows; each engine's releases.py defines its own."""
+
+    family: str
+    label: str
+
+    def to_dict(self) -> dict[str, Any]: ...
 
 
 class Capacity(Protocol):
@@ -173,6 +191,7 @@ class Plan:
     ways_out: tuple[WayOut, ...] = ()
     warnings: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
+    release: Release | None = None  # the engine release whose rules the plan follows
 
     @property
     def engine(self) -> str:
@@ -227,6 +246,7 @@ class Plan:
         inputs = self.inputs
         return {
             "engine": self.engine,
+            "engine_version": self.release.to_dict() if self.release else None,
             "model": inputs.spec.name,
             "gpu": inputs.gpu.to_dict() if inputs.gpu else None,
             "gpus": inputs.devices,

@@ -77,9 +77,10 @@ def _try(change: str, changed: PlanInputs, warning: str | None = None) -> WayOut
 
 
 def _shorter_context(inputs: PlanInputs) -> WayOut:
-    """--max-model-len auto: a way out only when the context it finds still holds the planned requests."""
+    """--max-model-len auto: a way out only when the context it finds still holds the planned requests (the
+    workload's, else the --max-model-len asked for): a shorter context would reject them."""
     option = _try("--max-model-len auto", replace(inputs, max_model_len="auto"))
-    wanted = inputs.workload.total_tokens
+    wanted = inputs.workload.total_tokens or (inputs.max_model_len if isinstance(inputs.max_model_len, int) else None)
     found = option.flags.get("max-model-len", option.flags.get("max-total-tokens")) if option.flags else None
     if option.fits and wanted and found is not None and found < wanted:
         result = (

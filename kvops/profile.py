@@ -1,7 +1,8 @@
 """A calibration profile: what one engine run measured, to replace the planner's estimates (`kvops plan --profile`).
 
 Written by `kvops calibrate --save FILE` (YAML or JSON). Every field is optional: the planner uses what was
-measured and keeps its own figure, marked as an estimate, for the rest.
+measured and keeps its own figure, marked as an estimate, for the rest. A profile records the model, the GPU and
+the engine release it came from; a plan for another says so.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ class Profile:
     engine: str
     source: str  # the log file or metrics URL it came from
     model: str | None = None
-    gpu: str | None = None
+    gpu: str | None = None  # the GPU catalog id of the run
+    engine_version: str | None = None  # the engine release of the run
     tp: int | None = None
     max_num_batched_tokens: int | None = None
     total_memory_bytes: int | None = None  # what the engine saw as the device total (torch), not nvidia-smi's
@@ -61,8 +63,10 @@ class Profile:
             raise ConfigError(f"{where}: unknown profile key {unknown[0]!r}; valid: {', '.join(sorted(known))}")
         if data.get("engine") not in engines.NAMES:
             raise ConfigError(f"{where}: engine {data.get('engine')!r}; valid: {', '.join(engines.NAMES)}")
-        for key in known - {"engine", "source", "model", "gpu", "gpu_memory_utilization"}:
+        for key in known - {"engine", "source", "model", "gpu", "engine_version", "gpu_memory_utilization"}:
             value = data.get(key)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
                 raise ConfigError(f"{where}: {key} {value!r} must be a non-negative integer")
+        if data.get("engine_version") is not None:
+            data = {**data, "engine_version": str(data["engine_version"])}
         return cls(**{key: data[key] for key in known if key in data})

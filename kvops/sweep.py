@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvops import engines
 from kvops.dtypes import resolve_kv_dtype
+from kvops.engines.common import device_total
 from kvops.errors import KvopsError
 from kvops.formula import kv_cost
 from kvops.gpus import Gpu
@@ -27,6 +28,7 @@ COLUMNS = [
     "kv_dtype",
     "kv_dtype_resolved",
     "max_model_len",
+    "batched_tokens",
     "fits",
     "problem",
     "weights_bytes",
@@ -98,7 +100,7 @@ def _row(inputs: PlanInputs) -> dict[str, Any] | None:
         "engine": inputs.engine,
         "model": spec.name,
         "gpu": gpu.id,
-        "gpu_memory_bytes": gpu.memory_bytes,
+        "gpu_memory_bytes": device_total(inputs),  # as the engine sees it
         "tp": inputs.tp,
         "kv_dtype": inputs.kv_dtype,
         "kv_dtype_resolved": dtype.name,
@@ -110,6 +112,7 @@ def _row(inputs: PlanInputs) -> dict[str, Any] | None:
     except KvopsError as exc:
         return {
             **row,
+            "batched_tokens": None,
             "fits": False,
             "problem": str(exc),
             "weights_bytes": None,
@@ -123,8 +126,11 @@ def _row(inputs: PlanInputs) -> dict[str, Any] | None:
     weights = plan.term("weights")
     assert cap is not None  # a sweep plans a fixed context, so the pool is always sized
     row["kv_bytes_per_token_per_gpu"] = engines.get(inputs.engine).kv_bytes_per_token(spec, dtype, inputs.tp)
+    batch = cap.to_dict()
     return {
         **row,
+        # vLLM's max-num-batched-tokens / TGI's max-batch-prefill-tokens: the activation peak grows with it
+        "batched_tokens": batch.get("max_num_batched_tokens") or batch.get("max_batch_prefill_tokens"),
         "fits": plan.fits,
         "problem": plan.problem,
         "weights_bytes": weights.bytes if weights else None,

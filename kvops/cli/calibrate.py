@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from kvops.cli.options import deployment_options, json_option, print_json, run_options, warn
+from kvops.cli.options import deployment_options, json_option, print_json, run_options, running_version, warn
 
 
 @click.command()
@@ -52,9 +52,14 @@ def calibrate(
     source = " + ".join(str(item) for item in (vllm_log, tgi_log, metrics_url) if item)
     log = engine.read_log(read_text(log_path, "--tgi-log" if tgi_log else "--vllm-log"), log_path) if log_path else None
     config = engine.run_config(fetch_metrics(metrics_url), metrics_url) if metrics_url else None
-    result, no_prediction = calibrate_run(engine, log, config, deployment_options(ctx, params), source)
+    options = deployment_options(ctx, params)
+    if metrics_url:
+        options = options.under(running_version(metrics_url))
+    result, no_prediction = calibrate_run(engine, log, config, options, source)
     if no_prediction:
         warn(no_prediction)
+    for message in result.warnings:
+        warn(message)
     if as_json:
         print_json(result.to_dict())
     else:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from kvops.cli.options import deployment_options, engine_options, json_option, print_json
+from kvops.cli.options import deployment_options, engine_options, json_option, print_json, running_version
 
 
 def explain_options(function):
@@ -80,6 +80,8 @@ def explain(
     if not (metrics_url or log_path):
         raise click.UsageError("give --metrics URL and/or --vllm-log FILE")
     options = deployment_options(ctx, params)
+    if metrics_url:  # the release the running engine states at /version, unless --engine-version names one
+        options = options.under(running_version(metrics_url))
     run = read_run(log_path, metrics_url, smi_path, gpu_index, options.device if "device" in options.given else None)
     inputs, notes = plan_inputs(run, options)
     result = make_explanation(run, inputs, load_policy(options.policy), notes)

@@ -124,6 +124,12 @@ def engine_options(function: Callable, model_required: bool = True, engine: bool
             show_default=True,
             help="Serving engine.",
         ),
+        click.option(
+            "--engine-version",
+            metavar="VERSION",
+            help="The engine release whose rules to plan with, e.g. 0.19.0, 0.8.5-v0 (vLLM's V0 engine) or 2.4.1 (TGI) "
+            "[default: the newest; calibrate and explain read it from the run].",
+        ),
         click.option("--gpu", "gpu_name", metavar="NAME", help=f"GPU from the catalog (any case): {gpus}."),
         click.option(
             "--gpu-memory",
@@ -442,3 +448,16 @@ def print_json(data: Any) -> None:
 
 def warn(message: str) -> None:
     click.echo(f"kvops: warning: {message}", err=True)
+
+
+def running_version(url: str) -> DeploymentOptions:
+    """The release a running vLLM states at /version (nothing when it does not answer: older builds, other engines)."""
+    from kvops.deployment import DeploymentOptions
+    from kvops.engines.vllm.run import version_from_endpoint
+    from kvops.files import fetch_endpoint
+
+    try:
+        version = version_from_endpoint(fetch_endpoint(url, "/version", "--metrics"))
+    except KvopsError:
+        return DeploymentOptions.stated()
+    return DeploymentOptions.stated(engine_version=version) if version else DeploymentOptions.stated()

@@ -4,10 +4,14 @@ was obtained."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from math import ceil
+import statistics
+from dataclasses import asdict, dataclass, replace
+from functools import lru_cache
+from math import ceil, floor
+from typing import Any
 
 from kvops.errors import MissingDevice, UsageError
+from kvops.gpus import gpu_catalog
 from kvops.model.spec import ModelSpec
 from kvops.plan import PlanInputs, Term
 from kvops.units import format_bytes
@@ -100,8 +104,15 @@ def weight_format(spec: ModelSpec, name: str = "auto") -> WeightFormat:
     )
 
 
-def weight_bytes(spec: ModelSpec, fmt: WeightFormat, tp: int = 1, activation_bytes: int = 2) -> Term:
-    """Weights per GPU: quantized weights at `fmt.bits`, the rest at the activation dtype, split over tp ranks."""
+def weight_bytes(
+    spec: ModelSpec,
+    fmt: WeightFormat,
+    tp: int = 1,
+    activation_bytes: int = 2,
+    expert_alignment: tuple[int, int] = (1, 1),
+) -> Term:
+    """Weights per GPU: quantized weights at `fmt.bits`, the rest at the activation dtype, split over tp ranks.
+    `expert_alignment` (hidden, intermediate per rank) pads MoE experts the way the engine's kernel lays them out."""
     params = spec.parameters
     if fmt.scope == "none":
         total = ceil(params * fmt.bits / 8)
@@ -109,8 +120,14 @@ def weight_bytes(spec: ModelSpec, fmt: WeightFormat, tp: int = 1, activation_byt
     else:
         kept = _unquantized_parameters(spec, fmt)
         quantized = params - kept
-        total = ceil(quantized * fmt.bits / 8) + kept * activation_bytes
+        padding = _expert_padding(spec, tp, expert_alignment) if fmt.scope == "experts" else 1.0
+        total = ceil(quantized * padding * fmt.bits / 8) + kept * activation_bytes
         formula = f"{quantized:,} quantized x {fmt.bits:g} bits + {kept:,} unquantized x {activation_bytes} B"
+        if padding > 1:
+            hidden, inter = expert_alignment
+            formula += (
+                f" (experts padded x {padding:.4f}: hidden to a multiple of {hidden}, intermediate per rank to {inter})"
+            )
     per_gpu = ceil(total / tp)
     if tp > 1:
         formula += f", / tp {tp}"
@@ -124,6 +141,16 @@ def weight_bytes(spec: ModelSpec, fmt: WeightFormat, tp: int = 1, activation_byt
     )
 
 
+def _expert_padding(spec: ModelSpec, tp: int, alignment: tuple[int, int]) -> float:
+    """How much larger the experts are once their hidden and per-rank intermediate sizes are rounded up."""
+    inter = (spec.moe_intermediate_size or spec.intermediate_size) / tp
+    if not spec.num_experts or not inter:
+        return 1.0
+    hidden = -(-spec.hidden_size // alignment[0]) * alignment[0]
+    padded = -(-ceil(inter) // alignment[1]) * alignment[1]
+    return hidden * padded / (spec.hidden_size * inter)
+
+
 def _unquantized_parameters(spec: ModelSpec, fmt: WeightFormat) -> int:
     if fmt.scope == "experts":
         return spec.parameters - spec.expert_parameters
@@ -133,14 +160,14 @@ def _unquantized_parameters(spec: ModelSpec, fmt: WeightFormat) -> int:
 
 # --- activations ----------------------------------------------------------------------------------------
 
-SAMPLER_BYTES_PER_LOGIT = 2 + 2 * 4  # the LM head's 16-bit logits, then fp32 logits and probabilities
-
 
 def forward_activation_peak(spec: ModelSpec, tokens: int, tp: int = 1, activation_bytes: int = 2) -> int:
     """Largest set of tensors alive at once in one layer of a forward pass over `tokens` tokens, per GPU.
 
-    Residual stream and layer input (2 x hidden), plus the widest of: attention (q, k, v and its output) or the
-    MLP (gate+up and the activated half; for MoE the top-k experts' share).
+    The residual stream, the layer's input and its normed copy (3 x hidden), plus the widest of: attention (q, k, v
+    and its output) or the MLP (gate+up and the activated half; for MoE the top-k experts' share). Checked on V0
+    startup logs, whose profile peaks in the forward pass at long contexts: Llama-3.1-8B at 20000 and 29000
+    batched tokens logged 2.07 and 2.99 GiB, this model gives 2.06 and 2.99 (tests/fixtures/corpus).
     """
     heads = spec.num_attention_heads / tp
     kv_heads = max(1, spec.num_kv_heads // tp)
@@ -150,46 +177,388 @@ def forward_activation_peak(spec: ModelSpec, tokens: int, tp: int = 1, activatio
         mlp = max(1, spec.experts_per_token) * 3 * inter / tp + spec.num_experts
     else:
         mlp = 3 * spec.intermediate_size / tp
-    width = 2 * spec.hidden_size + max(attention, mlp)
+    width = 3 * spec.hidden_size + max(attention, mlp)
     return ceil(tokens * width * activation_bytes)
 
 
-def sampler_peak(spec: ModelSpec, sequences: int) -> int:
-    """Logits of one decode step for `sequences` sequences: 16-bit from the LM head, then fp32 logits and probabilities."""
-    return sequences * spec.vocab_size * SAMPLER_BYTES_PER_LOGIT
+def sampler_logits(spec: ModelSpec, sequences: int) -> int:
+    """Logits of one decode step for `sequences` sequences: every rank samples over the whole vocabulary."""
+    return sequences * spec.vocab_size
 
 
-# --- overheads (estimates until measured) ---------------------------------------------------------------
-
-# Memory a serving process holds outside PyTorch's allocator after startup (cuBLAS/cuDNN workspaces, attention
-# backend buffers, NCCL and custom all-reduce buffers when tp >= 2). Public vLLM logs: 0.35 GiB (RTX 3090, tp 1,
-# vllm-project/vllm#10517), 0.20 GiB per rank (RTX 4090, tp 4, vllm-project/vllm#14447). kvops budgets more.
-NON_TORCH_ESTIMATE = {1: 512 * MiB}
-NON_TORCH_ESTIMATE_TP = 1 * GiB
-
-# CUDA graphs captured for decode batch sizes. vLLM >= 0.21 profiles this before sizing KV; public logs show
-# 0.17 GiB (TP4, noonghunna/club-3090#127) to 0.5 GiB (TP2, util 0.8800 -> 0.8592 on 24 GiB, club-3090#104).
-CUDA_GRAPH_ESTIMATE = 512 * MiB
+def sampler_peak(spec: ModelSpec, sequences: int, bytes_per_logit: float) -> int:
+    """The sampler's peak over one step's logits, at a release's bytes per logit (the logits, their fp32 copy and
+    probabilities, and a full-vocabulary sort's values and indices where the release sorts)."""
+    return ceil(sampler_logits(spec, sequences) * bytes_per_logit)
 
 
-def non_torch_estimate(tp: int) -> int:
-    return NON_TORCH_ESTIMATE.get(tp, NON_TORCH_ESTIMATE_TP)
+# --- overheads fitted on the corpus of public engine logs ------------------------------------------------
+
+# What kvops plans when nothing was measured for a release family: the engine's own figures from public startup
+# logs (tests/fixtures/corpus), fitted by `fit_overheads` and shipped in kvops/catalog/overheads.json (the test
+# tests/unit/engines/test_overhead_fit.py refits the corpus and checks the file; `python bench/accuracy.py --refit`
+# writes it). Medians, so that one odd log does not move a family.
+OVERHEADS_FILE = "overheads.json"
+OVERHEAD_QUANTILE = 0.9  # the planned KV is below what this share of the family's logs got
+IMPLAUSIBLE_OVERHEAD_SHARE = 0.25  # an overhead beyond this share of the budget is not the launch's
+MIN_FAMILY_LOGS = 3  # fewer logs than this and a family plans with the fit of the family it falls back to
+MIN_MARGIN_LOGS = 5  # fewer residuals than this bound nothing: no margin, no band (the plan says so)
+MIN_SAMPLER_LOGS = 2  # logs whose profile peaked in the sampler, to fit a family's bytes per logit
+SAMPLER_PEAK_SHARE = 0.8  # a log whose forward model is below this share of its activation peaked in the sampler
 
 
-# --- the device total ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Observation:
+    """What one engine log measured of the terms kvops estimates, beside kvops' own model of that launch."""
+
+    source: str
+    family: str
+    tp: int
+    forward: int  # kvops' model of the profile's forward-pass peak for this launch (bytes)
+    logits: int = 0  # the logits the profile's sampler run holds (sequences x vocabulary); 0 where none is run
+    persistent: int = 0  # bytes kvops models as allocated through the sampler run (the fused-MoE workspace)
+    activation: int | None = None
+    non_torch: int | None = None
+    cuda_graphs: int | None = None  # the engine's CUDA-graph estimate (taken from the KV budget when applied)
+    cuda_graphs_applied: bool = False  # the release takes the CUDA-graph estimate from the KV budget
+    overhead: int | None = None  # activation + non-torch + CUDA graphs, when the log gives only their sum
+    budget: int = 0  # the memory the engine sized from (requested memory), for the plausibility check
+    gpu: str | None = None
+
+    @property
+    def implausible(self) -> str | None:
+        """Why the overheads read from a log cannot be the launch's (the log ran with other flags, on another part,
+        or the source's figures do not add up), or None."""
+        total = self.total
+        if total is None or not self.budget:
+            return None
+        if total < 0 or total > IMPLAUSIBLE_OVERHEAD_SHARE * self.budget:
+            share = total / self.budget
+            return f"its budget leaves {share:.0%} of the memory besides the weights and the KV cache: the stated launch does not match the log"
+        return None
+
+    @property
+    def total(self) -> int | None:
+        if self.overhead is not None:
+            return self.overhead
+        if self.activation is None or self.non_torch is None:
+            return None
+        return (
+            self.activation
+            + self.non_torch
+            + (self.cuda_graphs if self.cuda_graphs_applied and self.cuda_graphs else 0)
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {key: value for key, value in asdict(self).items() if value is not None}
+
+
+@dataclass(frozen=True)
+class FamilyFit:
+    """One release family's fitted overhead terms, and how far its logs fell from them."""
+
+    family: str
+    activation_excess: int  # the engine's activation peak beyond kvops' model, median of the logs, bytes
+    sampler_bytes_per_logit: float  # the sampler's peak per logit of the profile's decode step
+    non_torch: tuple[int, int]  # bytes at tp 1, at tp >= 2
+    cuda_graphs: tuple[
+        int, int
+    ]  # the engine's CUDA-graph estimate at tp 1, at tp >= 2 (taken from the KV budget where the release does)
+    margin: int  # bytes planned on top of the fitted overheads: most logs got at least the KV left
+    spread: tuple[int, int]  # how far below and above the planned KV the family's logs fell, bytes
+    logs: int
+    residuals: int = 0  # logs the margin and the spread rest on (each predicted without itself)
+    borrowed: str = ""  # the family whose logs this one took, their CUDA-graph estimate applied ("" for its own)
+
+    @property
+    def bounded(self) -> bool:
+        """Enough logs to plan a margin and state a band; below that the plan says it cannot bound the estimate."""
+        return self.residuals >= MIN_MARGIN_LOGS
+
+    def sampler(self, logits: int) -> int:
+        return ceil(logits * self.sampler_bytes_per_logit)
+
+    def activation(self, forward: int, logits: int = 0, persistent: int = 0) -> int:
+        """The profile's peak: the forward pass or the sampler (with what stays allocated through it), whichever is
+        larger, plus the family's excess."""
+        return max(0, max(forward, self.sampler(logits) + persistent) + self.activation_excess)
+
+    def non_torch_bytes(self, tp: int) -> int:
+        return self.non_torch[0] if tp == 1 else self.non_torch[1]
+
+    def cuda_graph_bytes(self, tp: int) -> int:
+        return self.cuda_graphs[0] if tp == 1 else self.cuda_graphs[1]
+
+    def total(self, held: Observation) -> int:
+        """The overheads this fit predicts for a logged launch."""
+        graphs = self.cuda_graph_bytes(held.tp) if held.cuda_graphs_applied else 0
+        return self.activation(held.forward, held.logits, held.persistent) + self.non_torch_bytes(held.tp) + graphs
+
+    def band(self) -> tuple[int, int]:
+        """How far below and above the planned KV the engine may land, bytes: the family's logs' spread."""
+        return self.spread
+
+    def unbounded(self) -> str:
+        """What a plan says of its KV when too few logs bound the estimates (no margin, no band)."""
+        return (
+            f"no band and no margin: {self.residuals} public logs fit these estimates, fewer than the "
+            f"{MIN_MARGIN_LOGS} that bound them"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "family": self.family,
+            "activation_excess_bytes": self.activation_excess,
+            "sampler_bytes_per_logit": round(self.sampler_bytes_per_logit, 3),
+            "non_torch_bytes": {"tp1": self.non_torch[0], "tp2_plus": self.non_torch[1]},
+            "cuda_graphs_bytes": {"tp1": self.cuda_graphs[0], "tp2_plus": self.cuda_graphs[1]},
+            "margin_bytes": self.margin,
+            "spread_bytes": {"below": self.spread[0], "above": self.spread[1]},
+            "logs": self.logs,
+            "residual_logs": self.residuals,
+            **({"borrowed_from": self.borrowed} if self.borrowed else {}),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> FamilyFit:
+        return cls(
+            data["family"],
+            data["activation_excess_bytes"],
+            data.get("sampler_bytes_per_logit", 0.0),
+            (data["non_torch_bytes"]["tp1"], data["non_torch_bytes"]["tp2_plus"]),
+            (data["cuda_graphs_bytes"]["tp1"], data["cuda_graphs_bytes"]["tp2_plus"]),
+            data["margin_bytes"],
+            (data["spread_bytes"]["below"], data["spread_bytes"]["above"]),
+            data["logs"],
+            data.get("residual_logs", 0),
+            data.get("borrowed_from", ""),
+        )
+
+
+@dataclass(frozen=True)
+class OverheadFit:
+    engine: str
+    families: dict[str, FamilyFit]
+    sources: tuple[str, ...]  # the logs it was fitted on
+    excluded: tuple[tuple[str, str], ...] = ()  # (log, why) left out as implausible
+    fallbacks: tuple[tuple[str, str], ...] = ()  # (family, the family it plans with when it has too few logs)
+
+    def family(self, name: str) -> FamilyFit:
+        """A family's fit; one with too few logs plans with the family it falls back to, else the pooled fit."""
+        if name in self.families:
+            return self.families[name]
+        fallback = dict(self.fallbacks).get(name)
+        return self.family(fallback) if fallback else self.families[POOLED]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "engine": self.engine,
+            "families": [fit.to_dict() for fit in self.families.values()],
+            "fallbacks": dict(self.fallbacks),
+            "sources": list(self.sources),
+            "excluded": [{"log": source, "why": why} for source, why in self.excluded],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> OverheadFit:
+        families = {item["family"]: FamilyFit.from_dict(item) for item in data["families"]}
+        excluded = tuple((item["log"], item["why"]) for item in data.get("excluded", ()))
+        fallbacks = tuple(data.get("fallbacks", {}).items())
+        return cls(data["engine"], families, tuple(data["sources"]), excluded, fallbacks)
+
+
+POOLED = "all releases"  # the fit over every family, for a family without logs of its own or of its fallback
+
+
+def fit_overheads(
+    engine: str,
+    observations: list[Observation],
+    families: tuple[str, ...],
+    fallbacks: dict[str, str] | None = None,
+    graph_families: tuple[str, ...] = (),
+) -> OverheadFit:
+    """Each family's terms from its logs; a family with too few plans with the one it falls back to (the nearest
+    release that shares its rules), else with the pooled fit. A family in `graph_families` (its release takes the
+    CUDA-graph estimate from the KV budget) with too few logs of its own borrows its fallback's logs that print that
+    estimate, as if it had been applied: the same arithmetic, so its margin and band carry the estimate's spread.
+    The margin and the spread come from every log's leave-one-out residual (each predicted by its family's fit
+    without it): the family's own when it has enough, else pooled over the families. Logs whose budget arithmetic
+    cannot be the launch's are left out, and listed."""
+    fallbacks = fallbacks or {}
+    excluded = tuple(sorted((item.source, why) for item in observations if (why := item.implausible)))
+    kept = [item for item in observations if item.implausible is None]
+    pooled = _fit_terms(POOLED, kept, None)
+    groups = {family: [item for item in kept if item.family == family] for family in families}
+    borrowed: dict[str, str] = {}
+    for family in graph_families:
+        own, fallback = groups.get(family, []), fallbacks.get(family)
+        if len(own) < MIN_FAMILY_LOGS and fallback:
+            borrowed[family] = fallback
+            groups[family] = own + [
+                replace(item, family=family, cuda_graphs_applied=True)
+                for item in groups.get(fallback, [])
+                if item.cuda_graphs and item.activation is not None and item.non_torch is not None
+            ]
+    fits: dict[str, FamilyFit] = {POOLED: pooled}
+
+    def base(family: str) -> FamilyFit:
+        fallback = fallbacks.get(family)
+        if fallback is None:
+            return pooled
+        return fits.get(fallback) or base(fallback)
+
+    for family in sorted(families, key=lambda name: _depth(name, fallbacks), reverse=True):
+        if len(groups[family]) >= MIN_FAMILY_LOGS:
+            fits[family] = replace(_fit_terms(family, groups[family], base(family)), borrowed=borrowed.get(family, ""))
+    residuals = {family: _residuals(own, base(family)) for family, own in groups.items()}
+    every = [value for own in residuals.values() for value in own]
+    for name, fit in list(fits.items()):
+        own = residuals.get(name, [])
+        chosen = own if len(own) >= MIN_MARGIN_LOGS else every
+        if chosen:
+            margin = max(0, _quantile(chosen, OVERHEAD_QUANTILE))
+            spread = (max(0, max(chosen) - margin), max(0, margin - min(chosen)))
+            fits[name] = replace(fit, margin=margin, spread=spread, residuals=len(chosen))
+    ordered = {name: fits[name] for name in (POOLED, *families) if name in fits}
+    return OverheadFit(
+        engine, ordered, tuple(sorted(item.source for item in kept)), excluded, tuple(sorted(fallbacks.items()))
+    )
+
+
+def _depth(family: str, fallbacks: dict[str, str]) -> int:
+    """How many families this one falls back through (fitted after them)."""
+    return 0 if family not in fallbacks else 1 + _depth(fallbacks[family], fallbacks)
+
+
+def _residuals(observations: list[Observation], base: FamilyFit) -> list[int]:
+    """Each log's total overhead less what its family's fit without it predicts (positive: kvops said too little)."""
+    out = []
+    for index, held in enumerate(observations):
+        if held.total is None:
+            continue
+        rest = observations[:index] + observations[index + 1 :]
+        fit = _fit_terms(held.family, rest, base) if len(rest) >= MIN_FAMILY_LOGS else base
+        out.append(held.total - fit.total(held))
+    return out
+
+
+def _fit_terms(family: str, observations: list[Observation], base: FamilyFit | None) -> FamilyFit:
+    non_torch_all = [item.non_torch for item in observations if item.non_torch is not None]
+    default_non_torch = base.non_torch if base else (NON_TORCH_TP1, NON_TORCH_TP)
+
+    def non_torch(multi: bool, default: int) -> int:
+        found = [item.non_torch for item in observations if item.non_torch is not None and (item.tp > 1) == multi]
+        return _median(found) if found else (_median(non_torch_all) if non_torch_all else default)
+
+    nt = (non_torch(False, default_non_torch[0]), non_torch(True, default_non_torch[1]))
+    default_graphs = base.cuda_graphs if base else (0, 0)
+
+    def graphs(multi: bool, default: int) -> int:
+        found = [item.cuda_graphs for item in observations if item.cuda_graphs and (item.tp > 1) == multi]
+        every = [item.cuda_graphs for item in observations if item.cuda_graphs]
+        return _median(found) if found else (_median(every) if every else default)
+
+    cuda_graphs = (graphs(False, default_graphs[0]), graphs(True, default_graphs[1]))
+    peaks = [(item, peak) for item in observations if (peak := _activation_seen(item, nt, cuda_graphs)) is not None]
+    per_logit = [
+        (peak - item.persistent) / item.logits
+        for item, peak in peaks
+        if item.logits and item.forward < SAMPLER_PEAK_SHARE * peak
+    ]
+    if len(per_logit) >= MIN_SAMPLER_LOGS:
+        bytes_per_logit = statistics.median(per_logit)
+    else:
+        bytes_per_logit = base.sampler_bytes_per_logit if base else 0.0
+    sampler = FamilyFit(family, 0, bytes_per_logit, nt, cuda_graphs, 0, (0, 0), 0)
+    excess = [peak - sampler.activation(item.forward, item.logits, item.persistent) for item, peak in peaks]
+    extra = _median(excess) if excess else (base.activation_excess if base else 0)
+    return replace(sampler, activation_excess=extra, logs=len(observations))
+
+
+def _activation_seen(item: Observation, non_torch: tuple[int, int], cuda_graphs: tuple[int, int]) -> int | None:
+    """The activation peak a log measured, or read from its overhead sum less the fitted non-torch and graphs."""
+    if item.activation is not None:
+        return item.activation
+    if item.overhead is None:
+        return None
+    graphs = (item.cuda_graphs or cuda_graphs[0 if item.tp == 1 else 1]) if item.cuda_graphs_applied else 0
+    return item.overhead - non_torch[0 if item.tp == 1 else 1] - graphs
+
+
+def _median(values: list[int]) -> int:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) // 2
+
+
+def _quantile(values: list[int], share: float) -> int:
+    """Nearest-rank quantile: the smallest value at least `share` of the values are at or below."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, ceil(share * len(ordered)) - 1))]
+
+
+# Before any log: non-torch memory of one process (CUDA/cuBLAS workspaces, attention buffers) and, at tp >= 2, NCCL
+# and custom all-reduce buffers too: 0.35 GiB (RTX 3090, tp 1, vllm-project/vllm#10517) to 0.20 GiB per rank
+# (RTX 3090, vllm-project/vllm PR #14447) in V0 logs.
+NON_TORCH_TP1 = 512 * MiB
+NON_TORCH_TP = 1 * GiB
+
+
+@lru_cache(maxsize=4)
+def shipped_fit(engine: str) -> OverheadFit:
+    """The fit kvops ships for an engine (kvops/catalog/overheads.json)."""
+    import json
+    from importlib import resources
+
+    data = json.loads(resources.files("kvops.catalog").joinpath(OVERHEADS_FILE).read_text())
+    return OverheadFit.from_dict(data[engine])
+
+
+# --- the device total as the engine sees it ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EngineTotal:
+    """A GPU's total as torch reports it to the engine, from a public engine log (kvops/catalog/device_totals.json)."""
+
+    bytes: int
+    printed: str
+    source: str
+
+
+@lru_cache(maxsize=1)
+def _device_totals() -> tuple[dict[str, EngineTotal], float]:
+    import json
+    from importlib import resources
+
+    data = json.loads(resources.files("kvops.catalog").joinpath("device_totals.json").read_text())
+    totals = {
+        gpu_id: EngineTotal(round(float(item["gib"]) * GiB), item["printed"], item["source"])
+        for gpu_id, item in data["devices"].items()
+    }
+    reserved = [1 - totals[gpu.id].bytes / gpu.memory_bytes for gpu in gpu_catalog() if gpu.id in totals]
+    return totals, max(reserved)
+
+
+def engine_total(gpu_id: str) -> EngineTotal | None:
+    return _device_totals()[0].get(gpu_id)
+
+
+def largest_reserved_fraction() -> float:
+    """The largest share of nvidia-smi's total the driver keeps from torch, among GPUs whose both totals are known."""
+    return _device_totals()[1]
 
 
 def device_total(inputs: PlanInputs) -> int:
-    """Bytes per device: what the engine measured (a profile), else the catalog's or the user's figure."""
-    if inputs.profile and inputs.profile.total_memory_bytes:
-        return inputs.profile.total_memory_bytes
-    if inputs.gpu is None:
-        raise MissingDevice("missing --gpu NAME or --gpu-memory SIZE")
-    return inputs.gpu.memory_bytes
+    """Bytes per device as the engine sees them: what it measured (a profile), else the table, else an estimate."""
+    return device_total_term(inputs).bytes
 
 
 def device_total_term(inputs: PlanInputs) -> Term:
-    if inputs.profile and inputs.profile.total_memory_bytes:
+    """The device total: a profile's measured one when it ran on the plan's GPU, else the GPU's engine-side total."""
+    profile = inputs.profile
+    same_gpu = profile is not None and (profile.gpu is None or inputs.gpu is None or profile.gpu == inputs.gpu.id)
+    if profile and profile.total_memory_bytes and same_gpu:
         return Term(
             "total",
             inputs.profile.total_memory_bytes,
@@ -199,11 +568,63 @@ def device_total_term(inputs: PlanInputs) -> Term:
     gpu = inputs.gpu
     if gpu is None:
         raise MissingDevice("missing --gpu NAME or --gpu-memory SIZE")
+    if gpu.reported_by == "--gpu-memory":
+        return Term("total", gpu.memory_bytes, "input", f"{gpu.source}: taken as the total the engine sees")
+    if gpu.vendor == "amd":
+        return Term(
+            "total",
+            gpu.memory_bytes,
+            "input",
+            f"{gpu.id}: {gpu.memory_mib:g} MiB as {gpu.reported_by} reports it, the total torch sees on ROCm ({gpu.source})",
+        )
+    seen = engine_total(gpu.id)
+    if seen is not None:
+        return Term(
+            "total",
+            seen.bytes,
+            "input",
+            f"{gpu.id}: {seen.bytes / GiB:.2f} GiB as torch reports it to the engine ('{seen.printed}', {seen.source}); "
+            f"{gpu.reported_by} shows {gpu.memory_mib:g} MiB",
+        )
+    reserved = largest_reserved_fraction()
     return Term(
         "total",
-        gpu.memory_bytes,
-        "input",
-        f"{gpu.id}: {gpu.memory_mib:g} MiB as {gpu.reported_by} reports it ({gpu.source})",
+        floor(gpu.memory_bytes * (1 - reserved)),
+        "estimate",
+        f"{gpu.id}: {gpu.memory_mib:g} MiB as {gpu.reported_by} reports it, less {reserved:.2%} the driver keeps "
+        "(the largest share seen among GPUs whose engine-side total is known)",
+        CALIBRATE_HINT,
+    )
+
+
+# --- profiles from another run ----------------------------------------------------------------------------
+
+
+def profile_mismatch(inputs: PlanInputs, version: str, label: str) -> list[str]:
+    """A profile measured on another model, GPU or engine release than the plan's: its figures may not apply."""
+    profile = inputs.profile
+    assert profile is not None
+    out = []
+    if profile.model and not same_model(profile.model, inputs.spec):
+        out.append(
+            f"--profile was measured on model {profile.model}, not {inputs.spec.name}: its weights and overheads may not apply"
+        )
+    if profile.gpu and inputs.gpu and profile.gpu != inputs.gpu.id:
+        out.append(
+            f"--profile was measured on {profile.gpu}, the plan is for {inputs.gpu.id}: its device total and overheads may not apply"
+        )
+    if profile.engine_version and profile.engine_version.removesuffix("-v0") != version:
+        out.append(
+            f"--profile was measured on {profile.engine} {profile.engine_version}, the plan follows {label}: "
+            f"give --engine-version {profile.engine_version} to plan that release"
+        )
+    return out
+
+
+def same_model(name: str, spec: ModelSpec) -> bool:
+    """A profile's model is this one: the same id or path, or the same last path segment (a local copy)."""
+    return (
+        name in (spec.name, spec.source_path) or name.rstrip("/").split("/")[-1] == spec.name.rstrip("/").split("/")[-1]
     )
 
 

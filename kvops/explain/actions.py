@@ -4,9 +4,10 @@ planner cannot reproduce a failure, the engine's own advice, with its numbers.""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
-from math import floor
+from math import ceil, floor
 from typing import Any
 
+from kvops.engines.vllm.logs import KvTokensTooFew, KvTooSmall, NoKvMemory, StartupFreeMemory
 from kvops.errors import KvopsError
 from kvops.explain.failures import Diagnosis
 from kvops.explain.kv_now import KvNow
@@ -54,7 +55,7 @@ def next_action(
         return Action(None, f"none: KV at {kv.usage:.1%}, under the warn level ({kv.warn_level:.0%})", "policy")
     if inputs is None:
         return Action(None, f"KV at {kv.usage:.1%} ({level.label}): give --model for the planner's way out", "none")
-    demand = max(1, (kv.running or 0) + (kv.waiting or 0))
+    demand = max(1, ceil((kv.running or 0) + (kv.waiting or 0)))
     pool = kv.pool_bytes or run.pinned_kv_bytes
     changed = (
         replace(inputs, concurrency=demand, kv_cache_memory_bytes=pool, gpu=None, profile=None)
@@ -76,7 +77,7 @@ def _failure_action(
     run: Run, inputs: PlanInputs | None, diagnosis: Diagnosis, figures: list[Figure], notes: list[str]
 ) -> Action:
     failure = run.failure
-    if failure.kind == "startup_free_memory":
+    if isinstance(failure, StartupFreeMemory):
         fraction = floor(failure.startup_free_bytes / failure.total_bytes * 100) / 100
         return Action(
             f"--gpu-memory-utilization {fraction:.2f}",
@@ -97,7 +98,7 @@ def _replan_inputs(run: Run, inputs: PlanInputs, diagnosis: Diagnosis, figures: 
     """The run as the planner must see it to reproduce the failure: its measured terms (weights, and the overhead
     its budget implies) when the log states its budget, else its real KV pool pinned."""
     failure = run.failure
-    if failure.kind not in ("kv_too_small", "no_kv_memory"):
+    if not isinstance(failure, (KvTooSmall, KvTokensTooFew, NoKvMemory)):
         return inputs
     by_name = {item.name: item for item in figures}
     total, requested, weights, kv = (
@@ -111,6 +112,7 @@ def _replan_inputs(run: Run, inputs: PlanInputs, diagnosis: Diagnosis, figures: 
         and requested
         and weights is not None
         and weights.basis == "reported"
+        and weights.bytes is not None
         and kv.bytes is not None
         and not run.pinned_kv_bytes
     ):
@@ -132,7 +134,7 @@ def _replan_inputs(run: Run, inputs: PlanInputs, diagnosis: Diagnosis, figures: 
             gpu=None,
             profile=None,
             concurrency=None,
-            max_model_len=failure.max_model_len or inputs.max_model_len,
+            max_model_len=inputs.max_model_len if isinstance(failure, NoKvMemory) else failure.max_model_len,
         )
     return inputs
 
@@ -168,9 +170,10 @@ def _planner(inputs: PlanInputs, notes: list[str], pinned_by_user: bool = False)
             wanted and way.flags and way.flags["max-model-len"] >= wanted
         )
 
-    chosen = next((way for way in ways if way.fits and keeps_the_requests(way)), None) or next(
-        (way for way in ways if way.fits), None
-    )
+    # the last resort: the longest context that starts, though shorter than the requests (the planner does not
+    # count it as fitting the workload; its flags are the re-planned ones)
+    shorter = next((way for way in ways if way.change == "--max-model-len auto" and way.flags), None)
+    chosen = next((way for way in ways if way.fits and keeps_the_requests(way)), None) or shorter
     if chosen is None:
         tried = ", ".join(way.change for way in ways if way.fits is False)
         return Action(
@@ -192,16 +195,53 @@ def _concrete(way: WayOut) -> str:
     return way.change
 
 
+# The highest --gpu-memory-utilization explain suggests: the rest of the device is the CUDA graphs' and the driver's.
+MAX_UTILIZATION = 0.98
+LOG_SLACK = 16 << 20  # vLLM logs GiB with two decimals (+-5 MiB): ask for a little more than the shortfall
+
+
+def _more_memory(run: Run, diagnosis: Diagnosis, inputs: PlanInputs | None, why: str) -> Action:
+    """Nothing was left for the KV cache (a negative or zero available KV): the budget must grow (a higher
+    utilization, while there is device memory to give) or the weights shrink per GPU; a lower utilization would
+    leave even less."""
+    figures = diagnosis.figures
+    available, requested = figures.get("available_bytes"), figures.get("requested_bytes")
+    utilization = run.facts.get("gpu_memory_utilization") or (inputs.memory_fraction if inputs else None)
+    if available is not None and requested and utilization:
+        total = requested / utilization
+        higher = ceil((utilization + (LOG_SLACK - available) / total) * 100) / 100
+        if higher <= MAX_UTILIZATION:
+            return Action(
+                f"--gpu-memory-utilization {higher:.2f}",
+                f"raises the budget by {format_bytes(ceil((higher - utilization) * total))}: the weights and overheads "
+                f"took all of it ({format_bytes(max(0, -available))} short){why}",
+                "engine message",
+            )
+    return Action(
+        "--tensor-parallel-size 2",
+        f"the weights and overheads take the whole device: split the weights over more GPUs, or a larger GPU or "
+        f"--quantization{why}",
+        "engine message",
+    )
+
+
 def _engine_advice(run: Run, diagnosis: Diagnosis, inputs: PlanInputs | None) -> Action:
     """What the engine's own message and figures say to change, when the planner has no way out to offer."""
     failure, figures = run.failure, diagnosis.figures
     why = "" if inputs else " (give --model for the planner's ways out)"
-    if failure.kind == "kv_too_small":
-        length = failure.estimated_max_model_len or (failure.kv_tokens if failure.kv_tokens else None)
-        if length:
-            return Action(
-                f"--max-model-len {length}", f"the longest context the engine's own figures fit{why}", "engine message"
-            )
+    length = (
+        failure.estimated_max_model_len
+        if isinstance(failure, KvTooSmall)
+        else failure.kv_tokens
+        if isinstance(failure, KvTokensTooFew)
+        else None
+    )
+    if length:
+        return Action(
+            f"--max-model-len {length}", f"the longest context the engine's own figures fit{why}", "engine message"
+        )
+    if isinstance(failure, NoKvMemory):
+        return _more_memory(run, diagnosis, inputs, why)
     if diagnosis.term == "other_processes":
         return Action(
             None,

@@ -5,7 +5,15 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from kvops.engines.vllm.logs import Failure
+from kvops.engines.oom import OutOfMemory
+from kvops.engines.vllm.logs import (
+    EngineOutOfMemory,
+    Failure,
+    KvTokensTooFew,
+    KvTooSmall,
+    NoKvMemory,
+    StartupFreeMemory,
+)
 from kvops.explain.memory import Figure
 from kvops.explain.run import TERM_LABELS, Run, planned_capacity
 from kvops.plan import Plan
@@ -30,11 +38,13 @@ class Diagnosis:
 def diagnose(failure: Failure | None, run: Run, figures: list[Figure], predicted: Plan | None) -> Diagnosis | None:
     if failure is None:
         return None
-    if failure.kind == "kv_too_small":
+    if isinstance(failure, KvTooSmall):
         return _kv_too_small(failure, run, predicted)
-    if failure.kind == "no_kv_memory":
+    if isinstance(failure, KvTokensTooFew):
+        return _kv_tokens_too_few(failure, run)
+    if isinstance(failure, NoKvMemory):
         return _no_kv_memory(failure, run, figures)
-    if failure.kind == "startup_free_memory":
+    if isinstance(failure, StartupFreeMemory):
         others = failure.total_bytes - failure.startup_free_bytes
         return Diagnosis(
             "other_processes",
@@ -54,40 +64,49 @@ def diagnose(failure: Failure | None, run: Run, figures: list[Figure], predicted
     return _out_of_memory(failure, run)
 
 
-def _kv_too_small(failure: Failure, run: Run, predicted: Plan | None) -> Diagnosis:
-    figures: dict[str, Any] = {"max_model_len": failure.max_model_len}
+def _kv_too_small(failure: KvTooSmall, run: Run, predicted: Plan | None) -> Diagnosis:
     pinned = run.pinned_kv_bytes
-    if failure.kv_tokens is not None:  # V0: the pool held kv_tokens tokens
-        figures["kv_tokens"] = failure.kv_tokens
-        text = f"one request at max_model_len {failure.max_model_len:,} does not fit the KV cache: it holds {failure.kv_tokens:,} tokens"
-        if run.facts.get("kv_cache_bytes") is not None:
-            figures["available_bytes"] = run.facts["kv_cache_bytes"]
-            text += f" ({format_bytes(run.facts['kv_cache_bytes'])})"
-    else:
-        available = pinned or failure.available_bytes
-        needed = _needed_kv(failure, predicted)
-        figures |= {
-            "needed_bytes": needed,
-            "available_bytes": available,
-            "estimated_max_model_len": failure.estimated_max_model_len,
-            "message_needed_bytes": failure.needed_bytes,
-            "message_available_bytes": failure.available_bytes,
-        }
-        text = (
-            f"one request at max_model_len {failure.max_model_len:,} needs {format_bytes(needed)} of KV cache, "
-            f"the engine had {format_bytes(available)}"
-        )
-        if failure.estimated_max_model_len:
-            text += f"; vLLM estimates {failure.estimated_max_model_len:,} tokens fit"
-    basis = (
-        "why: --kv-cache-memory-bytes pins a pool too small for --max-model-len"
-        if pinned
-        else "why: the budget left after weights, activation peak and non-torch (and, from vLLM 0.21, the CUDA-graph estimate) holds less than one request at max_model_len"
+    available = pinned or failure.available_bytes
+    needed = _needed_kv(failure, predicted)
+    figures: dict[str, Any] = {
+        "max_model_len": failure.max_model_len,
+        "needed_bytes": needed,
+        "available_bytes": available,
+        "estimated_max_model_len": failure.estimated_max_model_len,
+        "message_needed_bytes": failure.needed_bytes,
+        "message_available_bytes": failure.available_bytes,
+    }
+    text = (
+        f"one request at max_model_len {failure.max_model_len:,} needs {format_bytes(needed)} of KV cache, "
+        f"the engine had {format_bytes(available)}"
     )
-    return Diagnosis("kv_cache", None, text, figures, failure.line, basis)
+    if failure.estimated_max_model_len:
+        text += f"; vLLM estimates {failure.estimated_max_model_len:,} tokens fit"
+    return Diagnosis("kv_cache", None, text, figures, failure.line, _kv_basis(run))
 
 
-def _needed_kv(failure: Failure, predicted: Plan | None) -> int:
+def _kv_tokens_too_few(failure: KvTokensTooFew, run: Run) -> Diagnosis:
+    figures: dict[str, Any] = {"max_model_len": failure.max_model_len, "kv_tokens": failure.kv_tokens}
+    text = (
+        f"one request at max_model_len {failure.max_model_len:,} does not fit the KV cache: "
+        f"it holds {failure.kv_tokens:,} tokens"
+    )
+    if run.facts.get("kv_cache_bytes") is not None:
+        figures["available_bytes"] = run.facts["kv_cache_bytes"]
+        text += f" ({format_bytes(run.facts['kv_cache_bytes'])})"
+    return Diagnosis("kv_cache", None, text, figures, failure.line, _kv_basis(run))
+
+
+def _kv_basis(run: Run) -> str:
+    if run.pinned_kv_bytes:
+        return "why: --kv-cache-memory-bytes pins a pool too small for --max-model-len"
+    return (
+        "why: the budget left after weights, activation peak and non-torch (and, from vLLM 0.21, the CUDA-graph "
+        "estimate) holds less than one request at max_model_len"
+    )
+
+
+def _needed_kv(failure: KvTooSmall, predicted: Plan | None) -> int:
     """KV for one request at max_model_len (`max_memory_usage_bytes`): the plan's exact figure when it models
     this run (the message rounds to 0.01 GiB), else the message's."""
     cap = planned_capacity(predicted)
@@ -96,7 +115,7 @@ def _needed_kv(failure: Failure, predicted: Plan | None) -> int:
     return failure.needed_bytes
 
 
-def _no_kv_memory(failure: Failure, run: Run, figures: list[Figure]) -> Diagnosis:
+def _no_kv_memory(failure: NoKvMemory, run: Run, figures: list[Figure]) -> Diagnosis:
     by_name = {item.name: item for item in figures}
     kv = failure.available_bytes if failure.available_bytes is not None else run.facts.get("kv_cache_bytes")
     parts = [
@@ -104,7 +123,11 @@ def _no_kv_memory(failure: Failure, run: Run, figures: list[Figure]) -> Diagnosi
         for name in ("weights", "non_torch", "activation")
         if name in by_name and by_name[name].bytes is not None
     ]
-    took = ", ".join(f"{TERM_LABELS[item.name]} {format_bytes(item.bytes)} ({item.basis})" for item in parts)
+    took = ", ".join(
+        f"{TERM_LABELS[item.name]} {format_bytes(item.bytes)} ({item.basis})"
+        for item in parts
+        if item.bytes is not None
+    )
     requested = by_name.get("requested")
     budget = f" of the {format_bytes(requested.bytes)} budget" if requested and requested.bytes else ""
     text = (
@@ -135,10 +158,11 @@ PHASE_TEXT = {
 }
 
 
-def _out_of_memory(failure: Failure, run: Run) -> Diagnosis:
+def _out_of_memory(failure: EngineOutOfMemory, run: Run) -> Diagnosis:
     oom = failure.oom
-    term = {"serving": "activation"}.get(failure.phase, failure.phase) or "unknown"
-    where = PHASE_TEXT.get(failure.phase, "at a point the log does not show")
+    phase = failure.phase
+    term = "activation" if phase == "serving" else phase or "unknown"
+    where = PHASE_TEXT.get(phase or "", "at a point the log does not show")
     if oom is None:
         return Diagnosis(
             term,
@@ -155,7 +179,7 @@ def _out_of_memory(failure: Failure, run: Run) -> Diagnosis:
         text += f" with {format_bytes(oom.free_bytes)} free of {format_bytes(oom.total_bytes)}"
         shortfall = oom.shortfall_bytes
         figures["shortfall_bytes"] = shortfall
-        if shortfall <= 0:
+        if shortfall is not None and shortfall <= 0:
             text += " (more was free than asked: fragmentation or a device limit, not the total)"
     if oom.process_bytes is not None:
         text += f"; the engine held {format_bytes(oom.process_bytes)}"
@@ -178,7 +202,7 @@ def _out_of_memory(failure: Failure, run: Run) -> Diagnosis:
     return Diagnosis(term, failure.phase, text, figures, failure.line, _phase_basis(failure))
 
 
-def _phase_basis(failure: Failure) -> str:
+def _phase_basis(failure: EngineOutOfMemory) -> str:
     return (
         f"phase read from {failure.phase_basis}"
         if failure.phase_basis
@@ -186,8 +210,8 @@ def _phase_basis(failure: Failure) -> str:
     )
 
 
-def _held_by_others(oom) -> int | None:
+def _held_by_others(oom: OutOfMemory) -> int | None:
     """Device memory neither free nor this process's: total - free - this process (torch rounds to 0.01 units)."""
-    if None in (oom.total_bytes, oom.free_bytes, oom.process_bytes):
+    if oom.total_bytes is None or oom.free_bytes is None or oom.process_bytes is None:
         return None
     return max(0, oom.total_bytes - oom.free_bytes - oom.process_bytes)

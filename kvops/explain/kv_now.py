@@ -29,9 +29,9 @@ class KvNow:
     request_blocks: int | None
     request_source: str
     warn_level: float
-    running: int | None
-    waiting: int | None
-    preemptions_total: int | None
+    running: float | int | None  # an integer when the exported count is one
+    waiting: float | int | None  # an integer when the exported count is one
+    preemptions_total: float | int | None  # an integer when the exported count is one
     source: str
 
     @property

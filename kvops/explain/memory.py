@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 from math import ceil
 from typing import Any
 
+from kvops.engines.vllm.logs import EngineOutOfMemory, KvTooSmall, StartupFreeMemory
 from kvops.explain.run import TERMS, Run, planned_capacity
 from kvops.plan import Plan, PlanInputs
 from kvops.units import format_bytes
@@ -33,17 +34,19 @@ def memory_figures(run: Run, predicted: Plan | None, inputs: PlanInputs | None) 
     facts, log = run.facts, run.log
     planned = {term.name: term for term in predicted.memory} if predicted else {}
     figures: list[Figure] = [_total(run, planned)]
-    oom = run.failure.oom if run.failure else None
+    failure = run.failure
+    failed_allocation = failure if isinstance(failure, EngineOutOfMemory) else None
+    oom = failed_allocation.oom if failed_allocation else None
     if run.smi:
         figures.append(Figure("used", run.smi.used_bytes, "nvidia-smi", f"{run.smi_source}: {run.smi.describe()}"))
-    elif oom and oom.total_bytes is not None and oom.free_bytes is not None:
+    elif failed_allocation and oom and oom.total_bytes is not None and oom.free_bytes is not None:
         figures.append(
             Figure(
                 "used",
                 oom.total_bytes - oom.free_bytes,
                 "reported",
                 "total - free in torch's out-of-memory message, at the failed allocation",
-                run.failure.line,
+                failed_allocation.line,
             )
         )
     if facts.get("startup_free_bytes") is not None and figures[0].bytes:
@@ -77,14 +80,20 @@ def memory_figures(run: Run, predicted: Plan | None, inputs: PlanInputs | None) 
         )
 
     weights = reported("weights", facts.get("weights_bytes"), "weights_bytes")
-    if weights is None and oom and oom.allocated_bytes is not None and run.failure.phase == "weights":
+    if (
+        weights is None
+        and failed_allocation
+        and failed_allocation.phase == "weights"
+        and oom
+        and oom.allocated_bytes is not None
+    ):
         whole = f"; the plan's full weights: {format_bytes(planned['weights'].bytes)}" if "weights" in planned else ""
         weights = Figure(
             "weights",
             oom.allocated_bytes,
             "reported",
             f"at least: PyTorch's allocation when loading failed, {format_bytes(oom.tried_bytes)} more asked{whole}",
-            run.failure.line,
+            failed_allocation.line,
         )
     non_torch = reported("non_torch", facts.get("non_torch_bytes"), "non_torch_bytes")
     if non_torch is None and log and log.non_torch_bytes is not None:
@@ -127,7 +136,13 @@ _NOT_REACHED = {
 
 def _not_reached(run: Run, item: Figure) -> Figure:
     failure = run.failure
-    key = failure.kind if failure and failure.kind == "startup_free_memory" else failure.phase if failure else None
+    key = (
+        "startup_free_memory"
+        if isinstance(failure, StartupFreeMemory)
+        else failure.phase
+        if isinstance(failure, EngineOutOfMemory) and failure.phase
+        else ""
+    )
     if item.name not in _NOT_REACHED.get(key, ()) or item.basis in ("reported", "derived"):
         return item
     planned = (
@@ -170,7 +185,7 @@ def _overhead(figures: list[Figure]) -> Figure | None:
     others = [by_name[name] for name in ("non_torch", "activation") if name in by_name]
     if requested.bytes is None or kv.basis != "reported" or kv.bytes is None or weights is None:
         return None
-    if weights.basis != "reported":
+    if weights.basis != "reported" or weights.bytes is None:
         return Figure(
             "weights+overhead",
             requested.bytes - kv.bytes,
@@ -205,7 +220,7 @@ def _total(run: Run, planned: dict) -> Figure:
             run.line("total_memory_bytes"),
         )
     failure = run.failure
-    if failure and failure.oom and failure.oom.total_bytes:
+    if isinstance(failure, EngineOutOfMemory) and failure.oom and failure.oom.total_bytes:
         return Figure(
             "total",
             failure.oom.total_bytes,
@@ -213,7 +228,7 @@ def _total(run: Run, planned: dict) -> Figure:
             "torch's out-of-memory message: 'GPU N has a total capacity of ...'",
             failure.line,
         )
-    if failure and failure.total_bytes:
+    if isinstance(failure, StartupFreeMemory):
         return Figure(
             "total",
             failure.total_bytes,
@@ -278,7 +293,7 @@ def _activation(run: Run, from_plan) -> Figure:
             f"log {run.quote('peak_torch_bytes')} less the weights",
             run.line("peak_torch_bytes"),
         )
-    applied = log.cudagraph_estimate_applied
+    applied = log.cudagraph_estimate_applied if log else None
     if applied:
         return Figure(
             "activation",
@@ -299,7 +314,7 @@ def _cuda_graphs(run: Run, total: int | None, from_plan) -> Figure:
     if log and log.args.get("enforce_eager"):
         return Figure("cuda_graphs", 0, "exact", "--enforce-eager: no CUDA graphs")
     if "cudagraph_captured_bytes" in facts:
-        reserve = log.cudagraph_estimate_applied
+        reserve = log.cudagraph_estimate_applied if log else None
         extra = f" (vLLM reserved its estimate, {format_bytes(reserve)}, for them in the budget)" if reserve else ""
         return Figure(
             "cuda_graphs",
@@ -346,7 +361,7 @@ def _kv_cache(run: Run, predicted: Plan | None, from_plan) -> Figure:
             run.line("kv_cache_bytes"),
         )
     failure = run.failure
-    if failure and failure.kind == "kv_too_small" and failure.available_bytes is not None:
+    if isinstance(failure, KvTooSmall):
         return Figure(
             "kv_cache",
             failure.available_bytes,
@@ -373,7 +388,7 @@ def _kv_cache(run: Run, predicted: Plan | None, from_plan) -> Figure:
 def _totals(figures: list[Figure]) -> list[Figure]:
     """The engine's memory in all (the derived overhead standing for the terms it covers) and what is left."""
     by_name = {item.name: item for item in figures}
-    derived = next((name for name in ("overhead", "weights+overhead") if name in by_name), None)
+    derived = next((name for name in ("overhead", "weights+overhead") if name in by_name), "")
     names = {"overhead": ("weights", "overhead", "kv_cache"), "weights+overhead": ("weights+overhead", "kv_cache")}.get(
         derived, (*TERMS, "weights+non_torch")
     )
@@ -381,7 +396,7 @@ def _totals(figures: list[Figure]) -> list[Figure]:
     known = [item for item in parts if item.bytes is not None]
     if not known:
         return []
-    engine = sum(max(0, item.bytes) for item in known)
+    engine = sum(max(0, item.bytes) for item in known if item.bytes is not None)
     missing = [item.name for item in parts if item.bytes is None]
     bases = ", ".join(sorted({item.basis for item in known}))
     what = {
@@ -394,7 +409,7 @@ def _totals(figures: list[Figure]) -> list[Figure]:
         )
     ]
     total, used, before = by_name["total"], by_name.get("used"), by_name.get("before_engine")
-    if used is not None and used.basis == "nvidia-smi":
+    if used is not None and used.bytes is not None and used.basis == "nvidia-smi":
         unreported = f", and the unreported {', '.join(missing)}" if missing else ""
         out.append(
             Figure(
@@ -404,9 +419,9 @@ def _totals(figures: list[Figure]) -> list[Figure]:
                 f"nvidia-smi used - the engine's terms: CUDA context, other processes, allocator cache{unreported}",
             )
         )
-    if total.bytes is not None and used is not None:
+    if total.bytes is not None and used is not None and used.bytes is not None:
         out.append(Figure("free", total.bytes - used.bytes, "derived", "total - used"))
-    elif total.bytes is not None and not missing and before is not None:
+    elif total.bytes is not None and not missing and before is not None and before.bytes is not None:
         out.append(
             Figure(
                 "free",

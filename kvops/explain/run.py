@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvops.engines.metrics import Reading
-from kvops.engines.vllm.logs import Failure, VllmLog
+from kvops.engines.vllm.logs import Failure, KvTooSmall, NoKvMemory, VllmLog
 from kvops.engines.vllm.metrics import CacheConfig
 from kvops.engines.vllm.plan import VllmCapacity
 from kvops.nvidia_smi import SmiDevice
@@ -73,7 +73,9 @@ class Run:
         """The KV pool the run states: pinned, in its KV error, or in its log (None when not positive)."""
         failure = self.failure
         pool = (
-            self.pinned_kv_bytes or (failure.available_bytes if failure else None) or self.facts.get("kv_cache_bytes")
+            self.pinned_kv_bytes
+            or (failure.available_bytes if isinstance(failure, (KvTooSmall, NoKvMemory)) else None)
+            or self.facts.get("kv_cache_bytes")
         )
         return pool if pool and pool > 0 else None
 

@@ -45,19 +45,22 @@ LLAMA_HYBRID = dict(
 
 
 class PlannedServer(VllmServer):
-    """The plan's own argv, with the program swapped for the module entry point."""
+    """The plan's own argv (`vllm serve MODEL ...`), run by the API server module: `--model MODEL`, then every flag
+    as emitted (the `vllm` program needs the package's metadata, which this CPU build does not install)."""
 
     def __init__(self, argv: list[str], log: Path):
-        super().__init__(Path(argv[argv.index("--model") + 1]), log)
+        assert argv[:2] == ["vllm", "serve"], argv
+        super().__init__(Path(argv[2]), log)
         self.planned = argv
 
     def command(self) -> list[str]:
-        assert self.planned[:2] == ["vllm", "serve"]
         return [
             sys.executable,
             "-m",
             "vllm.entrypoints.openai.api_server",
-            *self.planned[2:],
+            "--model",
+            self.planned[2],
+            *self.planned[3:],
             "--load-format",
             "dummy",
             "--host",

@@ -136,7 +136,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.server.hits += 1
         if self.server.delay:
             time.sleep(self.server.delay)
-        body = self.server.current_body().encode()
+        routed = self.server.routes.get(self.path.split("?")[0])
+        body = (routed if routed is not None else self.server.current_body()).encode()
         self.send_response(self.server.status)
         self.send_header("Content-Type", self.server.content_type)
         self.send_header("Content-Length", str(len(body)))
@@ -155,10 +156,12 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class MetricsServer(BackgroundServer):
-    """`with MetricsServer(body) as server:` serves `body` at every path; change `.body`, `.status`, `.delay` live."""
+    """`with MetricsServer(body) as server:` serves `body` at every path but those in `routes` (vLLM's `/version`,
+    say); change `.body`, `.status`, `.delay` live."""
 
-    def __init__(self, body: str = "", port: int = 0):
+    def __init__(self, body: str = "", port: int = 0, routes: dict[str, str] | None = None):
         super().__init__(("127.0.0.1", port), _Handler)
+        self.routes = routes or {}
         self.body, self.status, self.delay, self.content_type, self.hits = body, 200, 0.0, PROMETHEUS_TEXT, 0
         self.trickle = False  # send the body in 16 KiB pieces, 2 ms apart
 

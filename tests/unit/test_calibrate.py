@@ -7,8 +7,10 @@ import json
 
 import yaml
 
+from kvops.engines.common import engine_total
 from kvops.engines.tgi.logs import parse_tgi_log
 from kvops.engines.vllm.logs import parse_vllm_log
+from tests.support.corpus import CORPUS
 from tests.support.paths import LOGS
 from tests.support.tiny_model import TINY_LLAMA, build_model
 
@@ -202,7 +204,8 @@ def test_v1_log_profile_holds_the_measured_overhead(run_kvops, tmp_path):
     )
     rows = {row["term"]: row for row in report["comparisons"]}
     assert rows["kv_cache"]["actual"] == gib(9.84) and rows["kv_cache"]["predicted"] > 0
-    assert rows["cuda_graphs"]["actual"] == round((0.88 - 0.8592) * 24576 * (1 << 20))
+    # vLLM converts its estimate to a utilization with the total torch reports (an RTX 3090's 23.58 GiB)
+    assert rows["cuda_graphs"]["actual"] == round((0.88 - 0.8592) * engine_total("RTX-3090").bytes)
     assert json.loads(saved.read_text())["cudagraph_bytes"] == rows["cuda_graphs"]["actual"]
 
 
@@ -252,3 +255,76 @@ def test_calibrate_needs_a_source_and_says_what_it_looked_for(run_kvops, tmp_pat
         "no 'Setting max batch total tokens to N' line"
         in run_kvops("calibrate", "--tgi-log", str(empty), expect=1).stderr
     )
+
+
+# --- the calibrate fixes of issue 13, on public logs of the corpus -------------------------------------------
+
+CORPUS_VLLM = CORPUS / "vllm"
+
+
+def test_gpu_blocks_are_never_the_cpu_blocks(run_kvops, tmp_path):
+    # "GPU blocks: 1952, # CPU blocks: 2048" as the poster printed it (vllm-project/vllm#10517)
+    saved = tmp_path / "p.yaml"
+    log = CORPUS_VLLM / "vllm-0.6-rtx3090-llama-3.1-8b-20k-tp1.log"
+    run_kvops("calibrate", "--vllm-log", str(log), "--model", "llama-3.1-8b-instruct", "--save", str(saved))
+    assert yaml.safe_load(saved.read_text())["num_gpu_blocks"] == 1952
+    assert (
+        parse_vllm_log("INFO gpu_executor.py:76] # GPU blocks: 5691, # CPU blocks: 2048").get("num_gpu_blocks") == 5691
+    )
+
+
+def test_utilization_from_the_runs_non_default_args(run_kvops, tmp_path):
+    # the log prints no utilization line: its non-default args say 0.65, the release's default is 0.9
+    saved = tmp_path / "p.yaml"
+    log = CORPUS_VLLM / "vllm-0.19.0-a100-gpt-oss-20b-tp1.log"
+    run_kvops("calibrate", "--vllm-log", str(log), "--gpu", "A100-80GB", "--save", str(saved))
+    profile = yaml.safe_load(saved.read_text())
+    assert profile["gpu_memory_utilization"] == 0.65
+    assert (profile["model"], profile["gpu"], profile["engine_version"]) == (
+        "openai/gpt-oss-20b",
+        "A100-80GB",
+        "0.19.0",
+    )
+
+
+def test_a_log_from_another_gpu_is_warned_recorded_and_not_planned_with_its_total(run_kvops, tmp_path):
+    saved = tmp_path / "p.yaml"
+    log = CORPUS_VLLM / "vllm-0.6-rtx3090-llama-3.1-8b-20k-tp1.log"  # total_gpu_memory=23.58GiB: an RTX 3090
+    ran = run_kvops(
+        "calibrate",
+        "--vllm-log",
+        str(log),
+        "--model",
+        "llama-3.1-8b-instruct",
+        "--gpu",
+        "H100-80GB",
+        "--save",
+        str(saved),
+    )
+    assert (
+        "the log's device total is ~23.58 GiB, not a H100-80GB's (~79.19 GiB): it ran on another GPU (RTX-3090)"
+        in ran.stderr
+    )
+    profile = yaml.safe_load(saved.read_text())
+    # the profile records the GPU, model and release it came from
+    assert (profile["gpu"], profile["model"], profile["engine_version"]) == (
+        "RTX-3090",
+        "meta-llama/Llama-3.1-8B-Instruct",
+        "0.7.3",
+    )
+    plan = run_kvops(
+        "plan",
+        "-m",
+        "llama-3.1-8b-instruct",
+        "--gpu",
+        "H100-80GB",
+        "--max-model-len",
+        "8192",
+        "--profile",
+        str(saved),
+        "--json",
+    )
+    doc = json.loads(plan.stdout)
+    assert "--profile was measured on RTX-3090, the plan is for H100-80GB" in " ".join(doc["warnings"])
+    total = next(term for term in doc["memory"]["terms"] if term["name"] == "total")
+    assert total["bytes"] == engine_total("H100-80GB").bytes and total["basis"] != "measured"  # the plan's own GPU

@@ -30,7 +30,9 @@ def test_every_catalog_model_meets_every_catalog_gpu(frame):
 
 
 def test_more_memory_never_lowers_capacity(frame):
-    for key, group in frame.groupby(["engine", "model", "tp", "kv_dtype"]):
+    # at the same batch size: vLLM gives an H100 (79.19 GiB as torch sees it) 8192 batched tokens and an A100-80GB
+    # (79.15 GiB) 2048, so the H100's larger profile run can leave it less KV than the A100 (get_batch_defaults)
+    for key, group in frame.groupby(["engine", "model", "tp", "kv_dtype", "batched_tokens"]):
         tokens = group.sort_values("gpu_memory_bytes").kv_tokens.tolist()
         assert tokens == sorted(tokens), key
 

@@ -19,15 +19,15 @@ From the source (huggingface/text-generation-inference @ db931fcf, one commit af
 from __future__ import annotations
 
 from dataclasses import dataclass
-from math import floor
+from math import ceil, floor
 
 from kvops.dtypes import KvDtype
 from kvops.engines import common
+from kvops.engines.tgi.releases import TgiRelease
 from kvops.errors import UsageError
 from kvops.model.spec import ModelSpec
 from kvops.plan import PlanInputs, Term
 
-TGI_WIGGLE_ROOM = 0.90  # server/text_generation_server/models/globals.py
 DEFAULT_CUDA_MEMORY_FRACTION = 1.0  # launcher --cuda-memory-fraction
 DEFAULT_MAX_BATCH_PREFILL_TOKENS = 4096  # launcher fallback when no FLOPs-based value applies
 DEFAULT_MAX_CONCURRENT_REQUESTS = 128
@@ -52,7 +52,9 @@ class Attention:
         return self.backend in CHUNKING_ATTENTION
 
 
-def resolve_attention(spec: ModelSpec, vendor: str) -> Attention:
+def resolve_attention(spec: ModelSpec, vendor: str, release: TgiRelease | None = None) -> Attention:
+    if release is not None and not release.attention_sets_block_size:
+        return Attention("paged", False, f"{release.label} pages its KV cache in blocks of 16 (models/globals.py)")
     if vendor == "amd":
         return Attention("paged", False, "ROCm image (Dockerfile_amd) sets ATTENTION=paged, PREFIX_CACHING=0")
     head_dim = None if spec.is_mla else spec.head_dim
@@ -65,6 +67,30 @@ def resolve_attention(spec: ModelSpec, vendor: str) -> Attention:
         False,
         f"head dim {'unknown' if head_dim is None else head_dim} is not 64/128/256: flashdecoding, no prefix caching",
     )
+
+
+# Vision-language models TGI serves without prefill chunking (the config's top-level model, as TGI's get_model
+# reads it): from 3.3 only these (server/.../models/__init__.py, `support_chunking=False`, PR #3188 "Chunked Prefill
+# VLM"); in 3.0-3.2 every VlmCausalLM model (vlm_causal_lm.py `support_chunking=False`).
+NO_CHUNKING_ARCHITECTURES = (
+    "Gemma3ForConditionalGeneration",
+    "Qwen2VLForConditionalGeneration",
+    "Qwen2_5_VLForConditionalGeneration",
+    "MllamaForConditionalGeneration",
+)
+
+
+def chunking(spec: ModelSpec, attention: Attention, release: TgiRelease) -> tuple[bool, str]:
+    """Whether TGI chunks prefills for this model (then a prompt may exceed --max-batch-prefill-tokens), and why."""
+    if not release.version.at_least(3, 0):
+        return False, f"{release.label} has no prefill chunking"
+    if not attention.supports_chunking:
+        return False, f"attention {attention.backend} has no prefill chunking"
+    for architecture in spec.architectures:
+        vlm = architecture.endswith("ForConditionalGeneration")
+        if architecture in NO_CHUNKING_ARCHITECTURES or (vlm and not release.version.at_least(3, 3)):
+            return False, f"TGI {release.version} serves {architecture} without prefill chunking"
+    return True, "prefill chunking on"
 
 
 def tgi_kv_dtype(dtype: KvDtype, model_dtype: str) -> str | None:
@@ -160,8 +186,17 @@ def pool(kv_budget: int, bytes_per_token: int, block_size: int) -> TgiPool:
 CALIBRATE_HINT = common.CALIBRATE_HINT.replace("--vllm-log", "--tgi-log")
 
 
-def memory_terms(inputs: PlanInputs, prefill: int) -> tuple[list[Term], int]:
-    """Every term of the per-shard budget after warmup, and the KV bytes it leaves."""
+def activation_model(spec: ModelSpec, prefill: int, tp: int) -> tuple[int, str]:
+    """kvops' physical model of the warmup prefill's peak: the forward pass and the prefill logprobs' logits (the
+    warmup batch asks for `prefill_logprobs`), 16-bit logits and their log-softmax, kept in PyTorch's cache when TGI
+    reads the free memory."""
+    forward = common.forward_activation_peak(spec, prefill, tp)
+    logits = prefill * spec.vocab_size * (2 + 2)
+    return forward + logits, f"warmup prefill of {prefill} tokens: forward {forward} B + prefill logits {logits} B"
+
+
+def memory_terms(inputs: PlanInputs, release: TgiRelease, prefill: int) -> tuple[list[Term], int]:
+    """Every term of the per-shard budget after warmup, and the KV bytes the release's formula leaves."""
     spec, tp, profile = inputs.spec, inputs.tp, inputs.profile
     if profile and profile.engine != "tgi":
         raise UsageError(
@@ -169,15 +204,18 @@ def memory_terms(inputs: PlanInputs, prefill: int) -> tuple[list[Term], int]:
         )
     fraction = inputs.memory_fraction or DEFAULT_CUDA_MEMORY_FRACTION
     total = common.device_total_term(inputs)
-    budget = floor(total.bytes * fraction * TGI_WIGGLE_ROOM)
+    wiggle = release.wiggle_room
+    share = fraction * wiggle if release.version.at_least(3, 0) else fraction
+    budget = floor(total.bytes * share)
     weights = common.weight_bytes(spec, common.weight_format(spec, inputs.quantization), tp)
+    what = f"x TGI_WIGGLE_ROOM {wiggle:g} " if release.version.at_least(3, 0) else ""
     terms = [
         total,
         Term(
             "budget",
             budget,
             "computed",
-            f"total x cuda_memory_fraction {fraction:g} x TGI_WIGGLE_ROOM {TGI_WIGGLE_ROOM:g} (get_cuda_free_memory)",
+            f"total x cuda_memory_fraction {fraction:g} {what}(get_free_memory, {release.label})",
         ),
         weights,
     ]
@@ -188,37 +226,88 @@ def memory_terms(inputs: PlanInputs, prefill: int) -> tuple[list[Term], int]:
             )
         )
     else:
-        forward = common.forward_activation_peak(spec, prefill, tp)
-        # the warmup batch asks for prefill logprobs: every prefill token's logits and their log_softmax, 16-bit
-        logits = prefill * spec.vocab_size * (2 + 2)
-        terms.append(
-            Term(
-                "activation",
-                forward + logits,
-                "estimate",
-                f"warmup prefill of {prefill} tokens: forward {forward} B + prefill logits {logits} B (kept in PyTorch's cache when TGI measures free memory)",
-                CALIBRATE_HINT,
-            )
+        terms += _estimated_overheads(inputs, release, prefill)
+    free = budget - sum(term.bytes for term in terms[2:])
+    if release.version.at_least(3, 0):
+        kv, formula = free, "budget - weights - activation - non-torch"
+    else:
+        kv = floor(wiggle * free) if free > 0 else free
+        formula = (
+            f"{wiggle:g} x (budget - weights - activation - non-torch)"
+            if wiggle < 1
+            else "budget - weights - activation - non-torch"
         )
-        terms.append(
-            Term(
-                "non_torch",
-                common.non_torch_estimate(tp),
-                "estimate",
-                "CUDA context, cuBLAS and NCCL buffers (TGI measures device-wide free memory)",
-                CALIBRATE_HINT,
-            )
-        )
-    kv = budget - sum(term.bytes for term in terms[2:])
-    terms.append(
-        Term(
-            "kv_cache",
-            kv,
-            "computed",
-            "budget - weights - activation - non-torch: TGI's KV pool, allocated whole at warmup",
-        )
+    formula += (
+        f" - margin: {release.label}'s KV pool, allocated whole at warmup"
+        if any(t.name == "margin" for t in terms)
+        else f": {release.label}'s KV pool, allocated whole at warmup"
     )
+    fit = _fit(inputs, release)
+    if any(term.is_estimate for term in terms) and not fit.bounded:
+        formula += f"; {fit.unbounded()}"
+    terms.append(Term("kv_cache", kv, "computed", formula, band=_band(inputs, release, terms, kv)))
     return terms, kv
+
+
+def _fit(inputs: PlanInputs, release: TgiRelease) -> common.FamilyFit:
+    return (inputs.overhead_fit or common.shipped_fit("tgi")).family(release.family)
+
+
+def _estimated_overheads(inputs: PlanInputs, release: TgiRelease, prefill: int) -> list[Term]:
+    fit = _fit(inputs, release)
+    model, which = activation_model(inputs.spec, prefill, inputs.tp)
+    logs = (
+        f"{fit.logs} public {fit.family} startup logs"
+        if fit.family != common.POOLED
+        else f"{fit.logs} public TGI startup logs"
+    )
+    activation = fit.activation(model)
+    non_torch = fit.non_torch_bytes(inputs.tp)
+    terms = [
+        Term(
+            "activation",
+            activation,
+            "estimate",
+            f"kvops' model ({which}) {'+' if fit.activation_excess >= 0 else '-'} {abs(fit.activation_excess)} B, the median excess of {logs} over that model",
+            CALIBRATE_HINT,
+        ),
+        Term(
+            "non_torch",
+            non_torch,
+            "estimate",
+            f"CUDA context, cuBLAS and NCCL buffers (TGI reads device-wide free memory): the median of {logs}",
+            CALIBRATE_HINT,
+        ),
+    ]
+    if not fit.bounded:
+        return terms
+    return [
+        *terms,
+        Term(
+            "margin",
+            fit.margin,
+            "estimate",
+            f"with it, {common.OVERHEAD_QUANTILE:.0%} of {logs} had at least the KV this plan leaves, each predicted "
+            "without its own log (err toward less KV)",
+            CALIBRATE_HINT,
+        ),
+    ]
+
+
+def _band(inputs: PlanInputs, release: TgiRelease, terms: list[Term], kv: int) -> tuple[int, int] | None:
+    fit = _fit(inputs, release)
+    if not any(term.is_estimate for term in terms) or not fit.bounded:
+        return None
+    below, above = fit.band()
+    return kv - below, kv + above
+
+
+def overhead_from_pool(release: TgiRelease, total: int, fraction: float, weights: int, kv: int) -> int:
+    """What a run's pool says the warmup took besides the weights (activation + non-torch): the release's formula
+    solved for it."""
+    if release.version.at_least(3, 0):
+        return floor(total * fraction * release.wiggle_room) - weights - kv
+    return floor(total * fraction) - weights - ceil(kv / release.wiggle_room)
 
 
 def default_prefill(spec: ModelSpec) -> int:

@@ -1,19 +1,28 @@
-"""Calibrating a TGI run: what its launcher log measured (the KV pool in tokens and blocks), against the plan,
-and the profile that replaces the planner's estimates."""
+"""Calibrating a TGI run: what its launcher log measured (the KV pool in tokens and blocks), against the plan; the
+profile that replaces the planner's estimates; and the observation the corpus fit takes from it."""
 
 from __future__ import annotations
 
 from kvops.calibrate import Calibration, Comparison, predicted_figures
+from kvops.engines import common
+from kvops.engines.tgi import budget
 from kvops.engines.tgi.logs import TgiLog
 from kvops.engines.tgi.plan import TgiCapacity
+from kvops.engines.tgi.releases import TgiRelease
 from kvops.plan import Plan
 from kvops.profile import Profile
+from kvops.units import format_bytes
+
+# An overhead this many times kvops' own estimate, or below zero, says the log's pool came from another GPU or
+# launch than the one the plan describes (an L4 log calibrated as an H100 implied +1805%).
+IMPLAUSIBLE_OVERHEAD = 4
 
 
 def calibrate(log: TgiLog, plan: Plan | None, source: str) -> Calibration:
     predicted = predicted_figures(plan)
     rows: list[Comparison] = []
     notes: list[str] = []
+    warnings: list[str] = []
     total_tokens = log.get("max_batch_total_tokens")
     rows.append(
         Comparison(
@@ -40,18 +49,15 @@ def calibrate(log: TgiLog, plan: Plan | None, source: str) -> Calibration:
         and total_tokens
         and not log.get("no_automatic_total")
     ):
-        per_token = plan.capacity.kv_bytes_per_token
-        kv_actual = total_tokens * per_token
-        budget = next(term.bytes for term in plan.memory if term.name == "budget")
-        weights = next(term.bytes for term in plan.memory if term.name == "weights")
-        overhead = budget - weights - kv_actual
+        kv_actual = total_tokens * plan.capacity.kv_bytes_per_token
+        overhead = pool_overhead(plan, kv_actual)
         rows.append(
             Comparison(
                 "kv_cache",
                 "bytes",
                 predicted.get("kv_cache"),
                 kv_actual,
-                f"{total_tokens} tokens x {per_token} B per token per shard",
+                f"{total_tokens} tokens x {plan.capacity.kv_bytes_per_token} B per token per shard",
             )
         )
         rows.append(
@@ -60,16 +66,27 @@ def calibrate(log: TgiLog, plan: Plan | None, source: str) -> Calibration:
                 "bytes",
                 predicted.get("overhead"),
                 overhead,
-                "budget - weights - KV pool (warmup activation, CUDA context, non-torch)",
+                "what the release's formula leaves besides the weights and the KV pool (warmup activation, CUDA context, non-torch)",
             )
         )
+        estimated = predicted.get("overhead") or 0
+        if overhead < 0 or (estimated and overhead > IMPLAUSIBLE_OVERHEAD * estimated):
+            gpu = plan.inputs.gpu.id if plan.inputs.gpu else "the given device"
+            warnings.append(
+                f"a {format_bytes(kv_actual)} KV pool leaves {format_bytes(overhead)} of overhead on a {gpu} "
+                f"(kvops estimates {format_bytes(estimated)}): the log ran on another GPU or with other flags; "
+                "give the run's own --gpu and flags; the profile keeps no overhead"
+            )
+            overhead = None
     if plan is None:
         notes.append("no prediction: give --model and --gpu for the run to compare against the planner")
+    release = plan.release if plan is not None else None
     profile = Profile(
         engine="tgi",
         source=source,
         model=log.args.get("model_id") or (plan.inputs.spec.name if plan else None),
         gpu=plan.inputs.gpu.id if plan and plan.inputs.gpu else None,
+        engine_version=str(release.version) if isinstance(release, TgiRelease) else None,
         tp=log.args.get("num_shard") or (plan.inputs.tp if plan else None),
         max_num_batched_tokens=log.args.get("max_batch_prefill_tokens") or log.get("max_batch_prefill_tokens"),
         overhead_bytes=overhead if overhead is not None and overhead >= 0 else None,
@@ -77,4 +94,34 @@ def calibrate(log: TgiLog, plan: Plan | None, source: str) -> Calibration:
         num_gpu_blocks=blocks[0] if blocks else None,
         block_size=blocks[1] if blocks else None,
     )
-    return Calibration("tgi", source, rows, profile, notes)
+    return Calibration("tgi", source, rows, profile, notes, warnings)
+
+
+def pool_overhead(plan: Plan, kv_bytes: int) -> int:
+    """What the plan's release formula says the warmup took besides the weights, for a pool of `kv_bytes`."""
+    release = plan.release
+    assert isinstance(release, TgiRelease)
+    total = next(term.bytes for term in plan.memory if term.name == "total")
+    weights = next(term.bytes for term in plan.memory if term.name == "weights")
+    fraction = plan.inputs.memory_fraction or budget.DEFAULT_CUDA_MEMORY_FRACTION
+    return budget.overhead_from_pool(release, total, fraction, weights, kv_bytes)
+
+
+def observation(log: TgiLog, plan: Plan, source: str) -> common.Observation | None:
+    """The overhead the run's pool implies, beside kvops' model of the warmup prefill; None without a sized pool."""
+    total_tokens = log.get("max_batch_total_tokens")
+    capacity, release = plan.capacity, plan.release
+    if not total_tokens or log.get("no_automatic_total") or not isinstance(capacity, TgiCapacity):
+        return None
+    assert isinstance(release, TgiRelease)
+    model, _ = budget.activation_model(plan.inputs.spec, capacity.max_batch_prefill_tokens, plan.inputs.tp)
+    budget_term = next(term.bytes for term in plan.memory if term.name == "budget")
+    return common.Observation(
+        source,
+        release.family,
+        plan.inputs.tp,
+        model,
+        overhead=pool_overhead(plan, total_tokens * capacity.kv_bytes_per_token),
+        budget=budget_term,
+        gpu=plan.inputs.gpu.id if plan.inputs.gpu else None,
+    )

@@ -5,7 +5,10 @@
 - router (backends/v3/src/main.rs): "Maximum input tokens defaulted to N", "Maximum total tokens defaulted to N";
 - shard (flash_causal_lm.py): "KV-cache blocks: N, size: B";
 - launcher (main.rs): "Using attention flashinfer - Prefix caching true", "Default `max_batch_prefill_tokens` to N",
-  "Sharding model on N processes", and the `Args { ... }` dump (model_id, num_shard, cuda_memory_fraction, ...).
+  "Default `max_input_tokens` to N" and "Default `max_total_tokens` to N" (2.x), "Sharding model on N processes",
+  and the `Args { ... }` dump on one line or many (model_id, num_shard, cuda_memory_fraction, ...), with or without
+  its `Args` prefix (some posts keep only the braces);
+- the release: the image tag a quoted command runs (`text-generation-inference:3.2.1`).
 """
 
 from __future__ import annotations
@@ -26,8 +29,12 @@ PATTERNS: list[LogPattern] = [
     ("attention", re.compile(r"Using attention (\S+) - Prefix caching (\S+)"), lambda m: (m.group(1), m.group(2))),
     ("max_batch_prefill_tokens", re.compile(r"Default `max_batch_prefill_tokens` to (\d+)"), lambda m: int(m.group(1))),
     ("num_shard", re.compile(r"Sharding model on (\d+) processes"), lambda m: int(m.group(1))),
+    ("launcher_max_input_tokens", re.compile(r"Default `max_input_tokens` to (\d+)"), lambda m: int(m.group(1))),
+    ("launcher_max_total_tokens", re.compile(r"Default `max_total_tokens` to (\d+)"), lambda m: int(m.group(1))),
+    ("version", re.compile(r"text-generation-inference:v?(\d+\.\d+\.\d+)\b"), lambda m: m.group(1)),
 ]
-_ARGS = re.compile(r"Args \{(.*)\}")
+_ARGS = re.compile(r"Args \{(.*?)(?:\}\s*$|$)")
+_BARE_ARGS = re.compile(r"^\s*\{ model_id: .*\}\s*$")
 _ARG_FIELDS = {
     "model_id": re.compile(r'model_id: "([^"]+)"'),
     "num_shard": re.compile(r"num_shard: Some\((\d+)\)"),
@@ -48,13 +55,30 @@ class TgiLog(LogFacts):
 
 def parse_tgi_log(text: str) -> TgiLog:
     log = TgiLog()
-    for raw in text.splitlines():
-        line = _message(raw)
-        args = _ARGS.search(line)
-        if args and not log.args:
-            log.args = _args(args.group(1))
+    lines = [_message(raw) for raw in text.splitlines()]
+    for line in lines:
         log.read(line, PATTERNS)
+    dump = _args_dump(lines)
+    if dump:
+        log.args = _args(dump)
     return log
+
+
+def _args_dump(lines: list[str]) -> str | None:
+    """The launcher's `Args { ... }` dump: on one line, over many (2.x prints it pretty), or its braces alone."""
+    for index, line in enumerate(lines):
+        if line.rstrip().endswith("Args {"):
+            body = []
+            for following in lines[index + 1 :]:
+                if following.strip() == "}":
+                    break
+                body.append(following.strip())
+            return " ".join(body)
+        if match := _ARGS.search(line):
+            return match.group(1)
+        if _BARE_ARGS.match(line):
+            return line.strip()[1:-1]
+    return None
 
 
 def _message(raw: str) -> str:

@@ -10,13 +10,17 @@ from typing import Any
 from kvops.dtypes import resolve_kv_dtype
 from kvops.engines import common
 from kvops.engines.flags import flag_args
-from kvops.engines.tgi import budget, flags
+from kvops.engines.tgi import budget, flags, releases
+from kvops.engines.tgi.releases import TgiRelease
 from kvops.errors import MissingDevice, UsageError
 from kvops.plan import Plan, PlanInputs, Verdict, model_argument
 from kvops.units import format_bytes
 from kvops.workload import Workload
 
 NUM_BLOCKS_NOTE = "TGI's max batch total tokens = num_blocks x block size; block 0 is kept for health checks"
+# CUDA graphs TGI captures after sizing its pool (batch sizes 1-32): public vLLM logs show 0.17 GiB (TP4,
+# noonghunna/club-3090#127) to 0.5 GiB (TP2, club-3090#104) for theirs; no TGI log in the corpus states it.
+CUDA_GRAPHS_ESTIMATE = 512 * (1 << 20)
 
 
 @dataclass(frozen=True)
@@ -87,25 +91,28 @@ def plan_once(inputs: PlanInputs) -> Plan:
         raise UsageError(
             f"TGI runs one replica per launcher over --num-shard GPUs: give --gpus {tp} (= --tp) and start {inputs.replicas} launchers"
         )
+    release = releases.release(inputs.engine_version)
     dtype = resolve_kv_dtype(inputs.kv_dtype, spec.dtype)
     kv_flag = budget.tgi_kv_dtype(dtype, spec.dtype)
-    attention = budget.resolve_attention(spec, gpu.vendor)
+    attention = budget.resolve_attention(spec, gpu.vendor, release)
     budget.check_fp8(attention, kv_flag, gpu.vendor)
     per_token = budget.kv_bytes_per_token(spec, dtype, tp)
     model_limit = common.model_limit(spec)
-    prefill = _prefill(inputs, attention, model_limit)
-    memory, kv_bytes = budget.memory_terms(inputs, prefill)
+    chunks, chunk_reason = budget.chunking(spec, attention, release)
+    _check_limits(inputs, chunks)
+    prefill = _prefill(inputs, release, chunks, model_limit)
+    memory, kv_bytes = budget.memory_terms(inputs, release, prefill)
     pool = budget.pool(kv_bytes, per_token, attention.block_size)
-    chunking = "on" if attention.supports_chunking else "off"
     notes = [
-        f"attention {attention.backend} (block size {attention.block_size}): {attention.reason}; prefill chunking {chunking}"
+        f"engine release: {release.label}, {release.how}",
+        f"attention {attention.backend} (block size {attention.block_size}): {attention.reason}; {chunk_reason}",
     ]
     notes.append(common.paging_note(pool.num_blocks, attention.block_size, kv_bytes))
     sequences = inputs.workload.sequences
     target = inputs.concurrency if isinstance(inputs.concurrency, int) else 1
-    length = _max_total_tokens(inputs, pool, model_limit, target * sequences, notes)
+    length = _max_total_tokens(inputs, release, pool, model_limit, target * sequences, notes)
     if (
-        not attention.supports_chunking
+        not chunks
         and not isinstance(inputs.max_model_len, int)
         and inputs.max_input_tokens is None
         and length > prefill + 1
@@ -134,7 +141,7 @@ def plan_once(inputs: PlanInputs) -> Plan:
         warn_level=inputs.warn_level,
         max_batch_prefill_tokens=prefill,
         attention=attention.backend,
-        prefill_chunking=attention.supports_chunking,
+        prefill_chunking=chunks,
     )
     concurrent = inputs.max_num_seqs if inputs.max_num_seqs is not None else max(1, at_full, target) * sequences
     engine_flags: dict[str, Any] = {
@@ -148,7 +155,9 @@ def plan_once(inputs: PlanInputs) -> Plan:
     }
     if kv_flag:
         engine_flags["kv-cache-dtype"] = kv_flag
-    warnings = _warnings(inputs, notes, length)
+    warnings = _warnings(inputs, release, notes, length)
+    if inputs.profile:
+        warnings += common.profile_mismatch(inputs, str(release.version), release.label)
     return Plan(
         inputs=inputs,
         memory=tuple(memory),
@@ -162,6 +171,7 @@ def plan_once(inputs: PlanInputs) -> Plan:
         verdict=_verdict(inputs, memory, kv_bytes, pool, capacity, max_input, attention),
         warnings=tuple(warnings),
         notes=tuple(notes),
+        release=release,
     )
 
 
@@ -179,17 +189,45 @@ def _refuse_other_engines_options(inputs: PlanInputs) -> None:
         raise UsageError("--guard adds vLLM's KV-guard scheduler; TGI has no scheduler plugin (use the kvops proxy)")
 
 
-def _prefill(inputs: PlanInputs, attention: budget.Attention, model_limit: int) -> int:
-    prefill = inputs.batched_tokens or min(budget.default_prefill(inputs.spec), model_limit)
-    if not attention.supports_chunking and inputs.batched_tokens is None:
-        # Without prefill chunking a whole prompt must fit one prefill batch: size the warmup for the longest prompt.
-        given = inputs.max_input_tokens or (inputs.max_model_len - 1 if isinstance(inputs.max_model_len, int) else None)
-        prefill = max(prefill, given or 0)
-    return prefill
+def _check_limits(inputs: PlanInputs, chunks: bool) -> None:
+    """Limits the user gave that TGI refuses whatever the memory: a usage error in TGI's words, not a plan."""
+    max_input, length, prefill = inputs.max_input_tokens, inputs.max_model_len, inputs.batched_tokens
+    if max_input is not None and isinstance(length, int) and max_input >= length:
+        raise UsageError(
+            f"--max-input-tokens {max_input} must be below --max-model-len (TGI --max-total-tokens) {length}: TGI refuses "
+            f"'Invalid argument: `max_input_tokens`({max_input}) must be < `max_total_tokens`({length})'"
+        )
+    needed = max_input if max_input is not None else (length - 1 if isinstance(length, int) else None)
+    if not chunks and prefill is not None and needed is not None and prefill < needed:
+        raise UsageError(
+            f"--max-batch-prefill-tokens {prefill} is below the {needed} input tokens TGI must take in one prefill "
+            f"(no prefill chunking for this model): TGI refuses '`max_batch_prefill_tokens` must be >= `max_input_tokens`. "
+            f"Given: {prefill} and {needed}'; give --max-batch-prefill-tokens {needed} or more"
+        )
+
+
+def _prefill(inputs: PlanInputs, release: TgiRelease, chunks: bool, model_limit: int) -> int:
+    """The warmup prefill: given, else the release's launcher default; without chunking a whole prompt must fit."""
+    if inputs.batched_tokens:
+        return inputs.batched_tokens
+    given = inputs.max_input_tokens or (inputs.max_model_len - 1 if isinstance(inputs.max_model_len, int) else None)
+    if release.version.at_least(3, 0):
+        prefill = min(budget.default_prefill(inputs.spec), model_limit)
+        return prefill if chunks else max(prefill, given or 0)
+    max_input = given if given is not None else _legacy_max_total(release, model_limit) - 1
+    if release.version.at_least(2, 0):
+        return max_input + 50  # launcher main.rs: "Adding some edge ... for block_size alignment"
+    return max(4096, max_input)  # the 1.x launcher's clap default, which must hold one prompt
+
+
+def _legacy_max_total(release: TgiRelease, model_limit: int) -> int:
+    """max_total_tokens before 3.x, when not given: 2048 (clap default, 0.9-1.x); min(max_position_embeddings,
+    4096) in 2.x ("Model supports up to N but tgi will now set its default to 4096")."""
+    return min(model_limit, 4096) if release.version.at_least(2, 0) else 2048
 
 
 def _max_total_tokens(
-    inputs: PlanInputs, pool: budget.TgiPool, model_limit: int, sequences: int, notes: list[str]
+    inputs: PlanInputs, release: TgiRelease, pool: budget.TgiPool, model_limit: int, sequences: int, notes: list[str]
 ) -> int:
     if inputs.max_model_len == "auto":
         target = inputs.concurrency if isinstance(inputs.concurrency, int) else 1
@@ -200,6 +238,8 @@ def _max_total_tokens(
         return min(model_limit, blocks * pool.block_size + 1) if blocks else 0
     if isinstance(inputs.max_model_len, int):
         return inputs.max_model_len
+    if not release.version.at_least(3, 0):
+        return _legacy_max_total(release, model_limit)
     return min(model_limit, pool.max_batch_total_tokens) if pool.max_batch_total_tokens > 1 else model_limit
 
 
@@ -209,7 +249,7 @@ def _reservation(workload: Workload, length: int) -> int:
     return max(1, budget.reservation_tokens(workload.prompt_tokens or 0, workload.gen_tokens or 0))
 
 
-def _warnings(inputs: PlanInputs, notes: list[str], length: int) -> list[str]:
+def _warnings(inputs: PlanInputs, release: releases.TgiRelease, notes: list[str], length: int) -> list[str]:
     spec = inputs.spec
     warnings = []
     if spec.max_position_embeddings and length > spec.max_position_embeddings:
@@ -233,8 +273,8 @@ def _warnings(inputs: PlanInputs, notes: list[str], length: int) -> list[str]:
     )
     fraction = inputs.memory_fraction or 1.0
     total = common.device_total(inputs)
-    spare = floor(total * fraction) - floor(total * fraction * budget.TGI_WIGGLE_ROOM)
-    graphs = common.CUDA_GRAPH_ESTIMATE
+    spare = floor(total * fraction) - floor(total * fraction * release.wiggle_room)
+    graphs = CUDA_GRAPHS_ESTIMATE
     if graphs > spare:
         warnings.append(
             f"CUDA graphs (~{format_bytes(graphs)}, captured after the KV pool) may not fit in the {format_bytes(spare)} TGI_WIGGLE_ROOM leaves: consider --cuda-graphs 0"

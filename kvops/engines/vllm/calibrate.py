@@ -1,17 +1,24 @@
 """Calibrating a vLLM run: what its startup log and its live cache config measured, against the plan, term by
-term, and the profile that replaces the planner's estimates."""
+term; the profile that replaces the planner's estimates; and the observation the corpus fit takes from it."""
 
 from __future__ import annotations
 
-from math import ceil
 from typing import Any
 
 from kvops.calibrate import Calibration, Comparison, predicted_figures
+from kvops.engines import common
+from kvops.engines.vllm import budget
 from kvops.engines.vllm.logs import VllmLog
 from kvops.engines.vllm.metrics import CacheConfig
 from kvops.engines.vllm.plan import VllmCapacity
+from kvops.engines.vllm.releases import VllmRelease, release
+from kvops.gpus import find_gpu, gpu_catalog
 from kvops.plan import Plan
 from kvops.profile import Profile
+from kvops.units import format_bytes
+
+# A log's total may differ from the catalog's by a driver's reserve; beyond this it is another GPU.
+OTHER_GPU_SHARE = 0.02
 
 
 def calibrate(log: VllmLog | None, config: CacheConfig | None, plan: Plan | None, source: str) -> Calibration:
@@ -21,6 +28,8 @@ def calibrate(log: VllmLog | None, config: CacheConfig | None, plan: Plan | None
     metric = "vllm:cache_config_info"
     rows: list[Comparison] = []
     notes: list[str] = []
+    warnings: list[str] = []
+    run_release = _release(log, plan)
 
     def add(term: str, unit: str, actual: Any, where: str) -> None:
         if actual is not None:
@@ -32,13 +41,14 @@ def calibrate(log: VllmLog | None, config: CacheConfig | None, plan: Plan | None
     if pinned and (kv_actual is None or abs(kv_actual - pinned) < 0.01 * (1 << 30)):
         kv_actual, kv_where = pinned, "--kv-cache-memory-bytes (vLLM allocates exactly this)"
     total = facts.get("total_memory_bytes") if log and log.device != "cpu" else None
-    plan_total = total or (plan.inputs.gpu.memory_bytes if plan and plan.inputs.gpu else None)
-    util = (
-        facts.get("gpu_memory_utilization")
-        or (plan.inputs.memory_fraction if plan else None)
-        or _number(config, "gpu_memory_utilization")
-        or 0.92
-    )
+    run_gpu = plan.inputs.gpu.id if plan and plan.inputs.gpu else None
+    if total and plan and plan.inputs.gpu:
+        other = _other_gpu(total, plan)
+        if other:
+            warnings += other
+            run_gpu = gpu_of_total(total)
+    plan_total = total or (plan.term("total").bytes if plan and plan.term("total") else None)
+    util = run_utilization(log, config, plan, run_release)
     cudagraph = log.cudagraph_bytes(plan_total) if log else None
 
     add("weights", "bytes", facts.get("weights_bytes"), lines.get("weights_bytes", ""))
@@ -48,13 +58,13 @@ def calibrate(log: VllmLog | None, config: CacheConfig | None, plan: Plan | None
         log.activation_bytes if log else None,
         lines.get("activation_bytes") or lines.get("peak_torch_bytes", ""),
     )
-    add("non_torch", "bytes", facts.get("non_torch_bytes"), lines.get("non_torch_bytes", ""))
+    add("non_torch", "bytes", log.non_torch_bytes if log else None, lines.get("non_torch_bytes", ""))
     add("cuda_graphs", "bytes", cudagraph, lines.get("cudagraph_bytes") or lines.get("cudagraph_utilization", ""))
     overhead = None
     if not pinned and plan_total and facts.get("weights_bytes") is not None and kv_actual is not None:
-        overhead = ceil(plan_total * util) - facts["weights_bytes"] - kv_actual
-        source_total = "the log's total_gpu_memory" if total else f"{plan.inputs.gpu.id}'s catalog total"
-        add("overhead", "bytes", overhead, f"ceil({source_total} x {util:g}) - weights - available KV cache")
+        overhead = budget.requested_memory(plan_total, util, run_release) - facts["weights_bytes"] - kv_actual
+        source_total = "the log's total_gpu_memory" if total else "the engine-side total of the plan's GPU"
+        add("overhead", "bytes", overhead, f"{source_total} x {util:g} - weights - available KV cache")
     add("kv_cache", "bytes", kv_actual, kv_where)
     blocks = _label(config, "num_gpu_blocks") or facts.get("num_gpu_blocks")
     add(
@@ -76,6 +86,7 @@ def calibrate(log: VllmLog | None, config: CacheConfig | None, plan: Plan | None
     add("max_concurrency", "x", concurrency, lines.get("max_concurrency", f"{metric} kv_cache_max_concurrency"))
     if log and "kv_cache_bytes" in facts:
         notes.append("memory figures in vLLM logs have two decimals of GiB: exact to +-5 MiB")
+    notes.append(f"the run's release: {run_release.label} ({run_release.how})")
     if plan is None:
         notes.append("no prediction: give --model (and --gpu) for the run to compare against the planner")
 
@@ -83,7 +94,8 @@ def calibrate(log: VllmLog | None, config: CacheConfig | None, plan: Plan | None
         engine="vllm",
         source=source,
         model=(log.args.get("model") if log else None) or (plan.inputs.spec.name if plan else None),
-        gpu=plan.inputs.gpu.id if plan and plan.inputs.gpu else None,
+        gpu=run_gpu,
+        engine_version=_version_text(run_release),
         tp=(log.args.get("tensor_parallel_size") if log else None) or (plan.inputs.tp if plan else None),
         max_num_batched_tokens=(log.args.get("max_num_batched_tokens") if log else None)
         or (plan.capacity.max_num_batched_tokens if plan and isinstance(plan.capacity, VllmCapacity) else None),
@@ -91,14 +103,106 @@ def calibrate(log: VllmLog | None, config: CacheConfig | None, plan: Plan | None
         gpu_memory_utilization=util if not pinned else None,
         weights_bytes=facts.get("weights_bytes"),
         activation_bytes=log.activation_bytes if log else None,
-        non_torch_bytes=facts.get("non_torch_bytes"),
+        non_torch_bytes=log.non_torch_bytes if log else None,
         cudagraph_bytes=cudagraph,
         overhead_bytes=overhead if overhead is not None and overhead >= 0 else None,
         kv_cache_bytes=kv_actual,
         num_gpu_blocks=blocks,
         block_size=_label(config, "block_size") or (log.args.get("block_size") if log else None),
     )
-    return Calibration("vllm", source, rows, profile, notes)
+    return Calibration("vllm", source, rows, profile, notes, warnings)
+
+
+def run_utilization(
+    log: VllmLog | None, config: CacheConfig | None, plan: Plan | None, run_release: VllmRelease
+) -> float:
+    """The utilization the run had: its log's figure, its non-default args, what the plan was told, its live cache
+    config, else its release's default."""
+    stated = (
+        (log.get("gpu_memory_utilization") if log else None)
+        or (log.args.get("gpu_memory_utilization") if log else None)
+        or (plan.inputs.memory_fraction if plan else None)
+        or _number(config, "gpu_memory_utilization")
+    )
+    return float(stated) if stated else run_release.default_gpu_memory_utilization
+
+
+def observation(log: VllmLog, plan: Plan, source: str) -> common.Observation | None:
+    """What the log measured of the terms kvops estimates, beside kvops' own model of the same launch; None when it
+    measured none of them (or the launch pinned its KV cache, which skips the profile)."""
+    inputs, capacity = plan.inputs, plan.capacity
+    if not isinstance(capacity, VllmCapacity) or plan.release is None or inputs.kv_cache_memory_bytes is not None:
+        return None
+    run_release: VllmRelease = plan.release  # type: ignore[assignment]
+    scope = common.weight_format(inputs.spec, inputs.quantization).scope
+    forward, logits, workspace = budget.profile_run(
+        inputs.spec, capacity.max_num_batched_tokens, capacity.sampler_sequences, inputs.tp, scope
+    )
+    facts = log.facts
+    graphs_applied = run_release.cudagraphs_before_kv and not inputs.enforce_eager
+    graphs = log.cudagraph_estimate_applied if graphs_applied else log.get("cudagraph_bytes")
+    total = facts.get("total_memory_bytes") or common.device_total(inputs)
+    overhead = None
+    requested = budget.requested_memory(total, run_utilization(log, None, plan, run_release), run_release)
+    if facts.get("weights_bytes") is not None and facts.get("kv_cache_bytes") is not None:
+        overhead = requested - facts["weights_bytes"] - facts["kv_cache_bytes"]
+    found = common.Observation(
+        source,
+        run_release.family,
+        inputs.tp,
+        forward,
+        logits,
+        workspace,
+        activation=log.activation_bytes,
+        non_torch=log.non_torch_bytes,
+        cuda_graphs=graphs,
+        cuda_graphs_applied=graphs_applied,
+        overhead=overhead if log.activation_bytes is None or log.non_torch_bytes is None else None,
+        budget=requested,
+        gpu=inputs.gpu.id if inputs.gpu else None,
+    )
+    return found if found.total is not None or found.activation is not None or found.non_torch is not None else None
+
+
+def _release(log: VllmLog | None, plan: Plan | None) -> VllmRelease:
+    found = log.release() if log else None
+    if found is not None:
+        return found
+    if plan is not None and plan.release is not None:
+        return plan.release  # type: ignore[return-value]
+    return release(None)
+
+
+def _version_text(run_release: VllmRelease) -> str:
+    return f"{run_release.version}{'-v0' if run_release.v0 and run_release.version.at_least(0, 8) else ''}"
+
+
+def _other_gpu(total: int, plan: Plan) -> list[str]:
+    """The log's device total is not the one of the GPU the calibration names (the catalog part's, as the engine
+    sees it): the profile would carry another part's figures."""
+    gpu = plan.inputs.gpu
+    assert gpu is not None
+    if gpu.id == "custom":
+        return []
+    seen = common.engine_total(gpu.id)
+    expected = seen.bytes if seen else find_gpu(gpu.id).memory_bytes
+    if abs(total - expected) <= OTHER_GPU_SHARE * expected:
+        return []
+    return [
+        f"the log's device total is {format_bytes(total)}, not a {gpu.id}'s ({format_bytes(expected)}): it ran on "
+        f"another GPU ({gpu_of_total(total) or 'not in the catalog'}); the profile records that GPU and its total, and "
+        f"plans for a {gpu.id} take the {gpu.id}'s own total"
+    ]
+
+
+def gpu_of_total(total: int) -> str | None:
+    """The catalog GPU whose engine-side total this is (within the driver's share), or None when none is."""
+    for gpu in gpu_catalog():
+        seen = common.engine_total(gpu.id)
+        expected = seen.bytes if seen else gpu.memory_bytes
+        if abs(total - expected) <= OTHER_GPU_SHARE * expected:
+            return gpu.id
+    return None
 
 
 def _label(config: CacheConfig | None, name: str) -> int | None:
@@ -107,3 +211,13 @@ def _label(config: CacheConfig | None, name: str) -> int | None:
 
 def _number(config: CacheConfig | None, name: str) -> float | None:
     return config.number(name) if config else None
+
+
+def graph_observation(log: VllmLog, source: str, run_release: VllmRelease) -> common.Observation | None:
+    """A log's CUDA-graph estimate alone, for a launch kvops cannot plan (another model, speculative decoding): the
+    estimate vLLM takes before sizing KV depends on the capture sizes far more than on the model."""
+    if not run_release.cudagraphs_before_kv or log.cudagraph_estimate_applied is None:
+        return None
+    return common.Observation(
+        source, run_release.family, 1, 0, cuda_graphs=log.cudagraph_estimate_applied, cuda_graphs_applied=True
+    )

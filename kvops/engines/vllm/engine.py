@@ -61,9 +61,9 @@ class VllmEngine:
         return plan.kv_dtype_spelling(inputs, name)
 
     def offload_ways(self, inputs: PlanInputs, failed: Plan) -> list[WayOut]:
-        from kvops.engines.vllm import offload
+        from kvops.engines.vllm import plan
 
-        return offload.offload_ways(inputs, failed)
+        return plan.offload_ways(inputs, failed)
 
     def kv_bytes_per_token(self, spec: ModelSpec, dtype: KvDtype, tp: int) -> int:
         from kvops.formula import kv_cost

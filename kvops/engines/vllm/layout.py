@@ -82,6 +82,11 @@ class KVCacheLayout:
     def blocks_per_request(self, max_model_len: int, in_flight: int) -> int:
         return sum(group.admission_blocks(max_model_len, in_flight) for group in self.groups)
 
+    def bytes_per_request(self, max_model_len: int, in_flight: int) -> int:
+        """What vLLM's startup check needs for one request at `max_model_len`: its blocks across the groups, each
+        a whole pool block, padding included (`_max_memory_usage_bytes_from_groups`)."""
+        return self.blocks_per_request(max_model_len, in_flight) * self.bytes_per_block
+
     def blocks_held(
         self, prompt_tokens: int, total_tokens: int, sequences: int = 1, prefix_caching: bool = True
     ) -> int:
@@ -154,38 +159,91 @@ def _group(key: tuple, layers: list[int], block_size: int) -> KVCacheGroup:
 
 @dataclass(frozen=True)
 class Pool:
-    """What vLLM reports after sizing: `num_gpu_blocks`, `kv_cache_size_tokens`, the concurrency at max_model_len."""
+    """What vLLM reports after sizing: `num_gpu_blocks`, `kv_cache_size_tokens`, the concurrency at max_model_len.
+
+    The release decides three details (releases.py): V0 has no null block and counts tokens as blocks x block
+    size; V1 before 0.20 reports `num_blocks // groups x block_size` tokens, later `int(concurrency x max_model_len)`.
+    """
 
     num_blocks: int
     block_size: int
     blocks_per_request: int
     max_model_len: int
+    bytes_needed: int = 0  # one request at max_model_len, as the startup check counts it
+    kv_bytes: int = 0
+    bytes_per_block: int = 0
+    groups: int = 1
+    null_block: bool = True  # V1's block pool keeps block 0 back
+    tokens_by_concurrency: bool = True  # 'GPU KV cache size' as concurrency x max_model_len (V1 0.20+)
 
     @property
     def usable_blocks(self) -> int:
-        return max(0, self.num_blocks - 1)  # block 0 is the block pool's null block
+        return max(0, self.num_blocks - 1) if self.null_block else self.num_blocks
 
     @property
     def max_concurrency(self) -> float:
+        if not self.null_block:  # V0: tokens the pool holds over max_model_len
+            return self.num_blocks * self.block_size / self.max_model_len
         return self.num_blocks / self.blocks_per_request
 
     @property
     def kv_cache_size_tokens(self) -> int:
+        if not self.null_block:
+            return self.num_blocks * self.block_size
+        if not self.tokens_by_concurrency:
+            return self.num_blocks // self.groups * self.block_size
         return int(self.max_concurrency * self.max_model_len)
 
     @property
     def fits_one_request(self) -> bool:
-        """vLLM's startup check: one request at max_model_len fits in the usable blocks."""
-        return self.blocks_per_request <= self.usable_blocks
+        """The engine's startup check: V1 compares one request's bytes at max_model_len with the KV memory less the
+        null block (`get_kv_cache_configs`: "Reserve the null block ... so auto-fit and the capacity check both plan
+        against usable blocks"); V0 refuses a max_model_len above the tokens its blocks hold."""
+        if not self.null_block:
+            return self.max_model_len <= self.num_blocks * self.block_size
+        return self.bytes_needed <= self.kv_bytes - self.bytes_per_block
 
 
-def pool(layout: KVCacheLayout, kv_bytes: int, max_model_len: int, in_flight: int) -> Pool:
+def pool(
+    layout: KVCacheLayout,
+    kv_bytes: int,
+    max_model_len: int,
+    in_flight: int,
+    null_block: bool = True,
+    tokens_by_concurrency: bool = True,
+) -> Pool:
     return Pool(
         layout.num_blocks(kv_bytes),
         layout.block_size,
         layout.blocks_per_request(max_model_len, in_flight),
         max_model_len,
+        layout.bytes_per_request(max_model_len, in_flight),
+        kv_bytes,
+        layout.bytes_per_block,
+        len(layout.groups),
+        null_block,
+        tokens_by_concurrency,
     )
+
+
+def engine_max_model_len(layout: KVCacheLayout, kv_bytes: int, in_flight: int, upper: int, null_block: bool) -> int:
+    """The longest max_model_len the engine accepts for this KV memory: what `--max-model-len auto` (-1) picks and
+    the 'estimated maximum model length' of its error (V1 `_estimate_max_model_len_from_groups`: one request's
+    blocks within the memory less the null block); V0 takes the tokens its blocks hold. 0 when not even one token
+    fits."""
+    if not null_block:
+        return min(upper, layout.num_blocks(kv_bytes) * layout.block_size)
+
+    def fits(length: int) -> bool:  # the null block held back, as the startup check does
+        return layout.bytes_per_request(length, in_flight) <= kv_bytes - layout.bytes_per_block
+
+    if kv_bytes <= 0 or not fits(1):
+        return 0
+    low, high = 1, upper
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle - 1)
+    return low
 
 
 def longest_context(layout: KVCacheLayout, usable_blocks: float, sequences: int, in_flight: int, upper: int) -> int:

@@ -43,10 +43,11 @@ from typing import Any
 
 from kvops.engines.logs import LogFacts, LogPattern
 from kvops.engines.oom import TORCH_OOM, OutOfMemory, out_of_memory
+from kvops.engines.vllm.releases import VllmRelease, from_log
 
 GiB = 1 << 30
 ANSI = re.compile(r"\x1b\[[0-9;]*m|\[[0-9;]*m(?=\()")
-_NUMBER = r"([\d.]+)"
+_NUMBER = r"(\d+(?:\.\d+)?)"
 _INT = r"([\d,]+)"
 
 
@@ -62,6 +63,10 @@ def integer(text: str) -> int:
 _SUMMARY_FREE = re.compile(r"Free memory on device (?:\S+ )?\(([\d.]+)/([\d.]+) GiB\) on startup")
 _DESIRED = re.compile(r"[Dd]esired GPU memory utilization(?: is)? \(([\d.]+), ([\d.]+) GiB\)")
 _CURRENT_KV = re.compile(r"Current kv cache memory in use is ([\d.]+) (GiB|bytes)")
+# lines only the V0 engine prints (its worker's memory profile and block count)
+_V0_WORDING = re.compile(
+    r"Memory profiling results|the current vLLM instance can use|model weights take|# (?:GPU|cuda|CUDA) blocks|GPU blocks: [\d,]+, # CPU blocks"
+)
 
 PATTERNS: list[LogPattern] = [
     (
@@ -97,6 +102,11 @@ PATTERNS: list[LogPattern] = [
         lambda m: gib(m.group(1)),
     ),
     ("total_memory_bytes", _SUMMARY_FREE, lambda m: gib(m.group(2))),
+    (
+        "total_memory_bytes",
+        re.compile(r"memory snapshot: .*total_memory=" + _NUMBER + r"GiB"),
+        lambda m: gib(m.group(1)),
+    ),
     ("startup_free_bytes", _SUMMARY_FREE, lambda m: gib(m.group(1))),
     (
         "gpu_memory_utilization",
@@ -117,10 +127,15 @@ PATTERNS: list[LogPattern] = [
     ),
     (
         "non_torch_bytes",
-        re.compile(r"non_torch_memory(?: takes |=|\s+)" + _NUMBER + r" ?GiB"),
+        re.compile(r"(?<!, )non_torch_memory(?: takes |=|\s+)" + _NUMBER + r" ?GiB"),  # not the init snapshot's
         lambda m: gib(m.group(1)),
     ),
     ("non_torch_bytes", re.compile(_NUMBER + r" GiB for non-torch memory"), lambda m: gib(m.group(1))),
+    (
+        "non_torch_bytes",
+        re.compile(r"non-torch forward increase memory: " + _NUMBER + r" ?GiB"),
+        lambda m: gib(m.group(1)),
+    ),
     (
         "activation_bytes",
         re.compile(r"PyTorch activation peak memory(?: takes)?\s+" + _NUMBER + r" ?GiB"),
@@ -147,7 +162,11 @@ PATTERNS: list[LogPattern] = [
         ),
         lambda m: (float(m.group(1)), float(m.group(2))),
     ),
-    ("cudagraph_estimate_disabled", re.compile(r"CUDA graph memory profiling is disabled"), lambda m: True),
+    (
+        "cudagraph_estimate_disabled",
+        re.compile(r"CUDA graph memory profiling is disabled|CUDA graph memory profiling will be enabled by default"),
+        lambda m: True,
+    ),
     (
         "cudagraph_captured_bytes",
         re.compile(r"CUDA graph pool memory: " + _NUMBER + r" GiB \(actual\)"),
@@ -159,7 +178,13 @@ PATTERNS: list[LogPattern] = [
         lambda m: gib(m.group(1)),
     ),
     ("cudagraph_captured_bytes", re.compile(_NUMBER + r" GiB for CUDAGraph memory"), lambda m: gib(m.group(1))),
-    ("num_gpu_blocks", re.compile(r"# (?:GPU|CPU|cuda|CUDA) blocks: " + _INT), lambda m: integer(m.group(1))),
+    ("num_gpu_blocks", re.compile(r"(?:GPU|cuda|CUDA) blocks: " + _INT), lambda m: integer(m.group(1))),
+    # the CPU executor's own pool; on a GPU log the same line's "# CPU blocks" is the swap space, not the pool
+    (
+        "num_gpu_blocks",
+        re.compile(r"^(?!.*(?:GPU|cuda|CUDA) blocks).*# CPU blocks: " + _INT),
+        lambda m: integer(m.group(1)),
+    ),
     (
         "kv_cache_size_tokens",
         re.compile(r"(GPU|CPU|XPU|TPU)(?: \+ host)? KV cache size: " + _INT + " tokens"),
@@ -171,13 +196,31 @@ PATTERNS: list[LogPattern] = [
         lambda m: (integer(m.group(1)), float(m.group(2))),
     ),
     ("max_model_len", re.compile(r"Using max model len (\d+)"), lambda m: int(m.group(1))),
-    ("version", re.compile(r"(?:V1 )?LLM engine \(v([^)]+)\)"), lambda m: m.group(1)),
+    ("version", re.compile(r"(?:V[01] )?LLM engine \(v([^)]+)\)"), lambda m: m.group(1)),
+    ("version", re.compile(r"vLLM API server version (\d[\w.+-]*)"), lambda m: m.group(1)),
+    ("version", re.compile(r"\u2588 +version (\d[\w.+-]*)"), lambda m: m.group(1)),  # the startup banner
+    ("version", re.compile(r"\bvLLM: (\d+\.\d+[\w.+-]*?)\.?(?:\s|$)"), lambda m: m.group(1)),  # Unsloth's banner
+    ("engine_generation", re.compile(r"Initializing an? (V[01]) LLM engine"), lambda m: m.group(1)),
+    ("v0_wording", _V0_WORDING, lambda m: m.group(0)),
     ("args", re.compile(r"non-default args: (\{.*\})\s*$"), lambda m: _literal(m.group(1))),
     ("cpu_build", re.compile(r"\[cpu_(?:worker|model_runner)\.py:\d+\]|GiB for KV cache on node"), lambda m: True),
 ]
 
 
+# What vLLM's "non-default args" repr holds that is not a Python literal: torch dtypes, enum reprs, and the
+# compilation config printed as JSON (true/false/null)
+_NOT_LITERAL = (
+    (re.compile(r"\btorch\.(\w+)"), r"'\1'"),
+    (re.compile(r"<[^<>]*>"), "None"),
+    (re.compile(r"\btrue\b"), "True"),
+    (re.compile(r"\bfalse\b"), "False"),
+    (re.compile(r"\bnull\b"), "None"),
+)
+
+
 def _literal(text: str) -> dict[str, Any]:
+    for pattern, replacement in _NOT_LITERAL:
+        text = pattern.sub(replacement, text)
     try:
         value = ast.literal_eval(text)
     except (ValueError, SyntaxError):
@@ -218,6 +261,16 @@ class VllmLog(LogFacts):
     @property
     def args(self) -> dict[str, Any]:
         return self.facts.get("args", {})
+
+    @property
+    def v0(self) -> bool:
+        """The V0 engine ran: its log says so, or it prints what only V0 prints."""
+        generation = self.facts.get("engine_generation")
+        return generation == "V0" if generation else "v0_wording" in self.facts
+
+    def release(self) -> VllmRelease | None:
+        """The release this log names, or None when it names no version."""
+        return from_log(self.facts.get("version"), self.v0)
 
     @property
     def activation_bytes(self) -> int | None:
@@ -393,24 +446,63 @@ _MESSAGE_PHASES: tuple[tuple[re.Pattern, str], ...] = (
 )
 
 
-@dataclass(frozen=True)
-class Failure:
-    """Why a vLLM run stopped, with the figures its own message states."""
+# a negative KV budget in each release's wording (V1 "Available KV cache memory", V0's profile lines)
+_NEGATIVE_KV = re.compile(
+    r"(?:Available KV cache memory:|reserved for KV Cache is|kv_cache_size=|available_kv_cache_memory)\s*(-[\d.]+) ?GiB"
+)
 
-    kind: str  # "out_of_memory" | "kv_too_small" | "no_kv_memory" | "startup_free_memory"
+
+@dataclass(frozen=True)
+class KvTooSmall:
+    """One request at max_model_len does not fit the KV cache (V1's message, in bytes)."""
+
     line: str
-    phase: str | None = None  # one of PHASES (out_of_memory)
+    max_model_len: int
+    needed_bytes: int  # KV for one request at max_model_len
+    available_bytes: int  # KV the engine had
+    estimated_max_model_len: int | None = None  # vLLM's own estimate of the length that fits
+
+
+@dataclass(frozen=True)
+class KvTokensTooFew:
+    """One request at max_model_len does not fit the KV cache (V0's message, in the pool's tokens)."""
+
+    line: str
+    max_model_len: int
+    kv_tokens: int
+
+
+@dataclass(frozen=True)
+class NoKvMemory:
+    """Nothing was left for the KV cache after the other terms (a zero or negative budget)."""
+
+    line: str
+    available_bytes: int | None = None  # the negative budget, where the message states it
+
+
+@dataclass(frozen=True)
+class StartupFreeMemory:
+    """Less was free at startup than gpu_memory_utilization x total: something else holds the device."""
+
+    line: str
+    startup_free_bytes: int
+    total_bytes: int
+    utilization: float
+    requested_bytes: int
+
+
+@dataclass(frozen=True)
+class EngineOutOfMemory:
+    """An allocation failed: the torch or CUDA error, and the phase of startup or serving it hit."""
+
+    line: str
+    phase: str | None = None  # one of PHASES
     phase_basis: str = ""  # the frame, message or milestone the phase was read from
     oom: OutOfMemory | None = None
-    max_model_len: int | None = None
-    needed_bytes: int | None = None  # KV for one request at max_model_len
-    available_bytes: int | None = None  # KV the engine had
-    estimated_max_model_len: int | None = None  # vLLM's own estimate, in the message
-    kv_tokens: int | None = None  # V0: tokens the KV cache holds
-    startup_free_bytes: int | None = None
-    total_bytes: int | None = None
-    utilization: float | None = None
-    requested_bytes: int | None = None
+
+
+Failure = KvTooSmall | KvTokensTooFew | NoKvMemory | StartupFreeMemory | EngineOutOfMemory
+"""Why a vLLM run stopped, with the figures its own message states."""
 
 
 def find_failure(text: str) -> Failure | None:
@@ -425,8 +517,7 @@ def find_failure(text: str) -> Failure | None:
 
 def _failure_at(line: str, index: int, lines: list[str]) -> Failure | None:
     if match := _KV_NEEDED.search(line):
-        return Failure(
-            "kv_too_small",
+        return KvTooSmall(
             line.strip(),
             max_model_len=int(match.group(1)),
             needed_bytes=gib(match.group(2)),
@@ -434,12 +525,11 @@ def _failure_at(line: str, index: int, lines: list[str]) -> Failure | None:
             estimated_max_model_len=int(match.group(4)) if match.group(4) else None,
         )
     if match := _V0_KV_TOKENS.search(line):
-        return Failure("kv_too_small", line.strip(), max_model_len=int(match.group(1)), kv_tokens=int(match.group(2)))
-    if _NO_KV.search(line) or (match := re.search(r"Available KV cache memory: (-[\d.]+) ?GiB", line)):
-        return Failure("no_kv_memory", line.strip(), available_bytes=gib(match.group(1)) if match else None)
+        return KvTokensTooFew(line.strip(), max_model_len=int(match.group(1)), kv_tokens=int(match.group(2)))
+    if _NO_KV.search(line) or (match := _NEGATIVE_KV.search(line)):
+        return NoKvMemory(line.strip(), available_bytes=gib(match.group(1)) if match else None)
     if match := _STARTUP_FREE.search(line):
-        return Failure(
-            "startup_free_memory",
+        return StartupFreeMemory(
             line.strip(),
             startup_free_bytes=gib(match.group(1)),
             total_bytes=gib(match.group(2)),
@@ -449,7 +539,7 @@ def _failure_at(line: str, index: int, lines: list[str]) -> Failure | None:
     if TORCH_OOM.search(line) or _CUDA_ERROR_OOM.search(line) or _WRAPPED_OOM.search(line):
         oom = next((found for found in map(out_of_memory, lines) if found), None)
         phase, basis = _phase(index, lines)
-        return Failure("out_of_memory", line.strip(), phase=phase, phase_basis=basis, oom=oom)
+        return EngineOutOfMemory(line.strip(), phase=phase, phase_basis=basis, oom=oom)
     return None
 
 
@@ -466,9 +556,9 @@ def _phase(index: int, lines: list[str]) -> tuple[str | None, str]:
         hit = sorted(frames & names)
         if hit:
             return phase, f"traceback frame {hit[0]}()"
-    phase, basis = None, ""
+    last: tuple[str | None, str] = (None, "")
     for line in lines[:index]:
         for pattern, milestone_phase in _MILESTONES:
             if match := pattern.search(line):
-                phase, basis = milestone_phase, f"the last startup line before it: {match.group(0)!r}"
-    return phase, basis
+                last = (milestone_phase, f"the last startup line before it: {match.group(0)!r}")
+    return last

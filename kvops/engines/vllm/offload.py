@@ -1,5 +1,5 @@
 """vLLM's host (CPU) KV tier, planned: what `--kv-offloading-size GiB --kv-offloading-backend native` holds, the
-host RAM it pins, and what reloading a request costs over the GPU's host link; and the ways out through host memory.
+host RAM it pins, and what reloading a request costs over the GPU's host link.
 
 The native backend (vLLM 0.32.0) sizes the tier as `vllm/v1/kv_offload/cpu/spec.py` (CPUOffloadingSpec) does:
 
@@ -20,17 +20,17 @@ A reload moves a request's blocks from host memory to every GPU, each over its o
 The link is the GPU's PCIe generation (vendor datasheets); copies reach about 80% of its raw rate (an estimate,
 erring slow): measure it with vLLM's own counters, rate(vllm:kv_offload_load_bytes) / rate(_load_time).
 The CPU build has no tier: the native worker refuses non-CUDA devices ("CPU Offloading is currently only supported
-on CUDA-alike and XPU GPUs", spec.py), checked by starting vLLM 0.32.0's CPU build with the flag.
+on CUDA-alike and XPU GPUs", CPUOffloadingSpec.get_worker in vllm/v1/kv_offload/cpu/spec.py, read in the installed
+0.32.0 CPU build).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from math import ceil
 
 from kvops.engines.vllm import flags
 from kvops.errors import UsageError
-from kvops.plan import Plan, PlanInputs, WayOut
+from kvops.plan import Plan, PlanInputs
 from kvops.units import format_bytes
 
 GiB = 1 << 30
@@ -55,8 +55,6 @@ PCIE_GENERATION = {  # the GPU's host link, from each vendor's datasheet
     "MI300X": 5,
 }
 UNKNOWN_GENERATION = 4  # a device the catalog lacks: the slower link, so the reload cost errs long
-# legacy, kept for --cpu-offload-gb's per-step estimate: PCIe 4.0 x16 as copies reach it in practice
-PCIE_BYTES_PER_SECOND = 25 * 10**9
 
 
 @dataclass(frozen=True)
@@ -149,36 +147,3 @@ def with_tier(inputs: PlanInputs, plan: Plan) -> Plan:
     return replace(
         plan, flags=engine_flags, args=tuple(flags.arguments(engine_flags, plan.program)), notes=tuple(notes)
     )
-
-
-def offload_ways(inputs: PlanInputs, failed: Plan) -> list[WayOut]:
-    """Host memory instead of GPU memory: weights (UVA) or evicted KV blocks; described, not re-planned."""
-    if inputs.device != "gpu" or failed.need_bytes is None or failed.have_bytes is None:
-        return []
-    short = max(0, failed.need_bytes - max(failed.have_bytes, 0))
-    if short <= 0:
-        return []
-    gib = ceil(short / GiB)
-    seconds = gib * GiB / PCIE_BYTES_PER_SECOND
-    weights = failed.term("weights")
-    options = []
-    if weights and gib * GiB < weights.bytes:
-        options.append(
-            WayOut(
-                f"--cpu-offload-gb {gib}",
-                None,
-                f"moves {gib} GiB of weights per GPU to host memory (UVA), freeing it for KV; every forward step streams them over PCIe: ~{seconds * 1000:.0f} ms per step at ~25 GB/s (an estimate)",
-                "decode slows by that much on every token",
-            )
-        )
-    size = gib * inputs.tp
-    name, rate = link(inputs)
-    options.append(
-        WayOut(
-            f"--kv-offloading-size {size} --kv-offloading-backend native",
-            None,
-            f"keeps {size} GiB (all TP ranks) of evicted KV blocks in host memory, so preempted and repeated prefixes reload over {name} (~{gib * GiB / rate * 1000:.0f} ms per {gib} GiB per GPU) instead of being recomputed; it does not raise how many sequences run at once",
-            f"costs {size} GiB of host RAM",
-        )
-    )
-    return options

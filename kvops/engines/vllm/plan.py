@@ -9,9 +9,9 @@ from typing import Any
 
 from kvops.dtypes import KvDtype, resolve_kv_dtype
 from kvops.engines import common
-from kvops.engines.vllm import budget, flags, layout
+from kvops.engines.vllm import budget, flags, layout, releases
 from kvops.errors import UsageError
-from kvops.plan import Plan, PlanInputs, Term, Verdict, model_argument
+from kvops.plan import Plan, PlanInputs, Term, Verdict, WayOut, model_argument
 from kvops.units import format_bytes
 from kvops.workload import Workload
 
@@ -37,6 +37,8 @@ class VllmCapacity:
     max_num_batched_tokens: int
     max_in_flight_tokens: int
     replicas: int
+    engine_auto_max_model_len: int = 0  # what vLLM's own --max-model-len auto would pick for this KV memory
+    sampler_sequences: int = 0  # the sequences the profile run sizes the sampler's logits for
 
     @property
     def kv_tokens(self) -> int:
@@ -66,6 +68,8 @@ class VllmCapacity:
             "max_num_batched_tokens": self.max_num_batched_tokens,
             "max_in_flight_tokens": self.max_in_flight_tokens,
             "replicas": self.replicas,
+            "engine_auto_max_model_len": self.engine_auto_max_model_len,
+            "sampler_sequences": self.sampler_sequences,
         }
 
     def lines(self) -> list[str]:
@@ -76,6 +80,7 @@ class VllmCapacity:
             f"max concurrency  {self.max_concurrency:.2f}x at max-model-len {self.max_model_len:,} ({self.blocks_per_request_at_max_model_len} blocks per request)",
             f"workload         {self.tokens_per_request:,} tokens per request, {self.blocks_per_request} blocks: {self.requests_under_warn} requests under the warn level ({warn}), {self.requests_at_full} at 100%",
             f"batching         max-num-batched-tokens {self.max_num_batched_tokens:,}, {self.max_in_flight_tokens:,} tokens in flight",
+            f"engine auto      vLLM's --max-model-len auto would pick {self.engine_auto_max_model_len:,} for this KV memory",
         ]
 
 
@@ -88,6 +93,7 @@ class _Draft:
     kv_bytes: int
     warnings: list[str]
     notes: list[str]
+    release: releases.VllmRelease
 
     def plan(self, capacity: VllmCapacity | None, engine_flags: dict[str, Any], verdict: Verdict | None) -> Plan:
         inputs = self.inputs
@@ -105,6 +111,7 @@ class _Draft:
             verdict=verdict,
             warnings=tuple(self.warnings),
             notes=tuple(self.notes),
+            release=self.release,
         )
 
 
@@ -113,19 +120,22 @@ def plan_once(inputs: PlanInputs) -> Plan:
     spec, device, tp = inputs.spec, inputs.device, inputs.tp
     if device not in budget.DEVICES:
         raise UsageError(f"--device {device!r}; valid: {', '.join(budget.DEVICES)}")
+    release = releases.release(inputs.engine_version)
     dtype = resolve_kv_dtype(inputs.kv_dtype, spec.dtype)
     kv_flag = flags.kv_cache_dtype(dtype, spec.dtype, device)
     block_size = inputs.block_size or layout.default_block_size(spec, device)
-    kv_layout = layout.kv_layout(spec, dtype, tp, block_size)
+    kv_layout = layout.kv_layout(spec, dtype, tp, block_size, hybrid_manager=release.hybrid_manager)
     model_limit = common.model_limit(spec)
     fixed_len = inputs.max_model_len if isinstance(inputs.max_model_len, int) else model_limit
     gpu = inputs.gpu
-    defaults = budget.batch_defaults(device, gpu.memory_bytes if gpu else None, gpu.name if gpu else "", tp)
+    engine_total = common.device_total(inputs) if gpu else None
+    defaults = budget.batch_defaults(device, engine_total, gpu.name if gpu else "", tp, release, fixed_len)
     batched, default_seqs = budget.resolve_batch(defaults, fixed_len, inputs.batched_tokens, inputs.max_num_seqs)
-    in_flight = budget.max_in_flight_tokens(batched, device)
+    in_flight = budget.max_in_flight_tokens(batched, device, release)
     requested_seqs = inputs.concurrency * inputs.workload.sequences if isinstance(inputs.concurrency, int) else 0
-    memory, kv_bytes, warnings = budget.memory_terms(inputs, batched, max(default_seqs, requested_seqs))
-    draft = _Draft(inputs, memory, kv_bytes, warnings, [])
+    sampler_seqs = max(default_seqs, requested_seqs)
+    memory, kv_bytes, warnings = budget.memory_terms(inputs, release, batched, sampler_seqs)
+    draft = _Draft(inputs, memory, kv_bytes, warnings, [f"engine release: {release.label}, {release.how}"], release)
     draft.notes.append(
         f"KV cache layout: {kv_layout.describe()}, {format_bytes(kv_layout.bytes_per_block)} per block of {block_size} tokens ({kv_layout.bytes_per_block} B)"
     )
@@ -141,7 +151,9 @@ def plan_once(inputs: PlanInputs) -> Plan:
             return draft.plan(None, {}, Verdict(problem, kv_layout.bytes_per_block * (target + 1), kv_bytes))
     else:
         length = fixed_len
-    pool = layout.pool(kv_layout, max(kv_bytes, 0), length, in_flight)
+    pool = layout.pool(
+        kv_layout, max(kv_bytes, 0), length, in_flight, release.null_block, release.kv_tokens_by_concurrency
+    )
     tokens = _request_tokens(inputs.workload, length)
     prompt = inputs.workload.prompt_tokens if inputs.workload.prompt_tokens is not None else tokens
     per_request = kv_layout.blocks_held(min(prompt, tokens), tokens, inputs.workload.sequences)
@@ -164,6 +176,10 @@ def plan_once(inputs: PlanInputs) -> Plan:
         max_num_batched_tokens=batched,
         max_in_flight_tokens=in_flight,
         replicas=inputs.replicas,
+        engine_auto_max_model_len=layout.engine_max_model_len(
+            kv_layout, max(kv_bytes, 0), in_flight, model_limit, release.null_block
+        ),
+        sampler_sequences=sampler_seqs,
     )
     draft.notes.append(common.paging_note(pool.num_blocks, block_size, kv_bytes, len(kv_layout.groups)))
     seqs = _max_num_seqs(draft, under_warn, defaults)
@@ -175,7 +191,8 @@ def plan_once(inputs: PlanInputs) -> Plan:
 def _auto_length(draft: _Draft, kv_layout: layout.KVCacheLayout, model_limit: int, in_flight: int) -> int:
     """--max-model-len auto: the longest context at which the wanted concurrency stays under the warn level."""
     inputs = draft.inputs
-    usable = max(0, kv_layout.num_blocks(draft.kv_bytes) - 1) if draft.kv_bytes > 0 else 0
+    blocks = kv_layout.num_blocks(draft.kv_bytes) if draft.kv_bytes > 0 else 0
+    usable = max(0, blocks - 1) if draft.release.null_block else blocks
     target = inputs.concurrency if isinstance(inputs.concurrency, int) else 1
     draft.notes.append(
         f"--max-model-len auto: the longest context at which {target} sequence(s) stay under the warn level ({inputs.warn_level:.0%} of {usable} usable blocks)"
@@ -220,7 +237,9 @@ def _flags(
 ) -> dict[str, Any]:
     pinned = inputs.kv_cache_memory_bytes is not None
     utilization = (
-        None if pinned and inputs.device == "cpu" else (inputs.memory_fraction or budget.DEFAULT_GPU_MEMORY_UTILIZATION)
+        None
+        if pinned and inputs.device == "cpu"
+        else (inputs.memory_fraction or releases.release(inputs.engine_version).default_gpu_memory_utilization)
     )
     engine_flags: dict[str, Any] = {
         "model": model_argument(inputs.spec),
@@ -278,7 +297,7 @@ def _verdict(
         others = sum(terms.get(name, 0) for name in ("weights", "activation", "non_torch", "cuda_graphs", "overhead"))
         have = terms["requested"]
         total = common.device_total(inputs)
-        utilization = inputs.memory_fraction or budget.DEFAULT_GPU_MEMORY_UTILIZATION
+        utilization = inputs.memory_fraction or draft.release.default_gpu_memory_utilization
         return Verdict(
             f"{common.what_does_not_fit(terms, have)} need {format_bytes(others)} per GPU but vLLM may use {format_bytes(have)} ({utilization:g} of {format_bytes(total)}); nothing is left for the KV cache",
             others + kv_layout.bytes_per_block * (pool.blocks_per_request + 1),
@@ -295,13 +314,7 @@ def _verdict(
             states_need=True,
         )
     if not pool.fits_one_request:
-        need = layout.kv_bytes_needed(kv_layout, pool.blocks_per_request)
-        return Verdict(
-            f"one request at --max-model-len {pool.max_model_len} needs {pool.blocks_per_request} blocks = {format_bytes(need)} of KV cache; {format_bytes(kv)} holds {pool.usable_blocks} usable blocks (vLLM would refuse to start: 'To serve at least one request with the model's max seq len')",
-            need,
-            kv,
-            states_need=True,
-        )
+        return _too_short_verdict(draft, kv_layout, pool, capacity)
     per_request, under_warn = capacity.blocks_per_request, capacity.requests_under_warn
     if isinstance(inputs.concurrency, int) and inputs.concurrency > under_warn:
         blocks = ceil(inputs.concurrency * per_request / inputs.warn_level)
@@ -322,7 +335,41 @@ def _verdict(
     return None
 
 
+def _too_short_verdict(
+    draft: _Draft, kv_layout: layout.KVCacheLayout, pool: layout.Pool, capacity: VllmCapacity
+) -> Verdict:
+    """One request at max-model-len does not fit the KV memory: the engine's startup check, in its words."""
+    length, kv = pool.max_model_len, draft.kv_bytes
+    # the error's estimate searches up to the max_model_len asked for (`_estimate_max_model_len_from_groups`)
+    longest = layout.engine_max_model_len(kv_layout, max(kv, 0), capacity.max_in_flight_tokens, length, True)
+    need = layout.kv_bytes_needed(kv_layout, pool.blocks_per_request)
+    blocks = f"one request at --max-model-len {length} needs {pool.blocks_per_request} blocks"
+    if not draft.release.null_block:
+        tokens = pool.num_blocks * pool.block_size
+        refusal = (
+            f"{draft.release.label} refuses to start: 'The model's max seq len ({length}) is larger than the maximum "
+            f"number of tokens that can be stored in KV cache ({tokens})'"
+        )
+        return Verdict(
+            f"{blocks} of {pool.block_size} tokens; the KV cache holds {pool.num_blocks} ({tokens:,} tokens): {refusal}",
+            need,
+            kv,
+            states_need=True,
+        )
+    estimate = f"; the estimated maximum model length is {longest}" if longest else ""
+    return Verdict(
+        f"{blocks} = {format_bytes(need)} of KV cache (block 0 is the null block), more than the {format_bytes(kv)} vLLM has "
+        "(vLLM refuses to start: 'To serve at least one request with the model's max seq len ... KV cache is "
+        f"needed, which is larger than the available KV cache memory'){estimate}",
+        need,
+        kv,
+        states_need=True,
+    )
+
+
 # --- the ways out this engine offers --------------------------------------------------------------------
+
+PCIE_BYTES_PER_SECOND = 25 * 10**9  # PCIe 4.0 x16, what host<->GPU copies reach in practice (an estimate)
 
 
 def kv_dtype_ways(inputs: PlanInputs) -> list[str]:
@@ -334,3 +381,36 @@ def kv_dtype_spelling(inputs: PlanInputs, name: str) -> str:
     """How vLLM is told to keep the KV cache in `name`."""
     value = flags.kv_cache_dtype(resolve_kv_dtype(name, inputs.spec.dtype), inputs.spec.dtype, inputs.device)
     return f"{name} KV, vLLM --kv-cache-dtype {value}"
+
+
+def offload_ways(inputs: PlanInputs, failed: Plan) -> list[WayOut]:
+    """Host memory instead of GPU memory: weights (UVA) or evicted KV blocks; described, not re-planned."""
+    if inputs.device != "gpu" or failed.need_bytes is None or failed.have_bytes is None:
+        return []
+    short = max(0, failed.need_bytes - max(failed.have_bytes, 0))
+    if short <= 0:
+        return []
+    gib = ceil(short / (1 << 30))
+    seconds = gib * (1 << 30) / PCIE_BYTES_PER_SECOND
+    weights = failed.term("weights")
+    options = []
+    if weights and gib * (1 << 30) < weights.bytes:
+        options.append(
+            WayOut(
+                f"--cpu-offload-gb {gib}",
+                None,
+                f"moves {gib} GiB of weights per GPU to host memory (UVA), freeing it for KV; every forward step streams them over PCIe: ~{seconds * 1000:.0f} ms per step at ~25 GB/s (an estimate)",
+                "decode slows by that much on every token",
+            )
+        )
+    if failed.kv_cache_bytes <= 0:
+        return options  # the weights and overheads do not fit: host memory for KV blocks changes nothing
+    options.append(
+        WayOut(
+            f"--kv-offloading-size {gib * inputs.tp} --kv-offloading-backend native",
+            None,
+            f"keeps {gib * inputs.tp} GiB (all TP ranks) of evicted KV blocks in host memory, so preempted and repeated prefixes reload over PCIe (~{seconds * 1000:.0f} ms per {gib} GiB) instead of being recomputed; it does not raise how many sequences run at once",
+            f"costs {gib * inputs.tp} GiB of host RAM",
+        )
+    )
+    return options

@@ -9,6 +9,7 @@ from kvops.deployment import DeploymentOptions
 from kvops.engines.vllm.flags import KV_DTYPE_OF_FLAG
 from kvops.engines.vllm.logs import VllmLog
 from kvops.engines.vllm.metrics import CacheConfig
+from kvops.engines.vllm.releases import V0_SUFFIX
 
 # the run's args -> DeploymentOptions fields
 _INTEGER_ARGS = {
@@ -48,6 +49,11 @@ def stated_options(log: VllmLog | None, config: CacheConfig | None) -> Deploymen
         options["enforce_eager"] = True
     if log and log.device:
         options["device"] = log.device
+    release = log.release() if log else None
+    if release is not None:
+        options["engine_version"] = (
+            f"{release.version}{V0_SUFFIX if release.v0 and release.version.at_least(0, 8) else ''}"
+        )
     block = config.integer("block_size") if config else None
     if block and "block_size" not in options:
         options["block_size"] = block
@@ -63,3 +69,15 @@ def max_model_len(config: CacheConfig | None) -> int | None:
     if not tokens or not concurrency or concurrency < 1:
         return None
     return round(tokens / concurrency)
+
+
+def version_from_endpoint(text: str) -> str | None:
+    """The version a running engine's `/version` answers (`{"version": "0.32.0"}`), or None."""
+    import json
+
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    version = data.get("version") if isinstance(data, dict) else None
+    return str(version) if version else None

@@ -10,6 +10,7 @@ import sys
 import pytest
 import yaml
 
+from kvops.engines.common import engine_total
 from kvops.gpus import find_gpu
 
 MiB = 1 << 20
@@ -41,15 +42,18 @@ def test_vllm_json_carries_flags_command_every_term_and_capacity(run_kvops):
     assert doc["command"]["argv"][:3] == ["vllm", "serve", "meta-llama/Meta-Llama-3-8B"]  # the model: positional
     assert "--model" not in doc["command"]["argv"] and doc["flags"]["model"] == "meta-llama/Meta-Llama-3-8B"
     assert doc["gpu"]["memory_bytes"] == 81559 * MiB
-    # requested - weights - activation - non-torch - CUDA graphs == KV, every figure an integer of bytes
+    # vLLM sizes from the total torch reports (kvops/catalog/device_totals.json), not nvidia-smi's
+    assert term(doc, "total")["bytes"] == engine_total("H100-80GB").bytes < 81559 * MiB
+    # requested - weights - activation - non-torch - CUDA graphs - margin == KV, every figure an integer of bytes
     requested = term(doc, "requested")["bytes"]
-    assert requested == -(-81559 * MiB * 92 // 100)
-    others = sum(term(doc, name)["bytes"] for name in ("weights", "activation", "non_torch", "cuda_graphs"))
+    assert requested == -(-engine_total("H100-80GB").bytes * 92 // 100)
+    spent = ("weights", "activation", "non_torch", "cuda_graphs", "margin")
+    others = sum(term(doc, name)["bytes"] for name in spent)
     assert doc["memory"]["kv_cache_bytes"] == requested - others == term(doc, "kv_cache")["bytes"]
     cap = doc["capacity"]
     assert cap["num_blocks"] == doc["memory"]["kv_cache_bytes"] // (2 * MiB)  # 32 layers x 16 tokens x 128 KiB / 16
     assert cap["kv_tokens"] == int(cap["num_blocks"] / 512 * 8192)
-    assert {estimate["term"] for estimate in doc["estimates"]} == {"activation", "non_torch", "cuda_graphs"}
+    assert {estimate["term"] for estimate in doc["estimates"]} == {"activation", "non_torch", "cuda_graphs", "margin"}
     assert all(estimate["measure"] and "kvops calibrate" in estimate["measure"] for estimate in doc["estimates"])
 
 
@@ -144,7 +148,8 @@ def test_does_not_fit_exits_3_with_need_have_and_computed_ways_out(run_kvops):
     assert "of KV cache; the plan has" in first
     ways = "\n".join(rest)
     assert "+ --kv-dtype fp8: fits" in ways and "quantized KV costs quality" in ways
-    assert "+ --max-model-len auto: fits" in ways and "+ --tp 2: fits" in ways and "+ --gpu RTX-4090: fits" in ways
+    # the longest context that fits is shorter than the 8192-token requests: not a way out that fits (issue 13)
+    assert "--max-model-len auto" not in ways and "+ --tp 2: fits" in ways and "+ --gpu A100-40GB: fits" in ways
     assert "--kv-offloading-size" in ways and "does not raise how many sequences run at once" in ways
     doc = plan_doc(
         run_kvops, "-m", "llama-3-8b", "--gpu", "l4", "--max-model-len", "8192", "--concurrency", "4", expect=3
@@ -152,6 +157,8 @@ def test_does_not_fit_exits_3_with_need_have_and_computed_ways_out(run_kvops):
     assert doc["fits"] is False and doc["need_bytes"] > doc["have_bytes"] > 0
     fp8 = next(way for way in doc["ways_out"] if way["change"] == "--kv-dtype fp8")
     assert fp8["fits"] and fp8["flags"]["kv-cache-dtype"] == "fp8"
+    shorter = next(way for way in doc["ways_out"] if way["change"] == "--max-model-len auto")
+    assert shorter["fits"] is False and "shorter than the planned requests of 8192 tokens" in shorter["result"]
 
 
 def test_weights_too_big_says_so_and_finds_the_tp_that_fits(run_kvops):
@@ -221,7 +228,7 @@ def test_tgi_plan_uses_tgi_flags_rules_and_reservations(run_kvops):
     assert flags["max-input-tokens"] < flags["max-total-tokens"] <= doc["capacity"]["max_batch_total_tokens"]
     assert doc["capacity"]["reservation_tokens_per_request"] == 2000 + 1024 - 1  # max_new_tokens counted up to 1024
     assert doc["command"]["argv"][0] == "text-generation-launcher"
-    assert term(doc, "budget")["bytes"] == int(81559 * MiB * 0.9)
+    assert term(doc, "budget")["bytes"] == int(engine_total("H100-80GB").bytes * 0.9)
     env = run_kvops("plan", "--engine", "tgi", "-m", "llama-3-8b", "--gpu", "h100", "--format", "env").stdout
     assert "MAX_TOTAL_TOKENS=" in env and "NUM_SHARD=1" in env
     docker = run_kvops("plan", "--engine", "tgi", "-m", "llama-3-8b", "--gpu", "h100", "--format", "docker").stdout
@@ -297,9 +304,12 @@ def test_profile_replaces_estimates_with_measurements(run_kvops, tmp_path):
     )
 
 
-def test_h200_plan_uses_the_reported_total(run_kvops):
+def test_h200_plan_uses_the_total_the_engine_sees(run_kvops):
     doc = plan_doc(run_kvops, "-m", "llama-3.1-70b", "--gpu", "H200", "--tp", "2")
-    assert term(doc, "total")["bytes"] == 143771 * MiB == find_gpu("h200").memory_bytes
+    assert find_gpu("h200").memory_bytes == 143771 * MiB  # nvidia-smi's, in the catalog
+    total = term(doc, "total")
+    assert total["bytes"] == engine_total("H200").bytes == round(139.81 * (1 << 30))
+    assert "139.81 GiB as torch reports it" in total["formula"] and "143771 MiB" in total["formula"]
 
 
 def test_plan_does_not_import_pandas_or_matplotlib():

@@ -6,11 +6,13 @@ and the planner's next action. Bad input ends in one line."""
 from __future__ import annotations
 
 import json
+import re
 import socket
 from math import ceil
 
 import pytest
 
+from kvops.engines.common import engine_total
 from kvops.engines.oom import size_bytes
 from kvops.engines.vllm.logs import parse_vllm_log
 from kvops.nvidia_smi import parse_nvidia_smi
@@ -70,8 +72,8 @@ def test_cpu_engine_refusing_a_kv_pool_too_small_for_max_model_len(run_kvops, tm
     assert (figure(doc, "total"), basis(doc, "total")) == (gib(13.34), "reported")  # the NUMA node's host memory
     assert (figure(doc, "cuda_graphs"), basis(doc, "cuda_graphs")) == (0, "exact")
     assert (
-        basis(doc, "weights") == "computed" and figure(doc, "weights") == 2 * 1_443_072
-    )  # counted from config.json, bf16
+        basis(doc, "weights") == "computed" and figure(doc, "weights") == 2 * 1_443_072 + 131072 * 64 * 2
+    )  # counted from config.json, bf16, + vLLM's rotary cos/sin cache (max_position_embeddings x head_dim x 2 B)
     assert basis(doc, "activation") == "missing" and basis(doc, "non_torch") == "missing"
     action = doc["action"]
     assert (
@@ -180,10 +182,11 @@ def test_v1_lines_without_a_summary_take_the_unreported_terms_from_the_plan(run_
         and basis(doc, "activation") == "estimate"
         and basis(doc, "non_torch") == "estimate"
     )
-    # the run states its utilization (0.92): what its budget left besides KV is weights + overhead, the log's own figure
-    assert figure(doc, "requested") == ceil(24576 * MiB * 0.92)
+    # the run states its utilization (0.92): what its budget left besides KV is weights + overhead, the log's own
+    # figure; the total is the one torch reports on an RTX 3090 (kvops/catalog/device_totals.json)
+    assert figure(doc, "requested") == ceil(engine_total("RTX-3090").bytes * 0.92)
     assert (figure(doc, "weights+overhead"), basis(doc, "weights+overhead")) == (
-        ceil(24576 * MiB * 0.92) - gib(15.72),
+        ceil(engine_total("RTX-3090").bytes * 0.92) - gib(15.72),
         "derived",
     )
     assert figure(doc, "engine") == figure(doc, "requested")
@@ -255,7 +258,7 @@ def test_no_memory_left_for_the_kv_cache(run_kvops):
     )
     assert doc["diagnosis"]["term"] == "kv_cache" and doc["diagnosis"]["figures"]["available_bytes"] == -gib(2.14)
     requested = figure(doc, "requested")
-    assert requested == ceil(81559 * MiB * 0.9)
+    assert requested == ceil(engine_total("H100-80GB").bytes * 0.9)  # the total torch reports, not nvidia-smi's
     assert (figure(doc, "weights"), figure(doc, "kv_cache")) == (gib(65.9651), -gib(2.14))
     assert (figure(doc, "overhead"), basis(doc, "overhead")) == (requested - gib(65.9651) + gib(2.14), "derived")
     assert basis(doc, "activation") == "estimate"  # not reported: the plan's, marked as such
@@ -586,3 +589,48 @@ def test_explain_says_paging_does_not_add_memory_with_the_pools_numbers(run_kvop
         "removes fragmentation, not the limit: the pool still holds 32 blocks x 128 tokens = 4,096 token slots in 4 MiB"
         in text
     )
+
+
+# V0's profile lines in vllm/worker/worker.py's wording (0.7-0.8: determine_num_available_blocks), with the numbers of
+# an RTX 3090 whose weights took the whole budget (the shape of vllm-project/vllm PR #14447's 16 x 3090 logs)
+V0_NEGATIVE_KV = """\
+INFO 12-02 10:00:00 worker.py:267] Memory profiling takes 2.10 seconds
+INFO 12-02 10:00:00 worker.py:267] the current vLLM instance can use total_gpu_memory (23.58GiB) x gpu_memory_utilization (0.90) = 21.22GiB
+INFO 12-02 10:00:00 worker.py:267] model weights take 21.21GiB; non_torch_memory takes 0.20GiB; PyTorch activation peak memory takes 0.37GiB; the rest of the memory reserved for KV Cache is -0.56GiB.
+"""
+
+
+def _utilization(change: str | None) -> float | None:
+    found = re.search(r"--gpu-memory-utilization ([\d.]+)", change or "")
+    return float(found.group(1)) if found else None
+
+
+def test_a_negative_kv_budget_raises_memory_and_never_lowers_the_utilization(run_kvops, tmp_path):
+    log = tmp_path / "v0.log"
+    log.write_text(V0_NEGATIVE_KV)
+    doc = json.loads(run_kvops("explain", "--vllm-log", str(log), "--json").stdout)
+    assert doc["diagnosis"]["term"] == "kv_cache" and doc["diagnosis"]["figures"]["available_bytes"] == -gib(0.56)
+    raised = _utilization(doc["action"]["change"])
+    assert raised is not None and raised > 0.90  # a higher budget: the weights and overheads took all of it
+    # with the model named, the planner's way out: more GPUs or more memory, never a lower utilization
+    for args in (
+        ("--vllm-log", str(log), "--model", "qwen2.5-32b-instruct", "--gpu", "rtx-3090"),
+        ("--vllm-log", str(LOGS / "vllm-v1-2025-no-kv-memory.log"), "--model", "gpt-oss-120b", "--gpu", "h100"),
+    ):
+        action = json.loads(run_kvops("explain", *args, "--json").stdout)["action"]
+        change = action["change"] or ""
+        assert re.match(r"--(tp|tensor-parallel-size|gpus|gpu|gpu-memory-utilization|max-model-len) ", change), action
+        assert (_utilization(change) or 1.0) > 0.9, action
+
+
+def test_the_release_comes_from_the_running_engines_version_endpoint(run_kvops):
+    """With --metrics, explain plans the unreported terms by the release the engine states at /version (a real
+    server on 127.0.0.1 serving vLLM's recorded /metrics and its /version JSON); --engine-version overrides it."""
+    from tests.support.metrics_server import MetricsServer, vllm_exposition
+
+    with MetricsServer(vllm_exposition(0.5), routes={"/version": '{"version": "0.19.0"}'}) as server:
+        args = ("--metrics", server.url, "--model", "llama-3-8b", "--gpu", "H100-80GB")
+        stated = explain_doc(run_kvops, *args)
+        named = explain_doc(run_kvops, *args, "--engine-version", "0.32.0")
+    assert "vLLM 0.19.0 captures CUDA graphs after sizing the KV cache" in stated["memory"]["cuda_graphs"]["source"]
+    assert named["memory"]["cuda_graphs"]["bytes"] > 0  # 0.21+: the estimate comes out of the KV budget

@@ -145,7 +145,9 @@ def test_streams_chunk_by_chunk(upstream, proxy):
         assert response.headers["Content-Type"].startswith("text/event-stream")
         arrivals = [(time.monotonic() - start, line) for line in response.iter_lines() if line]
     assert [line for _, line in arrivals][-1] == b"data: [DONE]"
-    assert arrivals[0][0] < 0.25 and arrivals[-1][0] > 1.2  # the first chunk came long before the last was sent
+    # The upstream sends [DONE] 5 x 0.3 s after the first event: a proxy that buffered would deliver them together.
+    # A lower bound only, so a busy machine cannot fail it.
+    assert arrivals[-1][0] - arrivals[0][0] > 1.0
 
 
 def test_client_disconnect_cancels_the_upstream(upstream, proxy):

@@ -1,0 +1,48 @@
+"""Engine versions as users and logs write them, engine-neutral: each engine's `releases.py` says which rules a
+version follows.
+
+"0.10.1.dev101+gbda9d0535", "0.16.1rc1.dev206", "0.8.5.post1", "v3.2.1" and "1.0" all name a release by its first
+three numbers; what follows them (rc, dev, post, a local build tag) keeps the release's rules.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from kvops.errors import UsageError
+
+_VERSION = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?")
+
+
+@dataclass(frozen=True, order=True)
+class Version:
+    major: int
+    minor: int
+    patch: int = 0
+    text: str = field(default="", compare=False)  # as written, suffixes included
+
+    @classmethod
+    def parse(cls, text: str, option: str = "--engine-version") -> Version:
+        match = _VERSION.match(text.strip())
+        if not match:
+            raise UsageError(f"{option} {text!r} is not a version; give one like 0.32.0 or 3.3.7")
+        major, minor, patch = (int(part) if part else 0 for part in match.groups())
+        return cls(major, minor, patch, text.strip().removeprefix("v"))
+
+    def at_least(self, major: int, minor: int, patch: int = 0) -> bool:
+        return (self.major, self.minor, self.patch) >= (major, minor, patch)
+
+    def __str__(self) -> str:
+        return self.text or f"{self.major}.{self.minor}.{self.patch}"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One rule a release follows, and where it comes from (the engine's source, a PR, a changelog)."""
+
+    text: str
+    source: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"rule": self.text, "source": self.source}

@@ -1,0 +1,104 @@
+"""TGI releases: how each sizes its KV pool after the warmup prefill, read from huggingface/text-generation-inference
+at each tag (`server/text_generation_server/models/flash_causal_lm.py::warmup`, `models/globals.py`,
+`utils/import_utils.py::get_cuda_free_memory`).
+
+`free` is `torch.cuda.mem_get_info` after the weights, the warmup batch's blocks and a worst-case prefill of
+`max_batch_prefill_tokens`; `f` is `--cuda-memory-fraction`; `T` the device total torch reports.
+- 0.9-1.4.0: KV = free - (1 - f) x T (no wiggle room).
+- 1.4.1-2.3: KV = 0.95 x (free - (1 - f) x T) ("Leave 5% for some wiggle room"; TGI_WIGGLE_ROOM 0.95 from 2.3).
+- 2.4: the same with TGI_WIGGLE_ROOM 0.90.
+- 3.x: KV = free - (1 - f x W) x T, W = TGI_WIGGLE_ROOM: 0.95 (3.0), 0.93 (3.1-3.2), 0.90 (3.3+).
+The warmup batch's own blocks are added back (they were allocated when `free` was read). Block size 16 before 2.2;
+2.2: 256 with flashdecoding; 2.3+: 1 (flashinfer), 256 (flashdecoding), 16 (paged).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import floor
+
+from kvops.engines.release import Rule, Version
+from kvops.errors import UsageError
+
+NEWEST = "3.3.7"  # the last release (the project is in maintenance mode since 2025-12-11)
+FAMILIES = ("TGI 1.x/2.x", "TGI 3.x")
+SOURCE = "huggingface/text-generation-inference"
+
+
+@dataclass(frozen=True)
+class TgiRelease:
+    version: Version
+    how: str
+
+    @property
+    def family(self) -> str:
+        return "TGI 3.x" if self.version.at_least(3, 0) else "TGI 1.x/2.x"
+
+    @property
+    def label(self) -> str:
+        return f"TGI {self.version}"
+
+    @property
+    def wiggle_room(self) -> float:
+        """The share of the free memory (before 3.0) or of the device (3.0+) the pool may take."""
+        version = self.version
+        if version.at_least(3, 3):
+            return 0.90
+        if version.at_least(3, 1):
+            return 0.93
+        if version.at_least(3, 0):
+            return 0.95
+        if version.at_least(2, 4):
+            return 0.90
+        return 0.95 if version.at_least(1, 4, 1) else 1.0
+
+    @property
+    def attention_sets_block_size(self) -> bool:
+        """2.3+: the attention backend picks the block size (flashinfer 1, flashdecoding 256, paged 16)."""
+        return self.version.at_least(2, 3)
+
+    def kv_budget(self, total: int, free: int, fraction: float) -> int:
+        """KV bytes the shard allocates from the memory free after warmup (before adding the warmup batch back)."""
+        if self.version.at_least(3, 0):
+            return max(0, floor(free - (1 - fraction * self.wiggle_room) * total))
+        return floor(self.wiggle_room * max(0, free - (1 - fraction) * total))
+
+    def budget_formula(self, fraction: float) -> str:
+        if self.version.at_least(3, 0):
+            return f"free after warmup - (1 - cuda_memory_fraction {fraction:g} x TGI_WIGGLE_ROOM {self.wiggle_room:g}) x total"
+        wiggle = f"{self.wiggle_room:g} x " if self.wiggle_room < 1 else ""
+        return f"{wiggle}(free after warmup - (1 - cuda_memory_fraction {fraction:g}) x total)"
+
+    def rules(self) -> list[Rule]:
+        return [
+            Rule(
+                f"KV pool = {self.budget_formula(1.0)}",
+                f"{SOURCE} v{self.version.major}.{self.version.minor} flash_causal_lm.py warmup",
+            ),
+            Rule(
+                "block size: attention backend (flashinfer 1, flashdecoding 256, paged 16)"
+                if self.attention_sets_block_size
+                else "block size 16 (256 with flashdecoding from 2.2)",
+                f"{SOURCE} models/globals.py",
+            ),
+        ]
+
+    def to_dict(self) -> dict:
+        return {
+            "engine": "tgi",
+            "version": str(self.version),
+            "family": self.family,
+            "how": self.how,
+            "rules": [rule.to_dict() for rule in self.rules()],
+        }
+
+
+def release(text: str | None, how: str | None = None) -> TgiRelease:
+    if text is None:
+        return TgiRelease(Version.parse(NEWEST), "the newest release (default; --engine-version to plan another)")
+    version = Version.parse(text)
+    if version > Version.parse(NEWEST):
+        raise UsageError(f"--engine-version {text}: the last TGI release is {NEWEST}")
+    if not version.at_least(0, 9):
+        raise UsageError(f"--engine-version {text}: TGI sizes its KV pool itself from 0.9; give 0.9 or later")
+    return TgiRelease(version, how or f"--engine-version {text}")

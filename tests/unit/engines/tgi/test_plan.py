@@ -1,0 +1,86 @@
+"""TGI plans obey TGI's launcher and router rules release by release (the TGI repository at each tag): what TGI
+would refuse is never emitted, and limits TGI refuses whatever the memory are usage errors, not 'does not fit'."""
+
+from __future__ import annotations
+
+import json
+
+from kvops.engines.tgi.logs import parse_tgi_log
+from tests.support.corpus import entry
+
+
+def plan(run_kvops, *args: str, expect: int = 0) -> dict:
+    return json.loads(run_kvops("plan", "--engine", "tgi", "--json", *args, expect=expect).stdout)
+
+
+def test_gemma3_without_prefill_chunking_gets_a_prefill_batch_that_holds_its_longest_prompt(run_kvops):
+    """TGI 3.3.7 serves Gemma3ForConditionalGeneration without chunking: the router refuses
+    `max_batch_prefill_tokens` below `max_input_tokens`; the plan emitted 8000 below 8191 before (issue 13)."""
+    doc = plan(run_kvops, "-m", "gemma-3-12b-it", "--gpu", "h100")
+    flags = doc["flags"]
+    assert (
+        flags["max-batch-prefill-tokens"] >= flags["max-input-tokens"] and doc["capacity"]["prefill_chunking"] is False
+    )
+    assert any("without prefill chunking" in note for note in doc["notes"])
+    longer = plan(run_kvops, "-m", "gemma-3-12b-it", "--gpu", "h100", "--max-input-tokens", "8191")["flags"]
+    assert longer["max-batch-prefill-tokens"] >= longer["max-input-tokens"] == 8191
+
+
+def test_a_text_model_chunks_its_prefill_and_keeps_the_launcher_default(run_kvops):
+    doc = plan(run_kvops, "-m", "llama-3-8b", "--gpu", "h100", "--max-model-len", "8192")
+    assert doc["capacity"]["prefill_chunking"] is True and doc["flags"]["max-batch-prefill-tokens"] == 4096
+
+
+def test_limits_tgi_refuses_whatever_the_memory_are_usage_errors(run_kvops):
+    wrong = run_kvops(
+        "plan", "--engine", "tgi", "-m", "llama-3-8b", "--gpu", "h100", "--max-input-tokens", "9000",
+        "--max-model-len", "8192", expect=2,
+    )  # fmt: skip
+    assert (
+        "--max-input-tokens 9000 must be below --max-model-len" in wrong.stderr and "does not fit" not in wrong.stderr
+    )
+    short = run_kvops(
+        "plan", "--engine", "tgi", "-m", "gemma-3-12b-it", "--gpu", "h100", "--max-batch-prefill-tokens", "8000",
+        "--max-input-tokens", "8191", expect=2,
+    )  # fmt: skip
+    assert "`max_batch_prefill_tokens` must be >= `max_input_tokens`. Given: 8000 and 8191" in short.stderr
+
+
+def test_tgi_2_keeps_95_percent_of_the_free_memory_and_its_launcher_defaults(run_kvops):
+    doc = plan(run_kvops, "-m", "llama-3-8b", "--gpu", "h100", "--engine-version", "2.0.4")
+    terms = {term["name"]: term for term in doc["memory"]["terms"]}
+    assert terms["kv_cache"]["formula"].startswith("0.95 x (budget")
+    assert terms["budget"]["bytes"] == terms["total"]["bytes"]  # cuda_memory_fraction 1, no wiggle on the device
+    flags = doc["flags"]
+    # 2.x launcher: max_total = min(max_position_embeddings, 4096), input one less, prefill input + 50
+    assert (flags["max-total-tokens"], flags["max-input-tokens"], flags["max-batch-prefill-tokens"]) == (
+        4096,
+        4095,
+        4145,
+    )
+    assert doc["engine_version"]["family"] == "TGI 1.x/2.x" and doc["capacity"]["prefill_chunking"] is False
+    newest = plan(run_kvops, "-m", "llama-3-8b", "--gpu", "h100")
+    assert {t["name"]: t for t in newest["memory"]["terms"]}["budget"]["bytes"] == int(terms["total"]["bytes"] * 0.9)
+
+
+def test_the_16000_token_fallback_of_models_without_flash_attention():
+    log = parse_tgi_log(entry("tgi-1.3-nvidia-gpt2-no-auto-budget").text)
+    assert log.get("no_automatic_total") and log.get("max_batch_total_tokens") == 16000
+    assert log.args["max_total_tokens"] == 2048 and log.args["max_input_tokens"] == 1024  # the 1.x clap defaults
+
+
+def test_args_dumps_in_every_shape_tgi_logs_print():
+    assert parse_tgi_log(entry("tgi-2.0-a40x2-llama-3-70b-load-oom").text).args["model_id"] == (
+        "meta-llama/Meta-Llama-3-70B-Instruct"
+    )  # 2.x prints it over many lines
+    bare = parse_tgi_log(entry("tgi-0.9-a10g-x8-llama-2-70b-fail").text).args  # posted without its prefix
+    assert (bare["num_shard"], bare["max_input_tokens"], bare["max_total_tokens"]) == (8, 3072, 4096)
+
+
+def test_a_tgi_pool_resting_on_too_few_logs_says_it_has_no_band(run_kvops):
+    """TGI logs print only the pool they kept: 3 in the corpus fit the warmup estimate, too few to bound it, so the
+    plan says it states no band and plans no margin rather than print a band it cannot back (issue 13)."""
+    doc = plan(run_kvops, "-m", "llama-3-8b", "--gpu", "h100")
+    kv = {term["name"]: term for term in doc["memory"]["terms"]}["kv_cache"]
+    assert "no band and no margin" in kv["formula"] and "fewer than the 5 that bound them" in kv["formula"]
+    assert kv.get("band") is None and "margin" not in {term["name"] for term in doc["memory"]["terms"]}
