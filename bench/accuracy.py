@@ -207,6 +207,8 @@ def goals(rows: list[Row]) -> list[Goal]:
         ("KV MAPE, TGI", 0.03, tgi),
     ):
         figure, count = mape(members)
+        if members is hybrid_v0:  # say how many of them are hybrid: the corpus may plan none
+            count += f" ({sum(row.kind == 'hybrid' for row in members)} hybrid)"
         out.append(Goal(name, limit, members, figure, count))
     over, judged = over_promise(planned)
     out.append(

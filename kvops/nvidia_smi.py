@@ -70,8 +70,8 @@ def _csv(text: str, where: str) -> list[SmiDevice]:
         return []
     fields = ["memory.total", "memory.used"]
     if not _is_value(rows[0][0]):
-        header = [_CSV_FIELD.match(cell) for cell in rows[0]]
-        if not all(header):
+        header = [match for cell in rows[0] if (match := _CSV_FIELD.match(cell))]
+        if len(header) != len(rows[0]):
             return []
         fields = [match.group(1) for match in header]
         rows = rows[1:]

@@ -103,8 +103,11 @@ class PlanInputs:
 class Release(Protocol):
     """The engine release a plan follows; each engine's releases.py defines its own."""
 
-    family: str
-    label: str
+    @property
+    def family(self) -> str: ...
+
+    @property
+    def label(self) -> str: ...
 
     def to_dict(self) -> dict[str, Any]: ...
 
@@ -112,12 +115,29 @@ class Release(Protocol):
 class Capacity(Protocol):
     """What an engine's plan says its KV pool holds; each engine's plan.py defines its own frozen record."""
 
-    num_blocks: int
-    usable_blocks: int
-    block_size: int
-    max_model_len: int
-    requests_under_warn: int
-    requests_at_full: int
+    # read-only, as the engines' frozen records hold them
+    @property
+    def num_blocks(self) -> int: ...
+
+    @property
+    def usable_blocks(self) -> int: ...
+
+    @property
+    def block_size(self) -> int: ...
+
+    @property
+    def max_model_len(self) -> int: ...
+
+    @property
+    def max_concurrency(self) -> float:
+        """Requests at max_model_len the pool holds at once (a fraction when fewer than one)."""
+        ...
+
+    @property
+    def requests_under_warn(self) -> int: ...
+
+    @property
+    def requests_at_full(self) -> int: ...
 
     @property
     def kv_tokens(self) -> int: ...

@@ -99,7 +99,7 @@ def _row(inputs: PlanInputs) -> dict[str, Any] | None:
     row: dict[str, Any] = {
         "engine": inputs.engine,
         "model": spec.name,
-        "gpu": gpu.id,
+        "gpu": gpu.id if gpu else None,
         "gpu_memory_bytes": device_total(inputs),  # as the engine sees it
         "tp": inputs.tp,
         "kv_dtype": inputs.kv_dtype,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -55,7 +56,7 @@ def tokens(tokenizer_path, chat_template, system_prompt, system_prompt_file, gen
     if not prompts:
         raise click.UsageError("the files hold no prompts")
     counts = [prompt_tokens(tokenizer, prompt, chat_template=chat_template, system_prompt=system) for prompt in prompts]
-    rows = [
+    rows: list[dict[str, Any]] = [
         {"source": prompt.source, "prompt_tokens": count} | ({"gen_tokens": gen_tokens} if gen_tokens else {})
         for prompt, count in zip(prompts, counts)
     ]

@@ -6,14 +6,14 @@ from typing import Any
 
 from kvops.dtypes import KvDtype
 from kvops.formula import kv_cost
-from kvops.model.spec import ModelSpec
+from kvops.model.spec import ModelSpec, MultiLatentAttention
 from kvops.units import format_bytes
 
 
 def models_document(specs: list[ModelSpec], dtype: KvDtype) -> list[dict[str, Any]]:
     rows = []
     for spec in specs:
-        latent = next((layer for layer in spec.layers if layer.kind == "mla"), None)
+        latent = next((layer for layer in spec.layers if isinstance(layer, MultiLatentAttention)), None)
         rows.append(
             {
                 "id": spec.name,

@@ -16,10 +16,13 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
 from kvops.engines.metrics import MetricsError, Reading, Sample, Samples, selector_matchers
+
+if TYPE_CHECKING:
+    import aiohttp
 
 MAX_BODY_BYTES = 32 * 1024 * 1024  # a vLLM /metrics is ~50 KiB (MiBs with many LoRA adapters); this is not one
 PARSE_INLINE_CHARS = 1 << 20  # larger expositions are parsed in a thread: milliseconds per MiB of event-loop time
@@ -59,7 +62,7 @@ class ScrapeSource:
         self.timeout = timeout
         self.capacity_tokens = capacity_tokens
         self.replica = urlsplit(url).netloc or url
-        self._session = None
+        self._session: aiohttp.ClientSession | None = None
 
     async def poll(self) -> Poll:
         try:
@@ -131,7 +134,7 @@ class PrometheusSource:
         self.capacity_tokens = capacity_tokens
         names = list(self.engine.SERIES) + (["up"] if self.matchers else [])
         self.query = "{" + ",".join([f'__name__=~"{"|".join(names)}"'] + self.matchers) + "}"
-        self._client = None
+        self._client: Any = None  # a prometheus_api_client.PrometheusConnect, made on the first query
 
     async def poll(self) -> Poll:
         try:

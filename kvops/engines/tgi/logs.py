@@ -90,7 +90,8 @@ def _message(raw: str) -> str:
         except json.JSONDecodeError:
             return text
         if isinstance(record, dict):
-            fields = record.get("fields") if isinstance(record.get("fields"), dict) else record
+            nested = record.get("fields")
+            fields = nested if isinstance(nested, dict) else record
             return str(fields.get("message", text))
     return text
 

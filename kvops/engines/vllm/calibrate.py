@@ -47,7 +47,8 @@ def calibrate(log: VllmLog | None, config: CacheConfig | None, plan: Plan | None
         if other:
             warnings += other
             run_gpu = gpu_of_total(total)
-    plan_total = total or (plan.term("total").bytes if plan and plan.term("total") else None)
+    planned_total = plan.term("total") if plan else None
+    plan_total = total or (planned_total.bytes if planned_total else None)
     util = run_utilization(log, config, plan, run_release)
     cudagraph = log.cudagraph_bytes(plan_total) if log else None
 
