@@ -135,7 +135,8 @@ def _type(param: click.Parameter) -> dict[str, Any]:
     if isinstance(kind, click.Choice):
         return {"enum": list(kind.choices)}
     if isinstance(kind, click.IntRange | type(click.INT)):
-        bounds = {"minimum": kind.min} if getattr(kind, "min", None) is not None else {}
+        low = getattr(kind, "min", None)
+        bounds = {"minimum": low} if low is not None else {}
         return {"type": "integer", **bounds}
     if param.multiple:
         return {"type": "array", "items": {"type": "string"}}

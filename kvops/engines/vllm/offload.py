@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from kvops.engines.vllm import flags
+from kvops.engines.vllm.plan import VllmCapacity
 from kvops.errors import UsageError
 from kvops.plan import Plan, PlanInputs
 from kvops.units import format_bytes
@@ -101,7 +102,7 @@ def link(inputs: PlanInputs) -> tuple[str, float]:
 def host_tier(inputs: PlanInputs, plan: Plan, size_bytes: int) -> HostTier:
     """The native tier `size_bytes` makes for this plan's pool."""
     capacity = plan.capacity
-    assert capacity is not None  # a plan that sized its pool
+    assert isinstance(capacity, VllmCapacity)  # a vLLM plan that sized its pool
     copies = 1 if inputs.spec.is_mla and inputs.tp > 1 else inputs.tp
     per_block = capacity.bytes_per_block
     chunk = -(-(per_block * copies * BLOCKS_PER_CHUNK) // HOST_PAGE) * HOST_PAGE
@@ -136,7 +137,7 @@ def with_tier(inputs: PlanInputs, plan: Plan) -> Plan:
         return plan
     engine_flags = {**plan.flags, "kv-offloading-size": size, "kv-offloading-backend": backend}
     notes = list(plan.notes)
-    if backend == "native" and plan.capacity is not None:
+    if backend == "native" and isinstance(plan.capacity, VllmCapacity):
         tier = host_tier(inputs, plan, round(size * GiB))
         notes.append(tier.note(inputs.replicas, plan.capacity.request_tokens))
     else:
