@@ -20,8 +20,8 @@ A reload moves a request's blocks from host memory to every GPU, each over its o
 The link is the GPU's PCIe generation (vendor datasheets); copies reach about 80% of its raw rate (an estimate,
 erring slow): measure it with vLLM's own counters, rate(vllm:kv_offload_load_bytes) / rate(_load_time).
 The CPU build has no tier: the native worker refuses non-CUDA devices ("CPU Offloading is currently only supported
-on CUDA-alike and XPU GPUs", CPUOffloadingSpec.get_worker in vllm/v1/kv_offload/cpu/spec.py, read in the installed
-0.32.0 CPU build).
+on CUDA-alike and XPU GPUs", CPUOffloadingSpec.get_worker in vllm/v1/kv_offload/cpu/spec.py). Checked: the 0.32.0
+CPU build started with `--kv-offloading-size 1` exits 1 with that error from its worker.
 """
 
 from __future__ import annotations
