@@ -42,6 +42,46 @@ GRADED = (Level.WARN, Level.DEGRADE, Level.CRITICAL)
 ACTIONS = ("log_warning", "cap_max_tokens", "single_sequence", "reject_503")  # Limits.actions
 
 
+class RequestClass(IntEnum):
+    """How the levels treat a request, by its priority: the sheddable are refused first, the protected never."""
+
+    SHEDDABLE = 0
+    STANDARD = 1
+    PROTECTED = 2
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+@dataclass(frozen=True)
+class Priorities:
+    """Request classes by the request's `priority`, in vLLM's convention (`--scheduling-policy priority`: a lower
+    value is served first; unset is 0). llm-d's InferenceObjective counts the other way (higher is more
+    important, below 0 sheddable), so its priority p is vLLM's -p: the defaults make vLLM priority > 0 sheddable
+    and < 0 protected."""
+
+    sheddable_above: int = 0
+    protected_below: int = 0
+
+    def request_class(self, priority: int) -> RequestClass:
+        if priority > self.sheddable_above:
+            return RequestClass.SHEDDABLE
+        if priority < self.protected_below:
+            return RequestClass.PROTECTED
+        return RequestClass.STANDARD
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A request a level will not serve now: what the admission proxy answers, in the engine's error shape, with
+    `Retry-After: retry_after_seconds`. 429 for a sheddable request (llm-d sheds those with 429), 503 for others."""
+
+    status: int
+    retry_after_seconds: int
+    message: str
+
+
 @dataclass(frozen=True)
 class Limits:
     """What a level does to each new request."""
@@ -51,6 +91,7 @@ class Limits:
     single_sequence: bool = False  # force n, best_of and beam width to 1
     reject: bool = False  # answer 503 + Retry-After, do not forward
     retry_after_seconds: int | None = None
+    reject_sheddable: bool = False  # answer sheddable requests (Priorities) 429 + Retry-After, do not forward
 
     def actions(self) -> list[str]:
         """What these limits do, as short names: kvops_action_in_force's labels, the watcher's log and alerts."""
@@ -65,16 +106,47 @@ class Limits:
             done.append(f"reject_503:retry_after={self.retry_after_seconds}")
         return done
 
-    def effects(self) -> list[str]:
-        """What these limits do to each new request, as phrases after "new requests are" (explain, alert texts)."""
-        if self.reject:
+    def effects(self, held: bool = False) -> list[str]:
+        """What these limits do to each new request, as phrases after "new requests are" (explain, alert texts).
+
+        held: as the KV guard enforces them. A scheduler cannot answer a request, so the ones a level refuses wait
+        in the engine's queue, and n>1 siblings after the first wait too, instead of being forced to one."""
+        if self.reject and not held:
             return [f"rejected with 503 and Retry-After: {self.retry_after_seconds}"]
         done = []
         if self.max_tokens_cap is not None:
             done.append(f"capped at {self.max_tokens_cap} new tokens")
         if self.single_sequence:
-            done.append("forced to one sequence (n, best_of, beam width 1)")
+            done.append(
+                "run one sequence at a time (n>1 siblings after the first wait)"
+                if held
+                else "forced to one sequence (n, best_of, beam width 1)"
+            )
+        if self.reject:
+            done.append("held in the queue unless protected")
+        elif self.reject_sheddable:
+            done.append(
+                "held in the queue when sheddable"
+                if held
+                else f"rejected with 429 and Retry-After: {self.retry_after_seconds} when sheddable"
+            )
         return done
+
+    def refusal(self, request_class: RequestClass = RequestClass.STANDARD) -> Refusal | None:
+        """The answer to a new request of `request_class` this level refuses, or None: serve it (clamped).
+
+        The sheddable are refused from the first level that sets reject_sheddable, the standard from the one that
+        sets reject, the protected by none: they are clamped and wait in the engine's queue."""
+        retry = self.retry_after_seconds or 1
+        if request_class == RequestClass.SHEDDABLE and (self.reject or self.reject_sheddable):
+            return Refusal(
+                429,
+                retry,
+                f"KV cache pressure is {self.level.label}: sheddable requests are refused; retry in {retry} s",
+            )
+        if request_class == RequestClass.STANDARD and self.reject:
+            return Refusal(503, retry, f"KV cache pressure is {self.level.label}; retry in {retry} s")
+        return None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -83,6 +155,8 @@ class Limits:
             "single_sequence": self.single_sequence,
             "reject": self.reject,
             "retry_after_seconds": self.retry_after_seconds,
+            # present only when set: a level without it keeps the shape older readers of /kvops/policy know
+            **({"reject_sheddable": True} if self.reject_sheddable else {}),
         }
 
     @classmethod
@@ -124,6 +198,7 @@ class Policy:
     grace_seconds: float | None = None  # nor longer than this since the last good reading (None: no time bound)
     request_tokens: int | None = None  # headroom: KV tokens one request holds at its peak (None: the engine's context)
     gpu_memory_below: float = 0.80  # the share of the device weights, overheads and the KV blocks in use stay under
+    priorities: Priorities = field(default_factory=Priorities)
 
     def raw_level(self, usage: float) -> Level:
         """The level usage alone implies, without hysteresis."""
@@ -154,6 +229,10 @@ class Policy:
             },
             "headroom": {"request_tokens": self.request_tokens},
             "gpu_memory": {"below": self.gpu_memory_below},
+            "priorities": {
+                "sheddable_above": self.priorities.sheddable_above,
+                "protected_below": self.priorities.protected_below,
+            },
         }
 
     def in_grace(self, failures: int, since_good: float | None) -> bool:
@@ -281,7 +360,17 @@ def _merge(base: dict, override: dict) -> dict:
 
 
 def policy_from_dict(data: dict[str, Any], where: str) -> Policy:
-    known = {"levels", "hysteresis", "min_dwell_seconds", "actions", "signals", "unknown", "headroom", "gpu_memory"}
+    known = {
+        "levels",
+        "hysteresis",
+        "min_dwell_seconds",
+        "actions",
+        "signals",
+        "unknown",
+        "headroom",
+        "gpu_memory",
+        "priorities",
+    }
     unknown_keys = sorted(set(data) - known)
     if unknown_keys:
         raise PolicyError(f"{where}: unknown key {unknown_keys[0]!r}; valid: {', '.join(sorted(known))}")
@@ -329,6 +418,7 @@ def policy_from_dict(data: dict[str, Any], where: str) -> Policy:
         grace_seconds,
         _request_tokens(data.get("headroom") or {}, where),
         _fraction(data.get("gpu_memory") or {}, "below", f"{where}: gpu_memory"),
+        _priorities(data, where),
     )
 
 
@@ -343,7 +433,30 @@ def _request_tokens(headroom: dict, where: str) -> int | None:
 
 
 _UNKNOWN_KEYS = {"mode", "grace_polls", "grace_seconds", "stale_after_failures"}
-_ACTION_KEYS = {"max_tokens_cap", "single_sequence", "reject", "retry_after_seconds"}
+
+
+def _priorities(data: dict[str, Any], where: str) -> Priorities:
+    section = data.get("priorities") or {}
+    if not isinstance(section, dict):
+        raise PolicyError(f"{where}: priorities must be a mapping with sheddable_above, protected_below")
+    extra = sorted(set(section) - {"sheddable_above", "protected_below"})
+    if extra:
+        raise PolicyError(f"{where}: priorities: unknown key {extra[0]!r}; valid: protected_below, sheddable_above")
+    bounds = {}
+    for key in ("sheddable_above", "protected_below"):
+        value = section.get(key, 0)
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise PolicyError(f"{where}: priorities.{key} {value!r} must be an integer (a vLLM request priority)")
+        bounds[key] = value
+    if bounds["protected_below"] > bounds["sheddable_above"] + 1:
+        raise PolicyError(
+            f"{where}: priorities.protected_below {bounds['protected_below']} must be at most sheddable_above + 1 "
+            f"({bounds['sheddable_above'] + 1}): a priority cannot be both"
+        )
+    return Priorities(**bounds)
+
+
+_ACTION_KEYS = {"max_tokens_cap", "single_sequence", "reject", "retry_after_seconds", "reject_sheddable"}
 # Removed: vLLM serves POST /reset_prefix_cache only with VLLM_SERVER_DEV_MODE=1, which also opens its RPC and sleep
 # endpoints to every client; the reset fails while running requests hold blocks (vllm/entrypoints/serve/dev/cache/
 # api_router.py), that is under pressure; and idle cached blocks already count as free in vllm:kv_cache_usage_perc.
@@ -373,9 +486,11 @@ def _limits(level: Level, data: dict, where: str) -> Limits:
     if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 1):
         raise PolicyError(f"{where}.max_tokens_cap {cap!r} must be a positive integer or null")
     retry = data.get("retry_after_seconds")
-    if data.get("reject") and (not isinstance(retry, int) or isinstance(retry, bool) or retry < 1):
-        raise PolicyError(f"{where}.retry_after_seconds {retry!r} must be a positive integer when reject is true")
-    for flag in ("single_sequence", "reject"):
+    refuses = bool(data.get("reject") or data.get("reject_sheddable"))
+    if refuses and (not isinstance(retry, int) or isinstance(retry, bool) or retry < 1):
+        which = "reject" if data.get("reject") else "reject_sheddable"
+        raise PolicyError(f"{where}.retry_after_seconds {retry!r} must be a positive integer when {which} is true")
+    for flag in ("single_sequence", "reject", "reject_sheddable"):
         if not isinstance(data.get(flag, False), bool):
             raise PolicyError(f"{where}.{flag} {data[flag]!r} must be true or false")
     return Limits(
@@ -383,7 +498,8 @@ def _limits(level: Level, data: dict, where: str) -> Limits:
         cap,
         data.get("single_sequence", False),
         data.get("reject", False),
-        retry if data.get("reject") else None,
+        retry if refuses else None,
+        data.get("reject_sheddable", False),
     )
 
 

@@ -60,6 +60,7 @@ def kv_guard_engine(tiny_model, policy_endpoint, tmp_path_factory):
         "KVOPS_POLICY": str(policy),
         "KVOPS_POLICY_URL": policy_endpoint.url,
         "KVOPS_POLICY_POLL_SECONDS": "0.2",
+        "KVOPS_LEVELS": "own",  # levels also from the engine's own KV usage (the default follows the watcher only)
     }
     args = [
         "--max-model-len",

@@ -340,7 +340,7 @@ def workload_options(function: Callable) -> Callable:
         click.option(
             "--guard/--no-guard",
             default=None,
-            help="vLLM: name the KV-guard scheduler (--scheduler-cls kvops_vllm.scheduler.KVGuardScheduler; needs kvops installed beside vLLM)  [default: guard]",
+            help="vLLM: name the KV-guard scheduler (--scheduler-cls kvops_vllm.scheduler.KVGuardScheduler; needs kvops installed in vLLM's own Python)  [default: no-guard, while it costs goodput against stock vLLM]",
         ),
         click.option(
             "--max-queued",

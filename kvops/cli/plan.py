@@ -27,7 +27,7 @@ def plan(ctx: click.Context, out_format: str, launcher: str | None, as_json: boo
     """
     from kvops.plan import PlanError
     from kvops.planner import plan as make_plan
-    from kvops.render.plan import does_not_fit_message, kubernetes_container, render
+    from kvops.render.plan import does_not_fit_message, guard_left_out, kubernetes_container, render
 
     result = make_plan(deployment_options(ctx, params, launcher_words(launcher)).plan_inputs())
     out_format = "json" if as_json else out_format
@@ -41,5 +41,9 @@ def plan(ctx: click.Context, out_format: str, launcher: str | None, as_json: boo
     if out_format != "text":
         for message in result.all_warnings:
             warn(message)
+    if out_format in ("docker", "k8s") and result.fits:
+        left_out = guard_left_out(result, out_format)
+        if left_out:
+            warn(left_out)
     if not result.fits:
         raise PlanError(does_not_fit_message(result))

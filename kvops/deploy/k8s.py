@@ -13,7 +13,7 @@ from typing import Any
 from kvops import engines
 from kvops.deploy.stack import PLUGIN_COPY, PLUGIN_DIR, POLICY_DIR, Stack, dump_yaml
 from kvops.plan import Plan
-from kvops.render.plan import require_gpu_deployment
+from kvops.render.plan import image_args, require_gpu_deployment
 
 SIDECAR_PORT_NAME = "kvops"
 PROXY_PORT_NAME = "kvops-proxy"
@@ -52,9 +52,10 @@ def policy_config_map(stack: Stack) -> dict[str, Any]:
     }
 
 
-def engine_container(plan: Plan) -> dict[str, Any]:
+def engine_container(plan: Plan, with_plugin: bool = False) -> dict[str, Any]:
     """The engine's container: the plan's image and arguments, its GPUs, a readiness probe, the HF token if any.
-    `kvops plan --format k8s` prints it; the Deployment adds the KV guard's environment and volumes to it."""
+    `kvops plan --format k8s` prints it, without the KV guard's flag (the official image has no plugin); the
+    Deployment adds the guard's environment and volumes to it (with_plugin: the flag kept)."""
     require_gpu_deployment(plan, "k8s")
     gpu = plan.inputs.gpu
     resource = "amd.com/gpu" if gpu is not None and gpu.vendor == "amd" else "nvidia.com/gpu"
@@ -62,7 +63,7 @@ def engine_container(plan: Plan) -> dict[str, Any]:
     container: dict[str, Any] = {
         "name": engines.get(plan.engine).container.name,
         "image": plan.image,
-        "args": list(plan.args),
+        "args": list(plan.args) if with_plugin else image_args(plan),
         "ports": [{"name": "http", "containerPort": plan.port}],
         "resources": {"limits": {resource: plan.inputs.devices}},
         "readinessProbe": {
@@ -78,7 +79,7 @@ def engine_container(plan: Plan) -> dict[str, Any]:
 
 
 def deployment(stack: Stack) -> dict[str, Any]:
-    engine = engine_container(stack.plan)
+    engine = engine_container(stack.plan, with_plugin=stack.guarded)
     volumes = [
         {"name": mount["name"], "emptyDir": {"medium": "Memory"}}
         for mount in engine.get("volumeMounts", [])

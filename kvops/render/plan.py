@@ -69,8 +69,33 @@ def docker(plan: Plan) -> str:
     if local:
         words += ["-v", f"{local}:{local}:ro"]
     words.append(plan.image)
-    words += plan.args
+    words += image_args(plan)
     return shell_line(words)
+
+
+def image_args(plan: Plan) -> list[str]:
+    """The engine's arguments in its official image, which has no KV-guard plugin: without the guard scheduler's
+    flag, so that the container starts as emitted (`guard_left_out` says so; `kvops manifests` adds the plugin)."""
+    scheduler = engines.get(plan.engine).guard_scheduler
+    if scheduler is None or scheduler not in plan.args:
+        return list(plan.args)
+    at = plan.args.index(scheduler)
+    return [*plan.args[: at - 1], *plan.args[at + 1 :]]
+
+
+def guard_left_out(plan: Plan, fmt: str) -> str | None:
+    """What --format docker/k8s tells the user when it leaves the KV guard out of the official image's command."""
+    args = plan.args
+    scheduler = engines.get(plan.engine).guard_scheduler
+    if scheduler is None or scheduler not in args:
+        return None
+    flag = f"{args[args.index(scheduler) - 1]} {scheduler}"
+    return (
+        f"--format {fmt} leaves out {flag}: the image {plan.image} has no kvops_vllm, and the engine would stop at "
+        "import. To keep the KV guard, `kvops manifests compose` or `kvops manifests k8s` (an init step copies the "
+        f"plugin onto the engine's PYTHONPATH), or an image built FROM {plan.image} with kvops pip-installed into its "
+        "Python, then add the flag back"
+    )
 
 
 def kubernetes_container(container: dict[str, Any]) -> str:

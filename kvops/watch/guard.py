@@ -14,16 +14,34 @@ from typing import Any
 from urllib.parse import quote, unquote
 
 from kvops.engines.api import Fields, Route
-from kvops.policy import Limits, RequestParams, clamp
+from kvops.policy import Limits, Priorities, RequestClass, RequestParams, clamp
 
 # serde_json's default recursion limit: TGI itself refuses deeper bodies; no generation request nests this deep.
 MAX_JSON_DEPTH = 128
+# The request's priority as the proxy reads it, in vLLM's convention (the body's `priority` field: lower is served
+# first, unset is 0); the policy's `priorities` section turns it into a class (sheddable, standard, protected).
+PRIORITY_HEADER = "X-KVops-Priority"
+_PRIORITY_DIGITS = 18  # far beyond any priority in use; a longer header is refused, not parsed
 # Characters a path segment may carry unencoded (RFC 3986 pchar), minus "%" (re-encoded) and ";" (dropped).
 _PATH_SAFE = "/:@!$&'()*+,=-._~"
 
 
 class BodyError(ValueError):
     """A guarded request body the proxy refuses (400); the message says what is wrong."""
+
+
+def request_class(header: str | None, priorities: Priorities) -> RequestClass:
+    """The class of a request whose PRIORITY_HEADER is `header` (absent: priority 0, standard); BodyError when
+    the header is not an integer."""
+    if header is None:
+        return priorities.request_class(0)
+    text = header.strip()
+    digits = text[1:] if text[:1] in "+-" else text
+    if not (digits.isascii() and digits.isdigit() and len(digits) <= _PRIORITY_DIGITS):
+        raise BodyError(
+            f"{PRIORITY_HEADER} {_shown(header)} must be an integer (a vLLM request priority: lower is served first)"
+        )
+    return priorities.request_class(int(text))
 
 
 def canonical_path(raw: str) -> str:

@@ -33,8 +33,18 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from kvops.engines.api import ErrorShape, Route
-from kvops.policy import Level, Limits
-from kvops.watch.guard import BodyError, apply_limits, canonical_path, encode_body, parse_body, quoted, sites
+from kvops.policy import Level, Limits, Priorities, Refusal
+from kvops.watch.guard import (
+    PRIORITY_HEADER,
+    BodyError,
+    apply_limits,
+    canonical_path,
+    encode_body,
+    parse_body,
+    quoted,
+    request_class,
+    sites,
+)
 from kvops.watch.upstream import Broken, Pool, Response, Unreachable
 from kvops.watch.watcher import EventLog
 
@@ -100,9 +110,19 @@ class ProxyMetrics:
         )
         self.rejected = Counter(
             "kvops_proxy_rejected",
-            "Requests answered 503 at critical without reaching the upstream.",
+            "Requests the level refused without reaching the upstream (503; sheddable ones 429).",
             registry=registry,
         )
+        by_status = Counter(
+            "kvops_proxy_rejected_by_status",
+            "Requests the level refused, by status: 429 for the sheddable (from degrade), 503 for the others.",
+            ["status"],
+            registry=registry,
+        )
+        self.rejected_by_status = {
+            status: by_status.labels(str(status.value))
+            for status in (HTTPStatus.TOO_MANY_REQUESTS, HTTPStatus.SERVICE_UNAVAILABLE)
+        }
         self.refused = Counter(
             "kvops_proxy_refused",
             "Requests the proxy refused as malformed (400), too slow to send (408) or too large (413).",
@@ -130,7 +150,9 @@ class ClientTooSlow(Exception):
     """The client's request body stalled for longer than body_timeout."""
 
 
-class Refusal(Exception):
+class Unserved(Exception):
+    """A request the proxy answers itself (400, 408, 413) instead of forwarding it."""
+
     def __init__(self, status: HTTPStatus, message: str):
         super().__init__(message)
         self.status, self.message = status, message
@@ -143,10 +165,12 @@ class AdmissionProxy:
         limits: Callable[[], Limits],
         metrics: ProxyMetrics,
         log: EventLog | None = None,
+        priorities: Priorities | None = None,
     ):
         from kvops import engines
 
         self.settings = settings
+        self.priorities = priorities or Priorities()  # the policy's request classes, for PRIORITY_HEADER
         self.limits = limits
         self.metrics = metrics
         self.log = log or EventLog(None)
@@ -173,16 +197,20 @@ class AdmissionProxy:
         self.metrics.request(limits.level, route is not None)
         if route is None:
             return await self.forward(request, path, self._client_body(request), limits, [], self.api.ERRORS)
-        if limits.reject:  # before reading the body: at critical the proxy spends as little as it can
-            return self._reject(limits, route.errors)
+        try:
+            refusal = limits.refusal(request_class(request.headers.get(PRIORITY_HEADER), self.priorities))
+        except BodyError as problem:
+            return self._refuse(HTTPStatus.BAD_REQUEST, str(problem), route.errors)
+        if refusal is not None:  # before reading the body: under pressure the proxy spends as little as it can
+            return self._reject(refusal, limits, route.errors)
         if not route.json:
             return await self.forward(request, path, self._client_body(request), limits, [], route.errors)
         try:
             raw = await self._read_body(request)
             body = parse_body(raw)
             found = sites(route, body)
-        except Refusal as refusal:
-            return self._refuse(refusal.status, refusal.message, route.errors)
+        except Unserved as unserved:
+            return self._refuse(unserved.status, unserved.message, route.errors)
         except BodyError as problem:
             return self._refuse(HTTPStatus.BAD_REQUEST, str(problem), route.errors)
         changes = apply_limits(found, limits) if limits.max_tokens_cap is not None or limits.single_sequence else []
@@ -194,7 +222,7 @@ class AdmissionProxy:
         limit, idle = self.settings.max_body_bytes, self.settings.body_timeout
         declared = request.content_length
         if declared is not None and declared > limit:
-            raise Refusal(
+            raise Unserved(
                 HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
                 f"request body of {declared} bytes exceeds the proxy's limit of {limit} bytes",
             )
@@ -208,12 +236,12 @@ class AdmissionProxy:
                 async with deadline(idle):
                     chunk = await content.readany()
             except asyncio.TimeoutError:
-                raise Refusal(HTTPStatus.REQUEST_TIMEOUT, f"request body stalled for more than {idle:g} s") from None
+                raise Unserved(HTTPStatus.REQUEST_TIMEOUT, f"request body stalled for more than {idle:g} s") from None
             if not chunk:
                 return b"".join(chunks)
             size += len(chunk)
             if size > limit:
-                raise Refusal(
+                raise Unserved(
                     HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"request body exceeds the proxy's limit of {limit} bytes"
                 )
             chunks.append(chunk)
@@ -236,11 +264,13 @@ class AdmissionProxy:
 
     # --- answers of its own --------------------------------------------------------------------------------------
 
-    def _reject(self, limits: Limits, errors: ErrorShape) -> web.Response:
+    def _reject(self, refusal: Refusal, limits: Limits, errors: ErrorShape) -> web.Response:
+        """The level's refusal of this request's class: 503 (429 for the sheddable) with Retry-After."""
         self.metrics.rejected.inc()
-        seconds = limits.retry_after_seconds
-        message = f"KV cache pressure is critical; retry in {seconds} s"
-        return self.error(HTTPStatus.SERVICE_UNAVAILABLE, message, limits, errors, retry_after=seconds)
+        status = HTTPStatus(refusal.status)
+        self.metrics.rejected_by_status[status].inc()
+        retry = refusal.retry_after_seconds
+        return self.error(status, refusal.message, limits, errors, retry_after=retry)
 
     def _refuse(self, status: HTTPStatus, message: str, errors: ErrorShape) -> web.Response:
         self.metrics.refused.labels(str(status.value)).inc()
@@ -409,9 +439,11 @@ def mount(
     limits: Callable[[], Limits],
     registry: CollectorRegistry,
     log: EventLog,
+    priorities: Priorities | None = None,
 ) -> AdmissionProxy:
     """Mount the proxy on an application (the watcher's, or one of its own): it reads the limits in force
-    in-process, per request, and counts into the registry behind /kvops/metrics."""
-    proxy = AdmissionProxy(settings, limits, ProxyMetrics(registry), log)
+    in-process, per request, and counts into the registry behind /kvops/metrics; `priorities` (the policy's)
+    class each request by its PRIORITY_HEADER."""
+    proxy = AdmissionProxy(settings, limits, ProxyMetrics(registry), log, priorities)
     proxy.attach(app)
     return proxy

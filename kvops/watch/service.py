@@ -175,7 +175,9 @@ async def serve(options: WatchOptions, watcher: Watcher, log: EventLog) -> list[
     if options.proxy is not None:
         shared = options.proxy_listen is None
         client_app = admin if shared else web.Application()
-        mount(client_app, options.proxy, lambda: watcher.current.limits, admin[REGISTRY], log)
+        mount(
+            client_app, options.proxy, lambda: watcher.current.limits, admin[REGISTRY], log, watcher.policy.priorities
+        )
         if options.proxy_listen is not None:
             apps.append(("--proxy-listen", options.proxy_listen, client_app))
     listeners: list[Listener] = []

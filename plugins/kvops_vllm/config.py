@@ -1,7 +1,14 @@
 """The KV guard's settings, from `KVOPS_*` environment variables (the engine-core process inherits them).
 
-KVOPS_POLICY                   policy YAML (default: the shipped kvops/data/policy.yaml)
+KVOPS_ADMISSION                peak: by the future peak of the whole batch (guard v2, default); reserve: every admitted
+                               request's prompt + max_tokens reserved at once (guard v1)
+KVOPS_OUTPUT_QUANTILE          where lengths are unknown (EOS, stop tokens or strings), a request is projected to end at
+                               this quantile of the output lengths the engine produced recently (default 0.95)
+KVOPS_OUTPUT_HISTORY           how many recently finished requests those lengths come from (default 1000)
+KVOPS_OUTPUT_MIN_ENDS          until this many requests ended by themselves, max_tokens is the projection (default 32)
 KVOPS_HEADROOM_BLOCKS          blocks kept free beyond every request's projected KV (default 0)
+KVOPS_LEVELS                   where the policy level comes from: watcher (default: the watcher's, when
+                               KVOPS_POLICY_URL is set, else none) or own (also the engine's own KV usage)
 KVOPS_POLICY_URL               the watcher's /kvops/policy; when set, its level is followed (default: unset)
 KVOPS_POLICY_POLL_SECONDS      how often to read it, off the scheduling path (default 2)
 KVOPS_POLICY_TIMEOUT_SECONDS   give up on one read after this long (default 1)
@@ -22,6 +29,8 @@ from kvops.errors import KvopsError
 from kvops.policy import Policy, load_policy
 
 POLICY_PATH = "/kvops/policy"
+ADMISSIONS = ("peak", "reserve")
+LEVEL_SOURCES = ("watcher", "own")
 
 
 class GuardConfigError(KvopsError):
@@ -33,6 +42,11 @@ class GuardConfig:
     policy: Policy
     policy_source: str  # the YAML path, or "shipped default"
     headroom_blocks: int = 0
+    admission: str = "peak"
+    output_quantile: float = 0.95
+    output_history: int = 1000
+    output_min_ends: int = 32
+    levels: str = "watcher"
     policy_url: str | None = None
     poll_seconds: float = 2.0
     timeout_seconds: float = 1.0
@@ -48,6 +62,27 @@ class GuardConfig:
             policy=load_policy(path),
             policy_source=path or "shipped default",
             headroom_blocks=_whole(env, "KVOPS_HEADROOM_BLOCKS", 0),
+            admission=_choice(env, "KVOPS_ADMISSION", ADMISSIONS),
+            output_quantile=_number(
+                env,
+                "KVOPS_OUTPUT_QUANTILE",
+                0.95,
+                float,
+                lambda value: 0.5 <= value < 1,
+                "a fraction from 0.5 to 0.999",
+            ),
+            output_history=_number(
+                env,
+                "KVOPS_OUTPUT_HISTORY",
+                1000,
+                int,
+                lambda value: value >= 10,
+                "a whole number of requests, 10 or more",
+            ),
+            output_min_ends=_number(
+                env, "KVOPS_OUTPUT_MIN_ENDS", 32, int, lambda value: value >= 1, "a whole number of requests, 1 or more"
+            ),
+            levels=_choice(env, "KVOPS_LEVELS", LEVEL_SOURCES),
             policy_url=_policy_url(url) if url else None,
             poll_seconds=_seconds(env, "KVOPS_POLICY_POLL_SECONDS", 2.0),
             timeout_seconds=_seconds(env, "KVOPS_POLICY_TIMEOUT_SECONDS", 1.0),
@@ -58,6 +93,14 @@ class GuardConfig:
 
 def _whole(env: Mapping[str, str], name: str, default: int) -> int:
     return _number(env, name, default, int, lambda value: value >= 0, "a whole number of blocks, 0 or more")
+
+
+def _choice(env: Mapping[str, str], name: str, valid: tuple[str, ...]) -> str:
+    """One of `valid` (the first is the default), or one line naming the variable and the choices."""
+    text = (env.get(name) or "").strip().lower() or valid[0]
+    if text not in valid:
+        raise GuardConfigError(f"{name}={env[name]!r}: must be one of {', '.join(valid)}")
+    return text
 
 
 def _seconds(env: Mapping[str, str], name: str, default: float) -> float:

@@ -3,7 +3,8 @@
 The contract: {"level": "ok|warn|degrade|critical|unknown", "kv_usage": 0.73 or null, "limits": Limits.to_dict(),
 "updated_at": <unix seconds>, "source": "<where the watcher reads usage>"}. The scheduler only ever reads the
 last good reading (one attribute, replaced whole); a watcher that is down, slow, answers garbage or has not
-updated for max_age seconds yields None, and the scheduler falls back to its own KV usage.
+updated for max_age seconds yields None, and the scheduler applies no level meanwhile (or its own KV usage's,
+with KVOPS_LEVELS=own).
 """
 
 from __future__ import annotations
@@ -58,8 +59,18 @@ def parse_reading(document: Any) -> WatcherReading:
 class PolicyFollower:
     """Polls the watcher every `interval` seconds; `reading()` is the last good, fresh reading or None."""
 
-    def __init__(self, url: str, *, interval: float, timeout: float, max_age: float, logger: logging.Logger):
+    def __init__(
+        self,
+        url: str,
+        *,
+        interval: float,
+        timeout: float,
+        max_age: float,
+        logger: logging.Logger,
+        fallback: str = "levels from own KV usage",
+    ):
         self.url = url
+        self.fallback = fallback  # what the guard does while the watcher is unusable, for the log line
         self.interval = interval
         self.timeout = timeout
         self.max_age = max_age
@@ -97,9 +108,7 @@ class PolicyFollower:
                 self.logger.info("kvops guard: following the watcher at %s", self.url)
             else:
                 self.logger.warning(
-                    "kvops guard: watcher at %s unusable (%s); levels from own KV usage until it answers",
-                    self.url,
-                    problem,
+                    "kvops guard: watcher at %s unusable (%s); %s until it answers", self.url, problem, self.fallback
                 )
             self._problem = problem
 

@@ -1,15 +1,25 @@
 """The KV-guard scheduler: `--scheduler-cls kvops_vllm.scheduler.KVGuardScheduler`.
 
 vLLM's own admission checks that a waiting request's prompt fits the free blocks, then lets it grow; when the
-pool runs out it preempts the newest request and later recomputes it from scratch. The guard admits a request
-only when its projected KV, prompt + max_tokens at its peak in every KV-cache group, fits in what is left of
-the free blocks once every admitted request's remaining growth is reserved (minus KVOPS_HEADROOM_BLOCKS). The
-rest wait in vLLM's own queue, in order, and show as vllm:num_requests_waiting.
+pool runs out it preempts the newest running request and later recomputes it from scratch. The guard admits
+waiting requests, in vLLM's queue order, only while the whole batch still fits at its future peak
+(KVOPS_ADMISSION=peak, guard v2): every admitted request's course through the pool is projected step by step,
+growing one token per step to its projected end and then freeing everything, and the largest sum over future
+steps must fit the pool less KVOPS_HEADROOM_BLOCKS. A request's end is its max_tokens when its length is known
+(ignore_eos and no stop tokens or strings), otherwise a high quantile of the output lengths this engine
+produced recently, given what it has generated so far, never beyond max_tokens. KVOPS_ADMISSION=reserve is
+guard v1: every admitted request's whole prompt + max_tokens reserved at once. The rest wait in vLLM's own
+queue, in order, and show as vllm:num_requests_waiting.
 
-It also applies the kvops degrade policy to each new request, by the level of its own live KV usage (or the
-watcher's, when KVOPS_POLICY_URL is set and it is higher): warn caps max_tokens, degrade also serves n>1 as one
-sequence, critical finishes new requests at once with a reason the client receives. See config.py for the
-settings and README.md, "KV guard", for what clients see.
+When a projection falls short, vLLM preempts as its fallback; the guard then makes the victim the running
+request that has computed least (FCFS policy) and counts the tokens to recompute.
+
+It also applies the kvops degrade policy to each new request, by the watcher's level (KVOPS_POLICY_URL; with
+KVOPS_LEVELS=own, also by its own KV usage): warn caps max_tokens; a level that refuses a request's class
+(sheddable first, then standard; protected never) and, from degrade, the n>1 siblings after the first, keep
+it waiting in the queue until the level relaxes. The guard never finishes a request it has not served: a
+refusal the client can retry (503/429 with Retry-After) is the admission proxy's or vLLM's queue caps'.
+See config.py for the settings and docs/kv-guard.md for what clients see.
 """
 
 from __future__ import annotations
@@ -18,18 +28,30 @@ import re
 import time
 import weakref
 from dataclasses import dataclass, fields
-from itertools import islice
 
 from vllm.logger import init_logger
-from vllm.sampling_params import RequestOutputKind
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
-from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
+from vllm.v1.core.sched.request_queue import SchedulingPolicy, create_request_queue
 from vllm.v1.kv_cache_interface import SlidingWindowSpec
 from vllm.v1.request import Request, RequestStatus
 
 from kvops.errors import KvopsError
 from kvops.policy import Level, LevelTracker, Limits, RequestParams, clamp
-from kvops_vllm.admission import GroupShape, admissible_prefix, live_blocks, projected_blocks, window_blocks
+from kvops_vllm.admission import (
+    Course,
+    GroupShape,
+    OutputLengths,
+    admissible_prefix,
+    fitting_prefix,
+    future_peak,
+    live_blocks,
+    projected_blocks,
+    risk_margin,
+    risk_peak,
+    risk_prefix,
+    whole_blocks,
+    window_blocks,
+)
 from kvops_vllm.config import GuardConfig
 from kvops_vllm.follow import PolicyFollower
 
@@ -39,6 +61,9 @@ logger = init_logger("vllm.kvops_guard")
 # vLLM fans a request with n > 1 out into n requests "{index}_{parent id}" (vllm/v1/engine/parallel_sampling.py).
 SIBLING_ID = re.compile(r"(\d+)_")
 
+# How a finished request's length feeds OutputLengths: an end, a cut (censored), or nothing (it never ran).
+_ENDED = {RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_ABORTED, RequestStatus.FINISHED_REPETITION}
+
 
 @dataclass
 class GuardCounts:
@@ -46,8 +71,10 @@ class GuardCounts:
 
     queued_for_kv: int = 0  # requests next in line whose projected KV did not fit (each counted once)
     capped: int = 0  # requests whose max_tokens the level capped
-    siblings_dropped: int = 0  # n>1 siblings finished at degrade (index >= 1)
-    rejected: int = 0  # new requests finished at once at critical
+    held_by_level: int = 0  # requests the level kept waiting (a class it refuses, or n>1 siblings; each once)
+    preempted: int = 0  # vLLM's fallback when a projection fell short
+    recomputed_tokens: int = 0  # tokens the preempted had computed, to compute again (before prefix-cache hits)
+    mispredicted: int = 0  # requests that generated more than their projected length at admission
 
     def minus(self, other: GuardCounts) -> GuardCounts:
         return GuardCounts(**{f.name: getattr(self, f.name) - getattr(other, f.name) for f in fields(self)})
@@ -62,41 +89,185 @@ class KVGuardScheduler(AsyncScheduler):
             # Fail the engine's startup, with the reason as one line above vLLM's traceback.
             logger.error("kvops guard: %s", exc)
             raise
+        config = self.guard_config
         self.kv_shapes = tuple(
-            _group_shape(manager, self.vllm_config.max_in_flight_tokens)
+            _group_shape(manager, self.vllm_config.max_in_flight_tokens, self.num_lookahead_tokens)
             for manager in self.kv_cache_manager.coordinator.single_type_managers
         )
-        self.level_tracker = LevelTracker(self.guard_config.policy)
+        self.usable_blocks = self.kv_cache_config.num_blocks - 1  # block 0 is vLLM's null block
+        # A request's last output is read one step after it is scheduled (async scheduling): its blocks stay
+        # held through the next step, which Course already counts; more batches in flight hold them longer.
+        self.linger_steps = max(0, self.vllm_config.max_concurrent_batches - 2)
+        self.output_lengths = OutputLengths(config.output_history, config.output_quantile, config.output_min_ends)
+        self.risk_margin = risk_margin(config.output_quantile)
+        self.level_tracker = LevelTracker(config.policy)
         self.guard_counts = GuardCounts()
-        self.in_force: tuple[Limits, str] = (self.guard_config.policy.limits(Level.OK), "own KV usage")
+        self.in_force: tuple[Limits, str] = (config.policy.limits(Level.OK), "no watcher")
         self.follower: PolicyFollower | None = None
-        if self.guard_config.policy_url:
-            config = self.guard_config
+        if config.policy_url:
             self.follower = PolicyFollower(
                 config.policy_url,
                 interval=config.poll_seconds,
                 timeout=config.timeout_seconds,
                 max_age=config.max_age_seconds,
                 logger=logger,
+                fallback="levels from own KV usage" if config.levels == "own" else "no level",
             ).start()
-        self._finished_at_admission: list[Request] = []
+        self._projected_at_admission: dict[str, int] = {}
+        self._fixed_ends: dict[str, int] = {}  # known lengths: the end tokens, computed once per request
         self._waited_for_kv: weakref.WeakSet[Request] = weakref.WeakSet()
+        self._held_once: weakref.WeakSet[Request] = weakref.WeakSet()
         self._logged_counts = GuardCounts()
+        self._fewest_free = self.usable_blocks  # since the last summary: its peak KV usage
         self._summary_since = time.monotonic()
-        self._next_summary = self._summary_since + self.guard_config.log_seconds
+        self._next_summary = self._summary_since + config.log_seconds
         logger.info("kvops guard: %s", self._describe())
 
-    # --- admission by projected KV -----------------------------------------------------------------------
+    # --- one scheduling step --------------------------------------------------------------------------------
 
     def schedule(self, *args, **kwargs):
-        self._limits_in_force()
-        held = self._hold_back_unfit()
+        limits, _ = self._limits_in_force()
+        held = self._hold_back(limits)
+        self._least_computed_last()
         try:
             return super().schedule(*args, **kwargs)
         finally:
             if held is not None:
                 self._release(held)
+            free = self.kv_cache_manager.block_pool.get_num_free_blocks()
+            if free < self._fewest_free:
+                self._fewest_free = free
             self._maybe_log_summary()
+
+    def _hold_back(self, limits: Limits):
+        """Leave in self.waiting only the requests, in order, that the level serves and whose KV fits; return
+        the original queue holding the rest.
+
+        vLLM's own admission pass then runs on that prefix unchanged (its token budget, max_num_seqs, LoRA and
+        prefill rules still apply). Allocations for running requests during the pass are part of every running
+        request's projected course, so what fitted before the pass still fits after it. Only as many requests
+        are weighed as vLLM could start this step: free seats, and prompts within one step's token budget.
+        """
+        seats = self.max_num_active_reqs - len(self.running)
+        if not self.waiting or seats <= 0:
+            return None
+        held = self.waiting
+        popped: list[Request] = []
+        candidates: list[Request] = []
+        budget = self.max_num_scheduled_tokens
+        while held and len(candidates) < seats and budget > 0:
+            request = held.pop_request()
+            popped.append(request)
+            if self._kept_waiting(request, limits):
+                if request not in self._held_once:
+                    self._held_once.add(request)
+                    self.guard_counts.held_by_level += 1
+            else:
+                candidates.append(request)
+                budget -= _prefill_tokens(request)
+        admitted = self._admissible(candidates) if candidates else 0
+        if admitted < len(candidates) and candidates[admitted] not in self._waited_for_kv:
+            self._waited_for_kv.add(candidates[admitted])
+            self.guard_counts.queued_for_kv += 1
+        chosen = set(candidates[:admitted])
+        for request in candidates[:admitted]:
+            self._projected_at_admission.setdefault(request.request_id, self.projected_output(request))
+        held.prepend_requests(reversed([request for request in popped if request not in chosen]))
+        self.waiting = create_request_queue(self.policy)
+        for request in candidates[:admitted]:
+            self.waiting.add_request(request)
+        return held
+
+    def _release(self, held) -> None:
+        """Put the held-back requests behind whatever the pass left waiting (or preempted), in order."""
+        left = list(self.waiting)
+        self.waiting = held
+        self.waiting.prepend_requests(reversed(left))
+
+    def _admissible(self, candidates: list[Request]) -> int:
+        """How many of `candidates` (in queue order) may start now; an idle engine starts its first whatever its
+        size (vLLM still checks that it fits the pool), or a request larger than pool less headroom would wait
+        forever."""
+        admitted = [*self.running, *self.kv_holding_waiting]
+        idle = not admitted
+        if self.guard_config.admission == "reserve":
+            return admissible_prefix(map(self.projected_blocks, candidates), self.kv_slack(), idle)
+        survival = self.output_lengths.survival()
+        running, waiting = self.courses(admitted), self.courses(candidates)
+        capacity = self.peak_capacity(admitted)
+        prefill = [_prefill_tokens(request) for request in admitted]
+        prefill_waiting = [_prefill_tokens(request) for request in candidates]
+        chunk = max(1, self.max_num_scheduled_tokens - sum(1 for tokens in prefill if tokens <= 1))
+        backlog = sum(prefill)
+        if any(course.generated is not None for course in (*running, *waiting)):
+            delay = -(-(backlog + sum(prefill_waiting)) // chunk)  # all of them: an upper bound for every prefix
+            count = risk_prefix(running, waiting, self.kv_shapes, capacity, survival, self.risk_margin, delay)
+            return max(count, 1) if idle else count
+
+        def fits(count: int) -> bool:
+            # steps the prefill backlog may take the whole token budget: a decode behind it can lose a step
+            delay = -(-(backlog + sum(prefill_waiting[:count])) // chunk)
+            return future_peak(running + waiting[:count], self.kv_shapes, delay=delay) <= capacity
+
+        count = fitting_prefix(fits, len(candidates))
+        return max(count, 1) if idle and candidates else count
+
+    # --- guard v2: courses and the future peak ------------------------------------------------------------------
+
+    def projected_output(self, request: Request) -> int:
+        """Output tokens the request is projected to end with: max_tokens when its length is known, else the
+        quantile of recent lengths given what it has generated (never more than max_tokens, never less than
+        min_tokens or one more than it has)."""
+        limit = max(0, min(request.max_tokens, self.max_model_len - request.num_prompt_tokens))
+        params = request.sampling_params
+        if params is None or _known_length(params):
+            return limit
+        generated = request.num_output_tokens + request.num_output_placeholders
+        projected = self.output_lengths.projected_end(generated)
+        if projected is None:
+            return limit
+        return min(limit, max(projected, generated + 1, params.min_tokens))
+
+    def courses(self, requests: list[Request]) -> list[Course]:
+        """Each request's course from this step: it holds every token it has (its whole prompt if still
+        prefilling: conservative) and grows one token per step up to prompt + max_tokens; one that may stop
+        earlier carries what it generated, for the output lengths' survival curve (until enough requests ended
+        for one, it counts to its max_tokens)."""
+        lookahead, longest, linger = self.num_lookahead_tokens, self.max_model_len, self.linger_steps
+        survival = self.output_lengths.survival()
+        fixed = self._fixed_ends
+        courses = []
+        for request in requests:  # runs at every scheduling step: plain arithmetic
+            pending = request.num_tokens + request.num_output_placeholders
+            held = min(pending + lookahead, longest)
+            prefilling = pending - request.num_computed_tokens > 1
+            end = fixed.get(request.request_id)
+            if end is not None:
+                courses.append(Course(held, end if end > held else held, linger, prefilling))
+                continue
+            params = request.sampling_params
+            limit = max(0, min(request.max_tokens, longest - request.num_prompt_tokens))
+            end = min(request.num_prompt_tokens + limit + lookahead, longest)
+            if params is None or _known_length(params) or survival is None:
+                if params is None or _known_length(params):
+                    fixed[request.request_id] = end
+                courses.append(Course(held, end if end > held else held, linger, prefilling))
+                continue
+            generated = request.num_output_tokens + request.num_output_placeholders
+            courses.append(Course(held, end if end > held else held, linger, prefilling, generated, params.min_tokens))
+        return courses
+
+    def peak_capacity(self, admitted: list[Request]) -> int:
+        """Blocks the admitted requests' courses may use at their peak: the usable pool less the headroom, and less
+        what holders outside them keep (a finished request whose blocks a KV connector or a copy still holds)."""
+        capacity = self.usable_blocks - self.guard_config.headroom_blocks
+        if self.connector is None and not self.deferred_frees:
+            return capacity  # every block in use belongs to an admitted request
+        used = self.usable_blocks - self.kv_cache_manager.block_pool.get_num_free_blocks()
+        modeled = sum(self.live_blocks_held(request) for request in admitted)
+        return capacity - max(0, used - modeled)
+
+    # --- guard v1: the whole prompt + max_tokens reserved ---------------------------------------------------------
 
     def projected_tokens(self, request: Request) -> int:
         """The most tokens the request will ever cache: prompt + max_tokens (+ speculative lookahead)."""
@@ -120,54 +291,75 @@ class KVGuardScheduler(AsyncScheduler):
         committed = sum(self.blocks_still_needed(request) for request in admitted)
         return self.kv_cache_manager.block_pool.get_num_free_blocks() - self.guard_config.headroom_blocks - committed
 
-    def _hold_back_unfit(self):
-        """Leave in self.waiting only the requests, in order, whose projected KV fits; return the rest.
+    # --- the fallback: preemption ---------------------------------------------------------------------------------
 
-        vLLM's own admission pass then runs on that prefix unchanged (its token budget, max_num_seqs, LoRA and
-        prefill rules still apply). Allocations for running requests during the pass lower the free blocks and
-        their remaining need alike, so the slack computed here holds for the whole pass.
-        """
-        if not self.waiting:
-            return None
-        idle = not self.running and not self.kv_holding_waiting
-        admitted = admissible_prefix(map(self.projected_blocks, self.waiting), self.kv_slack(), idle)
-        if admitted == len(self.waiting):
-            return None
-        head = next(islice(self.waiting, admitted, None))
-        if head not in self._waited_for_kv:
-            self._waited_for_kv.add(head)
-            self.guard_counts.queued_for_kv += 1
-        held = self.waiting
-        self.waiting = type(held)()
-        for _ in range(admitted):
-            self.waiting.add_request(held.pop_request())
-        return held
+    def _least_computed_last(self) -> None:
+        """When this step's allocations may exceed the free blocks, order the running requests so that vLLM's
+        FCFS victim (the last one) is the one that computed least: the least work to recompute. vLLM's
+        priority policy picks its victim by priority, and keeps it."""
+        if self.policy != SchedulingPolicy.FCFS or len(self.running) < 2:
+            return
+        free = self.kv_cache_manager.block_pool.get_num_free_blocks()
+        if free >= len(self.kv_shapes) * (len(self.running) + self.max_num_scheduled_tokens):
+            return  # every running request could take more blocks than this step can fill: none runs short
+        managers = self.kv_cache_manager.coordinator.single_type_managers
+        need = 0
+        for request in self.running:
+            tokens = request.num_computed_tokens + 1 + self.num_lookahead_tokens
+            for shape, manager in zip(self.kv_shapes, managers):
+                blocks = manager.req_to_blocks.get(request.request_id, ())
+                need += max(0, whole_blocks(tokens, shape.block_size) - len(blocks))
+            if need > free:
+                self.running.sort(key=lambda running: -running.num_computed_tokens)
+                return
 
-    def _release(self, held) -> None:
-        """Put the held-back requests behind whatever the pass left waiting (or preempted), in order."""
-        left = list(self.waiting)
-        self.waiting = held
-        self.waiting.prepend_requests(reversed(left))
+    def _preempt_request(self, request: Request, timestamp: float, drop_stale_output: bool = False) -> None:
+        self.guard_counts.preempted += 1
+        self.guard_counts.recomputed_tokens += request.num_computed_tokens - request.num_output_placeholders
+        super()._preempt_request(request, timestamp, drop_stale_output)
 
-    # --- the policy at admission ---------------------------------------------------------------------------
+    # --- learning output lengths ------------------------------------------------------------------------------------
+
+    def _free_request(self, request: Request, delay_free_blocks: bool = False):
+        self._learn(request)
+        return super()._free_request(request, delay_free_blocks)
+
+    def _learn(self, request: Request) -> None:
+        """Record a finished request's length (an end, or a cut by its limit), and whether it ran past the end
+        projected at its admission."""
+        self._fixed_ends.pop(request.request_id, None)
+        projected = self._projected_at_admission.pop(request.request_id, None)
+        params = request.sampling_params
+        generated = request.num_output_tokens
+        if params is None or _known_length(params) or generated == 0:
+            return
+        if request.status in _ENDED:
+            self.output_lengths.record(generated, ended=True)
+        elif request.status == RequestStatus.FINISHED_LENGTH_CAPPED:
+            self.output_lengths.record(generated, ended=False)
+        if projected is not None and generated > projected:
+            self.guard_counts.mispredicted += 1
+
+    # --- the policy at admission ---------------------------------------------------------------------------------
 
     def add_request(self, request: Request) -> None:
         if request.request_id in self.requests or request.sampling_params is None:
+            self._fixed_ends.pop(request.request_id, None)  # a session's next input changes its prompt and limit
             super().add_request(request)  # a streaming-input update of a running session, or a pooling request
             return
-        limits, source = self._limits_in_force()
-        if limits.reject:
-            self._finish_at_admission(request, _reject_status(request), self._rejection(limits, source))
-            self.guard_counts.rejected += 1
-            return
-        sibling = SIBLING_ID.match(request.request_id)
-        if limits.single_sequence and sibling and int(sibling.group(1)) > 0:
-            reason = f"kvops: KV cache {limits.level.label} ({source}): n>1 served as one sequence"
-            self._finish_at_admission(request, RequestStatus.FINISHED_ABORTED, reason)
-            self.guard_counts.siblings_dropped += 1
-            return
+        limits, _ = self._limits_in_force()
         self._cap_max_tokens(request, limits)
         super().add_request(request)
+
+    def _kept_waiting(self, request: Request, limits: Limits) -> bool:
+        """The level does not serve this request now: its class is refused, or it is an n>1 sibling after the
+        first at a single-sequence level. It waits in the queue instead of being finished empty."""
+        if request.sampling_params is None or request.num_computed_tokens or request.num_output_tokens:
+            return False  # pooling, or already under way (a preempted request resumes)
+        if limits.refusal(self.guard_config.policy.priorities.request_class(request.priority)) is not None:
+            return True
+        sibling = SIBLING_ID.match(request.request_id)
+        return limits.single_sequence and sibling is not None and int(sibling.group(1)) > 0
 
     def _cap_max_tokens(self, request: Request, limits: Limits) -> None:
         clamped, _ = clamp(RequestParams(max_tokens=request.max_tokens), limits)
@@ -179,63 +371,37 @@ class KVGuardScheduler(AsyncScheduler):
         params.min_tokens = min(params.min_tokens, clamped.max_tokens)
         self.guard_counts.capped += 1
 
-    def _finish_at_admission(self, request: Request, status: RequestStatus, reason: str) -> None:
-        """Register the request, finish it before it is scheduled, and send its output at the next step.
-
-        Raising here would kill the engine core; vLLM sends a finished request's output only from
-        update_from_output, so it waits in _finished_at_admission until then (a step follows at once:
-        finishing it leaves finished_req_ids non-empty).
-        """
-        super().add_request(request)
-        request.stop_reason = reason
-        self.finish_requests(request.request_id, status)
-        self._finished_at_admission.append(request)
-
-    def _rejection(self, limits: Limits, source: str) -> str:
-        retry = f"; retry after {limits.retry_after_seconds} s" if limits.retry_after_seconds else ""
-        return f"kvops: KV cache critical ({source}): request rejected{retry}"
-
-    def update_from_output(self, scheduler_output, model_runner_output):
-        outputs = super().update_from_output(scheduler_output, model_runner_output)
-        finished, self._finished_at_admission = self._finished_at_admission, []
-        for request in finished:
-            outputs.setdefault(request.client_index, EngineCoreOutputs()).outputs.append(
-                EngineCoreOutput(
-                    request_id=request.request_id,
-                    new_token_ids=[],
-                    finish_reason=request.get_finished_reason(),
-                    stop_reason=request.stop_reason,
-                    events=request.take_events(),
-                    trace_headers=request.trace_headers,
-                )
-            )
-        return outputs
-
-    def has_requests(self) -> bool:
-        return super().has_requests() or bool(self._finished_at_admission)
-
     # --- levels ---------------------------------------------------------------------------------------------
 
     def _limits_in_force(self) -> tuple[Limits, str]:
-        """The stricter of the level from own live usage and the watcher's (when followed and fresh)."""
-        usage = self.kv_cache_manager.usage
-        own = self.level_tracker.update(usage, time.monotonic())
+        """The watcher's level when followed and fresh; with KVOPS_LEVELS=own, the stricter of it and the level
+        of the engine's own live KV usage (the watcher's when they tie)."""
         reading = self.follower.reading() if self.follower else None
-        if reading is not None and reading.level != Level.UNKNOWN and reading.level >= own:
+        if reading is not None and reading.level == Level.UNKNOWN:
+            reading = None
+        if self.guard_config.levels == "own":
+            usage = self.kv_cache_manager.usage
+            own = self.level_tracker.update(usage, time.monotonic())
+            if reading is None or reading.level < own:
+                return self._enforce(self.level_tracker.limits(), f"own KV usage {usage:.1%}")
+        if reading is not None:
             watched = "" if reading.kv_usage is None else f" at {reading.kv_usage:.1%}"
-            in_force = (reading.limits, f"watcher{watched}")
-        else:
-            in_force = (self.level_tracker.limits(), f"own KV usage {usage:.1%}")
-        if in_force[0].level != self.in_force[0].level:
+            return self._enforce(reading.limits, f"watcher{watched}")
+        return self._enforce(
+            self.guard_config.policy.limits(Level.OK), "watcher unusable" if self.follower else "no watcher"
+        )
+
+    def _enforce(self, limits: Limits, source: str) -> tuple[Limits, str]:
+        if limits.level != self.in_force[0].level:
             logger.info(
                 "kvops guard: level %s -> %s (%s): %s",
                 self.in_force[0].level.label,
-                in_force[0].level.label,
-                in_force[1],
-                _effect(in_force[0]),
+                limits.level.label,
+                source,
+                ", ".join(limits.effects(held=True)) or "no limits",
             )
-        self.in_force = in_force
-        return in_force
+        self.in_force = (limits, source)
+        return self.in_force
 
     # --- reporting ------------------------------------------------------------------------------------------
 
@@ -251,30 +417,58 @@ class KVGuardScheduler(AsyncScheduler):
         self._next_summary = now + self.guard_config.log_seconds
         since, self._summary_since = now - self._summary_since, now
         self._logged_counts = GuardCounts(**vars(self.guard_counts))
+        peak_used, self._fewest_free = self.usable_blocks - self._fewest_free, self.usable_blocks
         logger.info(
-            "kvops guard: in the last %.0f s: %d queued for KV, %d max_tokens capped, %d n>1 siblings dropped, %d rejected; "
-            "now %d running, %d waiting, %d blocks free, %d reserved for admitted requests",
+            "kvops guard: in the last %.0f s: %d queued for KV, %d max_tokens capped, %d kept waiting by the level, "
+            "%d preempted (%d tokens to recompute), %d past their projected length; peak KV usage %.1f%% (%d of %d blocks); "
+            "now %d running, %d waiting, %d blocks free, %s",
             since,
             delta.queued_for_kv,
             delta.capped,
-            delta.siblings_dropped,
-            delta.rejected,
+            delta.held_by_level,
+            delta.preempted,
+            delta.recomputed_tokens,
+            delta.mispredicted,
+            100 * peak_used / self.usable_blocks,
+            peak_used,
+            self.usable_blocks,
             len(self.running),
             len(self.waiting),
             self.kv_cache_manager.block_pool.get_num_free_blocks(),
-            sum(map(self.blocks_still_needed, self.running)),
+            self._commitment(),
         )
+
+    def _commitment(self) -> str:
+        if self.guard_config.admission == "reserve":
+            return f"{sum(map(self.blocks_still_needed, self.running))} reserved for admitted requests"
+        survival = self.output_lengths.survival()
+        courses = self.courses([*self.running, *self.kv_holding_waiting])
+        if any(course.generated is not None for course in courses):
+            peak = risk_peak(courses, self.kv_shapes, survival, self.risk_margin)
+            return f"projected peak {peak:.0f} of {self.usable_blocks} usable (p{self.guard_config.output_quantile * 100:g})"
+        return f"projected peak {future_peak(courses, self.kv_shapes)} of {self.usable_blocks} usable"
 
     def _describe(self) -> str:
         config = self.guard_config
         policy = config.policy
-        usable = self.kv_cache_config.num_blocks - 1  # block 0 is vLLM's null block
         groups = "; ".join(shape.describe() for shape in self.kv_shapes)
         thresholds = ", ".join(f"{level.label} {policy.thresholds[level]:.0%}" for level in sorted(policy.thresholds))
-        follow = f", and the watcher at {config.policy_url}" if config.policy_url else ""
+        if config.admission == "reserve":
+            how = "projected KV (prompt + max_tokens)"
+        else:
+            how = (
+                f"the future peak of the whole batch (lengths: max_tokens where known, else the last "
+                f"{config.output_history} finished, the batch within the pool at p{config.output_quantile * 100:g}; "
+                f"max_tokens until {config.output_min_ends} ended)"
+            )
+        watcher = f"the watcher at {config.policy_url}" if config.policy_url else ""
+        if config.levels == "own":
+            levels = f"levels from own KV usage{', and ' + watcher if watcher else ''}"
+        else:
+            levels = f"levels from {watcher}" if watcher else "no levels (no watcher)"
         return (
-            f"admitting by projected KV (prompt + max_tokens) over {usable} usable blocks, headroom {config.headroom_blocks}; "
-            f"groups: {groups}; policy {config.policy_source} ({thresholds}); levels from own KV usage{follow}"
+            f"admitting by {how} over {self.usable_blocks} usable blocks, headroom {config.headroom_blocks}; "
+            f"groups: {groups}; policy {config.policy_source} ({thresholds}); {levels}"
         )
 
     def shutdown(self) -> None:
@@ -283,31 +477,24 @@ class KVGuardScheduler(AsyncScheduler):
         super().shutdown()
 
 
-def _group_shape(manager, in_flight_tokens: int) -> GroupShape:
+def _group_shape(manager, in_flight_tokens: int, lookahead: int) -> GroupShape:
     """A KV-cache group's shape from its manager (its block size includes any context-parallel split)."""
     spec = manager.kv_cache_spec
     if isinstance(spec, SlidingWindowSpec):
-        blocks = window_blocks(spec.sliding_window, manager.block_size, in_flight_tokens, spec.extra_retained_tokens)
-        return GroupShape(manager.block_size, blocks, spec.sliding_window)
+        extra = spec.extra_retained_tokens
+        blocks = window_blocks(spec.sliding_window, manager.block_size, in_flight_tokens, extra)
+        # decoding: one token in flight, so blocks behind (window + that token) are freed
+        decode = min(blocks, whole_blocks(spec.sliding_window + extra + lookahead, manager.block_size) + 1)
+        return GroupShape(manager.block_size, blocks, spec.sliding_window, decode)
     # Other groups that recycle blocks (chunked local attention) carry vLLM's own per-request cap.
     return GroupShape(manager.block_size, getattr(manager, "max_admission_blocks_per_request", None))
 
 
-def _reject_status(request: Request) -> RequestStatus:
-    """What reaches the client (verified on vLLM 0.32.0's OpenAI server): a finished-with-no-tokens "abort"
-    carries our reason in `stop_reason` of a 200 response, but a stream drops it silently; so a streaming
-    request is finished as an error instead, which streams an error event ("Internal server error", 500)."""
-    if request.sampling_params.output_kind == RequestOutputKind.DELTA:
-        return RequestStatus.FINISHED_ERROR
-    return RequestStatus.FINISHED_ABORTED
+def _prefill_tokens(request: Request) -> int:
+    """Tokens still to schedule before it decodes one token per step (1 for a decoding request)."""
+    return request.num_tokens + request.num_output_placeholders - request.num_computed_tokens
 
 
-def _effect(limits: Limits) -> str:
-    effects = []
-    if limits.max_tokens_cap is not None:
-        effects.append(f"max_tokens capped at {limits.max_tokens_cap}")
-    if limits.single_sequence:
-        effects.append("n>1 served as one sequence")
-    if limits.reject:
-        effects.append("new requests rejected")
-    return ", ".join(effects) or "no limits"
+def _known_length(params) -> bool:
+    """It generates exactly max_tokens: nothing can stop it earlier (EOS ignored, no stop tokens or strings)."""
+    return params.eos_token_id is None and not params.stop_token_ids and not params.stop

@@ -8,6 +8,7 @@ import re
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 
 import pytest
@@ -54,10 +55,8 @@ def watcher_at(endpoint, level: str, usage: float, limits: Limits | None = None)
 def test_the_guard_starts_and_says_how_it_admits(kv_guard_engine):
     log = kv_guard_engine.log_text()
     assert "Using custom scheduler class kvops_vllm.scheduler.KVGuardScheduler" in log
-    assert (
-        "kvops guard: admitting by projected KV (prompt + max_tokens) over 31 usable blocks, headroom 0; "
-        "groups: full attention (128-token blocks); policy "
-    ) in log
+    assert "kvops guard: admitting by the future peak of the whole batch (lengths: max_tokens where known" in log
+    assert "over 31 usable blocks, headroom 0; groups: full attention (128-token blocks); policy " in log
     assert (
         "policy.yaml (warn 70%, degrade 85%, critical 95%); levels from own KV usage, and the watcher at http://127.0.0.1:"
         in log
@@ -84,67 +83,81 @@ def test_the_warn_cap_reaches_the_client(kv_guard_engine, policy_endpoint):
         answer = completion(kv_guard_engine, max_tokens=40)
     assert answer["choices"][0]["finish_reason"] == "length"
     assert answer["usage"]["completion_tokens"] == 16
-    assert "kvops guard: level ok -> warn (watcher at 75.0%): max_tokens capped at 16" in kv_guard_engine.log_text()
+    assert "kvops guard: level ok -> warn (watcher at 75.0%): capped at 16 new tokens" in kv_guard_engine.log_text()
     assert completion(kv_guard_engine, max_tokens=40)["usage"]["completion_tokens"] == 40  # back at ok
 
 
-def test_degrade_serves_n_as_one_sequence(kv_guard_engine, policy_endpoint):
+def in_background(call, *args, **kwargs) -> Future:
+    return ThreadPoolExecutor(1).submit(call, *args, **kwargs)
+
+
+def still_waiting(*answers: Future, seconds: float = 3.0) -> bool:
+    """None of `answers` came back within `seconds` (the guard polls the watcher every 0.2 s and steps meanwhile)."""
+    time.sleep(seconds)
+    return not any(answer.done() for answer in answers)
+
+
+def ended_badly(engine) -> dict[str, float]:
+    """vLLM's count of requests that finished as an abort or an error, by reason."""
+    pattern = r'^vllm:request_success_total\{[^}]*finished_reason="(abort|error)"[^}]*\} (\S+)$'
+    return {reason: float(count) for reason, count in re.findall(pattern, engine.metrics(), re.MULTILINE)}
+
+
+def test_degrade_runs_n_one_sequence_at_a_time(kv_guard_engine, policy_endpoint):
+    """Degrade holds the n>1 siblings after the first in the queue (none is answered empty); they run once the
+    level drops, each with every token it asked for."""
     with watcher_at(policy_endpoint, "degrade", 0.9):
-        answer = completion(kv_guard_engine, max_tokens=20, n=3)
-        status, stream = post(
+        answer = in_background(completion, kv_guard_engine, max_tokens=20, n=3)
+        assert still_waiting(answer)
+    choices = answer.result(timeout=300)["choices"]
+    assert [(choice["finish_reason"], choice["stop_reason"]) for choice in choices] == [("length", None)] * 3
+    assert answer.result()["usage"]["completion_tokens"] == 60
+    assert (
+        "-> degrade (watcher at 90.0%): capped at 512 new tokens, run one sequence at a time"
+        in kv_guard_engine.log_text()
+    )
+
+
+def test_critical_holds_new_requests_in_the_queue_and_never_answers_them_empty(kv_guard_engine, policy_endpoint):
+    """At critical the guard, a scheduler, cannot answer a request: it keeps new ones waiting (never a 200 without
+    tokens, never a 500); they are served when the level drops. A retryable 503/429 is the proxy's answer
+    (test_proxy_engine.py)."""
+    before = ended_badly(kv_guard_engine)
+    with watcher_at(policy_endpoint, "critical", 0.97):
+        plain = in_background(completion, kv_guard_engine, max_tokens=20)
+        chat = in_background(
+            post,
+            kv_guard_engine,
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 20, "ignore_eos": True},
+        )
+        stream = in_background(
+            post,
             kv_guard_engine,
             "/v1/completions",
-            {"prompt": "the cache", "max_tokens": 10, "n": 3, "ignore_eos": True, "stream": True},
+            {"prompt": "the cache", "max_tokens": 20, "ignore_eos": True, "stream": True},
         )
-    first, *others = sorted(answer["choices"], key=lambda choice: choice["index"])
-    assert first["finish_reason"] == "length" and answer["usage"]["completion_tokens"] == 20
-    for choice in others:
-        assert (choice["finish_reason"], choice["text"]) == ("abort", "")
-        assert choice["stop_reason"] == "kvops: KV cache degrade (watcher at 90.0%): n>1 served as one sequence"
-    chunks = [json.loads(line[len("data: ") :]) for line in stream.splitlines() if line.startswith("data: {")]
-    assert status == 200 and {choice["index"] for chunk in chunks for choice in chunk["choices"]} == {0}
+        assert still_waiting(plain, chat, stream)
+        with urllib.request.urlopen(kv_guard_engine.url + "/health", timeout=10) as health:
+            assert health.status == 200
+        assert gauges(kv_guard_engine.metrics())["vllm:num_requests_waiting"] == 3
+
+    assert plain.result(timeout=300)["usage"]["completion_tokens"] == 20
+    status, text = chat.result(timeout=300)
+    assert status == 200 and json.loads(text)["usage"]["completion_tokens"] == 20
+    status, text = stream.result(timeout=300)
+    events = [line[len("data: ") :] for line in text.splitlines() if line.startswith("data: ")]
+    chunks = [json.loads(event) for event in events[:-1]]
+    assert status == 200 and events[-1] == "[DONE]" and not any("error" in chunk for chunk in chunks)
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
-
-
-def test_critical_rejects_with_a_clear_reason_and_the_engine_stays_up(kv_guard_engine, policy_endpoint):
-    reason = "kvops: KV cache critical (watcher at 97.0%): request rejected; retry after 10 s"
-    with watcher_at(policy_endpoint, "critical", 0.97):
-        plain = completion(kv_guard_engine, max_tokens=20)
-        status, chat = post(
-            kv_guard_engine, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 20}
-        )
-        stream_status, stream = post(
-            kv_guard_engine, "/v1/completions", {"prompt": "the cache", "max_tokens": 20, "stream": True}
-        )
-
-    choice = plain["choices"][0]
-    assert (choice["finish_reason"], choice["stop_reason"], plain["usage"]["completion_tokens"]) == ("abort", reason, 0)
-    assert status == 200 and json.loads(chat)["choices"][0]["stop_reason"] == reason
-    # A stream drops a token-less "abort"; the guard finishes a streamed request as an error, which the stream shows.
-    events = [line[len("data: ") :] for line in stream.splitlines() if line.startswith("data: ")]
-    assert stream_status == 200 and events[-1] == "[DONE]"
-    assert json.loads(events[-2])["error"]["code"] == 500
-
-    with urllib.request.urlopen(kv_guard_engine.url + "/health", timeout=10) as health:
-        assert health.status == 200
-    assert completion(kv_guard_engine, max_tokens=12)["usage"]["completion_tokens"] == 12
     log = kv_guard_engine.log_text()
-    # A level is re-read when the engine has work, so the line names the level it left as the engine last saw it.
     assert (
-        "-> critical (watcher at 97.0%): max_tokens capped at 512, n>1 served as one sequence, new requests rejected"
-        in log
+        "-> critical (watcher at 97.0%): capped at 512 new tokens" in log
+        and "held in the queue unless protected" in log
     )
     assert "kvops guard: level critical -> ok (watcher at 0.0%): no limits" in log
     assert "EngineCore encountered a fatal error" not in log
-    finished = {
-        reason: float(count)
-        for reason, count in re.findall(
-            r'^vllm:request_success_total\{[^}]*finished_reason="(\w+)"[^}]*\} (\S+)$',
-            kv_guard_engine.metrics(),
-            re.MULTILINE,
-        )
-    }
-    assert finished["abort"] >= 2 and finished["error"] >= 1  # what an operator sees of the rejections in /metrics
+    assert ended_badly(kv_guard_engine) == before  # nothing finished as an abort or an error
 
 
 def test_an_unusable_watcher_leaves_the_level_to_own_usage(kv_guard_engine, policy_endpoint):
@@ -165,3 +178,25 @@ def test_an_unusable_watcher_leaves_the_level_to_own_usage(kv_guard_engine, poli
         time.sleep(0.2)
         log = kv_guard_engine.log_text()
     assert log.count(f"kvops guard: following the watcher at {policy_endpoint.url}") >= 2
+
+
+def test_a_misprediction_falls_back_to_preemption_without_hanging(kv_guard_engine):
+    """The past says requests end after a token or two (stop tokens covering most of the vocabulary); then 12
+    requests whose stop string never appears (EOS ignored) run to max_tokens, past every projection, 48 blocks' worth in a pool
+    of 31: vLLM preempts as the fallback, and every request still gets all its tokens."""
+    before = gauges(kv_guard_engine.metrics())["vllm:num_preemptions_total"]
+    with ThreadPoolExecutor(12) as pool:
+        short = {"max_tokens": 64, "temperature": 1.0, "stop_token_ids": list(range(20, 500))}
+        list(pool.map(lambda i: post(kv_guard_engine, "/v1/completions", {"prompt": f"past {i}", **short}), range(40)))
+        long = {"max_tokens": 400, "temperature": 1.0, "ignore_eos": True, "stop": ["never in this text: 0x5eed"]}
+        prompt = "the cache grows with every token " * 4
+        answers = list(pool.map(lambda i: completion_unknown(kv_guard_engine, prompt, long), range(12)))
+    assert [answer["usage"]["completion_tokens"] for answer in answers] == [400] * 12
+    assert gauges(kv_guard_engine.metrics())["vllm:num_preemptions_total"] > before
+    assert re.search(r"kvops guard: in the last .*, [1-9]\d* past their projected length", kv_guard_engine.log_text())
+
+
+def completion_unknown(engine, prompt: str, body: dict) -> dict:
+    status, text = post(engine, "/v1/completions", {"prompt": prompt, **body})
+    assert status == 200, text
+    return json.loads(text)

@@ -32,7 +32,17 @@ def guard(tiny_model, monkeypatch):
             scheduler.follower.stop()  # the tests poll it themselves
         return scheduler
 
-    for name in ("KVOPS_POLICY", "KVOPS_HEADROOM_BLOCKS", "KVOPS_POLICY_URL", "KVOPS_LOG_SECONDS"):
+    for name in (
+        "KVOPS_POLICY",
+        "KVOPS_HEADROOM_BLOCKS",
+        "KVOPS_POLICY_URL",
+        "KVOPS_LOG_SECONDS",
+        "KVOPS_ADMISSION",
+        "KVOPS_LEVELS",
+        "KVOPS_OUTPUT_QUANTILE",
+        "KVOPS_OUTPUT_HISTORY",
+        "KVOPS_OUTPUT_MIN_ENDS",
+    ):
         monkeypatch.delenv(name, raising=False)
     return build
 
@@ -59,12 +69,17 @@ def mixed_burst(requests: Requests, count: int = 6):
     return [requests.make(f"r{i}", 20 + 5 * i, 30 + 7 * i, first_token=50 * i) for i in range(count)]
 
 
-# --- admission by projected KV ----------------------------------------------------------------------------
+V1 = {"KVOPS_ADMISSION": "reserve"}
+BOTH = pytest.mark.parametrize("admission", ["peak", "reserve"])
 
 
-def test_the_stock_scheduler_preempts_where_the_guard_queues(stock, guard, requests):
+# --- admission: the future peak (v2) and the reservation (v1) -------------------------------------------------
+
+
+@BOTH
+def test_the_stock_scheduler_preempts_where_the_guard_queues(stock, guard, requests, admission):
     runs = {}
-    for name, build in (("stock", stock), ("guard", guard)):
+    for name, build in (("stock", stock), ("guard", lambda **o: guard({"KVOPS_ADMISSION": admission}, **o))):
         scheduler = build(num_blocks=11)
         burst = mixed_burst(requests)
         for request in burst:
@@ -80,8 +95,8 @@ def test_the_stock_scheduler_preempts_where_the_guard_queues(stock, guard, reque
 
 
 @pytest.mark.parametrize(("headroom", "concurrent"), [("0", 3), ("2", 2), ("5", 2), ("6", 1)])
-def test_it_admits_exactly_what_fits_the_free_blocks_less_the_headroom(guard, requests, headroom, concurrent):
-    scheduler = guard({"KVOPS_HEADROOM_BLOCKS": headroom}, num_blocks=14)  # 13 usable blocks
+def test_v1_admits_exactly_what_fits_the_free_blocks_less_the_headroom(guard, requests, headroom, concurrent):
+    scheduler = guard({**V1, "KVOPS_HEADROOM_BLOCKS": headroom}, num_blocks=14)  # 13 usable blocks
     for i in range(8):
         scheduler.add_request(requests.make(f"r{i}", 20, 44, first_token=40 * i))  # 64 tokens: 4 blocks each
     assert scheduler.projected_blocks(scheduler.waiting.peek_request()) == 4
@@ -90,28 +105,63 @@ def test_it_admits_exactly_what_fits_the_free_blocks_less_the_headroom(guard, re
     assert run.preemptions == 0 and len(run.finished) == 8
 
 
-def test_what_admitted_requests_will_still_grow_is_reserved(guard, stock, requests):
-    for build, preempts in ((stock, True), (guard, False)):
+@pytest.mark.parametrize("headroom", ["0", "2", "5", "6"])
+def test_v2_runs_more_at_once_than_v1_and_never_preempts_with_known_lengths(guard, requests, headroom):
+    runs = {}
+    for admission in ("reserve", "peak"):
+        scheduler = guard({"KVOPS_ADMISSION": admission, "KVOPS_HEADROOM_BLOCKS": headroom}, num_blocks=14)
+        for i in range(8):
+            scheduler.add_request(requests.make(f"r{i}", 20, 44, first_token=40 * i))
+        runs[admission] = run = Driver(scheduler).drain()
+        assert run.preemptions == 0 and len(run.finished) == 8
+        assert run.peak_usage <= max(13 - int(headroom), 4) / 13  # never beyond the pool less the headroom
+    assert runs["peak"].peak_running >= runs["reserve"].peak_running
+    assert runs["peak"].steps <= runs["reserve"].steps
+
+
+@BOTH
+def test_what_admitted_requests_will_still_grow_is_counted(guard, stock, requests, admission):
+    for build, preempts in ((stock, True), (lambda **o: guard({"KVOPS_ADMISSION": admission}, **o), False)):
         scheduler = build(num_blocks=12)  # 11 usable blocks
         scheduler.add_request(requests.make("long", 16, 112))  # 128 tokens: 8 blocks, 1 held after its prefill
         driver = Driver(scheduler)
         driver.step()
-        scheduler.add_request(
-            requests.make("late", 48, 80, first_token=200)
-        )  # 128 tokens: 8 blocks; its prompt fits now
+        scheduler.add_request(requests.make("late", 48, 80, first_token=200))  # 128 tokens: 8 blocks; its prompt fits
         driver.step()
-        if build is guard:
+        if build is not stock:
             assert [r.request_id for r in scheduler.running] == ["long"]
             assert [r.request_id for r in scheduler.waiting] == ["late"]
-            assert scheduler.kv_slack() == 11 - 8  # free blocks less what "long" will still allocate
+            if admission == "reserve":
+                assert scheduler.kv_slack() == 11 - 8  # free blocks less what "long" will still allocate
+            else:
+                from kvops_vllm.admission import future_peak
+
+                running, waiting = scheduler.courses(scheduler.running), scheduler.courses(list(scheduler.waiting))
+                assert future_peak(running, scheduler.kv_shapes) == 8  # "long" alone
+                # at step 80 "late" would hold its 8 blocks while "long" holds 98 tokens: 7
+                assert future_peak(running + waiting, scheduler.kv_shapes) == 8 + 7 > 11
         run = driver.drain()
         assert (run.preemptions > 0) == preempts
         assert set(run.finished) == {"long", "late"}
 
 
-def test_the_first_come_is_served_first(guard, requests):
-    scheduler = guard(num_blocks=12)
-    scheduler.add_request(requests.make("running", 20, 44))  # 4 blocks
+def test_v2_admits_a_request_that_ends_before_the_running_batch_peaks(guard, requests):
+    for admission, admitted in (("reserve", False), ("peak", True)):
+        scheduler = guard({"KVOPS_ADMISSION": admission}, num_blocks=12)  # 11 usable blocks
+        scheduler.add_request(requests.make("long", 16, 112))  # 8 blocks at its end, 111 steps from now
+        driver = Driver(scheduler)
+        driver.step()
+        scheduler.add_request(requests.make("short", 48, 16, first_token=200))  # 4 blocks, done in 16 steps
+        driver.step()
+        assert ("short" in {r.request_id for r in scheduler.running}) == admitted
+        run = driver.drain()
+        assert run.preemptions == 0 and set(run.finished) == {"long", "short"}
+
+
+@BOTH
+def test_the_first_come_is_served_first(guard, requests, admission):
+    scheduler = guard({"KVOPS_ADMISSION": admission}, num_blocks=12)
+    scheduler.add_request(requests.make("running", 20, 108))  # 8 blocks
     driver = Driver(scheduler)
     driver.step()
     scheduler.add_request(requests.make("big", 64, 64, first_token=100))  # 8 blocks: must wait for "running"
@@ -127,15 +177,17 @@ def test_the_first_come_is_served_first(guard, requests):
     assert order == ["running", "big", "small"]
 
 
-def test_an_idle_engine_admits_a_request_larger_than_the_pool_less_the_headroom(guard, requests):
-    scheduler = guard({"KVOPS_HEADROOM_BLOCKS": "10"}, num_blocks=12)
+@BOTH
+def test_an_idle_engine_admits_a_request_larger_than_the_pool_less_the_headroom(guard, requests, admission):
+    scheduler = guard({"KVOPS_ADMISSION": admission, "KVOPS_HEADROOM_BLOCKS": "10"}, num_blocks=12)
     scheduler.add_request(requests.make("only", 20, 44))  # 4 blocks > 11 - 10
     run = Driver(scheduler).drain()
     assert run.finished["only"].tokens == 44 and run.preemptions == 0
 
 
-def test_a_sliding_window_group_is_projected_up_to_its_window(guard, requests):
-    scheduler = guard(num_blocks=80, sliding_window=32, max_num_batched_tokens=64)
+@BOTH
+def test_a_sliding_window_group_is_projected_up_to_its_window(guard, requests, admission):
+    scheduler = guard({"KVOPS_ADMISSION": admission}, num_blocks=80, sliding_window=32, max_num_batched_tokens=64)
     full, sliding = scheduler.kv_shapes
     manager = scheduler.kv_cache_manager.coordinator.single_type_managers[1]
     assert full.max_blocks is None
@@ -146,6 +198,7 @@ def test_a_sliding_window_group_is_projected_up_to_its_window(guard, requests):
         == manager.max_admission_blocks_per_request
         == (31 + scheduler.vllm_config.max_in_flight_tokens + 15) // 16 + 1
     )
+    assert sliding.decode_blocks == 32 // 16 + 1  # decoding, one token in flight: the window and one block
     long = requests.make("long", 100, 412)  # 512 tokens
     assert scheduler.projected_blocks(long) == 32 + sliding.max_blocks
     assert scheduler.projected_blocks(requests.make("short", 10, 22)) == 2 + 2  # short: no cap reached
@@ -155,26 +208,114 @@ def test_a_sliding_window_group_is_projected_up_to_its_window(guard, requests):
     assert run.preemptions == 0 and len(run.finished) == 5
 
 
+# --- unknown lengths: learned from the past, and the fallback ------------------------------------------------
+
+
+def learn(scheduler, requests, count: int = 40, length: int = 10):
+    """`count` requests that stop by themselves after `length` tokens (max_tokens 200): the engine's past."""
+    driver = Driver(scheduler, lengths={f"past{i}": length for i in range(count)})
+    for i in range(count):
+        scheduler.add_request(requests.make(f"past{i}", 8, 200, stops=True, first_token=7 * i))
+    run = driver.drain()
+    assert {finished.tokens for finished in run.finished.values()} == {length}
+    return driver
+
+
+def test_lengths_from_the_past_let_more_requests_run_than_their_max_tokens(guard, requests):
+    runs = {}
+    for admission in ("reserve", "peak"):
+        scheduler = guard({"KVOPS_ADMISSION": admission}, num_blocks=41)  # 40 usable blocks
+        learn(scheduler, requests)
+        lengths = {f"r{i}": 12 for i in range(10)}
+        for i in range(10):  # 20 + 200 tokens at most: 14 blocks each; they stop after 12 tokens (2 blocks)
+            scheduler.add_request(requests.make(f"r{i}", 20, 200, stops=True, first_token=300 + 9 * i))
+        runs[admission] = Driver(scheduler, lengths=lengths).drain()
+        assert {runs[admission].finished[f"r{i}"].tokens for i in range(10)} == {12}
+        assert runs[admission].preemptions == 0
+    assert runs["reserve"].peak_running == 2  # 40 // 14
+    assert runs["peak"].peak_running == 10  # p95 of the past: 10 tokens, +1 for what they have generated
+    assert runs["peak"].steps < runs["reserve"].steps / 2
+
+
+def test_a_misprediction_falls_back_to_preemption_without_hanging(guard, requests):
+    scheduler = guard(num_blocks=21)  # 20 usable blocks
+    learn(scheduler, requests)  # the past says: 10 tokens
+    # but these run to their max_tokens (no stop sampled): 16 + 100 tokens = 8 blocks each, 6 of them
+    for i in range(6):
+        scheduler.add_request(requests.make(f"long{i}", 16 + 16 * (i % 2), 100, stops=True, first_token=300 + i))
+    run = Driver(scheduler).drain(max_steps=3000)
+    assert {run.finished[f"long{i}"].tokens for i in range(6)} == {100}  # all complete
+    assert run.preemptions > 0
+    counts = scheduler.guard_counts
+    assert counts.mispredicted == 6 and counts.preempted == run.preemptions and counts.recomputed_tokens > 0
+    assert not scheduler.requests
+
+
+def test_the_fallback_preempts_the_request_that_computed_least(guard, stock, requests):
+    """vLLM's FCFS victim is the newest request; the guard makes it the one with the least work to recompute."""
+    victims = {}
+    for name, build in (("stock", stock), ("guard", guard)):
+        scheduler = build(num_blocks=17)  # 16 usable blocks
+        if name == "guard":
+            learn(scheduler, requests, length=4)
+        driver = Driver(scheduler)
+        # 10 and 13 blocks at their ends, of 16: the pool runs out after about 75 steps, when "short-prompt" has
+        # computed some 85 tokens and "long-prompt" some 175
+        scheduler.add_request(requests.make("short-prompt", 8, 150, stops=True))  # admitted first
+        driver.step()
+        driver.step()
+        scheduler.add_request(requests.make("long-prompt", 100, 100, stops=True, first_token=100))  # the newest
+        run = driver.drain(max_steps=3000)
+        assert {run.finished[request].tokens for request in ("short-prompt", "long-prompt")} == {150, 100}
+        assert run.preemptions > 0
+        victims[name] = run.preempted[0]
+    assert victims == {"stock": "long-prompt", "guard": "short-prompt"}
+
+
+# --- priorities ------------------------------------------------------------------------------------------------
+
+
+def test_the_priority_policy_admits_the_most_urgent_first(guard, requests):
+    scheduler = guard(num_blocks=12, policy="priority")
+    scheduler.add_request(requests.make("running", 20, 108))  # 8 of 11 blocks until it ends
+    driver = Driver(scheduler)
+    driver.step()
+    for request_id, priority in (("sheddable", 1), ("standard", 0), ("protected", -1)):
+        scheduler.add_request(requests.make(request_id, 60, 20, first_token=50, priority=priority))
+    order = []
+    while scheduler.has_requests() or driver.in_flight:
+        order += [r.request_id for r in scheduler.running if r.request_id not in order]
+        driver.step() if scheduler.has_requests() else driver.settle()
+    assert order == ["running", "protected", "standard", "sheddable"]
+    assert driver.run.preemptions == 0
+
+
 # --- the policy at admission ------------------------------------------------------------------------------
 
 
 def small_limits(level: str) -> Limits:
     """The shipped policy's actions at `level`, with a cap small enough to see in a few steps."""
-    reject = level == "critical"
+    refuses = level in ("degrade", "critical")
     return Limits(
         Level.parse(level),
         max_tokens_cap=8,
         single_sequence=level != "warn",
-        reject=reject,
-        retry_after_seconds=10 if reject else None,
+        reject=level == "critical",
+        retry_after_seconds=10 if refuses else None,
+        reject_sheddable=refuses,
     )
 
 
 def followed(guard, watcher, level: str, usage: float = 0.5, **options):
     scheduler = guard({"KVOPS_POLICY_URL": watcher.url, "KVOPS_POLICY_POLL_SECONDS": "3600"}, **options)
+    watch(scheduler, watcher, level, usage)
+    return scheduler
+
+
+def watch(scheduler, watcher, level: str, usage: float = 0.5) -> None:
+    """The watcher says `level` from now on (the follower reads it at once)."""
     watcher.follow(level, usage, limits=small_limits(level) if level != "ok" else None)
     scheduler.follower.poll()
-    return scheduler
 
 
 def test_warn_caps_max_tokens_for_the_scheduler_and_the_model_runner(guard, watcher, requests):
@@ -190,48 +331,60 @@ def test_warn_caps_max_tokens_for_the_scheduler_and_the_model_runner(guard, watc
     assert scheduler.guard_counts.capped == 1
 
 
-def test_degrade_serves_a_fanned_out_n_as_one_sequence(guard, watcher, requests):
+def test_degrade_keeps_the_siblings_of_a_fanned_out_n_and_sheddable_requests_waiting(guard, watcher, requests):
     scheduler = followed(guard, watcher, "degrade", usage=0.88, num_blocks=20)
-    for request_id in ("0_cmpl-a-0-1234abcd", "1_cmpl-a-0-1234abcd", "2_cmpl-a-0-1234abcd", "cmpl-b-0-5678abcd"):
+    siblings = ("0_cmpl-a-0-1234abcd", "1_cmpl-a-0-1234abcd", "2_cmpl-a-0-1234abcd")
+    for request_id in (*siblings, "cmpl-b-0-5678abcd"):
         scheduler.add_request(requests.make(request_id, 10, 20))
-    run = Driver(scheduler).drain()
-    assert run.finished["0_cmpl-a-0-1234abcd"].tokens == 8
-    assert run.finished["cmpl-b-0-5678abcd"].tokens == 8
-    for sibling in ("1_cmpl-a-0-1234abcd", "2_cmpl-a-0-1234abcd"):
-        finished = run.finished[sibling]
-        assert (finished.finish_reason, finished.tokens) == ("abort", 0)
-        assert finished.stop_reason == "kvops: KV cache degrade (watcher at 88.0%): n>1 served as one sequence"
-    assert scheduler.guard_counts.siblings_dropped == 2
+    scheduler.add_request(requests.make("cmpl-shed", 10, 20, priority=1))
+    driver = Driver(scheduler)
+    run = driver.drain(max_steps=60)
+    assert set(run.finished) == {"0_cmpl-a-0-1234abcd", "cmpl-b-0-5678abcd"}  # served, capped at 8
+    assert {run.finished[request].tokens for request in run.finished} == {8}
+    assert {r.request_id for r in scheduler.waiting} == {"1_cmpl-a-0-1234abcd", "2_cmpl-a-0-1234abcd", "cmpl-shed"}
+    assert scheduler.guard_counts.held_by_level == 3  # each counted once, however many steps it waited
+
+    watch(scheduler, watcher, "ok")
+    run = driver.drain()
+    assert {request: run.finished[request].tokens for request in ("1_cmpl-a-0-1234abcd", "cmpl-shed")} == {
+        "1_cmpl-a-0-1234abcd": 8,  # capped when it arrived, at degrade
+        "cmpl-shed": 8,
+    }
+    assert all(finished.finish_reason == "length" for finished in run.finished.values())
 
 
-def test_critical_finishes_new_requests_at_once_and_the_engine_goes_on(guard, watcher, requests):
+def test_critical_keeps_new_requests_waiting_but_the_protected_and_never_answers_them_empty(guard, watcher, requests):
     scheduler = followed(guard, watcher, "critical", usage=0.97, num_blocks=20)
     scheduler.add_request(requests.make("plain", 10, 20))
     scheduler.add_request(requests.make("streamed", 10, 20, stream=True))
-    assert scheduler.has_requests()  # nothing runs, but the two answers are still to be sent
+    scheduler.add_request(requests.make("protected", 10, 20, priority=-1))
     driver = Driver(scheduler)
-    run = driver.drain()
-    assert run.finished["plain"].finish_reason == "abort"
-    assert (
-        run.finished["plain"].stop_reason
-        == "kvops: KV cache critical (watcher at 97.0%): request rejected; retry after 10 s"
-    )
-    assert run.finished["streamed"].finish_reason == "error"  # a stream drops a token-less abort; an error shows
-    assert run.finished["plain"].tokens == run.finished["streamed"].tokens == 0
-    assert not scheduler.requests and scheduler.guard_counts.rejected == 2
+    run = driver.drain(max_steps=60)
+    assert set(run.finished) == {"protected"} and run.finished["protected"].tokens == 8
+    assert {r.request_id for r in scheduler.waiting} == {"plain", "streamed"}  # waiting, not finished
 
-    watcher.follow("ok", 0.1)
-    scheduler.follower.poll()
+    watch(scheduler, watcher, "ok", 0.1)
     scheduler.add_request(requests.make("after", 10, 20))
-    assert driver.drain().finished["after"].tokens == 20
+    run = driver.drain()
+    assert {request: run.finished[request].tokens for request in ("plain", "streamed", "after")} == {
+        "plain": 8,
+        "streamed": 8,
+        "after": 20,
+    }
+    assert {finished.finish_reason for finished in run.finished.values()} == {"length"}
+    assert not scheduler.requests
 
 
-def test_an_unusable_watcher_leaves_the_level_to_own_usage(guard, watcher, requests):
+def test_an_unusable_watcher_leaves_no_level(guard, watcher, requests, guard_log):
     scheduler = followed(guard, watcher, "critical", num_blocks=20)
+    scheduler.add_request(requests.make("r", 10, 20))
+    driver = Driver(scheduler)
+    assert not driver.drain(max_steps=10).finished  # critical: it waits
     watcher.serve(b"", status=503)
     scheduler.follower.poll()
-    scheduler.add_request(requests.make("r", 10, 20))
-    assert Driver(scheduler).drain().finished["r"].tokens == 20  # own usage: 0%, ok
+    assert driver.drain().finished["r"].tokens == 8  # capped at critical, when it arrived
+    assert "kvops guard: level critical -> ok (watcher unusable): no limits" in guard_log
+    assert f"kvops guard: watcher at {watcher.url} unusable (HTTP 503); no level until it answers" in guard_log
 
 
 def write_policy(tmp_path, warn: float, degrade: float, critical: float) -> str:
@@ -244,8 +397,11 @@ def write_policy(tmp_path, warn: float, degrade: float, critical: float) -> str:
     return str(path)
 
 
+OWN = {"KVOPS_LEVELS": "own"}
+
+
 def test_levels_follow_own_kv_usage_and_each_change_is_logged_once(guard, requests, tmp_path, guard_log):
-    scheduler = guard({"KVOPS_POLICY": write_policy(tmp_path, 0.3, 0.5, 0.9)}, num_blocks=11)  # 10 usable
+    scheduler = guard({**OWN, "KVOPS_POLICY": write_policy(tmp_path, 0.3, 0.5, 0.9)}, num_blocks=11)  # 10 usable
     scheduler.add_request(requests.make("first", 60, 20))  # 4 blocks once prefilled, 5 at most
     driver = Driver(scheduler)
     driver.step()
@@ -259,9 +415,23 @@ def test_levels_follow_own_kv_usage_and_each_change_is_logged_once(guard, reques
     driver.drain()
 
 
+def test_own_kv_usage_sets_no_level_by_default(guard, requests, tmp_path, guard_log):
+    """A guard that admits by the future peak runs the pool full on purpose: by default only the watcher grades."""
+    scheduler = guard({"KVOPS_POLICY": write_policy(tmp_path, 0.3, 0.5, 0.9)}, num_blocks=11)
+    scheduler.add_request(requests.make("first", 60, 20))
+    driver = Driver(scheduler)
+    driver.step()
+    driver.step()
+    scheduler.add_request(requests.make("second", 10, 40, first_token=100))
+    assert scheduler.in_force[0].level == Level.OK and scheduler.requests["second"].max_tokens == 40
+    assert not [line for line in guard_log if " -> " in line]
+    driver.drain()
+
+
 def test_a_watcher_below_own_usage_does_not_lower_the_level(guard, watcher, requests, tmp_path):
     scheduler = guard(
-        {"KVOPS_POLICY": write_policy(tmp_path, 0.3, 0.5, 0.9), "KVOPS_POLICY_URL": watcher.url}, num_blocks=11
+        {**OWN, "KVOPS_POLICY": write_policy(tmp_path, 0.3, 0.5, 0.9), "KVOPS_POLICY_URL": watcher.url},
+        num_blocks=11,
     )
     scheduler.follower.stop()
     watcher.follow("ok", 0.0)
@@ -275,12 +445,24 @@ def test_a_watcher_below_own_usage_does_not_lower_the_level(guard, watcher, requ
     driver.drain()
 
 
-def test_a_bad_setting_stops_the_engine_at_startup_with_one_line(guard, guard_log):
+@pytest.mark.parametrize(
+    ("name", "value", "line"),
+    [
+        ("KVOPS_HEADROOM_BLOCKS", "lots", "KVOPS_HEADROOM_BLOCKS='lots': must be a whole number of blocks, 0 or more"),
+        ("KVOPS_ADMISSION", "greedy", "KVOPS_ADMISSION='greedy': must be one of peak, reserve"),
+    ],
+)
+def test_a_bad_setting_stops_the_engine_at_startup_with_one_line(guard, guard_log, name, value, line):
     from kvops_vllm.config import GuardConfigError
 
     with pytest.raises(GuardConfigError):
-        guard({"KVOPS_HEADROOM_BLOCKS": "lots"}, num_blocks=11)
-    assert guard_log == ["kvops guard: KVOPS_HEADROOM_BLOCKS='lots': must be a whole number of blocks, 0 or more"]
+        guard({name: value}, num_blocks=11)
+    assert guard_log == [f"kvops guard: {line}"]
+
+
+def startup_line(guard_log: list[str]) -> str:
+    """The guard's first line (the follower's first poll, in its own thread, may log before it)."""
+    return next(line for line in guard_log if line.startswith("kvops guard: admitting by "))
 
 
 def test_the_startup_line_and_a_summary_when_the_engine_drains(guard, watcher, requests, guard_log):
@@ -290,17 +472,39 @@ def test_the_startup_line_and_a_summary_when_the_engine_drains(guard, watcher, r
     scheduler.add_request(requests.make("long prompt", 100, 5, first_token=300))  # 7 blocks: waits for two to finish
     run = Driver(scheduler).drain()
     assert run.preemptions == 0 and len(run.finished) == 6
-    assert guard_log[0] == (
+    assert startup_line(guard_log) == (
+        "kvops guard: admitting by the future peak of the whole batch (lengths: max_tokens where known, else the "
+        "last 1000 finished, the batch within the pool at p95; max_tokens until 32 ended) over 13 usable blocks, "
+        "headroom 0; "
+        "groups: full attention (16-token blocks); policy shipped default (warn 70%, degrade 85%, critical 95%); "
+        f"levels from the watcher at {watcher.url}"
+    )
+    summaries = [line for line in guard_log if " in the last " in line]
+    assert len(summaries) == 1
+    assert summaries[0].endswith(
+        " s: 1 queued for KV, 5 max_tokens capped, 0 kept waiting by the level, 0 preempted (0 tokens to recompute), "
+        "0 past their projected length; peak KV usage 76.9% (10 of 13 blocks); now 0 running, 0 waiting, 13 blocks free, "
+        "projected peak 0 of 13 usable"
+    )
+
+
+def test_v1_says_how_it_admits_as_before(guard, watcher, requests, guard_log):
+    scheduler = guard(
+        {**V1, **OWN, "KVOPS_POLICY_URL": watcher.url, "KVOPS_POLICY_POLL_SECONDS": "3600"}, num_blocks=14
+    )
+    watch(scheduler, watcher, "warn")
+    for i in range(5):
+        scheduler.add_request(requests.make(f"r{i}", 20, 44, first_token=40 * i))
+    scheduler.add_request(requests.make("long prompt", 100, 5, first_token=300))
+    run = Driver(scheduler).drain()
+    assert run.preemptions == 0 and len(run.finished) == 6
+    assert startup_line(guard_log) == (
         "kvops guard: admitting by projected KV (prompt + max_tokens) over 13 usable blocks, headroom 0; "
         "groups: full attention (16-token blocks); policy shipped default (warn 70%, degrade 85%, critical 95%); "
         f"levels from own KV usage, and the watcher at {watcher.url}"
     )
     summaries = [line for line in guard_log if " in the last " in line]
-    assert len(summaries) == 1
-    assert summaries[0].endswith(
-        " s: 1 queued for KV, 5 max_tokens capped, 0 n>1 siblings dropped, 0 rejected; "
-        "now 0 running, 0 waiting, 13 blocks free, 0 reserved for admitted requests"
-    )
+    assert summaries[0].endswith("now 0 running, 0 waiting, 13 blocks free, 0 reserved for admitted requests")
 
 
 def test_scheduler_stats_cannot_carry_the_guards_counters_to_the_api_server():

@@ -4,6 +4,7 @@ its positional argument, no deprecation warning) and the API server module a --l
 from __future__ import annotations
 
 import logging
+import shlex
 
 import pytest
 
@@ -42,27 +43,49 @@ def check_flags(parsed) -> None:
     assert (parsed.tensor_parallel_size, parsed.data_parallel_size, parsed.enforce_eager) == (2, 2, True)
 
 
-@pytest.mark.vllm
-def test_every_emitted_vllm_flag_exists_in_the_installed_engine(run_kvops):
+def parse_serve(args: list[str]):
+    """`vllm serve ARGS` as the installed vLLM parses them, and the warnings its parser logged."""
     import warnings
 
     warnings.simplefilter("ignore")
     from vllm.entrypoints.cli.serve import ServeSubcommand
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    doc = plan_doc(run_kvops, *PLAN)
-    argv = doc["command"]["argv"]
-    assert argv[:3] == ["vllm", "serve", "Qwen/Qwen3-8B"] and "--model" not in argv
     parser = FlexibleArgumentParser()
     ServeSubcommand().subparser_init(parser.add_subparsers(dest="subparser"))
     caught = Warnings()
     logging.getLogger("vllm.utils.argparse_utils").addHandler(caught)
     try:
-        parsed = parser.parse_args(argv[1:])  # what `vllm serve ...` parses
+        return parser.parse_args(["serve", *args]), caught.messages
     finally:
         logging.getLogger("vllm.utils.argparse_utils").removeHandler(caught)
-    assert parsed.model_tag == "Qwen/Qwen3-8B" and caught.messages == []
+
+
+@pytest.mark.vllm
+def test_every_emitted_vllm_flag_exists_in_the_installed_engine(run_kvops):
+    doc = plan_doc(run_kvops, *PLAN)
+    argv = doc["command"]["argv"]
+    assert argv[:3] == ["vllm", "serve", "Qwen/Qwen3-8B"] and "--model" not in argv
+    parsed, messages = parse_serve(argv[2:])  # what `vllm serve ...` parses
+    assert parsed.model_tag == "Qwen/Qwen3-8B" and messages == []
     check_flags(parsed)
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("guard", ["--guard", "--no-guard"])
+def test_the_docker_command_does_not_name_a_plugin_its_image_lacks(run_kvops, guard):
+    """The official image has vLLM and no kvops_vllm: the docker command leaves the KV guard's scheduler out (and
+    says how to add it) and passes the image's `vllm serve` entrypoint only flags the installed vLLM parses."""
+    plan = [arg for arg in PLAN if arg not in ("--guard", "--kv-cache-memory-bytes", "20GiB", "--enforce-eager")]
+    ran = run_kvops("plan", *plan, guard, "--format", "docker")
+    words = shlex.split(ran.stdout)
+    assert "kvops_vllm" not in ran.stdout and words[:3] == ["docker", "run", "--rm"]
+    parsed, messages = parse_serve(words[words.index("vllm/vllm-openai:v0.32.0") + 1 :])
+    assert parsed.model_tag == "Qwen/Qwen3-8B" and messages == []
+    stock = parse_serve(["Qwen/Qwen3-8B"])[0].scheduler_cls  # what vLLM schedules with when no flag names a class
+    assert parsed.scheduler_cls == stock and "kvops" not in str(stock) and parsed.max_num_queued_reqs == 8
+    told = "leaves out --scheduler-cls kvops_vllm.scheduler.KVGuardScheduler: the image vllm/vllm-openai:v0.32.0 has no kvops_vllm"
+    assert (told in ran.stderr) == (guard == "--guard")
 
 
 @pytest.mark.vllm

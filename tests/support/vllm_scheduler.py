@@ -22,8 +22,10 @@ def build_scheduler(
     max_num_seqs: int = 16,
     max_num_batched_tokens: int = 1024,
     sliding_window: int | None = None,
+    policy: str = "fcfs",
 ):
-    """`scheduler_cls` over one full-attention group (and one sliding-window group when `sliding_window`)."""
+    """`scheduler_cls` over one full-attention group (and one sliding-window group when `sliding_window`);
+    `policy` is vLLM's --scheduling-policy (fcfs or priority)."""
     warnings.simplefilter("ignore")
     import torch
     from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
@@ -41,6 +43,7 @@ def build_scheduler(
         max_model_len=max_model_len,
         enable_chunked_prefill=True,
         is_encoder_decoder=False,
+        policy=policy,
     )
     model_config = ModelConfig(
         model=str(model), skip_tokenizer_init=True, dtype="bfloat16", max_model_len=max_model_len
@@ -82,14 +85,24 @@ class Requests:
         first_token: int = 3,
         stream: bool = False,
         min_tokens: int = 0,
+        stops: bool = False,
+        priority: int = 0,
     ):
+        """A request of exactly `max_tokens` new tokens (ignore_eos), or with `stops`, one that stops early on
+        STOP_TOKEN (its length unknown to the scheduler; `Driver(lengths=...)` samples it where wanted)."""
         from vllm.sampling_params import RequestOutputKind, SamplingParams
         from vllm.v1.request import Request
 
         kind = RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY
-        params = SamplingParams(max_tokens=max_tokens, min_tokens=min_tokens, ignore_eos=True, output_kind=kind)
+        params = SamplingParams(
+            max_tokens=max_tokens,
+            min_tokens=min_tokens,
+            ignore_eos=not stops,
+            stop_token_ids=[STOP_TOKEN] if stops else None,
+            output_kind=kind,
+        )
         prompt = [(first_token + i) % 500 + 3 for i in range(prompt_tokens)]
-        return Request(request_id, prompt, params, None, block_hasher=self.block_hasher)
+        return Request(request_id, prompt, params, None, block_hasher=self.block_hasher, priority=priority)
 
 
 @dataclass
@@ -104,19 +117,26 @@ class Finished:
 class Run:
     steps: int = 0
     preemptions: int = 0
+    preempted: list[str] = field(default_factory=list)  # ids, in the order vLLM preempted them
     finished: dict[str, Finished] = field(default_factory=dict)
     peak_running: int = 0
     peak_waiting: int = 0
     peak_usage: float = 0.0
 
 
+STOP_TOKEN = 2
+
+
 class Driver:
     """Steps a scheduler like EngineCore.step_with_batch_queue: schedule, keep two steps in flight, then feed the
-    oldest step's sampled tokens back through update_from_output."""
+    oldest step's sampled tokens back through update_from_output. `lengths`: request id -> the output length at
+    which its STOP_TOKEN is sampled (requests made with `stops`)."""
 
-    def __init__(self, scheduler, token: int = 7):
+    def __init__(self, scheduler, token: int = 7, lengths: dict[str, int] | None = None):
         self.scheduler = scheduler
         self.token = token
+        self.lengths = lengths or {}
+        self.sampled: dict[str, int] = {}
         self.in_flight: deque = deque()
         self.run = Run()
         self.tokens: dict[str, int] = {}
@@ -128,8 +148,9 @@ class Driver:
         output = scheduler.schedule()
         self.run.steps += 1
         self.run.preemptions += len(output.preempted_req_ids or ())
+        self.run.preempted += sorted(output.preempted_req_ids or ())
         ids = list(output.num_scheduled_tokens)
-        sampled = [[] if scheduler.requests[i].is_prefill_chunk else [self.token] for i in ids]
+        sampled = [[] if scheduler.requests[i].is_prefill_chunk else [self._sample(i)] for i in ids]
         self.in_flight.append(
             (
                 output,
@@ -143,6 +164,10 @@ class Driver:
         self.run.peak_usage = max(self.run.peak_usage, scheduler.kv_cache_manager.usage)
         if len(self.in_flight) >= 2 or not ids:
             self.settle()
+
+    def _sample(self, request_id: str) -> int:
+        self.sampled[request_id] = self.sampled.get(request_id, 0) + 1
+        return STOP_TOKEN if self.sampled[request_id] == self.lengths.get(request_id) else self.token
 
     def settle(self) -> None:
         output, model_output = self.in_flight.popleft()

@@ -150,3 +150,14 @@ def test_bad_grace_is_one_line(tmp_path, text, message):
     with pytest.raises(PolicyError) as caught:
         load_policy(path)
     assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_effects_as_the_proxy_answers_and_as_the_guard_holds():
+    """The proxy refuses with a status; the KV guard, a scheduler, holds the refused requests in the queue."""
+    policy = load_policy()
+    degrade, critical = policy.limits(Level.DEGRADE), policy.limits(Level.CRITICAL)
+    assert critical.effects() == ["rejected with 503 and Retry-After: 10"]
+    assert critical.effects(held=True)[-1] == "held in the queue unless protected"
+    assert "forced to one sequence (n, best_of, beam width 1)" in degrade.effects()
+    assert "run one sequence at a time (n>1 siblings after the first wait)" in degrade.effects(held=True)
+    assert policy.limits(Level.OK).effects(held=True) == []

@@ -31,6 +31,7 @@ from kvops.engines.api import Fields, Route, RouteTable, Variant
 
 _TYPES = {
     HTTPStatus.SERVICE_UNAVAILABLE: "overloaded",
+    HTTPStatus.TOO_MANY_REQUESTS: "overloaded",  # InferError::Overloaded: TGI's own 429 (impl From<InferError> for (StatusCode, Json<ErrorResponse>))
     HTTPStatus.BAD_GATEWAY: "generation",
     HTTPStatus.GATEWAY_TIMEOUT: "generation",
 }

@@ -46,6 +46,8 @@ _TYPES = {
     HTTPStatus.REQUEST_ENTITY_TOO_LARGE: "BadRequestError",
     HTTPStatus.UNAUTHORIZED: "AuthenticationError",
     HTTPStatus.SERVICE_UNAVAILABLE: "ServiceUnavailableError",
+    # vLLM's GracefulHTTPError (its own admission refusals) types an error by its status phrase
+    HTTPStatus.TOO_MANY_REQUESTS: HTTPStatus.TOO_MANY_REQUESTS.phrase,
     HTTPStatus.BAD_GATEWAY: "InternalServerError",
     HTTPStatus.GATEWAY_TIMEOUT: "InternalServerError",
 }

@@ -11,6 +11,13 @@ IMAGE = "vllm/vllm-openai:v0.32.0"  # docs.vllm.ai deployment/docker: the offici
 ROCM_IMAGE = "vllm/vllm-openai-rocm:v0.32.0"
 PORT = 8000
 GUARD_SCHEDULER = "kvops_vllm.scheduler.KVGuardScheduler"  # the KV-guard scheduler plugin (plugins/kvops_vllm)
+# A default must not cost goodput against stock vLLM: the plan names the guard unasked only while guard v2 holds
+# >= 0.95 x stock's goodput on bench/guard_goodput.py (docs/kv-guard.md has the run).
+GUARD_BY_DEFAULT = False
+GUARD_DEFAULT_REASON = (
+    "guard v2 at 0.75 to 1.03 x stock vLLM's goodput on bench/guard_goodput.py, lowest with exact lengths on its "
+    "larger shape; a default needs 0.95"
+)
 
 # kvops KV dtype -> `--kv-cache-dtype` (CacheDType in vllm/config/cache.py)
 _KV_CACHE_DTYPES = {

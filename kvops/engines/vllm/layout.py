@@ -52,6 +52,15 @@ class KVCacheGroup:
             return -(-min(self.window - 1 + in_flight, max_model_len) // self.block_size) + 1
         return -(-max_model_len // self.block_size)
 
+    def prefill_blocks(self, tokens: int, in_flight: int) -> int:
+        """Blocks a request of `tokens` tokens may hold while its prompt is computed: a sliding group also keeps
+        the tokens in flight behind its window (`SlidingWindowSpec`), as the KV guard counts a request it admits
+        (plugins/kvops_vllm/admission.py, GroupShape.max_blocks)."""
+        full = -(-tokens // self.block_size)
+        if self.kind == "sliding":
+            return min(full, -(-(self.window - 1 + in_flight) // self.block_size) + 1)
+        return full
+
     def held_blocks(self, tokens: int) -> int:
         """Blocks a running sequence of `tokens` tokens holds in steady decode (out-of-window blocks freed)."""
         full = -(-tokens // self.block_size)
@@ -104,6 +113,13 @@ class KVCacheLayout:
             else:
                 blocks += sequences * own
         return blocks
+
+    def prefill_extra(self, total_tokens: int, in_flight: int) -> int:
+        """Blocks one sequence holds above `blocks_held` while its prompt is computed (0 without sliding groups)."""
+        return sum(
+            max(0, group.prefill_blocks(total_tokens, in_flight) - group.held_blocks(total_tokens))
+            for group in self.groups
+        )
 
     def describe(self) -> str:
         parts = []

@@ -31,6 +31,7 @@ class VllmCapacity:
     max_concurrency: float
     tokens_per_request: int
     blocks_per_request: int
+    blocks_per_request_in_prefill: int  # while its prompt is computed: a sliding window holds the tokens in flight
     requests_under_warn: int
     requests_at_full: int
     warn_level: float
@@ -62,6 +63,7 @@ class VllmCapacity:
             "max_concurrency": self.max_concurrency,
             "tokens_per_request": self.tokens_per_request,
             "blocks_per_request": self.blocks_per_request,
+            "blocks_per_request_in_prefill": self.blocks_per_request_in_prefill,
             "requests_under_warn": self.requests_under_warn,
             "requests_at_full": self.requests_at_full,
             "warn_level": self.warn_level,
@@ -74,11 +76,14 @@ class VllmCapacity:
 
     def lines(self) -> list[str]:
         warn = f"{self.warn_level:.0%}"
+        blocks = f"{self.blocks_per_request} blocks"
+        if self.blocks_per_request_in_prefill != self.blocks_per_request:
+            blocks += f" ({self.blocks_per_request_in_prefill:,} while its prompt is computed, for one at a time)"
         return [
             f"blocks           {self.num_blocks:,} of {self.block_size} tokens ({self.usable_blocks:,} usable; block 0 is the null block), {format_bytes(self.bytes_per_block)} each",
             f"KV tokens        {self.kv_cache_size_tokens:,} (vLLM's 'KV cache size': max concurrency x max-model-len)",
             f"max concurrency  {self.max_concurrency:.2f}x at max-model-len {self.max_model_len:,} ({self.blocks_per_request_at_max_model_len} blocks per request)",
-            f"workload         {self.tokens_per_request:,} tokens per request, {self.blocks_per_request} blocks: {self.requests_under_warn} requests under the warn level ({warn}), {self.requests_at_full} at 100%",
+            f"workload         {self.tokens_per_request:,} tokens per request, {blocks}: {self.requests_under_warn} requests under the warn level ({warn}), {self.requests_at_full} at 100%",
             f"batching         max-num-batched-tokens {self.max_num_batched_tokens:,}, {self.max_in_flight_tokens:,} tokens in flight",
             f"engine auto      vLLM's --max-model-len auto would pick {self.engine_auto_max_model_len:,} for this KV memory",
         ]
@@ -157,7 +162,8 @@ def plan_once(inputs: PlanInputs) -> Plan:
     tokens = _request_tokens(inputs.workload, length)
     prompt = inputs.workload.prompt_tokens if inputs.workload.prompt_tokens is not None else tokens
     per_request = kv_layout.blocks_held(min(prompt, tokens), tokens, inputs.workload.sequences)
-    under_warn = floor(inputs.warn_level * pool.usable_blocks / per_request) if per_request else 0
+    prefill_extra = kv_layout.prefill_extra(tokens, in_flight)
+    under_warn = _requests_within(inputs.warn_level * pool.usable_blocks, per_request, prefill_extra)
     capacity = VllmCapacity(
         num_blocks=pool.num_blocks,
         usable_blocks=pool.usable_blocks,
@@ -170,8 +176,9 @@ def plan_once(inputs: PlanInputs) -> Plan:
         max_concurrency=round(pool.max_concurrency, 4),
         tokens_per_request=tokens,
         blocks_per_request=per_request,
+        blocks_per_request_in_prefill=per_request + prefill_extra,
         requests_under_warn=under_warn,
-        requests_at_full=pool.usable_blocks // per_request if per_request else 0,
+        requests_at_full=_requests_within(pool.usable_blocks, per_request, prefill_extra),
         warn_level=inputs.warn_level,
         max_num_batched_tokens=batched,
         max_in_flight_tokens=in_flight,
@@ -201,6 +208,14 @@ def _auto_length(draft: _Draft, kv_layout: layout.KVCacheLayout, model_limit: in
         return 0
     longest = layout.longest_context(kv_layout, inputs.warn_level * usable, target, in_flight, model_limit)
     return min(model_limit, longest)
+
+
+def _requests_within(blocks: float, per_request: int, prefill_extra: int) -> int:
+    """How many requests fit `blocks` as the KV guard admits them: every one at its decode size, and the one whose
+    prompt is being computed `prefill_extra` blocks more (a sliding window also holds the tokens in flight)."""
+    if not per_request:
+        return 0
+    return max(0, floor((blocks - prefill_extra) / per_request))
 
 
 def _request_tokens(workload: Workload, length: int) -> int:
@@ -253,14 +268,33 @@ def _flags(
         "block-size": block_size,
         "kv-cache-dtype": kv_flag,
         "enforce-eager": True if inputs.enforce_eager else None,
-        "scheduler-cls": flags.GUARD_SCHEDULER if inputs.guard is not False else None,
+        "scheduler-cls": flags.GUARD_SCHEDULER if guard_named(inputs) else None,
         "max-num-queued-reqs": inputs.max_queued,
     }
     return {name: value for name, value in engine_flags.items() if value is not None}
 
 
+def guard_named(inputs: PlanInputs) -> bool:
+    """The plan names the KV-guard scheduler: with --guard, or by default while the guard holds stock vLLM's
+    goodput on bench/guard_goodput.py (GUARD_BY_DEFAULT)."""
+    return inputs.guard if inputs.guard is not None else flags.GUARD_BY_DEFAULT
+
+
+def _guard_note(inputs: PlanInputs) -> str:
+    if guard_named(inputs):
+        return (
+            f"KV guard: --scheduler-cls {flags.GUARD_SCHEDULER} loads a plugin from vLLM's own Python: pip install "
+            "kvops into the environment that runs vLLM (check there: python -c 'import kvops_vllm.scheduler'). The "
+            "official image has none: --format docker/k8s leave the flag out; `kvops manifests` adds the plugin"
+        )
+    if inputs.guard is False:
+        return "KV guard: not named (--no-guard)"
+    return f"KV guard: not named by default ({flags.GUARD_DEFAULT_REASON}); --guard names it (kvops installed in vLLM's own Python)"
+
+
 def _warnings(draft: _Draft, kv_layout: layout.KVCacheLayout, dtype: KvDtype, capacity: VllmCapacity) -> None:
     inputs = draft.inputs
+    draft.notes.append(_guard_note(inputs))
     spec, length = inputs.spec, capacity.max_model_len
     if spec.max_position_embeddings and length > spec.max_position_embeddings:
         draft.warnings.append(
@@ -317,16 +351,17 @@ def _verdict(
         return _too_short_verdict(draft, kv_layout, pool, capacity)
     per_request, under_warn = capacity.blocks_per_request, capacity.requests_under_warn
     if isinstance(inputs.concurrency, int) and inputs.concurrency > under_warn:
-        blocks = ceil(inputs.concurrency * per_request / inputs.warn_level)
+        held = inputs.concurrency * per_request + capacity.blocks_per_request_in_prefill - per_request
+        blocks = ceil(held / inputs.warn_level)
         need = layout.kv_bytes_needed(kv_layout, blocks)
         return Verdict(
-            f"{inputs.concurrency} concurrent requests of {capacity.tokens_per_request} tokens need {inputs.concurrency * per_request} blocks, {blocks} with the {inputs.warn_level:.0%} warn level = {format_bytes(need)} of KV cache; the plan has {format_bytes(kv)} ({pool.usable_blocks} usable blocks: {under_warn} requests under the warn level)",
+            f"{inputs.concurrency} concurrent requests of {capacity.tokens_per_request} tokens need {held} blocks, {blocks} with the {inputs.warn_level:.0%} warn level = {format_bytes(need)} of KV cache; the plan has {format_bytes(kv)} ({pool.usable_blocks} usable blocks: {under_warn} requests under the warn level)",
             need,
             kv,
             states_need=True,
         )
     if inputs.concurrency == "auto" and under_warn < 1:
-        need = layout.kv_bytes_needed(kv_layout, ceil(per_request / inputs.warn_level))
+        need = layout.kv_bytes_needed(kv_layout, ceil(capacity.blocks_per_request_in_prefill / inputs.warn_level))
         return Verdict(
             f"not one request of {capacity.tokens_per_request} tokens stays under the warn level ({per_request} blocks of {pool.usable_blocks})",
             need,

@@ -132,7 +132,7 @@ def test_yaml_env_docker_and_k8s_forms(run_kvops):
 def test_guard_names_the_kv_guard_scheduler_and_max_queued_the_admission_valve(run_kvops):
     plain = plan_doc(run_kvops, "-m", "llama-3-8b", "--gpu", "h100", "--no-guard")
     assert "scheduler-cls" not in plain["flags"]
-    guarded = plan_doc(run_kvops, "-m", "llama-3-8b", "--gpu", "h100", "--max-queued", "64")
+    guarded = plan_doc(run_kvops, "-m", "llama-3-8b", "--gpu", "h100", "--guard", "--max-queued", "64")
     argv = guarded["command"]["argv"]
     assert argv[argv.index("--scheduler-cls") + 1] == "kvops_vllm.scheduler.KVGuardScheduler"
     assert argv[argv.index("--max-num-queued-reqs") + 1] == "64"
@@ -330,3 +330,15 @@ def test_launcher_replaces_only_the_program(run_kvops):
     # `vllm serve` takes the model as its positional argument; the API server module takes --model
     assert module["argv"][3:] == ["--model", *default["argv"][2:]]
     assert "'unclosed" in run_kvops("plan", *args, "--launcher", "'unclosed", expect=2).stderr
+
+
+def test_the_default_plan_names_no_scheduler_and_the_text_says_where_the_guard_goes(run_kvops):
+    """The KV guard is opt-in while it costs goodput against stock vLLM (bench/guard_goodput.py, docs/kv-guard.md)."""
+    args = ("-m", "qwen3-8b", "--gpu", "L40S", "--max-model-len", "8192")
+    assert "scheduler-cls" not in plan_doc(run_kvops, *args)["flags"]
+    plain = run_kvops("plan", *args).stdout
+    assert "KV guard: not named by default (guard v2 at " in plain and "--guard names it" in plain
+    guarded = run_kvops("plan", *args, "--guard").stdout
+    assert "--scheduler-cls kvops_vllm.scheduler.KVGuardScheduler loads a plugin from vLLM's own Python" in guarded
+    k8s = run_kvops("plan", *args, "--guard", "--format", "k8s")
+    assert "kvops_vllm" not in k8s.stdout and "--format k8s leaves out --scheduler-cls" in k8s.stderr

@@ -28,8 +28,9 @@ EXAMPLE = [
     "--gen-tokens",
     "500",
 ]
+GUARD = {"vllm": ["--guard"], "tgi": []}  # the checked-in vLLM stacks show the KV guard: named only when asked
 GENERATED = {
-    f"configs/{target}/{engine}": ["manifests", "--engine", engine, "--target", target, *EXAMPLE]
+    f"configs/{target}/{engine}": ["manifests", "--engine", engine, "--target", target, *EXAMPLE, *GUARD[engine]]
     for target in ("k8s", "compose")
     for engine in ("vllm", "tgi")
 }
@@ -51,7 +52,7 @@ def manifest_text(run_kvops, *args: str) -> str:
 
 # Deployments that cover each branch: guard or not, AMD, tensor parallel, a policy file, a name, replicas.
 VARIANTS = {
-    "vllm": [],
+    "vllm": ["--guard"],
     "vllm-no-guard": ["--no-guard", "--name", "llama-unguarded", "--replicas", "3"],
     "vllm-amd-tp2": ["--gpu", "MI300X", "--tp", "2", "--kvops-port", "9500", "--scrape-interval", "30"],
     "tgi": ["--engine", "tgi"],
@@ -145,8 +146,8 @@ def test_kubernetes_models_catch_wrong_types_in_the_crds(run_kvops):
 def test_the_engine_container_is_the_plans_and_the_sidecar_runs_kvops_watch(run_kvops):
     from kvops.cli.watch import watch
 
-    plan_container = yaml.safe_load(run_kvops("plan", *EXAMPLE, "--format", "k8s").stdout)
-    objects = {o["kind"]: o for o in k8s_objects(manifest_text(run_kvops))}
+    plan_container = yaml.safe_load(run_kvops("plan", *EXAMPLE, "--guard", "--format", "k8s").stdout)
+    objects = {o["kind"]: o for o in k8s_objects(manifest_text(run_kvops, "--guard"))}
     pod = objects["Deployment"]["spec"]["template"]["spec"]
     engine, sidecar = pod["containers"]
     added_env = [
@@ -155,9 +156,16 @@ def test_the_engine_container_is_the_plans_and_the_sidecar_runs_kvops_watch(run_
         {"name": "KVOPS_POLICY_URL", "value": "http://127.0.0.1:9400/kvops/policy"},
     ]
     assert engine["env"] == plan_container["env"] + added_env
-    assert {key: value for key, value in engine.items() if key not in ("env", "volumeMounts")} == {
-        key: value for key, value in plan_container.items() if key not in ("env", "volumeMounts")
+    assert {key: value for key, value in engine.items() if key not in ("env", "volumeMounts", "args")} == {
+        key: value for key, value in plan_container.items() if key not in ("env", "volumeMounts", "args")
     }
+    # the plan's container has no plugin, so it leaves the guard's flag out; the Deployment adds both
+    guard_flag = ["--scheduler-cls", "kvops_vllm.scheduler.KVGuardScheduler"]
+    at = engine["args"].index(guard_flag[0])
+    assert (
+        engine["args"][at : at + 2] == guard_flag
+        and engine["args"][:at] + engine["args"][at + 2 :] == plan_container["args"]
+    )
     assert "kvops_vllm.scheduler.KVGuardScheduler" in engine["args"]
     assert sidecar["command"] == ["kvops"] and sidecar["args"][:2] == ["watch", "--engine"]
     context = watch.make_context("kvops watch", sidecar["args"][1:])  # the real command accepts them

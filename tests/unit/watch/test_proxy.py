@@ -121,6 +121,84 @@ def test_critical_rejects_without_touching_the_upstream(proxy, upstream):
     assert requests.get(proxy.url + "/v1/models").status_code == 200  # unguarded paths still pass
 
 
+def test_the_priority_header_refuses_the_sheddable_first_and_the_protected_never(proxy, upstream):
+    """X-KVops-Priority carries vLLM's priority (lower is served first); with the shipped policy's classes, > 0
+    is sheddable (429 from degrade), 0 or absent standard (503 at critical), < 0 protected (served, clamped)."""
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 900, "n": 2}
+
+    def send(priority: str | None):
+        headers = {} if priority is None else {"X-KVops-Priority": priority}
+        return requests.post(proxy.url + "/v1/chat/completions", json=chat, headers=headers)
+
+    proxy.holder.level = Level.WARN
+    assert [send(p).status_code for p in ("5", None, "-5")] == [200, 200, 200]
+    forwarded = len(upstream.recorder.received)
+
+    proxy.holder.level = Level.DEGRADE
+    shed = send("5")
+    assert (shed.status_code, shed.headers["Retry-After"], shed.headers["X-KVops-Level"]) == (429, "10", "degrade")
+    assert shed.json()["error"] == {
+        "message": "KV cache pressure is degrade: sheddable requests are refused; retry in 10 s",
+        "type": "Too Many Requests",
+        "param": None,
+        "code": 429,
+    }
+    assert [send(p).status_code for p in ("+1", "0", None, "-1")] == [429, 200, 200, 200]
+    assert len(upstream.recorder.received) == forwarded + 3  # the refused never reached the upstream
+
+    proxy.holder.level = Level.CRITICAL
+    assert [send(p).status_code for p in ("5", "0", None)] == [429, 503, 503]
+    protected = send("-5")
+    assert protected.status_code == 200 and protected.headers["X-KVops-Clamped"] == "max_tokens 900->512, n 2->1"
+    assert upstream.recorder.received[-1].json() == {**chat, "max_tokens": 512, "n": 1}
+    assert upstream.recorder.received[-1].headers["X-KVops-Priority"] == "-5"  # passed on as sent
+    assert counter(proxy, "kvops_proxy_rejected_total") == 5
+    assert counter(proxy, "kvops_proxy_rejected_by_status_total", status="429") == 3
+    assert counter(proxy, "kvops_proxy_rejected_by_status_total", status="503") == 2
+
+
+@pytest.mark.parametrize("value", ["high", "1.5", "", "0x10", "1" * 19, "\xb2", "- 1"])
+def test_a_priority_header_that_is_not_an_integer_is_400_at_every_level(proxy, upstream, value):
+    for level in (Level.OK, Level.CRITICAL):
+        proxy.holder.level = level
+        response = requests.post(
+            proxy.url + "/v1/completions", json={"prompt": "hi"}, headers={"X-KVops-Priority": value}
+        )
+        assert response.status_code == 400
+        message = response.json()["error"]["message"]
+        assert message.startswith("X-KVops-Priority ") and message.endswith(
+            "must be an integer (a vLLM request priority: lower is served first)"
+        )
+    assert upstream.recorder.received == []
+
+
+def test_the_policy_s_own_classes_apply(upstream):
+    """A policy whose priorities section moves the bounds: the proxy classes requests by it, as the guard does."""
+    from dataclasses import replace
+
+    from kvops.policy import Priorities
+
+    policy = replace(POLICY, priorities=Priorities(sheddable_above=10, protected_below=0))
+
+    def make():
+        from prometheus_client import CollectorRegistry
+
+        app = web.Application()
+        app[REGISTRY] = CollectorRegistry()
+        limits = lambda: policy.limits(Level.CRITICAL)  # noqa: E731
+        AdmissionProxy(
+            ProxySettings(upstream.url), limits, ProxyMetrics(app[REGISTRY]), None, policy.priorities
+        ).attach(app)
+        return app
+
+    with ServerThread(make) as proxy:
+        statuses = [
+            requests.post(proxy.url + "/v1/completions", json={"prompt": "hi"}, headers={"X-KVops-Priority": p})
+            for p in ("11", "10", "-1")
+        ]
+    assert [response.status_code for response in statuses] == [429, 503, 200]
+
+
 def test_tgi_shapes_and_fields(upstream):
     holder = LevelHolder(Level.DEGRADE)
     with ServerThread(make_proxy_app(upstream.url, holder, engine="tgi")) as proxy:

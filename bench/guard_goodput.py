@@ -1,0 +1,590 @@
+"""Goodput of the KV guard against stock vLLM: the same seeded requests, on the real vLLM CPU engine, one run.
+
+    python bench/guard_goodput.py [--shapes tiny,8x] [--reps 3] [--seed 0] [--json] [--step-cost-only]
+
+Arms (each a real engine, all of a shape started before the first measurement, so repetitions interleave
+A B C D A B C D ... and the machine's noise hits every arm alike):
+  stock       vLLM's own scheduler
+  guard-v1    the KV guard reserving every request's prompt + max_tokens (KVOPS_ADMISSION=reserve)
+  guard-v2    the KV guard admitting by the future peak of the whole batch (the default)
+  stock+caps  vLLM's own scheduler with its queue cap (--max-num-queued-reqs: overflow answered 503, retried)
+
+Workloads (prompts, max_tokens and arrivals seeded by --seed and the repetition; the same for every arm):
+  (a) exact lengths: ignore_eos, prompts 32-256 tokens, max_tokens 64-640, arrivals spread over 3 s
+  (b) unknown lengths: prompts 16-128, max_tokens 900, temperature 1 with stop_token_ids (dummy weights pick
+      tokens almost at random, so each request stops at a random step: the table prints the lengths; the engine's
+      own sampler draws them, with no per-request seed, which vLLM's CPU build cannot run), arriving
+      at twice the request rate stock vLLM sustains (measured in the warm-up)
+  (c) SLO goodput as DistServe defines it: requests per second that meet both a TTFT and a TPOT target (set from
+      a lone request on the stock engine: TTFT 10x, TPOT 3x), at 0.5, 1, 1.5 and 2x that sustained rate
+Every engine first serves the same warm-up (requests like (b)), so the guard has seen output lengths.
+
+Shapes: the test model (2 layers, hidden 256) and one with about 10x its compute per token (4 layers, hidden
+512, MLP 1536), both with 32 blocks of 128 tokens of KV (4 and 8 MiB), so that a preemption's recompute costs
+more on the second. Goodput is completed tokens per second (a request that gets all its tokens: length or
+stop), from the first send to the last answer. The client retries a 503/429 after its Retry-After (vLLM's
+queue cap sends none: 0.5 s). Figures are medians over the repetitions; ratios are against stock.
+
+Before the engines: the admission's cost per scheduling step at 256 running requests (an in-process vLLM
+scheduler, as tests/engine/test_kv_guard_scheduler.py builds it), against stock's own schedule().
+One run of both shapes takes about an hour on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import random
+import re
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(REPO), str(REPO / "plugins")]
+
+from tests.support.burst import gauges, percentile  # noqa: E402
+from tests.support.tiny_model import TINY_LLAMA, build_model  # noqa: E402
+from tests.support.vllm_server import VllmServer  # noqa: E402
+
+GUARD = "kvops_vllm.scheduler.KVGuardScheduler"
+BLOCKS = 32  # KV pool of every shape: 32 blocks of 128 tokens (31 usable)
+MAX_MODEL_LEN = 1024
+SHAPES = {
+    "tiny": TINY_LLAMA,
+    "8x": {
+        **TINY_LLAMA,
+        "hidden_size": 512,
+        "intermediate_size": 1536,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 8,
+    },
+}
+STOP_IDS = [11, 12, 13]  # 3 of 512 tokens: a request stops after about 170 tokens, at random
+RETRY_SECONDS = 0.5  # when a refusal carries no Retry-After (vLLM's queue cap)
+
+
+@dataclass(frozen=True)
+class Arm:
+    name: str
+    args: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+
+
+ARMS = ("stock", "guard-v1", "guard-v2", "stock+caps")
+
+
+def arms(queue_cap: int) -> list[Arm]:
+    return [
+        Arm("stock"),
+        Arm("guard-v1", ("--scheduler-cls", GUARD), (("KVOPS_ADMISSION", "reserve"),)),
+        Arm("guard-v2", ("--scheduler-cls", GUARD)),
+        Arm("stock+caps", ("--max-num-queued-reqs", str(queue_cap))),
+    ]
+
+
+# --- the requests ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Job:
+    at: float  # seconds after the start of the run
+    prompt: list[int]
+    max_tokens: int
+    exact: bool  # ignore_eos: it generates max_tokens; else it samples at temperature 1 and stops at random
+
+    def body(self, model: str) -> dict:
+        body = {
+            "model": model,
+            "prompt": self.prompt,
+            "max_tokens": self.max_tokens,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if self.exact:
+            return {**body, "ignore_eos": True, "temperature": 0}
+        # No per-request "seed": vLLM 0.32.0's CPU build kills the engine when it discards the token of a seeded
+        # request in a chunked prefill (gpu_model_runner._bookkeeping_sync: "CPU Generator does not use offset"),
+        # so lengths come from the engine's own generator: the same distribution for every arm, not the same draws.
+        return {**body, "temperature": 1.0, "stop_token_ids": STOP_IDS}
+
+
+def prompt(rng: random.Random, low: int, high: int) -> list[int]:
+    return [rng.randrange(20, 500) for _ in range(rng.randint(low, high))]
+
+
+def exact_jobs(seed: int, count: int = 40, spread: float = 3.0) -> list[Job]:
+    rng = random.Random(f"exact-{seed}")
+    times = sorted(rng.uniform(0, spread) for _ in range(count))
+    return [Job(at, prompt(rng, 32, 256), rng.randint(64, 640), True) for at in times]
+
+
+def unknown_jobs(seed: int, count: int, rate: float | None) -> list[Job]:
+    """Poisson arrivals at `rate` requests per second (None: all at once)."""
+    rng = random.Random(f"unknown-{seed}-{rate}")
+    at, jobs = 0.0, []
+    for _ in range(count):
+        jobs.append(Job(at, prompt(rng, 16, 128), 900, False))
+        if rate:
+            at += rng.expovariate(rate)
+    return jobs
+
+
+# --- the client -----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    sent: float
+    first: float | None = None
+    done: float | None = None
+    tokens: int = 0
+    finish: str | None = None
+    refusals: int = 0
+    streamed_refusals: int = 0  # of them, refusals sent as an error event in an HTTP 200 stream
+    error: str | dict | None = None
+
+    def refused_in_stream(self) -> bool:
+        """The stream carried no token, only an error whose code is a retryable refusal (429, 503)."""
+        return self.tokens == 0 and isinstance(self.error, dict) and self.error.get("code") in (429, 503)
+
+    @property
+    def complete(self) -> bool:
+        return self.finish in ("length", "stop") and self.error is None
+
+    @property
+    def ttft(self) -> float:
+        return (self.first or math.inf) - self.sent
+
+    @property
+    def tpot(self) -> float:
+        if self.first is None or self.done is None or self.tokens < 2:
+            return 0.0
+        return (self.done - self.first) / (self.tokens - 1)
+
+    @property
+    def e2e(self) -> float:
+        return (self.done or math.inf) - self.sent
+
+
+async def send(session, url: str, model: str, job: Job, start: float) -> Outcome:
+    import aiohttp
+
+    await asyncio.sleep(max(0.0, start + job.at - time.monotonic()))
+    outcome = Outcome(sent=time.monotonic())
+    while True:
+        async with session.post(url + "/v1/completions", json=job.body(model)) as response:
+            if response.status in (429, 503):
+                outcome.refusals += 1
+                await response.read()
+                await asyncio.sleep(float(response.headers.get("Retry-After", RETRY_SECONDS)))
+                continue
+            if response.status != 200:
+                outcome.error = f"HTTP {response.status}: {(await response.text())[:200]}"
+                return outcome
+            try:
+                await read_stream(response, outcome)
+            except (aiohttp.ClientError, ValueError) as exc:
+                outcome.error = str(exc)
+            if outcome.refused_in_stream():  # vLLM's queue caps refuse a stream as HTTP 200 + an error event
+                outcome.refusals += 1
+                outcome.streamed_refusals += 1
+                outcome.error = outcome.finish = None
+                await asyncio.sleep(RETRY_SECONDS)
+                continue
+            return outcome
+
+
+async def read_stream(response, outcome: Outcome) -> None:
+    async for raw in response.content:
+        line = raw.decode().strip()
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        chunk = json.loads(line[len("data: ") :])
+        if "error" in chunk:
+            outcome.error = chunk["error"]
+        for choice in chunk.get("choices", ()):
+            if choice.get("text") and outcome.first is None:
+                outcome.first = time.monotonic()
+            if choice.get("finish_reason"):
+                outcome.finish = choice["finish_reason"]
+        if chunk.get("usage"):
+            outcome.tokens = chunk["usage"]["completion_tokens"]
+    outcome.done = time.monotonic()
+    if outcome.first is None and outcome.tokens:
+        outcome.first = outcome.done
+
+
+@dataclass
+class Result:
+    arm: str
+    outcomes: list[Outcome]
+    seconds: float
+    preemptions: int
+    peak_kv: float
+    peak_running: int
+    guard: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def goodput(self) -> float:
+        return sum(outcome.tokens for outcome in self.outcomes if outcome.complete) / self.seconds
+
+    def slo_goodput(self, ttft: float, tpot: float) -> float:
+        met = sum(1 for o in self.outcomes if o.complete and o.ttft <= ttft and o.tpot <= tpot)
+        return met / self.seconds
+
+    def summary(self) -> dict:
+        e2e = [o.e2e for o in self.outcomes if o.complete]
+        lengths = [o.tokens for o in self.outcomes if o.complete]
+        return {
+            "arm": self.arm,
+            "completed": sum(o.complete for o in self.outcomes),
+            "sent": len(self.outcomes),
+            "refused_then_retried": sum(o.refusals for o in self.outcomes),
+            "refused_in_a_200_stream": sum(o.streamed_refusals for o in self.outcomes),
+            "errors": sum(o.error is not None for o in self.outcomes),
+            "seconds": round(self.seconds, 2),
+            "goodput_tokens_per_s": round(self.goodput, 1),
+            "preemptions": self.preemptions,
+            "peak_kv_usage": round(self.peak_kv, 3),
+            "peak_running": self.peak_running,
+            "p50_e2e_s": round(percentile(e2e, 0.5), 2),
+            "p99_e2e_s": round(percentile(e2e, 0.99), 2),
+            "lengths_p5_p50_p95": [percentile(lengths, q) for q in (0.05, 0.5, 0.95)] if lengths else None,
+            **self.guard,
+        }
+
+
+GUARD_LINE = re.compile(
+    r"kvops guard: in the last \d+ s: (\d+) queued for KV, \d+ max_tokens capped, \d+ kept waiting by the level, "
+    r"(\d+) preempted \((\d+) tokens to recompute\), (\d+) past their projected length; "
+    r"peak KV usage [\d.]+% \((\d+) of (\d+) blocks\)"
+)
+
+
+def guard_counts(log: str) -> dict[str, float]:
+    """The guard's own counts in a stretch of its log (its summary lines), and its peak KV usage there."""
+    totals: dict[str, float] = {"queued_for_kv": 0, "guard_preempted": 0, "recomputed_tokens": 0, "mispredicted": 0}
+    peak = 0.0
+    for match in GUARD_LINE.finditer(log):
+        *counts, used, usable = match.groups()
+        for key, value in zip(totals, counts):
+            totals[key] += int(value)
+        peak = max(peak, int(used) / int(usable))
+    return {**totals, "guard_peak_kv_usage": round(peak, 3)}
+
+
+class Sampler(threading.Thread):
+    """/metrics every 0.1 s from a thread of its own, so the client's event loop never delays it. The API server
+    answers late while it streams to many clients: a scrape that fails or times out is skipped, and the peaks
+    are those of the scrapes that answered (the guard's own peak, from inside the engine, is exact)."""
+
+    def __init__(self, url: str):
+        super().__init__(daemon=True)
+        self.url, self.stop, self.scrapes = url, threading.Event(), 0
+        self.peak_kv = self.peak_running = 0.0
+
+    def run(self) -> None:
+        import urllib.request
+
+        while not self.stop.is_set():
+            with suppress(OSError, ValueError, KeyError):
+                with urllib.request.urlopen(self.url + "/metrics", timeout=2) as response:
+                    values = gauges(response.read().decode())
+                self.peak_kv = max(self.peak_kv, values["vllm:kv_cache_usage_perc"])
+                self.peak_running = max(self.peak_running, values["vllm:num_requests_running"])
+                self.scrapes += 1
+            self.stop.wait(0.1)
+
+
+async def run_jobs(server: VllmServer, name: str, jobs: list[Job]) -> Result:
+    """Send `jobs` on their schedule, sample /metrics meanwhile, and read the guard's log lines."""
+    import aiohttp
+
+    log_start = len(server.log_text())
+    before = gauges(server.metrics())
+    sampler = Sampler(server.url)
+    timeout = aiohttp.ClientTimeout(total=1800)
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+        sampler.start()
+        start = time.monotonic()
+        outcomes = await asyncio.gather(*(send(session, server.url, str(server.model), job, start) for job in jobs))
+        seconds = max(o.done or time.monotonic() for o in outcomes) - start
+        sampler.stop.set()
+        # one small request after the run: the guard logs its summary when it drains
+        await send(session, server.url, str(server.model), Job(0, [5, 6, 7], 2, True), time.monotonic())
+    sampler.join()
+    await asyncio.sleep(0.3)
+    after = gauges(server.metrics())
+    return Result(
+        name,
+        list(outcomes),
+        seconds,
+        int(after["vllm:num_preemptions_total"] - before["vllm:num_preemptions_total"]),
+        sampler.peak_kv,
+        int(sampler.peak_running),
+        guard_counts(server.log_text()[log_start:]) if "scheduler-cls" in " ".join(server.args) else {},
+    )
+
+
+def run(server: VllmServer, name: str, jobs: list[Job]) -> Result:
+    return asyncio.run(run_jobs(server, name, jobs))
+
+
+# --- the admission's cost per scheduling step --------------------------------------------------------------------
+
+
+@contextmanager
+def environment(**values: str):
+    """These KVOPS_* variables for the scheduler built inside (it reads them once, at construction)."""
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def step_cost(model: Path, running: int = 256, steps: int = 200) -> dict:
+    """Median wall time of schedule() with `running` requests decoding and a queue waiting that does not fit,
+    stock against the guard's two admissions: an in-process scheduler (a stand-in model runner samples one
+    token per step), the pool just large enough for the running requests' prompt + max_tokens, seats to spare."""
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+
+    from kvops_vllm.scheduler import KVGuardScheduler
+    from tests.support.vllm_scheduler import Driver, Requests, build_scheduler
+
+    rng = random.Random(1)
+    prompts = [rng.randint(16, 512) for _ in range(running + 64)]
+    pool = sum(-(-(prompt + 1000) // 16) for prompt in prompts[:running]) + 2
+    figures = {}
+    for name, cls, env in (
+        ("stock", AsyncScheduler, {}),
+        ("guard-v1", KVGuardScheduler, {"KVOPS_ADMISSION": "reserve"}),
+        ("guard-v2", KVGuardScheduler, {"KVOPS_ADMISSION": "peak"}),
+    ):
+        seats = running if cls is AsyncScheduler else 2 * running  # stock: its seats keep the queue waiting
+        with environment(KVOPS_LOG_SECONDS="3600", **env):
+            scheduler = build_scheduler(
+                cls, model, num_blocks=pool, max_num_seqs=seats, max_num_batched_tokens=8192, max_model_len=2048
+            )
+        requests = Requests()
+        driver = Driver(scheduler)
+        for index in range(running):
+            scheduler.add_request(requests.make(f"r{index}", prompts[index], 1000, first_token=index))
+        while len(scheduler.running) < running or scheduler.waiting:
+            driver.step()
+        for index in range(running, running + 64):  # a queue that waits throughout
+            scheduler.add_request(requests.make(f"r{index}", prompts[index], 1000, first_token=index))
+        times = timed_steps(driver, steps)
+        figures[name] = {
+            "running": len(scheduler.running),
+            "waiting": len(scheduler.waiting),
+            "median_ms": round(statistics.median(times) * 1000, 3),
+        }
+    return figures
+
+
+def timed_steps(driver, steps: int) -> list[float]:
+    """Seconds each of `steps` schedule() calls took, driven as the engine core drives them."""
+    scheduler, times = driver.scheduler, []
+    schedule = scheduler.schedule
+
+    def timed(*args, **kwargs):
+        begin = time.perf_counter()
+        try:
+            return schedule(*args, **kwargs)
+        finally:
+            times.append(time.perf_counter() - begin)
+
+    scheduler.schedule = timed
+    for _ in range(steps):
+        driver.step()
+    return times
+
+
+# --- the whole benchmark ------------------------------------------------------------------------------------
+
+
+def engine_args(shape: dict, arm: Arm) -> list[str]:
+    per_token = 2 * shape["num_hidden_layers"] * shape["num_key_value_heads"] * shape["head_dim"] * 2
+    return ["--max-model-len", str(MAX_MODEL_LEN), "--kv-cache-memory-bytes", str(BLOCKS * 128 * per_token), *arm.args]
+
+
+def parameters(shape: dict) -> int:
+    """Weights touched per token, embeddings aside: what a forward pass costs per token, roughly."""
+    hidden, layers = shape["hidden_size"], shape["num_hidden_layers"]
+    kv = shape["num_key_value_heads"] * shape["head_dim"]
+    attention = 2 * hidden * shape["num_attention_heads"] * shape["head_dim"] + 2 * hidden * kv
+    return layers * (attention + 3 * hidden * shape["intermediate_size"]) + hidden * shape["vocab_size"]
+
+
+def bench_shape(name: str, shape: dict, folder: Path, options) -> dict:
+    model = build_model(folder / name, shape)
+    servers: dict[str, VllmServer] = {}
+    arm_list = arms(options.queue_cap)
+    try:
+        for arm in arm_list:
+            env = {"KVOPS_LOG_SECONDS": "1", **dict(arm.env)}
+            server = VllmServer(model, folder / f"{name}-{arm.name}.log", args=engine_args(shape, arm), env=env)
+            servers[arm.name] = server.start()
+        for server in servers.values():
+            server.wait_ready()
+        warmup = unknown_jobs(options.seed, 48, None)
+        warm = {arm.name: run(servers[arm.name], arm.name, warmup) for arm in arm_list}
+        stock = warm["stock"]
+        rate = stock.summary()["completed"] / stock.seconds  # requests per second stock sustains, saturated
+        lone = [
+            run(servers["stock"], "stock", unknown_jobs(options.seed + 1000 + i, 1, None)).outcomes[0] for i in range(5)
+        ]
+        slo = {
+            "ttft_s": round(10 * statistics.median(o.ttft for o in lone), 3),
+            "tpot_s": round(3 * statistics.median(o.tpot for o in lone), 4),
+        }
+        rows: dict[str, list[dict]] = {}
+        for rep in range(options.reps):
+            seed = options.seed + rep
+            workloads = {
+                "a": exact_jobs(seed),
+                "b": unknown_jobs(seed, 48, 2 * rate),
+                **{f"c{factor:g}": unknown_jobs(seed + 100, 30, factor * rate) for factor in (0.5, 1, 1.5, 2)},
+            }
+            workloads = {key: jobs for key, jobs in workloads.items() if key[0] in options.workloads}
+            order = arm_list[rep % len(arm_list) :] + arm_list[: rep % len(arm_list)]  # rotate who goes first
+            for workload, jobs in workloads.items():
+                for arm in order:
+                    result = run(servers[arm.name], arm.name, jobs)
+                    row = {"workload": workload, "rep": rep, **result.summary()}
+                    if workload.startswith("c"):
+                        row["slo_goodput_rps"] = round(result.slo_goodput(slo["ttft_s"], slo["tpot_s"]), 3)
+                    rows.setdefault(workload, []).append(row)
+                    print(f"  {name} rep {rep} ({workload}) {arm.name}: {json.dumps(row)}", file=sys.stderr)
+    finally:
+        for server in servers.values():
+            server.stop()
+    return {
+        "shape": name,
+        "config": {key: shape[key] for key in ("num_hidden_layers", "hidden_size", "intermediate_size")},
+        "parameters_per_token": parameters(shape),
+        "stock_rate_rps": round(rate, 3),
+        "slo": slo,
+        "warmup": {arm: result.summary() for arm, result in warm.items()},
+        "rows": rows,
+    }
+
+
+def medians(rows: list[dict], arm: str, key: str) -> float:
+    values = [row[key] for row in rows if row["arm"] == arm and row.get(key) is not None]
+    return statistics.median(values) if values else float("nan")
+
+
+def paired_ratio(rows: list[dict], arm: str, key: str) -> float:
+    """The median over repetitions of arm / stock, each ratio within one repetition (the arms of a repetition
+    run back to back: the machine's slow drifts cancel in the ratio)."""
+    stock = {row["rep"]: row[key] for row in rows if row["arm"] == "stock"}
+    ratios = [row[key] / stock[row["rep"]] for row in rows if row["arm"] == arm and stock.get(row["rep"])]
+    return statistics.median(ratios) if ratios else float("nan")
+
+
+def peak_kv(rows: list[dict], arm: str) -> str:
+    """The guard's own peak (exact) where it reports one, else the sampled /metrics peak, marked ~."""
+    own = medians(rows, arm, "guard_peak_kv_usage")
+    return f"{own:.0%}" if not math.isnan(own) else f"~{medians(rows, arm, 'peak_kv_usage'):.0%}"
+
+
+def print_table(results: list[dict], step: dict) -> None:
+    print("admission cost per scheduling step, 256 requests running and a queue waiting (in-process scheduler):")
+    for arm, figures in step.items():
+        print(
+            f"  {arm:<9} {figures['median_ms']:>7.3f} ms per schedule() "
+            f"({figures['running']} running, {figures['waiting']} waiting)"
+        )
+    base = results[0]["parameters_per_token"] if results else 1
+    for result in results:
+        config = result["config"]
+        print(
+            f"\n{result['shape']}: {config['num_hidden_layers']} layers, hidden {config['hidden_size']}, MLP "
+            f"{config['intermediate_size']} ({result['parameters_per_token'] / base:.1f}x the test model's weights per "
+            f"token); KV 31 usable blocks of 128 tokens; stock sustains {result['stock_rate_rps']} req/s; SLO TTFT "
+            f"{result['slo']['ttft_s']} s, TPOT {result['slo']['tpot_s'] * 1000:.0f} ms"
+        )
+        header = (
+            f"  {'workload':<8} {'arm':<11} {'goodput':>9} {'vs stock':>8} {'preempt':>7} {'recomp':>7} "
+            f"{'mispred':>7} {'peak KV':>7} {'p99 e2e':>8} {'vs stock':>8} {'refused':>7} {'lengths p5/50/95':>17}"
+        )
+        print(header)
+        for workload in ("a", "b"):
+            rows = result["rows"].get(workload)
+            for arm in ARMS if rows else ():
+                lengths = next((row["lengths_p5_p50_p95"] for row in rows if row["arm"] == arm), None) or ["-"] * 3
+                print(
+                    f"  {workload:<8} {arm:<11} {medians(rows, arm, 'goodput_tokens_per_s'):>7.0f}/s "
+                    f"{paired_ratio(rows, arm, 'goodput_tokens_per_s'):>8.2f} "
+                    f"{medians(rows, arm, 'preemptions'):>7.0f} {_figure(medians(rows, arm, 'recomputed_tokens')):>7} "
+                    f"{_figure(medians(rows, arm, 'mispredicted')):>7} {peak_kv(rows, arm):>7} "
+                    f"{medians(rows, arm, 'p99_e2e_s'):>7.1f}s {paired_ratio(rows, arm, 'p99_e2e_s'):>8.2f} "
+                    f"{medians(rows, arm, 'refused_then_retried'):>7.0f} {'/'.join(str(x) for x in lengths):>17}"
+                )
+        factors = sorted({key for key in result["rows"] if key.startswith("c")}, key=lambda key: float(key[1:]))
+        if not factors:
+            continue
+        print(
+            f"  (c) SLO goodput, req/s meeting both targets, at {', '.join(f[1:] + 'x' for f in factors)} stock's rate"
+            " (median; in brackets the median ratio to stock):"
+        )
+        for arm in ARMS:
+            curve = [
+                f"{medians(result['rows'][factor], arm, 'slo_goodput_rps'):5.2f} "
+                f"({paired_ratio(result['rows'][factor], arm, 'slo_goodput_rps'):4.2f})"
+                for factor in factors
+            ]
+            print(f"  {'c':<8} {arm:<11} " + "  ".join(curve))
+
+
+def _figure(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:.0f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", default="tiny,8x", help="comma-separated: tiny, 8x (default both)")
+    parser.add_argument("--workloads", default="abc", help="which of a, b, c (default all: abc)")
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--keep", type=Path, help="write the models and engine logs here, and keep them")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--queue-cap", type=int, default=12, help="stock+caps: --max-num-queued-reqs (default 12)")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--step-cost-only", action="store_true")
+    options = parser.parse_args()
+    names = [name.strip() for name in options.shapes.split(",") if name.strip()]
+    unknown = [name for name in names if name not in SHAPES]
+    if unknown:
+        parser.error(f"--shapes {unknown[0]!r}; valid: {', '.join(SHAPES)}")
+    results = []
+    with tempfile.TemporaryDirectory(prefix="guard-goodput-") as scratch:
+        folder = options.keep or Path(scratch)
+        folder.mkdir(parents=True, exist_ok=True)
+        step = step_cost(build_model(folder / "scheduler-model"))
+        if not options.step_cost_only:
+            results = [bench_shape(name, SHAPES[name], folder, options) for name in names]
+    if options.json:
+        print(json.dumps({"seed": options.seed, "reps": options.reps, "step_cost": step, "shapes": results}, indent=2))
+    else:
+        print_table(results, step)
+
+
+if __name__ == "__main__":
+    main()
