@@ -84,14 +84,15 @@ def logged(entry: Entry, plan: Plan) -> Logged:
     log = entry.log
     failure = log.failure
     kv, where = facts.get("kv_cache_bytes"), "the log's KV memory line"
-    if kv is None and failure is not None and failure.available_bytes is not None:
-        kv, where = failure.available_bytes, "the KV check's 'available KV cache memory'"
+    available = getattr(failure, "available_bytes", None)  # only the failure kinds that print it carry it
+    if kv is None and available is not None:
+        kv, where = available, "the KV check's 'available KV cache memory'"
     tokens = log.kv_cache_size_tokens
     blocks = facts.get("num_gpu_blocks")
     release = plan.release
     if tokens is None and blocks and isinstance(release, vllm_releases.VllmRelease) and release.v0:
         tokens = blocks * cap["block_size"]
-    if tokens is None and failure is not None and failure.kv_tokens:
+    if tokens is None and getattr(failure, "kv_tokens", None):
         tokens = failure.kv_tokens
     if kv is None and tokens and cap.get("bytes_per_block"):
         kv, where = tokens // cap["block_size"] * cap["bytes_per_block"], "the log's KV tokens x bytes per block"

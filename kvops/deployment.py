@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from kvops.errors import ConfigError
-from kvops.plan import PlanInputs
+from kvops.plan import PlanInputs, Speculative
 from kvops.profile import Profile
 from kvops.workload import Workload, parse_workload
 
@@ -50,6 +50,20 @@ class DeploymentOptions:
     profile: str | None = None  # a calibration profile file
     policy: str | None = None  # a degrade policy file
     launcher: tuple[str, ...] = ()
+    pp: int | None = None  # pipeline-parallel stages
+    expert_parallel: bool = False
+    dtype: str = "auto"  # the serving dtype
+    text_only: bool = False  # the vision tower is not loaded
+    speculative_config: str | None = (
+        None  # vLLM's --speculative-config JSON (TGI --speculate as {"method": "speculate"})
+    )
+    hybrid_manager: bool = True
+    prefix_caching: bool | None = None
+    mamba_cache_mode: str | None = None
+    mamba_cache_dtype: str = "auto"
+    mamba_ssm_cache_dtype: str = "auto"
+    cpu_offload_bytes: int = 0
+    command_lines: tuple[str, ...] = ()  # what a pasted launch command's other options are (--from-command)
     given: frozenset[str] = frozenset()  # the fields stated (typed by the user, or read from a run)
 
     @classmethod
@@ -80,18 +94,31 @@ class DeploymentOptions:
         from kvops.policy import Level, load_policy
 
         if self.model is None:
-            raise ConfigError("no model: give --model")
+            raise ConfigError("no model: give --model MODEL (or --from-command with the engine's launch line)")
         spec = load_model(self.model)
         policy = load_policy(self.policy)
         pinned = self.kv_cache_memory_bytes
         needs_gpu = self.gpu or self.gpu_memory or (self.device == "gpu" and pinned is None)
+        pp = self.pp or 1
         return PlanInputs(
             engine=self.engine.lower(),
             engine_version=self.engine_version,
             spec=spec,
             gpu=resolve_gpu(self.gpu, self.gpu_memory) if needs_gpu else None,
-            tp=self.tp or self.gpus or 1,
+            tp=self.tp or (self.gpus // pp if self.gpus and self.pp else self.gpus) or 1,
             gpus=self.gpus,
+            pp=pp,
+            expert_parallel=self.expert_parallel,
+            dtype=self.dtype,
+            text_only=self.text_only,
+            speculative=self.speculative(),
+            hybrid_manager=self.hybrid_manager,
+            prefix_caching=self.prefix_caching,
+            mamba_cache_mode=self.mamba_cache_mode,
+            mamba_cache_dtype=self.mamba_cache_dtype,
+            mamba_ssm_cache_dtype=self.mamba_ssm_cache_dtype,
+            cpu_offload_bytes=self.cpu_offload_bytes,
+            command_lines=self.command_lines,
             device=self.device,
             max_model_len=self.max_model_len,
             workload=workload if workload is not None else self.request_workload(),
@@ -114,6 +141,17 @@ class DeploymentOptions:
             kv_offloading_backend=self.kv_offloading_backend,
             gpu_memory_target=policy.gpu_memory_below,
         )
+
+    def speculative(self) -> Speculative | None:
+        """The speculative decoding the options ask for, with the draft's spec loaded when it has one."""
+        if not self.speculative_config:
+            return None
+        from kvops.model import load_model
+        from kvops.speculative import speculative_settings
+
+        settings = speculative_settings(self.speculative_config)
+        draft = load_model(settings.model) if settings.model else None
+        return Speculative(settings.method, settings.tokens, draft, settings.draft_tp, self.speculative_config)
 
 
 def warn_level(policy_path: str | None) -> float:

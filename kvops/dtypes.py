@@ -81,3 +81,11 @@ def resolve_kv_dtype(name: str, model_dtype: str) -> KvDtype:
     if canonical is None:
         raise UsageError(f"--kv-dtype {name!r} is not a KV dtype; valid: {', '.join(KV_DTYPE_CHOICES)}")
     return KV_DTYPES[canonical]
+
+
+_SERVING_NAMES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32"}
+
+
+def serving_dtype(name: str) -> str:
+    """A serving dtype (`--dtype`) as the dtypes here name it: bf16, fp16 or fp32."""
+    return _SERVING_NAMES.get(name.lower(), name.lower())

@@ -3,9 +3,11 @@
     bytes = 2 x L x B x T x Hkv x D x s
 
 L layers, B sequences (batch x beams), T cached tokens, Hkv KV heads (per GPU: max(1, Hkv // tp)), D head dim,
-s bytes per value. Computed per layer group: a sliding-window layer caches min(T, W) tokens, an MLA layer
-caches kv_lora_rank + qk_rope_head_dim values per token whatever the tp. With a block size N (paged engines)
-each sequence holds ceil(tokens / N) x N token slots per layer group.
+s bytes per value. Computed per layer group: a sliding-window layer caches min(T, W) tokens, a chunked local
+layer min(T, C), an MLA layer kv_lora_rank + qk_rope_head_dim values per token whatever the tp, a sparse
+indexer its fp8 key per token; a recurrent-state layer (Mamba-2, Gated DeltaNet) adds a fixed state per
+sequence and nothing per token. With a block size N (paged engines) each sequence holds ceil(tokens / N) x N
+token slots per layer group.
 """
 
 from __future__ import annotations
@@ -13,9 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import ceil
 
-from kvops.dtypes import KvDtype
+from kvops.dtypes import KV_DTYPES, KvDtype, canonical_dtype_name
 from kvops.errors import UsageError
-from kvops.model.spec import LayerGroup, ModelSpec
+from kvops.model.spec import LayerGroup, MambaState, ModelSpec
 
 # Beam search is reported to cost 20-30% more than batch x beams; an estimate, never in the formula's figures.
 BEAM_SEARCH_OVERHEAD_ESTIMATE = (0.20, 0.30)
@@ -42,10 +44,11 @@ class GroupCost:
     cached_tokens: int
     token_slots: int
     formula: str
+    state_bytes: int = 0  # recurrent state per sequence, all layers of the group
 
     @property
     def bytes(self) -> int:
-        return self.bytes_per_token * self.token_slots
+        return self.bytes_per_token * self.token_slots + self.state_bytes
 
 
 @dataclass(frozen=True)
@@ -91,17 +94,46 @@ class KVCost:
         return self.total_bytes * self.tp
 
 
+def state_dtype_bytes(layer: MambaState, model_dtype: str) -> tuple[float, float]:
+    """Bytes per value of the conv and SSM states as the model declares them: its own dtype, the SSM state in the
+    dtype its config names (Qwen3.5's mamba_ssm_dtype, Nemotron-H's mamba_ssm_cache_dtype) when it names one."""
+    model = KV_DTYPES[model_dtype].bytes
+    declared = canonical_dtype_name(layer.ssm_dtype) if layer.ssm_dtype else None
+    return model, KV_DTYPES[declared].bytes if declared else model
+
+
 def group_cost(
-    group: LayerGroup, dtype: KvDtype, tp: int, tokens: int, block_size: int | None, apply_windows: bool = True
+    group: LayerGroup,
+    dtype: KvDtype,
+    tp: int,
+    tokens: int,
+    block_size: int | None,
+    apply_windows: bool = True,
+    model_dtype: str = "bf16",
 ) -> GroupCost:
     layer = group.layer
+    if isinstance(layer, MambaState):
+        conv, ssm = state_dtype_bytes(layer, model_dtype)
+        return GroupCost(
+            kind=layer.kind,
+            layers=group.count,
+            kv_heads=0,
+            head_dim=0,
+            window=None,
+            bytes_per_token=0,
+            scale_bytes_per_token=0,
+            cached_tokens=0,
+            token_slots=0,
+            formula=f"{layer.formula(dtype, tp)}, conv at {conv:g} B, ssm at {ssm:g} B, x {group.count} layers",
+            state_bytes=group.count * layer.state_bytes(conv, ssm, tp),
+        )
     cached = layer.cached_tokens(tokens) if apply_windows else tokens
     return GroupCost(
         kind=layer.kind,
         layers=group.count,
         kv_heads=layer.heads_per_gpu(tp),
         head_dim=layer.head_dim,
-        window=getattr(layer, "window", None),
+        window=getattr(layer, "window", None) or getattr(layer, "chunk", None),
         bytes_per_token=group.count * layer.bytes_per_token(dtype, tp),
         scale_bytes_per_token=group.count * layer.scale_bytes_per_token(dtype, tp),
         cached_tokens=cached,
@@ -123,25 +155,40 @@ def kv_cost(
 ) -> KVCost:
     """The formula for one workload point. `apply_windows=False` gives the cache as if no layer slid."""
     check_tp(spec, tp)
-    groups = tuple(group_cost(group, dtype, tp, tokens, block_size, apply_windows) for group in spec.layer_groups())
+    groups = tuple(
+        group_cost(group, dtype, tp, tokens, block_size, apply_windows, spec.dtype) for group in spec.layer_groups()
+    )
     return KVCost(dtype=dtype, tp=tp, batch=batch, beams=beams, tokens=tokens, block_size=block_size, groups=groups)
 
 
 def check_tp(spec: ModelSpec, tp: int) -> None:
-    """The tensor-parallel sizes the engines accept: tp divides the attention heads, and KV heads split or replicate evenly."""
-    heads_ok = spec.num_attention_heads % tp == 0
-    kv = spec.num_kv_heads
-    kv_ok = spec.is_mla or (kv % tp == 0 if kv >= tp else tp % kv == 0)
-    if heads_ok and kv_ok:
+    """The tensor-parallel sizes the engines accept: tp divides the attention heads, every layer's KV heads split
+    or replicate evenly, and recurrent layers' heads split."""
+    if tp_fits(spec, tp):
         return
-    valid = [
-        n
-        for n in (1, 2, 4, 8, 16, 32, 64)
-        if spec.num_attention_heads % n == 0 and (spec.is_mla or (kv % n == 0 if kv >= n else n % kv == 0))
-    ]
+    valid = [n for n in (1, 2, 4, 8, 16, 32, 64) if tp_fits(spec, n)]
     raise UsageError(
-        f"--tp {tp} does not fit {spec.name}: {spec.num_attention_heads} attention heads and {kv} KV heads must split evenly; valid: {', '.join(map(str, valid))}"
+        f"--tp {tp} does not fit {spec.name}: {spec.num_attention_heads} attention heads and {_kv_heads_text(spec)} KV heads must split evenly; valid: {', '.join(map(str, valid))}"
     )
+
+
+def tp_fits(spec: ModelSpec, tp: int) -> bool:
+    if spec.num_attention_heads % tp:
+        return False
+    for _, layer in spec.caches():
+        if isinstance(layer, MambaState):
+            if layer.heads % tp or (layer.groups % tp and layer.variant == "gdn"):
+                return False
+        elif layer.kind in ("full", "sliding", "chunked"):
+            kv = layer.num_kv_heads
+            if kv % tp if kv >= tp else tp % kv:
+                return False
+    return True
+
+
+def _kv_heads_text(spec: ModelSpec) -> str:
+    counts = sorted({layer.num_kv_heads for layer in spec.attention_layers()})
+    return "/".join(map(str, counts)) if counts else "0"
 
 
 def beam_search_estimate(total_bytes: int, beams: int) -> tuple[int, int] | None:

@@ -7,6 +7,7 @@ the figure (or stands alone for a device the catalog lacks).
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from importlib import resources
@@ -68,12 +69,43 @@ def gpu_catalog() -> tuple[Gpu, ...]:
 
 
 def find_gpu(name: str) -> Gpu:
-    key = name.strip().lower()
-    for gpu in gpu_catalog():
-        if key in (gpu.id.lower(), gpu.name.lower(), *(alias.lower() for alias in gpu.aliases)):
-            return gpu
+    """A GPU by id, alias or the name nvidia-smi, rocm-smi or an engine log prints ('NVIDIA H100 80GB HBM3',
+    'AMD Instinct MI300X'), any case and spacing, with or without the vendor's prefix."""
+    index = _name_index()
+    for key in _keys(name):
+        if key in index:
+            return index[key]
     valid = ", ".join(gpu.id for gpu in gpu_catalog())
     raise UsageError(f"--gpu {name!r} is not in the GPU catalog; valid: {valid} (or give --gpu-memory SIZE)")
+
+
+_VENDOR_PREFIXES = ("nvidia-geforce-", "nvidia-", "amd-instinct-", "amd-", "geforce-", "instinct-")
+
+
+def _normal(name: str) -> str:
+    """Case, spacing and the memory's spelling as logs and threads write it: 'A100 80 GB', 'A100 80G', 'a100_80gb'."""
+    spaced = re.sub(r"(\d+)\s*g(?:b|ib)?\b", r"\1gb", name.strip().lower())
+    return re.sub(r"[\s_]+", "-", spaced).rstrip(".")
+
+
+def _keys(name: str) -> list[str]:
+    """The name normalised, then without a vendor prefix."""
+    key = _normal(name)
+    keys = [key]
+    for prefix in _VENDOR_PREFIXES:
+        if key.startswith(prefix):
+            keys.append(key[len(prefix) :])
+    return keys
+
+
+@lru_cache(maxsize=1)
+def _name_index() -> dict[str, Gpu]:
+    index: dict[str, Gpu] = {}
+    for gpu in gpu_catalog():
+        for name in (gpu.id, gpu.name, *gpu.aliases):
+            for key in _keys(name):
+                index.setdefault(key, gpu)
+    return index
 
 
 def custom_gpu(memory_bytes: int) -> Gpu:

@@ -59,12 +59,34 @@ class Term:
 
 
 @dataclass(frozen=True)
+class Speculative:
+    """Speculative decoding as the engine is asked for it: the method, the tokens proposed per step, and the
+    draft's own spec when it has one (an EAGLE head, a draft model); MTP uses the target's own layers."""
+
+    method: str  # vLLM's method: eagle, eagle3, mtp, draft_model, ngram, suffix, medusa, ...; TGI: speculate
+    tokens: int  # num_speculative_tokens (TGI --speculate)
+    draft: ModelSpec | None = None
+    draft_tp: int | None = None  # draft_tensor_parallel_size; None: the target's tp
+    config: str = ""  # the flag's value as given, re-emitted
+
+    @property
+    def uses_target_hidden_states(self) -> bool:
+        """vLLM's `use_eagle()`: EAGLE, EAGLE-3 and MTP drafters, whose layers join the target's KV pool."""
+        return self.method in ("eagle", "eagle3", "mtp")
+
+
+@dataclass(frozen=True)
 class PlanInputs:
     engine: str
     spec: ModelSpec
     gpu: Gpu | None
     tp: int = 1
-    gpus: int | None = None  # devices in all; replicas = gpus / tp
+    gpus: int | None = None  # devices in all; replicas = gpus / (tp x pp)
+    pp: int = 1  # pipeline-parallel stages: each holds its share of the layers
+    expert_parallel: bool = False  # vLLM --enable-expert-parallel: whole experts per rank
+    dtype: str = "auto"  # the serving dtype (vLLM/TGI --dtype); auto: the checkpoint's
+    text_only: bool = False  # vLLM --language-model-only: the vision tower is not loaded
+    speculative: Speculative | None = None
     device: str = "gpu"  # "cpu" plans vLLM's CPU build (block size 128, no async scheduling)
     max_model_len: int | str | None = None  # tokens, "auto", or None for the model's max_position_embeddings
     workload: Workload = field(default_factory=Workload)
@@ -82,6 +104,14 @@ class PlanInputs:
     launcher: tuple[str, ...] = ()
     max_queued: int | None = None  # vLLM --max-num-queued-reqs
     max_input_tokens: int | None = None  # TGI
+    # vLLM KV cache layout settings (None: the engine's default)
+    hybrid_manager: bool = True  # False: --disable-hybrid-kv-cache-manager
+    prefix_caching: bool | None = None  # --[no-]enable-prefix-caching
+    mamba_cache_mode: str | None = None  # --mamba-cache-mode
+    mamba_cache_dtype: str = "auto"
+    mamba_ssm_cache_dtype: str = "auto"
+    cpu_offload_bytes: int = 0  # vLLM --cpu-offload-gb: weights kept in host memory
+    command_lines: tuple[str, ...] = ()  # what a pasted launch command's other options are (--from-command)
     profile: Profile | None = None
     warn_level: float = 0.70
     kv_offloading_size: float | None = None  # vLLM --kv-offloading-size: GiB of host memory, all TP ranks
@@ -93,11 +123,15 @@ class PlanInputs:
     @property
     def devices(self) -> int:
         """GPUs in all (one replica when --gpus is not given)."""
-        return self.gpus or self.tp
+        return self.gpus or self.tp * self.pp
+
+    @property
+    def gpus_per_replica(self) -> int:
+        return self.tp * self.pp
 
     @property
     def replicas(self) -> int:
-        return self.devices // self.tp
+        return self.devices // self.gpus_per_replica
 
 
 class Release(Protocol):
@@ -271,6 +305,7 @@ class Plan:
             "gpu": inputs.gpu.to_dict() if inputs.gpu else None,
             "gpus": inputs.devices,
             "tp": inputs.tp,
+            "pp": inputs.pp,
             "device": inputs.device,
             "fits": self.fits,
             "problem": self.problem,
@@ -288,6 +323,7 @@ class Plan:
             "ways_out": [way.to_dict() for way in self.ways_out],
             "warnings": self.all_warnings,
             "notes": list(self.notes),
+            "from_command": list(inputs.command_lines),
         }
 
 

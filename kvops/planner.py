@@ -33,7 +33,11 @@ def plan(inputs: PlanInputs) -> Plan:
 def predict(inputs: PlanInputs) -> Plan:
     """The plan alone, without searching for ways out (calibration, sweeps, ways out themselves)."""
     engine = engines.get(inputs.engine)
-    if inputs.devices % inputs.tp:
+    if inputs.devices % inputs.gpus_per_replica:
+        if inputs.pp > 1:
+            raise UsageError(
+                f"--gpus {inputs.devices} is not a multiple of --tp {inputs.tp} x --pp {inputs.pp}: each replica takes tp x pp GPUs"
+            )
         raise UsageError(f"--gpus {inputs.devices} is not a multiple of --tp {inputs.tp}: each replica takes tp GPUs")
     return engine.plan_once(inputs)
 
@@ -100,7 +104,7 @@ def _more_tensor_parallel(inputs: PlanInputs) -> list[WayOut]:
             check_tp(inputs.spec, tp)
         except KvopsError:
             continue
-        option = _try(f"--tp {tp}", replace(inputs, tp=tp, gpus=tp * inputs.replicas))
+        option = _try(f"--tp {tp}", replace(inputs, tp=tp, gpus=tp * inputs.pp * inputs.replicas))
         options.append(option)
         if option.fits:
             break
@@ -117,11 +121,12 @@ def _more_replicas(inputs: PlanInputs, failed: Plan) -> list[WayOut]:
     share = ceil(inputs.concurrency / factor)
     option = _try(f"--gpus {gpus}", replace(inputs, gpus=gpus, concurrency=share))
     if option.fits:
+        stages = f" x pp {inputs.pp}" if inputs.pp > 1 else ""
         option = replace(
             option,
-            result=f"fits: {gpus // inputs.tp} replicas of tp {inputs.tp}, {share} of the {inputs.concurrency} requests each ({per_replica} fit one replica under the warn level)",
+            result=f"fits: {gpus // inputs.gpus_per_replica} replicas of tp {inputs.tp}{stages}, {share} of the {inputs.concurrency} requests each ({per_replica} fit one replica under the warn level)",
         )
-    return [replace(option, replicas=gpus // inputs.tp, concurrency_per_replica=share)]
+    return [replace(option, replicas=gpus // inputs.gpus_per_replica, concurrency_per_replica=share)]
 
 
 def _larger_gpu(inputs: PlanInputs) -> list[WayOut]:

@@ -46,3 +46,33 @@ def format_bytes(n: int | float) -> str:
             exact = float(text) * size == n
             return f"{text} {name}" if exact else f"~{text} {name}"
     return f"{n} B"
+
+
+_TOKEN_COUNT = re.compile(r"^(\d+(?:\.\d+)?)([kKmMgGtT]?)$")
+_DECIMAL_SUFFIX = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_BINARY_SUFFIX = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_count(text: str, what: str, *, or_auto: bool = False) -> int:
+    """A count as vLLM's `human_readable_int` reads it (vllm/utils/argparse_utils.py): '32K' is 32768 (binary, upper
+    case), '32k' is 32000 (decimal, lower case, decimals allowed: '25.6k'), a plain integer as it is. Decimals go
+    through a float as there, so '4.02k' is 4019 tokens, the length vLLM would run. `or_auto` names 'auto' among
+    the valid spellings (the caller handles it)."""
+    value = str(text).strip()
+    match = _TOKEN_COUNT.match(value)
+    valid = "a positive integer or 'auto'" if or_auto else "a positive integer"
+    suffixes = "suffixes as vLLM takes them: 32K = 32768, 32k = 32000, 1M = 1048576"
+    if not match or ("." in match.group(1) and not match.group(2)):
+        raise UsageError(f"{what} {text!r} is not {valid} ({suffixes})")
+    number, suffix = match.groups()
+    if suffix in _BINARY_SUFFIX:
+        if "." in number:
+            raise UsageError(
+                f"{what} {text!r}: no decimals with a binary suffix ({suffix}); write {number}{suffix.lower()}"
+            )
+        count = int(number) * _BINARY_SUFFIX[suffix]
+    else:
+        count = int(float(number) * _DECIMAL_SUFFIX.get(suffix, 1))
+    if count <= 0:
+        raise UsageError(f"{what} {text!r} must be positive")
+    return count

@@ -14,7 +14,7 @@ import click
 
 from kvops.dtypes import KV_DTYPE_CHOICES
 from kvops.errors import KvopsError
-from kvops.units import parse_bytes
+from kvops.units import parse_bytes, parse_count
 
 if TYPE_CHECKING:
     from kvops.deployment import DeploymentOptions
@@ -49,6 +49,9 @@ class Finite(click.ParamType):
 
 
 FRACTION = Finite(0.0, 1.0, "a share of the device", low_open=True)
+# --dtype as vLLM and TGI spell it -> kvops's dtype names
+SERVING_DTYPES = {"auto": "auto", "bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": "fp16", "half": "fp16"}
+SERVING_DTYPES |= {"fp32": "fp32", "float32": "fp32", "float": "fp32"}
 
 
 def model_option(function: Callable) -> Callable:
@@ -84,19 +87,20 @@ def json_option(function: Callable) -> Callable:
 
 
 class IntOrAuto(click.ParamType):
-    """A positive integer, or 'auto' (also vLLM's -1) for 'let the planner find it'."""
+    """A positive count as vLLM writes it (32K, 32k, 1M), or 'auto' (also vLLM's -1) for 'let the planner find it'."""
 
     name = "N|auto"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int | str:
         if isinstance(value, int) or value == "auto":
             return value
-        text = str(value).strip().lower()
-        if text in ("auto", "-1"):
+        text = str(value).strip()
+        if text.lower() in ("auto", "-1"):
             return "auto"
-        if not (text.isdigit() and int(text) > 0):
-            self.fail(f"{value!r} is not a positive integer or 'auto'", param, ctx)
-        return int(text)
+        try:
+            return parse_count(text, param.opts[0] if param else "value", or_auto=True)
+        except KvopsError as exc:
+            self.fail(str(exc), param, ctx)
 
 
 INT_OR_AUTO = IntOrAuto()
@@ -137,12 +141,40 @@ def engine_options(function: Callable, model_required: bool = True, engine: bool
             help="Device memory, e.g. 80GiB: overrides the catalog figure or stands alone.",
         ),
         click.option(
-            "--gpus", type=POSITIVE, help="GPUs in all [default: --tp]; vLLM runs gpus/tp data-parallel replicas."
+            "--gpus",
+            type=POSITIVE,
+            help="GPUs in all [default: tp x pp]; vLLM runs gpus/(tp x pp) data-parallel replicas.",
         ),
         click.option(
             "--tp",
+            "--tensor-parallel-size",
+            "-tp",
+            "--num-shard",
+            "tp",
             type=POSITIVE,
             help="Tensor-parallel size (vLLM --tensor-parallel-size, TGI --num-shard) [default: --gpus or 1].",
+        ),
+        click.option(
+            "--pp",
+            "--pipeline-parallel-size",
+            "-pp",
+            "pp",
+            type=POSITIVE,
+            help="vLLM pipeline-parallel stages: each holds its share of the layers [default: 1].",
+        ),
+        click.option(
+            "--data-parallel-size",
+            "-dp",
+            "data_parallel",
+            type=POSITIVE,
+            help="vLLM data-parallel replicas (sets --gpus to dp x tp x pp); MoE experts split over tp x dp ranks.",
+        ),
+        click.option(
+            "--enable-expert-parallel",
+            "-ep",
+            "expert_parallel",
+            is_flag=True,
+            help="vLLM: whole experts per rank over tp x dp ranks instead of every expert split by tp.",
         ),
         click.option(
             "--device",
@@ -201,10 +233,62 @@ def engine_options(function: Callable, model_required: bool = True, engine: bool
             type=click.Choice(("native", "lmcache")),
             help="vLLM: the host tier's backend  [default: native, with --kv-offloading-size]",
         ),
+        click.option(
+            "--dtype",
+            type=click.Choice(tuple(SERVING_DTYPES), case_sensitive=False),
+            default="auto",
+            show_default=True,
+            help="The weights' and activations' dtype (vLLM/TGI --dtype); auto: the checkpoint's (float32 served as bf16).",
+        ),
+        click.option(
+            "--speculative-config",
+            "-sc",
+            metavar="JSON",
+            help='vLLM speculative decoding, e.g. \'{"method": "eagle3", "model": "ORG/HEAD", "num_speculative_tokens": 3}\': the drafter\'s layers share the KV pool.',
+        ),
+        click.option(
+            "--language-model-only",
+            "text_only",
+            is_flag=True,
+            help="vLLM: text only; the vision tower is not loaded (its weights leave the budget).",
+        ),
+        click.option(
+            "--cpu-offload-gb",
+            type=click.FloatRange(min=0),
+            help="vLLM: GiB of weights per GPU kept in host memory.",
+        ),
+        click.option(
+            "--disable-hybrid-kv-cache-manager",
+            is_flag=True,
+            help="vLLM: one block table for all layers (sliding and chunked layers cache the whole context).",
+        ),
+        click.option(
+            "--enable-prefix-caching/--no-enable-prefix-caching",
+            "prefix_caching",
+            default=None,
+            help="vLLM prefix caching [default: on]; off, state models keep one state page per request.",
+        ),
+        click.option(
+            "--mamba-cache-mode",
+            type=click.Choice(("align", "none", "all")),
+            help="vLLM: state pages kept per request [default: align with prefix caching, else none].",
+        ),
+        click.option("--mamba-cache-dtype", default="auto", show_default=True, help="vLLM: the conv state's dtype."),
+        click.option("--mamba-ssm-cache-dtype", default="auto", show_default=True, help="vLLM: the SSM state's dtype."),
+        click.option(
+            "--from-command",
+            metavar="COMMAND",
+            help="A pasted launch command ('vllm serve MODEL ...', 'text-generation-launcher ...', docker run ...): its flags become the plan's; options given here win.",
+        ),
     ]
     function = _apply(function, options if engine else options[1:])
     if model_required:
-        return model_option(function)
+        return click.option(
+            "--model",
+            "-m",
+            metavar="MODEL",
+            help="config.json file or folder, a model in the local HF cache, a catalog id/alias (`kvops models`), or a Hub id ORG/NAME[@REVISION] (hf://ORG/NAME reads the Hub first) [required unless --from-command names it].",
+        )(function)
     return click.option(
         "--model",
         "-m",
@@ -369,11 +453,13 @@ _SIZES = {"gpu_memory": "--gpu-memory", "kv_cache_memory_bytes": "--kv-cache-mem
 
 
 def deployment_options(ctx: click.Context, params: dict[str, Any], launcher: tuple[str, ...] = ()) -> DeploymentOptions:
-    """The deployment options the command's parameters state; `given` holds those the user stated (flags or -f file)."""
+    """The deployment options the command's parameters state; `given` holds those the user stated: typed, in the -f
+    file, or in a pasted launch command (--from-command), which states the rest."""
     from click.core import ParameterSource
 
     from kvops.deployment import DeploymentOptions
 
+    params, derived = _vllm_spellings(dict(params))
     known = set(DeploymentOptions().field_names())
     values: dict[str, Any] = {}
     given = set()
@@ -384,13 +470,53 @@ def deployment_options(ctx: click.Context, params: dict[str, Any], launcher: tup
         if name in _SIZES and value is not None:
             value = parse_bytes(value, _SIZES[name])
         values[field] = value
-        if ctx.get_parameter_source(name) in (ParameterSource.COMMANDLINE, ParameterSource.DEFAULT_MAP):
-            given.add(field)  # typed, or stated in the -f file
+        if name in derived or ctx.get_parameter_source(name) in (
+            ParameterSource.COMMANDLINE,
+            ParameterSource.DEFAULT_MAP,
+        ):
+            given.add(field)  # typed, stated in the -f file, or derived from --from-command
     if values.get("workload") and (values.get("prompt_tokens") is not None or values.get("gen_tokens") is not None):
         raise click.UsageError("give either --workload FILE or --prompt-tokens/--gen-tokens, not both")
     if launcher:
         values["launcher"], given = launcher, given | {"launcher"}
-    return DeploymentOptions(**values, given=frozenset(given))
+    options = DeploymentOptions(**values, given=frozenset(given))
+    if params.get("from_command"):
+        options = options.under(_from_command(params["from_command"]))
+    return options
+
+
+def _vllm_spellings(params: dict[str, Any]) -> tuple[dict[str, Any], set[str]]:
+    """vLLM's option forms as DeploymentOptions fields (--data-parallel-size as GPUs in all, --cpu-offload-gb in
+    bytes, --dtype canonical, the hybrid manager switch inverted), and the fields so given."""
+    derived = set()
+    data_parallel = params.pop("data_parallel", None)
+    if data_parallel:
+        if params.get("gpus"):
+            raise click.UsageError("give --gpus or --data-parallel-size, not both")
+        if not params.get("tp"):  # vLLM's default: each replica on one GPU
+            params["tp"] = 1
+            derived.add("tp")
+        params["gpus"] = data_parallel * params["tp"] * (params.get("pp") or 1)
+        derived.add("gpus")
+    offload = params.pop("cpu_offload_gb", None)
+    if offload:
+        params["cpu_offload_bytes"] = int(offload * (1 << 30))
+        derived.add("cpu_offload_bytes")
+    if "dtype" in params:
+        params["dtype"] = SERVING_DTYPES[str(params["dtype"]).lower()]
+    if params.pop("disable_hybrid_kv_cache_manager", False):
+        params["hybrid_manager"] = False
+        derived.add("hybrid_manager")
+    return params, derived
+
+
+def _from_command(text: str) -> DeploymentOptions:
+    """The options a pasted launch command states, with a line for each flag it does not use."""
+    from kvops.deployment import DeploymentOptions
+    from kvops.engines.command import read_command
+
+    stated = read_command(text)
+    return DeploymentOptions.stated(engine=stated.engine, **stated.values, command_lines=tuple(stated.lines))
 
 
 def launcher_words(text: str | None) -> tuple[str, ...]:

@@ -11,6 +11,7 @@ if TYPE_CHECKING:
     from kvops.calibrate import Calibration
     from kvops.deployment import DeploymentOptions
     from kvops.dtypes import KvDtype
+    from kvops.engines.command import StatedCommand
     from kvops.engines.logs import LogFacts
     from kvops.model.spec import ModelSpec
     from kvops.plan import Plan, PlanInputs, WayOut
@@ -45,6 +46,10 @@ class Engine(Protocol):
 
     def image(self, vendor: str | None) -> str:
         """The official image for the device's vendor (None: no device given)."""
+        ...
+
+    def read_command(self, words: list[str]) -> StatedCommand | None:
+        """What a pasted launch command states, when its words start this engine (None: they do not)."""
         ...
 
     def plan_once(self, inputs: PlanInputs) -> Plan:

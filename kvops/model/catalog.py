@@ -9,9 +9,13 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
+from kvops.model.params import PublishedCount
+
 
 @dataclass(frozen=True)
 class CatalogEntry:
+    """One catalog file: the config.json, its source, and the published parameter count of the checkpoint."""
+
     id: str
     aliases: tuple[str, ...]
     config: dict[str, Any]
@@ -21,7 +25,14 @@ class CatalogEntry:
     file: str
     tied_lm_head_stored: bool = False  # the checkpoint stores lm_head.weight although tied (counted once when loaded)
     hf_quant_config: dict[str, Any] | None = None  # NVIDIA ModelOpt's hf_quant_config.json, beside config.json
+    parameters_exclude_mtp: bool = False  # the published count is of a port without the MTP layers
     notes: str | None = None
+
+    @property
+    def published(self) -> PublishedCount | None:
+        if not self.parameters:
+            return None
+        return PublishedCount(self.parameters, self.tied_lm_head_stored, self.parameters_exclude_mtp)
 
 
 @lru_cache(maxsize=1)
@@ -44,6 +55,7 @@ def catalog() -> tuple[CatalogEntry, ...]:
                 file=f"kvops/catalog/models/{item.name}",
                 tied_lm_head_stored=bool(data.get("tied_lm_head_stored")),
                 hf_quant_config=data.get("hf_quant_config"),
+                parameters_exclude_mtp=bool(data.get("parameters_exclude_mtp")),
                 notes=data.get("notes"),
             )
         )

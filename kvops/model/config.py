@@ -17,8 +17,24 @@ from typing import Any
 from kvops.dtypes import canonical_dtype_name
 from kvops.errors import ConfigError
 from kvops.model.defaults import with_defaults
-from kvops.model.params import ParameterCount, count_parameters
-from kvops.model.spec import FullAttention, LayerKind, ModelSpec, MultiLatentAttention, SlidingWindow
+from kvops.model.params import ParameterCount, PublishedCount, count_parameters
+from kvops.model.spec import (
+    CacheKind,
+    ChunkedLocal,
+    FullAttention,
+    LayerKind,
+    MambaState,
+    ModelSpec,
+    MultiLatentAttention,
+    NoCache,
+    SlidingWindow,
+    SparseIndexer,
+)
+
+# Architectures whose cache kvops cannot compute yet: one line instead of a wrong number.
+NOT_MODELLED = {
+    "deepseek_v4": "DeepSeek-V4's compressed sparse attention (compressed, sliding and indexer caches per layer) is not modelled by kvops yet; plan it with a measured --profile or --kv-cache-memory-bytes",
+}
 
 # Field names differ between architectures; the first one present wins.
 _LAYERS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
@@ -45,14 +61,15 @@ def spec_from_config(
     source: str,
     where: str,
     source_path: str | None = None,
-    parameters: int | None = None,
+    published: PublishedCount | None = None,
     aliases: tuple[str, ...] = (),
-    stored_tied_head: bool = False,
 ) -> ModelSpec:
-    """Build a ModelSpec. `where` names the file in error messages; `parameters` is a published count of the
-    checkpoint, if known; `stored_tied_head`: the checkpoint stores lm_head.weight although it is tied."""
+    """Build a ModelSpec. `where` names the file in error messages; `published` is the checkpoint's published
+    parameter count, if known."""
     notes: list[str] = []
     text = with_defaults(language_config(config), notes)
+    if text.get("model_type") in NOT_MODELLED:
+        raise ConfigError(f"{where}: {NOT_MODELLED[text['model_type']]}")
     reader = _Reader(text, where)
     num_layers = reader.positive(_LAYERS)
     num_heads = reader.positive(_HEADS)
@@ -75,7 +92,7 @@ def spec_from_config(
     if head_dim * num_heads != hidden and "head_dim" in text:
         notes.append(f"explicit head_dim {head_dim} (hidden_size / heads would give {hidden / num_heads:g})")
 
-    layers = _layer_kinds(text, reader, num_layers, kv_heads, head_dim, notes)
+    layers, extra_caches = _layer_kinds(text, reader, num_layers, kv_heads, head_dim, notes)
     dtype = _serving_dtype(text, config, notes)
     counted = count_parameters(
         text,
@@ -85,8 +102,9 @@ def spec_from_config(
         kv_heads=kv_heads,
         head_dim=head_dim,
         wrapper=config,
+        layers=layers,
     )
-    loaded = _loaded_parameters(counted, parameters, stored_tied_head, notes)
+    loaded = _loaded_parameters(counted, published, notes)
     return ModelSpec(
         name=name,
         source=source,
@@ -101,16 +119,17 @@ def spec_from_config(
         intermediate_size=int(_first(text, _INTERMEDIATE) or 4 * hidden),
         max_position_embeddings=_max_positions(text),
         parameters=loaded,
-        parameters_source="catalog" if parameters else "config",
-        checkpoint_parameters=parameters or counted.checkpoint,
-        mtp_parameters=counted.mtp,
-        vision_parameters=counted.vision,
+        parameters_source="catalog" if published else "config",
+        checkpoint_parameters=published.total if published else counted.checkpoint,
+        count=counted,
         expert_parameters=counted.experts,
         num_experts=counted.num_experts,
         experts_per_token=int(text.get("num_experts_per_tok") or text.get("experts_per_token") or 0),
         moe_intermediate_size=int(text.get("moe_intermediate_size") or 0),
         tie_word_embeddings=bool(text.get("tie_word_embeddings", config.get("tie_word_embeddings", False))),
         quantization=_quantization(config, text),
+        extra_caches=extra_caches,
+        mtp_layers=int(text.get("num_nextn_predict_layers") or text.get("mtp_num_hidden_layers") or 0),
         aliases=aliases,
         notes=tuple(notes),
     )
@@ -118,28 +137,185 @@ def spec_from_config(
 
 def _layer_kinds(
     text: dict, reader: _Reader, num_layers: int, kv_heads: int, head_dim: int, notes: list[str]
-) -> tuple[LayerKind, ...]:
+) -> tuple[tuple[CacheKind, ...], tuple[tuple[int, LayerKind], ...]]:
+    """Each decoder layer's cache, and the extra caches some layers keep beside it (the sparse indexer)."""
     if text.get("kv_lora_rank"):
-        latent = MultiLatentAttention(
-            kv_lora_rank=reader.positive(("kv_lora_rank",)),
-            qk_rope_head_dim=reader.positive(("qk_rope_head_dim",)),
-            qk_nope_head_dim=reader.check_positive("qk_nope_head_dim", text.get("qk_nope_head_dim") or head_dim),
-            v_head_dim=reader.check_positive("v_head_dim", text.get("v_head_dim") or head_dim),
+        return _mla_layers(text, reader, num_layers, head_dim, notes)
+    if text.get("block_configs"):
+        return _nas_layers(text, reader, num_layers, head_dim, notes), ()
+    attention = _attention_layers(text, reader, num_layers, kv_heads, head_dim, notes)
+    state = _state_layer(text, reader)
+    kinds = _hybrid_kinds(text, num_layers, reader.where, notes)
+    if kinds is None:
+        return attention, ()
+    if state is None and "mamba" in kinds:
+        raise ConfigError(f"{reader.where}: recurrent layers of {text.get('model_type')!r} are not modelled")
+    by_kind = {"attention": None, "mamba": state, "none": NoCache()}
+    return tuple(attention[i] if kind == "attention" else by_kind[kind] for i, kind in enumerate(kinds)), ()
+
+
+def _mla_layers(
+    text: dict, reader: _Reader, num_layers: int, head_dim: int, notes: list[str]
+) -> tuple[tuple[CacheKind, ...], tuple[tuple[int, LayerKind], ...]]:
+    sparse = bool(text.get("index_topk"))
+    latent = MultiLatentAttention(
+        kv_lora_rank=reader.positive(("kv_lora_rank",)),
+        qk_rope_head_dim=reader.positive(("qk_rope_head_dim",)),
+        qk_nope_head_dim=reader.check_positive("qk_nope_head_dim", text.get("qk_nope_head_dim") or head_dim),
+        v_head_dim=reader.check_positive("v_head_dim", text.get("v_head_dim") or head_dim),
+        sparse=sparse,
+    )
+    if not sparse:
+        return (latent,) * num_layers, ()
+    indexer = SparseIndexer(reader.positive(("index_head_dim",)))
+    notes.append(
+        f"sparse attention (index_topk {text['index_topk']}): each layer also caches an indexer key of {indexer.head_dim} B per token"
+    )
+    return (latent,) * num_layers, tuple((index, indexer) for index in range(num_layers))
+
+
+def _attention_layers(
+    text: dict, reader: _Reader, num_layers: int, kv_heads: int, head_dim: int, notes: list[str]
+) -> tuple[LayerKind, ...]:
+    """Full, sliding or chunked attention per layer (the attention a hybrid model's attention layers use)."""
+    full = FullAttention(kv_heads, head_dim, int(text.get("v_head_dim") or 0))
+    if text.get("global_head_dim") or text.get("num_global_key_value_heads"):  # Gemma 4: wider global layers
+        full = FullAttention(
+            int(text.get("num_global_key_value_heads") or kv_heads), int(text.get("global_head_dim") or head_dim)
         )
-        return (latent,) * num_layers
-    full = FullAttention(kv_heads, head_dim)
+    return _without_shared_kv(text, _attention_kinds(text, reader, num_layers, full, kv_heads, head_dim, notes), notes)
+
+
+def _attention_kinds(
+    text: dict, reader: _Reader, num_layers: int, full: FullAttention, kv_heads: int, head_dim: int, notes: list[str]
+) -> tuple[LayerKind, ...]:
+    chunked = _chunked_layers(text, num_layers, notes)
+    if chunked:
+        chunk = ChunkedLocal(kv_heads, head_dim, chunk=reader.positive(("attention_chunk_size",)))
+        return tuple(chunk if is_chunked else full for is_chunked in chunked)
     sliding_flags = _sliding_layers(text, num_layers, reader.where, notes)
     if not any(sliding_flags):
         return (full,) * num_layers
     window = reader.positive(("sliding_window",))
-    sliding = SlidingWindow(kv_heads, head_dim, window=window)
+    sliding = SlidingWindow(
+        int(text.get("swa_num_key_value_heads") or kv_heads),
+        int(text.get("swa_head_dim") or head_dim),
+        int(text.get("swa_v_head_dim") or text.get("v_head_dim") or 0),
+        window=window,
+    )
+    if full.head_dim != sliding.head_dim or full.num_kv_heads != sliding.num_kv_heads:
+        notes.append(
+            f"sliding layers: {sliding.num_kv_heads} KV heads x {sliding.head_dim}; full layers: {full.num_kv_heads} x {full.head_dim}"
+        )
     return tuple(sliding if is_sliding else full for is_sliding in sliding_flags)
+
+
+def _without_shared_kv(text: dict, layers: tuple[LayerKind, ...], notes: list[str]) -> tuple[CacheKind, ...]:
+    """Gemma 3n/4: the last num_kv_shared_layers layers read an earlier layer's KV and keep none of their own."""
+    shared = int(text.get("num_kv_shared_layers") or 0)
+    if not shared:
+        return layers
+    notes.append(f"the last {shared} layers share an earlier layer's KV cache and keep none of their own")
+    return layers[: len(layers) - shared] + (NoCache(),) * shared
+
+
+def _chunked_layers(text: dict, num_layers: int, notes: list[str]) -> list[bool]:
+    """Llama 4: layers with RoPE (no_rope_layers 1) use chunked local attention, the NoPE ones are global."""
+    if not text.get("attention_chunk_size") or text.get("model_type") not in ("llama4_text", "llama4"):
+        return []
+    interval = int(text.get("no_rope_layer_interval") or 4)
+    flags = text.get("no_rope_layers") or [int((i + 1) % interval != 0) for i in range(num_layers)]
+    if "no_rope_layers" not in text:
+        notes.append(f"no no_rope_layers: every {interval}th layer is global (NoPE), as the llama4 class default")
+    notes.append(
+        f"attention_chunk_size {text['attention_chunk_size']}: {sum(flags)} layers attend within their chunk only"
+    )
+    return [bool(flag) for flag in flags]
+
+
+def _hybrid_kinds(text: dict, num_layers: int, where: str, notes: list[str]) -> list[str] | None:
+    """For hybrid models, "attention", "mamba" (a recurrent state) or "none" per layer, by the rule the model's
+    own code applies; None for attention-only models."""
+    pattern = text.get("hybrid_override_pattern")
+    if pattern:  # Nemotron-H: M Mamba-2, * attention, - MLP, E MoE
+        kinds = [{"M": "mamba", "*": "attention"}.get(char, "none") for char in pattern]
+    elif text.get("layer_types") and {"mamba", "linear_attention"} & set(text["layer_types"]):
+        kinds = [{"mamba": "mamba", "linear_attention": "mamba"}.get(kind, "attention") for kind in text["layer_types"]]
+    elif text.get("full_attention_interval") and text.get("linear_num_value_heads"):  # Qwen3-Next
+        interval = int(text["full_attention_interval"])
+        kinds = ["attention" if (i + 1) % interval == 0 else "mamba" for i in range(num_layers)]
+    else:
+        return None
+    if len(kinds) != num_layers:
+        raise ConfigError(f"{where}: the layer pattern lists {len(kinds)} layers but num_hidden_layers is {num_layers}")
+    notes.append(
+        f"hybrid: {kinds.count('attention')} attention layers, {kinds.count('mamba')} recurrent-state layers"
+        + (f", {kinds.count('none')} without cache" if "none" in kinds else "")
+    )
+    return kinds
+
+
+def _state_layer(text: dict, reader: _Reader) -> MambaState | None:
+    """The recurrent layer's state shape: Gated DeltaNet (Qwen3-Next, Qwen3.5) or Mamba-2 (Granite-4.0-H,
+    Nemotron-H), under each family's field names."""
+    if text.get("linear_num_value_heads"):
+        value_heads, value_dim = (
+            reader.positive(("linear_num_value_heads",)),
+            reader.positive(("linear_value_head_dim",)),
+        )
+        return MambaState(
+            variant="gdn",
+            conv_kernel=reader.positive(("linear_conv_kernel_dim",)),
+            conv_channels=value_heads * value_dim,
+            groups=reader.positive(("linear_num_key_heads",)),
+            group_dim=reader.positive(("linear_key_head_dim",)),
+            heads=value_heads,
+            head_dim=value_dim,
+            ssm_dtype=str(text.get("mamba_ssm_dtype") or ""),
+        )
+    heads = _first(text, ("mamba_num_heads", "mamba_n_heads"))
+    if heads is None:
+        return None
+    head_dim = reader.positive(("mamba_head_dim", "mamba_d_head"))
+    return MambaState(
+        variant="mamba2",
+        conv_kernel=reader.positive(("conv_kernel", "mamba_d_conv")),
+        conv_channels=int(heads) * head_dim,
+        groups=reader.positive(("n_groups", "mamba_n_groups")),
+        group_dim=reader.positive(("ssm_state_size", "mamba_d_state")),
+        heads=int(heads),
+        head_dim=head_dim,
+        ssm_dtype=str(text.get("mamba_ssm_cache_dtype") or ""),
+    )
+
+
+def _nas_layers(text: dict, reader: _Reader, num_layers: int, head_dim: int, notes: list[str]) -> tuple[CacheKind, ...]:
+    """Nemotron NAS (DeciLM): each block's attention has its own KV heads (heads / n_heads_in_group), or none."""
+    blocks = text["block_configs"]
+    if len(blocks) != num_layers:
+        raise ConfigError(
+            f"{reader.where}: block_configs lists {len(blocks)} blocks but num_hidden_layers is {num_layers}"
+        )
+    heads = reader.positive(("num_attention_heads",))
+    layers: list[CacheKind] = []
+    for block in blocks:
+        attention = block.get("attention") or {}
+        if attention.get("no_op") or attention.get("replace_with_linear") or not attention.get("n_heads_in_group"):
+            layers.append(NoCache())
+        else:
+            layers.append(FullAttention(heads // int(attention["n_heads_in_group"]), head_dim))
+    notes.append(
+        f"per-block attention: {sum(layer.kind != 'none' for layer in layers)} of {num_layers} layers cache KV"
+    )
+    return tuple(layers)
 
 
 def _sliding_layers(text: dict, num_layers: int, where: str, notes: list[str]) -> list[bool]:
     """Which layers use the sliding window, by the rule the model's own code applies."""
     window = text.get("sliding_window")
     layer_types = text.get("layer_types")
+    if isinstance(text.get("hybrid_layer_pattern"), list):  # MiMo-V2: 1 marks a sliding layer, 0 a full one
+        layer_types = ["sliding_attention" if flag == 1 else "full_attention" for flag in text["hybrid_layer_pattern"]]
     if layer_types:
         if len(layer_types) != num_layers:
             raise ConfigError(
@@ -168,7 +344,7 @@ def _sliding_layers(text: dict, num_layers: int, where: str, notes: list[str]) -
     return [True] * num_layers
 
 
-def _loaded_parameters(counted: ParameterCount, published: int | None, stored_tied_head: bool, notes: list[str]) -> int:
+def _loaded_parameters(counted: ParameterCount, published: PublishedCount | None, notes: list[str]) -> int:
     """What an engine loads to generate text: the published checkpoint count without what it does not load
     (MTP layers, a stored copy of tied embeddings), else the counted language model and vision tower."""
     if counted.mtp:
@@ -177,15 +353,13 @@ def _loaded_parameters(counted: ParameterCount, published: int | None, stored_ti
         )
     if counted.vision:
         notes.append(f"{counted.vision:,} parameters of the vision tower and projector are loaded with the model")
-    if not published:
+    if published is None:
         return counted.total + counted.vision
-    tied_copy = 0
-    if stored_tied_head:
-        tied_copy = counted.embeddings
+    if published.stores_tied_head:
         notes.append(
-            f"the checkpoint stores lm_head.weight ({tied_copy:,} parameters) although it is tied to the embeddings: loaded once"
+            f"the checkpoint stores lm_head.weight ({counted.embeddings:,} parameters) although it is tied to the embeddings: loaded once"
         )
-    return published - counted.mtp - tied_copy
+    return published.loaded(counted)
 
 
 def _quantization(config: dict, text: dict) -> dict | None:

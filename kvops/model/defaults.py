@@ -173,6 +173,16 @@ ARCHITECTURE_DEFAULTS: dict[str, dict] = {
         "num_local_experts": 128,
         "num_experts_per_tok": 4,
     },
+    "nemotron_h": {
+        "mlp_hidden_act": "relu2",
+        "mamba_ssm_cache_dtype": "float32",
+        "use_conv_bias": True,
+        "mamba_proj_bias": False,
+    },
+    "granitemoehybrid": {
+        "mamba_conv_bias": True,
+        "mamba_proj_bias": False,
+    },
     "opt": {
         "num_hidden_layers": 12,
         "num_attention_heads": 12,

@@ -1,34 +1,98 @@
-"""Find a model's config.json: a local path, then the local Hugging Face cache (offline), then the catalog."""
+"""Find a model's config.json: a local path, then the local Hugging Face cache (offline), then the catalog, then the
+Hugging Face Hub. `hf://ORG/NAME[@REVISION]` (or `ORG/NAME@REVISION`) asks the Hub first, for catalog models too.
+
+Where the checkpoint's safetensors files can be read (a local folder, a full snapshot in the HF cache, the Hub by
+HTTP range), the spec carries their headers: weights are then the checkpoint's own bytes."""
 
 from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
+from importlib.util import find_spec
 from pathlib import Path
 
 from kvops.errors import ConfigError, ModelNotFound
 from kvops.model import catalog
+from kvops.model.checkpoint import Checkpoint, read_local
 from kvops.model.config import spec_from_config
+from kvops.model.params import PublishedCount
 from kvops.model.spec import ModelSpec
 
 
 def load_model(name: str) -> ModelSpec:
     """Resolve a --model argument to a ModelSpec, or fail with one line that says what was tried."""
+    from kvops.model import hub
+
     path = Path(name).expanduser()
-    if path.exists():
-        return _from_file(_config_file(path), name=name, source="path")
+    if not name.startswith(hub.PREFIX) and path.exists():
+        config = _config_file(path)
+        return _with_checkpoint(_from_file(config, name=name, source="path"), read_local(config.parent))
+    ref = hub.parse_ref(name)
+    if ref is None or not ref.explicit:
+        found = _local(name)
+        if found is not None:
+            return found
+    if ref is None:
+        raise ModelNotFound(_not_found(name, "not a path, not in the local Hugging Face cache, not in the catalog"))
+    if not ref.explicit and find_spec("huggingface_hub") is None:
+        tried = (
+            "not a path, not in the catalog; reading it from the Hub needs huggingface_hub (pip install 'kvops[hub]')"
+        )
+        raise ModelNotFound(_not_found(name, tried))
+    try:
+        return hub_spec(hub.fetch_model(ref))
+    except hub.HubError as exc:
+        if ref.explicit:
+            raise
+        raise hub.HubError(f"{name!r} is not in the catalog; {exc}") from None
+
+
+def _local(name: str) -> ModelSpec | None:
+    """The model from the local HF cache (offline) or the catalog, without asking the Hub."""
     cached = _hf_cache_config(name)
-    if cached is not None:
-        entry = catalog.find(name)
-        return _from_file(cached, name=name, source="hf-cache", parameters=entry.parameters if entry else None)
     entry = catalog.find(name)
-    if entry is not None:
-        return catalog_spec(entry)
+    if cached is not None:
+        spec = _from_file(cached, name=name, source="hf-cache", published=entry.published if entry else None)
+        return _with_checkpoint(spec, read_local(cached.parent) or _cached_headers(name, cached))
+    return catalog_spec(entry) if entry is not None else None
+
+
+def _not_found(name: str, tried: str) -> str:
     close = catalog.suggestions(name)
     hint = f"; did you mean {', '.join(close)}?" if close else ""
-    raise ModelNotFound(
-        f"model {name!r} not found: not a path, not in the local Hugging Face cache, not in the catalog{hint} (`kvops models` lists the catalog)"
+    return f"model {name!r} not found: {tried}{hint} (`kvops models` lists the catalog)"
+
+
+def hub_spec(model) -> ModelSpec:
+    """A ModelSpec from a Hub model's config.json, with its checkpoint's headers when they were read."""
+    entry = catalog.find(model.ref.repo)
+    config = with_quant_config(model.config, model.hf_quant_config)
+    spec = spec_from_config(
+        config,
+        name=model.ref.repo,
+        source="hub",
+        where=f"{model.ref.label} config.json",
+        source_path=model.config_path,
+        published=entry.published if entry else None,
     )
+    spec = replace(spec, revision=model.ref.revision)
+    if model.note:
+        spec = replace(spec, notes=(*spec.notes, f"weights from the parameter count: {model.note}"))
+    return _with_checkpoint(spec, model.checkpoint)
+
+
+def _with_checkpoint(spec: ModelSpec, checkpoint: Checkpoint | None) -> ModelSpec:
+    if checkpoint is None or not checkpoint.tensors:
+        return spec
+    return replace(spec, checkpoint=checkpoint, parameters_source="checkpoint")
+
+
+def _cached_headers(name: str, config: Path) -> Checkpoint | None:
+    """Headers kvops read earlier for this snapshot (config.json's folder is named by its commit)."""
+    from kvops.model import hub
+
+    return hub.cached_headers(name, config.parent.name)
 
 
 def catalog_spec(entry: catalog.CatalogEntry) -> ModelSpec:
@@ -38,9 +102,8 @@ def catalog_spec(entry: catalog.CatalogEntry) -> ModelSpec:
         name=entry.id,
         source="catalog",
         where=entry.file,
-        parameters=entry.parameters,
+        published=entry.published,
         aliases=entry.aliases,
-        stored_tied_head=entry.tied_lm_head_stored,
     )
 
 
@@ -59,7 +122,7 @@ def _config_file(path: Path) -> Path:
     return path
 
 
-def _from_file(path: Path, *, name: str, source: str, parameters: int | None = None) -> ModelSpec:
+def _from_file(path: Path, *, name: str, source: str, published: PublishedCount | None = None) -> ModelSpec:
     try:
         config = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError) as exc:
@@ -69,7 +132,7 @@ def _from_file(path: Path, *, name: str, source: str, parameters: int | None = N
     if not isinstance(config, dict):
         raise ConfigError(f"{path}: a config.json must hold a JSON object")
     return spec_from_config(
-        config, name=name, source=source, where=str(path), source_path=str(path), parameters=parameters
+        config, name=name, source=source, where=str(path), source_path=str(path), published=published
     )
 
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from kvops.model.spec import CacheKind, MambaState
+
 
 @dataclass(frozen=True)
 class ParameterCount:
@@ -22,11 +24,37 @@ class ParameterCount:
     mtp: int = 0  # multi-token-prediction layers the checkpoint stores (vLLM loads them only to speculate)
     vision: int = 0  # vision tower and projector, when its architecture is counted
     embeddings: int = 0  # the token embedding matrix (vocab x hidden)
+    lm_head: int = 0  # an untied LM head (0 when tied to the embeddings)
+    layers: tuple[int, ...] = ()  # each decoder layer (what pipeline stages split)
+    layer_experts: tuple[int, ...] = ()  # each decoder layer's routed experts
 
     @property
     def checkpoint(self) -> int:
         """Every parameter the checkpoint stores, as far as it is counted."""
         return self.total + self.mtp + self.vision
+
+
+@dataclass(frozen=True)
+class PublishedCount:
+    """A checkpoint's published parameter count, and what it holds besides (or without) the counted parts."""
+
+    total: int
+    stores_tied_head: bool = False  # lm_head.weight is stored although tied to the embeddings
+    without_mtp: bool = False  # the figure is of a port that leaves the MTP layers out
+
+    def loaded(self, counted: ParameterCount) -> int:
+        """What an engine loads to generate text: the figure without MTP layers and without a tied copy."""
+        return (
+            self.total - (0 if self.without_mtp else counted.mtp) - (counted.embeddings if self.stores_tied_head else 0)
+        )
+
+    def expected(self, counted: ParameterCount) -> int:
+        """What the count says this figure should be."""
+        return (
+            counted.checkpoint
+            - (counted.mtp if self.without_mtp else 0)
+            + (counted.embeddings if self.stores_tied_head else 0)
+        )
 
 
 def count_parameters(
@@ -38,8 +66,10 @@ def count_parameters(
     kv_heads: int,
     head_dim: int,
     wrapper: dict[str, Any] | None = None,
+    layers: tuple[CacheKind, ...] = (),
 ) -> ParameterCount:
-    """`text` is the language model's config (text_config merged), `wrapper` the whole config.json."""
+    """`text` is the language model's config (text_config merged), `wrapper` the whole config.json, `layers` each
+    layer's cache kind (which mixer it has: attention, a recurrent state, or none)."""
     shape = _Shape(text, hidden, num_heads, kv_heads, head_dim)
     vocab = int(text.get("vocab_size") or 0)
     embed_dim = int(text.get("word_embed_proj_dim") or hidden)
@@ -50,25 +80,56 @@ def count_parameters(
         embeddings += (int(text.get("max_position_embeddings") or 0) + 2) * hidden  # learned positions, offset 2
     lm_head = 0 if text.get("tie_word_embeddings", shape.model_type in _TIED_BY_DEFAULT) else vocab * embed_dim
 
-    dense_layers = int(text.get("first_k_dense_replace") or 0) if shape.num_experts else num_layers
-    layers = sum(shape.decoder_layer(moe=index >= dense_layers) for index in range(num_layers))
-    experts = (num_layers - dense_layers) * shape.routed_experts() if shape.num_experts else 0
+    kinds = layers or (None,) * num_layers
+    per_layer = tuple(shape.decoder_layer(index, kind) for index, kind in enumerate(kinds))
+    layer_experts = tuple(
+        shape.routed_experts() if shape.mlp_kind(index) == "moe" else 0 for index in range(num_layers)
+    )
+    blocks, experts = sum(per_layer), sum(layer_experts)
     final_norm = 2 * hidden if shape.model_type == "opt" else hidden  # OPT's LayerNorm has a bias
-    total = embeddings + lm_head + layers + final_norm
-    mtp_layers = int(text.get("num_nextn_predict_layers") or 0)
-    mtp = mtp_layers * _mtp_module(shape, vocab) if mtp_layers else 0
+    total = embeddings + lm_head + blocks + final_norm
     return ParameterCount(
         total=total,
         experts=experts,
         num_experts=shape.num_experts,
-        mtp=mtp,
+        mtp=_mtp(shape, vocab, kinds),
         vision=vision_parameters(wrapper or {}),
         embeddings=vocab * embed_dim,
+        lm_head=lm_head,
+        layers=per_layer,
+        layer_experts=layer_experts,
     )
 
 
-_TIED_BY_DEFAULT = {"opt", "gemma", "gemma2", "gemma3", "gemma3_text"}
-_QK_NORM_PER_HEAD = {"qwen3", "qwen3_moe", "gemma3", "gemma3_text"}  # one head_dim-wide norm for q and one for k
+def _mtp(shape: _Shape, vocab: int, kinds: tuple) -> int:
+    """Multi-token-prediction modules: DeepSeek's (num_nextn_predict_layers) store a full MoE layer with its
+    own embedding and head copies; Qwen3.5's (mtp_num_hidden_layers) a full-attention MoE layer, a projection
+    of the embedding and hidden state, and their norms."""
+    hidden = shape.hidden
+    if shape.text.get("mtp_hybrid_override_pattern"):  # Nemotron-H: its MTP blocks follow their own pattern
+        attention = next((kind for kind in kinds if kind is not None and kind.kind == "full"), None)
+        mtp_pattern = str(shape.text["mtp_hybrid_override_pattern"])
+        blocks = sum(
+            shape.decoder_layer(0, attention if char == "*" else None, _PATTERN_MLP.get(char, "none"))
+            for char in mtp_pattern
+            if char in "*E-"
+        )
+        return int(shape.text.get("num_nextn_predict_layers") or 1) * (blocks + 2 * hidden * hidden + 3 * hidden)
+    if nextn := int(shape.text.get("num_nextn_predict_layers") or 0):
+        return nextn * _mtp_module(shape, vocab)
+    if qwen := int(shape.text.get("mtp_num_hidden_layers") or 0):
+        attention = next((kind for kind in kinds if kind is not None and kind.kind == "full"), None)
+        layer = shape.decoder_layer(len(kinds), attention, mlp="moe" if shape.num_experts else "dense")
+        return qwen * (layer + 2 * hidden * hidden + 3 * hidden)
+    return 0
+
+
+_TIED_BY_DEFAULT = {"opt", "gemma", "gemma2", "gemma3", "gemma3_text", "gemma4_text"}
+# one head_dim-wide norm for q and one for k
+_QK_NORM_PER_HEAD = {"qwen3", "qwen3_moe", "gemma3", "gemma3_text", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"}
+_MTP_SHARES_EMBEDDINGS = {"glm_moe_dsa"}
+_PATTERN_MLP = {"-": "dense", "E": "moe"}  # Nemotron-H pattern characters with an MLP
+_GATED_Q = {"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"}  # attn_output_gate: q_proj also yields the gate
 
 
 class _Shape:
@@ -84,44 +145,99 @@ class _Shape:
         self.num_experts = int(
             text.get("n_routed_experts") or text.get("num_local_experts") or text.get("num_experts") or 0
         )
+        self.pattern = str(text.get("hybrid_override_pattern") or "")
 
-    def decoder_layer(self, moe: bool) -> int:
-        return self.attention() + self.norms() + (self.moe_mlp() if moe else self.dense_mlp())
+    def decoder_layer(self, index: int, kind: CacheKind | None, mlp: str | None = None) -> int:
+        mlp = mlp or self.mlp_kind(index)
+        return self.mixer(kind, index) + self.norms(kind, mlp) + self.mlp(mlp, index)
 
-    def attention(self) -> int:
+    def mixer(self, kind: CacheKind | None, index: int = 0) -> int:
+        """The token mixer of a layer: attention (of this layer's heads), a recurrent layer, or none."""
+        if isinstance(kind, MambaState):
+            return (
+                _gated_delta_net(kind, self.hidden) if kind.variant == "gdn" else _mamba2(self.text, kind, self.hidden)
+            )
+        if kind is not None and kind.kind == "none":
+            attention = (self.text.get("block_configs") or [{}] * (index + 1))[index].get("attention") or {}
+            return self.hidden * self.hidden if attention.get("replace_with_linear") else 0
         if self.text.get("kv_lora_rank"):
-            return _mla_attention(self.text, self.hidden, self.num_heads)
-        return _gqa_attention(self.text, self.hidden, self.num_heads, self.kv_heads, self.head_dim) + self.qk_norms()
+            return _mla_attention(self.text, self.hidden, self.num_heads) + self.indexer()
+        kv_heads, head_dim = (kind.num_kv_heads, kind.head_dim) if kind is not None else (self.kv_heads, self.head_dim)
+        attention = _gqa_attention(self.text, self.hidden, self.num_heads, kv_heads, head_dim)
+        if self.model_type in _GATED_Q and self.text.get("attn_output_gate", True):
+            attention += self.hidden * self.num_heads * head_dim
+        return attention + self.qk_norms(head_dim, kv_heads)
 
-    def qk_norms(self) -> int:
+    def indexer(self) -> int:
+        """DeepSeek-V3.2's lightning indexer: query from the q latent, one key projection and its LayerNorm, and
+        per-head weights."""
+        dim = int(self.text.get("index_head_dim") or 0)
+        if not dim:
+            return 0
+        heads, q_rank = int(self.text["index_n_heads"]), int(self.text.get("q_lora_rank") or self.hidden)
+        return q_rank * heads * dim + self.hidden * dim + 2 * dim + self.hidden * heads
+
+    def qk_norms(self, head_dim: int, kv_heads: int) -> int:
         if self.model_type in _QK_NORM_PER_HEAD or (self.model_type == "glm4_moe" and self.text.get("use_qk_norm")):
-            return 2 * self.head_dim
+            return 2 * head_dim
         if self.text.get("qk_norm_type") == "per_layer" and self.text.get("use_qk_norm"):  # MiniMax-M2
-            return (self.num_heads + self.kv_heads) * self.head_dim
+            return (self.num_heads + kv_heads) * head_dim
         return 0
 
-    def norms(self) -> int:
+    def norms(self, kind: CacheKind | None, mlp: str) -> int:
         if self.model_type == "opt":
             return 4 * self.hidden  # two LayerNorms with bias
         if self.model_type in {"gemma2", "gemma3", "gemma3_text"}:
             return 4 * self.hidden  # pre and post norms around attention and MLP
-        if self.model_type == "cohere":
-            return self.hidden  # one LayerNorm (no bias) before the parallel attention and MLP
+        if self.model_type in {"cohere", "nemotron_h"}:
+            return self.hidden  # one norm per block
         return 2 * self.hidden
+
+    def mlp_kind(self, index: int) -> str:
+        """ "dense", "moe" or "none" for layer `index`, by the family's rule."""
+        if self.pattern:  # Nemotron-H: - dense MLP, E MoE, M and * no MLP
+            return _PATTERN_MLP.get(self.pattern[index] if index < len(self.pattern) else "", "none")
+        if self.text.get("block_configs"):
+            return "nas"
+        if not self.num_experts or index in (self.text.get("mlp_only_layers") or ()):
+            return "dense"
+        frequency = self.text.get("moe_layer_freq")
+        if isinstance(frequency, list):  # MiMo-V2: 1 marks a MoE layer
+            return "moe" if index < len(frequency) and frequency[index] else "dense"
+        if index < int(self.text.get("first_k_dense_replace") or 0):
+            return "dense"
+        step = int(self.text.get("interleave_moe_layer_step") or 1)
+        return "moe" if (index + 1) % step == 0 else "dense"
+
+    def mlp(self, kind: str, index: int = 0) -> int:
+        if kind == "none":
+            return 0
+        if kind == "nas":
+            return _nas_ffn(self.text["block_configs"][index].get("ffn") or {}, self.hidden)
+        return self.moe_mlp() if kind == "moe" else self.dense_mlp()
+
+    def _gated(self) -> bool:
+        """Gate, up and down projections (SwiGLU); Nemotron-H's relu2 MLPs and experts have up and down only."""
+        return self.text.get("mlp_hidden_act") != "relu2"
 
     def dense_mlp(self) -> int:
         if self.model_type == "opt":
             ffn = int(self.text["ffn_dim"])
             return 2 * self.hidden * ffn + ffn + self.hidden
-        inter = int(self.text.get("intermediate_size") or 4 * self.hidden)
-        return 3 * self.hidden * inter  # gate, up and down projections
+        if self.model_type == "granitemoehybrid":  # no dense MLP: the shared MLP beside (or without) the experts
+            return 3 * self.hidden * int(self.text.get("shared_intermediate_size") or 0)
+        inter = int(self.text.get("intermediate_size_mlp") or self.text.get("intermediate_size") or 4 * self.hidden)
+        return (3 if self._gated() else 2) * self.hidden * inter
 
     def expert_intermediate(self) -> int:
         return int(self.text.get("moe_intermediate_size") or self.text.get("intermediate_size"))
 
     def routed_experts(self) -> int:
         inter = self.expert_intermediate()
-        per_expert = 3 * self.hidden * inter + (2 * inter + self.hidden if self.model_type == "gpt_oss" else 0)
+        width = int(self.text.get("moe_latent_size") or self.hidden)  # Nemotron-3 Super: experts in a latent width
+        per_expert = (3 if self._gated() else 2) * width * inter
+        if self.model_type == "gpt_oss":
+            per_expert += 2 * inter + self.hidden
         return self.num_experts * per_expert
 
     def moe_mlp(self) -> int:
@@ -129,19 +245,76 @@ class _Shape:
         router = self.hidden * self.num_experts
         if self.model_type == "gpt_oss" or self.text.get("use_routing_bias") or self._correction_bias():
             router += self.num_experts
-        shared = int(self.text.get("n_shared_experts") or 0) * 3 * self.hidden * self.expert_intermediate()
-        return self.routed_experts() + router + shared
+        latent = int(self.text.get("moe_latent_size") or 0)
+        projections = 2 * self.hidden * latent  # into and out of the experts' latent width
+        return self.routed_experts() + router + self.shared_experts() + projections
+
+    def shared_experts(self) -> int:
+        text, hidden = self.text, self.hidden
+        if text.get("shared_expert_intermediate_size"):  # Qwen MoE: one shared expert and its sigmoid gate
+            return 3 * hidden * int(text["shared_expert_intermediate_size"]) + hidden
+        if text.get("moe_shared_expert_intermediate_size"):  # Nemotron-H
+            return (3 if self._gated() else 2) * hidden * int(text["moe_shared_expert_intermediate_size"])
+        if self.model_type == "granitemoehybrid":
+            return 3 * hidden * int(text.get("shared_intermediate_size") or 0)
+        if self.model_type == "llama4_text":  # one shared expert of the experts' width
+            return 3 * hidden * self.expert_intermediate()
+        return int(text.get("n_shared_experts") or 0) * 3 * hidden * self.expert_intermediate()
 
     def _correction_bias(self) -> bool:
         """DeepSeek-V3's noaux_tc routing (also GLM-4.5) keeps an e_score_correction_bias per expert."""
         return self.text.get("topk_method") == "noaux_tc" or self.model_type == "glm4_moe"
 
 
+def _nas_ffn(ffn: dict, hidden: int) -> int:
+    """A Nemotron NAS block's FFN: none, one linear map, or a gated MLP of ffn_mult x hidden (DeciLM's
+    _ffn_mult_to_intermediate_size: 2/3 of it, rounded up to a multiple of 256)."""
+    if ffn.get("no_op"):
+        return 0
+    if ffn.get("replace_with_linear"):
+        return hidden * hidden
+    inter = int(2 * float(ffn["ffn_mult"]) * hidden / 3)
+    inter = -(-inter // 256) * 256
+    return 3 * hidden * inter
+
+
+def _mamba2(text: dict, state: MambaState, hidden: int) -> int:
+    """Mamba-2 mixer: in_proj to z, x, B, C and dt; the depthwise conv (with bias); dt bias, A and D per head;
+    the gated norm; out_proj."""
+    inner, heads = state.conv_channels, state.heads
+    conv_dim = inner + 2 * state.groups * state.group_dim
+    bias = bool(text.get("mamba_proj_bias", text.get("use_bias", False)))
+    in_proj = hidden * (inner + conv_dim + heads) + (inner + conv_dim + heads if bias else 0)
+    conv = conv_dim * state.conv_kernel + (
+        conv_dim if text.get("use_conv_bias", text.get("mamba_conv_bias", True)) else 0
+    )
+    out_proj = inner * hidden + (hidden if bias else 0)
+    return in_proj + conv + 3 * heads + inner + out_proj
+
+
+def _gated_delta_net(state: MambaState, hidden: int) -> int:
+    """Gated DeltaNet mixer (Qwen3-Next, Qwen3.5): q, k, v and z projections, b and a per value head, the
+    depthwise conv over q, k and v, dt bias and A per value head, the per-head norm, out_proj."""
+    key_dim = state.groups * state.group_dim
+    value_dim = state.heads * state.head_dim
+    conv_dim = 2 * key_dim + value_dim
+    return (
+        hidden * (2 * key_dim + 2 * value_dim)
+        + hidden * 2 * state.heads
+        + conv_dim * state.conv_kernel
+        + 2 * state.heads
+        + state.head_dim
+        + value_dim * hidden
+    )
+
+
 def _mtp_module(shape: _Shape, vocab: int) -> int:
     """One DeepSeek-style MTP module as checkpoints store it: a MoE decoder layer, the embedding and hidden norms,
-    the projection of both into one hidden state, the shared head's norm, and copies of the embeddings and head."""
+    the projection of both into one hidden state, the shared head's norm, and copies of the embeddings and head
+    (GLM-5 stores no copies: its MTP layer shares them)."""
     hidden = shape.hidden
-    return shape.decoder_layer(moe=True) + 2 * hidden + 2 * hidden * hidden + hidden + 2 * vocab * hidden
+    copies = 0 if shape.model_type in _MTP_SHARES_EMBEDDINGS else 2 * vocab * hidden
+    return shape.decoder_layer(0, None, mlp="moe") + 2 * hidden + 2 * hidden * hidden + hidden + copies
 
 
 def _gqa_attention(text: dict, hidden: int, num_heads: int, kv_heads: int, head_dim: int) -> int:
@@ -210,4 +383,25 @@ def _pixtral(wrapper: dict, vision: dict, text_hidden: int) -> int:
     return tower + projector
 
 
-_VISION_TOWERS = {"siglip_vision_model": _siglip, "pixtral": _pixtral}
+def _qwen3_vl(wrapper: dict, vision: dict, text_hidden: int) -> int:
+    """Qwen3-VL's vision encoder (Qwen3.5): a 3-D patch convolution with bias, learned positions, LayerNorm
+    blocks with biased projections, and the patch merger (a norm and a two-layer MLP to the text width)."""
+    width, inter = int(vision["hidden_size"]), int(vision["intermediate_size"])
+    patch = int(vision["in_channels"]) * int(vision["temporal_patch_size"]) * int(vision["patch_size"]) ** 2
+    embeddings = patch * width + width + int(vision["num_position_embeddings"]) * width
+    block = 4 * width + (width * 3 * width + 3 * width) + (width * width + width) + (width * inter + inter)
+    block += inter * width + width
+    merged = width * int(vision["spatial_merge_size"]) ** 2
+    out = int(vision.get("out_hidden_size") or text_hidden)
+    merger = 2 * width + (merged * merged + merged) + (merged * out + out)
+    deepstack = len(vision.get("deepstack_visual_indexes") or ()) * (
+        2 * merged + merged * merged + merged + merged * out + out
+    )
+    return embeddings + int(vision["depth"]) * block + merger + deepstack
+
+
+_VISION_TOWERS = {
+    "siglip_vision_model": _siglip,
+    "pixtral": _pixtral,
+    **dict.fromkeys(("qwen3_5", "qwen3_5_moe", "qwen3_5_vision", "qwen3_5_moe_vision"), _qwen3_vl),
+}

@@ -1,18 +1,27 @@
 """What a model's KV cache is made of: a few small layer kinds, each knowing its own cost per token per GPU.
 
-The KV formula, per layer:  bytes per token = 2 x Hkv_per_gpu x D x s  (K and V, KV heads on this GPU,
-head dim, bytes per value). A sliding-window layer caches at most W tokens; an MLA layer caches one latent of
-kv_lora_rank + qk_rope_head_dim values per token, the same on every tensor-parallel rank.
+The KV formula, per layer:  bytes per token = Hkv_per_gpu x (Dk + Dv) x s  (K and V, KV heads on this GPU,
+head dims, bytes per value; Dk = Dv = D for most models, so 2 x Hkv x D x s). A sliding-window layer caches at
+most W tokens, a chunked local-attention layer (Llama 4) at most its chunk; an MLA layer caches one latent of
+kv_lora_rank + qk_rope_head_dim values per token, the same on every tensor-parallel rank; a sparse-attention
+indexer (DeepSeek-V3.2) caches one fp8 key with fp32 scales per token beside it. A state layer (Mamba-2, Gated
+DeltaNet) caches no tokens: one fixed-size recurrent state (a convolution window and the SSM state) per sequence.
 """
 
 from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from math import ceil
-from typing import ClassVar
+from math import ceil, prod
+from typing import TYPE_CHECKING, ClassVar
 
 from kvops.dtypes import SCALE_BYTES, KvDtype
+
+if TYPE_CHECKING:
+    from kvops.model.checkpoint import Checkpoint
+    from kvops.model.params import ParameterCount
+
+ATTENTION_KINDS = ("full", "sliding", "chunked", "mla")
 
 
 def kv_heads_per_gpu(num_kv_heads: int, tp: int) -> int:
@@ -27,12 +36,17 @@ class FullAttention:
     kind: ClassVar[str] = "full"
     num_kv_heads: int
     head_dim: int
+    v_head_dim: int = 0  # when V is narrower than K (MiMo-V2's sliding layers); 0: the same as head_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.v_head_dim or self.head_dim
 
     def heads_per_gpu(self, tp: int) -> int:
         return kv_heads_per_gpu(self.num_kv_heads, tp)
 
     def values_per_token(self, tp: int) -> int:
-        return 2 * self.heads_per_gpu(tp) * self.head_dim
+        return self.heads_per_gpu(tp) * (self.head_dim + self.value_dim)
 
     def scales_per_token(self, tp: int) -> int:
         return 2 * self.heads_per_gpu(tp)
@@ -50,7 +64,12 @@ class FullAttention:
         return tokens
 
     def formula(self, dtype: KvDtype, tp: int) -> str:
+        if self.v_head_dim and self.v_head_dim != self.head_dim:
+            return f"{self.heads_per_gpu(tp)} kv_heads x ({self.head_dim} + {self.v_head_dim}) K+V dims x {dtype.bytes:g} B"
         return f"2 x {self.heads_per_gpu(tp)} kv_heads x {self.head_dim} head_dim x {dtype.bytes:g} B"
+
+    def label(self) -> str:
+        return self.kind
 
 
 @dataclass(frozen=True)
@@ -62,6 +81,24 @@ class SlidingWindow(FullAttention):
 
     def cached_tokens(self, tokens: int) -> int:
         return min(tokens, self.window)
+
+    def label(self) -> str:
+        return f"sliding {self.window}"
+
+
+@dataclass(frozen=True)
+class ChunkedLocal(FullAttention):
+    """Llama 4's chunked local attention: a token attends only within its chunk of `chunk` tokens, so the layer
+    holds at most the current chunk (vLLM's ChunkedLocalAttentionSpec)."""
+
+    kind: ClassVar[str] = "chunked"
+    chunk: int = 0
+
+    def cached_tokens(self, tokens: int) -> int:
+        return min(tokens, self.chunk)
+
+    def label(self) -> str:
+        return f"chunked {self.chunk}"
 
 
 @dataclass(frozen=True)
@@ -76,6 +113,7 @@ class MultiLatentAttention:
     qk_rope_head_dim: int
     qk_nope_head_dim: int = 0  # per-head query/key width besides the rotary part (not cached by vLLM's MLA)
     v_head_dim: int = 0  # per-head value width (engines without MLA, e.g. TGI, cache full K/V heads of these)
+    sparse: bool = False  # DeepSeek-V3.2 sparse attention: attends to the indexer's top-k tokens
 
     @property
     def num_kv_heads(self) -> int:
@@ -109,8 +147,123 @@ class MultiLatentAttention:
     def formula(self, dtype: KvDtype, tp: int) -> str:
         return f"({self.kv_lora_rank} kv_lora_rank + {self.qk_rope_head_dim} qk_rope_head_dim) x {dtype.bytes:g} B (not split by tp)"
 
+    def label(self) -> str:
+        return "mla"
 
-LayerKind = FullAttention | SlidingWindow | MultiLatentAttention
+
+INDEXER_QUANT_BLOCK = 128  # vLLM's indexer stores fp8 keys with one fp32 scale per 128 values
+
+
+@dataclass(frozen=True)
+class SparseIndexer:
+    """DeepSeek-V3.2's lightning indexer (also GLM-5): per token one fp8 key of index_head_dim values and one fp32
+    scale per 128 of them, whatever the KV dtype; one per MLA layer, not split by tp (vLLM's
+    DeepseekV32IndexerCache)."""
+
+    kind: ClassVar[str] = "indexer"
+    index_head_dim: int
+
+    @property
+    def num_kv_heads(self) -> int:
+        return 1
+
+    @property
+    def head_dim(self) -> int:
+        """Bytes per token (vLLM caches it as uint8)."""
+        return self.index_head_dim + self.index_head_dim // INDEXER_QUANT_BLOCK * SCALE_BYTES
+
+    def heads_per_gpu(self, tp: int) -> int:
+        return 1
+
+    def scale_bytes_per_token(self, dtype: KvDtype, tp: int) -> int:
+        return 0
+
+    def bytes_per_token(self, dtype: KvDtype, tp: int) -> int:
+        return self.head_dim
+
+    def cached_tokens(self, tokens: int) -> int:
+        return tokens
+
+    def formula(self, dtype: KvDtype, tp: int) -> str:
+        return f"({self.index_head_dim} fp8 + {self.index_head_dim // INDEXER_QUANT_BLOCK} x 4 B scales) index key B (any KV dtype, not split by tp)"
+
+    def label(self) -> str:
+        return "indexer"
+
+
+@dataclass(frozen=True)
+class MambaState:
+    """A recurrent layer's per-sequence state, as vLLM shapes it (MambaStateShapeCalculator): a convolution
+    window of (conv_kernel - 1) x conv_dim values and an SSM state; both split by tp. No per-token cost.
+
+    variant "mamba2" (Mamba-2: SSM heads x head_dim x state, conv over intermediate + 2 x groups x state;
+    groups that do not split evenly are replicated) or "gdn" (Gated DeltaNet: value heads x value dim x key dim,
+    conv over 2 x key heads x key dim + value heads x value dim).
+    `ssm_dtype`: the dtype the config declares for the SSM state ("" when it declares none).
+    """
+
+    kind: ClassVar[str] = "mamba"
+    variant: str
+    conv_kernel: int
+    conv_channels: int  # intermediate (mamba2) or value heads x value dim (gdn), before tp
+    groups: int  # mamba2 groups, or gdn key heads
+    group_dim: int  # mamba2 state size, or gdn key head dim
+    heads: int  # SSM heads (mamba2) or value heads (gdn)
+    head_dim: int  # SSM head dim (mamba2) or value head dim (gdn)
+    ssm_dtype: str = ""
+
+    num_kv_heads: ClassVar[int] = 0
+
+    def heads_per_gpu(self, tp: int) -> int:
+        return 0
+
+    def conv_shape(self, tp: int, speculative_tokens: int = 0) -> tuple[int, int]:
+        groups = self.groups
+        if self.variant == "mamba2" and groups % tp:  # replicated so each head shard has its groups
+            groups = tp
+        conv_dim = self.conv_channels + 2 * groups * self.group_dim
+        return (self.conv_kernel - 1 + speculative_tokens, conv_dim // tp)
+
+    def ssm_shape(self, tp: int) -> tuple[int, int, int]:
+        return (self.heads // tp, self.head_dim, self.group_dim)
+
+    def state_bytes(self, conv_bytes: float, ssm_bytes: float, tp: int, speculative_tokens: int = 0) -> int:
+        """One sequence's state on one GPU: conv window and SSM state at their dtypes' sizes."""
+        return ceil(prod(self.conv_shape(tp, speculative_tokens)) * conv_bytes) + ceil(
+            prod(self.ssm_shape(tp)) * ssm_bytes
+        )
+
+    def bytes_per_token(self, dtype: KvDtype, tp: int) -> int:
+        return 0
+
+    def scale_bytes_per_token(self, dtype: KvDtype, tp: int) -> int:
+        return 0
+
+    def cached_tokens(self, tokens: int) -> int:
+        return 0
+
+    def formula(self, dtype: KvDtype, tp: int) -> str:
+        conv, ssm = self.conv_shape(tp), self.ssm_shape(tp)
+        return (
+            f"state per sequence: conv {conv[0]}x{conv[1]} + ssm {ssm[0]}x{ssm[1]}x{ssm[2]} values (no per-token cost)"
+        )
+
+    def label(self) -> str:
+        return f"{self.variant} state"
+
+
+@dataclass(frozen=True)
+class NoCache:
+    """A layer that keeps nothing per sequence: an MLP or MoE-only block (Nemotron-H), an attention that is a
+    no-op or a linear map (Nemotron NAS), or one that reads another layer's KV (shared KV layers)."""
+
+    kind: ClassVar[str] = "none"
+    num_kv_heads: ClassVar[int] = 0
+    head_dim: ClassVar[int] = 0
+
+
+LayerKind = FullAttention | SlidingWindow | ChunkedLocal | MultiLatentAttention | SparseIndexer | MambaState
+CacheKind = LayerKind | NoCache
 
 
 @dataclass(frozen=True)
@@ -130,20 +283,19 @@ class ModelSpec:
     """A model reduced to the facts that decide its serving memory. Built once from a config.json."""
 
     name: str
-    source: str  # "catalog", "path" or "hf-cache"
+    source: str  # "catalog", "path", "hf-cache" or "hub"
     model_type: str
     dtype: str  # canonical weight/activation dtype of the checkpoint, e.g. "bf16"
-    layers: tuple[LayerKind, ...]
+    layers: tuple[CacheKind, ...]  # the main cache of each decoder layer, in order
     hidden_size: int
     num_attention_heads: int
     vocab_size: int
     intermediate_size: int
     max_position_embeddings: int | None
     parameters: int  # what the engine loads for text generation
-    parameters_source: str  # "catalog" (a published count) or "config" (counted from the architecture)
+    parameters_source: str  # "catalog" (a published count), "config" (counted) or "checkpoint" (its own bytes)
     checkpoint_parameters: int = 0  # what the checkpoint stores (published, or counted)
-    mtp_parameters: int = 0  # multi-token-prediction layers in the checkpoint, not loaded without MTP speculation
-    vision_parameters: int = 0  # vision tower and projector (counted), loaded with the model
+    count: ParameterCount | None = None  # the count from the architecture, part by part
     expert_parameters: int = 0  # weights inside routed MoE experts (their own quantization may apply)
     num_experts: int = 0
     experts_per_token: int = 0
@@ -153,6 +305,10 @@ class ModelSpec:
     architectures: tuple[str, ...] = ()
     aliases: tuple[str, ...] = ()
     source_path: str | None = None
+    extra_caches: tuple[tuple[int, LayerKind], ...] = ()  # a second cache in some layers (the indexer), by index
+    mtp_layers: int = 0  # MTP modules the checkpoint carries (num_nextn_predict_layers)
+    revision: str | None = None  # the Hub revision read, when the model came from the Hub
+    checkpoint: Checkpoint | None = field(default=None, compare=False, repr=False)  # its safetensors headers, if read
     notes: tuple[str, ...] = field(default=())  # how ambiguous config fields were read
 
     @property
@@ -160,41 +316,65 @@ class ModelSpec:
         return len(self.layers)
 
     @property
+    def mtp_parameters(self) -> int:
+        """Multi-token-prediction layers in the checkpoint (vLLM loads them only for MTP speculative decoding)."""
+        return self.count.mtp if self.count else 0
+
+    @property
+    def vision_parameters(self) -> int:
+        """The vision tower and projector (counted), loaded with the model."""
+        return self.count.vision if self.count else 0
+
+    def caches(self) -> list[tuple[int, LayerKind]]:
+        """Every cache the model keeps, with its layer index: the main ones, then the extra ones."""
+        main = [(index, layer) for index, layer in enumerate(self.layers) if layer.kind != "none"]
+        return main + list(self.extra_caches)
+
+    def attention_layers(self) -> list[LayerKind]:
+        return [layer for _, layer in self.caches() if layer.kind in ATTENTION_KINDS]
+
+    @property
     def num_kv_heads(self) -> int:
-        return max(layer.num_kv_heads for layer in self.layers)
+        return max((layer.num_kv_heads for layer in self.attention_layers()), default=0)
 
     @property
     def head_dim(self) -> int:
-        return max(layer.head_dim for layer in self.layers)
+        return max((layer.head_dim for layer in self.attention_layers()), default=0)
 
     @property
     def is_mla(self) -> bool:
         return any(layer.kind == "mla" for layer in self.layers)
 
     @property
+    def has_state(self) -> bool:
+        """Recurrent state layers (Mamba, Gated DeltaNet) beside attention: a hybrid model."""
+        return any(layer.kind == "mamba" for layer in self.layers)
+
+    @property
     def sliding_window(self) -> int | None:
         windows = [layer.window for layer in self.layers if layer.kind == "sliding"]
         return max(windows) if windows else None
 
+    @property
+    def attention_chunk(self) -> int | None:
+        chunks = [layer.chunk for layer in self.layers if layer.kind == "chunked"]
+        return max(chunks) if chunks else None
+
     def layer_groups(self) -> tuple[LayerGroup, ...]:
-        """Identical layers gathered, in order of first appearance."""
+        """Identical caches gathered, in order of first appearance."""
         indices: dict[LayerKind, list[int]] = {}
-        for index, layer in enumerate(self.layers):
+        for index, layer in self.caches():
             indices.setdefault(layer, []).append(index)
         return tuple(LayerGroup(layer, tuple(found)) for layer, found in indices.items())
 
     def layer_pattern(self) -> str:
         """Human summary of the layer kinds, e.g. 'sliding 4096 on 21 of 42 layers (every 2nd from 0)'."""
         groups = self.layer_groups()
-        if len(groups) == 1:
-            layer = groups[0].layer
-            if layer.kind == "sliding":
-                return f"sliding {layer.window} on all {self.num_layers} layers"
-            return f"{layer.kind} on all {self.num_layers} layers"
+        if len(groups) == 1 and groups[0].count == self.num_layers:
+            return f"{groups[0].layer.label()} on all {self.num_layers} layers"
         parts = []
         for group in groups:
-            label = f"sliding {group.layer.window}" if group.layer.kind == "sliding" else group.layer.kind
-            parts.append(f"{label} on {group.count} of {self.num_layers}{_stride_note(group.indices)}")
+            parts.append(f"{group.layer.label()} on {group.count} of {self.num_layers}{_stride_note(group.indices)}")
         return "; ".join(parts)
 
 

@@ -112,8 +112,11 @@ def plan_text(plan: Plan) -> str:
         if gpu
         else f"{inputs.device.upper()} (no device memory given)"
     )
-    head = f"{engines.get(plan.engine).title} plan: {inputs.spec.name} on {inputs.devices} x {where}, tp {inputs.tp}"
+    stages = f", pp {inputs.pp}" if inputs.pp > 1 else ""
+    head = f"{engines.get(plan.engine).title} plan: {inputs.spec.name} on {inputs.devices} x {where}, tp {inputs.tp}{stages}"
     lines = [head, "", "  " + shell(plan), ""]
+    if inputs.command_lines:
+        lines += ["from the command"] + [f"  {line}" for line in inputs.command_lines] + [""]
     if not plan.fits:
         lines += [f"DOES NOT FIT: {plan.problem}", ""]
     lines.append("memory per GPU" if inputs.device == "gpu" else "memory (CPU build: host memory)")

@@ -1,7 +1,10 @@
 """vLLM's own KV-cache sizing (the installed engine's kv_cache_utils) against the planner, for every catalog model.
 
 The specs are vLLM's own: each layer's `get_kv_cache_spec` from the model vLLM builds on the meta device
-(tests/support/vllm_specs.py), with the block size a GPU uses (16) and the fp8 cache as vLLM's specs hold it.
+(tests/support/vllm_specs.py), as the CPU build holds them and as a GPU engine would (block size 16, the SSM dtype
+vLLM's model rules choose, the hybrid block alignment of vLLM's platform code with FlashAttention's kernel sizes).
+Models the CPU build cannot instantiate get their specs from vLLM's spec classes and its own state-shape
+calculator, fed the layer facts kvops read (their reading is checked against ModelConfig in test_vllm_view.py).
 """
 
 from __future__ import annotations
@@ -12,60 +15,177 @@ from dataclasses import replace
 import pytest
 
 from kvops.dtypes import KV_DTYPES
-from kvops.engines.vllm.layout import kv_layout, pool
+from kvops.engines.vllm.layout import LayoutOptions, default_block_size, kv_layout, pool, state_dtypes
 from kvops.model.catalog import catalog
 from kvops.model.locate import catalog_spec
-from tests.support.vllm_specs import kv_cache_specs
+from tests.engine.test_vllm_view import UNBUILDABLE
+from tests.support.vllm_specs import BuiltModel, engine_config
 
 ENTRIES = list(catalog())
+POINTS = ((4096, 40 * 2**30 + 777), (8192, 7 * 2**30 + 12345), (1024, 2**27 + 5))
+UNBUILDABLE_ON_CPU = UNBUILDABLE
 
 
-def as_gpu_spec(spec, torch_dtype, kv_heads):
-    """The CPU-built spec as a GPU engine holds it: block size 16, the cache dtype asked for, the KV heads of one
-    tensor-parallel rank (vLLM's ModelConfig.get_num_kv_heads; MLA keeps its one latent head)."""
-    from vllm.v1.kv_cache_interface import MLAAttentionSpec
+@pytest.fixture(autouse=True)
+def quiet(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    warnings.simplefilter("ignore")
 
-    heads = spec.num_kv_heads if isinstance(spec, MLAAttentionSpec) else kv_heads
-    return replace(spec, block_size=16, dtype=torch_dtype, num_kv_heads=heads)
+
+def compare(config, spec, specs, layout, label) -> int:
+    """num_blocks and kv tokens of vLLM's get_kv_cache_configs against kvops' pool at a few lengths and sizes."""
+    from vllm.v1.core import kv_cache_utils
+
+    checked = 0
+    for length, memory in POINTS:
+        config.model_config.max_model_len = length
+        ours = pool(layout, memory, length, config.max_in_flight_tokens)
+        if not ours.fits_one_request:
+            refusal = "No available memory" if ours.num_blocks == 0 else "To serve at least one request"
+            with pytest.raises(ValueError, match=refusal):
+                kv_cache_utils.get_kv_cache_configs(config, [dict(specs)], [memory])
+            continue
+        configs = kv_cache_utils.get_kv_cache_configs(config, [dict(specs)], [memory])
+        scheduler = kv_cache_utils.generate_scheduler_kv_cache_config(configs)
+        tokens, _ = kv_cache_utils.get_kv_cache_capacity(config, scheduler)
+        assert (ours.num_blocks, ours.kv_cache_size_tokens) == (configs[0].num_blocks, tokens), (label, length)
+        assert len(layout.groups) == len(configs[0].kv_cache_groups), label
+        assert layout.block_size == min(group.kv_cache_spec.block_size for group in scheduler.kv_cache_groups)
+        checked += 1
+    return checked
 
 
 @pytest.mark.vllm
-@pytest.mark.parametrize("entry", ENTRIES, ids=lambda entry: entry.id)
-def test_num_blocks_and_kv_tokens_match_vllm(entry, tiny_model, tmp_path, monkeypatch):
-    """kv_layout + capacity against vLLM's get_kv_cache_configs / get_kv_cache_capacity, hybrid models included."""
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    warnings.simplefilter("ignore")
+@pytest.mark.parametrize("entry", [e for e in ENTRIES if e.id not in UNBUILDABLE_ON_CPU], ids=lambda e: e.id)
+def test_cpu_engine_pool_matches_vllm(entry, tiny_model, tmp_path):
+    """As the CPU build sizes it: its own specs, block sizes and state dtypes."""
+    spec = catalog_spec(entry)
+    built = BuiltModel(entry.config, tmp_path / "model", tiny_model, max_model_len=1024)
+    built.vllm_config.cache_config.kv_cache_layout = "LBHNC"
+    options = LayoutOptions(device="cpu", mamba_cache_mode=built.vllm_config.cache_config.mamba_cache_mode)
+    layout = kv_layout(spec, KV_DTYPES["bf16"], 1, default_block_size(spec, "cpu"), options=options)
+    assert compare(built.vllm_config, spec, built.specs(), layout, "cpu")
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("entry", [e for e in ENTRIES if e.id not in UNBUILDABLE_ON_CPU], ids=lambda e: e.id)
+def test_gpu_engine_pool_matches_vllm(entry, tiny_model, tmp_path):
+    """As a GPU engine sizes it: block size 16 (64 for MLA), bf16 and fp8 caches, tp 1 and 2."""
     import torch
     from vllm.config import ParallelConfig
-    from vllm.v1.core import kv_cache_utils
+    from vllm.v1.kv_cache_interface import AttentionSpec, MLAAttentionSpec
 
     spec = catalog_spec(entry)
-    config, built = kv_cache_specs(entry.config, tmp_path / "model", tiny_model, max_model_len=1024)
+    block = default_block_size(spec, "gpu")
+    built = BuiltModel(entry.config, tmp_path / "model", tiny_model, max_model_len=1024)
+    built.as_gpu(block)
+    config = built.vllm_config
     config.cache_config.kv_cache_layout = "LBHNC"
-    torch_dtypes = {"bf16": torch.bfloat16, "fp8": torch.uint8}
+    options = LayoutOptions(mamba_cache_mode=config.cache_config.mamba_cache_mode)
     checked = 0
     for tp, dtype_name in ((1, "bf16"), (1, "fp8"), (2, "bf16")):
-        if spec.num_attention_heads % tp:
+        if spec.num_attention_heads % tp or (tp > 1 and (spec.has_state or _heterogeneous(spec))):
             continue
         kv_heads = config.model_config.get_num_kv_heads(ParallelConfig(tensor_parallel_size=tp))
-        layout = kv_layout(spec, KV_DTYPES[dtype_name], tp, 16)
-        specs = {name: as_gpu_spec(layer, torch_dtypes[dtype_name], kv_heads) for name, layer in built.items()}
-        for length, memory in ((4096, 40 * 2**30 + 777), (8192, 7 * 2**30 + 12345), (1024, 2**26 + 5)):
-            config.model_config.max_model_len = length
-            ours = pool(layout, memory, length, config.max_in_flight_tokens)
-            if not ours.fits_one_request:
-                with pytest.raises(ValueError, match="To serve at least one request"):
-                    kv_cache_utils.get_kv_cache_configs(config, [dict(specs)], [memory])
-                continue
-            configs = kv_cache_utils.get_kv_cache_configs(config, [dict(specs)], [memory])
-            tokens, _ = kv_cache_utils.get_kv_cache_capacity(
-                config, kv_cache_utils.generate_scheduler_kv_cache_config(configs)
-            )
-            assert (ours.num_blocks, ours.kv_cache_size_tokens) == (configs[0].num_blocks, tokens), (
-                tp,
-                dtype_name,
-                length,
-            )
-            assert len(layout.groups) == len(configs[0].kv_cache_groups)
-            checked += 1
+        torch_dtype = {"bf16": torch.bfloat16, "fp8": torch.uint8}[dtype_name]
+        specs = {}
+        for name, layer_spec in built.specs().items():
+            if isinstance(layer_spec, AttentionSpec) and not str(getattr(layer_spec, "cache_role", "")).endswith(
+                "INDEXER"
+            ):
+                heads = layer_spec.num_kv_heads if isinstance(layer_spec, MLAAttentionSpec) else kv_heads
+                layer_spec = replace(
+                    layer_spec, dtype=torch_dtype, num_kv_heads=heads if tp > 1 else layer_spec.num_kv_heads
+                )
+            specs[name] = layer_spec
+        if dtype_name == "fp8" and spec.has_state:
+            continue  # the alignment above was for a bf16 cache
+        layout = kv_layout(spec, KV_DTYPES[dtype_name], tp, block, options=options)
+        checked += compare(config, spec, specs, layout, f"gpu tp {tp} {dtype_name}")
     assert checked
+
+
+def _heterogeneous(spec) -> bool:
+    return len({(layer.num_kv_heads, layer.head_dim) for layer in spec.attention_layers()}) > 1
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("model", sorted(UNBUILDABLE_ON_CPU))
+def test_pool_of_models_the_cpu_build_cannot_instantiate(model, tiny_model, tmp_path):
+    """Their specs from vLLM's spec classes (and, for state layers, vLLM's MambaStateShapeCalculator); a GPU engine's
+    block size, state dtypes and hybrid alignment."""
+    import torch
+    from vllm.model_executor.layers.mamba.mamba_utils import MambaStateShapeCalculator
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        MambaSpec,
+        MLAAttentionSpec,
+        SlidingWindowSpec,
+        SparseCacheRole,
+    )
+
+    entry = next(entry for entry in ENTRIES if entry.id == model)
+    spec = catalog_spec(entry)
+    config = engine_config({"architectures": ["LlamaForCausalLM"], **_tiny_text()}, tmp_path / "m", tiny_model)
+    config.cache_config.kv_cache_layout = "LBHNC"
+    config.cache_config.mamba_cache_mode = "align" if spec.has_state else "none"
+    options = LayoutOptions()
+    block = default_block_size(spec, "gpu")
+    layout = kv_layout(spec, KV_DTYPES["bf16"], 1, block, options=options)
+    attention_block = layout.attention_block_size
+    specs = {}
+    for index, layer in spec.caches():
+        common = {"block_size": attention_block, "dtype": torch.bfloat16}
+        if layer.kind == "mamba":
+            if layer.variant == "gdn":
+                shapes = MambaStateShapeCalculator.gated_delta_net_state_shape(
+                    1, layer.groups, layer.heads, layer.group_dim, layer.head_dim, layer.conv_kernel
+                )
+            else:
+                shapes = MambaStateShapeCalculator.mamba2_state_shape(
+                    1,
+                    layer.conv_channels,
+                    layer.groups,
+                    layer.heads,
+                    layer.head_dim,
+                    layer.group_dim,
+                    layer.conv_kernel,
+                )
+            conv, ssm = state_dtypes(spec, layer, options)
+            dtypes = tuple({2: torch.bfloat16, 4: torch.float32}[size] for size in (conv, ssm))
+            page = attention_block * spec.attention_layers()[0].bytes_per_token(KV_DTYPES["bf16"], 1)
+            # MambaMixer2.get_kv_cache_spec adds one prefill checkpoint page; GDN layers do not
+            checkpoint = {"num_prefill_checkpoint_blocks": 1} if layer.variant == "mamba2" else {}
+            specs[f"layers.{index}.mixer"] = MambaSpec(
+                **checkpoint,
+                shapes=shapes,
+                dtypes=dtypes,
+                block_size=attention_block,
+                page_size_padded=page,
+                mamba_cache_mode="align",
+            )
+        elif layer.kind == "indexer":
+            specs[f"layers.{index}.indexer"] = MLAAttentionSpec(
+                block_size=attention_block,
+                num_kv_heads=1,
+                head_size=layer.head_dim,
+                dtype=torch.uint8,
+                cache_role=SparseCacheRole.INDEXER,
+            )
+        elif layer.kind == "mla":
+            specs[f"layers.{index}.attn"] = MLAAttentionSpec(num_kv_heads=1, head_size=layer.head_dim, **common)
+        elif layer.kind == "sliding":
+            specs[f"layers.{index}.attn"] = SlidingWindowSpec(
+                num_kv_heads=layer.num_kv_heads, head_size=layer.head_dim, sliding_window=layer.window, **common
+            )
+        else:
+            specs[f"layers.{index}.attn"] = FullAttentionSpec(
+                num_kv_heads=layer.num_kv_heads, head_size=layer.head_dim, head_size_v=layer.value_dim, **common
+            )
+    assert compare(config, spec, specs, layout, "gpu")
+
+
+def _tiny_text() -> dict:
+    from tests.support.tiny_model import TINY_LLAMA
+
+    return dict(TINY_LLAMA)

@@ -95,20 +95,81 @@ def engine_config(config: dict[str, Any], folder: Path, tokenizer: Path, **engin
     return args.create_engine_config()
 
 
-def kv_cache_specs(config: dict[str, Any], folder: Path, tokenizer: Path, **engine_args: Any):
-    """(VllmConfig, {layer name: KVCacheSpec}) from the model vLLM builds on the meta device."""
-    import torch
-    from vllm.config import get_layers_from_vllm_config, set_current_vllm_config
-    from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
-    from vllm.model_executor.model_loader.utils import initialize_model
+class BuiltModel:
+    """The model vLLM builds for a config.json on the meta device, and the KV-cache specs of its layers."""
 
-    _distributed()
-    vllm_config = engine_config(
-        without_weight_quantization(text_model_config(config)), folder, tokenizer, **engine_args
-    )
-    with set_current_vllm_config(vllm_config):
-        with torch.device("meta"):
-            initialize_model(vllm_config=vllm_config)
-        layers = get_layers_from_vllm_config(vllm_config, AttentionLayerBase)
-        specs = {name: layer.get_kv_cache_spec(vllm_config) for name, layer in layers.items()}
-    return vllm_config, {name: spec for name, spec in specs.items() if spec is not None}
+    def __init__(self, config: dict[str, Any], folder: Path, tokenizer: Path, **engine_args: Any):
+        import torch
+        from vllm.config import get_layers_from_vllm_config, set_current_vllm_config
+        from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+        from vllm.model_executor.model_loader.utils import initialize_model
+        from vllm.platforms import current_platform
+
+        _distributed()
+        self.vllm_config = engine_config(
+            without_weight_quantization(text_model_config(config)), folder, tokenizer, **engine_args
+        )
+        with set_current_vllm_config(self.vllm_config):
+            with torch.device("meta"):
+                initialize_model(vllm_config=self.vllm_config)
+            current_platform.update_block_size_for_backend(self.vllm_config)
+            self.layers = get_layers_from_vllm_config(self.vllm_config, AttentionLayerBase)
+        self.gpu = False
+
+    def specs(self) -> dict[str, Any]:
+        """Each layer's `get_kv_cache_spec`; layers that read another layer's KV (kv sharing) keep no cache of
+        their own and are left out, as the model runner leaves them out. After `as_gpu`, sliding-window layers
+        take the primary block size, as they do on FlashAttention (which runs every multiple of 16; the CPU
+        attention's kernels are multiples of 32, so on the CPU they may choose a larger block)."""
+        from dataclasses import replace
+
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.layers.attention import Attention
+        from vllm.v1.kv_cache_interface import SlidingWindowSpec
+
+        with set_current_vllm_config(self.vllm_config):
+            specs = {
+                name: layer.get_kv_cache_spec(self.vllm_config)
+                for name, layer in self.layers.items()
+                if not (isinstance(layer, Attention) and layer.kv_sharing_target_layer_name)
+            }
+        if self.gpu:
+            block = self.vllm_config.cache_config.block_size
+            specs = {
+                name: replace(spec, block_size=block) if isinstance(spec, SlidingWindowSpec) else spec
+                for name, spec in specs.items()
+            }
+        return {name: spec for name, spec in specs.items() if spec is not None}
+
+    def as_gpu(self, block_size: int) -> None:
+        """The cache settings a GPU engine would have: its block size, the SSM state dtype vLLM's model config
+        rules choose (not the CPU build's float32), and the hybrid block alignment vLLM's platform base class
+        computes with FlashAttention's kernel block sizes in place of the CPU attention's."""
+        from unittest import mock
+
+        from vllm.config import set_current_vllm_config
+        from vllm.platforms.interface import Platform
+        from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend
+
+        self.gpu = True
+        cache = self.vllm_config.cache_config
+        hf = self.vllm_config.model_config.hf_text_config
+        cache.block_size = block_size
+        cache.mamba_page_size_padded = None
+        cache.mamba_ssm_cache_dtype = (
+            getattr(hf, "mamba_ssm_cache_dtype", None) or "float32"
+            if hf.model_type == "nemotron_h"
+            else getattr(hf, "mamba_ssm_dtype", None) or "auto"
+        )
+        if self.vllm_config.model_config.is_hybrid:
+            backends = mock.patch.object(Platform, "_find_non_ssm_backends", return_value=[FlashAttentionBackend])
+            with set_current_vllm_config(self.vllm_config), backends:
+                Platform._align_hybrid_block_size.__func__(Platform, self.vllm_config, FlashAttentionBackend)
+
+
+def kv_cache_specs(config: dict[str, Any], folder: Path, tokenizer: Path, **engine_args: Any):
+    """(VllmConfig, {layer name: KVCacheSpec}) from the model vLLM builds on the meta device, after the platform
+    has aligned the block sizes of hybrid state models (`update_block_size_for_backend`, as the executor does
+    after loading the model)."""
+    model = BuiltModel(config, folder, tokenizer, **engine_args)
+    return model.vllm_config, model.specs()

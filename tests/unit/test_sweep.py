@@ -31,8 +31,11 @@ def test_every_catalog_model_meets_every_catalog_gpu(frame):
 
 def test_more_memory_never_lowers_capacity(frame):
     # at the same batch size: vLLM gives an H100 (79.19 GiB as torch sees it) 8192 batched tokens and an A100-80GB
-    # (79.15 GiB) 2048, so the H100's larger profile run can leave it less KV than the A100 (get_batch_defaults)
-    for key, group in frame.groupby(["engine", "model", "tp", "kv_dtype", "batched_tokens"]):
+    # (79.15 GiB) 2048, so the H100's larger profile run can leave it less KV than the A100 (get_batch_defaults);
+    # and per vendor: the engines run other kernels on ROCm (TGI's paged attention, 16-token blocks)
+    vendors = {gpu.id: gpu.vendor for gpu in gpu_catalog()}
+    frame = frame.assign(vendor=frame.gpu.map(vendors))
+    for key, group in frame.groupby(["engine", "vendor", "model", "tp", "kv_dtype", "batched_tokens"]):
         tokens = group.sort_values("gpu_memory_bytes").kv_tokens.tolist()
         assert tokens == sorted(tokens), key
 
@@ -51,7 +54,15 @@ def test_fp8_doubles_kv_tokens(frame):
         index=["model", "gpu", "tp"], columns="kv_dtype_resolved", values="num_blocks", aggfunc="first"
     )
     checked = 0
+    # caches fp8 does not halve: recurrent state (vLLM pads it to the attention page), the sparse indexer's fp8 keys
+    stateful = {
+        entry.id
+        for entry in catalog()
+        if (spec := load_model(entry.id)).has_state or any(layer.kind == "indexer" for _, layer in spec.caches())
+    }
     for (model, gpu, tp), row in pairs.iterrows():
+        if model in stateful:
+            continue
         sixteen = row.get("bf16") if pandas.notna(row.get("bf16")) else row.get("fp16")
         if pandas.isna(sixteen) or pandas.isna(row.get("fp8")):
             continue
@@ -65,6 +76,7 @@ def test_fp8_doubles_kv_tokens(frame):
     tokens = vllm.pivot_table(
         index=["model", "gpu", "tp"], columns="kv_dtype", values="kv_tokens", aggfunc="first"
     ).dropna()
+    tokens = tokens[~tokens.index.get_level_values("model").isin(stateful)]
     ratio = tokens["fp8"] / tokens["auto"]
     assert ratio.between(1.99, 2.01).all()
 

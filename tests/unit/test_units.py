@@ -40,3 +40,21 @@ def test_parse_bytes_rejects_with_one_line(text):
 )
 def test_format_bytes_marks_rounding(value, text):
     assert format_bytes(value) == text
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [("32K", 32768), ("32k", 32000), ("1M", 1 << 20), ("1m", 10**6), ("25.6k", 25600), ("131072", 131072)],
+)
+def test_counts_as_vllm_parses_them(text, expected):
+    from kvops.units import parse_count
+
+    assert parse_count(text, "--max-model-len") == expected
+
+
+@pytest.mark.parametrize("text", ["1.5K", "0", "-5", "32 KB", "lots"])
+def test_counts_vllm_would_refuse(text):
+    from kvops.units import parse_count
+
+    with pytest.raises(UsageError, match="--max-model-len"):
+        parse_count(text, "--max-model-len")

@@ -25,6 +25,7 @@ from kvops.dtypes import KvDtype
 from kvops.engines import common
 from kvops.engines.tgi.releases import TgiRelease
 from kvops.errors import UsageError
+from kvops.model.checkpoint import Parallel
 from kvops.model.spec import ModelSpec
 from kvops.plan import PlanInputs, Term
 
@@ -42,6 +43,7 @@ class Attention:
     backend: str  # flashinfer | flashdecoding | paged
     prefix_caching: bool
     reason: str
+    speculate: int = 0  # --speculate: the launcher turns prefill chunking off
 
     @property
     def block_size(self) -> int:
@@ -84,6 +86,8 @@ def chunking(spec: ModelSpec, attention: Attention, release: TgiRelease) -> tupl
     """Whether TGI chunks prefills for this model (then a prompt may exceed --max-batch-prefill-tokens), and why."""
     if not release.version.at_least(3, 0):
         return False, f"{release.label} has no prefill chunking"
+    if attention.speculate:
+        return False, f"prefill chunking off: --speculate {attention.speculate} turns it off"
     if not attention.supports_chunking:
         return False, f"attention {attention.backend} has no prefill chunking"
     for architecture in spec.architectures:
@@ -207,7 +211,9 @@ def memory_terms(inputs: PlanInputs, release: TgiRelease, prefill: int) -> tuple
     wiggle = release.wiggle_room
     share = fraction * wiggle if release.version.at_least(3, 0) else fraction
     budget = floor(total.bytes * share)
-    weights = common.weight_bytes(spec, common.weight_format(spec, inputs.quantization), tp)
+    serving = None if inputs.dtype == "auto" else inputs.dtype
+    options = common.WeightOptions(Parallel(tp, 1, tp), serving_dtype=serving)  # TGI splits experts by tp
+    weights = common.weight_bytes(spec, common.weight_format(spec, inputs.quantization), tp, options)
     what = f"x TGI_WIGGLE_ROOM {wiggle:g} " if release.version.at_least(3, 0) else ""
     terms = [
         total,

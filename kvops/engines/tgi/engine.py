@@ -13,6 +13,7 @@ from kvops.errors import KvopsError, UsageError
 if TYPE_CHECKING:
     from kvops.calibrate import Calibration
     from kvops.dtypes import KvDtype
+    from kvops.engines.command import StatedCommand
     from kvops.engines.tgi.logs import TgiLog
     from kvops.model.spec import ModelSpec
     from kvops.plan import Plan, PlanInputs, WayOut
@@ -42,6 +43,11 @@ class TgiEngine:
 
     def image(self, vendor: str | None) -> str:
         return flags.image(vendor)
+
+    def read_command(self, words: list[str]) -> StatedCommand | None:
+        from kvops.engines.tgi import command
+
+        return command.read_command(words)
 
     def plan_once(self, inputs: PlanInputs) -> Plan:
         from kvops.engines import targets

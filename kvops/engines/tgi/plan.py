@@ -3,7 +3,7 @@ the `text-generation-launcher` flags, and whether TGI would start and serve the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from math import ceil, floor
 from typing import Any
 
@@ -94,7 +94,8 @@ def plan_once(inputs: PlanInputs) -> Plan:
     release = releases.release(inputs.engine_version)
     dtype = resolve_kv_dtype(inputs.kv_dtype, spec.dtype)
     kv_flag = budget.tgi_kv_dtype(dtype, spec.dtype)
-    attention = budget.resolve_attention(spec, gpu.vendor, release)
+    speculate = inputs.speculative.tokens if inputs.speculative else 0
+    attention = replace(budget.resolve_attention(spec, gpu.vendor, release), speculate=speculate)
     budget.check_fp8(attention, kv_flag, gpu.vendor)
     per_token = budget.kv_bytes_per_token(spec, dtype, tp)
     model_limit = common.model_limit(spec)
@@ -107,6 +108,10 @@ def plan_once(inputs: PlanInputs) -> Plan:
         f"engine release: {release.label}, {release.how}",
         f"attention {attention.backend} (block size {attention.block_size}): {attention.reason}; {chunk_reason}",
     ]
+    if speculate:
+        notes.append(
+            f"--speculate {speculate}: each request reserves {speculate} more tokens (backends/v3/src/queue.rs)"
+        )
     notes.append(common.paging_note(pool.num_blocks, attention.block_size, kv_bytes))
     sequences = inputs.workload.sequences
     target = inputs.concurrency if isinstance(inputs.concurrency, int) else 1
@@ -122,7 +127,7 @@ def plan_once(inputs: PlanInputs) -> Plan:
             f"prefill chunking is off: max-total-tokens held to --max-batch-prefill-tokens + 1 ({length}); raise --max-batch-prefill-tokens for longer prompts (it costs warmup memory)"
         )
     max_input = inputs.max_input_tokens if inputs.max_input_tokens is not None else max(1, length - 1)
-    reservation = _reservation(inputs.workload, length)
+    reservation = _reservation(inputs.workload, length, speculate)
     blocks_per_request = sequences * -(-reservation // attention.block_size)
     under_warn = floor(inputs.warn_level * pool.usable_blocks / blocks_per_request) if blocks_per_request else 0
     at_full = pool.usable_blocks // blocks_per_request if blocks_per_request else 0
@@ -155,6 +160,7 @@ def plan_once(inputs: PlanInputs) -> Plan:
     }
     if kv_flag:
         engine_flags["kv-cache-dtype"] = kv_flag
+    engine_flags |= _model_flags(inputs, speculate)
     warnings = _warnings(inputs, release, notes, length)
     if inputs.profile:
         warnings += common.profile_mismatch(inputs, str(release.version), release.label)
@@ -175,9 +181,62 @@ def plan_once(inputs: PlanInputs) -> Plan:
     )
 
 
+# kvops's weight formats -> TGI's --quantize values (launcher/src/main.rs `enum Quantization`)
+QUANTIZE_FLAGS = {
+    "awq": "awq",
+    "gptq": "gptq",
+    "fp8": "fp8",
+    "eetq": "eetq",
+    "int8": "eetq",
+    "bitsandbytes": "bitsandbytes",
+    "bitsandbytes-nf4": "bitsandbytes-nf4",
+    "bitsandbytes-fp4": "bitsandbytes-fp4",
+    "compressed-tensors": "compressed-tensors",
+}
+_DTYPE_FLAGS = {"fp16": "float16", "bf16": "bfloat16"}
+
+
+def _model_flags(inputs: PlanInputs, speculate: int) -> dict[str, Any]:
+    """--revision, --quantize (an explicit format), --dtype and --speculate as the launcher spells them."""
+    model_flags: dict[str, Any] = {}
+    if inputs.spec.revision:
+        model_flags["revision"] = inputs.spec.revision
+    if inputs.quantization != "auto":
+        name = inputs.quantization.lower()
+        if name not in QUANTIZE_FLAGS and name not in ("bf16", "fp16"):
+            raise UsageError(
+                f"--quantization {name}: TGI 3.3.7 --quantize takes {', '.join(sorted(set(QUANTIZE_FLAGS.values())))}"
+            )
+        if name in QUANTIZE_FLAGS:
+            model_flags["quantize"] = QUANTIZE_FLAGS[name]
+    if inputs.dtype != "auto":
+        if inputs.dtype not in _DTYPE_FLAGS:
+            raise UsageError(f"--dtype {inputs.dtype}: TGI takes --dtype float16 or bfloat16")
+        model_flags["dtype"] = _DTYPE_FLAGS[inputs.dtype]
+    if speculate:
+        model_flags["speculate"] = speculate
+    return model_flags
+
+
 def _refuse_other_engines_options(inputs: PlanInputs) -> None:
     if inputs.device != "gpu":
         raise UsageError("--device cpu is for vLLM's CPU build; TGI plans are for GPUs")
+    if inputs.pp > 1:
+        raise UsageError("--pp: TGI has no pipeline parallelism (--num-shard is tensor parallelism); give --tp")
+    speculative = inputs.speculative
+    if speculative and speculative.method not in ("speculate", "ngram", "medusa"):
+        raise UsageError(
+            f"--speculative-config method {speculative.method} is vLLM's; TGI speculates with --speculate N (n-gram, or the checkpoint's Medusa heads)"
+        )
+    for name, changed in (
+        ("--enable-expert-parallel", inputs.expert_parallel),
+        ("--language-model-only", inputs.text_only),
+        ("--cpu-offload-gb", inputs.cpu_offload_bytes),
+        ("--disable-hybrid-kv-cache-manager", not inputs.hybrid_manager),
+        ("--mamba-cache-mode", inputs.mamba_cache_mode),
+    ):
+        if changed:
+            raise UsageError(f"{name} is a vLLM option; TGI has no such setting")
     for name, value in (
         ("--kv-cache-memory-bytes", inputs.kv_cache_memory_bytes),
         ("--block-size", inputs.block_size),
@@ -243,10 +302,10 @@ def _max_total_tokens(
     return min(model_limit, pool.max_batch_total_tokens) if pool.max_batch_total_tokens > 1 else model_limit
 
 
-def _reservation(workload: Workload, length: int) -> int:
-    if workload.total_tokens is None:
-        return max(1, length - 1)  # the worst request: max input plus one new token, or short input plus many
-    return max(1, budget.reservation_tokens(workload.prompt_tokens or 0, workload.gen_tokens or 0))
+def _reservation(workload: Workload, length: int, speculate: int = 0) -> int:
+    if workload.total_tokens is None:  # the worst request: max input plus one new token, or short input plus many
+        return max(1, length - 1 + speculate)
+    return max(1, budget.reservation_tokens(workload.prompt_tokens or 0, workload.gen_tokens or 0, speculate))
 
 
 def _warnings(inputs: PlanInputs, release: releases.TgiRelease, notes: list[str], length: int) -> list[str]:

@@ -19,6 +19,7 @@ from math import ceil, floor
 from kvops.engines import common
 from kvops.engines.vllm.releases import BatchDefaults, VllmRelease, release
 from kvops.errors import MissingDevice, UsageError
+from kvops.model.checkpoint import Parallel
 from kvops.model.spec import ModelSpec
 from kvops.plan import PlanInputs, Term
 from kvops.units import format_bytes
@@ -89,9 +90,10 @@ def profile_run(
 
 
 def memory_terms(
-    inputs: PlanInputs, release_: VllmRelease, batched: int, sampler_seqs: int
+    inputs: PlanInputs, release_: VllmRelease, batched: int, sampler_seqs: int, stage: int | None = None
 ) -> tuple[list[Term], int, list[str]]:
-    """Every term of the per-GPU budget, the KV bytes it leaves, and warnings about a profile that may not apply."""
+    """Every term of the per-GPU budget, the KV bytes it leaves, and warnings about a profile that may not apply;
+    with pipeline parallelism, of one stage (None: the stage holding the most weights)."""
     gpu, profile = inputs.gpu, inputs.profile
     warnings: list[str] = []
     if profile and profile.engine != "vllm":
@@ -100,7 +102,7 @@ def memory_terms(
         )
     if profile:
         warnings += _profile_mismatch(inputs, release_, batched)
-    weights = _weights(inputs)
+    weights = _weights(inputs, stage)
     overheads = _overheads(inputs, release_, batched, sampler_seqs)
     if inputs.kv_cache_memory_bytes is not None:
         kv = inputs.kv_cache_memory_bytes
@@ -175,20 +177,34 @@ def _fit(inputs: PlanInputs, release_: VllmRelease) -> common.FamilyFit:
 MXFP4_ALIGNMENT = {"nvidia": (256, 128), "amd": (256, 256)}
 
 
-def _weights(inputs: PlanInputs) -> Term:
+def weight_options(inputs: PlanInputs) -> common.WeightOptions:
+    """How vLLM splits and loads the weights: routed experts over tp x dp ranks (`FusedMoEParallelConfig.make`
+    flattens data parallelism into the experts' split, whole experts per rank with --enable-expert-parallel),
+    MXFP4 experts padded as its kernels lay them out."""
+    parallel = Parallel(inputs.tp, inputs.pp, inputs.tp * inputs.replicas, inputs.expert_parallel)
+    speculative = inputs.speculative
+    vendor = inputs.gpu.vendor if inputs.gpu else "nvidia"
+    alignment = MXFP4_ALIGNMENT.get(vendor, MXFP4_ALIGNMENT["nvidia"])
+    return common.WeightOptions(
+        parallel,
+        serving_dtype=None if inputs.dtype == "auto" else inputs.dtype,
+        text_only=inputs.text_only,
+        load_mtp=speculative is not None and speculative.method == "mtp",
+        expert_alignment=alignment,
+    )
+
+
+def _weights(inputs: PlanInputs, stage: int | None = None) -> Term:
     """The weights per GPU: a profile's measured figure (rescaled to this tp), else the checkpoint's computed size
-    with the experts padded as vLLM's kernels lay them out, plus the rotary cos/sin cache the model registers."""
+    (experts padded as vLLM's kernels lay them out; a draft model or EAGLE head on the last stage; --cpu-offload-gb
+    subtracted) plus the rotary cos/sin cache the model registers."""
     profile, tp, spec = inputs.profile, inputs.tp, inputs.spec
     if profile is not None and profile.weights_bytes is not None:
         measured, scaled = profile.weights_bytes, ""
         if profile.tp and profile.tp != tp:  # each rank holds 1/tp of the weights
             measured, scaled = ceil(profile.weights_bytes * profile.tp / tp), f", x {profile.tp}/{tp} for tp {tp}"
         return Term("weights", measured, "measured", f"profile {profile.source}: 'Model loading took'{scaled}", None)
-    vendor = inputs.gpu.vendor if inputs.gpu else "nvidia"
-    alignment = MXFP4_ALIGNMENT.get(vendor, MXFP4_ALIGNMENT["nvidia"])
-    computed = common.weight_bytes(
-        spec, common.weight_format(spec, inputs.quantization), tp, expert_alignment=alignment
-    )
+    computed = _computed_weights(inputs, stage)
     rotary = rotary_cache_bytes(spec)
     if not rotary:
         return computed
@@ -198,6 +214,34 @@ def _weights(inputs: PlanInputs) -> Term:
         formula=f"{computed.formula}; + {format_bytes(rotary)} rotary cos/sin cache ({spec.max_position_embeddings:,} "
         "positions x rotary dim x 2 B, model_executor/layers/rotary_embedding: RotaryEmbedding.cos_sin_cache)",
     )
+
+
+def _computed_weights(inputs: PlanInputs, stage: int | None) -> Term:
+    term, stages = common.stage_weights(
+        inputs.spec, common.weight_format(inputs.spec, inputs.quantization), weight_options(inputs)
+    )
+    index = stages.index(max(stages)) if stage is None else stage
+    size, formula = stages[index], term.formula
+    if inputs.pp > 1:
+        formula = f"{formula}; stage {index} of {inputs.pp}"
+    draft, words = _draft_weights(inputs)
+    if draft and index == inputs.pp - 1:
+        size, formula = size + draft, f"{formula}; + {words}"
+    if inputs.cpu_offload_bytes:
+        offloaded = min(size, inputs.cpu_offload_bytes)
+        size, formula = size - offloaded, f"{formula}; - {format_bytes(offloaded)} in host memory (--cpu-offload-gb)"
+    return replace(term, bytes=size, formula=formula)
+
+
+def _draft_weights(inputs: PlanInputs) -> tuple[int, str]:
+    """An EAGLE head's or a draft model's weights per GPU (MTP layers are the target's own, counted with it)."""
+    speculative = inputs.speculative
+    if speculative is None or speculative.draft is None:
+        return 0, ""
+    draft = speculative.draft
+    tp = speculative.draft_tp or inputs.tp
+    term = common.weight_bytes(draft, common.weight_format(draft), tp)
+    return term.bytes, f"{speculative.method} draft {draft.name} {format_bytes(term.bytes)} ({term.formula})"
 
 
 def rotary_cache_bytes(spec: ModelSpec) -> int:

@@ -13,6 +13,7 @@ from kvops.errors import KvopsError, UsageError
 if TYPE_CHECKING:
     from kvops.calibrate import Calibration
     from kvops.dtypes import KvDtype
+    from kvops.engines.command import StatedCommand
     from kvops.engines.vllm.logs import VllmLog
     from kvops.engines.vllm.metrics import CacheConfig
     from kvops.model.spec import ModelSpec
@@ -43,6 +44,11 @@ class VllmEngine:
 
     def image(self, vendor: str | None) -> str:
         return flags.image(vendor)
+
+    def read_command(self, words: list[str]) -> StatedCommand | None:
+        from kvops.engines.vllm import command
+
+        return command.read_command(words)
 
     def plan_once(self, inputs: PlanInputs) -> Plan:
         from kvops.engines import targets

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+from functools import lru_cache
+from importlib import resources
+
 from kvops.dtypes import KvDtype
 from kvops.engines.flags import flag_args
 from kvops.errors import UsageError
@@ -61,3 +65,130 @@ def arguments(flags: dict[str, object], program: tuple[str, ...]) -> list[str]:
 def image(vendor: str | None) -> str:
     """The official image for the device's vendor."""
     return ROCM_IMAGE if vendor == "amd" else IMAGE
+
+
+# --- reading a `vllm serve` command line -----------------------------------------------------------------------
+
+# `vllm serve` options that change memory but that kvops does not model: named, so a plan read from a command line
+# says which of its figures they would move (vllm/engine/arg_utils.py, vLLM 0.32.0)
+NOT_MODELLED = {
+    "--enable-lora": "LoRA adapter slots (--max-loras x --max-lora-rank) take GPU memory",
+    "--max-loras": "LoRA adapter slots take GPU memory",
+    "--max-lora-rank": "LoRA adapter slots take GPU memory",
+    "--max-cpu-loras": "LoRA adapters kept in host memory",
+    "--fully-sharded-loras": "LoRA adapter slots take GPU memory",
+    "--lora-modules": "LoRA adapters take GPU memory",
+    "--compilation-config": "CUDA graph capture sizes change the graphs' memory",
+    "--cudagraph-capture-sizes": "CUDA graph capture sizes change the graphs' memory",
+    "--max-cudagraph-capture-size": "CUDA graph capture sizes change the graphs' memory",
+    "--optimization-level": "the compilation level changes the CUDA graphs' memory",
+    "--performance-mode": "changes the CUDA graphs and batching defaults",
+    "--hf-overrides": "overrides the config.json fields the plan read",
+    "--num-gpu-blocks-override": "fixes the KV block count instead of sizing it",
+    "--decode-context-parallel-size": "decode context parallelism shards the KV cache by tokens",
+    "--prefill-context-parallel-size": "prefill context parallelism shards the KV cache by tokens",
+    "--enable-eplb": "expert load balancing adds redundant experts",
+    "--eplb-config": "redundant experts take GPU memory",
+    "--all2all-backend": "expert-parallel all-to-all buffers take GPU memory",
+    "--enable-dbo": "dual-batch overlap changes the activation peak",
+    "--ubatch-size": "micro-batches change the activation peak",
+    "--kv-transfer-config": "a KV connector may turn the hybrid KV cache manager off and holds buffers",
+    "--offload-backend": "weights offloaded to host memory",
+    "--offload-group-size": "weights offloaded to host memory",
+    "--offload-num-in-group": "weights offloaded to host memory",
+    "--offload-prefetch-step": "weights offloaded to host memory",
+    "--offload-params": "weights offloaded to host memory",
+    "--cpu-offload-params": "weights offloaded to host memory",
+    "--disable-sliding-window": "sliding-window layers then cache the whole context",
+    "--kv-cache-dtype-skip-layers": "those layers keep a 16-bit KV cache",
+    "--attention-backend": "the backend decides the block size",
+    "--async-scheduling": "decides how many tokens are in flight",
+    "--enable-chunked-prefill": "changes the batching defaults",
+    "--max-num-scheduled-tokens": "bounds the tokens per step",
+    "--mamba-block-size": "the state models' block alignment",
+    "--quantization-config": "an online quantization's settings",
+    "--moe-backend": "the experts' kernel layout",
+    "--kernel-config": "kernel workspaces",
+    "--mm-processor-cache-gb": "the multimodal processor cache (host memory)",
+    "--mm-encoder-tp-mode": "how the vision encoder is split",
+    "--mm-ipc-gpu-memory-gb": "multimodal tensors held in GPU memory",
+    "--runner": "a pooling runner keeps no KV cache",
+    "--convert": "a pooling model keeps no KV cache",
+    "--max-num-active-seqs": "bounds the running sequences",
+    "--enable-sleep-mode": "sleep mode frees memory while asleep",
+}
+# options that hold host memory or network state, named so their line says why the GPU budget is unchanged
+HOST_MEMORY = {
+    "--kv-offloading-size": "host memory for evicted KV blocks: the GPU budget is unchanged",
+    "--kv-offloading-backend": "host memory for evicted KV blocks: the GPU budget is unchanged",
+}
+# options of older vLLM releases users still pass, and what they were
+REMOVED = {
+    "--swap-space": "it was the CPU swap space (host memory), removed with the V0 engine",
+    "--disable-log-requests": "removed; requests are not logged unless --enable-log-requests",
+    "--num-lookahead-slots": "removed with the V0 engine",
+    "--use-v2-block-manager": "removed with the V0 engine",
+}
+# vLLM's --quantization names -> kvops's weight formats (`QuantizationMethods`, vLLM 0.32.0)
+QUANTIZATION_OF_FLAG = {
+    "fp8": "fp8",
+    "fp8_per_tensor": "fp8",
+    "fp8_per_block": "fp8",
+    "fp8_per_channel": "fp8",
+    "fbgemm_fp8": "fp8",
+    "awq": "awq",
+    "auto_awq": "awq",
+    "awq_marlin": "awq",
+    "gptq": "gptq",
+    "auto_gptq": "gptq",
+    "gptq_marlin": "gptq",
+    "mxfp4": "mxfp4",
+    "gpt_oss_mxfp4": "mxfp4",
+    "modelopt_fp4": "nvfp4",
+    "nvfp4_per_token": "nvfp4",
+    "int8_per_channel_weight_only": "int8",
+    "experts_int8": "int8",
+    "modelopt": "auto",
+    "compressed-tensors": "auto",
+    "inc": "auto",
+}
+# spellings earlier vLLM releases took, read as vLLM 0.32 reads the same checkpoints
+RENAMED_QUANTIZATION = {"auto_round": "inc", "auto-round": "inc"}
+REMOVED_QUANTIZATION = {"bitsandbytes", "gguf", "deepspeedfp", "hqq", "tpu_int8", "ptpc_fp8", "bitblas", "marlin"}
+
+
+@lru_cache(maxsize=1)
+def serve_options() -> dict[str, tuple[str, str]]:
+    """Every spelling of a `vllm serve` option -> (its first long spelling, how many words follow it)."""
+    data = json.loads(resources.files("kvops.engines.vllm").joinpath("serve_flags.json").read_text())
+    table: dict[str, tuple[str, str]] = {}
+    for canonical, option in data["options"].items():
+        for spelling in option["spellings"]:
+            table[spelling] = (canonical, option["kind"])
+    return table
+
+
+def check_weight_format(name: str) -> None:
+    """vLLM 0.32 serves every weight format kvops models but bitsandbytes (removed) and EETQ (TGI's)."""
+    if name.startswith("bitsandbytes"):
+        raise UsageError(
+            f"{name} weights: vLLM 0.32 has no bitsandbytes quantization (removed); serve an AWQ, GPTQ or FP8 checkpoint, or plan --engine tgi (--quantize {name})"
+        )
+    if name == "eetq":
+        raise UsageError("eetq weights are TGI's (--quantize eetq); plan --engine tgi, or vLLM with --quantization fp8")
+
+
+def quantization(value: str) -> str:
+    """kvops's weight format for vLLM's --quantization value."""
+    key = value.strip().lower()
+    if key in QUANTIZATION_OF_FLAG:
+        return QUANTIZATION_OF_FLAG[key]
+    if key in RENAMED_QUANTIZATION:  # the checkpoint's own config names its format; the plan emits no --quantization
+        return QUANTIZATION_OF_FLAG[RENAMED_QUANTIZATION[key]]
+    if key in REMOVED_QUANTIZATION:
+        raise UsageError(
+            f"--quantization {value}: vLLM 0.32 has no {value} quantization (removed); serve an AWQ, GPTQ or FP8 checkpoint, or plan --engine tgi, which takes --quantize bitsandbytes"
+        )
+    raise UsageError(
+        f"--quantization {value!r} is not a vLLM 0.32 quantization; valid: {', '.join(QUANTIZATION_OF_FLAG)}"
+    )

@@ -1,30 +1,51 @@
-"""vLLM's KV cache layout (0.32.0): the groups it forms for a model, its block pool, and what one request holds.
+"""vLLM's KV cache layout (0.32.0): the spec of each layer, the groups it forms for a model, its block pool, and
+what one request holds.
 
 Mirrors the installed engine:
-- grouping: `kv_cache_utils.get_kv_cache_groups`. Identical layers form one group; hybrid models (Gemma 2/3,
-  gpt-oss) get one bucket per layer kind, split into groups of `group_size` layers (the smallest bucket, or the
-  largest when it is under 1.5x the smallest) as `layers[i::num_groups]`; every group shares one block pool and
-  one block is `group_size` per-layer pages (`_get_kv_cache_bytes_per_block`).
-- blocks: `num_blocks = kv_bytes // bytes_per_block`; the block pool keeps block 0 as the null block.
-- the pool: `get_max_concurrency_for_kv_cache_config` sums each group's blocks for one request at
-  `max_model_len` (full: `cdiv(L, bs)`; sliding: `cdiv(min(W - 1 + in_flight, L), bs) + 1`, `SlidingWindowSpec`);
+- specs: every cache a layer keeps becomes one spec (`kv_cache_interface`): full attention, sliding window,
+  chunked local attention (Llama 4), MLA, the sparse-attention indexer (an MLA-type spec of fp8 keys), and the
+  recurrent state of Mamba-2 / Gated DeltaNet layers (`MambaSpec`: one page holds a sequence's whole state).
+- hybrid state models: before the specs are built, `Platform._align_hybrid_block_size` raises the attention block
+  size until an attention page holds the largest state page, and pads the state page to the attention page
+  (block sizes such as 528 on a GPU); the state pages a request holds follow the mamba cache mode ("align", the
+  default with prefix caching: 2, and one more for Mamba-2's prefill checkpoint; "none": 1), plus one per
+  speculative token.
+- grouping (`kv_cache_utils.get_kv_cache_groups`): identical specs form one group; specs of one type (all
+  full-type: full, MLA, indexer, or all one sliding window, ...) with different page sizes form one group whose
+  block is the sum of their pages; otherwise (hybrid) pages are unified (smaller attention pages get a larger
+  block size, state pages are padded) and each kind is split into groups of `group_size` layers (the smallest
+  kind's count, or the largest when it is under 1.5x the smallest) as `layers[i::num_groups]`; every group shares
+  one block pool and one block is the largest group's pages side by side (`_get_kv_cache_bytes_per_block`).
+- the pool: `num_blocks = kv_bytes // bytes_per_block`; the block pool keeps block 0 as the null block;
+  `get_max_concurrency_for_kv_cache_config` sums each group's blocks for one request at `max_model_len` and
   `kv_cache_size_tokens = int(num_blocks / blocks_per_request * max_model_len)`.
+- without the hybrid manager (`--disable-hybrid-kv-cache-manager`, or EAGLE with chunked attention) sliding and
+  chunked layers are allocated as full attention.
 The per-layer, per-token cost comes from the ModelSpec's layer kinds (kvops.model.spec), not from here.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from kvops.dtypes import KvDtype
+from kvops.dtypes import KV_DTYPES, KvDtype, canonical_dtype_name
 from kvops.errors import KvopsError
 from kvops.formula import check_tp
-from kvops.model.spec import LayerKind, ModelSpec
+from kvops.model.spec import LayerKind, MambaState, ModelSpec
 
 GPU_BLOCK_SIZE = 16  # CacheConfig.DEFAULT_BLOCK_SIZE (FlashAttention, FlashInfer, Triton)
 GPU_MLA_BLOCK_SIZE = 64  # FlashMLA's only kernel block size
 CPU_BLOCK_SIZE = 128  # platforms/cpu.py when the user gives none
 CPU_MLA_BLOCK_SIZE = 16  # the reference CPU MLA kernel
+KERNEL_BLOCK_ALIGNMENT = {"gpu": 16, "cpu": 32}  # FlashAttention MultipleOf(16); CPU_ATTN MultipleOf(32)
+HYBRID_MLA_BLOCK_ALIGNMENT = 128  # hybrid MLA/Mamba models: a multiple of 128 (`_align_hybrid_block_size`)
+MAMBA_STATE_PAGES = {"align": 2, "none": 1}  # MambaSpec.max_memory_usage_bytes per mamba_cache_mode
+# Mamba-2 mixers (MambaMixer2.get_kv_cache_spec) keep one more page in align mode: the prefill checkpoint
+MAMBA2_CHECKPOINT_PAGES = 1
+FULL_TYPE = ("full", "mla", "indexer")
+# Sparse MLA (DeepSeek-V3.2) with an 8-bit cache is stored as fp8_ds_mla: 512 fp8 latent values, 4 fp32 scales and
+# 64 bf16 rotary values per token (`_canonicalize_sparse_mla_kv_cache_dtype`, FLASHMLA_SPARSE)
+FP8_DS_MLA_BYTES = 656  # FullAttentionSpec and its subclasses: one uniform type
 
 
 def default_block_size(spec: ModelSpec, device: str) -> int:
@@ -33,24 +54,97 @@ def default_block_size(spec: ModelSpec, device: str) -> int:
     return GPU_MLA_BLOCK_SIZE if spec.is_mla else GPU_BLOCK_SIZE
 
 
+@dataclass(frozen=True)
+class LayoutOptions:
+    """The engine settings that change the layout besides dtype, tp and block size."""
+
+    device: str = "gpu"
+    hybrid_manager: bool = True  # False: --disable-hybrid-kv-cache-manager (or vLLM turned it off)
+    block_size_given: bool = False  # the user passed --block-size
+    mamba_cache_mode: str = "align"  # vLLM's default with prefix caching on; "none" without
+    mamba_cache_dtype: str = "auto"  # --mamba-cache-dtype (the conv state)
+    mamba_ssm_cache_dtype: str = "auto"  # --mamba-ssm-cache-dtype
+    speculative_tokens: int = 0  # num_speculative_tokens: extra state pages and conv rows
+
+
+# --- one layer's spec --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CacheSpec:
+    """One layer's KV cache spec as vLLM builds it (the page of one block, and how many blocks a request needs)."""
+
+    kind: str  # "full", "sliding", "chunked", "mla", "indexer" or "mamba"
+    page_bytes: int
+    block_size: int
+    window: int | None = None  # sliding window, or the attention chunk
+    state_pages: int = 0  # mamba: pages one request holds
+
+    @property
+    def uniform_type(self) -> tuple:
+        """What vLLM's UniformTypeKVCacheSpecs requires to be the same across layers of one group."""
+        if self.kind in FULL_TYPE:
+            return ("full", self.block_size)
+        return (
+            self.kind,
+            self.block_size,
+            self.window,
+            self.state_pages,
+            self.page_bytes if self.kind == "mamba" else 0,
+        )
+
+    def admission_blocks(self, max_model_len: int, in_flight: int) -> int:
+        """Blocks one request at `max_model_len` may hold (`cdiv(max_memory_usage_bytes, page_size_bytes)`)."""
+        if self.kind == "mamba":
+            return self.state_pages
+        if self.kind == "sliding":
+            return -(-min(self.window - 1 + in_flight, max_model_len) // self.block_size) + 1
+        if self.kind == "chunked":
+            return -(-min(self.window + in_flight, max_model_len) // self.block_size)
+        return -(-max_model_len // self.block_size)
+
+    def held_blocks(self, tokens: int) -> int:
+        """Blocks a running sequence of `tokens` tokens holds in steady decode (blocks out of reach freed)."""
+        if self.kind == "mamba":
+            return self.state_pages
+        full = -(-tokens // self.block_size)
+        if self.kind == "sliding" and tokens > self.window:
+            return min(full, -(-self.window // self.block_size) + 1)
+        if self.kind == "chunked":
+            return min(full, -(-self.window // self.block_size))
+        return full
+
+
 # --- KV cache groups ------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class KVCacheGroup:
-    """One vLLM KV cache group: layers of one kind sharing a block table."""
+    """One vLLM KV cache group: layers sharing a block table (of one spec, or of one uniform type)."""
 
-    kind: str  # "full", "sliding" or "mla"
+    kind: str  # "full", "sliding", "chunked", "mla", "indexer", "mamba", or "full" for a uniform-type group
     layers: tuple[int, ...]
-    page_bytes: int  # one layer, one block
-    block_size: int
-    window: int | None = None
+    layer_pages: tuple[int, ...]  # each layer's page of one block
+    spec: CacheSpec  # the spec that decides the group's blocks per request
+
+    @property
+    def block_size(self) -> int:
+        return self.spec.block_size
+
+    @property
+    def window(self) -> int | None:
+        return self.spec.window
+
+    @property
+    def page_bytes(self) -> int:
+        return self.layer_pages[0]
+
+    @property
+    def bytes_per_block(self) -> int:
+        return sum(self.layer_pages)
 
     def admission_blocks(self, max_model_len: int, in_flight: int) -> int:
-        """Blocks one request at `max_model_len` may hold (`max_memory_usage_bytes / page_size_bytes`)."""
-        if self.kind == "sliding":
-            return -(-min(self.window - 1 + in_flight, max_model_len) // self.block_size) + 1
-        return -(-max_model_len // self.block_size)
+        return self.spec.admission_blocks(max_model_len, in_flight)
 
     def prefill_blocks(self, tokens: int, in_flight: int) -> int:
         """Blocks a request of `tokens` tokens may hold while its prompt is computed: a sliding group also keeps
@@ -62,11 +156,7 @@ class KVCacheGroup:
         return full
 
     def held_blocks(self, tokens: int) -> int:
-        """Blocks a running sequence of `tokens` tokens holds in steady decode (out-of-window blocks freed)."""
-        full = -(-tokens // self.block_size)
-        if self.kind == "sliding" and tokens > self.window:
-            return min(full, -(-self.window // self.block_size) + 1)
-        return full
+        return self.spec.held_blocks(tokens)
 
 
 @dataclass(frozen=True)
@@ -75,6 +165,7 @@ class KVCacheLayout:
     group_size: int
     padding_layers: int
     hybrid: bool  # several groups share the pool (the hybrid KV cache manager)
+    attention_block_size: int = 0  # the block size the attention layers use (raised for state models)
 
     @property
     def block_size(self) -> int:
@@ -83,7 +174,11 @@ class KVCacheLayout:
     @property
     def bytes_per_block(self) -> int:
         """One block of the shared pool: the largest group's pages side by side."""
-        return max(len(group.layers) * group.page_bytes for group in self.groups)
+        return max(group.bytes_per_block for group in self.groups)
+
+    @property
+    def has_state(self) -> bool:
+        return any(group.kind == "mamba" for group in self.groups)
 
     def num_blocks(self, kv_bytes: int) -> int:
         return kv_bytes // self.bytes_per_block
@@ -102,12 +197,12 @@ class KVCacheLayout:
         """Blocks one request of `sequences` parallel sequences (n or beams) holds at `total_tokens` each.
 
         With prefix caching the prompt's full blocks are shared by the siblings (vLLM fans n out into n requests
-        with the same prompt); sliding groups are counted per sequence.
+        with the same prompt); sliding, chunked and state groups are counted per sequence.
         """
         blocks = 0
         for group in self.groups:
             own = group.held_blocks(total_tokens)
-            if sequences > 1 and prefix_caching and group.kind != "sliding":
+            if sequences > 1 and prefix_caching and group.kind in FULL_TYPE:
                 shared = prompt_tokens // group.block_size
                 blocks += shared + sequences * (own - shared)
             else:
@@ -124,7 +219,7 @@ class KVCacheLayout:
     def describe(self) -> str:
         parts = []
         for group in self.groups:
-            label = f"sliding {group.window}" if group.kind == "sliding" else group.kind
+            label = f"{group.kind} {group.window}" if group.window else group.kind
             parts.append(f"{label} x{len(group.layers)}")
         text = f"{len(self.groups)} group{'s' if len(self.groups) > 1 else ''} ({', '.join(parts)})"
         if self.padding_layers:
@@ -132,42 +227,174 @@ class KVCacheLayout:
         return text
 
 
-def kv_layout(spec: ModelSpec, dtype: KvDtype, tp: int, block_size: int, hybrid_manager: bool = True) -> KVCacheLayout:
+def kv_layout(
+    spec: ModelSpec,
+    dtype: KvDtype,
+    tp: int,
+    block_size: int,
+    hybrid_manager: bool = True,
+    options: LayoutOptions | None = None,
+) -> KVCacheLayout:
     """The KV cache groups vLLM forms for this model on one tensor-parallel rank."""
     check_tp(spec, tp)
-    kinds = [_layer_key(layer, dtype, tp, block_size, hybrid_manager) for layer in spec.layers]
-    buckets: dict[tuple, list[int]] = {}
-    for index, key in enumerate(kinds):
-        buckets.setdefault(key, []).append(index)
-    if len(buckets) == 1:
-        key, layers = next(iter(buckets.items()))
-        return KVCacheLayout((_group(key, layers, block_size),), len(layers), 0, False)
-    pages = {key[1] for key in buckets}
-    if len(pages) > 1:
-        raise KvopsError(
-            f"{spec.name}: layer kinds with different page sizes are not modelled (vLLM pads or rescales them)"
-        )
+    options = options or LayoutOptions(hybrid_manager=hybrid_manager)
+    attention_block = aligned_block_size(spec, dtype, tp, block_size, options)
+    specs = [(index, layer_spec(spec, layer, dtype, tp, attention_block, options)) for index, layer in spec.caches()]
+    specs.sort(key=lambda item: item[0])
+    if not options.hybrid_manager:
+        specs = _promoted(specs)
+    kinds = {cache for _, cache in specs}
+    if len(kinds) == 1:
+        only = next(iter(kinds))
+        layers = tuple(index for index, _ in specs)
+        return KVCacheLayout((_group(only, layers, [only] * len(layers)),), len(layers), 0, False, attention_block)
+    if len({cache.uniform_type for cache in kinds}) == 1:
+        group = _group(specs[0][1], tuple(i for i, _ in specs), [cache for _, cache in specs])
+        return KVCacheLayout((group,), len(specs), 0, False, attention_block)
+    return _hybrid_layout(spec, _unified_pages(spec, specs), attention_block)
+
+
+def layer_spec(
+    spec: ModelSpec, layer: LayerKind, dtype: KvDtype, tp: int, block_size: int, options: LayoutOptions
+) -> CacheSpec:
+    if isinstance(layer, MambaState):
+        pages = MAMBA_STATE_PAGES[options.mamba_cache_mode] + options.speculative_tokens
+        if options.mamba_cache_mode == "align" and layer.variant == "mamba2":
+            pages += MAMBA2_CHECKPOINT_PAGES
+        return CacheSpec("mamba", state_page_bytes(spec, layer, tp, options), block_size, state_pages=pages)
+    window = getattr(layer, "window", None) or getattr(layer, "chunk", None)
+    per_token = layer.bytes_per_token(dtype, tp)
+    if layer.kind == "mla" and layer.sparse and dtype.bits == 8 and options.device == "gpu":
+        per_token = FP8_DS_MLA_BYTES
+    return CacheSpec(layer.kind, block_size * per_token, block_size, window or None)
+
+
+def state_dtypes(spec: ModelSpec, layer: MambaState, options: LayoutOptions) -> tuple[float, float]:
+    """Bytes per value of the conv and SSM states in vLLM: --mamba-cache-dtype for the conv state (auto: the
+    model's dtype), --mamba-ssm-cache-dtype for the SSM state (auto: the dtype the model's config class declares,
+    Nemotron-H float32 by default, else the conv state's); vLLM's CPU build keeps SSM states in float32 (it resets
+    the dtype on CPUs with AVX-512 BF16, `platforms/cpu.py`)."""
+    conv = _dtype_bytes(options.mamba_cache_dtype) or KV_DTYPES[spec.dtype].bytes
+    ssm = _dtype_bytes(options.mamba_ssm_cache_dtype)
+    if ssm is None:
+        declared = layer.ssm_dtype or ("float32" if spec.model_type == "nemotron_h" else "")
+        ssm = _dtype_bytes(declared) or conv
+    if options.device == "cpu":
+        ssm = 4
+    return conv, ssm
+
+
+def _dtype_bytes(name: str) -> float | None:
+    canonical = canonical_dtype_name(name) if name and name != "auto" else None
+    return KV_DTYPES[canonical].bytes if canonical else None
+
+
+def state_page_bytes(spec: ModelSpec, layer: MambaState, tp: int, options: LayoutOptions) -> int:
+    conv, ssm = state_dtypes(spec, layer, options)
+    return layer.state_bytes(conv, ssm, tp, options.speculative_tokens)
+
+
+def aligned_block_size(spec: ModelSpec, dtype: KvDtype, tp: int, block_size: int, options: LayoutOptions) -> int:
+    """The attention block size: for models with recurrent state, raised until one attention page holds the
+    largest state page (`_align_hybrid_block_size`), a multiple of the kernel block alignment."""
+    states = [layer for _, layer in spec.caches() if isinstance(layer, MambaState)]
+    attention = spec.attention_layers()
+    if not states or not attention:
+        return block_size
+    state_page = max(state_page_bytes(spec, layer, tp, options) for layer in states)
+    per_token = attention[0].bytes_per_token(dtype, tp)
+    kernel = KERNEL_BLOCK_ALIGNMENT[options.device]
+    alignment = max(kernel, block_size)
+    if spec.is_mla:
+        alignment = max(alignment, HYBRID_MLA_BLOCK_ALIGNMENT)
+    aligned = alignment * -(-state_page // (alignment * per_token))
+    aligned = kernel * -(-aligned // kernel)
+    return max(block_size, aligned)
+
+
+def _promoted(specs: list[tuple[int, CacheSpec]]) -> list[tuple[int, CacheSpec]]:
+    """Without the hybrid manager, sliding and chunked layers are allocated as full attention (when the model has
+    full attention layers too: `_promote_local_kv_cache_specs`)."""
+    if not any(cache.kind in FULL_TYPE for _, cache in specs):
+        return specs
+    return [
+        (index, replace(cache, kind="full", window=None) if cache.kind in ("sliding", "chunked") else cache)
+        for index, cache in specs
+    ]
+
+
+def _unified_pages(spec: ModelSpec, specs: list[tuple[int, CacheSpec]]) -> list[tuple[int, CacheSpec]]:
+    """`unify_kv_cache_spec_page_size`: a smaller attention page takes a proportionally larger block size (or is
+    padded when it does not divide the largest), a state page is padded; MLA pages must divide."""
+    largest = max(cache.page_bytes for _, cache in specs)
+    unified = []
+    for index, cache in specs:
+        if cache.page_bytes == largest:
+            unified.append((index, cache))
+        elif cache.kind == "mamba" or (largest % cache.page_bytes and cache.kind not in ("mla", "indexer")):
+            unified.append((index, replace(cache, page_bytes=largest)))
+        elif largest % cache.page_bytes == 0:
+            ratio = largest // cache.page_bytes
+            unified.append((index, replace(cache, page_bytes=largest, block_size=cache.block_size * ratio)))
+        else:
+            raise KvopsError(
+                f"{spec.name}: its MLA and other layers have page sizes vLLM cannot unify ({cache.page_bytes} B and {largest} B); not modelled"
+            )
+    return unified
+
+
+def _hybrid_layout(spec: ModelSpec, specs: list[tuple[int, CacheSpec]], attention_block: int) -> KVCacheLayout:
+    buckets: dict[CacheSpec, list[int]] = {}
+    for index, cache in specs:
+        buckets.setdefault(cache, []).append(index)
     sizes = [len(layers) for layers in buckets.values()]
     group_size = max(sizes) if max(sizes) < min(sizes) * 1.5 else min(sizes)
     groups, padding = [], 0
-    for key, layers in buckets.items():
+    for cache, layers in buckets.items():
         if len(layers) % group_size:
             padding += group_size - len(layers) % group_size
         count = -(-len(layers) // group_size)
-        groups.extend(_group(key, layers[i::count], block_size) for i in range(count))
-    return KVCacheLayout(tuple(groups), group_size, padding, True)
+        for i in range(count):
+            members = tuple(layers[i::count])
+            groups.append(_group(cache, members, [cache] * len(members)))
+    return KVCacheLayout(tuple(groups), group_size, padding, True, attention_block)
 
 
-def _layer_key(layer: LayerKind, dtype: KvDtype, tp: int, block_size: int, hybrid_manager: bool) -> tuple:
-    page = block_size * layer.bytes_per_token(dtype, tp)
-    if layer.kind == "sliding" and hybrid_manager:
-        return ("sliding", page, layer.window)
-    return ("mla" if layer.kind == "mla" else "full", page, None)
+def _group(cache: CacheSpec, layers: tuple[int, ...], members: list[CacheSpec]) -> KVCacheGroup:
+    return KVCacheGroup(cache.kind, layers, tuple(member.page_bytes for member in members), cache)
 
 
-def _group(key: tuple, layers: list[int], block_size: int) -> KVCacheGroup:
-    kind, page, window = key
-    return KVCacheGroup(kind, tuple(layers), page, block_size, window)
+def project(layout: KVCacheLayout, layers: set[int]) -> KVCacheLayout:
+    """The groups as one pipeline stage holds them: each group keeps only the stage's layers
+    (`_project_kv_cache_groups_to_worker`); the stage's block is its largest group's pages side by side."""
+    groups = []
+    for group in layout.groups:
+        kept = [(layer, page) for layer, page in zip(group.layers, group.layer_pages) if layer in layers]
+        groups.append(replace(group, layers=tuple(i for i, _ in kept), layer_pages=tuple(p for _, p in kept)))
+    return replace(layout, groups=tuple(groups))
+
+
+# --- speculative decoding ------------------------------------------------------------------------------------
+
+
+def with_draft_layers(spec: ModelSpec, draft_caches: list[LayerKind]) -> ModelSpec:
+    """The target with the drafter's KV layers after its own (vLLM registers them last; they share the pool)."""
+    if not draft_caches:
+        return spec
+    start = max((index for index, _ in spec.caches()), default=-1) + 1
+    extra = tuple((start + offset, layer) for offset, layer in enumerate(draft_caches))
+    return replace(spec, extra_caches=(*spec.extra_caches, *extra))
+
+
+def mtp_caches(spec: ModelSpec) -> list[LayerKind]:
+    """MTP modules are decoder layers of the target's full-attention kind (with the indexer beside sparse MLA),
+    one per module the checkpoint carries (num_nextn_predict_layers / mtp_num_hidden_layers)."""
+    kinds = [layer for _, layer in spec.caches() if layer.kind in ("full", "mla")]
+    if not kinds or not spec.mtp_layers:
+        return []
+    attention = kinds[-1]
+    indexer = [layer for _, layer in spec.extra_caches if layer.kind == "indexer"][:1]
+    return [cache for _ in range(spec.mtp_layers) for cache in (attention, *indexer)]
 
 
 # --- the block pool -------------------------------------------------------------------------------------------
@@ -227,9 +454,11 @@ def pool(
     in_flight: int,
     null_block: bool = True,
     tokens_by_concurrency: bool = True,
+    num_blocks: int | None = None,
 ) -> Pool:
+    """The pool for `kv_bytes` per GPU, or of `num_blocks` (pipeline stages: the smallest stage's count)."""
     return Pool(
-        layout.num_blocks(kv_bytes),
+        layout.num_blocks(kv_bytes) if num_blocks is None else num_blocks,
         layout.block_size,
         layout.blocks_per_request(max_model_len, in_flight),
         max_model_len,

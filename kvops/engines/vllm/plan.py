@@ -7,10 +7,12 @@ from dataclasses import dataclass
 from math import ceil, floor
 from typing import Any
 
-from kvops.dtypes import KvDtype, resolve_kv_dtype
+from kvops.dtypes import KvDtype, resolve_kv_dtype, serving_dtype
 from kvops.engines import common
 from kvops.engines.vllm import budget, flags, layout, releases
 from kvops.errors import UsageError
+from kvops.model.checkpoint import pipeline_partition
+from kvops.model.spec import ModelSpec
 from kvops.plan import Plan, PlanInputs, Term, Verdict, WayOut, model_argument
 from kvops.units import format_bytes
 from kvops.workload import Workload
@@ -126,10 +128,13 @@ def plan_once(inputs: PlanInputs) -> Plan:
     if device not in budget.DEVICES:
         raise UsageError(f"--device {device!r}; valid: {', '.join(budget.DEVICES)}")
     release = releases.release(inputs.engine_version)
-    dtype = resolve_kv_dtype(inputs.kv_dtype, spec.dtype)
-    kv_flag = flags.kv_cache_dtype(dtype, spec.dtype, device)
+    flags.check_weight_format(common.weight_format(spec, inputs.quantization).name)
+    served = spec.dtype if inputs.dtype == "auto" else serving_dtype(inputs.dtype)  # kv dtype auto follows --dtype
+    dtype = resolve_kv_dtype(inputs.kv_dtype, served)
+    kv_flag = flags.kv_cache_dtype(dtype, served, device)
     block_size = inputs.block_size or layout.default_block_size(spec, device)
-    kv_layout = layout.kv_layout(spec, dtype, tp, block_size, hybrid_manager=release.hybrid_manager)
+    cached = cached_spec(inputs)
+    kv_layout = layout.kv_layout(cached, dtype, tp, block_size, options=layout_options(inputs, release))
     model_limit = common.model_limit(spec)
     fixed_len = inputs.max_model_len if isinstance(inputs.max_model_len, int) else model_limit
     gpu = inputs.gpu
@@ -139,36 +144,45 @@ def plan_once(inputs: PlanInputs) -> Plan:
     in_flight = budget.max_in_flight_tokens(batched, device, release)
     requested_seqs = inputs.concurrency * inputs.workload.sequences if isinstance(inputs.concurrency, int) else 0
     sampler_seqs = max(default_seqs, requested_seqs)
-    memory, kv_bytes, warnings = budget.memory_terms(inputs, release, batched, sampler_seqs)
-    draft = _Draft(inputs, memory, kv_bytes, warnings, [f"engine release: {release.label}, {release.how}"], release)
-    draft.notes.append(
-        f"KV cache layout: {kv_layout.describe()}, {format_bytes(kv_layout.bytes_per_block)} per block of {block_size} tokens ({kv_layout.bytes_per_block} B)"
+    draft, stage_blocks, page = _budget(inputs, release, kv_layout, batched, sampler_seqs)
+    per_stage = " on the binding pipeline stage" if inputs.pp > 1 else ""
+    draft.notes.insert(
+        1,
+        f"KV cache layout: {kv_layout.describe()}, {format_bytes(page)} per block of {kv_layout.block_size} tokens ({page} B){per_stage}",
     )
+    _speculative_notes(draft, cached)
     if kv_layout.padding_layers:
         draft.warnings.append(
             f"vLLM pads {kv_layout.padding_layers} layer slot(s) to even out its KV cache groups: that share of each block holds nothing"
         )
     if inputs.max_model_len == "auto":
-        length = _auto_length(draft, kv_layout, model_limit, in_flight)
+        length = _auto_length(draft, kv_layout, model_limit, in_flight, stage_blocks)
         if length == 0:
             target = inputs.concurrency if isinstance(inputs.concurrency, int) else 1
             problem = f"not even 1 token per sequence fits for {target} sequence(s) under the warn level"
-            return draft.plan(None, {}, Verdict(problem, kv_layout.bytes_per_block * (target + 1), kv_bytes))
+            return draft.plan(None, {}, Verdict(problem, kv_layout.bytes_per_block * (target + 1), draft.kv_bytes))
     else:
         length = fixed_len
     pool = layout.pool(
-        kv_layout, max(kv_bytes, 0), length, in_flight, release.null_block, release.kv_tokens_by_concurrency
+        kv_layout,
+        max(draft.kv_bytes, 0),
+        length,
+        in_flight,
+        release.null_block,
+        release.kv_tokens_by_concurrency,
+        num_blocks=stage_blocks,
     )
     tokens = _request_tokens(inputs.workload, length)
     prompt = inputs.workload.prompt_tokens if inputs.workload.prompt_tokens is not None else tokens
-    per_request = kv_layout.blocks_held(min(prompt, tokens), tokens, inputs.workload.sequences)
+    lookahead = lookahead_tokens(inputs)
+    per_request = kv_layout.blocks_held(min(prompt, tokens), tokens + lookahead, inputs.workload.sequences)
     prefill_extra = kv_layout.prefill_extra(tokens, in_flight)
     under_warn = _requests_within(inputs.warn_level * pool.usable_blocks, per_request, prefill_extra)
     capacity = VllmCapacity(
         num_blocks=pool.num_blocks,
         usable_blocks=pool.usable_blocks,
-        block_size=block_size,
-        bytes_per_block=kv_layout.bytes_per_block,
+        block_size=kv_layout.block_size,
+        bytes_per_block=page,
         kv_cache_groups=len(kv_layout.groups),
         kv_cache_size_tokens=pool.kv_cache_size_tokens,
         max_model_len=length,
@@ -184,22 +198,169 @@ def plan_once(inputs: PlanInputs) -> Plan:
         max_in_flight_tokens=in_flight,
         replicas=inputs.replicas,
         engine_auto_max_model_len=layout.engine_max_model_len(
-            kv_layout, max(kv_bytes, 0), in_flight, model_limit, release.null_block
+            kv_layout, max(draft.kv_bytes, 0), in_flight, model_limit, release.null_block
         ),
         sampler_sequences=sampler_seqs,
     )
-    draft.notes.append(common.paging_note(pool.num_blocks, block_size, kv_bytes, len(kv_layout.groups)))
-    seqs = _max_num_seqs(draft, under_warn, defaults)
-    engine_flags = _flags(inputs, length, kv_bytes, seqs, batched, block_size, kv_flag)
+    paging = common.paging_note(pool.num_blocks, kv_layout.block_size, pool.num_blocks * page, len(kv_layout.groups))
+    state = "; in a state group a block holds one request's recurrent state instead" if kv_layout.has_state else ""
+    draft.notes.append(paging + state)
+    seqs = _state_blocks_cap(draft, _max_num_seqs(draft, under_warn, defaults), kv_layout, pool)
+    engine_flags = _flags(inputs, length, draft.kv_bytes, seqs, batched, block_size, kv_flag)
     _warnings(draft, kv_layout, dtype, capacity)
     return draft.plan(capacity, engine_flags, _verdict(draft, kv_layout, pool, capacity))
 
 
-def _auto_length(draft: _Draft, kv_layout: layout.KVCacheLayout, model_limit: int, in_flight: int) -> int:
+def cached_spec(inputs: PlanInputs) -> ModelSpec:
+    """The layers whose caches share the pool: the target's, then a drafter's (EAGLE head, draft model, MTP)."""
+    speculative, spec = inputs.speculative, inputs.spec
+    if speculative is None:
+        return spec
+    if speculative.method == "mtp":
+        caches = layout.mtp_caches(spec)
+        if not caches:
+            raise UsageError(
+                f"--speculative-config method mtp: {spec.name} has no MTP layers (num_nextn_predict_layers or mtp_num_hidden_layers in its config); use eagle/eagle3 with a draft head, or draft_model"
+            )
+        return layout.with_draft_layers(spec, caches)
+    if speculative.draft is not None and speculative.method in ("eagle", "eagle3", "draft_model"):
+        return layout.with_draft_layers(spec, [layer for _, layer in speculative.draft.caches()])
+    return spec
+
+
+def lookahead_tokens(inputs: PlanInputs) -> int:
+    """KV slots a request reserves past its tokens for the drafter (`VllmConfig.num_lookahead_tokens`)."""
+    speculative = inputs.speculative
+    if speculative is None:
+        return 0
+    if speculative.uses_target_hidden_states or speculative.method == "draft_model":
+        return speculative.tokens
+    return 0
+
+
+def _budget(
+    inputs: PlanInputs, release: releases.VllmRelease, kv_layout: layout.KVCacheLayout, batched: int, sampler_seqs: int
+) -> tuple[_Draft, int | None, int]:
+    """The memory terms and the KV bytes; with pipeline parallelism, of the stage with the fewest blocks (vLLM
+    gives every stage the smallest stage's block count, `get_kv_cache_configs`), that count and its block's bytes
+    per GPU."""
+    notes = [f"engine release: {release.label}, {release.how}"]
+    if inputs.pp == 1:
+        memory, kv_bytes, warnings = budget.memory_terms(inputs, release, batched, sampler_seqs)
+        return _Draft(inputs, memory, kv_bytes, warnings, notes, release), None, kv_layout.bytes_per_block
+    stages = []
+    for stage, layers in enumerate(stage_layers(inputs, kv_layout)):
+        memory, kv_bytes, warnings = budget.memory_terms(inputs, release, batched, sampler_seqs, stage)
+        stage_layout = layout.project(kv_layout, layers)
+        page = stage_layout.bytes_per_block
+        blocks = stage_layout.num_blocks(max(kv_bytes, 0)) if page else None
+        stages.append(_Stage(stage, memory, kv_bytes, warnings, blocks, page, len(layers)))
+    binding = min(stages, key=lambda item: (item.blocks is None, item.blocks or 0, item.kv_bytes))
+    draft = _Draft(inputs, binding.memory, binding.kv_bytes, binding.warnings, notes, release)
+    parts = [
+        f"stage {item.stage}: {item.layers} cache layers, weights {format_bytes(_term(item.memory, 'weights'))}, {item.blocks if item.blocks is not None else 'no'} blocks of {format_bytes(item.page)}"
+        for item in stages
+    ]
+    draft.notes.append(
+        f"pipeline parallel {inputs.pp}: each stage sizes its own pool and vLLM keeps the smallest block count; stage {binding.stage} binds (its terms are shown): {'; '.join(parts)}"
+    )
+    return draft, binding.blocks, binding.page
+
+
+@dataclass(frozen=True)
+class _Stage:
+    stage: int
+    memory: list[Term]
+    kv_bytes: int
+    warnings: list[str]
+    blocks: int | None  # None: the stage holds no cache layers
+    page: int
+    layers: int
+
+
+def _term(terms: list[Term], name: str) -> int:
+    return next((term.bytes for term in terms if term.name == name), 0)
+
+
+def stage_layers(inputs: PlanInputs, kv_layout: layout.KVCacheLayout) -> list[set[int]]:
+    """The cache layers each pipeline stage holds: decoder layers as vLLM splits them (`get_pp_indices`), a
+    drafter's layers on the last stage."""
+    num_layers = inputs.spec.num_layers
+    sizes = pipeline_partition(num_layers, inputs.pp)
+    edges = [sum(sizes[:i]) for i in range(inputs.pp + 1)]
+    layers = {layer for group in kv_layout.groups for layer in group.layers}
+    stages = [{layer for layer in layers if edges[i] <= layer < edges[i + 1]} for i in range(inputs.pp)]
+    stages[-1] |= {layer for layer in layers if layer >= num_layers}
+    return stages
+
+
+def _speculative_notes(draft: _Draft, cached: ModelSpec) -> None:
+    inputs = draft.inputs
+    speculative = inputs.speculative
+    if speculative is None:
+        return
+    added = len(cached.caches()) - len(inputs.spec.caches())
+    where = f"{added} drafter cache layer(s) share the KV pool" if added else "the drafter keeps no KV cache"
+    lookahead = lookahead_tokens(inputs)
+    slots = f"; each request reserves {lookahead} lookahead slot(s)" if lookahead else ""
+    draft.notes.append(f"speculative decoding ({speculative.method}, {speculative.tokens} tokens): {where}{slots}")
+    if _eagle_with_chunked(inputs):
+        draft.notes.append(
+            "chunked local attention with an EAGLE/MTP drafter: vLLM turns the hybrid KV cache manager off, so the chunked layers hold the whole context"
+        )
+    if speculative.draft is None and speculative.method in ("eagle", "eagle3", "draft_model"):
+        draft.warnings.append(
+            f"--speculative-config {speculative.method}: the draft's config was not read: its KV layers and weights are not counted"
+        )
+
+
+def layout_options(inputs: PlanInputs, release: releases.VllmRelease) -> layout.LayoutOptions:
+    """The engine settings of these inputs that change vLLM's KV cache layout."""
+    speculative = inputs.speculative
+    return layout.LayoutOptions(
+        device=inputs.device,
+        block_size_given=inputs.block_size is not None,
+        hybrid_manager=inputs.hybrid_manager and release.hybrid_manager and not _eagle_with_chunked(inputs),
+        mamba_cache_mode=inputs.mamba_cache_mode or ("none" if inputs.prefix_caching is False else "align"),
+        mamba_cache_dtype=inputs.mamba_cache_dtype,
+        mamba_ssm_cache_dtype=inputs.mamba_ssm_cache_dtype,
+        speculative_tokens=speculative.tokens if speculative else 0,
+    )
+
+
+def _eagle_with_chunked(inputs: PlanInputs) -> bool:
+    """vLLM turns the hybrid KV cache manager off for chunked local attention with an EAGLE/MTP drafter
+    (vllm-internals notes; `VllmConfig.__post_init__`): the chunked layers are then allocated as full attention."""
+    speculative = inputs.speculative
+    return bool(speculative and speculative.uses_target_hidden_states and inputs.spec.attention_chunk)
+
+
+def _state_blocks_cap(draft: _Draft, seqs: int, kv_layout: layout.KVCacheLayout, pool: layout.Pool) -> int:
+    """With recurrent-state layers and CUDA graphs, vLLM refuses to start when max_num_seqs exceeds the blocks
+    (every decoding sequence needs one state block: 'max_num_seqs (N) exceeds available Mamba cache blocks',
+    config/compilation.py)."""
+    inputs = draft.inputs
+    if not kv_layout.has_state or inputs.device != "gpu" or inputs.enforce_eager or seqs <= pool.num_blocks:
+        return seqs
+    if inputs.max_num_seqs is not None:
+        draft.warnings.append(
+            f"--max-num-seqs {seqs} exceeds the {pool.num_blocks} KV cache blocks: vLLM refuses to start a state-space model with CUDA graphs ('max_num_seqs exceeds available Mamba cache blocks'); lower it or add --enforce-eager"
+        )
+        return seqs
+    draft.notes.append(
+        f"max-num-seqs held to the {pool.num_blocks} KV cache blocks: each decoding sequence of a state-space model needs one state block"
+    )
+    return max(1, pool.num_blocks)
+
+
+def _auto_length(
+    draft: _Draft, kv_layout: layout.KVCacheLayout, model_limit: int, in_flight: int, blocks: int | None = None
+) -> int:
     """--max-model-len auto: the longest context at which the wanted concurrency stays under the warn level."""
     inputs = draft.inputs
-    blocks = kv_layout.num_blocks(draft.kv_bytes) if draft.kv_bytes > 0 else 0
-    usable = max(0, blocks - 1) if draft.release.null_block else blocks
+    total = kv_layout.num_blocks(draft.kv_bytes) if blocks is None else blocks
+    total = total if draft.kv_bytes > 0 else 0
+    usable = max(0, total - 1) if draft.release.null_block else total
     target = inputs.concurrency if isinstance(inputs.concurrency, int) else 1
     draft.notes.append(
         f"--max-model-len auto: the longest context at which {target} sequence(s) stay under the warn level ({inputs.warn_level:.0%} of {usable} usable blocks)"
@@ -258,8 +419,20 @@ def _flags(
     )
     engine_flags: dict[str, Any] = {
         "model": model_argument(inputs.spec),
+        "revision": inputs.spec.revision,
         "tensor-parallel-size": inputs.tp,
+        "pipeline-parallel-size": inputs.pp if inputs.pp > 1 else None,
         "data-parallel-size": inputs.replicas if inputs.replicas > 1 else None,
+        "enable-expert-parallel": True if inputs.expert_parallel else None,
+        "dtype": _DTYPE_FLAGS.get(inputs.dtype),
+        "language-model-only": True if inputs.text_only else None,
+        "cpu-offload-gb": inputs.cpu_offload_bytes / (1 << 30) if inputs.cpu_offload_bytes else None,
+        "speculative-config": inputs.speculative.config if inputs.speculative else None,
+        "disable-hybrid-kv-cache-manager": True if not inputs.hybrid_manager else None,
+        "no-enable-prefix-caching": True if inputs.prefix_caching is False else None,
+        "mamba-cache-mode": inputs.mamba_cache_mode,
+        "mamba-cache-dtype": None if inputs.mamba_cache_dtype == "auto" else inputs.mamba_cache_dtype,
+        "mamba-ssm-cache-dtype": None if inputs.mamba_ssm_cache_dtype == "auto" else inputs.mamba_ssm_cache_dtype,
         "max-model-len": length,
         "gpu-memory-utilization": utilization,
         "kv-cache-memory-bytes": kv_bytes if pinned else None,
@@ -274,10 +447,17 @@ def _flags(
     return {name: value for name, value in engine_flags.items() if value is not None}
 
 
+_DTYPE_FLAGS = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}  # vLLM's --dtype values
+
+
 def guard_named(inputs: PlanInputs) -> bool:
     """The plan names the KV-guard scheduler: with --guard, or by default while the guard holds stock vLLM's
-    goodput on bench/guard_goodput.py (GUARD_BY_DEFAULT)."""
-    return inputs.guard if inputs.guard is not None else flags.GUARD_BY_DEFAULT
+    goodput on bench/guard_goodput.py (GUARD_BY_DEFAULT). Never by default for models with recurrent-state layers:
+    the guard projects their state groups as if they grew with every token (vLLM's MambaManager has no per-request
+    cap) and would hold requests back."""
+    if inputs.guard is not None:
+        return inputs.guard
+    return flags.GUARD_BY_DEFAULT and not inputs.spec.has_state
 
 
 def _guard_note(inputs: PlanInputs) -> str:
@@ -315,6 +495,10 @@ def _warnings(draft: _Draft, kv_layout: layout.KVCacheLayout, dtype: KvDtype, ca
     if spec.num_kv_heads < inputs.tp and not spec.is_mla:
         draft.notes.append(
             f"tp {inputs.tp} > {spec.num_kv_heads} KV heads: each KV head is replicated on {inputs.tp // spec.num_kv_heads} ranks, per-GPU KV does not shrink further"
+        )
+    if inputs.guard is None and spec.has_state:
+        draft.notes.append(
+            "the KV guard scheduler is not named: it does not yet model the state groups of hybrid models (--guard names it anyway)"
         )
     if inputs.workload.sequences > 1:
         draft.notes.append(

@@ -1,0 +1,171 @@
+"""A launch command as users paste it (`vllm serve MODEL --flag value ...`, `text-generation-launcher ...`, a
+`docker run ... IMAGE ...` line, `python -m vllm.entrypoints.openai.api_server ...`), read into the deployment
+options it states: engine-neutral words here, each engine's flags in `kvops/engines/<name>/command.py`.
+
+Every option is accounted for: read into the plan, "ignored: does not change memory", "not modelled" (it changes
+memory in a way kvops does not compute: measure the run), or "unknown" (not an option of that engine release).
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvops.errors import UsageError
+
+IGNORED = "ignored: does not change memory"
+
+# an option's kind: how many words follow it
+SWITCH, VALUE, OPTIONAL_VALUE, LIST = "switch", "value", "optional_value", "list"
+
+
+@dataclass(frozen=True)
+class Word:
+    """One option of the command: as written, its canonical spelling, and its value (None for a switch)."""
+
+    written: str
+    canonical: str | None  # None: not an option of the engine
+    value: str | None
+    negated: bool = False  # written --no-X for the switch --X
+
+
+@dataclass
+class StatedCommand:
+    """What a launch command states: DeploymentOptions fields, and one line for every option not read."""
+
+    engine: str
+    values: dict[str, Any] = field(default_factory=dict)
+    lines: list[str] = field(default_factory=list)
+
+    def ignore(self, word: Word, why: str = IGNORED) -> None:
+        self.lines.append(f"{_shown(word)}: {why}")
+
+
+def _shown(word: Word) -> str:
+    return word.written if word.value is None else f"{word.written} {word.value}"
+
+
+def command_words(text: str) -> list[str]:
+    """The words of a pasted command: shell quoting, line continuations and a leading `VAR=value ...` removed."""
+    try:
+        words = shlex.split(text.replace("\\\n", " "))
+    except ValueError as exc:
+        raise UsageError(f"--from-command {text!r} is not a shell command ({exc})") from None
+    while words and "=" in words[0] and not words[0].startswith("-"):
+        words.pop(0)
+    if not words:
+        raise UsageError(
+            "--from-command names no command; paste the line that starts the engine, e.g. 'vllm serve MODEL ...'"
+        )
+    return words
+
+
+def after_image(words: list[str], images: tuple[str, ...]) -> list[str] | None:
+    """The arguments after the engine's image in a `docker run` or `podman run` line (the image's entrypoint is
+    the engine), or None when the line names none of these images."""
+    if words[0] not in ("docker", "podman", "sudo"):
+        return None
+    for index, word in enumerate(words):
+        if any(word == image or word.startswith((f"{image}:", f"{image}@")) for image in images):
+            return words[index + 1 :]
+    return None
+
+
+def split_options(
+    args: list[str], lookup: Callable[[str], tuple[str, str] | None], dashes: bool = True
+) -> tuple[list[str], list[Word]]:
+    """(positional words, options): each option's value taken as its kind says (`lookup`: a spelling -> its canonical
+    spelling and kind, None when unknown; an unknown option takes the next word when it is not an option).
+    `dashes`: underscores in option names read as dashes (vLLM's parser does it; `--max_model_len`)."""
+    positional: list[str] = []
+    options: list[Word] = []
+    index = 0
+    while index < len(args):
+        word = args[index]
+        index += 1
+        if not word.startswith("-") or word == "-":
+            positional.append(word)
+            continue
+        name, inline = word, None
+        if "=" in word:  # --max-model-len=8192, and the short forms argparse splits alike: -dp=8
+            name, inline = word.split("=", 1)
+        if dashes and name.startswith("--"):
+            head, dot, tail = name[2:].partition(".")
+            name = "--" + head.replace("_", "-") + dot + tail
+        known = lookup(name.split(".", 1)[0] if name.startswith("--") else name)
+        kind = known[1] if known else (VALUE if index < len(args) and not args[index].startswith("-") else SWITCH)
+        if "." in name and known:  # vLLM's dotted form: --speculative-config.method eagle3
+            kind = VALUE
+        value = inline
+        if (value is None and kind == VALUE and index < len(args)) or (
+            value is None and kind == OPTIONAL_VALUE and index < len(args) and not args[index].startswith("-")
+        ):
+            value, index = args[index], index + 1
+        elif value is None and kind == LIST:
+            taken = []
+            while index < len(args) and not args[index].startswith("-"):
+                taken.append(args[index])
+                index += 1
+            value = " ".join(taken) or None
+        canonical = known[0] if known else None
+        negated = canonical is not None and name.startswith("--no-") and not canonical.startswith("--no-")
+        options.append(Word(name, canonical, value, negated))
+    return positional, options
+
+
+def read_command(text: str) -> StatedCommand:
+    """The deployment a pasted launch command states, read by the engine whose program or image it names."""
+    from kvops import engines
+
+    words = command_words(text)
+    for name in engines.NAMES:
+        stated = engines.get(name).read_command(words)
+        if stated is not None:
+            return stated
+    programs = "; ".join(" ".join(engines.get(name).program) for name in engines.NAMES)
+    raise UsageError(
+        f"--from-command: {words[0]!r} starts no engine kvops plans; paste a line that runs {programs}, python -m vllm.entrypoints.openai.api_server, or docker run with their images"
+    )
+
+
+# --- values as the engines read them ---------------------------------------------------------------------------
+
+
+def integer(word: Word) -> int:
+    """A positive integer option value."""
+    try:
+        value = int(str(word.value))
+    except ValueError:
+        raise UsageError(f"{word.written} {word.value!r} is not an integer") from None
+    if value < 1:
+        raise UsageError(f"{word.written} {word.value!r} must be positive")
+    return value
+
+
+def fraction(word: Word) -> float:
+    """A share of the device, in (0, 1]."""
+    try:
+        value = float(str(word.value))
+    except ValueError:
+        raise UsageError(f"{word.written} {word.value!r} is not a number between 0 and 1") from None
+    if not 0 < value <= 1:
+        raise UsageError(f"{word.written} {word.value!r} must be in (0, 1]")
+    return value
+
+
+def as_text(word: Word) -> str:
+    return str(word.value)
+
+
+Reader = Callable[[Word, StatedCommand], None]
+
+
+def setter(field: str, convert: Callable[[Word], Any]) -> Reader:
+    """A reader that sets one DeploymentOptions field from the option's value."""
+
+    def read(word: Word, stated: StatedCommand) -> None:
+        stated.values[field] = convert(word)
+
+    return read
