@@ -45,6 +45,8 @@ class DeploymentOptions:
     max_input_tokens: int | None = None
     guard: bool | None = None
     max_queued: int | None = None
+    kv_offloading_size: float | None = None  # GiB of host memory for vLLM's KV tier, all TP ranks
+    kv_offloading_backend: str | None = None
     profile: str | None = None  # a calibration profile file
     policy: str | None = None  # a degrade policy file
     launcher: tuple[str, ...] = ()
@@ -89,10 +91,12 @@ class DeploymentOptions:
         """The planner's inputs: the model loaded, the GPU resolved, the files read."""
         from kvops.gpus import resolve_gpu
         from kvops.model import load_model
+        from kvops.policy import Level, load_policy
 
         if self.model is None:
             raise ConfigError("no model: give --model MODEL (or --from-command with the engine's launch line)")
         spec = load_model(self.model)
+        policy = load_policy(self.policy)
         pinned = self.kv_cache_memory_bytes
         needs_gpu = self.gpu or self.gpu_memory or (self.device == "gpu" and pinned is None)
         pp = self.pp or 1
@@ -132,7 +136,10 @@ class DeploymentOptions:
             max_queued=self.max_queued,
             max_input_tokens=self.max_input_tokens,
             profile=load_profile(self.profile) if self.profile else None,
-            warn_level=warn_level(self.policy),
+            warn_level=policy.thresholds[Level.WARN],
+            kv_offloading_size=self.kv_offloading_size,
+            kv_offloading_backend=self.kv_offloading_backend,
+            gpu_memory_target=policy.gpu_memory_below,
         )
 
     def speculative(self) -> Speculative | None:

@@ -114,6 +114,9 @@ class PlanInputs:
     command_lines: tuple[str, ...] = ()  # what a pasted launch command's other options are (--from-command)
     profile: Profile | None = None
     warn_level: float = 0.70
+    kv_offloading_size: float | None = None  # vLLM --kv-offloading-size: GiB of host memory, all TP ranks
+    kv_offloading_backend: str | None = None  # vLLM --kv-offloading-backend (native when a size is given)
+    gpu_memory_target: float | None = None  # the policy's gpu_memory.below: the plan says why it reserves more
     engine_version: str | None = None  # the release whose rules the plan follows (None: the newest)
     overhead_fit: OverheadFit | None = None  # the fitted overheads to plan with (None: the ones kvops ships)
 

@@ -39,7 +39,7 @@ class Level(IntEnum):
 
 
 GRADED = (Level.WARN, Level.DEGRADE, Level.CRITICAL)
-ACTIONS = ("log_warning", "cap_max_tokens", "single_sequence", "reset_prefix_cache", "reject_503")  # Limits.actions
+ACTIONS = ("log_warning", "cap_max_tokens", "single_sequence", "reject_503")  # Limits.actions
 
 
 class RequestClass(IntEnum):
@@ -91,7 +91,6 @@ class Limits:
     single_sequence: bool = False  # force n, best_of and beam width to 1
     reject: bool = False  # answer 503 + Retry-After, do not forward
     retry_after_seconds: int | None = None
-    reset_prefix_cache: bool = False
     reject_sheddable: bool = False  # answer sheddable requests (Priorities) 429 + Retry-After, do not forward
 
     def actions(self) -> list[str]:
@@ -103,8 +102,6 @@ class Limits:
             done.append(f"cap_max_tokens:{self.max_tokens_cap}")
         if self.single_sequence:
             done.append("single_sequence")
-        if self.reset_prefix_cache:
-            done.append("reset_prefix_cache")
         if self.reject:
             done.append(f"reject_503:retry_after={self.retry_after_seconds}")
         return done
@@ -158,7 +155,6 @@ class Limits:
             "single_sequence": self.single_sequence,
             "reject": self.reject,
             "retry_after_seconds": self.retry_after_seconds,
-            "reset_prefix_cache": self.reset_prefix_cache,
             # present only when set: a level without it keeps the shape older readers of /kvops/policy know
             **({"reject_sheddable": True} if self.reject_sheddable else {}),
         }
@@ -185,6 +181,8 @@ class SignalRule:
     min_growth: float = 0.0  # queue_growth: requests
     seconds: float = 0.0  # stall: no tokens for this long
     below: float = 0.0  # prefix_cache_hit_rate: alert under this fraction
+    above: float = 0.0  # offload_usage: alert over this fraction of the host (CPU) KV tier
+    above_ms: float = 0.0  # offload_load_latency: alert when loads from host memory take longer on average (ms each)
 
 
 @dataclass(frozen=True)
@@ -198,6 +196,8 @@ class Policy:
     stale_after_failures: int = 3
     grace_polls: int = 2  # failed polls in a row that keep the last level before it turns unknown
     grace_seconds: float | None = None  # nor longer than this since the last good reading (None: no time bound)
+    request_tokens: int | None = None  # headroom: KV tokens one request holds at its peak (None: the engine's context)
+    gpu_memory_below: float = 0.80  # the share of the device weights, overheads and the KV blocks in use stay under
     priorities: Priorities = field(default_factory=Priorities)
 
     def raw_level(self, usage: float) -> Level:
@@ -227,6 +227,8 @@ class Policy:
                 "grace_seconds": self.grace_seconds,
                 "stale_after_failures": self.stale_after_failures,
             },
+            "headroom": {"request_tokens": self.request_tokens},
+            "gpu_memory": {"below": self.gpu_memory_below},
             "priorities": {
                 "sheddable_above": self.priorities.sheddable_above,
                 "protected_below": self.priorities.protected_below,
@@ -358,7 +360,17 @@ def _merge(base: dict, override: dict) -> dict:
 
 
 def policy_from_dict(data: dict[str, Any], where: str) -> Policy:
-    known = {"levels", "hysteresis", "min_dwell_seconds", "actions", "signals", "unknown", "priorities"}
+    known = {
+        "levels",
+        "hysteresis",
+        "min_dwell_seconds",
+        "actions",
+        "signals",
+        "unknown",
+        "headroom",
+        "gpu_memory",
+        "priorities",
+    }
     unknown_keys = sorted(set(data) - known)
     if unknown_keys:
         raise PolicyError(f"{where}: unknown key {unknown_keys[0]!r}; valid: {', '.join(sorted(known))}")
@@ -394,8 +406,30 @@ def policy_from_dict(data: dict[str, Any], where: str) -> Policy:
     grace_seconds = None
     if unknown.get("grace_seconds") is not None:
         grace_seconds = _number(unknown, "grace_seconds", f"{where}: unknown", low=0.0, high=86400.0)
-    priorities = _priorities(data, where)
-    return Policy(thresholds, hysteresis, dwell, actions, signals, mode, stale, grace_polls, grace_seconds, priorities)
+    return Policy(
+        thresholds,
+        hysteresis,
+        dwell,
+        actions,
+        signals,
+        mode,
+        stale,
+        grace_polls,
+        grace_seconds,
+        _request_tokens(data.get("headroom") or {}, where),
+        _fraction(data.get("gpu_memory") or {}, "below", f"{where}: gpu_memory"),
+        _priorities(data, where),
+    )
+
+
+def _request_tokens(headroom: dict, where: str) -> int | None:
+    extra = sorted(set(headroom) - {"request_tokens"})
+    if extra:
+        raise PolicyError(f"{where}: unknown key 'headroom.{extra[0]}'; valid: request_tokens")
+    tokens = headroom.get("request_tokens")
+    if tokens is not None and (not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 1):
+        raise PolicyError(f"{where}: headroom.request_tokens {tokens!r} must be a positive integer or null")
+    return tokens
 
 
 _UNKNOWN_KEYS = {"mode", "grace_polls", "grace_seconds", "stale_after_failures"}
@@ -422,23 +456,29 @@ def _priorities(data: dict[str, Any], where: str) -> Priorities:
     return Priorities(**bounds)
 
 
-_ACTION_KEYS = {
-    "max_tokens_cap",
-    "single_sequence",
-    "reject",
-    "retry_after_seconds",
-    "reset_prefix_cache",
-    "reject_sheddable",
+_ACTION_KEYS = {"max_tokens_cap", "single_sequence", "reject", "retry_after_seconds", "reject_sheddable"}
+# Removed: vLLM serves POST /reset_prefix_cache only with VLLM_SERVER_DEV_MODE=1, which also opens its RPC and sleep
+# endpoints to every client; the reset fails while running requests hold blocks (vllm/entrypoints/serve/dev/cache/
+# api_router.py), that is under pressure; and idle cached blocks already count as free in vllm:kv_cache_usage_perc.
+_REMOVED_ACTIONS = {
+    "reset_prefix_cache": "removed: vLLM resets its prefix cache only in dev mode (VLLM_SERVER_DEV_MODE=1, which "
+    "exposes its RPC endpoints), not while requests hold blocks, and idle cached blocks already count as free"
 }
 _SIGNALS = {
     "queue_growth": ("window_seconds", "min_growth"),
     "preemptions": ("window_seconds",),
     "stall": ("seconds",),
     "prefix_cache_hit_rate": ("window_seconds", "below"),
+    "offload_usage": ("above",),
+    "offload_load_latency": ("window_seconds", "above_ms"),
 }
 
 
 def _limits(level: Level, data: dict, where: str) -> Limits:
+    for key, why in _REMOVED_ACTIONS.items():
+        if data.get(key) not in (None, False):
+            raise PolicyError(f"{where}.{key}: {why}; drop the key")
+    data = {key: value for key, value in data.items() if key not in _REMOVED_ACTIONS}
     extra = sorted(set(data) - _ACTION_KEYS)
     if extra:
         raise PolicyError(f"{where}: unknown action {extra[0]!r}; valid: {', '.join(sorted(_ACTION_KEYS))}")
@@ -450,7 +490,7 @@ def _limits(level: Level, data: dict, where: str) -> Limits:
     if refuses and (not isinstance(retry, int) or isinstance(retry, bool) or retry < 1):
         which = "reject" if data.get("reject") else "reject_sheddable"
         raise PolicyError(f"{where}.retry_after_seconds {retry!r} must be a positive integer when {which} is true")
-    for flag in ("single_sequence", "reject", "reset_prefix_cache", "reject_sheddable"):
+    for flag in ("single_sequence", "reject", "reject_sheddable"):
         if not isinstance(data.get(flag, False), bool):
             raise PolicyError(f"{where}.{flag} {data[flag]!r} must be true or false")
     return Limits(
@@ -459,7 +499,6 @@ def _limits(level: Level, data: dict, where: str) -> Limits:
         data.get("single_sequence", False),
         data.get("reject", False),
         retry if refuses else None,
-        data.get("reset_prefix_cache", False),
         data.get("reject_sheddable", False),
     )
 

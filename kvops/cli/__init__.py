@@ -26,6 +26,7 @@ COMMANDS = {
     "report": "kvops.cli.report:report",
     "manifests": "kvops.cli.manifests:manifests",
     "dashboard": "kvops.cli.dashboard:dashboard",
+    "lint": "kvops.cli.lint:lint",
 }
 
 

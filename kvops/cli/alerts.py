@@ -44,8 +44,15 @@ from kvops.watch.rules import alert_rules
 )
 @capacity_options
 def alerts(engine, fmt, runbook_url, policy_path, selector, scrape_interval, max_batch_total_tokens, plan, startup_log):
-    """Prometheus alerting rules for the three levels, the saturation signals and stale metrics, from the policy."""
-    capacity = watch_capacity(engine, max_batch_total_tokens, plan, startup_log)
+    """Prometheus alerting rules for the three levels, the saturation signals and stale metrics, from the policy.
+
+    With --plan FILE (`kvops plan --json`, any engine), also the recording rules of the KV headroom per replica,
+    what `kvops manifests --autoscale` scales on, and the GPU memory in use with its GPUMemoryHigh alert.
+    """
+    from kvops import engines
+
+    needs_plan = engines.get(engine).needs_capacity
+    capacity = watch_capacity(engine, max_batch_total_tokens, plan if needs_plan else None, startup_log)
     sources = {"--max-batch-total-tokens": max_batch_total_tokens, "--plan": plan, "--startup-log": startup_log}
     click.echo(
         alert_rules(
@@ -57,6 +64,21 @@ def alerts(engine, fmt, runbook_url, policy_path, selector, scrape_interval, max
             scrape_interval=scrape_interval,
             capacity=capacity,
             capacity_options=sources,
+            plan=plan_figures(engine, plan) if plan else None,
         ),
         nl=False,
     )
+
+
+def plan_figures(engine: str, path: str):
+    """The headroom and memory figures of a `kvops plan --json` file."""
+    import json
+
+    from kvops.files import read_text
+    from kvops.watch.rules import PlanFigures
+
+    try:
+        data = json.loads(read_text(path, "--plan"))
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"{path}: not JSON (line {exc.lineno}: {exc.msg})", param_hint="--plan") from None
+    return PlanFigures.from_plan(engine, data, f"--plan {path}")

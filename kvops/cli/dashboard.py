@@ -23,7 +23,7 @@ import click
     help="Write the dashboard here instead of printing it.",
 )
 def dashboard(policy_path, out):
-    """The Grafana dashboard: KV usage on the policy's bands, level, queue, preemptions, tokens/s, proxy clamps and rejections."""
+    """The Grafana dashboard: KV usage on the policy's bands, level, queue, preemptions, tokens/s, proxy clamps and rejections, KV demand against the pool, prefix-cache hit rate, GPU memory, TTFT and TPOT, the host KV tier."""
     from kvops.deploy.grafana import dashboard as render
     from kvops.files import write_files
     from kvops.policy import load_policy

@@ -14,7 +14,8 @@ from kvops.errors import UsageError
 from kvops.render.quote import shell_word
 from kvops.watch.rules import alert_rules
 
-TARGETS = ("k8s", "compose")
+TARGETS = ("k8s", "compose", "llm-d", "dynamo", "production-stack")
+AUTOSCALERS = ("keda", "hpa")
 NAME = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")  # an RFC 1035 label, short enough for '<name>-kvops-policy'
 
 
@@ -26,7 +27,35 @@ NAME = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")  # an RFC 1035 label, sh
     type=click.Choice(TARGETS),
     default="k8s",
     show_default=True,
-    help="k8s: Deployment, Service, PodMonitor, PrometheusRule, policy ConfigMap; compose: engine, sidecar, Prometheus and Grafana.",
+    help="k8s: Deployment, Service, PodMonitor, PrometheusRule, policy ConfigMap; compose: engine, sidecar, Prometheus "
+    "and Grafana; llm-d: k8s and the endpoint picker's saturation settings and request classes; dynamo: the "
+    "frontend's rejection thresholds; production-stack: the chart's values and a KEDA ScaledObject.",
+)
+@click.option(
+    "--autoscale",
+    type=click.Choice(AUTOSCALERS),
+    help="k8s, llm-d: also scale the Deployment on its KV demand, with a KEDA ScaledObject or an HPA and the "
+    "prometheus-adapter rule feeding it (production-stack always writes the ScaledObject).",
+)
+@click.option(
+    "--max-replicas",
+    type=POSITIVE,
+    metavar="N",
+    help="With autoscaling: the most pods  [default: 4 x --replicas]",
+)
+@click.option(
+    "--prometheus-url",
+    default="http://prometheus-operated.monitoring.svc:9090",
+    show_default=True,
+    metavar="URL",
+    help="With KEDA: the Prometheus its trigger queries.",
+)
+@click.option(
+    "--release",
+    default="vllm",
+    show_default=True,
+    metavar="NAME",
+    help="production-stack: the Helm release the chart is installed as (its Deployment is <release>-<name>-deployment-vllm).",
 )
 @click.option(
     "--out",
@@ -68,7 +97,22 @@ NAME = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")  # an RFC 1035 label, sh
 )
 @runbook_option
 @click.pass_context
-def manifests(ctx, target, out_dir, name, replicas, kvops_image, kvops_port, scrape_interval, runbook_url, **params):
+def manifests(
+    ctx,
+    target,
+    autoscale,
+    max_replicas,
+    prometheus_url,
+    release,
+    out_dir,
+    name,
+    replicas,
+    kvops_image,
+    kvops_port,
+    scrape_interval,
+    runbook_url,
+    **params,
+):
     """Deployment artifacts for an engine with the kvops sidecar, from the plan, the alert rules and the watcher.
 
     The engine runs the plan's flags (as `kvops plan` prints them); beside it `kvops watch --proxy` watches it and
@@ -76,13 +120,13 @@ def manifests(ctx, target, out_dir, name, replicas, kvops_image, kvops_port, scr
     evaluates `kvops alerts`. Exits 3 when the plan does not fit, like `kvops plan`.
     """
     from kvops import engines
-    from kvops.deploy import compose, k8s
     from kvops.deploy.stack import Stack
     from kvops.files import read_text, write_files
     from kvops.plan import PlanError
     from kvops.planner import plan as make_plan
-    from kvops.policy import default_policy_text
+    from kvops.policy import default_policy_text, load_policy
     from kvops.render.plan import does_not_fit_message
+    from kvops.watch.rules import PlanFigures
 
     options = deployment_options(ctx, params)
     engine = engines.get(options.engine)
@@ -100,6 +144,8 @@ def manifests(ctx, target, out_dir, name, replicas, kvops_image, kvops_port, scr
         raise click.UsageError(
             "--target compose writes compose.yaml and the files it mounts (Prometheus, Grafana, rules, policy): give --out DIR"
         )
+    if autoscale and target not in ("k8s", "llm-d"):
+        raise click.UsageError(f"--autoscale applies to --target k8s and llm-d, not {target}")
     plan = make_plan(options.plan_inputs())
     if not plan.fits:
         raise PlanError(does_not_fit_message(plan))
@@ -110,15 +156,18 @@ def manifests(ctx, target, out_dir, name, replicas, kvops_image, kvops_port, scr
             f"{kvops_port} is the engine's port; the sidecar needs another", param_hint="--kvops-port"
         )
     policy_path = options.policy
-    capacity = engine.watch_capacity(plan)
+    figures = PlanFigures.from_plan(engine.name, plan.to_dict())
+    deployment = f"{release}-{name}-deployment-vllm" if target == "production-stack" else None
     rules = alert_rules(
         engine.name,
-        "prometheusrule" if target == "k8s" else "rules",
+        "rules" if target == "compose" else "prometheusrule",
         runbook_url=runbook_url,
         policy_path=policy_path,
+        selector=f'{{pod=~"{deployment}-.*"}}' if deployment else None,
         scrape_interval=scrape_interval,
-        capacity=capacity,
-        capacity_options={"--max-batch-total-tokens": capacity},
+        capacity=engine.watch_capacity(plan),
+        capacity_options={"--plan": "plan.json"},
+        plan=figures,
     )
     stack = Stack(
         plan=plan,
@@ -130,19 +179,36 @@ def manifests(ctx, target, out_dir, name, replicas, kvops_image, kvops_port, scr
         kvops_port=kvops_port,
         scrape_interval=scrape_interval,
         replicas=replicas,
+        policy=load_policy(policy_path),
+        figures=figures,
     )
-    if target == "k8s":
-        files = k8s.manifests(stack)
-    else:
-        from kvops.deploy.grafana import dashboard as render_dashboard
-        from kvops.policy import load_policy
-
-        files = compose.files(stack, render_dashboard(load_policy(policy_path)))
+    files = target_files(stack, target, autoscale, max_replicas, prometheus_url, deployment)
     if out_dir:
         write_files(Path(out_dir), files)
         click.echo(f"wrote {out_dir}: {', '.join(files)}")
     else:
         click.echo("---\n".join(files.values()), nl=False)
+
+
+def target_files(stack, target, autoscale, max_replicas, prometheus_url, deployment) -> dict[str, str]:
+    """File name -> text for a target (and its autoscaler)."""
+    from kvops.deploy import autoscale as scaling
+    from kvops.deploy import compose, gateways, k8s
+    from kvops.deploy.grafana import dashboard
+
+    if target == "compose":
+        return compose.files(stack, dashboard(stack.policy))
+    if target == "dynamo":
+        return gateways.dynamo_files(stack)
+    scale = scaling.scaling(stack, max_replicas, prometheus_url, k8s.engine_container(stack.plan)["readinessProbe"])
+    if target == "production-stack":
+        return gateways.production_stack_files(stack, scale, deployment)
+    files = k8s.manifests(stack)
+    if target == "llm-d":
+        files |= gateways.llm_d_files(stack)
+    if autoscale:
+        files |= scaling.files(stack, autoscale, scale)
+    return files
 
 
 def given_command(ctx: click.Context) -> str:

@@ -223,6 +223,17 @@ def engine_options(function: Callable, model_required: bool = True, engine: bool
         click.option("--block-size", type=POSITIVE, help="vLLM --block-size [16 on GPU, 64 for MLA, 128 on CPU]."),
         click.option("--enforce-eager", is_flag=True, help="vLLM: no CUDA graphs (their memory goes to KV)."),
         click.option(
+            "--kv-offloading-size",
+            type=Finite(0, 1 << 20, "GiB of host memory, all tensor-parallel ranks together", low_open=True),
+            metavar="GiB",
+            help="vLLM: a host (CPU) KV tier of this size; the plan says the tokens it holds and what a reload costs.",
+        ),
+        click.option(
+            "--kv-offloading-backend",
+            type=click.Choice(("native", "lmcache")),
+            help="vLLM: the host tier's backend  [default: native, with --kv-offloading-size]",
+        ),
+        click.option(
             "--dtype",
             type=click.Choice(tuple(SERVING_DTYPES), case_sensitive=False),
             default="auto",
@@ -442,8 +453,8 @@ _SIZES = {"gpu_memory": "--gpu-memory", "kv_cache_memory_bytes": "--kv-cache-mem
 
 
 def deployment_options(ctx: click.Context, params: dict[str, Any], launcher: tuple[str, ...] = ()) -> DeploymentOptions:
-    """The deployment options the command's parameters state; `given` holds those typed on the command line. A
-    pasted launch command (--from-command) states the rest."""
+    """The deployment options the command's parameters state; `given` holds those the user stated: typed, in the -f
+    file, or in a pasted launch command (--from-command), which states the rest."""
     from click.core import ParameterSource
 
     from kvops.deployment import DeploymentOptions
@@ -459,8 +470,11 @@ def deployment_options(ctx: click.Context, params: dict[str, Any], launcher: tup
         if name in _SIZES and value is not None:
             value = parse_bytes(value, _SIZES[name])
         values[field] = value
-        if name in derived or ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE:
-            given.add(field)
+        if name in derived or ctx.get_parameter_source(name) in (
+            ParameterSource.COMMANDLINE,
+            ParameterSource.DEFAULT_MAP,
+        ):
+            given.add(field)  # typed, stated in the -f file, or derived from --from-command
     if values.get("workload") and (values.get("prompt_tokens") is not None or values.get("gen_tokens") is not None):
         raise click.UsageError("give either --workload FILE or --prompt-tokens/--gen-tokens, not both")
     if launcher:

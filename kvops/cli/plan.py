@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import click
 
+from kvops.cli.config_file import file_option
 from kvops.cli.options import deployment_options, json_option, launcher_words, warn, workload_options
 from kvops.render.plan import FORMATS
 
 
 @click.command()
 @workload_options
-@click.option(
-    "--format", "-f", "out_format", type=click.Choice(FORMATS), default="text", show_default=True, help="Output."
-)
+@file_option
+@click.option("--format", "out_format", type=click.Choice(FORMATS), default="text", show_default=True, help="Output.")
 @click.option(
     "--launcher",
     metavar="COMMAND",

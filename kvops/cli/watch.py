@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from kvops.cli.options import (
+    POSITIVE,
     Finite,
     capacity_options,
     checked_selector,
@@ -19,6 +20,8 @@ from kvops.cli.options import (
 )
 
 MAX_BODY_LIMIT = 1 << 30  # the proxy holds a guarded body in memory
+# `--once` as a probe: 0 ok, 1 warn or degrade (serving, with limits), 2 critical (refusing), 3 unknown
+ONCE_EXIT = {"ok": 0, "warn": 1, "degrade": 1, "critical": 2, "unknown": 3}
 
 
 @click.command()
@@ -143,7 +146,19 @@ MAX_BODY_LIMIT = 1 << 30  # the proxy holds a guarded body in memory
     metavar="SECONDS",
     help="With --proxy: answer 502 when the upstream does not accept the connection in time.",
 )
-@click.option("--once", is_flag=True, help="Poll once, print the level, usage and actions, and exit.")
+@click.option(
+    "--request-tokens",
+    type=POSITIVE,
+    metavar="N",
+    help="KV tokens one request holds at its peak, for the headroom signal  [default: the policy's "
+    "headroom.request_tokens, else the engine's max-model-len]",
+)
+@click.option(
+    "--once",
+    is_flag=True,
+    help="Poll once, print the level, usage and actions, and exit 0 ok, 1 warn or degrade, 2 critical, 3 unknown "
+    "(a readiness or liveness probe).",
+)
 @json_option
 def watch(
     engine,
@@ -170,6 +185,7 @@ def watch(
     upstream_first_byte_timeout,
     upstream_idle_timeout,
     upstream_connect_timeout,
+    request_tokens,
     once,
     as_json,
 ):
@@ -233,6 +249,7 @@ def watch(
         proxy_listen=proxy_at,
         header_timeout=header_timeout,
         admin_token=admin_token(admin_token_file),
+        request_tokens=request_tokens,
     )
     if once:
         snapshot = run(poll_once(options))
@@ -240,7 +257,7 @@ def watch(
             print_json(snapshot.to_dict())
         else:
             click.echo(once_text(snapshot))
-        return
+        raise click.exceptions.Exit(ONCE_EXIT[snapshot.level.label])
     run(run_watch(options, EventLog()))
 
 
@@ -273,6 +290,7 @@ def once_text(snapshot) -> str:
         f"level {snapshot.level.label}   kv usage {usage}   source {snapshot.source}",
         f"actions: {', '.join(snapshot.actions) or 'none'}",
         f"alerts:  {', '.join(snapshot.alerts) or 'none'}",
+        f"headroom: {_headroom_text(snapshot.headroom)}",
         "",
         f"{'replica':<28} {'level':<9} {'kv usage':>8} {'running':>8} {'waiting':>8}  note",
     ]
@@ -285,6 +303,15 @@ def once_text(snapshot) -> str:
             f"{replica['name']:<28} {replica['level']:<9} {share:>8} {_count(reading.get('running')):>8} {_count(reading.get('waiting')):>8}  {note}"
         )
     return "\n".join(lines)
+
+
+def _headroom_text(fleet: dict | None) -> str:
+    if fleet is None:
+        return "n/a (no pool size or request size)"
+    return (
+        f"{fleet['headroom_tokens']:,} KV tokens free of {fleet['usable_tokens']:,} "
+        f"(demand {fleet['demand_tokens']:,}, {fleet['demand_ratio']:.1%} of the pool)"
+    )
 
 
 def _count(value) -> str:

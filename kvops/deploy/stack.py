@@ -15,7 +15,9 @@ from typing import Any
 
 from kvops import engines
 from kvops.plan import Plan
+from kvops.policy import Policy
 from kvops.render.quote import comment
+from kvops.watch.rules import PlanFigures
 
 PLUGIN_DIR = "/opt/kvops/python"  # the shared volume on the engine's PYTHONPATH
 POLICY_DIR = "/etc/kvops"
@@ -41,6 +43,8 @@ class Stack:
     kvops_port: int = 9400
     scrape_interval: int = 15
     replicas: int = 1
+    policy: Policy | None = None  # the policy text's, parsed
+    figures: PlanFigures | None = None  # the plan's pool, request and memory split (headroom, GPU memory)
 
     @property
     def engine(self) -> str:
@@ -96,6 +100,8 @@ class Stack:
         ]
         if self.capacity_tokens is not None:
             args += ["--max-batch-total-tokens", str(self.capacity_tokens)]
+        if self.figures is not None:
+            args += ["--request-tokens", str(self.figures.request_tokens)]
         return args
 
     def guard_env(self, kvops_host: str) -> dict[str, str]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import re
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -94,8 +94,16 @@ class Reading:
     progress_total: float | None = None  # a counter that grows while tokens are generated
     prefix_hits_total: float | None = None
     prefix_queries_total: float | None = None
-    capacity_tokens: int | None = None
+    capacity_tokens: int | None = None  # the replica's KV pool (every data-parallel engine's)
     block_size: int | None = None
+    usable_tokens: int | None = None  # the tokens kv_usage is a fraction of
+    used_tokens: float | None = None  # KV tokens in use (or reserved) now: kv_usage x usable_tokens
+    max_model_len: int | None = None
+    waiting_for_capacity: float | None = None  # waiting requests held back for KV or batch room (vLLM)
+    offload_usage: float | None = None  # the host (CPU) KV tier: the share pinned by transfers, 0-1
+    offload_load_seconds_total: float | None = None  # counters: time spent and loads from the host tier to the GPU
+    offload_loads_total: float | None = None
+    offload_load_bytes_total: float | None = None
 
     def to_dict(self) -> dict:
         counts = (
@@ -105,13 +113,21 @@ class Reading:
             "progress_total",
             "prefix_hits_total",
             "prefix_queries_total",
+            "used_tokens",
+            "waiting_for_capacity",
+            "offload_loads_total",
+            "offload_load_bytes_total",
         )
         return {
             "kv_usage": self.kv_usage,
             "basis": self.basis,
             **{name: exact(getattr(self, name)) for name in counts},
             "capacity_tokens": self.capacity_tokens,
+            "usable_tokens": self.usable_tokens,
             "block_size": self.block_size,
+            "max_model_len": self.max_model_len,
+            "offload_usage": self.offload_usage,
+            "offload_load_seconds_total": self.offload_load_seconds_total,
         }
 
 
@@ -208,6 +224,9 @@ class PromQL:
     preemptions_increase: str | None = None
     prefix_hits_increase: str | None = None
     prefix_queries_increase: str | None = None
+    offload_usage: str | None = None  # the host KV tier, 0-1
+    offload_load_seconds_increase: str | None = None  # seconds spent loading from the host tier within $window
+    offload_loads_increase: str | None = None  # loads from the host tier within $window
 
     @staticmethod
     def window(template: str, seconds: float) -> str:
@@ -218,3 +237,55 @@ def duration(seconds: float) -> str:
     """A Prometheus duration: 30s, 5m, 90s."""
     whole = round(seconds)
     return f"{whole // 60}m" if whole and whole % 60 == 0 else f"{whole}s"
+
+
+# --- what a release exports, for `kvops lint` --------------------------------------------------------------
+
+
+def release_key(release: str) -> tuple[int, ...]:
+    """'0.32' -> (0, 32): releases compare by their numbers."""
+    return tuple(int(part) for part in release.split("."))
+
+
+@dataclass(frozen=True)
+class Retired:
+    """A metric the engine stopped exporting, or will: its replacement and the releases of each step."""
+
+    replacement: str | None  # None: nothing replaces it
+    deprecated: str
+    hidden: str | None  # still exported on request (vLLM's --show-hidden-metrics-for-version)
+    removed: str | None
+    source: str  # the upstream change that says so
+
+    def state(self, release: str) -> str | None:
+        """'removed', 'hidden', 'deprecated' at `release`, or None before its deprecation."""
+        at = release_key(release)
+        for state, since in (("removed", self.removed), ("hidden", self.hidden), ("deprecated", self.deprecated)):
+            if since is not None and at >= release_key(since):
+                return state
+        return None
+
+
+@dataclass(frozen=True)
+class Catalogue:
+    """An engine's metric families (names as registered, without `_total`/`_bucket`/... suffixes) at a release."""
+
+    engine: str
+    release: str
+    pattern: str  # a regex that finds the engine's metric names in any text
+    exported: frozenset[str]
+    retired: Mapping[str, Retired]
+    others: Mapping[str, str]  # names with the engine's prefix another component exports: name -> who
+
+    SUFFIXES = ("_total", "_bucket", "_count", "_sum", "_created")
+
+    def family(self, name: str) -> str:
+        """The family a sample name belongs to (vllm:num_preemptions_total -> vllm:num_preemptions)."""
+        for suffix in self.SUFFIXES:
+            base = name.removesuffix(suffix)
+            if base != name and self.known(base) and not self.known(name):
+                return base
+        return name
+
+    def known(self, name: str) -> bool:
+        return name in self.exported or name in self.retired or name in self.others

@@ -21,7 +21,10 @@ SIGNAL_ALERTS = {
     "preemptions": "EnginePreempting",
     "stall": "EngineStalled",
     "prefix_cache_hit_rate": "PrefixCacheHitRateLow",
+    "offload_usage": "KVOffloadSaturated",
+    "offload_load_latency": "KVOffloadLoadSlow",
 }
+GPU_MEMORY_ALERT = "GPUMemoryHigh"
 STALE_ALERT = "KVMetricsStale"
 SEVERITY = {Level.WARN: "warning", Level.DEGRADE: "warning", Level.CRITICAL: "critical", None: "info"}
 
@@ -32,7 +35,7 @@ class AlertKind:
 
     name: str
     severity: str
-    unit: str  # ratio | count | text: how a value is printed
+    unit: str  # ratio | count | ms | text: how a value is printed
     summary: str  # may use {where}
     description: str  # may use {where} and {value}
 
@@ -67,8 +70,6 @@ def catalogue(policy: Policy, engine: str) -> list[AlertKind]:
 def _level_kind(policy: Policy, level: Level) -> AlertKind:
     limits = policy.limits(level)
     effect = f"new requests are {' and '.join(limits.effects())}" if limits.effects() else "no request is changed"
-    if limits.reset_prefix_cache:
-        effect += "; the prefix cache is reset"
     return AlertKind(
         LEVEL_ALERTS[level],
         SEVERITY[level],
@@ -102,6 +103,16 @@ def _signal_kind(rule: SignalRule) -> AlertKind:
             "Prefix-cache hit rate of {where} is low",
             f"The prefix-cache hit rate of {{where}} is {{value}} over {window} (alert below {_percent(rule.below)}).{raises}",
         ),
+        "offload_usage": (
+            "ratio",
+            "Host KV tier of {where} is saturated",
+            f"Transfers pin {{value}} of the host (CPU) KV tier of {{where}} (alert above {_percent(rule.above)}): new offloads may be dropped, and evicted prefixes are recomputed instead of reloaded.{raises}",
+        ),
+        "offload_load_latency": (
+            "ms",
+            "Loads from the host KV tier of {where} are slow",
+            f"Loads of KV blocks from host memory to {{where}} took {{value}} on average over {window} (target under {rule.above_ms:g} ms).{raises}",
+        ),
     }
     unit, summary, description = texts[rule.name]
     return AlertKind(SIGNAL_ALERTS[rule.name], SEVERITY[rule.raise_to], unit, summary, description)
@@ -128,7 +139,22 @@ def format_value(unit: str, value: float | str | None) -> str:
         return "unknown"
     if isinstance(value, str):
         return value
+    if unit == "ms":
+        return f"{value:.3g} ms"
     return f"{value * 100:.1f}%" if unit == "ratio" else f"{value:g}"
+
+
+def gpu_memory_kind(policy: Policy, kv_usage: float) -> AlertKind:
+    """The GPU-memory target as an alert: from a plan, memory in use (weights, overheads and the KV blocks in use)
+    reaches `gpu_memory.below` of the device when KV usage reaches `kv_usage`."""
+    target = _percent(policy.gpu_memory_below)
+    return AlertKind(
+        GPU_MEMORY_ALERT,
+        "warning",
+        "ratio",
+        f"GPU memory in use on {{where}} is {target} of the device or more",
+        f"Memory in use on {{where}} (the plan's weights and overheads, and the KV blocks in use) is {{value}} of the device (target under {target}, reached at {kv_usage:.1%} KV usage).",
+    )
 
 
 # --- the webhook: Alertmanager's alert format ------------------------------------------------------------

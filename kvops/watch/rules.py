@@ -1,28 +1,106 @@
 """`kvops alerts`: Prometheus alerting rules for the watcher's alerts, thresholds from the same policy.
 
 Each alert of `alerts.catalogue` becomes a rule whose expression computes what the watcher computes (see
-`signals`): usage >= threshold for the levels, the queue-growth, preemption, stall and hit-rate windows of the
-policy, and a metrics-stale rule (target down, or up without the KV usage series). Level rules fire after
+`signals`): usage >= threshold for the levels, the queue-growth, preemption, stall, hit-rate and host-tier windows
+of the policy, and a metrics-stale rule (target down, or up without the KV usage series). Level rules fire after
 `min_dwell_seconds` and keep firing `min_dwell_seconds` after usage drops (`for`, `keep_firing_for`), the
 policy's own guard against flapping.
+
+A range shorter than a few scrapes cannot fire: `increase(x[30s])` over samples 60 s apart holds at most one
+sample and returns nothing. Every window is therefore at least MIN_SCRAPES scrape intervals (the policy's window
+when it is longer); the watcher, which polls every `--interval`, keeps the policy's.
+
+With a plan's figures (`kvops manifests`, or `kvops alerts --plan FILE`), a second group records the KV headroom
+per replica (kvops/watch/headroom.py: `kvops:kv_usable_tokens`, `kvops:kv_demand_tokens`,
+`kvops:kv_headroom_tokens`, `kvops:kv_demand_ratio`), what KEDA and the HPA scale on, and the GPU memory in use
+(`kvops:gpu_memory_in_use_ratio`, kvops/engines/targets.py) with its GPUMemoryHigh alert.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+from typing import Any
+
 from kvops.engines.metrics import PromQL, duration
 from kvops.errors import UsageError
-from kvops.policy import GRADED, Policy
-from kvops.watch.alerts import LEVEL_ALERTS, SIGNAL_ALERTS, STALE_ALERT, AlertKind, catalogue
+from kvops.policy import GRADED, Policy, SignalRule
+from kvops.watch.alerts import LEVEL_ALERTS, SIGNAL_ALERTS, STALE_ALERT, AlertKind, catalogue, gpu_memory_kind
+
+MIN_SCRAPES = 4  # a range holds at least this many scrape intervals
+REPLICA = "namespace, pod, job, instance"  # a replica's labels: a pod in Kubernetes, a target elsewhere
+DEMAND = "kvops:kv_demand_tokens"
+USABLE = "kvops:kv_usable_tokens"
+HEADROOM = "kvops:kv_headroom_tokens"
+DEMAND_RATIO = "kvops:kv_demand_ratio"
+GPU_MEMORY = "kvops:gpu_memory_in_use_ratio"
+
+
+@dataclass(frozen=True)
+class PlanFigures:
+    """What the recording rules take from a plan: one replica's pool and request, and its memory split."""
+
+    usable_tokens: int  # the tokens the usage gauge is a fraction of, per engine
+    request_tokens: int  # R: KV tokens one request of the planned workload holds at its peak
+    non_kv_bytes: int  # weights and overheads, per GPU
+    kv_bytes: int  # the KV pool, per GPU
+    total_bytes: int  # the device
+
+    @classmethod
+    def from_plan(cls, engine_name: str, plan: dict[str, Any], where: str = "the plan") -> PlanFigures:
+        """From a plan as `kvops plan --json` prints it (Plan.to_dict())."""
+        from kvops import engines
+        from kvops.engines.targets import non_kv_bytes
+
+        capacity = plan.get("capacity") or {}
+        try:
+            terms = {term["name"]: int(term["bytes"]) for term in plan["memory"]["terms"]}
+            usable = engines.get(engine_name).metrics.usage_pool_tokens(capacity)
+            request = min(
+                plan["workload"]["tokens_per_request"] or capacity["max_model_len"], capacity["max_model_len"]
+            )
+            return cls(
+                usable, int(request), non_kv_bytes(terms.items()), int(plan["memory"]["kv_cache_bytes"]), terms["total"]
+            )
+        except (KeyError, TypeError, ValueError, ZeroDivisionError):
+            raise UsageError(
+                f"{where}: not a kvops plan that fits (`kvops plan --json` of a plan with a KV pool)"
+            ) from None
+
+    def gpu_memory_at(self, below: float) -> float | None:
+        from kvops.engines.targets import kv_usage_at_target
+
+        return kv_usage_at_target(self.non_kv_bytes, self.kv_bytes, self.total_bytes, below)
+
+
+def widened(policy: Policy, scrape_interval: float) -> Policy:
+    """The policy with every signal window at least MIN_SCRAPES scrapes long (what the rules evaluate)."""
+    least = MIN_SCRAPES * scrape_interval
+
+    def widen(rule: SignalRule) -> SignalRule:
+        return replace(rule, window_seconds=max(rule.window_seconds, least), seconds=max(rule.seconds, least))
+
+    return replace(policy, signals={name: widen(rule) for name, rule in policy.signals.items()})
+
 
 WHERE = "{{ $labels.instance }}"
 VALUE = {
     "ratio": "{{ $value | humanizePercentage }}",
     "count": "{{ $value }}",
+    "ms": '{{ $value | printf "%.3g" }} ms',
     "text": "target down, or up without the KV usage series",
 }
 
 
-def rule_groups(policy: Policy, engine: str, promql: PromQL, *, runbook_url: str, scrape_interval: float) -> list[dict]:
+def rule_groups(
+    policy: Policy,
+    engine: str,
+    promql: PromQL,
+    *,
+    runbook_url: str,
+    scrape_interval: float,
+    plan: PlanFigures | None = None,
+) -> list[dict]:
+    policy = widened(policy, scrape_interval)
     kinds = {kind.name: kind for kind in catalogue(policy, engine)}
     dwell = duration(policy.min_dwell_seconds) if policy.min_dwell_seconds > 0 else None
     rules = []
@@ -40,7 +118,33 @@ def rule_groups(policy: Policy, engine: str, promql: PromQL, *, runbook_url: str
             kinds[STALE_ALERT], stale, engine, runbook_url, hold=duration(policy.stale_after_failures * scrape_interval)
         )
     )
-    return [{"name": f"kvops-{engine}", "rules": rules}]
+    if plan is None:
+        return [{"name": f"kvops-{engine}", "rules": rules}]
+    at = plan.gpu_memory_at(policy.gpu_memory_below)
+    if at is not None and 0 < at < 1:
+        kind = gpu_memory_kind(policy, at)
+        rules.append(_rule(kind, f"{GPU_MEMORY} >= {policy.gpu_memory_below:g}", engine, runbook_url, hold=dwell))
+    return [{"name": f"kvops-{engine}", "rules": rules}, _recording_group(engine, promql, plan)]
+
+
+def _recording_group(engine: str, promql: PromQL, plan: PlanFigures) -> dict:
+    """The headroom per replica (kvops/watch/headroom.py) and the GPU memory in use, from the plan's figures."""
+    r = plan.request_tokens
+    used = f"sum by ({REPLICA}) ({promql.usage}) * {plan.usable_tokens}"
+    running = f"sum by ({REPLICA}) ({promql.running}) * {r}"
+    waiting = f"sum by ({REPLICA}) ({promql.waiting}) * {r}"
+    memory = f"({plan.non_kv_bytes} + max by ({REPLICA}) ({promql.usage}) * {plan.kv_bytes}) / {plan.total_bytes}"
+    records = [
+        (USABLE, f"count by ({REPLICA}) ({promql.usage}) * {plan.usable_tokens}"),
+        (DEMAND, f"(({used}) >= ({running}) or ({running})) + ({waiting})"),
+        (HEADROOM, f"{USABLE} - {DEMAND}"),
+        (DEMAND_RATIO, f"{DEMAND} / {USABLE}"),
+        (GPU_MEMORY, memory),
+    ]
+    return {
+        "name": f"kvops-{engine}-headroom",
+        "rules": [{"record": name, "expr": expr, "labels": {"serving_engine": engine}} for name, expr in records],
+    }
 
 
 def _signal_expr(name: str, rule, promql: PromQL) -> str | None:
@@ -58,6 +162,12 @@ def _signal_expr(name: str, rule, promql: PromQL) -> str | None:
             PromQL.window(promql.prefix_queries_increase, window),
         )
         return f"{hits} / {queries} < {rule.below:g}"
+    if name == "offload_usage" and promql.offload_usage:
+        return f"{promql.offload_usage} > {rule.above:g}"
+    if name == "offload_load_latency" and promql.offload_load_seconds_increase and promql.offload_loads_increase:
+        seconds = PromQL.window(promql.offload_load_seconds_increase, window)
+        loads = PromQL.window(promql.offload_loads_increase, window)
+        return f"1000 * {seconds} / ({loads} > 0) > {rule.above_ms:g}"
     return None
 
 
@@ -81,11 +191,19 @@ def _rule(
 
 
 def render(
-    policy: Policy, engine: str, promql: PromQL, *, fmt: str, runbook_url: str, scrape_interval: float, header: str
+    policy: Policy,
+    engine: str,
+    promql: PromQL,
+    *,
+    fmt: str,
+    runbook_url: str,
+    scrape_interval: float,
+    header: str,
+    plan: PlanFigures | None = None,
 ) -> str:
     import yaml
 
-    groups = rule_groups(policy, engine, promql, runbook_url=runbook_url, scrape_interval=scrape_interval)
+    groups = rule_groups(policy, engine, promql, runbook_url=runbook_url, scrape_interval=scrape_interval, plan=plan)
     if fmt == "rules":
         document = {"groups": groups}
     else:
@@ -117,6 +235,7 @@ def alert_rules(
     scrape_interval: float = 60.0,
     capacity: int | None = None,
     capacity_options: dict[str, object] | None = None,
+    plan: PlanFigures | None = None,
 ) -> str:
     """What `kvops alerts` prints (also the rules `kvops manifests` deploys), headed by the command that prints it."""
     from kvops import engines
@@ -146,11 +265,23 @@ def alert_rules(
     lines = [
         f"kvops alert rules for {engine.name}, generated by `{command}`; regenerate rather than edit.",
         f"Thresholds from the policy: {thresholds} (KV usage 0-1);",
-        f"level alerts hold for min_dwell_seconds {policy.min_dwell_seconds:g} both ways; stale after {policy.stale_after_failures} scrapes of {scrape_interval:g}s.",
+        f"level alerts hold for min_dwell_seconds {policy.min_dwell_seconds:g} both ways; stale after {policy.stale_after_failures} scrapes of {scrape_interval:g}s;",
+        f"every range spans at least {MIN_SCRAPES} scrapes ({duration(MIN_SCRAPES * scrape_interval)}): a shorter one cannot fire.",
     ]
+    if plan is not None:
+        lines.append(
+            f"Headroom from the plan: {plan.usable_tokens} KV tokens per engine, {plan.request_tokens} tokens per request (R)."
+        )
     formula = engine.usage_formula(capacity)
     header = "\n".join([*lines, *filter(None, [formula])])
     promql = engine.metrics.promql(matchers, capacity)
     return render(
-        policy, engine.name, promql, fmt=fmt, runbook_url=runbook_url, scrape_interval=scrape_interval, header=header
+        policy,
+        engine.name,
+        promql,
+        fmt=fmt,
+        runbook_url=runbook_url,
+        scrape_interval=scrape_interval,
+        header=header,
+        plan=plan,
     )

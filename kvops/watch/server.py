@@ -140,6 +140,7 @@ class WatcherCollector(Collector):
             [([r.name], r.reading.kv_usage) for r in w.replicas.values() if r.reading and r.level != Level.UNKNOWN],
             [label],
         )
+        yield from _headroom(w, snapshot, label)
         yield _gauge(
             "kvops_signal_firing",
             "1 while a saturation signal fires.",
@@ -179,6 +180,51 @@ class WatcherCollector(Collector):
             "When the last poll ended (unix time).",
             [([], snapshot.updated_at)] if w.polls else [],
         )
+
+
+def _headroom(w: Watcher, snapshot, label: str) -> Iterator:
+    """KV headroom per replica and for the fleet (kvops/watch/headroom.py), and llm-d's saturation score."""
+    known = [r for r in w.replicas.values() if r.known and r.headroom]
+    for name, field, documentation in (
+        ("usable_tokens", "usable_tokens", "KV tokens of the pool (what KV usage is a fraction of)."),
+        ("demand_tokens", "demand_tokens", "KV tokens demanded: in flight (max of in use, running x R) + waiting x R."),
+        ("headroom_tokens", "headroom_tokens", "KV tokens left: the pool less the demand (negative: short)."),
+    ):
+        yield _gauge(
+            f"kvops_replica_kv_{name}",
+            f"{documentation} Per replica.",
+            [([r.name], getattr(r.headroom, field)) for r in known],
+            [label],
+        )
+        fleet = snapshot.headroom
+        yield _gauge(f"kvops_kv_{name}", f"{documentation} The fleet's sum.", [([], fleet[field])] if fleet else [])
+    yield _gauge(
+        "kvops_kv_demand_ratio",
+        "The fleet's KV demand over its pool: what autoscaling on headroom targets (scale out above the warn level).",
+        [([], snapshot.headroom["demand_ratio"])] if snapshot.headroom else [],
+    )
+    yield _gauge(
+        "kvops_replica_request_tokens",
+        "R: the KV tokens one request is projected to hold at its peak (policy headroom.request_tokens, else the context).",
+        [([r.name], r.headroom.request_tokens) for r in known],
+        [label],
+    )
+    yield _gauge(
+        "kvops_replica_saturation",
+        "llm-d's endpoint score at the policy's gateway levels: max(waiting / queue depth, KV usage / degrade level).",
+        [([r.name], r.saturation) for r in w.replicas.values() if r.known and r.saturation is not None],
+        [label],
+    )
+    yield _gauge(
+        "kvops_replica_waiting_for_capacity",
+        "Waiting requests held back for KV or batch room (vLLM's num_requests_waiting_by_reason, reason capacity).",
+        [
+            ([r.name], r.reading.waiting_for_capacity)
+            for r in w.replicas.values()
+            if r.known and r.reading.waiting_for_capacity is not None
+        ],
+        [label],
+    )
 
 
 def _gauge(name: str, documentation: str, samples: list, labels: list[str] | None = None) -> GaugeMetricFamily:

@@ -47,6 +47,7 @@ class WatchOptions:
     proxy_listen: tuple[str, int] | None = None  # None: the proxy shares `listen`
     header_timeout: float = 20.0  # a request's headers must arrive within this (Apache mod_reqtimeout's 20 s)
     admin_token: str | None = None  # bearer token the /kvops/* endpoints (but healthz) require
+    request_tokens: int | None = None  # the headroom's R (None: the policy's, else the engine's max-model-len)
 
 
 def run(coroutine: Coroutine[Any, Any, Any]) -> Any:
@@ -102,6 +103,7 @@ def make_watcher(options: WatchOptions, log: EventLog) -> Watcher:
         runbook_url=options.runbook_url,
         generator_url=generator,
         recorder=Recorder(options.record) if options.record else None,
+        request_tokens=options.request_tokens,
         log=log,
     )
 

@@ -1,9 +1,10 @@
-"""Saturation signals beyond KV %: queue growth, preemptions, stall, prefix-cache hit rate.
+"""Saturation signals beyond KV %: queue growth, preemptions, stall, prefix-cache hit rate, the host KV tier.
 
 Each is computed per replica from successive readings over its policy window, the way the matching alert rule
 computes it in PromQL (`kvops alerts`): queue growth is `waiting - min_over_time(waiting[w])`, preemptions and
 hit rate use counter increases (a counter that goes down was reset: the new value is the increase), a stall is
-requests running while the generated-token counter has not moved for `seconds`.
+requests running while the generated-token counter has not moved for `seconds`; the host tier's load latency is
+the seconds spent loading over the loads made within the window, its usage the engine's gauge.
 """
 
 from __future__ import annotations
@@ -70,6 +71,10 @@ class SignalTracker:
             return self._preemptions(rule, now)
         if rule.name == "stall":
             return self._stall(rule, reading, now)
+        if rule.name == "offload_usage":
+            return self._offload_usage(rule, reading)
+        if rule.name == "offload_load_latency":
+            return self._offload_latency(rule, now)
         return self._hit_rate(rule, now)
 
     def _window(self, rule: SignalRule, now: float, field: str) -> list[float]:
@@ -133,6 +138,41 @@ class SignalTracker:
             rate,
             rule.raise_to,
             f"prefix-cache hit rate {rate:.1%} of {asked:g} queried tokens within {rule.window_seconds:g} s; alert below {rule.below:.0%}",
+        )
+
+    def _offload_usage(self, rule: SignalRule, reading: Reading) -> SignalState:
+        usage = reading.offload_usage
+        if usage is None:
+            return SignalState(rule.name, False, None, rule.raise_to, "no host KV tier (--kv-offloading-size unset)")
+        return SignalState(
+            rule.name,
+            usage > rule.above,
+            usage,
+            rule.raise_to,
+            f"transfers pin {usage:.1%} of the host KV tier; alert above {rule.above:.0%}",
+        )
+
+    def _offload_latency(self, rule: SignalRule, now: float) -> SignalState:
+        seconds = self._window(rule, now, "offload_load_seconds_total")
+        loads = self._window(rule, now, "offload_loads_total")
+        if len(seconds) < 2 or len(loads) < 2:
+            return SignalState(rule.name, False, None, rule.raise_to, "needs two readings of the host tier's loads")
+        count = increase(loads)
+        if count == 0:
+            return SignalState(
+                rule.name,
+                False,
+                None,
+                rule.raise_to,
+                f"no loads from the host KV tier within {rule.window_seconds:g} s",
+            )
+        latency = increase(seconds) / count * 1000
+        return SignalState(
+            rule.name,
+            latency > rule.above_ms,
+            latency,
+            rule.raise_to,
+            f"{count:g} loads from the host KV tier averaged {latency:.3g} ms within {rule.window_seconds:g} s; alert above {rule.above_ms:g} ms",
         )
 
 

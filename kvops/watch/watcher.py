@@ -30,6 +30,8 @@ from kvops.watch.alerts import (
     format_value,
     rfc3339,
 )
+from kvops.watch.headroom import Headroom, headroom
+from kvops.watch.saturation import GatewayLevels
 from kvops.watch.signals import SignalState, SignalTracker, floor
 from kvops.watch.sources import MetricsSource, describe
 
@@ -49,10 +51,16 @@ class Replica:
     failures_total: int = 0
     last_seen: float = 0.0
     signal_states: list[SignalState] = field(default_factory=list)
+    headroom: Headroom | None = None
+    saturation: float | None = None  # llm-d's endpoint score at the policy's gateway levels
 
     @property
     def level(self) -> Level:
         return self.tracker.level
+
+    @property
+    def known(self) -> bool:
+        return self.reading is not None and self.level != Level.UNKNOWN
 
     def to_dict(self, stale_after: int) -> dict:
         return {
@@ -60,6 +68,8 @@ class Replica:
             "level": self.level.label,
             "kv_usage": self.reading.kv_usage if self.reading and self.level != Level.UNKNOWN else None,
             "reading": self.reading.to_dict() if self.reading and self.level != Level.UNKNOWN else None,
+            "headroom": self.headroom.to_dict() if self.headroom and self.known else None,
+            "saturation": self.saturation if self.known else None,
             "signals": [s.to_dict() for s in self.signal_states],
             "error": self.error,
             "consecutive_failures": self.consecutive_failures,
@@ -81,6 +91,7 @@ class Snapshot:
     replicas: tuple[dict, ...] = ()
     alerts: tuple[str, ...] = ()
     polls: int = 0
+    headroom: dict | None = None  # the fleet's: the sums over the replicas whose headroom is known
 
     @property
     def actions(self) -> list[str]:
@@ -103,6 +114,7 @@ class Snapshot:
             "actions": self.actions,
             "alerts": list(self.alerts),
             "replicas": list(self.replicas),
+            "headroom": self.headroom,
             "polls": self.polls,
         }
 
@@ -131,6 +143,7 @@ class Watcher:
         runbook_url: str = "runbooks",
         generator_url: str | None = None,
         recorder=None,
+        request_tokens: int | None = None,
         log: EventLog | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
@@ -138,6 +151,8 @@ class Watcher:
         self.policy, self.engine, self.source = policy, engine, source
         self.webhook, self.runbook_url, self.generator_url = webhook, runbook_url, generator_url
         self.recorder = recorder
+        self.request_tokens = request_tokens or policy.request_tokens
+        self.gateway = GatewayLevels.from_policy(policy)
         self.log = log or EventLog(None)
         self.clock, self.wall = clock, wall
         self.kinds: dict[str, AlertKind] = {kind.name: kind for kind in catalogue(policy, engine)}
@@ -199,6 +214,8 @@ class Watcher:
             )
         replica.reading, replica.error, replica.consecutive_failures, replica.last_seen = reading, None, 0, now
         replica.signal_states = replica.signals.update(reading, now)
+        replica.headroom = headroom(reading, self.request_tokens)
+        replica.saturation = self.gateway.score(reading.kv_usage, reading.waiting)
         before = replica.level
         after = replica.tracker.update(reading.kv_usage, now, floor(replica.signal_states))
         if after != before:
@@ -264,6 +281,7 @@ class Watcher:
             replicas=tuple(r.to_dict(self.policy.stale_after_failures) for r in self.replicas.values()),
             alerts=tuple(sorted({a.labels["alertname"] for a in self.book.firing.values()})),
             polls=self.polls,
+            headroom=fleet_headroom([r.headroom for r in known if r.headroom]),
         )
 
     # --- alerts ------------------------------------------------------------------------------------------
@@ -370,6 +388,21 @@ class Watcher:
         if self._session is not None:
             await self._session.close()
         await self.source.close()
+
+
+def fleet_headroom(parts: list[Headroom]) -> dict | None:
+    """The fleet's pool, demand and headroom in KV tokens: what one autoscaler sees for all replicas."""
+    if not parts:
+        return None
+    usable = sum(part.usable_tokens for part in parts)
+    demand = sum(part.demand_tokens for part in parts)
+    return {
+        "replicas": len(parts),
+        "usable_tokens": usable,
+        "demand_tokens": round(demand),
+        "headroom_tokens": round(usable - demand),
+        "demand_ratio": demand / usable,
+    }
 
 
 def _severity(level: Level) -> str:

@@ -60,6 +60,34 @@ def vllm_exposition(
     return text
 
 
+# The host KV tier's families as vLLM 0.32.0 renders them (written by tests/support/offload_exposition.py with
+# vLLM's own OffloadPromMetrics: the CPU build cannot run the tier).
+VLLM_OFFLOAD_RECORDED = DATA / "vllm-0.32-offload-metrics.prom"
+
+
+def offload_exposition(usage: float, loads: int, load_seconds: float, load_bytes: int, *, tier_gib: int = 4) -> str:
+    """The recorded vLLM CPU /metrics with a host KV tier: `loads` loads so far, taking `load_seconds` in all (each
+    name vLLM exports for it, the deprecated CPU_to_GPU series too), the tier `usage` pinned."""
+    values = {
+        "vllm:kv_offload_cpu_cache_usage_perc": usage,
+        "vllm:kv_offload_load_size_count": loads,
+        "vllm:kv_offload_load_size_sum": load_bytes,
+        "vllm:kv_offload_load_time_total": load_seconds,
+        "vllm:kv_offload_load_bytes_total": load_bytes,
+        'vllm:kv_offload_size_count{engine="0",model_name="tiny-llama",transfer_type="CPU_to_GPU"}': loads,
+        'vllm:kv_offload_size_sum{engine="0",model_name="tiny-llama",transfer_type="CPU_to_GPU"}': load_bytes,
+        'vllm:kv_offload_total_time_total{engine="0",model_name="tiny-llama",transfer_type="CPU_to_GPU"}': load_seconds,
+        'vllm:kv_offload_total_bytes_total{engine="0",model_name="tiny-llama",transfer_type="CPU_to_GPU"}': load_bytes,
+    }
+    text = VLLM_OFFLOAD_RECORDED.read_text()
+    for name, value in values.items():
+        selector = re.escape(name) if "{" in name else rf"{re.escape(name)}\{{[^}}]*\}}"
+        text, count = re.subn(rf"^({selector}) \S+$", lambda m: f"{m.group(1)} {float(value)}", text, flags=re.M)
+        assert count == 1, name
+    engine = vllm_exposition(0.2).replace('kv_offloading_size="None"', f'kv_offloading_size="{tier_gib}"')
+    return engine + text
+
+
 def data_parallel_exposition(usages: list[float], *, padding_bytes: int = 200_000, adapters: int = 0) -> str:
     """A vLLM /metrics of a data-parallel engine (one `engine` label value per rank, each with its own KV usage),
     in the Prometheus text format: every family once, its samples together, with `padding_bytes` or more of other

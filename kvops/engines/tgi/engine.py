@@ -50,9 +50,12 @@ class TgiEngine:
         return command.read_command(words)
 
     def plan_once(self, inputs: PlanInputs) -> Plan:
+        from kvops.engines import targets
         from kvops.engines.tgi import plan
 
-        return plan.plan_once(inputs)
+        if inputs.kv_offloading_size is not None:
+            raise UsageError("--kv-offloading-size is vLLM's host KV tier; TGI has none")
+        return targets.with_note(plan.plan_once(inputs), self.memory_fraction_flag)
 
     def kv_dtype_ways(self, inputs: PlanInputs) -> list[str]:
         from kvops.engines.tgi import plan

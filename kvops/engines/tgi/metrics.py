@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from kvops.engines.metrics import MetricsError, PromQL, Reading, Samples, series
+from kvops.engines.metrics import Catalogue, MetricsError, PromQL, Reading, Samples, series
 from kvops.errors import UsageError
 
 QUEUE_SIZE = "tgi_queue_size"
@@ -38,15 +39,26 @@ SERIES = (QUEUE_SIZE, BATCH_SIZE, BATCH_MAX_TOKENS, INFERENCE_COUNT, INFERENCE_S
 CAPACITY_LOG_LINE = re.compile(r"Setting max batch total tokens to (\d+)")
 
 
+PREFIX = "tgi_"  # every series the router exports
+
+
 def reading(samples: Samples, capacity_tokens: int | None = None) -> Reading:
     if capacity_tokens is None:
         raise MetricsError("TGI's KV usage needs the batch token capacity (max_batch_total_tokens)")
+    foreign = sorted(name for name in samples.seen if not name.startswith(PREFIX))
+    if foreign and len(foreign) == len(samples.seen):  # an empty body is a router that has served nothing yet
+        raise MetricsError(
+            f"no {PREFIX}* metric among {len(samples.seen)} metric names (found {', '.join(foreign[:2])}, ...): "
+            "not a TGI /metrics; is --engine right?"
+        )
     reserved = samples.total(BATCH_MAX_TOKENS)
     if reserved is None and samples.total(INFERENCE_SUCCESS) is None:
         return Reading(
             kv_usage=0.0,
             basis=f"no batch has run yet ({INFERENCE_SUCCESS} and {BATCH_MAX_TOKENS} absent)",
             capacity_tokens=capacity_tokens,
+            usable_tokens=capacity_tokens,
+            used_tokens=0.0,
         )
     if reserved is None:
         raise MetricsError(
@@ -63,7 +75,14 @@ def reading(samples: Samples, capacity_tokens: int | None = None) -> Reading:
         waiting=samples.total(QUEUE_SIZE),
         progress_total=samples.total(INFERENCE_COUNT, method="decode"),
         capacity_tokens=capacity_tokens,
+        usable_tokens=capacity_tokens,
+        used_tokens=reserved,
     )
+
+
+def usage_pool_tokens(capacity: Mapping[str, Any]) -> int:
+    """From a plan's capacity (`kvops plan --json`), the tokens the usage is a fraction of: the batch token capacity."""
+    return int(capacity["kv_tokens"])
 
 
 def promql(matchers: list[str], capacity_tokens: int | None = None) -> PromQL:
@@ -144,3 +163,57 @@ def _read(path: str | Path, option: str) -> str:
         return Path(path).read_text(errors="replace")
     except OSError as exc:
         raise UsageError(f"{option} {path}: cannot read ({exc.strerror or exc})") from None
+
+
+# --- the Grafana dashboard's TGI queries (kvops/deploy/grafana.py asks every engine for its own) ----------
+
+QUEUE_DURATION = "tgi_request_queue_duration"  # histogram, seconds (router/src/server.rs)
+DECODE = ',method="decode"'
+
+
+def dashboard(selector: str, rate: str) -> dict[str, list[tuple[str, str]]]:
+    """Panel key -> (PromQL, legend) of TGI's series. TGI exports no KV gauge (the watcher's usage covers it), no
+    preemption, prefix-cache or host-tier counters, and no time to first token: its queue time stands there."""
+
+    def of(name: str, extra: str = "") -> str:
+        return f"{name}{{{selector}{extra}}}"
+
+    return {
+        "requests": [
+            (f"sum by (instance) ({of(BATCH_SIZE)})", "{{instance}} running (TGI batch)"),
+            (f"sum by (instance) ({of(QUEUE_SIZE)})", "{{instance}} waiting (TGI queue)"),
+        ],
+        "throughput": [
+            (
+                f"sum by (instance) (rate({of(INFERENCE_COUNT, DECODE)}[{rate}]))",
+                "{{instance}} decode steps/s (TGI)",
+            )
+        ],
+        "ttft": [
+            (
+                f"histogram_quantile(0.95, sum by (instance, le) (rate({of(QUEUE_DURATION + '_bucket')}[{rate}])))",
+                "{{instance}} queue time p95 (TGI)",
+            )
+        ],
+    }
+
+
+# --- what TGI exports, for `kvops lint` (router/src/server.rs, validation.rs, queue.rs, backends/v3/src/) -------
+# TGI 3.3.7 (the release kvops deploys; TGI is in maintenance mode): nothing retired. `tgi_batch_total_tokens` is described but never
+# set; `tgi_batch_max_total_tokens` is set before the recorder exists, so it is never exported either.
+
+_EXPORTED = """
+request_count request_success request_failure request_duration request_validation_duration request_queue_duration
+request_inference_duration request_mean_time_per_token_duration request_generated_tokens request_input_length
+request_max_new_tokens request_skipped_tokens queue_size batch_current_size batch_current_max_tokens batch_next_size
+batch_concat batch_inference_count batch_inference_success batch_inference_failure batch_inference_duration
+batch_forward_duration batch_decode_duration batch_filter_duration batch_concat_duration
+"""
+CATALOGUE = Catalogue(
+    engine="tgi",
+    release="3.3.7",
+    pattern=r"\btgi_[a-z0-9_]+",
+    exported=frozenset(f"tgi_{name}" for name in _EXPORTED.split()),
+    retired={},
+    others={},
+)

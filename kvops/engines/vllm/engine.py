@@ -39,7 +39,7 @@ class VllmEngine:
     memory_fraction_flag = "gpu-memory-utilization"  # the share of the device the engine may use
     data_parallel = True
     guard_scheduler = flags.GUARD_SCHEDULER
-    signals = ("queue_growth", "preemptions", "stall", "prefix_cache_hit_rate")
+    signals = ("queue_growth", "preemptions", "stall", "prefix_cache_hit_rate", "offload_usage", "offload_load_latency")
     needs_capacity = False
 
     def image(self, vendor: str | None) -> str:
@@ -51,9 +51,10 @@ class VllmEngine:
         return command.read_command(words)
 
     def plan_once(self, inputs: PlanInputs) -> Plan:
-        from kvops.engines.vllm import plan
+        from kvops.engines import targets
+        from kvops.engines.vllm import offload, plan
 
-        return plan.plan_once(inputs)
+        return targets.with_note(offload.with_tier(inputs, plan.plan_once(inputs)), self.memory_fraction_flag)
 
     def kv_dtype_ways(self, inputs: PlanInputs) -> list[str]:
         from kvops.engines.vllm import plan

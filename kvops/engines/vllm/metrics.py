@@ -4,15 +4,25 @@
 Older releases exported it as `vllm:gpu_cache_usage_perc`, deprecated in favour of the new name and since removed;
 it is read when the new name is absent. Counters carry prometheus_client's `_total` suffix. Every series is
 labelled `model_name` and `engine` (one per data-parallel engine): counts are summed over them, usage is the
-highest.
+highest; the tokens in use are each engine's usage times its pool (`vllm:cache_config_info`), summed.
+
+The host (CPU) KV tier, with `--kv-offloading-size` (vLLM's native OffloadingConnector,
+`vllm/distributed/kv_transfer/kv_connector/v1/offloading/metrics.py` and `vllm/v1/kv_offload/cpu/spec.py`):
+`vllm:kv_offload_cpu_cache_usage_perc` (the share of the tier pinned by transfers in flight), and per transfer
+direction the bytes and seconds moved (`vllm:kv_offload_load_bytes`/`_load_time`, GPU<-CPU; `_store_*`, GPU->CPU)
+with a histogram of each transfer's size, whose `_count` counts the transfers. 0.32.0 still exports the older
+`vllm:kv_offload_total_bytes`/`_total_time`/`_size{transfer_type="CPU_to_GPU"|"GPU_to_CPU"}` beside them, marked
+deprecated: they are read when the new names are absent. The tier's capacity is not exported
+(vllm-project/vllm#49307); `cache_config_info` states its size in GiB (`kv_offloading_size`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
-from kvops.engines.metrics import MetricsError, PromQL, Reading, Samples, series, usage_fraction
+from kvops.engines.metrics import Catalogue, MetricsError, PromQL, Reading, Retired, Samples, series, usage_fraction
 
 KV_USAGE = "vllm:kv_cache_usage_perc"
 KV_USAGE_REMOVED = "vllm:gpu_cache_usage_perc"
@@ -23,6 +33,18 @@ GENERATION_TOKENS = "vllm:generation_tokens_total"
 PREFIX_HITS = "vllm:prefix_cache_hits_total"
 PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
 CACHE_CONFIG = "vllm:cache_config_info"
+WAITING_BY_REASON = "vllm:num_requests_waiting_by_reason"  # reason = capacity | deferred
+OFFLOAD_USAGE = "vllm:kv_offload_cpu_cache_usage_perc"
+OFFLOAD_LOAD_BYTES = "vllm:kv_offload_load_bytes_total"
+OFFLOAD_LOAD_SECONDS = "vllm:kv_offload_load_time_total"
+OFFLOAD_LOADS = "vllm:kv_offload_load_size_count"  # the histogram of load sizes counts the loads
+# deprecated in 0.32.0, read when the names above are absent: one series per direction
+OFFLOAD_BYTES_DEPRECATED = "vllm:kv_offload_total_bytes_total"
+OFFLOAD_SECONDS_DEPRECATED = "vllm:kv_offload_total_time_total"
+OFFLOAD_TRANSFERS_DEPRECATED = "vllm:kv_offload_size_count"
+LOAD_DIRECTION = {"transfer_type": "CPU_to_GPU"}
+TTFT = "vllm:time_to_first_token_seconds"
+INTER_TOKEN = "vllm:inter_token_latency_seconds"
 
 # What a Prometheus source fetches for each replica.
 SERIES = (
@@ -35,6 +57,14 @@ SERIES = (
     PREFIX_HITS,
     PREFIX_QUERIES,
     CACHE_CONFIG,
+    WAITING_BY_REASON,
+    OFFLOAD_USAGE,
+    OFFLOAD_LOAD_BYTES,
+    OFFLOAD_LOAD_SECONDS,
+    OFFLOAD_LOADS,
+    OFFLOAD_BYTES_DEPRECATED,
+    OFFLOAD_SECONDS_DEPRECATED,
+    OFFLOAD_TRANSFERS_DEPRECATED,
 )
 
 
@@ -45,9 +75,14 @@ def reading(samples: Samples, capacity_tokens: int | None = None) -> Reading:
         usage, basis = samples.highest(KV_USAGE_REMOVED), f"{KV_USAGE_REMOVED} (removed alias)"
     if usage is None:
         raise MetricsError(_missing(samples))
+    name = basis.split()[0]
+    usage = usage_fraction(name, usage)
     config = cache_config(samples)
+    pool = capacity_tokens or (config.capacity_tokens if config else None)
+    usable = config.usable_tokens if config else None
+    ranks = [usage_fraction(name, s.value) for s in samples.series(name)]
     return Reading(
-        kv_usage=usage_fraction(basis.split()[0], usage),
+        kv_usage=usage,
         basis=basis,
         running=samples.total(RUNNING),
         waiting=samples.total(WAITING),
@@ -55,9 +90,31 @@ def reading(samples: Samples, capacity_tokens: int | None = None) -> Reading:
         progress_total=samples.total(GENERATION_TOKENS),
         prefix_hits_total=samples.total(PREFIX_HITS),
         prefix_queries_total=samples.total(PREFIX_QUERIES),
-        capacity_tokens=capacity_tokens or (config.capacity_tokens if config else None),
+        capacity_tokens=pool * len(ranks) if pool else None,
         block_size=config.integer("block_size") if config else None,
+        usable_tokens=usable * len(ranks) if usable else None,
+        used_tokens=sum(ranks) * usable if usable else None,
+        max_model_len=config.max_model_len if config else None,
+        waiting_for_capacity=samples.total(WAITING_BY_REASON, reason="capacity"),
+        **_offload(samples),
     )
+
+
+def _offload(samples: Samples) -> dict[str, float | None]:
+    """The host KV tier's usage and loads; all None when the engine runs without one."""
+    usage = samples.highest(OFFLOAD_USAGE)
+    seconds, loads = samples.total(OFFLOAD_LOAD_SECONDS), samples.total(OFFLOAD_LOADS)
+    loaded = samples.total(OFFLOAD_LOAD_BYTES)
+    if seconds is None:
+        seconds = samples.total(OFFLOAD_SECONDS_DEPRECATED, **LOAD_DIRECTION)
+        loads = samples.total(OFFLOAD_TRANSFERS_DEPRECATED, **LOAD_DIRECTION)
+        loaded = samples.total(OFFLOAD_BYTES_DEPRECATED, **LOAD_DIRECTION)
+    return {
+        "offload_usage": None if usage is None else usage_fraction(OFFLOAD_USAGE, usage),
+        "offload_load_seconds_total": seconds,
+        "offload_loads_total": loads,
+        "offload_load_bytes_total": loaded,
+    }
 
 
 def promql(matchers: list[str], capacity_tokens: int | None = None) -> PromQL:
@@ -73,6 +130,15 @@ def promql(matchers: list[str], capacity_tokens: int | None = None) -> PromQL:
         preemptions_increase=f"increase({of(PREEMPTIONS)}[$window])",
         prefix_hits_increase=f"increase({of(PREFIX_HITS)}[$window])",
         prefix_queries_increase=f"increase({of(PREFIX_QUERIES)}[$window])",
+        offload_usage=of(OFFLOAD_USAGE),
+        offload_load_seconds_increase=(
+            f"(increase({of(OFFLOAD_LOAD_SECONDS)}[$window]) or ignoring (transfer_type) "
+            f"increase({series(OFFLOAD_SECONDS_DEPRECATED, matchers, **LOAD_DIRECTION)}[$window]))"
+        ),
+        offload_loads_increase=(
+            f"(increase({of(OFFLOAD_LOADS)}[$window]) or ignoring (transfer_type) "
+            f"increase({series(OFFLOAD_TRANSFERS_DEPRECATED, matchers, **LOAD_DIRECTION)}[$window]))"
+        ),
     )
 
 
@@ -102,6 +168,26 @@ class CacheConfig:
         blocks, block_size = self.integer("num_gpu_blocks"), self.integer("block_size")
         return self.integer("kv_cache_size_tokens") or (blocks * block_size if blocks and block_size else None)
 
+    @property
+    def usable_tokens(self) -> int | None:
+        """The tokens `vllm:kv_cache_usage_perc` is a fraction of: the pool less its null block
+        (vllm/v1/core/block_pool.py, get_usage: 1 - free / (num_gpu_blocks - 1))."""
+        tokens, blocks = self.capacity_tokens, self.integer("num_gpu_blocks")
+        return tokens * (blocks - 1) // blocks if tokens and blocks else None
+
+    @property
+    def max_model_len(self) -> int | None:
+        """The engine's context: `kv_cache_size_tokens` is int(kv_cache_max_concurrency x max-model-len)
+        (vllm/v1/core/kv_cache_utils.py, get_kv_cache_capacity)."""
+        tokens, concurrency = self.integer("kv_cache_size_tokens"), self.number("kv_cache_max_concurrency")
+        return round(tokens / concurrency) if tokens and concurrency else None
+
+
+def usage_pool_tokens(capacity: Mapping[str, Any]) -> int:
+    """From a plan's capacity (`kvops plan --json`), the tokens the usage gauge is a fraction of: the pool less
+    its null block."""
+    return int(capacity["kv_tokens"]) * int(capacity["usable_blocks"]) // int(capacity["num_blocks"])
+
 
 def cache_config(samples: Samples) -> CacheConfig | None:
     found = samples.series(CACHE_CONFIG)
@@ -114,3 +200,114 @@ def _missing(samples: Samples) -> str:
     renamed = sorted(name for name in samples.seen if "kv_cache" in name or "cache_usage" in name)
     hint = f"; found {', '.join(renamed)}: renamed?" if renamed else ": not a vLLM /metrics, or the metric was renamed"
     return f"no {KV_USAGE} (nor the removed {KV_USAGE_REMOVED}) among {len(samples.seen)} metric names{hint}"
+
+
+# --- the Grafana dashboard's vLLM queries (kvops/deploy/grafana.py asks every engine for its own) ---------
+
+
+CAPACITY_REASON = ',reason="capacity"'
+
+
+def dashboard(selector: str, rate: str) -> dict[str, list[tuple[str, str]]]:
+    """Panel key -> (PromQL, legend) of vLLM's series; `selector` is the matchers inside {}, `rate` a range."""
+
+    def of(name: str, extra: str = "") -> str:
+        return f"{name}{{{selector}{extra}}}"
+
+    def per_second(name: str, extra: str = "") -> str:
+        return f"sum by (instance) (rate({of(name, extra)}[{rate}]))"
+
+    def p95(histogram: str) -> str:
+        return f"histogram_quantile(0.95, sum by (instance, le) (rate({of(histogram + '_bucket')}[{rate}])))"
+
+    return {
+        "kv_usage": [(f"max by (job, instance) ({of(KV_USAGE)})", "{{instance}} vLLM")],
+        "requests": [
+            (f"sum by (instance) ({of(RUNNING)})", "{{instance}} running"),
+            (f"sum by (instance) ({of(WAITING)})", "{{instance}} waiting"),
+            (
+                f"sum by (instance) ({of(WAITING_BY_REASON, CAPACITY_REASON)})",
+                "{{instance}} waiting for KV or batch room",
+            ),
+        ],
+        "preemptions": [(per_second(PREEMPTIONS), "{{instance}}")],
+        "throughput": [(per_second(GENERATION_TOKENS), "{{instance}} tokens/s (vLLM)")],
+        "prefix_hit_rate": [(f"{per_second(PREFIX_HITS)} / {per_second(PREFIX_QUERIES)}", "{{instance}} vLLM")],
+        "ttft": [(p95(TTFT), "{{instance}} time to first token p95 (vLLM)")],
+        "tpot": [(p95(INTER_TOKEN), "{{instance}} time per output token p95 (vLLM)")],
+        "offload_usage": [(f"max by (instance) ({of(OFFLOAD_USAGE)})", "{{instance}} host tier pinned")],
+        "offload_load": [
+            (f"{per_second(OFFLOAD_LOAD_SECONDS)} / {per_second(OFFLOAD_LOADS)}", "{{instance}} time per load")
+        ],
+    }
+
+
+# --- what vLLM 0.32.0 exports and what it retired, for `kvops lint` ----------------------------------------
+# Exported: every family the installed 0.32.0 package registers (vllm/v1/metrics/loggers.py, vllm/v1/kv_offload/,
+# vllm/distributed/kv_transfer/kv_connector/v1/*/metrics.py and the server's own). Retired: vLLM's policy is
+# "deprecated in X.Y, hidden in X.Y+1 (--show-hidden-metrics-for-version=X.Y brings them back), removed in X.Y+2".
+
+RELEASE = "0.32"
+_V08 = ("0.8", "0.9", "0.10", "vllm-project/vllm#14136, hidden #15458, removed #18837")
+_V010 = ("0.10", "0.11", "0.12", "vllm-project/vllm#18354, hidden #24245, removed #29330")
+_V032 = ("0.32", "0.33", "0.34", "vllm 0.32.0 offloading/metrics.py (_DEPRECATED_CONNECTOR_METRIC_DEFINITIONS)")
+_RETIRED = {
+    "vllm:gpu_cache_usage_perc": ("vllm:kv_cache_usage_perc", _V010),
+    "vllm:gpu_prefix_cache_queries": ("vllm:prefix_cache_queries", _V010),
+    "vllm:gpu_prefix_cache_hits": ("vllm:prefix_cache_hits", _V010),
+    "vllm:time_per_output_token_seconds": (
+        "vllm:inter_token_latency_seconds",
+        ("0.11", "0.12", "0.13", "vllm-project/vllm#24110, hidden #29330"),
+    ),
+    "vllm:num_requests_swapped": (None, _V08),
+    "vllm:cpu_cache_usage_perc": (None, _V08),
+    "vllm:cpu_prefix_cache_hit_rate": (None, _V08),
+    "vllm:gpu_prefix_cache_hit_rate": ("vllm:prefix_cache_hits / vllm:prefix_cache_queries", _V08),
+    "vllm:time_in_queue_requests": ("vllm:request_queue_time_seconds", _V08),
+    "vllm:model_forward_time_milliseconds": (None, _V08),
+    "vllm:model_execute_time_milliseconds": (None, _V08),
+    "vllm:kv_offload_total_bytes": ("vllm:kv_offload_load_bytes and vllm:kv_offload_store_bytes", _V032),
+    "vllm:kv_offload_total_time": ("vllm:kv_offload_load_time and vllm:kv_offload_store_time", _V032),
+    "vllm:kv_offload_size": ("vllm:kv_offload_load_size and vllm:kv_offload_store_size", _V032),
+}
+_EXPORTED = """
+admission_rejections cache_config_info corrupted_requests diffusion_num_canvas_positions
+diffusion_num_committed_tokens diffusion_num_denoising_steps e2e_request_latency_seconds engine_sleep_state
+estimated_flops_per_gpu_total estimated_read_bytes_per_gpu_total estimated_write_bytes_per_gpu_total
+external_prefix_cache_hits external_prefix_cache_queries generation_tokens hisparse_cache_hits hisparse_cache_misses
+hisparse_host_block_idle_before_evict_seconds hisparse_host_block_lifetime_seconds
+hisparse_host_block_reuse_gap_seconds hisparse_host_cache_usage_perc hisparse_host_to_device_bytes
+hisparse_pending_page_transfers inter_token_latency_seconds iteration_tokens_total kv_block_idle_before_evict_seconds
+kv_block_lifetime_seconds kv_block_reuse_gap_seconds kv_cache_usage_perc kv_offload_allocation_failure
+kv_offload_cpu_allocation_size kv_offload_cpu_cache_read_usage_perc kv_offload_cpu_cache_usage_perc
+kv_offload_cpu_cache_write_usage_perc kv_offload_load_bytes kv_offload_load_size kv_offload_load_time
+kv_offload_lookup_async_delay_seconds kv_offload_lookup_sync_delay_seconds kv_offload_store_bytes
+kv_offload_store_size kv_offload_store_time kv_offload_stores_skipped lora_requests_info mm_cache_hits
+mm_cache_queries num_preemptions num_requests_kv_fetch_by_stage num_requests_running num_requests_waiting
+num_requests_waiting_by_reason prefix_cache_hits prefix_cache_queries prompt_tokens prompt_tokens_by_source
+prompt_tokens_cached prompt_tokens_cached_by_source request_decode_time_seconds request_generation_tokens
+request_inference_time_seconds request_max_num_generation_tokens request_num_preemptions request_params_max_tokens
+request_params_n request_prefill_kv_computed_tokens request_prefill_time_seconds request_prompt_tokens
+request_queue_time_seconds request_success request_time_per_output_token_seconds spec_decode_num_accepted_tokens
+spec_decode_num_accepted_tokens_per_pos spec_decode_num_draft_tokens spec_decode_num_drafts
+time_to_first_token_seconds watermark_requests nixl_bytes_transferred nixl_num_descriptors
+nixl_num_failed_notifications nixl_num_failed_transfers nixl_num_kv_expired_reqs nixl_num_notifications_after_expiry
+nixl_post_time_seconds nixl_xfer_time_seconds
+"""
+# vLLM production-stack's router exports these under vLLM's prefix (src/vllm_router/services/metrics_service/)
+_ROUTER = """
+current_qps avg_decoding_length num_prefill_requests num_decoding_requests num_incoming_requests healthy_pods_total
+avg_latency avg_itl input_tokens_total output_tokens_total request_errors_total request_latency_seconds
+"""
+
+CATALOGUE = Catalogue(
+    engine="vllm",
+    release=RELEASE,
+    pattern=r"vllm:[A-Za-z_][A-Za-z0-9_:]*",
+    exported=frozenset(f"vllm:{name}" for name in _EXPORTED.split()),
+    retired={
+        name: Retired(replacement, deprecated, hidden, removed, source)
+        for name, (replacement, (deprecated, hidden, removed, source)) in _RETIRED.items()
+    },
+    others={f"vllm:{name}": "vLLM production-stack's router" for name in _ROUTER.split()},
+)

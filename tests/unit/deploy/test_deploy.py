@@ -228,13 +228,14 @@ def test_tgi_gets_no_plugin_and_the_plans_capacity(run_kvops):
 
 
 @pytest.mark.parametrize("engine", ["vllm", "tgi"])
-def test_the_rules_are_kvops_alerts_output(run_kvops, tmp_path, engine):
-    extra = []
-    if engine == "tgi":  # the checked-in TGI rules divide by the example plan's max batch total tokens
-        plan = json.loads(run_kvops("plan", "--engine", "tgi", *EXAMPLE, "--json").stdout)
-        extra = ["--max-batch-total-tokens", str(plan["capacity"]["max_batch_total_tokens"])]
+def test_the_rules_are_kvops_alerts_output(run_kvops, tmp_path, monkeypatch, engine):
+    """The rules name the plan they were computed from as plan.json: `kvops plan ... --json` of the same options."""
+    (tmp_path / "plan.json").write_text(run_kvops("plan", "--engine", engine, *EXAMPLE, "--json").stdout)
+    monkeypatch.chdir(tmp_path)
     emitted = {
-        fmt: run_kvops("alerts", "--engine", engine, "--format", fmt, "--scrape-interval", "15", *extra).stdout
+        fmt: run_kvops(
+            "alerts", "--engine", engine, "--format", fmt, "--scrape-interval", "15", "--plan", "plan.json"
+        ).stdout
         for fmt in ("prometheusrule", "rules")
     }
     k8s_rule = (REPO / "configs" / "k8s" / engine / "prometheusrule.yaml").read_text()
@@ -316,7 +317,7 @@ def test_the_compose_validator_catches_a_bad_file():
 
 
 @pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (apt-get install prometheus; .ci/run does)")
-@pytest.mark.parametrize("engine, rules", [("vllm", 8), ("tgi", 6)])
+@pytest.mark.parametrize("engine, rules", [("vllm", 16), ("tgi", 12)])  # alerts, GPUMemoryHigh, 5 recorded
 def test_compose_prometheus_config_and_rules_pass_promtool(engine, rules):
     directory = REPO / "configs" / "compose" / engine
     ran = subprocess.run(
@@ -346,7 +347,7 @@ def test_dashboard_bands_are_the_policys_levels(run_kvops, tmp_path):
         }
         assert not area & cells and max(x for x, _ in area) < 24
         cells |= area
-    assert len({panel["id"] for panel in document["panels"]}) == len(document["panels"]) == 8
+    assert len({panel["id"] for panel in document["panels"]}) == len(document["panels"]) == 14
     levels = document["panels"][1]["fieldConfig"]["defaults"]["mappings"][0]["options"]
     assert {value: option["text"] for value, option in levels.items()} == {
         "-1": "unknown",

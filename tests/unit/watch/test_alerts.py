@@ -8,7 +8,8 @@ import pytest
 import yaml
 
 from kvops.policy import load_policy
-from kvops.watch.alerts import catalogue
+from kvops.watch.alerts import GPU_MEMORY_ALERT, catalogue
+from kvops.watch.rules import widened
 from tests.support.daemons import PROMTOOL
 from tests.support.paths import REPO
 
@@ -44,7 +45,7 @@ def alert(name, eval_time, labels, *, value=None, annotations=None, series=(), r
     """A promtool case; a firing alert's annotations are the catalogue's text around `value` as Prometheus renders it."""
     fires = value is not None or annotations is not None
     if fires and annotations is None:
-        kinds = {kind.name: kind for kind in catalogue(load_policy(), labels["serving_engine"])}
+        kinds = {kind.name: kind for kind in catalogue(widened(load_policy(), 15), labels["serving_engine"])}
         annotations = kinds[name].annotations(labels["instance"], value, runbooks)
     expected = [{"exp_labels": labels, "exp_annotations": annotations}] if fires else []
     return {
@@ -125,13 +126,23 @@ def vllm_cases(runbooks: str) -> list[dict]:
         alert("EnginePreempting", "75s", {}, series=[(f"vllm:num_preemptions_total{{{VLLM}}}", "3 3 3 3 3 3")]),
         alert(
             "EngineStalled",
-            "75s",
+            "90s",
             {**base, "severity": "critical"},
             annotations={
                 "summary": "gpu-0:8000 generates no tokens",
-                "description": "4 requests are running on gpu-0:8000 but no token was generated for 30s. kvops raises the level to critical.",
+                "description": "4 requests are running on gpu-0:8000 but no token was generated for 1m. kvops raises the level to critical.",
                 "runbook_url": f"{runbooks}/enginestalled.md",
             },
+            series=[
+                (f"vllm:num_requests_running{{{VLLM}}}", "4x7"),
+                (f"vllm:generation_tokens_total{{{VLLM}}}", "100 200 300 300 300 300 300"),
+            ],
+        ),
+        # the stall window is 4 scrapes (1m at 15s), not the policy's 30s: at 60s the token counter still moved
+        alert(
+            "EngineStalled",
+            "60s",
+            {},
             series=[
                 (f"vllm:num_requests_running{{{VLLM}}}", "4x6"),
                 (f"vllm:generation_tokens_total{{{VLLM}}}", "100 200 300 300 300 300"),
@@ -164,6 +175,50 @@ def vllm_cases(runbooks: str) -> list[dict]:
             series=[
                 (f"vllm:prefix_cache_hits_total{{{VLLM}}}", "0+95x30"),
                 (f"vllm:prefix_cache_queries_total{{{VLLM}}}", "0+100x30"),
+            ],
+        ),
+        alert(
+            "KVOffloadSaturated",
+            "1m",
+            {**base, "severity": "info"},
+            value="98%",
+            runbooks=runbooks,
+            series=[(f"vllm:kv_offload_cpu_cache_usage_perc{{{VLLM}}}", "0.98x8")],
+        ),
+        alert("KVOffloadSaturated", "1m", {}, series=[(f"vllm:kv_offload_cpu_cache_usage_perc{{{VLLM}}}", "0.5x8")]),
+        # 8 ms per load: 0.008 s more per load (the flat names of vLLM 0.32)
+        alert(
+            "KVOffloadLoadSlow",
+            "5m",
+            {**base, "severity": "info"},
+            value="8 ms",
+            runbooks=runbooks,
+            series=[
+                (f"vllm:kv_offload_load_time_total{{{VLLM}}}", "0+0.008x30"),
+                (f"vllm:kv_offload_load_size_count{{{VLLM}}}", "0+1x30"),
+            ],
+        ),
+        # the same from the deprecated names (one series per direction), and fast loads do not fire
+        alert(
+            "KVOffloadLoadSlow",
+            "5m",
+            {**base, "transfer_type": "CPU_to_GPU", "severity": "info"},
+            value="8 ms",
+            runbooks=runbooks,
+            series=[
+                (f'vllm:kv_offload_total_time_total{{{VLLM},transfer_type="CPU_to_GPU"}}', "0+0.008x30"),
+                (f'vllm:kv_offload_size_count{{{VLLM},transfer_type="CPU_to_GPU"}}', "0+1x30"),
+                (f'vllm:kv_offload_total_time_total{{{VLLM},transfer_type="GPU_to_CPU"}}', "0+1x30"),
+                (f'vllm:kv_offload_size_count{{{VLLM},transfer_type="GPU_to_CPU"}}', "0+1x30"),
+            ],
+        ),
+        alert(
+            "KVOffloadLoadSlow",
+            "5m",
+            {},
+            series=[
+                (f"vllm:kv_offload_load_time_total{{{VLLM}}}", "0+0.002x30"),
+                (f"vllm:kv_offload_load_size_count{{{VLLM}}}", "0+1x30"),
             ],
         ),
         alert(
@@ -224,13 +279,13 @@ def tgi_cases() -> list[dict]:
         ),
         alert(
             "EngineStalled",
-            "75s",
+            "90s",
             {**base, "severity": "critical"},
             value="3",
             series=[
-                (f"tgi_batch_current_size{{{TGI}}}", "3x6"),
-                (f'tgi_batch_inference_count{{{TGI},method="decode"}}', "10 20 30 30 30 30"),
-                (f'tgi_batch_inference_count{{{TGI},method="prefill"}}', "1 2 3 4 5 6"),
+                (f"tgi_batch_current_size{{{TGI}}}", "3x7"),
+                (f'tgi_batch_inference_count{{{TGI},method="decode"}}', "10 20 30 30 30 30 30"),
+                (f'tgi_batch_inference_count{{{TGI},method="prefill"}}', "1 2 3 4 5 6 7"),
             ],
         ),
         alert(
@@ -255,10 +310,18 @@ def run_promtool_tests(tmp_path, rules: Path, cases: list[dict]) -> None:
 @pytest.mark.parametrize("fmt", ["rules", "prometheusrule"])
 def test_vllm_rules_check_and_every_alert_fires_on_its_series(run_kvops, tmp_path, fmt):
     rules = rules_file(
-        run_kvops, tmp_path, "--engine", "vllm", "--runbook-url", "https://runbooks.example.org/kvops", fmt=fmt
+        run_kvops,
+        tmp_path,
+        "--engine",
+        "vllm",
+        "--runbook-url",
+        "https://runbooks.example.org/kvops",
+        "--scrape-interval",
+        "15",
+        fmt=fmt,
     )
     check = promtool("check", "rules", str(rules))
-    assert check.returncode == 0 and "SUCCESS: 8 rules found" in check.stdout, check.stdout + check.stderr
+    assert check.returncode == 0 and "SUCCESS: 10 rules found" in check.stdout, check.stdout + check.stderr
     cases = vllm_cases("https://runbooks.example.org/kvops")
     assert {case["alert_rule_test"][0]["alertname"] for case in cases} == {
         kind.name for kind in catalogue(load_policy(), "vllm")
@@ -268,13 +331,70 @@ def test_vllm_rules_check_and_every_alert_fires_on_its_series(run_kvops, tmp_pat
 
 @pytest.mark.parametrize("fmt", ["rules", "prometheusrule"])
 def test_tgi_rules_check_and_every_alert_fires_on_its_series(run_kvops, tmp_path, fmt):
-    rules = rules_file(run_kvops, tmp_path, "--engine", "tgi", "--max-batch-total-tokens", "16000", fmt=fmt)
+    rules = rules_file(
+        run_kvops, tmp_path, "--engine", "tgi", "--max-batch-total-tokens", "16000", "--scrape-interval", "15", fmt=fmt
+    )
     check = promtool("check", "rules", str(rules))
     assert check.returncode == 0 and "SUCCESS: 6 rules found" in check.stdout, check.stdout + check.stderr
     cases = tgi_cases()
     assert {case["alert_rule_test"][0]["alertname"] for case in cases} == {
         kind.name for kind in catalogue(load_policy(), "tgi")
     }
+    run_promtool_tests(tmp_path, rules, cases)
+
+
+def test_at_a_60s_scrape_interval_every_signal_rule_still_fires(run_kvops, tmp_path):
+    """The default scrape interval: samples 60s apart. A stall of the policy's 30s cannot be seen in a 30s range
+    (one sample at most); the rules widen every range to 4 scrapes, and each signal fires on 60s samples."""
+    rules = rules_file(run_kvops, tmp_path, "--engine", "vllm")
+    base = {"job": "vllm", "instance": "gpu-0:8000", "engine": "0", "model_name": "m", "serving_engine": "vllm"}
+    every_minute = [
+        (
+            "EngineStalled",
+            "8m",
+            {**base, "severity": "critical"},
+            "4",
+            [
+                (f"vllm:num_requests_running{{{VLLM}}}", "4x10"),
+                (f"vllm:generation_tokens_total{{{VLLM}}}", "100 200 300 300 300 300 300 300 300 300"),
+            ],
+        ),
+        (
+            "EnginePreempting",
+            "8m",
+            {**base, "severity": "warning"},
+            "3",
+            [(f"vllm:num_preemptions_total{{{VLLM}}}", "0 0 0 0 0 0 3 3 3 3")],
+        ),
+        (
+            "EngineQueueGrowing",
+            "8m",
+            {**base, "severity": "warning"},
+            "8",
+            [(f"vllm:num_requests_waiting{{{VLLM}}}", "0 0 0 0 0 2 4 6 8 8")],
+        ),
+    ]
+    kinds = {kind.name: kind for kind in catalogue(widened(load_policy(), 60), "vllm")}
+    cases = [
+        {
+            "interval": "1m",
+            "input_series": [{"series": s, "values": v} for s, v in series],
+            "alert_rule_test": [
+                {
+                    "eval_time": at,
+                    "alertname": name,
+                    "exp_alerts": [
+                        {
+                            "exp_labels": labels,
+                            "exp_annotations": kinds[name].annotations("gpu-0:8000", value, "runbooks"),
+                        }
+                    ],
+                }
+            ],
+        }
+        for name, at, labels, value, series in every_minute
+    ]
+    assert "for 4m" in kinds["EngineStalled"].description and "within 4m" in kinds["EnginePreempting"].description
     run_promtool_tests(tmp_path, rules, cases)
 
 
@@ -315,7 +435,7 @@ def test_thresholds_windows_and_durations_come_from_the_policy(run_kvops, tmp_pa
 
 
 def test_every_alert_has_a_runbook_page(run_kvops):
-    names = {kind.name for engine in ("vllm", "tgi") for kind in catalogue(load_policy(), engine)}
+    names = {kind.name for engine in ("vllm", "tgi") for kind in catalogue(load_policy(), engine)} | {GPU_MEMORY_ALERT}
     pages = {path.stem for path in (REPO / "runbooks").glob("*.md") if path.stem != "README"}
     assert pages == {name.lower() for name in names}
     for name in names:

@@ -72,6 +72,8 @@ def test_the_shipped_policy_signals():
         "preemptions",
         "stall",
         "prefix_cache_hit_rate",
+        "offload_usage",
+        "offload_load_latency",
     ]
 
 

@@ -56,6 +56,8 @@ def test_tgi_levels_in_turn_with_the_capacity_from_the_startup_log(tmp_path):
             "preemptions",
             "stall",
             "prefix_cache_hit_rate",
+            "offload_usage",
+            "offload_load_latency",
         ]
 
         # a stall: 2 requests in the batch, no decode step for 4 s -> critical at 12.8% usage
@@ -86,7 +88,7 @@ def test_tgi_once_with_the_capacity_from_a_plan_and_from_the_flag(tmp_path, run_
         tgi.metrics.batch(size=8, max_tokens=24576, queue=5)
         from_plan = json.loads(
             run_kvops(
-                "watch", "--engine", "tgi", "--metrics-url", tgi.url, "--plan", str(plan), "--once", "--json"
+                "watch", "--engine", "tgi", "--metrics-url", tgi.url, "--plan", str(plan), "--once", "--json", expect=1
             ).stdout
         )
         from_flag = json.loads(
@@ -100,6 +102,7 @@ def test_tgi_once_with_the_capacity_from_a_plan_and_from_the_flag(tmp_path, run_
                 "24576",
                 "--once",
                 "--json",
+                expect=2,
             ).stdout
         )
     assert (

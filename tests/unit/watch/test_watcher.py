@@ -104,7 +104,6 @@ def test_levels_limits_events_and_alertmanager_payloads(tmp_path):
             "single_sequence": True,
             "reject": True,
             "retry_after_seconds": 10,
-            "reset_prefix_cache": False,
         },
         "updated_at": 1003.0,
         "source": server.url,
@@ -329,9 +328,9 @@ def test_once_json_and_text(run_kvops):
         vllm_exposition(0.9032258064516129, running=4, waiting=4, preemptions=27, generated=19776)
     ) as server:
         document = json.loads(
-            run_kvops("watch", "--engine", "vllm", "--metrics-url", server.url, "--once", "--json").stdout
+            run_kvops("watch", "--engine", "vllm", "--metrics-url", server.url, "--once", "--json", expect=1).stdout
         )
-        text = run_kvops("watch", "--engine", "vllm", "--metrics-url", server.url, "--once").stdout
+        text = run_kvops("watch", "--engine", "vllm", "--metrics-url", server.url, "--once", expect=1).stdout
     assert document["level"] == "degrade" and document["kv_usage"] == 0.9032258064516129
     assert document["actions"] == ["log_warning", "cap_max_tokens:512", "single_sequence"]
     assert (
@@ -345,7 +344,9 @@ def test_once_json_and_text(run_kvops):
 def test_once_against_a_dead_engine_says_unknown(run_kvops):
     with MetricsServer() as server:
         url = server.url
-    document = json.loads(run_kvops("watch", "--engine", "vllm", "--metrics-url", url, "--once", "--json").stdout)
+    document = json.loads(
+        run_kvops("watch", "--engine", "vllm", "--metrics-url", url, "--once", "--json", expect=3).stdout
+    )
     assert document["level"] == "unknown" and document["kv_usage"] is None and document["actions"] == []
     assert document["replicas"][0]["error"].startswith(f"cannot read {url}: ClientConnectorError")
 

@@ -1,0 +1,226 @@
+"""`-f kvops.yaml`: a command's options in one declarative file; flags on the command line override it.
+
+The file's keys are the command's long options (`max-model-len: 8192`, or `max_model_len`), plus the seed's
+`kv_cache:` block, mapped onto the options the engines implement:
+
+    kv_cache.max_length             -> max-model-len
+    kv_cache.precision              -> kv-dtype (fp16, bf16, fp32: the unquantized KV)
+    kv_cache.compression.method     -> kv-dtype, when compression.enabled (int8, fp8, int4: quantized KV)
+    kv_cache.swap.max_size          -> kv-offloading-size in GiB, when swap.enabled (vLLM's host KV tier)
+
+Keys no engine implements are named, one line each, with what the engine offers instead; a key that is neither
+an option nor the seed's is an error naming the valid ones. The values go through click's `default_map`, so a
+value from the file is parsed and checked exactly as the same flag would be.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from kvops.units import parse_bytes
+
+GiB = 1 << 30
+# the seed ranks KV quality bf16 > int8 > fp8 (fp16 and fp32 as bf16: unquantized)
+SEED_QUALITY = ("bf16", "int8", "fp8")
+UNSUPPORTED = {
+    "kv_cache.chunk_size": "no engine pools the KV cache in chunks (mean-pooling compression); vLLM and TGI keep "
+    "every token: --kv-dtype fp8 halves its bytes, the prefix cache shares repeated prompts",
+    "kv_cache.swap.path": "vLLM's host KV tier lives in host RAM, not on a disk path (LMCache's local disk backend, "
+    "--kv-offloading-backend lmcache, is configured in LMCache's own file)",
+}
+SEED_KEYS = {
+    "kv_cache": {"max_length", "chunk_size", "precision", "compression", "swap"},
+    "kv_cache.compression": {"enabled", "method"},
+    "kv_cache.swap": {"enabled", "path", "max_size"},
+}
+
+
+def file_option(function: Callable) -> Callable:
+    """`-f/--file FILE`: the command's options from a YAML file, read before the flags (which override it); and
+    `--file-schema`, the JSON schema of that file."""
+    function = click.option(
+        "--file-schema",
+        is_flag=True,
+        is_eager=True,
+        expose_value=False,
+        callback=_print_schema,
+        help="Print the JSON schema of the -f file for this command, and exit.",
+    )(function)
+    return click.option(
+        "-f",
+        "--file",
+        "config_file",
+        type=click.Path(exists=True, dir_okay=False, path_type=Path),
+        metavar="FILE",
+        is_eager=True,
+        expose_value=False,
+        callback=_load,
+        help="kvops.yaml: these options (long names as keys) and the seed's kv_cache block; flags override it.",
+    )(function)
+
+
+def _load(ctx: click.Context, param: click.Parameter, path: Path | None) -> None:
+    if path is None:
+        return
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise click.BadParameter(f"{path}: not readable YAML ({str(exc).splitlines()[0]})", param=param) from None
+    if not isinstance(data, dict):
+        raise click.BadParameter(f"{path}: want a mapping of option names to values", param=param)
+    values, notes = options_from(data, _option_names(ctx.command), str(path))
+    for note in notes:
+        click.echo(f"kvops: warning: {note}", err=True)
+    ctx.default_map = {**(ctx.default_map or {}), **values}
+
+
+def _print_schema(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    if not value:
+        return
+    import json
+
+    click.echo(json.dumps(schema(ctx.command), indent=2))
+    ctx.exit(0)
+
+
+def schema(command: click.Command) -> dict[str, Any]:
+    """The JSON schema (draft 2020-12) of the -f file: each long option by its name, and the seed's kv_cache block."""
+    properties: dict[str, Any] = {}
+    for option, name in _option_names(command).items():
+        param = next(p for p in command.params if p.name == name)
+        spec = {"description": (getattr(param, "help", None) or "").strip(), **_type(param)}
+        properties[option] = properties[option.replace("-", "_")] = spec  # both spellings are read
+    section = {"type": "object", "additionalProperties": False}
+    properties["kv_cache"] = {
+        **section,
+        "description": "The seed's KV cache block, mapped onto the engines' options.",
+        "properties": {
+            "max_length": {"type": "integer", "minimum": 1, "description": "-> max-model-len"},
+            "chunk_size": {"type": "integer", "description": "not used: " + UNSUPPORTED["kv_cache.chunk_size"]},
+            "precision": {"type": "string", "description": "-> kv-dtype (unquantized)"},
+            "compression": {
+                **section,
+                "properties": {"enabled": {"type": "boolean"}, "method": {"type": "string"}},
+            },
+            "swap": {
+                **section,
+                "properties": {
+                    "enabled": {"type": "boolean"},
+                    "path": {"type": "string", "description": "not used: " + UNSUPPORTED["kv_cache.swap.path"]},
+                    "max_size": {"type": ["string", "integer"], "description": "-> kv-offloading-size"},
+                },
+            },
+        },
+    }
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": f"kvops {command.name} -f FILE",
+        "type": "object",
+        "additionalProperties": False,
+        "properties": properties,
+    }
+
+
+def _type(param: click.Parameter) -> dict[str, Any]:
+    """A click parameter's values as JSON schema; sizes and numbers with units are strings."""
+    kind = param.type
+    if isinstance(param, click.Option) and param.is_flag:
+        return {"type": "boolean"}
+    if isinstance(kind, click.Choice):
+        return {"enum": list(kind.choices)}
+    if isinstance(kind, click.IntRange | type(click.INT)):
+        low = getattr(kind, "min", None)
+        bounds = {"minimum": low} if low is not None else {}
+        return {"type": "integer", **bounds}
+    if param.multiple:
+        return {"type": "array", "items": {"type": "string"}}
+    return {"type": ["string", "number"]}
+
+
+def _option_names(command: click.Command) -> dict[str, str]:
+    """Every long option of the command (dashes) -> its parameter name."""
+    names = {}
+    for param in command.params:
+        if isinstance(param, click.Option) and param.name not in (None, "config_file", "file_schema"):
+            for opt in param.opts:
+                if opt.startswith("--"):
+                    names[opt[2:]] = param.name
+    return names
+
+
+def options_from(data: dict[str, Any], options: dict[str, str], where: str) -> tuple[dict[str, Any], list[str]]:
+    """The file's values by parameter name, and a note for each key no engine implements. Pure."""
+    values: dict[str, Any] = {}
+    notes: list[str] = []
+    for key, value in data.items():
+        name = str(key).replace("_", "-")
+        if key == "kv_cache":
+            seed, seed_notes = _seed(value, where)
+            values.update({options[option]: v for option, v in seed.items()})
+            notes += seed_notes
+        elif name in options:
+            values[options[name]] = _flag_value(value)
+        else:
+            raise click.UsageError(
+                f"{where}: unknown key {key!r}; valid: kv_cache (the seed's block) or an option of this command: "
+                + ", ".join(sorted(options))
+            )
+    return values, notes
+
+
+def _flag_value(value: Any) -> Any:
+    """A YAML value as click takes it from a default: lists for repeated options, strings otherwise."""
+    if isinstance(value, list):
+        return [str(item) for item in value]
+    return value if isinstance(value, bool) or value is None else str(value)
+
+
+def _seed(block: Any, where: str) -> tuple[dict[str, Any], list[str]]:
+    """The seed's kv_cache block as options (by long name), and a note for each key no engine implements."""
+    _check(block, "kv_cache", where)
+    compression, swap = block.get("compression") or {}, block.get("swap") or {}
+    _check(compression, "kv_cache.compression", where)
+    _check(swap, "kv_cache.swap", where)
+    options: dict[str, Any] = {}
+    notes = [
+        f"{where}: {key} ({_get(block, key)!r}) is not used: {why}"
+        for key, why in UNSUPPORTED.items()
+        if _get(block, key) is not None and (key != "kv_cache.swap.path" or swap.get("enabled"))
+    ]
+    if block.get("max_length") is not None:
+        options["max-model-len"] = str(block["max_length"])
+    if compression.get("enabled") and compression.get("method"):
+        method = str(compression["method"])
+        options["kv-dtype"] = method
+        notes.append(
+            f"{where}: kv_cache.compression.method {method} -> --kv-dtype {method} (kv_cache.precision "
+            f"{block.get('precision', 'auto')} is the unquantized type it replaces); the seed ranks KV quality "
+            f"{' > '.join(SEED_QUALITY)}: evaluate a quantized KV on your own traffic before serving"
+        )
+    elif block.get("precision") is not None:
+        options["kv-dtype"] = str(block["precision"])
+    if swap.get("enabled") and swap.get("max_size") is not None:
+        size = parse_bytes(str(swap["max_size"]), f"{where}: kv_cache.swap.max_size")
+        options["kv-offloading-size"] = f"{size / GiB:g}"
+    return options, notes
+
+
+def _check(block: Any, name: str, where: str) -> None:
+    if not isinstance(block, dict):
+        raise click.UsageError(f"{where}: {name} must be a mapping with keys {', '.join(sorted(SEED_KEYS[name]))}")
+    extra = sorted(set(block) - SEED_KEYS[name])
+    if extra:
+        raise click.UsageError(f"{where}: unknown key '{name}.{extra[0]}'; valid: {', '.join(sorted(SEED_KEYS[name]))}")
+
+
+def _get(block: dict, dotted: str) -> Any:
+    value: Any = {"kv_cache": block}
+    for part in dotted.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value

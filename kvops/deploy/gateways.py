@@ -1,0 +1,164 @@
+"""The kvops levels as a gateway's settings (kvops/watch/saturation.py): llm-d, NVIDIA Dynamo, vLLM production-stack.
+
+Each function builds what that project reads, checked against its own source or schema in tests/fixtures/gateways/:
+
+- llm-d: an EndpointPickerConfig (llm-d.ai/v1alpha1, apix/config/v1alpha1/endpointpickerconfig_types.go) whose
+  utilization-detector sheds sheddable traffic from the degrade level and stops routing to an endpoint at the
+  critical level, and InferenceObjectives (llm-d.ai/v1alpha2) for a sheddable class (priority -1) and a standard
+  one (0);
+- Dynamo: the frontend's rejection thresholds as environment variables (DYN_ACTIVE_DECODE_BLOCKS_THRESHOLD, ...,
+  components/src/dynamo/common/configuration/groups/router_args.py);
+- production-stack: Helm values for the model (the plan's vllmConfig), and a KEDA ScaledObject on the KV demand
+  for the chart's Deployment: the chart's own `keda.triggers` is typed an object in its values.schema.json while
+  its template renders a list, so a list of triggers there fails Helm's schema check.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvops import engines
+from kvops.deploy.autoscale import Scaling
+from kvops.deploy.stack import Stack, dump_yaml
+from kvops.watch.saturation import GatewayLevels
+
+TARGETS = ("llm-d", "dynamo", "production-stack")
+LLMD_CONFIG_API = "llm-d.ai/v1alpha1"
+LLMD_OBJECTIVE_API = "llm-d.ai/v1alpha2"
+DETECTOR = "utilization-detector"
+SCORERS = ("queue-scorer", "kv-cache-utilization-scorer")
+PICKER = "max-score-picker"
+# The classes a client names with the x-gateway-inference-objective header: sheddable first under saturation.
+OBJECTIVES = (("sheddable", -1), ("standard", 0))
+
+
+def levels(stack: Stack) -> GatewayLevels:
+    return GatewayLevels.from_policy(stack.policy)
+
+
+def endpoint_picker_config(stack: Stack) -> dict[str, Any]:
+    gate = levels(stack)
+    detector = {
+        "name": DETECTOR,
+        "type": DETECTOR,
+        "parameters": {
+            "queueDepthThreshold": gate.queue_depth_threshold,
+            "kvCacheUtilThreshold": gate.kv_cache_util_threshold,
+            "headroom": gate.headroom,
+        },
+    }
+    plugins = [detector] + [{"name": name, "type": name} for name in (*SCORERS, PICKER)]
+    return {
+        "apiVersion": LLMD_CONFIG_API,
+        "kind": "EndpointPickerConfig",
+        "plugins": plugins,
+        "schedulingProfiles": [
+            {"name": "default", "plugins": [{"pluginRef": name} for name in (*SCORERS, PICKER)]},
+        ],
+        "flowControl": {"saturationDetector": {"pluginRef": DETECTOR}},
+    }
+
+
+def inference_objectives(stack: Stack) -> list[dict[str, Any]]:
+    return [
+        {
+            "apiVersion": LLMD_OBJECTIVE_API,
+            "kind": "InferenceObjective",
+            "metadata": {"name": f"{stack.name}-{name}", "labels": _labels(stack)},
+            "spec": {"poolRef": {"name": stack.name}, "priority": priority},
+        }
+        for name, priority in OBJECTIVES
+    ]
+
+
+def dynamo_environment(stack: Stack) -> list[tuple[str, str]]:
+    """The frontend's rejection thresholds: a worker is busy at the critical level (KV blocks), or with more
+    prefill tokens pending than the critical level leaves of its pool; with every worker busy, it answers 529."""
+    gate = levels(stack)
+    pool = stack.figures.usable_tokens
+    return [
+        ("DYN_ACTIVE_DECODE_BLOCKS_THRESHOLD", f"{gate.busy_kv_fraction:g}"),
+        ("DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD", str(int(gate.busy_kv_fraction * pool))),
+        ("DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD_FRAC", "None"),
+    ]
+
+
+def production_stack_values(stack: Stack) -> dict[str, Any]:
+    """The chart's modelSpec entry for the plan (helm/values.schema.json, servingEngineSpec.modelSpec)."""
+    flags = stack.plan.flags
+    inputs = stack.plan.inputs
+    image, _, tag = stack.plan.image.rpartition(":")
+    named = {
+        "max-model-len": "maxModelLen",
+        "max-num-seqs": "maxNumSeqs",
+        "gpu-memory-utilization": "gpuMemoryUtilization",
+        "tensor-parallel-size": "tensorParallelSize",
+    }
+    config: dict[str, Any] = {key: flags[flag] for flag, key in named.items() if flag in flags}
+    guard = engines.get(stack.engine).guard_scheduler  # the chart runs the official image, without kvops_vllm
+    rest = {
+        flag: value
+        for flag, value in flags.items()
+        if flag not in named and flag != "model" and not (flag == "scheduler-cls" and value == guard)
+    }
+    config["extraArgs"] = [word for flag, value in rest.items() for word in _words(flag, value)]
+    return {
+        "servingEngineSpec": {
+            "modelSpec": [
+                {
+                    "name": stack.name,
+                    "repository": image,
+                    "tag": tag,
+                    "modelURL": flags["model"],
+                    "replicaCount": stack.replicas,
+                    "requestGPU": inputs.devices,
+                    "vllmConfig": config,
+                }
+            ]
+        }
+    }
+
+
+def production_stack_files(stack: Stack, scale: Scaling, deployment: str) -> dict[str, str]:
+    """The chart's values for the model, the recording and alert rules for its pods, and the ScaledObject for the
+    chart's Deployment (<release>-<model>-deployment-vllm, helm/templates/deployment-vllm-multi.yaml)."""
+    from kvops.deploy.autoscale import scaled_object
+
+    return {
+        "values.yaml": stack.header("production-stack Helm values for the plan (helm install -f values.yaml)")
+        + dump_yaml(production_stack_values(stack)),
+        "prometheusrule.yaml": stack.header("kvops alerts and the KV headroom of the chart's engine pods")
+        + stack.rules,
+        "scaledobject.yaml": stack.header("KEDA scales the chart's engine on its KV demand")
+        + dump_yaml(scaled_object(stack, scale, deployment)),
+    }
+
+
+def llm_d_files(stack: Stack) -> dict[str, str]:
+    return {
+        "epp-config.yaml": stack.header(
+            "llm-d's endpoint picker at kvops' levels: merge into your EndpointPickerConfig"
+        )
+        + dump_yaml(endpoint_picker_config(stack)),
+        "inferenceobjectives.yaml": stack.header(
+            "request classes: name one with the x-gateway-inference-objective header"
+        )
+        + "---\n".join(dump_yaml(o) for o in inference_objectives(stack)),
+    }
+
+
+def dynamo_files(stack: Stack) -> dict[str, str]:
+    lines = "".join(f"{name}={value}\n" for name, value in dynamo_environment(stack))
+    return {
+        "dynamo-frontend.env": stack.header("Dynamo's frontend rejection thresholds at kvops' critical level") + lines
+    }
+
+
+def _words(flag: str, value: Any) -> list[str]:
+    if value is True:
+        return [f"--{flag}"]
+    return [f"--{flag}", f"{value:g}" if isinstance(value, float) else str(value)]
+
+
+def _labels(stack: Stack) -> dict[str, str]:
+    return {"app.kubernetes.io/name": stack.name, "app.kubernetes.io/part-of": "kvops"}

@@ -1,0 +1,236 @@
+"""Autoscaling on KV headroom and the gateway exports, through a real Prometheus (Debian's package) scraping two
+replicas: the real vLLM CPU engine, and a STAND-IN (a real HTTP server serving the vLLM 0.32.0 CPU build's recorded
+/metrics exposition, its values set: KV at 30%, 1 running, 2 waiting) because the 2 shared cores run one engine.
+
+`kvops manifests` plans the engine's own pool (4 MiB, blocks of 128 tokens: 31 usable, as the CPU engine has) for
+requests of 650 + 100 tokens, and writes the recording rules, the KEDA ScaledObject, the HPA with its
+prometheus-adapter rule, and the llm-d, Dynamo and production-stack settings. Prometheus evaluates those rules on
+the two replicas; every query the objects hold runs against it, under staged load: idle, then 4 requests that
+start at 100 tokens and grow to 750 (the plan's request), 4 x 6 blocks = 77% of the pool. The demand counts each at
+750 from its admission (4 x 750 = 76% of the pool), so it passes the scaling target (warn, 70%) while the blocks
+still fill, which KV usage reaches only near the requests' end: the signal leads the KV level.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.support.daemons import PROMETHEUS, PrometheusServer
+from tests.support.kv_load import KvLoad, Stage
+from tests.support.metrics_server import MetricsServer, vllm_exposition
+from tests.support.watch_process import WatchProcess
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.skipif(
+        PROMETHEUS is None, reason="prometheus not installed (apt-get install prometheus; .ci/run does)"
+    ),
+]
+
+POOL_BLOCKS, BLOCK = 32, 128
+USABLE = (POOL_BLOCKS - 1) * BLOCK  # vLLM keeps one null block
+REQUEST = 650 + 100
+PLAN = [
+    "--gpu",
+    "L4",
+    "--kv-cache-memory-bytes",
+    "4194304",
+    "--block-size",
+    str(BLOCK),
+    "--max-model-len",
+    "1024",
+    "--prompt-tokens",
+    "650",
+    "--gen-tokens",
+    "100",
+    "--concurrency",
+    "3",
+    "--replicas",
+    "2",
+]
+GROWING = Stage(4, 100, 650)  # 4 x 1 block at admission (13%), growing to 4 x 6 blocks (77%) as they decode
+STAND_IN = {"kv_usage": 0.30, "running": 1, "waiting": 2}
+STAND_IN_DEMAND = max(0.30 * USABLE, 1 * REQUEST) + 2 * REQUEST  # 1190.4 in use + 2 queued x 750
+
+
+def manifests(run_kvops, model: Path, out: Path, *args: str) -> dict[str, str]:
+    run_kvops("manifests", "--model", str(model), *PLAN, *args, "--out", str(out))
+    return {path.name: path.read_text() for path in out.iterdir()}
+
+
+def documents(text: str) -> list[dict]:
+    return [d for d in yaml.safe_load_all(text) if d]
+
+
+def rule_file(path: Path, prometheus_rule: str) -> Path:
+    (rule,) = documents(prometheus_rule)
+    path.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
+    return path
+
+
+def value(prometheus: PrometheusServer, expr: str) -> float:
+    (sample,) = prometheus.wait_for_series(expr)
+    return float(sample["value"][1])
+
+
+def at(prometheus: PrometheusServer, expr: str, when: float) -> list[float]:
+    """The query's values at one evaluation time (several queries compared at the same instant)."""
+    return [float(s["value"][1]) for s in prometheus.get_json("/api/v1/query", query=expr, time=when)["data"]["result"]]
+
+
+def adapter_query(config: dict, namespace: str, pods: list[str]) -> str:
+    """prometheus-adapter's query for the HPA's pods: its metricsQuery template filled as the adapter fills it."""
+    (rule,) = yaml.safe_load(config["data"]["config.yaml"])["rules"]
+    series = rule["seriesQuery"].split("{", 1)[0]
+    matchers = f'namespace="{namespace}",pod=~"{"|".join(pods)}"'
+    return (
+        rule["metricsQuery"]
+        .replace("<<.Series>>", series)
+        .replace("<<.LabelMatchers>>", matchers)
+        .replace("<<.GroupBy>>", "pod")
+    )
+
+
+def desired(total: float, per_replica_target: float, low: int, high: int) -> int:
+    """The HPA's replica count for an AverageValue target (KEDA's ScaledObject drives the same HPA)."""
+    return min(high, max(low, math.ceil(total / per_replica_target)))
+
+
+def test_headroom_scales_and_gateways_shed_at_kvops_levels(vllm_engine, tmp_path, run_kvops, tiny_model):
+    keda = manifests(run_kvops, tiny_model, tmp_path / "keda", "--autoscale", "keda")
+    hpa = manifests(run_kvops, tiny_model, tmp_path / "hpa", "--autoscale", "hpa")
+    stack = manifests(run_kvops, tiny_model, tmp_path / "stack", "--target", "production-stack", "--release", "prod")
+    llm_d = manifests(run_kvops, tiny_model, tmp_path / "llm-d", "--target", "llm-d")
+    dynamo = manifests(run_kvops, tiny_model, tmp_path / "dynamo", "--target", "dynamo")
+    assert vllm_engine.cache_config()["num_gpu_blocks"] == str(POOL_BLOCKS)  # the plan's pool is the engine's
+
+    scaled = documents(keda["scaledobject.yaml"])[0]["spec"]
+    trigger = scaled["triggers"][0]["metadata"]
+    target = float(trigger["threshold"])
+    assert target == int(0.70 * USABLE)
+    autoscaler = documents(hpa["hpa.yaml"])[0]["spec"]
+    assert float(autoscaler["metrics"][0]["pods"]["target"]["averageValue"]) == target
+    low, high = scaled["minReplicaCount"], scaled["maxReplicaCount"]
+    assert (low, high) == (autoscaler["minReplicas"], autoscaler["maxReplicas"]) == (2, 8)
+    adapter = documents(hpa["prometheus-adapter.yaml"])[0]
+    stack_query = documents(stack["scaledobject.yaml"])[0]["spec"]["triggers"][0]["metadata"]["query"]
+    sidecar = next(
+        c["args"]
+        for c in documents(keda["deployment.yaml"])[0]["spec"]["template"]["spec"]["containers"]
+        if "--request-tokens" in c.get("args", [])
+    )
+    request_tokens = sidecar[sidecar.index("--request-tokens") + 1]
+    assert int(request_tokens) == REQUEST
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(documents(keda["policy-configmap.yaml"])[0]["data"]["policy.yaml"])
+
+    engine = f"127.0.0.1:{vllm_engine.port}"
+    with MetricsServer(vllm_exposition(**STAND_IN)) as second:
+        pods = {"vllm-0": engine, "vllm-1": second.target}
+        config = {
+            "global": {"scrape_interval": "250ms", "evaluation_interval": "250ms"},
+            "rule_files": [
+                str(rule_file(tmp_path / "k8s-rules.yaml", keda["prometheusrule.yaml"])),
+                str(rule_file(tmp_path / "stack-rules.yaml", stack["prometheusrule.yaml"])),
+            ],
+            "scrape_configs": [
+                {
+                    "job_name": "vllm",
+                    "static_configs": [
+                        {"targets": [host], "labels": {"namespace": "default", "pod": pod}}
+                        for pod, host in pods.items()
+                    ],
+                },
+                {  # the same engine as production-stack's chart names its pod, scraped under its own job
+                    "job_name": "stack",
+                    "static_configs": [
+                        {"targets": [engine], "labels": {"namespace": "default", "pod": "prod-vllm-deployment-vllm-0"}}
+                    ],
+                },
+            ],
+        }
+        with (
+            PrometheusServer(tmp_path / "prometheus", config=config) as prometheus,
+            WatchProcess(
+                "--engine",
+                "vllm",
+                "--prometheus",
+                prometheus.url,
+                "--selector",
+                '{job="vllm"}',
+                "--policy",
+                str(policy),
+                "--request-tokens",
+                request_tokens,  # as the manifests' sidecar is started
+                "--interval",
+                "0.5",
+                "--timeout",
+                "5",
+            ) as watch,
+        ):
+            demand = 'kvops:kv_demand_tokens{job="vllm",pod="%s"}'
+            prometheus.wait_for_series('kvops:kv_demand_tokens{job="vllm"}', count=2)
+            assert value(prometheus, 'kvops:kv_usable_tokens{pod="vllm-1"}') == USABLE
+            assert value(prometheus, demand % "vllm-1") == pytest.approx(STAND_IN_DEMAND)
+            assert value(prometheus, demand % "vllm-0") == 0  # idle
+            # the watcher computes the same per replica from the same series
+            deadline = time.monotonic() + 60
+            while watch.metric("kvops_replica_kv_demand_tokens", instance=second.target) is None:
+                assert time.monotonic() < deadline, "the watcher exports no demand"
+                time.sleep(0.25)
+            assert watch.metric("kvops_replica_kv_demand_tokens", instance=second.target) == pytest.approx(
+                STAND_IN_DEMAND
+            )
+            assert watch.metric("kvops_replica_kv_usable_tokens", instance=second.target) == USABLE
+            # llm-d's score at the EPP config's thresholds, from Prometheus' series and from the watcher
+            detector = next(
+                p["parameters"]
+                for p in documents(llm_d["epp-config.yaml"])[0]["plugins"]
+                if p["type"] == "utilization-detector"
+            )
+            score = max(2 / detector["queueDepthThreshold"], 0.30 / detector["kvCacheUtilThreshold"])
+            assert watch.metric("kvops_replica_saturation", instance=second.target) == pytest.approx(score)
+
+            idle = value(prometheus, trigger["query"])
+            assert idle == pytest.approx(STAND_IN_DEMAND) and desired(idle, target, low, high) == 2
+            assert value(prometheus, stack_query) == 0
+
+            load = KvLoad(vllm_engine.url, str(vllm_engine.model)).start(GROWING)
+            crossed: dict[str, float] = {}
+            start = time.monotonic()
+            try:
+                while not {"kv", "total"} <= set(crossed) and time.monotonic() - start < 240:
+                    ratio = prometheus.query('kvops:kv_demand_ratio{pod="vllm-0"}')
+                    usage = prometheus.query('vllm:kv_cache_usage_perc{job="vllm",pod="vllm-0"}')
+                    now = time.monotonic() - start
+                    if ratio and float(ratio[0]["value"][1]) >= 0.70:
+                        crossed.setdefault("demand", now)
+                    if usage and float(usage[0]["value"][1]) >= 0.70:
+                        crossed.setdefault("kv", now)
+                    if "demand" in crossed and "total" not in crossed:
+                        when = time.time()
+                        (crossed["total"],) = at(prometheus, trigger["query"], when)
+                        per_pod = at(prometheus, adapter_query(adapter, "default", list(pods)), when)
+                        crossed["hpa"] = sum(per_pod) / len(per_pod)
+                        (crossed["stack"],) = at(prometheus, stack_query, when)
+                    time.sleep(0.25)
+            finally:
+                load.stop()
+    assert not load.errors, load.errors[:3]
+    assert {"demand", "kv"} <= set(crossed), crossed
+    print(f"demand passed 70% of the pool at {crossed['demand']:.1f} s, KV usage at {crossed['kv']:.1f} s")
+    assert crossed["demand"] < crossed["kv"]
+    # at that moment KEDA and the HPA (through the adapter) both ask for more replicas than the minimum
+    assert desired(crossed["total"], target, low, high) > low
+    assert crossed["hpa"] * len(pods) == pytest.approx(crossed["total"])
+    assert crossed["stack"] >= 0.70 * USABLE  # production-stack's trigger reads the same engine's demand
+
+    env = dict(
+        line.split("=", 1) for line in dynamo["dynamo-frontend.env"].splitlines() if "=" in line and line[0] != "#"
+    )
+    assert env["DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD"] == str(int(0.95 * USABLE))  # the engine's real pool
