@@ -523,14 +523,11 @@ def _fraction(data: dict, key: str, where: str) -> float:
 
 def _number(data: dict, key: str, where: str, *, low: float, high: float, exclusive_low: bool = False) -> float:
     value = data.get(key)
-    ok = (
+    if (
         isinstance(value, (int, float))
         and not isinstance(value, bool)
         and (value > low if exclusive_low else value >= low)
         and value <= high
-    )
-    if not ok:
-        raise PolicyError(
-            f"{where}.{key} {value!r} must be a number in {'(' if exclusive_low else '['}{low:g}, {high:g}]"
-        )
-    return float(value)
+    ):
+        return float(value)
+    raise PolicyError(f"{where}.{key} {value!r} must be a number in {'(' if exclusive_low else '['}{low:g}, {high:g}]")

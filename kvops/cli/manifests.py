@@ -215,7 +215,7 @@ def given_command(ctx: click.Context) -> str:
     """The command line as given, options in their declared order, without --out: the header of every file."""
     from click.core import ParameterSource
 
-    words = ["kvops", ctx.info_name]
+    words = ["kvops", ctx.info_name or "manifests"]
     for param in ctx.command.params:
         if (
             not isinstance(param, click.Option)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvops.deploy.stack import Stack
+from kvops.errors import KvopsError
 from kvops.policy import Level
 from kvops.watch.rules import DEMAND
 
@@ -34,8 +35,10 @@ class Scaling:
 def scaling(stack: Stack, max_replicas: int | None, prometheus_url: str, readiness: dict[str, int]) -> Scaling:
     """Replicas from the options, the target from the policy's warn level and the plan's pool, the cool-down from
     the engine container's readiness probe."""
-    figures = stack.figures
-    warn = stack.policy.thresholds[Level.WARN]
+    figures, policy = stack.figures, stack.policy
+    if figures is None or policy is None:
+        raise KvopsError("autoscaling needs the plan's KV pool and the policy's warn level")
+    warn = policy.thresholds[Level.WARN]
     return Scaling(
         min_replicas=stack.replicas,
         max_replicas=max_replicas or 4 * stack.replicas,

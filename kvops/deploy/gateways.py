@@ -20,6 +20,7 @@ from typing import Any
 from kvops import engines
 from kvops.deploy.autoscale import Scaling
 from kvops.deploy.stack import Stack, dump_yaml
+from kvops.errors import KvopsError
 from kvops.watch.saturation import GatewayLevels
 
 TARGETS = ("llm-d", "dynamo", "production-stack")
@@ -33,6 +34,8 @@ OBJECTIVES = (("sheddable", -1), ("standard", 0))
 
 
 def levels(stack: Stack) -> GatewayLevels:
+    if stack.policy is None:
+        raise KvopsError("the gateway settings need the policy's levels")
     return GatewayLevels.from_policy(stack.policy)
 
 
@@ -75,6 +78,8 @@ def dynamo_environment(stack: Stack) -> list[tuple[str, str]]:
     """The frontend's rejection thresholds: a worker is busy at the critical level (KV blocks), or with more
     prefill tokens pending than the critical level leaves of its pool; with every worker busy, it answers 529."""
     gate = levels(stack)
+    if stack.figures is None:
+        raise KvopsError("Dynamo's thresholds need the plan's KV pool")
     pool = stack.figures.usable_tokens
     return [
         ("DYN_ACTIVE_DECODE_BLOCKS_THRESHOLD", f"{gate.busy_kv_fraction:g}"),

@@ -40,7 +40,9 @@ def engine_queries(key: str) -> list[tuple[str, str]]:
 
 def dashboard(policy: Policy) -> str:
     bands = ", ".join(f"{level.label} {policy.thresholds[level]:.0%}" for level in GRADED)
-    level_steps = [(None, BAND_COLORS[Level.OK])] + [(policy.thresholds[level], BAND_COLORS[level]) for level in GRADED]
+    level_steps: list[tuple[float | None, str]] = [(None, BAND_COLORS[Level.OK])] + [
+        (policy.thresholds[level], BAND_COLORS[level]) for level in GRADED
+    ]
     panels = [
         _timeseries(
             1,

@@ -121,12 +121,12 @@ def dump_yaml(document: Any) -> str:
     import yaml
 
     class Dumper(yaml.SafeDumper):
-        pass
+        def ignore_aliases(self, data: Any) -> bool:
+            return True  # no &anchors: each object spelled out, as kubectl users read them
 
     def represent_str(dumper: yaml.SafeDumper, text: str) -> yaml.Node:
         style = "|" if "\n" in text and not any(line != line.rstrip() for line in text.splitlines()) else None
         return dumper.represent_scalar("tag:yaml.org,2002:str", text, style=style)
 
     Dumper.add_representer(str, represent_str)
-    Dumper.ignore_aliases = lambda self, data: True  # no &anchors: each object spelled out, as kubectl users read them
     return yaml.dump(document, Dumper=Dumper, sort_keys=False, width=1000, allow_unicode=True)

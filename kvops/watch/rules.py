@@ -109,9 +109,9 @@ def rule_groups(
         rules.append(_rule(kinds[LEVEL_ALERTS[level]], expr, engine, runbook_url, hold=dwell, keep_firing=dwell))
     for name, rule in policy.signals.items():
         if SIGNAL_ALERTS[name] in kinds:
-            expr = _signal_expr(name, rule, promql)
-            if expr:
-                rules.append(_rule(kinds[SIGNAL_ALERTS[name]], expr, engine, runbook_url))
+            signal_expr = _signal_expr(name, rule, promql)
+            if signal_expr:
+                rules.append(_rule(kinds[SIGNAL_ALERTS[name]], signal_expr, engine, runbook_url))
     stale = f"{promql.up} == 0 or ({promql.up} == 1 unless on (job, instance) {promql.usage})"
     rules.append(
         _rule(
@@ -204,6 +204,7 @@ def render(
     import yaml
 
     groups = rule_groups(policy, engine, promql, runbook_url=runbook_url, scrape_interval=scrape_interval, plan=plan)
+    document: dict[str, Any]
     if fmt == "rules":
         document = {"groups": groups}
     else:

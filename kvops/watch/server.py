@@ -206,7 +206,7 @@ def _headroom(w: Watcher, snapshot, label: str) -> Iterator:
     yield _gauge(
         "kvops_replica_request_tokens",
         "R: the KV tokens one request is projected to hold at its peak (policy headroom.request_tokens, else the context).",
-        [([r.name], r.headroom.request_tokens) for r in known],
+        [([r.name], r.headroom.request_tokens) for r in known if r.headroom],
         [label],
     )
     yield _gauge(
@@ -221,7 +221,7 @@ def _headroom(w: Watcher, snapshot, label: str) -> Iterator:
         [
             ([r.name], r.reading.waiting_for_capacity)
             for r in w.replicas.values()
-            if r.known and r.reading.waiting_for_capacity is not None
+            if r.known and r.reading and r.reading.waiting_for_capacity is not None
         ],
         [label],
     )

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvops.errors import KvopsError
+from kvops.errors import KvopsError, UsageError
 from kvops.policy import Policy
 from kvops.watch.sources import MetricsSource, PrometheusSource, ScrapeSource
 from kvops.watch.watcher import EventLog, Snapshot, Watcher
@@ -83,6 +83,8 @@ def make_source(options: WatchOptions) -> MetricsSource:
             timeout=options.timeout,
             capacity_tokens=options.capacity_tokens,
         )
+    if options.metrics_url is None:
+        raise UsageError("kvops watch needs --metrics-url URL or --prometheus URL")
     return ScrapeSource(
         options.engine, options.metrics_url, timeout=options.timeout, capacity_tokens=options.capacity_tokens
     )

@@ -111,7 +111,7 @@ class SignalTracker:
             return SignalState(
                 rule.name, False, None, rule.raise_to, "no running-requests gauge or generated-token counter"
             )
-        if not reading.running:
+        if not reading.running or self.progress_at is None:
             return SignalState(rule.name, False, 0.0, rule.raise_to, "no request running")
         stalled = now - self.progress_at
         return SignalState(

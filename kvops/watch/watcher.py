@@ -15,7 +15,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from kvops.engines.metrics import Reading
 from kvops.policy import GRADED, Level, LevelTracker, Limits, Policy
@@ -34,6 +34,9 @@ from kvops.watch.headroom import Headroom, headroom
 from kvops.watch.saturation import GatewayLevels
 from kvops.watch.signals import SignalState, SignalTracker, floor
 from kvops.watch.sources import MetricsSource, describe
+
+if TYPE_CHECKING:
+    import aiohttp
 
 FORGET_AFTER_SECONDS = 300.0  # a replica absent from the source this long is dropped (Prometheus' lookback)
 
@@ -167,7 +170,7 @@ class Watcher:
         self.last_poll_seconds = 0.0
         self.last_poll_at: float | None = None
         self._delivery: asyncio.Task | None = None
-        self._session = None
+        self._session: aiohttp.ClientSession | None = None
         self.current = Snapshot(Level.UNKNOWN, None, policy.limits(Level.UNKNOWN), wall(), source.url, engine)
 
     # --- one poll ---------------------------------------------------------------------------------------
@@ -261,7 +264,7 @@ class Watcher:
         level = max((r.level for r in known), default=Level.UNKNOWN)
         if level != Level.UNKNOWN:
             self.fleet_last_known = level
-        kv_usage = max((r.reading.kv_usage for r in known), default=None)
+        kv_usage = max((r.reading.kv_usage for r in known if r.reading), default=None)
         if len(self.replicas) > 1 and level != self.current.level:
             self.log.emit(
                 "fleet_level_changed",
@@ -313,17 +316,18 @@ class Watcher:
         if self.webhook is None:
             self.book.outbox.clear()
         elif self.book.outbox and (self._delivery is None or self._delivery.done()):
-            self._delivery = asyncio.create_task(self._deliver())
+            self._delivery = asyncio.create_task(self._deliver(self.webhook))
 
     def _replica_alerts(self, replica: Replica) -> list[Alert]:
+        reading = replica.reading
+        if reading is None:
+            return []
         alerts = [
-            self._make(LEVEL_ALERTS[level], replica, replica.reading.kv_usage)
-            for level in GRADED
-            if replica.level >= level
+            self._make(LEVEL_ALERTS[level], replica, reading.kv_usage) for level in GRADED if replica.level >= level
         ]
         for state in replica.signal_states:
             if state.firing and SIGNAL_ALERTS[state.name] in self.kinds:
-                value = replica.reading.running if state.name == "stall" else state.value
+                value = reading.running if state.name == "stall" else state.value
                 alerts.append(self._make(SIGNAL_ALERTS[state.name], replica, value))
         return alerts
 
@@ -343,14 +347,14 @@ class Watcher:
             generator_url=self.generator_url,
         )
 
-    async def _deliver(self) -> None:
+    async def _deliver(self, webhook: str) -> None:
         import aiohttp
 
         sending = self.book.take()
         try:
             if self._session is None:
                 self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
-            async with self._session.post(self.webhook, json=[a.payload() for a in sending]) as response:
+            async with self._session.post(webhook, json=[a.payload() for a in sending]) as response:
                 if response.status >= 300:
                     raise RuntimeError(f"HTTP {response.status}: {(await response.text())[:200]}")
         except Exception as exc:  # the receiver's problem must not stop the watcher; retried after the next poll
@@ -381,7 +385,7 @@ class Watcher:
         if self._delivery is not None and not self._delivery.done():
             await asyncio.wait({self._delivery}, timeout=15)
         if self.webhook and self.book.outbox:
-            await self._deliver()
+            await self._deliver(self.webhook)
 
     async def close(self) -> None:
         await self.flush()

@@ -141,7 +141,7 @@ def _plan_values(node: Any) -> list[int]:
         for index, item in enumerate(node):
             if isinstance(item, str) and item.startswith("--max-batch-total-tokens"):
                 value = item.partition("=")[2] if "=" in item else (node[index + 1] if index + 1 < len(node) else None)
-                if _positive(value):
+                if value is not None and _positive(value):
                     found.append(int(value))
             else:
                 found.extend(_plan_values(item))
