@@ -11,22 +11,33 @@ Printed per release family and GPU family: MAE and MAPE of each figure, the shar
 (more than 2% more KV than logged) and the fit/no-fit agreement; then the same with the logged KV pinned (the
 capacity formula alone, per release); then, with --peers VENV (a venv with vllm-wizard 0.2.0 and vramscout 0.7.0),
 the peers' KV on the same launches. --refit writes the fit on the whole corpus to kvops/catalog/overheads.json.
+
+Offline: the bench sets HF_HUB_OFFLINE=1 and an empty Hugging Face cache for itself, so every corpus model comes
+from kvops' catalog; one that is not there is "not planned", never looked up on the Hub.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+
+# Strictly offline and the same on every machine: nothing asks the Hub (huggingface_hub reads HF_HUB_OFFLINE when it
+# is imported, so this comes before any kvops import), and an empty Hugging Face cache keeps a model someone happened
+# to download from changing what the corpus plans: every corpus model comes from kvops' catalog.
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["HF_HUB_CACHE"] = tempfile.mkdtemp(prefix="kvops-accuracy-hf-")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kvops.engines import common
 from kvops.engines.vllm import releases as vllm_releases
-from kvops.errors import KvopsError
+from kvops.errors import KvopsError, ModelNotFound
 from kvops.plan import Plan, PlanInputs
 from kvops.planner import predict
 from tests.support.corpus import Entry, NotPlanned, entries, fit_corpus, observations, plan_entry
@@ -132,6 +143,10 @@ def evaluate() -> tuple[list[Row], dict[str, common.Observation]]:
             plan = predict(row.inputs)
         except NotPlanned as exc:
             row.why = str(exc)
+        except ModelNotFound:
+            row.why = (
+                f"{entry.kvops.get('model')} is not in kvops' catalog (the bench is offline: it never asks the Hub)"
+            )
         except KvopsError as exc:
             row.why = f"kvops: {exc}"
         else:
