@@ -122,3 +122,14 @@ def test_a_release_that_takes_the_graph_estimate_borrows_logs_that_print_it():
     assert newest.cuda_graph_bytes(1) == 840 * MiB  # the median estimate at tp 1
     assert newest.margin > 0 and newest.bounded  # one log's estimate ran 1060 MiB above the median
     assert fit.family("V1 0.11.1-0.20").margin == 0  # its own launches did not take the estimate
+
+
+def test_a_launch_with_lora_adapters_never_trains_the_fit():
+    """Adapters take memory kvops has no input for (slots, the profile's dummy LoRA run): a LoRA launch's overheads
+    would pass for the engine's own in every other plan, so they are neither observed nor in the shipped fit."""
+    from tests.support.corpus import entries
+
+    lora = {item.id for item in entries() if item.lora}
+    assert lora, "the corpus holds LoRA launches (Unsloth notebooks)"
+    assert not lora & set(observations())
+    assert not lora & set(shipped_fit("vllm").sources)
