@@ -11,6 +11,7 @@ from functools import lru_cache
 from math import ceil, floor
 from typing import Any
 
+from kvops.dtypes import KV_DTYPES, serving_dtype
 from kvops.errors import MissingDevice, UsageError
 from kvops.gpus import gpu_catalog
 from kvops.model.checkpoint import LoadedWeights, Loading, Parallel, loaded_weights, pipeline_partition
@@ -249,13 +250,18 @@ def _split_words(spec: ModelSpec, parallel: Parallel, stage: int | None) -> str:
 
 def _counted_weights(spec: ModelSpec, fmt: WeightFormat, options: WeightOptions) -> tuple[tuple[int, ...], str]:
     """Each stage's weights from the parameter count: quantized weights at `fmt.bits`, the rest at the activation
-    dtype; routed experts split over the expert ranks, the rest over tp."""
-    parallel, activation_bytes = options.parallel, 2
+    dtype; routed experts split over the expert ranks, the rest over tp. Float weights are cast to the serving dtype
+    (--dtype) as the engine loads them, as the checkpoint's own bytes are (`checkpoint._as_loaded`)."""
+    parallel = options.parallel
+    served = _served_bytes(options)
+    activation_bytes = served or 2
     params, experts = _loaded_counts(spec, options)
     if fmt.scope == "none":
-        rate = fmt.bits / 8
+        rate = served or fmt.bits / 8
         expert_bytes, rest_bytes = experts * rate, (params - experts) * rate
         formula = f"{params:,} parameters x {rate:g} B"
+        if rate != fmt.bits / 8:
+            formula += f" (cast to {serving_dtype(options.serving_dtype or '')} from the checkpoint's {fmt.bits} bits)"
     else:  # routed experts are quantized in both scopes
         kept = params - experts if fmt.scope == "experts" else _embedding_parameters(spec)
         quantized = params - kept
@@ -284,6 +290,14 @@ def _counted_weights(spec: ModelSpec, fmt: WeightFormat, options: WeightOptions)
         formula += f", split over {parallel.pp} pipeline stages (layers as vLLM splits them)"
     source = "catalog parameter count" if spec.parameters_source == "catalog" else "parameters counted from config.json"
     return stages, f"{formula} ({fmt.note}; {source})"
+
+
+def _served_bytes(options: WeightOptions) -> int | None:
+    """Bytes per float weight at the serving dtype (--dtype); None when the model's own dtype is served."""
+    if not options.serving_dtype:
+        return None
+    dtype = KV_DTYPES.get(serving_dtype(options.serving_dtype))
+    return dtype.bits // 8 if dtype is not None and dtype.name in ("bf16", "fp16", "fp32") else None
 
 
 def _loaded_counts(spec: ModelSpec, options: WeightOptions) -> tuple[int, int]:

@@ -3,7 +3,8 @@ deployment a kvops user would state to plan that launch. Shared by the corpus te
 
 An entry's `kvops` block (tests/fixtures/corpus/README.md) names the catalog model and GPU, the release, and the
 launch options its source states; options kvops has no input for (speculative decoding, a KV connector, expert or
-data parallelism) and gaps in the source (no GPU named) make it "not planned", with the reason.
+data parallelism), gaps in the source (no GPU named) and a model not in kvops' catalog (the corpus never asks the
+Hub) make it "not planned", with the reason.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from kvops.engines.tgi import releases as tgi_releases
 from kvops.engines.vllm import calibrate as vllm_calibrate
 from kvops.engines.vllm import releases as vllm_releases
 from kvops.errors import KvopsError
+from kvops.model import catalog
 from kvops.plan import Plan
 from kvops.planner import predict
 from tests.support.paths import FIXTURES
@@ -56,9 +58,16 @@ class Entry:
         return self.data["outcome"] == "started"
 
     @property
+    def lora(self) -> bool:
+        """Launched with LoRA adapters (its args say so, or the entry does where a launcher enabled them unseen):
+        kvops has no input for adapters, so the memory they take is in none of the terms it plans."""
+        return bool((self.data.get("args") or {}).get("enable_lora") or self.kvops.get("lora"))
+
+    @property
     def fit(self) -> bool:
-        """Its measured terms may train the overhead fit (forks of the engine may not)."""
-        return self.kvops.get("fit", True)
+        """Its measured terms may train the overhead fit: not a fork of the engine's (`fit: false`), nor a launch with
+        LoRA adapters, whose memory would pass for the engine's own overheads in every other log's plan."""
+        return self.kvops.get("fit", True) and not self.lora
 
     @property
     def text(self) -> str:
@@ -89,6 +98,8 @@ class Entry:
         missing = [key for key in ("model", "gpu") if key not in stated]
         if missing:
             raise NotPlanned(f"the source does not name the {' or the '.join(missing)}")
+        if catalog.find(stated["model"]) is None:  # offline and the same on every machine: never the Hub
+            raise NotPlanned(f"{stated['model']} is not in kvops' catalog (the corpus is planned offline)")
         adapter = engines.get(self.engine)
         run = adapter.stated_options(self.log, None)
         run = DeploymentOptions.stated(**{name: getattr(run, name) for name in run.given if name != "gpu_memory"})

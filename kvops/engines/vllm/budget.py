@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import replace
 from math import ceil, floor
 
+from kvops.dtypes import serving_dtype
 from kvops.engines import common
 from kvops.engines.vllm.releases import BatchDefaults, VllmRelease, release
 from kvops.errors import MissingDevice, UsageError
@@ -205,14 +206,15 @@ def _weights(inputs: PlanInputs, stage: int | None = None) -> Term:
             measured, scaled = ceil(profile.weights_bytes * profile.tp / tp), f", x {profile.tp}/{tp} for tp {tp}"
         return Term("weights", measured, "measured", f"profile {profile.source}: 'Model loading took'{scaled}", None)
     computed = _computed_weights(inputs, stage)
-    rotary = rotary_cache_bytes(spec)
+    width = rotary_width(inputs.dtype)
+    rotary = rotary_cache_bytes(spec, width)
     if not rotary:
         return computed
     return replace(
         computed,
         bytes=computed.bytes + rotary,
         formula=f"{computed.formula}; + {format_bytes(rotary)} rotary cos/sin cache ({spec.max_position_embeddings:,} "
-        "positions x rotary dim x 2 B, model_executor/layers/rotary_embedding: RotaryEmbedding.cos_sin_cache)",
+        f"positions x rotary dim x {width} B, model_executor/layers/rotary_embedding: RotaryEmbedding.cos_sin_cache)",
     )
 
 
@@ -244,14 +246,21 @@ def _draft_weights(inputs: PlanInputs) -> tuple[int, str]:
     return term.bytes, f"{speculative.method} draft {draft.name} {format_bytes(term.bytes)} ({term.formula})"
 
 
-def rotary_cache_bytes(spec: ModelSpec) -> int:
-    """vLLM's cos/sin cache: one row of rotary-dim values per position, in the model dtype."""
+def rotary_cache_bytes(spec: ModelSpec, width: int = 2) -> int:
+    """vLLM's cos/sin cache: one row of rotary-dim values per position, `width` bytes each."""
     if not spec.max_position_embeddings:
         return 0
     rotary = next(
         (layer.qk_rope_head_dim for layer in spec.layers if spec.is_mla and hasattr(layer, "qk_rope_head_dim")), 0
     )
-    return spec.max_position_embeddings * (rotary or spec.head_dim) * 2
+    return spec.max_position_embeddings * (rotary or spec.head_dim) * width
+
+
+def rotary_width(dtype: str) -> int:
+    """Bytes per cos/sin value: the cache is cast to torch's default dtype while vLLM builds the model, the serving
+    dtype (`get_rope(dtype=torch.get_default_dtype())`, model_executor/layers/rotary_embedding/__init__.py): 4 B under
+    --dtype float32, else 2 (--dtype auto serves a 16-bit dtype, float32 checkpoints included)."""
+    return 4 if dtype != "auto" and serving_dtype(dtype) == "fp32" else 2
 
 
 def _overheads(inputs: PlanInputs, release_: VllmRelease, batched: int, sampler_seqs: int) -> list[Term]:

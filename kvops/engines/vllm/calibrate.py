@@ -143,9 +143,12 @@ def observation(log: VllmLog, plan: Plan, source: str) -> common.Observation | N
     graphs_applied = run_release.cudagraphs_before_kv and not inputs.enforce_eager
     graphs = log.cudagraph_estimate_applied if graphs_applied else log.get("cudagraph_bytes")
     total = facts.get("total_memory_bytes") or common.device_total(inputs)
+    # An overhead read as budget - weights - KV is a measurement only on a known device total: on kvops' estimate
+    # (a GPU no log has shown torch's total for) it carries the estimate's error, which is the total's, not the terms'.
+    known_total = facts.get("total_memory_bytes") is not None or _total_basis(plan) != "estimate"
     overhead = None
     requested = budget.requested_memory(total, run_utilization(log, None, plan, run_release), run_release)
-    if facts.get("weights_bytes") is not None and facts.get("kv_cache_bytes") is not None:
+    if known_total and facts.get("weights_bytes") is not None and facts.get("kv_cache_bytes") is not None:
         overhead = requested - facts["weights_bytes"] - facts["kv_cache_bytes"]
     found = common.Observation(
         source,
@@ -163,6 +166,11 @@ def observation(log: VllmLog, plan: Plan, source: str) -> common.Observation | N
         gpu=inputs.gpu.id if inputs.gpu else None,
     )
     return found if found.total is not None or found.activation is not None or found.non_torch is not None else None
+
+
+def _total_basis(plan: Plan) -> str | None:
+    term = plan.term("total")
+    return term.basis if term is not None else None
 
 
 def _release(log: VllmLog | None, plan: Plan | None) -> VllmRelease:

@@ -122,3 +122,28 @@ def test_a_release_that_takes_the_graph_estimate_borrows_logs_that_print_it():
     assert newest.cuda_graph_bytes(1) == 840 * MiB  # the median estimate at tp 1
     assert newest.margin > 0 and newest.bounded  # one log's estimate ran 1060 MiB above the median
     assert fit.family("V1 0.11.1-0.20").margin == 0  # its own launches did not take the estimate
+
+
+def test_a_launch_with_lora_adapters_never_trains_the_fit():
+    """Adapters take memory kvops has no input for (slots, the profile's dummy LoRA run): a LoRA launch's overheads
+    would pass for the engine's own in every other plan, so they are neither observed nor in the shipped fit."""
+    from tests.support.corpus import entries
+
+    lora = {item.id for item in entries() if item.lora}
+    assert lora, "the corpus holds LoRA launches (Unsloth notebooks)"
+    assert not lora & set(observations())
+    assert not lora & set(shipped_fit("vllm").sources)
+
+
+def test_an_overhead_read_on_an_estimated_device_total_is_no_measurement():
+    """A log that prints no total, on a GPU whose total kvops estimates (nvidia-smi's less a driver share), gives no
+    overhead to fit: budget - weights - KV would carry the total's error (an RTX PRO 6000 MiniMax launch: 1.4 GiB)."""
+    from kvops.engines.vllm.calibrate import observation
+    from tests.support.corpus import entry, plan_entry
+
+    item = entry("vllm-0.1x-rtxpro6000x4-minimax-m2.5-fp8-tp4")
+    plan = plan_entry(item)
+    assert item.log.get("total_memory_bytes") is None and plan.term("total").basis == "estimate"
+    assert observation(item.log, plan, item.id) is None
+    known = entry("vllm-0.19.0-h100-llama-3.1-8b-instruct-tp1-8192-llmd")  # the H100's total is known
+    assert observation(known.log, plan_entry(known), known.id) is not None

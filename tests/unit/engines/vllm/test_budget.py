@@ -61,3 +61,16 @@ def test_longest_context_is_the_largest_that_fits():
     layout = kv_layout(load_model("llama-3-8b"), BF16, tp=1, block_size=16)
     length = longest_context(layout, usable_blocks=1000, sequences=2, in_flight=0, upper=8192)
     assert 2 * layout.blocks_per_request(length, 0) <= 1000 < 2 * layout.blocks_per_request(length + 16, 0)
+
+
+def test_a_float32_launch_of_a_16_bit_model_loads_4_bytes_a_weight_and_its_rotary_cache():
+    """`--dtype float32` casts every float weight and the rotary cos/sin cache to fp32 as vLLM loads them: the plan's
+    weights are what llm-d-planner's H100 log printed ('Model loading took 29.98 GiB'), twice the bf16 launch's."""
+    from tests.support.corpus import entry, plan_entry
+
+    fp32 = entry("vllm-0.19.0-h100-llama-3.1-8b-instruct-tp1-8192-fp32-llmd")
+    bf16 = entry("vllm-0.19.0-h100-llama-3.1-8b-instruct-tp1-8192-llmd")
+    weights = {item.id: plan_entry(item).term("weights").bytes for item in (fp32, bf16)}
+    assert abs(weights[fp32.id] - fp32.log.get("weights_bytes")) <= 5 << 20  # the log's two decimals
+    assert weights[fp32.id] == 2 * weights[bf16.id]
+    assert "x 4 B" in plan_entry(fp32).term("weights").formula
