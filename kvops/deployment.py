@@ -154,8 +154,13 @@ class DeploymentOptions:
         return Speculative(settings.method, settings.tokens, draft, settings.draft_tp, self.speculative_config)
 
 
+SHIPPED_WARN_LEVEL = 0.70  # levels.warn in kvops/data/policy.yaml (a test holds them equal): plans read no YAML
+
+
 def warn_level(policy_path: str | None) -> float:
     """The warn threshold of a policy file (or the shipped policy): what plans size concurrency under."""
+    if policy_path is None:
+        return SHIPPED_WARN_LEVEL
     from kvops.policy import Level, load_policy
 
     return load_policy(policy_path).thresholds[Level.WARN]

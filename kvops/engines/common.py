@@ -4,7 +4,6 @@ was obtained."""
 
 from __future__ import annotations
 
-import statistics
 from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
@@ -680,6 +679,8 @@ def _fit_terms(family: str, observations: list[Observation], base: FamilyFit | N
         if item.logits and item.forward < SAMPLER_PEAK_SHARE * peak
     ]
     if len(per_logit) >= MIN_SAMPLER_LOGS:
+        import statistics
+
         bytes_per_logit = statistics.median(per_logit)
     else:
         bytes_per_logit = base.sampler_bytes_per_logit if base else 0.0

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-import difflib
 import json
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 from importlib import resources
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from kvops.model.params import PublishedCount
+
+if TYPE_CHECKING:
+    from importlib.resources.abc import Traversable
 
 
 @dataclass(frozen=True)
@@ -35,54 +38,80 @@ class CatalogEntry:
         return PublishedCount(self.parameters, self.tied_lm_head_stored, self.parameters_exclude_mtp)
 
 
+INDEX = "model_index.json"  # in kvops/catalog/: every name a model answers to, to its file (`write_index`)
+
+
+def _models() -> Traversable:
+    return resources.files("kvops.catalog").joinpath("models")
+
+
+@cache
+def _entry(file_name: str) -> CatalogEntry | None:
+    """One catalog file, parsed once; None when it holds no config."""
+    data = json.loads(_models().joinpath(file_name).read_text())
+    if not data.get("config"):
+        return None
+    return CatalogEntry(
+        id=data["id"],
+        aliases=tuple(data.get("aliases", ())),
+        config=data["config"],
+        config_source=data.get("config_source", ""),
+        parameters=data.get("parameters"),
+        parameters_source=data.get("parameters_source"),
+        file=f"kvops/catalog/models/{file_name}",
+        tied_lm_head_stored=bool(data.get("tied_lm_head_stored")),
+        hf_quant_config=data.get("hf_quant_config"),
+        parameters_exclude_mtp=bool(data.get("parameters_exclude_mtp")),
+        notes=data.get("notes"),
+    )
+
+
 @lru_cache(maxsize=1)
 def catalog() -> tuple[CatalogEntry, ...]:
-    entries = []
-    for item in sorted(resources.files("kvops.catalog").joinpath("models").iterdir(), key=lambda p: p.name):
-        if not item.name.endswith(".json"):
-            continue
-        data = json.loads(item.read_text())
-        if not data.get("config"):
-            continue
-        entries.append(
-            CatalogEntry(
-                id=data["id"],
-                aliases=tuple(data.get("aliases", ())),
-                config=data["config"],
-                config_source=data.get("config_source", ""),
-                parameters=data.get("parameters"),
-                parameters_source=data.get("parameters_source"),
-                file=f"kvops/catalog/models/{item.name}",
-                tied_lm_head_stored=bool(data.get("tied_lm_head_stored")),
-                hf_quant_config=data.get("hf_quant_config"),
-                parameters_exclude_mtp=bool(data.get("parameters_exclude_mtp")),
-                notes=data.get("notes"),
-            )
-        )
-    return tuple(entries)
+    names = sorted(item.name for item in _models().iterdir() if item.name.endswith(".json"))
+    return tuple(entry for entry in map(_entry, names) if entry is not None)
+
+
+def index_of(entries: tuple[CatalogEntry, ...]) -> dict[str, str]:
+    """Every name an entry answers to (HF id, bare repo name, aliases; lower case) to its file name.
+
+    The first file in name order keeps a name two files share.
+    """
+    index: dict[str, str] = {}
+    for entry in entries:
+        for key in (entry.id, entry.id.split("/", 1)[-1], *entry.aliases):
+            index.setdefault(key.lower(), entry.file.rsplit("/", 1)[-1])
+    return index
 
 
 @lru_cache(maxsize=1)
-def _index() -> dict[str, CatalogEntry]:
-    index: dict[str, CatalogEntry] = {}
-    for entry in catalog():
-        for key in (entry.id, entry.id.split("/", 1)[-1], *entry.aliases):
-            index.setdefault(key.lower(), entry)
-    return index
+def shipped_index() -> dict[str, str]:
+    """The index written beside the catalog: a lookup parses one file, not all of them."""
+    return json.loads(resources.files("kvops.catalog").joinpath(INDEX).read_text())
 
 
 def find(name: str) -> CatalogEntry | None:
     """An entry by HF id, bare repo name or alias, case-insensitive."""
-    return _index().get(name.strip().lower())
+    file_name = shipped_index().get(name.strip().lower())
+    return _entry(file_name) if file_name else None
 
 
 def suggestions(name: str, limit: int = 3) -> list[str]:
     """Catalog ids close to a mistyped name."""
+    import difflib
+
     key = name.strip().lower()
-    close = difflib.get_close_matches(key, list(_index()), n=limit * 3, cutoff=0.5)
+    close = difflib.get_close_matches(key, list(shipped_index()), n=limit * 3, cutoff=0.5)
     ids: list[str] = []
     for match in close:
-        entry_id = _index()[match].id
-        if entry_id not in ids:
-            ids.append(entry_id)
+        entry = _entry(shipped_index()[match])
+        if entry is not None and entry.id not in ids:
+            ids.append(entry.id)
     return ids[:limit]
+
+
+def write_index() -> Path:
+    """Rewrite kvops/catalog/model_index.json from the catalog files (after adding or renaming a model)."""
+    path = Path(__file__).resolve().parent.parent / "catalog" / INDEX
+    path.write_text(json.dumps(index_of(catalog()), indent=2, sort_keys=True) + "\n")
+    return path

@@ -32,8 +32,8 @@ from kvops.model.checkpoint import (
     header_length,
     parse_header,
 )
+from kvops.model.locate import HUB_PREFIX as PREFIX
 
-PREFIX = "hf://"
 FIRST_READ = 100_000  # one range read holds the whole header for almost every file; a second read when not
 HEADER_READERS = 8  # shards whose headers are read at once
 _REPO = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")

@@ -11,25 +11,39 @@ import os
 from dataclasses import replace
 from importlib.util import find_spec
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kvops.errors import ConfigError, ModelNotFound
 from kvops.model import catalog
-from kvops.model.checkpoint import Checkpoint, read_local
 from kvops.model.config import spec_from_config
 from kvops.model.params import PublishedCount
 from kvops.model.spec import ModelSpec
 
+if TYPE_CHECKING:
+    from kvops.model.checkpoint import Checkpoint
+
+HUB_PREFIX = "hf://"
+
 
 def load_model(name: str) -> ModelSpec:
-    """Resolve a --model argument to a ModelSpec, or fail with one line that says what was tried."""
-    from kvops.model import hub
+    """Resolve a --model argument to a ModelSpec, or fail with one line that says what was tried.
 
+    A name with neither `hf://` nor `@` is never an explicit Hub reference: the cache and the catalog are asked
+    before the Hub module (and the checkpoint reader it needs) is imported."""
     path = Path(name).expanduser()
-    if not name.startswith(hub.PREFIX) and path.exists():
+    if not name.startswith(HUB_PREFIX) and path.exists():
+        from kvops.model.checkpoint import read_local
+
         config = _config_file(path)
         return _with_checkpoint(_from_file(config, name=name, source="path"), read_local(config.parent))
+    local_first = "@" not in name and not name.strip().startswith(HUB_PREFIX)
+    found = _local(name) if local_first else None
+    if found is not None:
+        return found
+    from kvops.model import hub
+
     ref = hub.parse_ref(name)
-    if ref is None or not ref.explicit:
+    if not local_first and (ref is None or not ref.explicit):
         found = _local(name)
         if found is not None:
             return found
@@ -53,6 +67,8 @@ def _local(name: str) -> ModelSpec | None:
     cached = _hf_cache_config(name)
     entry = catalog.find(name)
     if cached is not None:
+        from kvops.model.checkpoint import read_local
+
         spec = _from_file(cached, name=name, source="hf-cache", published=entry.published if entry else None)
         return _with_checkpoint(spec, read_local(cached.parent) or _cached_headers(name, cached))
     return catalog_spec(entry) if entry is not None else None

@@ -18,6 +18,14 @@ def test_shipped_config_is_the_embedded_default():
     assert (REPO / "configs" / "policy.yaml").read_text() == default_policy_text()
 
 
+def test_plans_under_the_shipped_policy_use_its_warn_level_without_reading_it(tmp_path):
+    from kvops.deployment import SHIPPED_WARN_LEVEL, warn_level
+
+    assert warn_level(None) == SHIPPED_WARN_LEVEL == load_policy().thresholds[Level.WARN]
+    (tmp_path / "policy.yaml").write_text("levels:\n  warn: 0.6\n")
+    assert warn_level(str(tmp_path / "policy.yaml")) == 0.6
+
+
 def test_default_levels_and_actions():
     policy = load_policy()
     assert [policy.raw_level(u) for u in (0.0, 0.69, 0.70, 0.85, 0.949, 0.95, 1.0)] == [
