@@ -66,7 +66,7 @@ class Daemon:
 
     def get_json(self, path: str, **params) -> dict | list:
         query = f"?{urllib.parse.urlencode(params)}" if params else ""
-        with urllib.request.urlopen(self.url + path + query, timeout=10) as response:
+        with urllib.request.urlopen(self.url + path + query, timeout=60) as response:
             return json.loads(response.read())
 
 

@@ -116,7 +116,7 @@ class VllmServer:
         return dict(config.labels) if config else None
 
     def metrics(self) -> str:
-        with urllib.request.urlopen(self.url + "/metrics", timeout=10) as response:
+        with urllib.request.urlopen(self.url + "/metrics", timeout=60) as response:
             return response.read().decode()
 
     def stop(self) -> None:
