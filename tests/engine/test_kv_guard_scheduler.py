@@ -410,7 +410,7 @@ def test_levels_follow_own_kv_usage_and_each_change_is_logged_once(guard, reques
     assert scheduler.in_force[0].level == Level.WARN
     assert scheduler.requests["second"].max_tokens == 8
     assert [line for line in guard_log if " -> " in line] == [
-        "kvops guard: level ok -> warn (own KV usage 40.0%): max_tokens capped at 8"
+        "kvops guard: level ok -> warn (own KV usage 40.0%): capped at 8 new tokens"
     ]
     driver.drain()
 

@@ -51,6 +51,7 @@ def test_fleet_levels_per_replica_and_the_worst(vllm_engine, tmp_path, run_kvops
                 '{job="vllm"}',
                 "--once",
                 "--json",
+                expect=1,  # warn: serving, with limits
             ).stdout
         )
         assert once["level"] == "warn" and once["kv_usage"] == 0.72 and once["source"] == prometheus.url
