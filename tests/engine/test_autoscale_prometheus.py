@@ -214,12 +214,14 @@ def test_headroom_scales_and_gateways_shed_at_kvops_levels(vllm_engine, tmp_path
                         crossed.setdefault("kv", now)
                     if "demand" in crossed and "total" not in crossed:
                         when = time.time()
-                        (total,) = at(prometheus, trigger["query"], when)
-                        if total > 0:  # 0: the rules' evaluation behind the ratio's on a busy machine; read again
-                            crossed["total"] = total
+                        stack = at(prometheus, stack_query, when)
+                        # the engine's own demand evaluated by `when`: on a busy machine the rules' evaluation can
+                        # lag the ratio read above; then read again at the next turn
+                        if stack and stack[0] > 0:
+                            crossed["stack"] = stack[0]
+                            (crossed["total"],) = at(prometheus, trigger["query"], when)
                             per_pod = at(prometheus, adapter_query(adapter, "default", list(pods)), when)
                             crossed["hpa"] = sum(per_pod) / len(per_pod)
-                            (crossed["stack"],) = at(prometheus, stack_query, when)
                     time.sleep(0.25)
             finally:
                 load.stop()
