@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.engine.test_plan_vllm_engine import PlannedServer, plan_json, reported
+from tests.support.planned_server import PlannedServer, plan_json, reported
 from tests.support.tiny_model import TINY_LLAMA, build_model
 
 pytestmark = pytest.mark.vllm

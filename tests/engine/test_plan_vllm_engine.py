@@ -9,14 +9,10 @@ in place of `vllm serve`; every flag is the plan's, plus dummy weights, host and
 
 from __future__ import annotations
 
-import json
-import sys
-from pathlib import Path
-
 import pytest
 
+from tests.support.planned_server import PlannedServer, plan_json, reported
 from tests.support.tiny_model import TINY_LLAMA, build_model
-from tests.support.vllm_server import VllmServer
 
 pytestmark = pytest.mark.vllm
 
@@ -42,42 +38,6 @@ LLAMA_HYBRID = dict(
     layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention", "sliding_attention"],
     max_position_embeddings=4096,
 )
-
-
-class PlannedServer(VllmServer):
-    """The plan's own argv (`vllm serve MODEL ...`), run by the API server module: `--model MODEL`, then every flag
-    as emitted (the `vllm` program needs the package's metadata, which this CPU build does not install)."""
-
-    def __init__(self, argv: list[str], log: Path):
-        assert argv[:2] == ["vllm", "serve"], argv
-        super().__init__(Path(argv[2]), log)
-        self.planned = argv
-
-    def command(self) -> list[str]:
-        return [
-            sys.executable,
-            "-m",
-            "vllm.entrypoints.openai.api_server",
-            "--model",
-            self.planned[2],
-            *self.planned[3:],
-            "--load-format",
-            "dummy",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-        ]
-
-
-def plan_json(run_kvops, *args: str) -> dict:
-    return json.loads(run_kvops("plan", "--engine", "vllm", "--device", "cpu", "--format", "json", *args).stdout)
-
-
-def reported(server: VllmServer) -> dict[str, str]:
-    labels = server.cache_config()
-    assert labels is not None, "no vllm:cache_config_info on /metrics"
-    return labels
 
 
 def assert_exact(plan: dict, labels: dict[str, str]) -> None:
