@@ -10,8 +10,8 @@ A B C D A B C D ... and the machine's noise hits every arm alike):
   stock+caps  vLLM's own scheduler with its queue cap (--max-num-queued-reqs: overflow answered 503, retried)
 
 Workloads (prompts, max_tokens and arrivals seeded by --seed and the repetition; the same for every arm):
-  (a) exact lengths: ignore_eos, prompts 32-256 tokens, max_tokens 64-640, arrivals spread over 3 s
-  (b) unknown lengths: prompts 16-128, max_tokens 900, temperature 1 with stop_token_ids (dummy weights pick
+  (a) exact lengths: 120 requests, ignore_eos, prompts 32-256 tokens, max_tokens 64-640, arrivals over 9 s
+  (b) unknown lengths: 160 requests, prompts 16-128, max_tokens 900, temperature 1 with stop_token_ids (dummy weights pick
       tokens almost at random, so each request stops at a random step: the table prints the lengths; the engine's
       own sampler draws them, with no per-request seed, which vLLM's CPU build cannot run), arriving
       at twice the request rate stock vLLM sustains (measured in the warm-up)
@@ -121,7 +121,7 @@ def prompt(rng: random.Random, low: int, high: int) -> list[int]:
     return [rng.randrange(20, 500) for _ in range(rng.randint(low, high))]
 
 
-def exact_jobs(seed: int, count: int = 40, spread: float = 3.0) -> list[Job]:
+def exact_jobs(seed: int, count: int = 120, spread: float = 9.0) -> list[Job]:
     rng = random.Random(f"exact-{seed}")
     times = sorted(rng.uniform(0, spread) for _ in range(count))
     return [Job(at, prompt(rng, 32, 256), rng.randint(64, 640), True) for at in times]
@@ -231,6 +231,8 @@ class Result:
     preemptions: int
     peak_kv: float
     peak_running: int
+    mean_kv: float  # over the scrapes that answered, evenly spaced in time: the pool's use over the run
+    mean_running: float
     guard: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -256,6 +258,8 @@ class Result:
             "preemptions": self.preemptions,
             "peak_kv_usage": round(self.peak_kv, 3),
             "peak_running": self.peak_running,
+            "mean_kv_usage": round(self.mean_kv, 3),
+            "mean_running": round(self.mean_running, 1),
             "p50_e2e_s": round(percentile(e2e, 0.5), 2),
             "p99_e2e_s": round(percentile(e2e, 0.99), 2),
             "lengths_p5_p50_p95": [percentile(lengths, q) for q in (0.05, 0.5, 0.95)] if lengths else None,
@@ -290,7 +294,7 @@ class Sampler(threading.Thread):
     def __init__(self, url: str):
         super().__init__(daemon=True)
         self.url, self.stop, self.scrapes = url, threading.Event(), 0
-        self.peak_kv = self.peak_running = 0.0
+        self.peak_kv = self.peak_running = self.sum_kv = self.sum_running = 0.0
 
     def run(self) -> None:
         import urllib.request
@@ -301,6 +305,8 @@ class Sampler(threading.Thread):
                     values = gauges(response.read().decode())
                 self.peak_kv = max(self.peak_kv, values["vllm:kv_cache_usage_perc"])
                 self.peak_running = max(self.peak_running, values["vllm:num_requests_running"])
+                self.sum_kv += values["vllm:kv_cache_usage_perc"]
+                self.sum_running += values["vllm:num_requests_running"]
                 self.scrapes += 1
             self.stop.wait(0.1)
 
@@ -332,6 +338,8 @@ async def run_jobs(server: VllmServer, name: str, jobs: list[Job]) -> Result:
         int(after["vllm:num_preemptions_total"] - before["vllm:num_preemptions_total"]),
         sampler.peak_kv,
         int(sampler.peak_running),
+        sampler.sum_kv / max(1, sampler.scrapes),
+        sampler.sum_running / max(1, sampler.scrapes),
         guard_counts(server.log_text()[log_start:]) if "scheduler-cls" in " ".join(server.args) else {},
     )
 
@@ -435,7 +443,7 @@ def parameters(shape: dict) -> int:
 def bench_shape(name: str, shape: dict, folder: Path, options) -> dict:
     model = build_model(folder / name, shape)
     servers: dict[str, VllmServer] = {}
-    arm_list = arms(options.queue_cap)
+    arm_list = [arm for arm in arms(options.queue_cap) if arm.name in options.arms.split(",")]
     try:
         for arm in arm_list:
             env = {"KVOPS_LOG_SECONDS": "1", **dict(arm.env)}
@@ -459,7 +467,7 @@ def bench_shape(name: str, shape: dict, folder: Path, options) -> dict:
             seed = options.seed + rep
             workloads = {
                 "a": exact_jobs(seed),
-                "b": unknown_jobs(seed, 48, 2 * rate),
+                "b": unknown_jobs(seed, 160, 2 * rate),
                 **{f"c{factor:g}": unknown_jobs(seed + 100, 30, factor * rate) for factor in (0.5, 1, 1.5, 2)},
             }
             workloads = {key: jobs for key, jobs in workloads.items() if key[0] in options.workloads}
@@ -512,7 +520,7 @@ def print_table(results: list[dict], step: dict) -> None:
             f"  {arm:<9} {figures['median_ms']:>7.3f} ms per schedule() "
             f"({figures['running']} running, {figures['waiting']} waiting)"
         )
-    base = results[0]["parameters_per_token"] if results else 1
+    base = parameters(SHAPES["tiny"])
     for result in results:
         config = result["config"]
         print(
@@ -523,18 +531,19 @@ def print_table(results: list[dict], step: dict) -> None:
         )
         header = (
             f"  {'workload':<8} {'arm':<11} {'goodput':>9} {'vs stock':>8} {'preempt':>7} {'recomp':>7} "
-            f"{'mispred':>7} {'peak KV':>7} {'p99 e2e':>8} {'vs stock':>8} {'refused':>7} {'lengths p5/50/95':>17}"
+            f"{'mispred':>7} {'peak KV':>7} {'mean KV':>7} {'running':>7} {'p99 e2e':>8} {'vs stock':>8} {'refused':>7} {'lengths p5/50/95':>17}"
         )
         print(header)
         for workload in ("a", "b"):
             rows = result["rows"].get(workload)
-            for arm in ARMS if rows else ():
+            for arm in [arm for arm in ARMS if any(row["arm"] == arm for row in rows or ())]:
                 lengths = next((row["lengths_p5_p50_p95"] for row in rows if row["arm"] == arm), None) or ["-"] * 3
                 print(
                     f"  {workload:<8} {arm:<11} {medians(rows, arm, 'goodput_tokens_per_s'):>7.0f}/s "
                     f"{paired_ratio(rows, arm, 'goodput_tokens_per_s'):>8.2f} "
                     f"{medians(rows, arm, 'preemptions'):>7.0f} {_figure(medians(rows, arm, 'recomputed_tokens')):>7} "
                     f"{_figure(medians(rows, arm, 'mispredicted')):>7} {peak_kv(rows, arm):>7} "
+                    f"{medians(rows, arm, 'mean_kv_usage'):>7.0%} {medians(rows, arm, 'mean_running'):>7.1f} "
                     f"{medians(rows, arm, 'p99_e2e_s'):>7.1f}s {paired_ratio(rows, arm, 'p99_e2e_s'):>8.2f} "
                     f"{medians(rows, arm, 'refused_then_retried'):>7.0f} {'/'.join(str(x) for x in lengths):>17}"
                 )
@@ -545,7 +554,7 @@ def print_table(results: list[dict], step: dict) -> None:
             f"  (c) SLO goodput, req/s meeting both targets, at {', '.join(f[1:] + 'x' for f in factors)} stock's rate"
             " (median; in brackets the median ratio to stock):"
         )
-        for arm in ARMS:
+        for arm in [arm for arm in ARMS if any(row["arm"] == arm for row in result["rows"][factors[0]])]:
             curve = [
                 f"{medians(result['rows'][factor], arm, 'slo_goodput_rps'):5.2f} "
                 f"({paired_ratio(result['rows'][factor], arm, 'slo_goodput_rps'):4.2f})"
@@ -566,6 +575,7 @@ def main() -> None:
     parser.add_argument("--keep", type=Path, help="write the models and engine logs here, and keep them")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--queue-cap", type=int, default=12, help="stock+caps: --max-num-queued-reqs (default 12)")
+    parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of: {', '.join(ARMS)} (default all)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--step-cost-only", action="store_true")
     options = parser.parse_args()
@@ -573,6 +583,9 @@ def main() -> None:
     unknown = [name for name in names if name not in SHAPES]
     if unknown:
         parser.error(f"--shapes {unknown[0]!r}; valid: {', '.join(SHAPES)}")
+    chosen = options.arms.split(",")
+    if "stock" not in chosen or not set(chosen) <= set(ARMS):
+        parser.error(f"--arms {options.arms!r}: stock (the baseline) and any of {', '.join(ARMS[1:])}")
     results = []
     with tempfile.TemporaryDirectory(prefix="guard-goodput-") as scratch:
         folder = options.keep or Path(scratch)

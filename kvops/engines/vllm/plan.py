@@ -465,11 +465,23 @@ def _guard_note(inputs: PlanInputs) -> str:
         return (
             f"KV guard: --scheduler-cls {flags.GUARD_SCHEDULER} loads a plugin from vLLM's own Python: pip install "
             "kvops into the environment that runs vLLM (check there: python -c 'import kvops_vllm.scheduler'). The "
-            "official image has none: --format docker/k8s leave the flag out; `kvops manifests` adds the plugin"
+            "official image has none: --format docker/k8s leave the flag out; `kvops manifests` adds the plugin. "
+            f"{_refusal_route(inputs)}"
         )
     if inputs.guard is False:
         return "KV guard: not named (--no-guard)"
     return f"KV guard: not named by default ({flags.GUARD_DEFAULT_REASON}); --guard names it (kvops installed in vLLM's own Python)"
+
+
+def _refusal_route(inputs: PlanInputs) -> str:
+    """Where a client of this deployment gets a refusal it can retry: the guard itself only holds requests."""
+    held = "At a level that refuses, the guard keeps new requests waiting in vLLM's queue (never an empty answer)"
+    if inputs.max_queued is not None:
+        return (
+            f"{held}; beyond {inputs.max_queued} requests in flight (waiting + running) vLLM refuses with 503 (an error event in a stream, no "
+            "Retry-After); for 429/503 with Retry-After put `kvops watch --proxy` in front (kvops manifests does)"
+        )
+    return f"{held}; for 429/503 with Retry-After put `kvops watch --proxy` in front (kvops manifests does), or bound the queue with --max-queued"
 
 
 def _warnings(draft: _Draft, kv_layout: layout.KVCacheLayout, dtype: KvDtype, capacity: VllmCapacity) -> None:
