@@ -1,6 +1,7 @@
 """Goodput of the KV guard against stock vLLM: the same seeded requests, on the real vLLM CPU engine, one run.
 
-    python bench/guard_goodput.py [--shapes tiny,8x] [--reps 3] [--seed 0] [--json] [--step-cost-only]
+    python bench/guard_goodput.py [--shapes tiny,8x] [--workloads abc] [--arms stock,guard-v2] [--reps 3] [--seed 0]
+                                  [--json] [--step-cost-only]
 
 Arms (each a real engine, all of a shape started before the first measurement, so repetitions interleave
 A B C D A B C D ... and the machine's noise hits every arm alike):
@@ -11,9 +12,9 @@ A B C D A B C D ... and the machine's noise hits every arm alike):
 
 Workloads (prompts, max_tokens and arrivals seeded by --seed and the repetition; the same for every arm):
   (a) exact lengths: 120 requests, ignore_eos, prompts 32-256 tokens, max_tokens 64-640, arrivals over 9 s
-  (b) unknown lengths: 160 requests, prompts 16-128, max_tokens 900, temperature 1 with stop_token_ids (dummy weights pick
-      tokens almost at random, so each request stops at a random step: the table prints the lengths; the engine's
-      own sampler draws them, with no per-request seed, which vLLM's CPU build cannot run), arriving
+  (b) unknown lengths: 160 requests, prompts 16-128, max_tokens 900, temperature 1 with stop_token_ids (dummy
+      weights pick tokens almost at random, so each request stops at a random step: the table prints the lengths;
+      the engine's own sampler draws them, with no per-request seed, which vLLM's CPU build cannot run), arriving
       at twice the request rate stock vLLM sustains (measured in the warm-up)
   (c) SLO goodput as DistServe defines it: requests per second that meet both a TTFT and a TPOT target (set from
       a lone request on the stock engine: TTFT 10x, TPOT 3x), at 0.5, 1, 1.5 and 2x that sustained rate
@@ -22,8 +23,9 @@ Every engine first serves the same warm-up (requests like (b)), so the guard has
 Shapes: the test model (2 layers, hidden 256) and one with about 10x its compute per token (4 layers, hidden
 512, MLP 1536), both with 32 blocks of 128 tokens of KV (4 and 8 MiB), so that a preemption's recompute costs
 more on the second. Goodput is completed tokens per second (a request that gets all its tokens: length or
-stop), from the first send to the last answer. The client retries a 503/429 after its Retry-After (vLLM's
-queue cap sends none: 0.5 s). Figures are medians over the repetitions; ratios are against stock.
+stop), from the first send to the last answer; mean KV usage and mean running are over /metrics scrapes every
+0.1 s during the run. The client retries a 503/429 after its Retry-After (vLLM's queue cap sends none: 0.5 s).
+Figures are medians over the repetitions; ratios are against stock.
 
 Before the engines: the admission's cost per scheduling step at 256 running requests (an in-process vLLM
 scheduler, as tests/engine/test_kv_guard_scheduler.py builds it), against stock's own schedule().
@@ -319,7 +321,9 @@ async def run_jobs(server: VllmServer, name: str, jobs: list[Job]) -> Result:
     before = gauges(server.metrics())
     sampler = Sampler(server.url)
     timeout = aiohttp.ClientTimeout(total=1800)
-    connector = aiohttp.TCPConnector(limit=0)
+    # a connection per request: uvicorn closes idle keep-alive connections after 5 s, and a POST that aiohttp
+    # writes on one it is closing fails ("Cannot write to closing transport") without reaching the engine
+    connector = aiohttp.TCPConnector(limit=0, force_close=True)
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         sampler.start()
         start = time.monotonic()
