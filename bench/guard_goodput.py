@@ -17,7 +17,7 @@ Workloads (prompts, max_tokens and arrivals seeded by --seed and the repetition;
       the engine's own sampler draws them, with no per-request seed, which vLLM's CPU build cannot run), arriving
       at twice the request rate stock vLLM sustains (measured in the warm-up)
   (c) SLO goodput as DistServe defines it: requests per second that meet both a TTFT and a TPOT target (set from
-      a lone request on the stock engine: TTFT 10x, TPOT 3x), at 0.5, 1, 1.5 and 2x that sustained rate
+      a lone request of 128 tokens on the stock engine: TTFT 10x, TPOT 3x), at 0.5, 1, 1.5 and 2x that sustained rate
 Every engine first serves the same warm-up (requests like (b)), so the guard has seen output lengths.
 
 Shapes: the test model (2 layers, hidden 256) and one with about 10x its compute per token (4 layers, hidden
@@ -214,7 +214,8 @@ async def read_stream(response, outcome: Outcome) -> None:
         if "error" in chunk:
             outcome.error = chunk["error"]
         for choice in chunk.get("choices", ()):
-            if choice.get("text") and outcome.first is None:
+            # a token arrives as a chunk even when its text is empty (a dummy model's byte pieces): time the chunk
+            if "text" in choice and outcome.first is None:
                 outcome.first = time.monotonic()
             if choice.get("finish_reason"):
                 outcome.finish = choice["finish_reason"]
@@ -459,8 +460,10 @@ def bench_shape(name: str, shape: dict, folder: Path, options) -> dict:
         warm = {arm.name: run(servers[arm.name], arm.name, warmup) for arm in arm_list}
         stock = warm["stock"]
         rate = stock.summary()["completed"] / stock.seconds  # requests per second stock sustains, saturated
+        # exact lengths: a lone request that stops at its first token has no TPOT
         lone = [
-            run(servers["stock"], "stock", unknown_jobs(options.seed + 1000 + i, 1, None)).outcomes[0] for i in range(5)
+            run(servers["stock"], "stock", [Job(0, job.prompt, 128, True)]).outcomes[0]
+            for job in unknown_jobs(options.seed + 1000, 5, None)
         ]
         slo = {
             "ttft_s": round(10 * statistics.median(o.ttft for o in lone), 3),

@@ -1,11 +1,12 @@
 """Workload (a) of bench/guard_goodput.py replayed through the real schedulers in-process, without an engine.
 
-    python bench/guard_replay.py [--seeds 0,1,2] [--requests 120] [--spread 9]
+    python bench/guard_replay.py [--seeds 0,1,2] [--requests 120] [--spread 9] [--scale 1]
 
 Each scheduler (stock vLLM's AsyncScheduler, the KV guard v1 and v2) is built as tests/engine/test_kv_guard_scheduler.py
 builds it, over the benchmark's pool (32 blocks of 128 tokens) and vLLM's CPU defaults (2,048 batched tokens), and
 driven as the engine core drives it (two steps in flight); a stand-in model runner samples one token per step.
-Arrivals are mapped to steps at STEP_MS per step. No timing and no machine noise: what is counted is what each
+Arrivals are mapped to steps at STEP_MS per step. --scale N multiplies the pool and the requests by N (same
+arrival window): the same overload on an engine N times larger, as GPU pools are. No timing and no machine noise: what is counted is what each
 admission does to the batch, in scheduling steps:
   steps         steps until every request finished (at a fixed cost per step, goodput is 1 / steps)
   decode width  requests decoding per step, on average (what a wider batch buys)
@@ -18,7 +19,9 @@ a step, not in what the guard admitted.
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import random
 import sys
 import tempfile
 import warnings
@@ -27,33 +30,47 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "plugins"), str(REPO / "bench")]
 
-from guard_goodput import BLOCKS, MAX_MODEL_LEN, exact_jobs  # noqa: E402
+from guard_goodput import BLOCKS, MAX_MODEL_LEN, exact_jobs, unknown_jobs  # noqa: E402
+
+from tests.support.vllm_scheduler import Run  # noqa: E402
 
 STEP_MS = 10.0  # a decode step of the test model on 2 cores at about 8 requests (bench/guard_goodput.py's TPOT)
+UNKNOWN_RATE = 30.0  # (b): requests per second (0.3 per step), above what the pool serves: a queue builds
 
 
-def replay(scheduler_cls, model: Path, jobs, env: dict[str, str]) -> dict:
+def replay(scheduler_cls, model: Path, jobs, env: dict[str, str], blocks: int, warmup=(), lengths=None) -> dict:
+    """Run `jobs` (after `warmup`, all at once, not counted) through one scheduler; `lengths`: request id -> the
+    output length at which an unknown-length request samples its stop token."""
     from tests.support.vllm_scheduler import Driver, Requests, build_scheduler
 
     os.environ.update({"KVOPS_LOG_SECONDS": "3600", **env})
     scheduler = build_scheduler(
         scheduler_cls,
         model,
-        num_blocks=BLOCKS,
+        num_blocks=blocks,
         block_size=128,
-        max_num_seqs=256,
+        max_num_seqs=1024,
         max_num_batched_tokens=2048,
         max_model_len=MAX_MODEL_LEN,
     )
-    requests, driver = Requests(block_size=128), Driver(scheduler)
-    arrivals = sorted(
-        ((round(job.at * 1000 / STEP_MS), index, job) for index, job in enumerate(jobs)), key=lambda a: a[:2]
-    )
+    requests, driver = Requests(block_size=128), Driver(scheduler, lengths=dict(lengths or {}))
+
+    def add(request_id: str, job, first_token: int) -> None:
+        request = requests.make(
+            request_id, len(job.prompt), job.max_tokens, first_token=first_token, stops=not job.exact
+        )
+        scheduler.add_request(request)
+
+    for index, job in enumerate(warmup):
+        add(f"w{index}", job, 7 * index + 3)
+    driver.drain()
+    driver.run = Run()
+    arrivals = sorted(((round(job.at * 1000 / STEP_MS), index) for index, job in enumerate(jobs)))
     step = decoded = prefilled = 0
     while arrivals or scheduler.has_requests() or driver.in_flight:
         while arrivals and arrivals[0][0] <= step:
-            _, index, job = arrivals.pop(0)
-            scheduler.add_request(requests.make(f"r{index}", len(job.prompt), job.max_tokens, first_token=7 * index))
+            index = arrivals.pop(0)[1]
+            add(f"r{index}", jobs[index], 7 * index)
         if not scheduler.has_requests():
             if driver.in_flight:
                 driver.settle()
@@ -71,16 +88,35 @@ def replay(scheduler_cls, model: Path, jobs, env: dict[str, str]) -> dict:
         "decode_width": decoded / max(1, run.steps),
         "prefill_tokens": prefilled,
         "preempted": run.preemptions,
-        "peak_running": run.peak_running,
         "finished": len(run.finished),
     }
 
 
+def stop_lengths(seed: int, count: int, prefix: str) -> dict[str, int]:
+    """Where each unknown-length request samples a stop token: one of 3 in 512 tokens per step, as
+    bench/guard_goodput.py's STOP_IDS on the dummy-weight model (a geometric length, mean about 170)."""
+    rng = random.Random(f"lengths-{seed}-{prefix}")
+    return {
+        f"{prefix}{index}": 1 + int(math.log(1.0 - rng.random()) / math.log(1.0 - 3 / 512)) for index in range(count)
+    }
+
+
+def workload(name: str, seed: int, scale: int) -> tuple[list, list, dict[str, int]]:
+    """(warm-up, jobs, stop lengths) of bench/guard_goodput.py's workload `name`, `scale` times the requests."""
+    if name == "a":
+        return [], exact_jobs(seed, 120 * scale, 9.0), {}
+    warmup, jobs = unknown_jobs(seed, 48 * scale, None), unknown_jobs(seed, 160 * scale, UNKNOWN_RATE * scale)
+    return warmup, jobs, {**stop_lengths(seed, len(warmup), "w"), **stop_lengths(seed, len(jobs), "r")}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds of workload (a) (default 0,1,2)")
-    parser.add_argument("--requests", type=int, default=120)
-    parser.add_argument("--spread", type=float, default=9.0, help="seconds over which the requests arrive")
+    parser.add_argument("--workloads", default="ab", help="a (exact lengths), b (unknown lengths); default ab")
+    parser.add_argument("--seeds", default="0,1,2", help="comma-separated (default 0,1,2)")
+    parser.add_argument("--scale", type=int, default=1, help="pool and requests times this (default 1)")
+    parser.add_argument(
+        "--quantiles", default="", help="(b): guard v2 also at these KVOPS_OUTPUT_QUANTILE values, e.g. 0.9,0.8"
+    )
     options = parser.parse_args()
     warnings.simplefilter("ignore")
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
@@ -88,26 +124,37 @@ def main() -> None:
     from kvops_vllm.scheduler import KVGuardScheduler
     from tests.support.tiny_model import build_model
 
-    arms = (
+    arms = [
         ("stock", AsyncScheduler, {}),
         ("guard-v1", KVGuardScheduler, {"KVOPS_ADMISSION": "reserve"}),
-        ("guard-v2", KVGuardScheduler, {"KVOPS_ADMISSION": "peak"}),
+        ("guard-v2", KVGuardScheduler, {"KVOPS_ADMISSION": "peak", "KVOPS_OUTPUT_QUANTILE": "0.95"}),
+    ]
+    blocks = BLOCKS * options.scale
+    print(f"a pool of {blocks} blocks of 128 tokens, {STEP_MS:g} ms per step")
+    print(
+        f"  {'load':<4} {'seed':<4} {'arm':<14} {'steps':>6} {'vs stock':>8} {'width':>6} {'prefill':>8} {'preempted':>9}"
     )
     with tempfile.TemporaryDirectory(prefix="guard-replay-") as scratch:
         model = build_model(Path(scratch) / "model")
-        print(f"workload (a): {options.requests} requests over {options.spread:g} s, {STEP_MS:g} ms per step")
-        print(
-            f"  {'seed':<4} {'arm':<9} {'steps':>6} {'vs stock':>8} {'decode width':>12} {'prefill':>8} {'preempted':>9}"
-        )
-        for seed in (int(seed) for seed in options.seeds.split(",")):
-            jobs = exact_jobs(seed, options.requests, options.spread)
-            rows = {name: replay(cls, model, jobs, env) for name, cls, env in arms}
-            for name, row in rows.items():
-                assert row["finished"] == len(jobs), (name, row)
-                print(
-                    f"  {seed:<4} {name:<9} {row['steps']:>6} {rows['stock']['steps'] / row['steps']:>8.2f} "
-                    f"{row['decode_width']:>12.1f} {row['prefill_tokens']:>8} {row['preempted']:>9}"
+        for name in options.workloads:
+            extra = [q for q in options.quantiles.split(",") if q] if name == "b" else []
+            chosen = arms + [
+                (
+                    f"guard-v2 p{float(q) * 100:g}",
+                    KVGuardScheduler,
+                    {"KVOPS_ADMISSION": "peak", "KVOPS_OUTPUT_QUANTILE": q},
                 )
+                for q in extra
+            ]
+            for seed in (int(seed) for seed in options.seeds.split(",")):
+                warmup, jobs, lengths = workload(name, seed, options.scale)
+                rows = {arm: replay(cls, model, jobs, env, blocks, warmup, lengths) for arm, cls, env in chosen}
+                for arm, row in rows.items():
+                    assert row["finished"] == len(jobs), (arm, row)
+                    print(
+                        f"  ({name})  {seed:<4} {arm:<14} {row['steps']:>6} {rows['stock']['steps'] / row['steps']:>8.2f} "
+                        f"{row['decode_width']:>6.1f} {row['prefill_tokens']:>8} {row['preempted']:>9}"
+                    )
 
 
 if __name__ == "__main__":
