@@ -19,8 +19,8 @@ GUARD_SCHEDULER = "kvops_vllm.scheduler.KVGuardScheduler"  # the KV-guard schedu
 # >= 0.95 x stock's goodput on bench/guard_goodput.py (docs/kv-guard.md has the run).
 GUARD_BY_DEFAULT = False
 GUARD_DEFAULT_REASON = (
-    "guard v2 at 0.75 to 1.03 x stock vLLM's goodput on bench/guard_goodput.py, lowest with exact lengths on its "
-    "larger shape; a default needs 0.95"
+    "guard v2 at 0.85 to 0.99 x stock vLLM's goodput on bench/guard_goodput.py, lowest with unknown output "
+    "lengths; a default needs 0.95"
 )
 
 # kvops KV dtype -> `--kv-cache-dtype` (CacheDType in vllm/config/cache.py)
