@@ -1,17 +1,18 @@
-"""Workload (a) of bench/guard_goodput.py replayed through the real schedulers in-process, without an engine.
+"""Workloads (a) and (b) of bench/guard_goodput.py replayed through the real schedulers in-process, no engine.
 
-    python bench/guard_replay.py [--seeds 0,1,2] [--requests 120] [--spread 9] [--scale 1]
+    python bench/guard_replay.py [--workloads ab] [--seeds 0,1,2] [--scale 1] [--quantiles 0.9]
 
-Each scheduler (stock vLLM's AsyncScheduler, the KV guard v1 and v2) is built as tests/engine/test_kv_guard_scheduler.py
-builds it, over the benchmark's pool (32 blocks of 128 tokens) and vLLM's CPU defaults (2,048 batched tokens), and
-driven as the engine core drives it (two steps in flight); a stand-in model runner samples one token per step.
-Arrivals are mapped to steps at STEP_MS per step. --scale N multiplies the pool and the requests by N (same
-arrival window): the same overload on an engine N times larger, as GPU pools are. No timing and no machine noise: what is counted is what each
-admission does to the batch, in scheduling steps:
-  steps         steps until every request finished (at a fixed cost per step, goodput is 1 / steps)
-  decode width  requests decoding per step, on average (what a wider batch buys)
-  prefill       prompt tokens computed, recomputation of preempted requests included
-  preempted     vLLM's preemptions
+Each scheduler (stock vLLM's AsyncScheduler, the KV guard v1 and v2) is built as
+tests/engine/test_kv_guard_scheduler.py builds it, over the benchmark's pool (32 blocks of 128 tokens) and vLLM's
+CPU defaults (2,048 batched tokens), and driven as the engine core drives it (two steps in flight); a stand-in
+model runner samples one token per step, and each (b) request stops at a seeded length. Arrivals are mapped to
+steps at STEP_MS per step; (b) is preceded by a warm-up the guard learns output lengths from. --scale N multiplies
+the pool and the requests by N (same arrival window): the same overload on an engine N times larger, as GPU pools
+are. No timing and no machine noise: what is counted is what each admission does to the batch, in steps:
+  steps      steps until every request finished (at a fixed cost per step, goodput is 1 / steps)
+  width      requests decoding per step, on average (what a wider batch buys)
+  prefill    prompt tokens computed, recomputation of preempted requests included
+  preempted  vLLM's preemptions
 Where the real engine's goodput ratio (bench/guard_goodput.py) differs from these, the difference is in the cost of
 a step, not in what the guard admitted.
 """

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 from tests.support.vllm_server import VllmServer
@@ -11,7 +10,7 @@ from tests.support.vllm_server import VllmServer
 
 class PlannedServer(VllmServer):
     """The plan's own argv (`vllm serve MODEL ...`), run by the API server module: `--model MODEL`, then every flag
-    as emitted (the `vllm` program needs the package's metadata, which this CPU build does not install)."""
+    as emitted, and no flag of the test's own but dummy weights and the port."""
 
     def __init__(self, argv: list[str], log: Path):
         assert argv[:2] == ["vllm", "serve"], argv
@@ -19,20 +18,7 @@ class PlannedServer(VllmServer):
         self.planned = argv
 
     def command(self) -> list[str]:
-        return [
-            sys.executable,
-            "-m",
-            "vllm.entrypoints.openai.api_server",
-            "--model",
-            self.planned[2],
-            *self.planned[3:],
-            "--load-format",
-            "dummy",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-        ]
+        return self.api_server(self.planned[2], self.planned[3:])
 
 
 def plan_json(run_kvops, *args: str) -> dict:

@@ -59,21 +59,24 @@ class VllmServer:
         return f"http://127.0.0.1:{self.port}"
 
     def command(self) -> list[str]:
+        return [*self.api_server(str(self.model), ["--dtype", "bfloat16"]), *self.args]
+
+    def api_server(self, model: str, flags: list[str]) -> list[str]:
+        """vLLM's API server module on `model` with `flags`, dummy weights, on this server's port (the `vllm`
+        program needs the package's metadata, which this CPU build does not install)."""
         return [
             sys.executable,
             "-m",
             "vllm.entrypoints.openai.api_server",
             "--model",
-            str(self.model),
+            model,
+            *flags,
             "--load-format",
             "dummy",
-            "--dtype",
-            "bfloat16",
             "--host",
             "127.0.0.1",
             "--port",
             str(self.port),
-            *self.args,
         ]
 
     def start(self) -> VllmServer:
