@@ -11,8 +11,11 @@ produced recently, given what it has generated so far, never beyond max_tokens. 
 guard v1: every admitted request's whole prompt + max_tokens reserved at once. The rest wait in vLLM's own
 queue, in order, and show as vllm:num_requests_waiting.
 
-When a projection falls short, vLLM preempts as its fallback; the guard then makes the victim the running
-request that has computed least (FCFS policy) and counts the tokens to recompute.
+When a projection falls short and a step's new blocks exceed the free ones, the requests that would run short
+sit the step out holding their blocks (paused in place, no recompute) and resume as soon as a request ends; only
+when none of the running could go on does vLLM preempt, and the guard makes the victim the running request that
+has computed least (FCFS policy) and counts the tokens to recompute. Under load the admission is weighed again
+only when a request frees blocks or every RECHECK_STEPS steps, so most steps cost it nothing.
 
 It also applies the kvops degrade policy to each new request, by the watcher's level (KVOPS_POLICY_URL; with
 KVOPS_LEVELS=own, also by its own KV usage): warn caps max_tokens; a level that refuses a request's class
@@ -61,6 +64,10 @@ logger = init_logger("vllm.kvops_guard")
 # vLLM fans a request with n > 1 out into n requests "{index}_{parent id}" (vllm/v1/engine/parallel_sampling.py).
 SIBLING_ID = re.compile(r"(\d+)_")
 
+# A blocked queue head is weighed again at once when a request frees blocks, else after this many steps (a later
+# start lowers its own course a little): most steps under load then cost no admission arithmetic.
+RECHECK_STEPS = 16
+
 # How a finished request's length feeds OutputLengths: an end, a cut (censored), or nothing (it never ran).
 _ENDED = {RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_ABORTED, RequestStatus.FINISHED_REPETITION}
 
@@ -74,6 +81,7 @@ class GuardCounts:
     held_by_level: int = 0  # requests the level kept waiting (a class it refuses, or n>1 siblings; each once)
     preempted: int = 0  # vLLM's fallback when a projection fell short
     recomputed_tokens: int = 0  # tokens the preempted had computed, to compute again (before prefix-cache hits)
+    paused: int = 0  # request-steps that sat out, holding their blocks, because the pool ran short
     mispredicted: int = 0  # requests that generated more than their projected length at admission
 
     def minus(self, other: GuardCounts) -> GuardCounts:
@@ -114,6 +122,8 @@ class KVGuardScheduler(AsyncScheduler):
                 fallback="levels from own KV usage" if config.levels == "own" else "no level",
             ).start()
         self._projected_at_admission: dict[str, int] = {}
+        self._frees = 0  # requests that freed their blocks (finished or preempted) since the engine started
+        self._blocked: tuple[Request, int, int] | None = None  # the head that did not fit, _frees and the step then
         self._fixed_ends: dict[str, int] = {}  # known lengths: the end tokens, computed once per request
         self._waited_for_kv: weakref.WeakSet[Request] = weakref.WeakSet()
         self._held_once: weakref.WeakSet[Request] = weakref.WeakSet()
@@ -127,11 +137,14 @@ class KVGuardScheduler(AsyncScheduler):
 
     def schedule(self, *args, **kwargs):
         limits, _ = self._limits_in_force()
-        held = self._hold_back(limits)
-        self._least_computed_last()
+        running = self.running
+        paused = self._make_room()
+        held = self._hold_all() if paused else self._hold_back(limits)
         try:
             return super().schedule(*args, **kwargs)
         finally:
+            if paused:
+                self._resume(running, paused)
             if held is not None:
                 self._release(held)
             free = self.kv_cache_manager.block_pool.get_num_free_blocks()
@@ -152,6 +165,8 @@ class KVGuardScheduler(AsyncScheduler):
         if not self.waiting or seats <= 0:
             return None
         held = self.waiting
+        if self._still_blocked(held):
+            return self._hold_all()
         popped: list[Request] = []
         candidates: list[Request] = []
         budget = self.max_num_scheduled_tokens
@@ -169,14 +184,33 @@ class KVGuardScheduler(AsyncScheduler):
         if admitted < len(candidates) and candidates[admitted] not in self._waited_for_kv:
             self._waited_for_kv.add(candidates[admitted])
             self.guard_counts.queued_for_kv += 1
-        chosen = set(candidates[:admitted])
-        for request in candidates[:admitted]:
+        self._blocked = (candidates[0], self._frees, self.current_step) if candidates and not admitted else None
+        picked = candidates[:admitted]
+        chosen = set(picked)
+        for request in picked:
             self._projected_at_admission.setdefault(request.request_id, self.projected_output(request))
         held.prepend_requests(reversed([request for request in popped if request not in chosen]))
         self.waiting = create_request_queue(self.policy)
-        for request in candidates[:admitted]:
+        for request in picked:
             self.waiting.add_request(request)
         return held
+
+    def _hold_all(self):
+        """Keep the whole queue from vLLM's admission pass this step; return it."""
+        held, self.waiting = self.waiting, create_request_queue(self.policy)
+        return held
+
+    def _still_blocked(self, queue) -> bool:
+        """The queue's head did not fit at a recent step and no request has freed blocks since: it still does not
+        fit (the batch only grows until a request ends), so the admission need not be weighed again. Weighed
+        anyway every RECHECK_STEPS steps: a later start lowers the head's own course a little."""
+        blocked = self._blocked
+        return (
+            blocked is not None
+            and blocked[1] == self._frees
+            and self.current_step - blocked[2] < RECHECK_STEPS
+            and queue.peek_request() is blocked[0]
+        )
 
     def _release(self, held) -> None:
         """Put the held-back requests behind whatever the pass left waiting (or preempted), in order."""
@@ -293,27 +327,73 @@ class KVGuardScheduler(AsyncScheduler):
 
     # --- the fallback: preemption ---------------------------------------------------------------------------------
 
-    def _least_computed_last(self) -> None:
-        """When this step's allocations may exceed the free blocks, order the running requests so that vLLM's
-        FCFS victim (the last one) is the one that computed least: the least work to recompute. vLLM's
-        priority policy picks its victim by priority, and keeps it."""
-        if self.policy != SchedulingPolicy.FCFS or len(self.running) < 2:
-            return
+    def _make_room(self) -> list[Request]:
+        """When this step's new blocks would exceed the free ones, the running requests that would run short sit
+        the step out, holding their blocks, instead of vLLM preempting one and recomputing it later: they resume
+        as soon as a request ends and frees blocks (no admission meanwhile). The first served are those vLLM would
+        preempt last: the most computed (FCFS) or the most urgent (priority). Only when none of them could run does
+        vLLM preempt, and then its FCFS victim (the last running) is made the one that computed least.
+
+        Returns the paused requests, taken out of self.running for this step (`_resume` puts them back).
+        """
+        running = self.running
+        if len(running) < 2 or self.connector is not None:
+            return []  # a KV connector may hold or free blocks outside this count: vLLM's own handling
         free = self.kv_cache_manager.block_pool.get_num_free_blocks()
-        if free >= len(self.kv_shapes) * (len(self.running) + self.max_num_scheduled_tokens):
-            return  # every running request could take more blocks than this step can fill: none runs short
+        if free >= len(self.kv_shapes) * (len(running) + self.max_num_scheduled_tokens):
+            return []  # every running request could take more blocks than this step can fill: none runs short
+        needs: dict[Request, int] = {}
+        budget = self.max_num_scheduled_tokens
+        for request in running:  # in vLLM's order, which spends the token budget
+            if budget <= 0:
+                break  # vLLM schedules no more this step: the rest allocate nothing
+            pending = request.num_tokens_with_spec + request.num_output_placeholders - request.num_computed_tokens
+            tokens = min(pending, budget)
+            needs[request] = self._new_blocks(request, request.num_computed_tokens + tokens)
+            budget -= tokens
+        if sum(needs.values()) <= free:
+            return []
+        if self.policy == SchedulingPolicy.PRIORITY:
+            order = sorted(needs, key=lambda request: (request.priority, request.arrival_time))
+        else:  # vLLM's FCFS victim is the last running: the one that computed least
+            running.sort(key=lambda request: -request.num_computed_tokens)
+            order = [request for request in running if request in needs]
+        paused: list[Request] = []
+        for request in order:
+            if needs[request] > free:
+                paused.append(request)
+            else:
+                free -= needs[request]
+        if not paused or len(paused) == len(needs):
+            return []  # all fit, or none could run: vLLM preempts
+        self.guard_counts.paused += len(paused)
+        gone = set(paused)
+        self.running = [request for request in running if request not in gone]
+        return paused
+
+    def _new_blocks(self, request: Request, tokens: int) -> int:
+        """Blocks vLLM allocates for `request` to hold `tokens` tokens (plus the speculative lookahead), all
+        groups together; a sliding-window group's blocks behind its window count as held (they are freed after
+        this count is taken: conservative)."""
+        tokens = min(tokens + self.num_lookahead_tokens, self.max_model_len)
         managers = self.kv_cache_manager.coordinator.single_type_managers
         need = 0
-        for request in self.running:
-            tokens = request.num_computed_tokens + 1 + self.num_lookahead_tokens
-            for shape, manager in zip(self.kv_shapes, managers):
-                blocks = manager.req_to_blocks.get(request.request_id, ())
-                need += max(0, whole_blocks(tokens, shape.block_size) - len(blocks))
-            if need > free:
-                self.running.sort(key=lambda running: -running.num_computed_tokens)
-                return
+        for shape, manager in zip(self.kv_shapes, managers):
+            held = len(manager.req_to_blocks.get(request.request_id, ()))
+            need += max(0, whole_blocks(tokens, shape.block_size) - held)
+        return need
+
+    def _resume(self, running: list[Request], paused: list[Request]) -> None:
+        """Put the paused requests back in their places: the running list as it was, less those vLLM preempted or
+        finished in the pass, then those it admitted."""
+        before = set(running)
+        kept = set(self.running) | set(paused)
+        self.running = [request for request in running if request in kept] + [
+            request for request in self.running if request not in before
+        ]
 
     def _preempt_request(self, request: Request, timestamp: float, drop_stale_output: bool = False) -> None:
+        self._frees += 1
         self.guard_counts.preempted += 1
         self.guard_counts.recomputed_tokens += request.num_computed_tokens - request.num_output_placeholders
         super()._preempt_request(request, timestamp, drop_stale_output)
@@ -321,6 +401,7 @@ class KVGuardScheduler(AsyncScheduler):
     # --- learning output lengths ------------------------------------------------------------------------------------
 
     def _free_request(self, request: Request, delay_free_blocks: bool = False):
+        self._frees += 1
         self._learn(request)
         return super()._free_request(request, delay_free_blocks)
 
@@ -420,12 +501,14 @@ class KVGuardScheduler(AsyncScheduler):
         peak_used, self._fewest_free = self.usable_blocks - self._fewest_free, self.usable_blocks
         logger.info(
             "kvops guard: in the last %.0f s: %d queued for KV, %d max_tokens capped, %d kept waiting by the level, "
-            "%d preempted (%d tokens to recompute), %d past their projected length; peak KV usage %.1f%% (%d of %d blocks); "
+            "%d paused a step for blocks, %d preempted (%d tokens to recompute), %d past their projected length; "
+            "peak KV usage %.1f%% (%d of %d blocks); "
             "now %d running, %d waiting, %d blocks free, %s",
             since,
             delta.queued_for_kv,
             delta.capped,
             delta.held_by_level,
+            delta.paused,
             delta.preempted,
             delta.recomputed_tokens,
             delta.mispredicted,

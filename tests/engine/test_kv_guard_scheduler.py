@@ -3,6 +3,8 @@ scheduler tests do the same); a stand-in model runner samples one token per requ
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from kvops.policy import Level, Limits
@@ -158,6 +160,37 @@ def test_v2_admits_a_request_that_ends_before_the_running_batch_peaks(guard, req
         assert run.preemptions == 0 and set(run.finished) == {"long", "short"}
 
 
+def test_a_blocked_queue_is_weighed_again_when_blocks_free_or_every_16_steps(guard, requests, monkeypatch):
+    """Under load most steps admit nothing: the arithmetic is not redone for a head that did not fit until a
+    request frees blocks (then at once) or 16 steps pass."""
+    from kvops_vllm import scheduler as module
+
+    scheduler = guard(num_blocks=12)  # 11 usable blocks
+    scheduler.add_request(requests.make("long", 16, 100))  # 8 blocks at its end
+    scheduler.add_request(requests.make("short", 16, 20, first_token=100))  # ends after 20 steps
+    driver = Driver(scheduler)
+    driver.step()
+    weighed, freed = [], []
+    admissible, free = module.KVGuardScheduler._admissible, module.KVGuardScheduler._free_request
+    monkeypatch.setattr(
+        module.KVGuardScheduler, "_admissible", lambda self, c: weighed.append(self.current_step) or admissible(self, c)
+    )
+    monkeypatch.setattr(
+        module.KVGuardScheduler,
+        "_free_request",
+        lambda self, r, *a: freed.append(self.current_step) or free(self, r, *a),
+    )
+    scheduler.add_request(requests.make("next", 64, 40, first_token=200))  # 7 blocks: fits once "long" ends
+    while "next" not in {request.request_id for request in scheduler.running}:
+        driver.step()
+    assert len(freed) == 2  # "short", then "long"
+    for earlier, later in itertools.pairwise(weighed):
+        assert later - earlier == 16 or any(earlier <= step <= later for step in freed)
+    assert len(weighed) <= (weighed[-1] - weighed[0]) // 16 + 1 + len(freed)
+    assert weighed[-1] == freed[-1]  # "long" freed its blocks: weighed again at once, and admitted
+    assert driver.drain().preemptions == 0
+
+
 @BOTH
 def test_the_first_come_is_served_first(guard, requests, admission):
     scheduler = guard({"KVOPS_ADMISSION": admission}, num_blocks=12)
@@ -249,6 +282,26 @@ def test_a_misprediction_falls_back_to_preemption_without_hanging(guard, request
     counts = scheduler.guard_counts
     assert counts.mispredicted == 6 and counts.preempted == run.preemptions and counts.recomputed_tokens > 0
     assert not scheduler.requests
+
+
+def test_a_misprediction_pauses_requests_in_place_before_preempting(guard, stock, requests):
+    """Requests that outlive the past's lengths, ending one after another: where the pool runs short, the ones
+    that would need a block sit a step out holding their blocks, and resume as the shorter ones end; vLLM preempts
+    only when none of them could run."""
+    lengths = {f"r{i}": 40 + 20 * i for i in range(6)}  # 40 to 140 tokens: 4 to 10 blocks each, of 20
+    runs, schedulers = {}, {}
+    for name, build in (("stock", stock), ("guard", guard)):
+        scheduler = schedulers[name] = build(num_blocks=21)
+        if name == "guard":
+            learn(scheduler, requests)  # the past says: 10 tokens
+        for i in range(6):
+            scheduler.add_request(requests.make(f"r{i}", 20, 200, stops=True, first_token=300 + 9 * i))
+        runs[name] = Driver(scheduler, lengths=lengths).drain(max_steps=3000)
+        assert {request: finished.tokens for request, finished in runs[name].finished.items()} == lengths
+    counts = schedulers["guard"].guard_counts
+    assert counts.paused > 0 and counts.mispredicted == 6
+    assert runs["guard"].preemptions < runs["stock"].preemptions
+    assert counts.preempted == runs["guard"].preemptions
 
 
 def test_the_fallback_preempts_the_request_that_computed_least(guard, stock, requests):
@@ -482,8 +535,8 @@ def test_the_startup_line_and_a_summary_when_the_engine_drains(guard, watcher, r
     summaries = [line for line in guard_log if " in the last " in line]
     assert len(summaries) == 1
     assert summaries[0].endswith(
-        " s: 1 queued for KV, 5 max_tokens capped, 0 kept waiting by the level, 0 preempted (0 tokens to recompute), "
-        "0 past their projected length; peak KV usage 76.9% (10 of 13 blocks); now 0 running, 0 waiting, 13 blocks free, "
+        " s: 1 queued for KV, 5 max_tokens capped, 0 kept waiting by the level, 0 paused a step for blocks, "
+        "0 preempted (0 tokens to recompute), 0 past their projected length; peak KV usage 76.9% (10 of 13 blocks); now 0 running, 0 waiting, 13 blocks free, "
         "projected peak 0 of 13 usable"
     )
 
