@@ -1,35 +1,40 @@
 """Goodput of the KV guard against stock vLLM: the same seeded requests, on the real vLLM CPU engine, one run.
 
-    python bench/guard_goodput.py [--shapes tiny,8x] [--workloads abc] [--arms stock,guard-v2] [--reps 3] [--seed 0]
-                                  [--json] [--step-cost-only]
+    python bench/guard_goodput.py [--shapes tiny,8x] [--pools 32,128] [--workloads abc] [--arms stock,guard-v2]
+                                  [--reps 5] [--seed 0] [--json] [--step-cost-only]
 
 Arms (each a real engine, all of a shape started before the first measurement, so repetitions interleave
-A B C D A B C D ... and the machine's noise hits every arm alike):
-  stock       vLLM's own scheduler
-  guard-v1    the KV guard reserving every request's prompt + max_tokens (KVOPS_ADMISSION=reserve)
-  guard-v2    the KV guard admitting by the future peak of the whole batch (the default)
-  stock+caps  vLLM's own scheduler with its queue cap (--max-num-queued-reqs: overflow answered 503, retried)
+A B C D E A B C D E ... and the machine's noise hits every arm alike):
+  stock            vLLM's own scheduler
+  guard-v1         the KV guard reserving every request's prompt + max_tokens (KVOPS_ADMISSION=reserve)
+  guard-v2         the KV guard admitting by the future peak of the whole batch (the default)
+  stock+caps       vLLM's own scheduler with its queue cap (--max-num-queued-reqs: overflow answered 503, retried)
+  stock+watermark  vLLM's own scheduler keeping 5% of the blocks free when it admits (--watermark 0.05): the
+                   engine's own knob against preemption, the nearest peer that runs here
 
-Workloads (prompts, max_tokens and arrivals seeded by --seed and the repetition; the same for every arm):
+Workloads (prompts, max_tokens, lengths and arrivals seeded by --seed and the repetition; the same for every arm),
+with a pool of P blocks each P/32 times as many requests:
   (a) exact lengths: 120 requests, ignore_eos, prompts 32-256 tokens, max_tokens 64-640, arrivals over 9 s
-  (b) unknown lengths: 160 requests, prompts 16-128, max_tokens 900, temperature 1 with stop_token_ids (dummy
-      weights pick tokens almost at random, so each request stops at a random step: the table prints the lengths;
-      the engine's own sampler draws them, with no per-request seed, which vLLM's CPU build cannot run), arriving
-      at twice the request rate stock vLLM sustains (measured in the warm-up)
+  (b) unknown lengths: 160 requests, prompts 16-128, max_tokens 900 and a stop token; each stops at a seeded
+      length (geometric, a stop of 3 tokens in 512 at every step, mean about 170, as sampling at temperature 1
+      with 3 stop tokens on the dummy-weight model gives), which the engine samples as that request's last token
+      (tests/support/stop_at.py) and the scheduler cannot see; arriving at twice the request rate stock vLLM
+      sustains (measured in the warm-up)
   (c) SLO goodput as DistServe defines it: requests per second that meet both a TTFT and a TPOT target (set from
-      a lone request of 128 tokens on the stock engine: TTFT 10x, TPOT 3x), at 0.5, 1, 1.5 and 2x that sustained rate
-Every engine first serves the same warm-up (requests like (b)), so the guard has seen output lengths.
+      a lone request of 128 tokens on the stock engine: TTFT 10x, TPOT 3x), 60 requests like (b), streamed, at
+      0.5, 1, 1.5 and 2x that sustained rate
+Every engine first serves the same warm-up (48 requests like (b)), so the guard has seen output lengths.
 
-Shapes: the test model (2 layers, hidden 256) and one with about 10x its compute per token (4 layers, hidden
-512, MLP 1536), both with 32 blocks of 128 tokens of KV (4 and 8 MiB), so that a preemption's recompute costs
-more on the second. Goodput is completed tokens per second (a request that gets all its tokens: length or
-stop), from the first send to the last answer; mean KV usage and mean running are over /metrics scrapes every
-0.1 s during the run. The client retries a 503/429 after its Retry-After (vLLM's queue cap sends none: 0.5 s).
-Figures are medians over the repetitions; ratios are against stock.
+Shapes: the test model (2 layers, hidden 256) and one with about 10x its weights per token (4 layers, hidden
+512, MLP 1536), so that a preemption's recompute costs more on the second. Pools (--pools): 32 blocks (31 usable blocks of
+128 tokens: about 8 requests of (a) at once) and 128 (about 35, nearer a GPU's pool, which holds hundreds).
+Goodput is completed tokens per second (a request that gets all its tokens), from the first send to the last
+answer; mean KV usage and mean running are over /metrics scrapes every 0.1 s during the run. The client retries a
+503/429 after its Retry-After (vLLM's queue cap sends none: 0.5 s). Figures are medians over the repetitions;
+ratios are the median of the ratios to stock within each repetition.
 
 Before the engines: the admission's cost per scheduling step at 256 running requests (an in-process vLLM
 scheduler, as tests/engine/test_kv_guard_scheduler.py builds it), against stock's own schedule().
-One run of both shapes takes about an hour on 2 cores.
 """
 
 from __future__ import annotations
@@ -58,6 +63,7 @@ from tests.support.tiny_model import TINY_LLAMA, build_model  # noqa: E402
 from tests.support.vllm_server import VllmServer  # noqa: E402
 
 GUARD = "kvops_vllm.scheduler.KVGuardScheduler"
+STOP_AT = "tests.support.stop_at:StopAt"  # ends an unknown-length request where its seeded length says
 BLOCKS = 32  # KV pool of every shape: 32 blocks of 128 tokens (31 usable)
 MAX_MODEL_LEN = 1024
 SHAPES = {
@@ -70,7 +76,8 @@ SHAPES = {
         "num_attention_heads": 8,
     },
 }
-STOP_IDS = [11, 12, 13]  # 3 of 512 tokens: a request stops after about 170 tokens, at random
+STOP_ID = 11  # the stop token of unknown-length requests (sampled where the request's length says: Job.body)
+STOP_CHANCE = 3 / 512  # per step: the chance 3 stop tokens of 512 have at temperature 1 on the dummy model
 RETRY_SECONDS = 0.5  # when a refusal carries no Retry-After (vLLM's queue cap)
 
 
@@ -81,7 +88,7 @@ class Arm:
     env: tuple[tuple[str, str], ...] = ()
 
 
-ARMS = ("stock", "guard-v1", "guard-v2", "stock+caps")
+ARMS = ("stock", "guard-v1", "guard-v2", "stock+caps", "stock+watermark")
 
 
 def arms(queue_cap: int) -> list[Arm]:
@@ -90,6 +97,7 @@ def arms(queue_cap: int) -> list[Arm]:
         Arm("guard-v1", ("--scheduler-cls", GUARD), (("KVOPS_ADMISSION", "reserve"),)),
         Arm("guard-v2", ("--scheduler-cls", GUARD)),
         Arm("stock+caps", ("--max-num-queued-reqs", str(queue_cap))),
+        Arm("stock+watermark", ("--watermark", "0.05")),
     ]
 
 
@@ -101,40 +109,52 @@ class Job:
     at: float  # seconds after the start of the run
     prompt: list[int]
     max_tokens: int
-    exact: bool  # ignore_eos: it generates max_tokens; else it samples at temperature 1 and stops at random
+    length: int | None = None  # None: exact (it generates max_tokens); else it stops here, unknown to the scheduler
+    stream: bool = False  # streamed where the first token's time counts (SLO goodput), else one answer
+
+    @property
+    def exact(self) -> bool:
+        return self.length is None
 
     def body(self, model: str) -> dict:
         body = {
             "model": model,
             "prompt": self.prompt,
             "max_tokens": self.max_tokens,
-            "stream": True,
-            "stream_options": {"include_usage": True},
+            "stream": self.stream,
+            "return_token_ids": True,
+            "ignore_eos": True,
+            "temperature": 0,
         }
         if self.exact:
-            return {**body, "ignore_eos": True, "temperature": 0}
-        # No per-request "seed": vLLM 0.32.0's CPU build kills the engine when it discards the token of a seeded
-        # request in a chunked prefill (gpu_model_runner._bookkeeping_sync: "CPU Generator does not use offset"),
-        # so lengths come from the engine's own generator: the same distribution for every arm, not the same draws.
-        return {**body, "temperature": 1.0, "stop_token_ids": STOP_IDS}
+            return body
+        # A stop token makes the length unknown to the scheduler; the engine samples it as the `length`-th token
+        # (tests/support/stop_at.py), so every arm serves the same lengths.
+        return {**body, "stop_token_ids": [STOP_ID], "vllm_xargs": {"stop_at": self.length}}
 
 
 def prompt(rng: random.Random, low: int, high: int) -> list[int]:
     return [rng.randrange(20, 500) for _ in range(rng.randint(low, high))]
 
 
+def stop_length(rng: random.Random, limit: int) -> int:
+    """Where a request stops: geometric, a stop of 3 tokens in 512 at every step (mean about 170), as sampling at
+    temperature 1 with 3 stop tokens on the dummy-weight model gives; at most `limit`."""
+    return min(limit, 1 + int(math.log(1.0 - rng.random()) / math.log(1.0 - STOP_CHANCE)))
+
+
 def exact_jobs(seed: int, count: int = 120, spread: float = 9.0) -> list[Job]:
     rng = random.Random(f"exact-{seed}")
     times = sorted(rng.uniform(0, spread) for _ in range(count))
-    return [Job(at, prompt(rng, 32, 256), rng.randint(64, 640), True) for at in times]
+    return [Job(at, prompt(rng, 32, 256), rng.randint(64, 640)) for at in times]
 
 
-def unknown_jobs(seed: int, count: int, rate: float | None) -> list[Job]:
-    """Poisson arrivals at `rate` requests per second (None: all at once)."""
+def unknown_jobs(seed: int, count: int, rate: float | None, stream: bool = False, max_tokens: int = 900) -> list[Job]:
+    """Poisson arrivals at `rate` requests per second (None: all at once), each stopping at a seeded length."""
     rng = random.Random(f"unknown-{seed}-{rate}")
     at, jobs = 0.0, []
     for _ in range(count):
-        jobs.append(Job(at, prompt(rng, 16, 128), 900, False))
+        jobs.append(Job(at, prompt(rng, 16, 128), max_tokens, stop_length(rng, max_tokens), stream))
         if rate:
             at += rng.expovariate(rate)
     return jobs
@@ -193,7 +213,7 @@ async def send(session, url: str, model: str, job: Job, start: float) -> Outcome
                 outcome.error = f"HTTP {response.status}: {(await response.text())[:200]}"
                 return outcome
             try:
-                await read_stream(response, outcome)
+                await (read_stream(response, outcome) if job.stream else read_answer(response, outcome))
             except (aiohttp.ClientError, ValueError) as exc:
                 outcome.error = str(exc)
             if outcome.refused_in_stream():  # vLLM's queue caps refuse a stream as HTTP 200 + an error event
@@ -205,7 +225,16 @@ async def send(session, url: str, model: str, job: Job, start: float) -> Outcome
             return outcome
 
 
+async def read_answer(response, outcome: Outcome) -> None:
+    """One JSON answer: its tokens and why it finished."""
+    answer = await response.json()
+    outcome.done = time.monotonic()
+    choice = answer["choices"][0]
+    outcome.tokens, outcome.finish = answer["usage"]["completion_tokens"], choice["finish_reason"]
+
+
 async def read_stream(response, outcome: Outcome) -> None:
+    """Read the answer's chunks, counting its tokens (token ids: a dummy model's pieces may have no text)."""
     async for raw in response.content:
         line = raw.decode().strip()
         if not line.startswith("data: ") or line == "data: [DONE]":
@@ -215,12 +244,11 @@ async def read_stream(response, outcome: Outcome) -> None:
             outcome.error = chunk["error"]
         for choice in chunk.get("choices", ()):
             # a token arrives as a chunk even when its text is empty (a dummy model's byte pieces): time the chunk
-            if "text" in choice and outcome.first is None:
+            if choice.get("token_ids") and outcome.first is None:
                 outcome.first = time.monotonic()
+            outcome.tokens += len(choice.get("token_ids") or ())
             if choice.get("finish_reason"):
                 outcome.finish = choice["finish_reason"]
-        if chunk.get("usage"):
-            outcome.tokens = chunk["usage"]["completion_tokens"]
     outcome.done = time.monotonic()
     if outcome.first is None and outcome.tokens:
         outcome.first = outcome.done
@@ -272,14 +300,16 @@ class Result:
 
 GUARD_LINE = re.compile(
     r"kvops guard: in the last \d+ s: (\d+) queued for KV, \d+ max_tokens capped, \d+ kept waiting by the level, "
-    r"(\d+) preempted \((\d+) tokens to recompute\), (\d+) past their projected length; "
+    r"(\d+) paused a step for blocks, (\d+) preempted \((\d+) tokens to recompute\), (\d+) past their projected length; "
     r"peak KV usage [\d.]+% \((\d+) of (\d+) blocks\)"
 )
 
 
 def guard_counts(log: str) -> dict[str, float]:
     """The guard's own counts in a stretch of its log (its summary lines), and its peak KV usage there."""
-    totals: dict[str, float] = {"queued_for_kv": 0, "guard_preempted": 0, "recomputed_tokens": 0, "mispredicted": 0}
+    totals: dict[str, float] = dict.fromkeys(
+        ("queued_for_kv", "paused_steps", "guard_preempted", "recomputed_tokens", "mispredicted"), 0
+    )
     peak = 0.0
     for match in GUARD_LINE.finditer(log):
         *counts, used, usable = match.groups()
@@ -432,9 +462,17 @@ def timed_steps(driver, steps: int) -> list[float]:
 # --- the whole benchmark ------------------------------------------------------------------------------------
 
 
-def engine_args(shape: dict, arm: Arm) -> list[str]:
+def engine_args(shape: dict, arm: Arm, blocks: int) -> list[str]:
     per_token = 2 * shape["num_hidden_layers"] * shape["num_key_value_heads"] * shape["head_dim"] * 2
-    return ["--max-model-len", str(MAX_MODEL_LEN), "--kv-cache-memory-bytes", str(BLOCKS * 128 * per_token), *arm.args]
+    return [
+        "--max-model-len",
+        str(MAX_MODEL_LEN),
+        "--kv-cache-memory-bytes",
+        str(blocks * 128 * per_token),
+        "--logits-processors",
+        STOP_AT,
+        *arm.args,
+    ]
 
 
 def parameters(shape: dict) -> int:
@@ -445,24 +483,26 @@ def parameters(shape: dict) -> int:
     return layers * (attention + 3 * hidden * shape["intermediate_size"]) + hidden * shape["vocab_size"]
 
 
-def bench_shape(name: str, shape: dict, folder: Path, options) -> dict:
+def bench_shape(name: str, shape: dict, pool: int, folder: Path, options) -> dict:
     model = build_model(folder / name, shape)
     servers: dict[str, VllmServer] = {}
-    arm_list = [arm for arm in arms(options.queue_cap) if arm.name in options.arms.split(",")]
+    scale = pool // BLOCKS  # requests in proportion to the pool: the same overload on a larger engine
+    arm_list = [arm for arm in arms(options.queue_cap * scale) if arm.name in options.arms.split(",")]
     try:
         for arm in arm_list:
             env = {"KVOPS_LOG_SECONDS": "1", **dict(arm.env)}
-            server = VllmServer(model, folder / f"{name}-{arm.name}.log", args=engine_args(shape, arm), env=env)
+            args = engine_args(shape, arm, pool)
+            server = VllmServer(model, folder / f"{name}-{pool}-{arm.name}.log", args=args, env=env)
             servers[arm.name] = server.start()
         for server in servers.values():
             server.wait_ready()
-        warmup = unknown_jobs(options.seed, 48, None)
+        warmup = unknown_jobs(options.seed, 48 * scale, None)
         warm = {arm.name: run(servers[arm.name], arm.name, warmup) for arm in arm_list}
         stock = warm["stock"]
         rate = stock.summary()["completed"] / stock.seconds  # requests per second stock sustains, saturated
         # exact lengths: a lone request that stops at its first token has no TPOT
         lone = [
-            run(servers["stock"], "stock", [Job(0, job.prompt, 128, True)]).outcomes[0]
+            run(servers["stock"], "stock", [Job(0, job.prompt, 128, stream=True)]).outcomes[0]
             for job in unknown_jobs(options.seed + 1000, 5, None)
         ]
         slo = {
@@ -473,9 +513,12 @@ def bench_shape(name: str, shape: dict, folder: Path, options) -> dict:
         for rep in range(options.reps):
             seed = options.seed + rep
             workloads = {
-                "a": exact_jobs(seed),
-                "b": unknown_jobs(seed, 160, 2 * rate),
-                **{f"c{factor:g}": unknown_jobs(seed + 100, 30, factor * rate) for factor in (0.5, 1, 1.5, 2)},
+                "a": exact_jobs(seed, 120 * scale),
+                "b": unknown_jobs(seed, 160 * scale, 2 * rate),
+                **{
+                    f"c{factor:g}": unknown_jobs(seed + 100, 60 * scale, factor * rate, stream=True)
+                    for factor in (0.5, 1, 1.5, 2)
+                },
             }
             workloads = {key: jobs for key, jobs in workloads.items() if key[0] in options.workloads}
             order = arm_list[rep % len(arm_list) :] + arm_list[: rep % len(arm_list)]  # rotate who goes first
@@ -486,7 +529,7 @@ def bench_shape(name: str, shape: dict, folder: Path, options) -> dict:
                     if workload.startswith("c"):
                         row["slo_goodput_rps"] = round(result.slo_goodput(slo["ttft_s"], slo["tpot_s"]), 3)
                     rows.setdefault(workload, []).append(row)
-                    print(f"  {name} rep {rep} ({workload}) {arm.name}: {json.dumps(row)}", file=sys.stderr)
+                    print(f"  {name} pool {pool} rep {rep} ({workload}) {arm.name}: {json.dumps(row)}", file=sys.stderr)
     finally:
         for server in servers.values():
             server.stop()
@@ -494,6 +537,7 @@ def bench_shape(name: str, shape: dict, folder: Path, options) -> dict:
         "shape": name,
         "config": {key: shape[key] for key in ("num_hidden_layers", "hidden_size", "intermediate_size")},
         "parameters_per_token": parameters(shape),
+        "pool_blocks": pool,
         "stock_rate_rps": round(rate, 3),
         "slo": slo,
         "warmup": {arm: result.summary() for arm, result in warm.items()},
@@ -531,13 +575,13 @@ def print_table(results: list[dict], step: dict) -> None:
     for result in results:
         config = result["config"]
         print(
-            f"\n{result['shape']}: {config['num_hidden_layers']} layers, hidden {config['hidden_size']}, MLP "
+            f"\n{result['shape']}, pool {result['pool_blocks']}: {config['num_hidden_layers']} layers, hidden {config['hidden_size']}, MLP "
             f"{config['intermediate_size']} ({result['parameters_per_token'] / base:.1f}x the test model's weights per "
-            f"token); KV 31 usable blocks of 128 tokens; stock sustains {result['stock_rate_rps']} req/s; SLO TTFT "
+            f"token); KV {result['pool_blocks'] - 1} usable blocks of 128 tokens; stock sustains {result['stock_rate_rps']} req/s; SLO TTFT "
             f"{result['slo']['ttft_s']} s, TPOT {result['slo']['tpot_s'] * 1000:.0f} ms"
         )
         header = (
-            f"  {'workload':<8} {'arm':<11} {'goodput':>9} {'vs stock':>8} {'preempt':>7} {'recomp':>7} "
+            f"  {'workload':<8} {'arm':<15} {'goodput':>9} {'vs stock':>8} {'preempt':>7} {'paused':>7} {'recomp':>7} "
             f"{'mispred':>7} {'peak KV':>7} {'mean KV':>7} {'running':>7} {'p99 e2e':>8} {'vs stock':>8} {'refused':>7} {'lengths p5/50/95':>17}"
         )
         print(header)
@@ -546,9 +590,9 @@ def print_table(results: list[dict], step: dict) -> None:
             for arm in [arm for arm in ARMS if any(row["arm"] == arm for row in rows or ())]:
                 lengths = next((row["lengths_p5_p50_p95"] for row in rows if row["arm"] == arm), None) or ["-"] * 3
                 print(
-                    f"  {workload:<8} {arm:<11} {medians(rows, arm, 'goodput_tokens_per_s'):>7.0f}/s "
+                    f"  {workload:<8} {arm:<15} {medians(rows, arm, 'goodput_tokens_per_s'):>7.0f}/s "
                     f"{paired_ratio(rows, arm, 'goodput_tokens_per_s'):>8.2f} "
-                    f"{medians(rows, arm, 'preemptions'):>7.0f} {_figure(medians(rows, arm, 'recomputed_tokens')):>7} "
+                    f"{medians(rows, arm, 'preemptions'):>7.0f} {_figure(medians(rows, arm, 'paused_steps')):>7} {_figure(medians(rows, arm, 'recomputed_tokens')):>7} "
                     f"{_figure(medians(rows, arm, 'mispredicted')):>7} {peak_kv(rows, arm):>7} "
                     f"{medians(rows, arm, 'mean_kv_usage'):>7.0%} {medians(rows, arm, 'mean_running'):>7.1f} "
                     f"{medians(rows, arm, 'p99_e2e_s'):>7.1f}s {paired_ratio(rows, arm, 'p99_e2e_s'):>8.2f} "
@@ -567,7 +611,7 @@ def print_table(results: list[dict], step: dict) -> None:
                 f"({paired_ratio(result['rows'][factor], arm, 'slo_goodput_rps'):4.2f})"
                 for factor in factors
             ]
-            print(f"  {'c':<8} {arm:<11} " + "  ".join(curve))
+            print(f"  {'c':<8} {arm:<15} " + "  ".join(curve))
 
 
 def _figure(value: float) -> str:
@@ -581,7 +625,15 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--keep", type=Path, help="write the models and engine logs here, and keep them")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--queue-cap", type=int, default=12, help="stock+caps: --max-num-queued-reqs (default 12)")
+    parser.add_argument(
+        "--pools",
+        default=str(BLOCKS),
+        help=f"comma-separated KV pools in blocks of 128 tokens, multiples of {BLOCKS}; the requests scale with each "
+        f"(default {BLOCKS})",
+    )
+    parser.add_argument(
+        "--queue-cap", type=int, default=12, help="stock+caps: --max-num-queued-reqs per 32 blocks of pool (default 12)"
+    )
     parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of: {', '.join(ARMS)} (default all)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--step-cost-only", action="store_true")
@@ -593,13 +645,20 @@ def main() -> None:
     chosen = options.arms.split(",")
     if "stock" not in chosen or not set(chosen) <= set(ARMS):
         parser.error(f"--arms {options.arms!r}: stock (the baseline) and any of {', '.join(ARMS[1:])}")
+    pools = [int(pool) for pool in options.pools.split(",") if pool.strip().isdigit()]
+    if (
+        not pools
+        or len(pools) != len(options.pools.split(","))
+        or any(pool < BLOCKS or pool % BLOCKS for pool in pools)
+    ):
+        parser.error(f"--pools {options.pools!r}: multiples of {BLOCKS} blocks, comma-separated")
     results = []
     with tempfile.TemporaryDirectory(prefix="guard-goodput-") as scratch:
         folder = options.keep or Path(scratch)
         folder.mkdir(parents=True, exist_ok=True)
         step = step_cost(build_model(folder / "scheduler-model"))
         if not options.step_cost_only:
-            results = [bench_shape(name, SHAPES[name], folder, options) for name in names]
+            results = [bench_shape(name, SHAPES[name], pool, folder, options) for name in names for pool in pools]
     if options.json:
         print(json.dumps({"seed": options.seed, "reps": options.reps, "step_cost": step, "shapes": results}, indent=2))
     else:

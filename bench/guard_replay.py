@@ -13,6 +13,7 @@ are. No timing and no machine noise: what is counted is what each admission does
   width      requests decoding per step, on average (what a wider batch buys)
   prefill    prompt tokens computed, recomputation of preempted requests included
   preempted  vLLM's preemptions
+  paused     request-steps the guard paused in place for blocks (its fallback before a preemption)
 Where the real engine's goodput ratio (bench/guard_goodput.py) differs from these, the difference is in the cost of
 a step, not in what the guard admitted.
 """
@@ -20,9 +21,7 @@ a step, not in what the guard admitted.
 from __future__ import annotations
 
 import argparse
-import math
 import os
-import random
 import sys
 import tempfile
 import warnings
@@ -89,25 +88,19 @@ def replay(scheduler_cls, model: Path, jobs, env: dict[str, str], blocks: int, w
         "decode_width": decoded / max(1, run.steps),
         "prefill_tokens": prefilled,
         "preempted": run.preemptions,
+        "paused": scheduler.guard_counts.paused if hasattr(scheduler, "guard_counts") else 0,
         "finished": len(run.finished),
     }
 
 
-def stop_lengths(seed: int, count: int, prefix: str) -> dict[str, int]:
-    """Where each unknown-length request samples a stop token: one of 3 in 512 tokens per step, as
-    bench/guard_goodput.py's STOP_IDS on the dummy-weight model (a geometric length, mean about 170)."""
-    rng = random.Random(f"lengths-{seed}-{prefix}")
-    return {
-        f"{prefix}{index}": 1 + int(math.log(1.0 - rng.random()) / math.log(1.0 - 3 / 512)) for index in range(count)
-    }
-
-
 def workload(name: str, seed: int, scale: int) -> tuple[list, list, dict[str, int]]:
-    """(warm-up, jobs, stop lengths) of bench/guard_goodput.py's workload `name`, `scale` times the requests."""
+    """(warm-up, jobs, stop lengths) of bench/guard_goodput.py's workload `name`, `scale` times the requests: the
+    same seeded lengths the engine benchmark's requests stop at."""
     if name == "a":
         return [], exact_jobs(seed, 120 * scale, 9.0), {}
     warmup, jobs = unknown_jobs(seed, 48 * scale, None), unknown_jobs(seed, 160 * scale, UNKNOWN_RATE * scale)
-    return warmup, jobs, {**stop_lengths(seed, len(warmup), "w"), **stop_lengths(seed, len(jobs), "r")}
+    lengths = {f"w{index}": job.length for index, job in enumerate(warmup)}
+    return warmup, jobs, {**lengths, **{f"r{index}": job.length for index, job in enumerate(jobs)}}
 
 
 def main() -> None:
@@ -133,7 +126,7 @@ def main() -> None:
     blocks = BLOCKS * options.scale
     print(f"a pool of {blocks} blocks of 128 tokens, {STEP_MS:g} ms per step")
     print(
-        f"  {'load':<4} {'seed':<4} {'arm':<14} {'steps':>6} {'vs stock':>8} {'width':>6} {'prefill':>8} {'preempted':>9}"
+        f"  {'load':<4} {'seed':<4} {'arm':<14} {'steps':>6} {'vs stock':>8} {'width':>6} {'prefill':>8} {'preempted':>9} {'paused':>7}"
     )
     with tempfile.TemporaryDirectory(prefix="guard-replay-") as scratch:
         model = build_model(Path(scratch) / "model")
@@ -154,7 +147,7 @@ def main() -> None:
                     assert row["finished"] == len(jobs), (arm, row)
                     print(
                         f"  ({name})  {seed:<4} {arm:<14} {row['steps']:>6} {rows['stock']['steps'] / row['steps']:>8.2f} "
-                        f"{row['decode_width']:>6.1f} {row['prefill_tokens']:>8} {row['preempted']:>9}"
+                        f"{row['decode_width']:>6.1f} {row['prefill_tokens']:>8} {row['preempted']:>9} {row['paused']:>7}"
                     )
 
 
