@@ -69,6 +69,8 @@ def kv_guard_engine(tiny_model, policy_endpoint, tmp_path_factory):
         str(DEFAULT_KV_BYTES),
         "--scheduler-cls",
         "kvops_vllm.scheduler.KVGuardScheduler",
+        "--logits-processors",  # requests that stop where their vllm_xargs say, as bench/guard_goodput.py sends
+        "tests.support.stop_at:StopAt",
     ]
     server = VllmServer(tiny_model, tmp_path_factory.mktemp("logs") / "vllm-kv-guard.log", args=args, env=env)
     with server:

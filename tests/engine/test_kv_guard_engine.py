@@ -196,6 +196,24 @@ def test_a_misprediction_falls_back_to_preemption_without_hanging(kv_guard_engin
     assert re.search(r"kvops guard: in the last .*, [1-9]\d* past their projected length", kv_guard_engine.log_text())
 
 
+def test_unknown_lengths_end_where_the_engine_samples_the_stop_and_the_overflow_waits(kv_guard_engine):
+    """bench/guard_goodput.py's unknown-length requests, 24 at once: each may stop (a stop token), and the engine
+    samples the stop as its seeded last token (tests/support/stop_at.py), which the scheduler cannot see. 24 of
+    them hold more than the pool at their max_tokens: every one ends at its length, the rest wait."""
+    lengths = [5 + 37 * i % 300 for i in range(24)]
+    body = {"max_tokens": 600, "ignore_eos": True, "stop_token_ids": [11], "temperature": 0}
+    prompt = "the cache grows with every token " * 4
+    with ThreadPoolExecutor(24) as pool:
+        answers = list(
+            pool.map(
+                lambda length: completion_unknown(kv_guard_engine, prompt, {**body, "vllm_xargs": {"stop_at": length}}),
+                lengths,
+            )
+        )
+    assert [answer["usage"]["completion_tokens"] for answer in answers] == lengths
+    assert {answer["choices"][0]["finish_reason"] for answer in answers} == {"stop"}
+
+
 def completion_unknown(engine, prompt: str, body: dict) -> dict:
     status, text = post(engine, "/v1/completions", {"prompt": prompt, **body})
     assert status == 200, text

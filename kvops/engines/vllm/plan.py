@@ -460,7 +460,7 @@ def guard_named(inputs: PlanInputs) -> bool:
     return flags.GUARD_BY_DEFAULT and not inputs.spec.has_state
 
 
-def _guard_note(inputs: PlanInputs) -> str:
+def _guard_note(inputs: PlanInputs, capacity: VllmCapacity) -> str:
     if guard_named(inputs):
         return (
             f"KV guard: --scheduler-cls {flags.GUARD_SCHEDULER} loads a plugin from vLLM's own Python: pip install "
@@ -470,7 +470,15 @@ def _guard_note(inputs: PlanInputs) -> str:
         )
     if inputs.guard is False:
         return "KV guard: not named (--no-guard)"
-    return f"KV guard: not named by default ({flags.GUARD_DEFAULT_REASON}); --guard names it (kvops installed in vLLM's own Python)"
+    held = capacity.requests_at_full
+    if held >= flags.GUARD_POOL_REQUESTS:
+        measured = f"as many as the benchmark's larger pool, where {flags.GUARD_LARGE_POOL}"
+    else:
+        measured = flags.GUARD_SMALL_POOL
+    return (
+        f"KV guard: not named by default; this pool holds {held} requests of the planned size at once: {measured} "
+        "(bench/guard_goodput.py); --guard names it (kvops installed in vLLM's own Python)"
+    )
 
 
 def _refusal_route(inputs: PlanInputs) -> str:
@@ -486,7 +494,7 @@ def _refusal_route(inputs: PlanInputs) -> str:
 
 def _warnings(draft: _Draft, kv_layout: layout.KVCacheLayout, dtype: KvDtype, capacity: VllmCapacity) -> None:
     inputs = draft.inputs
-    draft.notes.append(_guard_note(inputs))
+    draft.notes.append(_guard_note(inputs, capacity))
     spec, length = inputs.spec, capacity.max_model_len
     if spec.max_position_embeddings and length > spec.max_position_embeddings:
         draft.warnings.append(

@@ -338,7 +338,12 @@ def test_the_default_plan_names_no_scheduler_and_the_text_says_where_the_guard_g
     args = ("-m", "qwen3-8b", "--gpu", "L40S", "--max-model-len", "8192")
     assert "scheduler-cls" not in plan_doc(run_kvops, *args)["flags"]
     plain = run_kvops("plan", *args).stdout
-    assert "KV guard: not named by default (guard v2 at " in plain and "--guard names it" in plain
+    assert (
+        "KV guard: not named by default; this pool holds 20 requests of the planned size at once: fewer than" in plain
+    )
+    assert "--guard names it" in plain
+    large = run_kvops("plan", "-m", "mistral-7b-v0.1", "--gpu", "H100-80GB").stdout
+    assert "this pool holds 109 requests of the planned size at once: as many as the benchmark's larger pool" in large
     guarded = run_kvops("plan", *args, "--guard").stdout
     assert "--scheduler-cls kvops_vllm.scheduler.KVGuardScheduler loads a plugin from vLLM's own Python" in guarded
     k8s = run_kvops("plan", *args, "--guard", "--format", "k8s")
