@@ -5,10 +5,12 @@ replicas: the real vLLM CPU engine, and a STAND-IN (a real HTTP server serving t
 `kvops manifests` plans the engine's own pool (4 MiB, blocks of 128 tokens: 31 usable, as the CPU engine has) for
 requests of 650 + 100 tokens, and writes the recording rules, the KEDA ScaledObject, the HPA with its
 prometheus-adapter rule, and the llm-d, Dynamo and production-stack settings. Prometheus evaluates those rules on
-the two replicas; every query the objects hold runs against it, under staged load: idle, then 4 requests that
-start at 100 tokens and grow to 750 (the plan's request), 4 x 6 blocks = 77% of the pool. The demand counts each at
-750 from its admission (4 x 750 = 76% of the pool), so it passes the scaling target (warn, 70%) while the blocks
-still fill, which KV usage reaches only near the requests' end: the signal leads the KV level.
+the two replicas; every query the objects hold runs against it, under staged load: idle, then 5 requests that
+start at 100 tokens and grow to 750 (the plan's request), 5 x 6 blocks = 97% of the pool. The demand counts each at
+750 from its admission (5 x 750 = 95% of the pool), so it passes the scaling target (warn, 70%) while the blocks
+still fill, which KV usage reaches only past 512 tokens (5 x 5 blocks = 81%): the signal leads the KV level.
+KV usage stays past 70% for the last third of every round, so Prometheus samples it even where the busy engine
+answers only one scrape a second.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ PLAN = [
     "--replicas",
     "2",
 ]
-GROWING = Stage(4, 100, 650)  # 4 x 1 block at admission (13%), growing to 4 x 6 blocks (77%) as they decode
+GROWING = Stage(5, 100, 650)  # 5 x 1 block at admission (16%), growing to 5 x 6 blocks (97%) as they decode
 STAND_IN = {"kv_usage": 0.30, "running": 1, "waiting": 2}
 STAND_IN_DEMAND = max(0.30 * USABLE, 1 * REQUEST) + 2 * REQUEST  # 1190.4 in use + 2 queued x 750
 
@@ -81,6 +83,16 @@ def value(prometheus: PrometheusServer, expr: str) -> float:
 def at(prometheus: PrometheusServer, expr: str, when: float) -> list[float]:
     """The query's values at one evaluation time (several queries compared at the same instant)."""
     return [float(s["value"][1]) for s in prometheus.get_json("/api/v1/query", query=expr, time=when)["data"]["result"]]
+
+
+def first_at_or_above(prometheus: PrometheusServer, expr: str, level: float, since: float) -> float | None:
+    """When `expr` first reached `level` since the wall-clock time `since`, from the samples Prometheus scraped: a
+    peak shorter than the poll's period (the requests' last block lasts a fraction of a second) is still seen."""
+    for series in prometheus.query(f"{expr}[1m]"):
+        for stamp, sample in series["values"]:
+            if stamp >= since and float(sample) >= level:
+                return stamp
+    return None
 
 
 def adapter_query(config: dict, namespace: str, pods: list[str]) -> str:
@@ -202,16 +214,16 @@ def test_headroom_scales_and_gateways_shed_at_kvops_levels(vllm_engine, tmp_path
 
             load = KvLoad(vllm_engine.url, str(vllm_engine.model)).start(GROWING)
             crossed: dict[str, float] = {}
-            start = time.monotonic()
+            start = time.time()
             try:
-                while not {"kv", "total"} <= set(crossed) and time.monotonic() - start < 240:
+                while not {"kv", "total"} <= set(crossed) and time.time() - start < 240:
                     ratio = prometheus.query('kvops:kv_demand_ratio{pod="vllm-0"}')
-                    usage = prometheus.query('vllm:kv_cache_usage_perc{job="vllm",pod="vllm-0"}')
-                    now = time.monotonic() - start
+                    usage = first_at_or_above(prometheus, 'vllm:kv_cache_usage_perc{job="vllm",pod="vllm-0"}', 0.70, start)
+                    now = time.time() - start
                     if ratio and float(ratio[0]["value"][1]) >= 0.70:
                         crossed.setdefault("demand", now)
-                    if usage and float(usage[0]["value"][1]) >= 0.70:
-                        crossed.setdefault("kv", now)
+                    if usage is not None:
+                        crossed.setdefault("kv", usage - start)
                     if "demand" in crossed and "total" not in crossed:
                         # the queries compared at one instant; each replica's rules are evaluated on its own
                         # scrape, so on a busy machine one can lag the ratio read above: read again next turn
