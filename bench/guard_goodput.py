@@ -564,54 +564,57 @@ def peak_kv(rows: list[dict], arm: str) -> str:
     return f"{own:.0%}" if not math.isnan(own) else f"~{medians(rows, arm, 'peak_kv_usage'):.0%}"
 
 
-def print_table(results: list[dict], step: dict) -> None:
+def print_step_cost(step: dict) -> None:
     print("admission cost per scheduling step, 256 requests running and a queue waiting (in-process scheduler):")
     for arm, figures in step.items():
         print(
             f"  {arm:<9} {figures['median_ms']:>7.3f} ms per schedule() "
             f"({figures['running']} running, {figures['waiting']} waiting)"
         )
+
+
+def print_shape(result: dict) -> None:
+    """One shape and pool's table, printed as soon as it is measured (a long run cut short keeps what it had)."""
     base = parameters(SHAPES["tiny"])
-    for result in results:
-        config = result["config"]
-        print(
-            f"\n{result['shape']}, pool {result['pool_blocks']}: {config['num_hidden_layers']} layers, hidden {config['hidden_size']}, MLP "
-            f"{config['intermediate_size']} ({result['parameters_per_token'] / base:.1f}x the test model's weights per "
-            f"token); KV {result['pool_blocks'] - 1} usable blocks of 128 tokens; stock sustains {result['stock_rate_rps']} req/s; SLO TTFT "
-            f"{result['slo']['ttft_s']} s, TPOT {result['slo']['tpot_s'] * 1000:.0f} ms"
-        )
-        header = (
-            f"  {'workload':<8} {'arm':<15} {'goodput':>9} {'vs stock':>8} {'preempt':>7} {'paused':>7} {'recomp':>7} "
-            f"{'mispred':>7} {'peak KV':>7} {'mean KV':>7} {'running':>7} {'p99 e2e':>8} {'vs stock':>8} {'refused':>7} {'lengths p5/50/95':>17}"
-        )
-        print(header)
-        for workload in ("a", "b"):
-            rows = result["rows"].get(workload)
-            for arm in [arm for arm in ARMS if any(row["arm"] == arm for row in rows or ())]:
-                lengths = next((row["lengths_p5_p50_p95"] for row in rows if row["arm"] == arm), None) or ["-"] * 3
-                print(
-                    f"  {workload:<8} {arm:<15} {medians(rows, arm, 'goodput_tokens_per_s'):>7.0f}/s "
-                    f"{paired_ratio(rows, arm, 'goodput_tokens_per_s'):>8.2f} "
-                    f"{medians(rows, arm, 'preemptions'):>7.0f} {_figure(medians(rows, arm, 'paused_steps')):>7} {_figure(medians(rows, arm, 'recomputed_tokens')):>7} "
-                    f"{_figure(medians(rows, arm, 'mispredicted')):>7} {peak_kv(rows, arm):>7} "
-                    f"{medians(rows, arm, 'mean_kv_usage'):>7.0%} {medians(rows, arm, 'mean_running'):>7.1f} "
-                    f"{medians(rows, arm, 'p99_e2e_s'):>7.1f}s {paired_ratio(rows, arm, 'p99_e2e_s'):>8.2f} "
-                    f"{medians(rows, arm, 'refused_then_retried'):>7.0f} {'/'.join(str(x) for x in lengths):>17}"
-                )
-        factors = sorted({key for key in result["rows"] if key.startswith("c")}, key=lambda key: float(key[1:]))
-        if not factors:
-            continue
-        print(
-            f"  (c) SLO goodput, req/s meeting both targets, at {', '.join(f[1:] + 'x' for f in factors)} stock's rate"
-            " (median; in brackets the median ratio to stock):"
-        )
-        for arm in [arm for arm in ARMS if any(row["arm"] == arm for row in result["rows"][factors[0]])]:
-            curve = [
-                f"{medians(result['rows'][factor], arm, 'slo_goodput_rps'):5.2f} "
-                f"({paired_ratio(result['rows'][factor], arm, 'slo_goodput_rps'):4.2f})"
-                for factor in factors
-            ]
-            print(f"  {'c':<8} {arm:<15} " + "  ".join(curve))
+    config = result["config"]
+    print(
+        f"\n{result['shape']}, pool {result['pool_blocks']}: {config['num_hidden_layers']} layers, hidden {config['hidden_size']}, MLP "
+        f"{config['intermediate_size']} ({result['parameters_per_token'] / base:.1f}x the test model's weights per "
+        f"token); KV {result['pool_blocks'] - 1} usable blocks of 128 tokens; stock sustains {result['stock_rate_rps']} req/s; SLO TTFT "
+        f"{result['slo']['ttft_s']} s, TPOT {result['slo']['tpot_s'] * 1000:.0f} ms"
+    )
+    header = (
+        f"  {'workload':<8} {'arm':<15} {'goodput':>9} {'vs stock':>8} {'preempt':>7} {'paused':>7} {'recomp':>7} "
+        f"{'mispred':>7} {'peak KV':>7} {'mean KV':>7} {'running':>7} {'p99 e2e':>8} {'vs stock':>8} {'refused':>7} {'lengths p5/50/95':>17}"
+    )
+    print(header)
+    for workload in ("a", "b"):
+        rows = result["rows"].get(workload)
+        for arm in [arm for arm in ARMS if any(row["arm"] == arm for row in rows or ())]:
+            lengths = next((row["lengths_p5_p50_p95"] for row in rows if row["arm"] == arm), None) or ["-"] * 3
+            print(
+                f"  {workload:<8} {arm:<15} {medians(rows, arm, 'goodput_tokens_per_s'):>7.0f}/s "
+                f"{paired_ratio(rows, arm, 'goodput_tokens_per_s'):>8.2f} "
+                f"{medians(rows, arm, 'preemptions'):>7.0f} {_figure(medians(rows, arm, 'paused_steps')):>7} {_figure(medians(rows, arm, 'recomputed_tokens')):>7} "
+                f"{_figure(medians(rows, arm, 'mispredicted')):>7} {peak_kv(rows, arm):>7} "
+                f"{medians(rows, arm, 'mean_kv_usage'):>7.0%} {medians(rows, arm, 'mean_running'):>7.1f} "
+                f"{medians(rows, arm, 'p99_e2e_s'):>7.1f}s {paired_ratio(rows, arm, 'p99_e2e_s'):>8.2f} "
+                f"{medians(rows, arm, 'refused_then_retried'):>7.0f} {'/'.join(str(x) for x in lengths):>17}"
+            )
+    factors = sorted({key for key in result["rows"] if key.startswith("c")}, key=lambda key: float(key[1:]))
+    if not factors:
+        return
+    print(
+        f"  (c) SLO goodput, req/s meeting both targets, at {', '.join(f[1:] + 'x' for f in factors)} stock's rate"
+        " (median; in brackets the median ratio to stock):"
+    )
+    for arm in [arm for arm in ARMS if any(row["arm"] == arm for row in result["rows"][factors[0]])]:
+        curve = [
+            f"{medians(result['rows'][factor], arm, 'slo_goodput_rps'):5.2f} "
+            f"({paired_ratio(result['rows'][factor], arm, 'slo_goodput_rps'):4.2f})"
+            for factor in factors
+        ]
+        print(f"  {'c':<8} {arm:<15} " + "  ".join(curve))
 
 
 def _figure(value: float) -> str:
@@ -657,12 +660,16 @@ def main() -> None:
         folder = options.keep or Path(scratch)
         folder.mkdir(parents=True, exist_ok=True)
         step = step_cost(build_model(folder / "scheduler-model"))
-        if not options.step_cost_only:
-            results = [bench_shape(name, SHAPES[name], pool, folder, options) for name in names for pool in pools]
+        if not options.json:
+            print_step_cost(step)
+        for name in names if not options.step_cost_only else ():
+            for pool in pools:
+                results.append(bench_shape(name, SHAPES[name], pool, folder, options))
+                if not options.json:
+                    print_shape(results[-1])
+                sys.stdout.flush()
     if options.json:
         print(json.dumps({"seed": options.seed, "reps": options.reps, "step_cost": step, "shapes": results}, indent=2))
-    else:
-        print_table(results, step)
 
 
 if __name__ == "__main__":

@@ -218,7 +218,9 @@ def test_headroom_scales_and_gateways_shed_at_kvops_levels(vllm_engine, tmp_path
             try:
                 while not {"kv", "total"} <= set(crossed) and time.time() - start < 240:
                     ratio = prometheus.query('kvops:kv_demand_ratio{pod="vllm-0"}')
-                    usage = first_at_or_above(prometheus, 'vllm:kv_cache_usage_perc{job="vllm",pod="vllm-0"}', 0.70, start)
+                    usage = first_at_or_above(
+                        prometheus, 'vllm:kv_cache_usage_perc{job="vllm",pod="vllm-0"}', 0.70, start
+                    )
                     now = time.time() - start
                     if ratio and float(ratio[0]["value"][1]) >= 0.70:
                         crossed.setdefault("demand", now)
