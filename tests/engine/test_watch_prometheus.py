@@ -89,9 +89,9 @@ def test_fleet_levels_per_replica_and_the_worst(vllm_engine, tmp_path, run_kvops
                 )
             finally:
                 load.stop()
-            assert (
-                watch.wait_level("warn", timeout=120)["kv_usage"] == 0.72
-            )  # the engine is back to ok, the fleet to the second's warn
+            # the engine is back to ok, the fleet to the second's warn (the engine's last scrape of the burst may
+            # show it at warn a moment first: 0.74 as its requests end)
+            watch.wait_level("warn", timeout=120, kv_usage=0.72)
             assert (
                 watch.metric("kvops_replica_level", instance=engine) == 0
                 and watch.metric("kvops_replica_level", instance=second.target) == 1

@@ -93,11 +93,12 @@ class WatchProcess:
     def policy(self) -> dict:
         return json.loads(self.get("/kvops/policy")[1])
 
-    def wait_level(self, level: str, timeout: float = 60) -> dict:
+    def wait_level(self, level: str, timeout: float = 60, kv_usage: float | None = None) -> dict:
+        """The watcher's policy document once its level is `level` (and its KV usage `kv_usage`, where given)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             document = self.policy()
-            if document["level"] == level:
+            if document["level"] == level and kv_usage in (None, document["kv_usage"]):
                 return document
             if self.process.poll() is not None:
                 raise AssertionError(f"kvops watch exited with {self.process.returncode}")
