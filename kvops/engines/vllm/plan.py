@@ -472,7 +472,7 @@ def _guard_note(inputs: PlanInputs, capacity: VllmCapacity) -> str:
         return "KV guard: not named (--no-guard)"
     held = capacity.requests_at_full
     if held >= flags.GUARD_POOL_REQUESTS:
-        measured = f"as many as the benchmark's larger pool, on which {flags.GUARD_LARGE_POOL}"
+        measured = f"as many as the benchmark's larger pool (about 35) or more; on it {flags.GUARD_LARGE_POOL}"
     else:
         measured = flags.GUARD_SMALL_POOL
     return (
