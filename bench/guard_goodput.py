@@ -648,12 +648,8 @@ def main() -> None:
     chosen = options.arms.split(",")
     if "stock" not in chosen or not set(chosen) <= set(ARMS):
         parser.error(f"--arms {options.arms!r}: stock (the baseline) and any of {', '.join(ARMS[1:])}")
-    pools = [int(pool) for pool in options.pools.split(",") if pool.strip().isdigit()]
-    if (
-        not pools
-        or len(pools) != len(options.pools.split(","))
-        or any(pool < BLOCKS or pool % BLOCKS for pool in pools)
-    ):
+    pools = options.pools.split(",")
+    if not all(pool.strip().isdigit() and int(pool) >= BLOCKS and int(pool) % BLOCKS == 0 for pool in pools):
         parser.error(f"--pools {options.pools!r}: multiples of {BLOCKS} blocks, comma-separated")
     results = []
     with tempfile.TemporaryDirectory(prefix="guard-goodput-") as scratch:
@@ -662,11 +658,11 @@ def main() -> None:
         step = step_cost(build_model(folder / "scheduler-model"))
         if not options.json:
             print_step_cost(step)
-        for name in names if not options.step_cost_only else ():
-            for pool in pools:
-                results.append(bench_shape(name, SHAPES[name], pool, folder, options))
-                if not options.json:
-                    print_shape(results[-1])
+        measured = [] if options.step_cost_only else [(name, int(pool)) for name in names for pool in pools]
+        for name, pool in measured:
+            results.append(bench_shape(name, SHAPES[name], pool, folder, options))
+            if not options.json:
+                print_shape(results[-1])
                 sys.stdout.flush()
     if options.json:
         print(json.dumps({"seed": options.seed, "reps": options.reps, "step_cost": step, "shapes": results}, indent=2))

@@ -68,6 +68,16 @@ SIBLING_ID = re.compile(r"(\d+)_")
 # start lowers its own course a little): most steps under load then cost no admission arithmetic.
 RECHECK_STEPS = 16
 
+
+@dataclass(frozen=True)
+class Blocked:
+    """A queue head that did not fit: the requests freed so far and the step, when it was weighed."""
+
+    head: Request
+    frees: int
+    step: int
+
+
 # How a finished request's length feeds OutputLengths: an end, a cut (censored), or nothing (it never ran).
 _ENDED = {RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_ABORTED, RequestStatus.FINISHED_REPETITION}
 
@@ -123,7 +133,7 @@ class KVGuardScheduler(AsyncScheduler):
             ).start()
         self._projected_at_admission: dict[str, int] = {}
         self._frees = 0  # requests that freed their blocks (finished or preempted) since the engine started
-        self._blocked: tuple[Request, int, int] | None = None  # the head that did not fit, _frees and the step then
+        self._blocked: Blocked | None = None
         self._fixed_ends: dict[str, int] = {}  # known lengths: the end tokens, computed once per request
         self._waited_for_kv: weakref.WeakSet[Request] = weakref.WeakSet()
         self._held_once: weakref.WeakSet[Request] = weakref.WeakSet()
@@ -184,7 +194,7 @@ class KVGuardScheduler(AsyncScheduler):
         if admitted < len(candidates) and candidates[admitted] not in self._waited_for_kv:
             self._waited_for_kv.add(candidates[admitted])
             self.guard_counts.queued_for_kv += 1
-        self._blocked = (candidates[0], self._frees, self.current_step) if candidates and not admitted else None
+        self._blocked = Blocked(candidates[0], self._frees, self.current_step) if candidates and not admitted else None
         picked = candidates[:admitted]
         chosen = set(picked)
         for request in picked:
@@ -207,9 +217,9 @@ class KVGuardScheduler(AsyncScheduler):
         blocked = self._blocked
         return (
             blocked is not None
-            and blocked[1] == self._frees
-            and self.current_step - blocked[2] < RECHECK_STEPS
-            and queue.peek_request() is blocked[0]
+            and blocked.frees == self._frees
+            and self.current_step - blocked.step < RECHECK_STEPS
+            and queue.peek_request() is blocked.head
         )
 
     def _release(self, held) -> None:

@@ -471,10 +471,7 @@ def _guard_note(inputs: PlanInputs, capacity: VllmCapacity) -> str:
     if inputs.guard is False:
         return "KV guard: not named (--no-guard)"
     held = capacity.requests_at_full
-    if held >= flags.GUARD_POOL_REQUESTS:
-        measured = f"as many as the benchmark's larger pool (about 35) or more; on it {flags.GUARD_LARGE_POOL}"
-    else:
-        measured = flags.GUARD_SMALL_POOL
+    measured = flags.GUARD_LARGE_POOL if held >= flags.GUARD_POOL_REQUESTS else flags.GUARD_SMALL_POOL
     return (
         f"KV guard: not named by default; this pool holds {held} requests of the planned size at once: {measured} "
         "(bench/guard_goodput.py); --guard names it (kvops installed in vLLM's own Python)"
