@@ -1,6 +1,6 @@
 """Workloads (a) and (b) of bench/guard_goodput.py replayed through the real schedulers in-process, no engine.
 
-    python bench/guard_replay.py [--workloads ab] [--seeds 0,1,2] [--scale 1] [--quantiles 0.9]
+    python bench/guard_replay.py [--workloads ab] [--seeds 0,1,2] [--scale 1] [--quantiles 0.95] [--pause-steps 0,1000]
 
 Each scheduler (stock vLLM's AsyncScheduler, the KV guard v1 and v2) is built as
 tests/engine/test_kv_guard_scheduler.py builds it, over the benchmark's pool (32 blocks of 128 tokens) and vLLM's
@@ -21,7 +21,6 @@ a step, not in what the guard admitted.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
 import warnings
@@ -30,7 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "plugins"), str(REPO / "bench")]
 
-from guard_goodput import BLOCKS, MAX_MODEL_LEN, exact_jobs, unknown_jobs  # noqa: E402
+from guard_goodput import BLOCKS, MAX_MODEL_LEN, environment, exact_jobs, unknown_jobs  # noqa: E402
 
 from tests.support.vllm_scheduler import Run  # noqa: E402
 
@@ -43,16 +42,16 @@ def replay(scheduler_cls, model: Path, jobs, env: dict[str, str], blocks: int, w
     output length at which an unknown-length request samples its stop token."""
     from tests.support.vllm_scheduler import Driver, Requests, build_scheduler
 
-    os.environ.update({"KVOPS_LOG_SECONDS": "3600", **env})
-    scheduler = build_scheduler(
-        scheduler_cls,
-        model,
-        num_blocks=blocks,
-        block_size=128,
-        max_num_seqs=1024,
-        max_num_batched_tokens=2048,
-        max_model_len=MAX_MODEL_LEN,
-    )
+    with environment(KVOPS_LOG_SECONDS="3600", **env):  # each arm its own settings, none left for the next
+        scheduler = build_scheduler(
+            scheduler_cls,
+            model,
+            num_blocks=blocks,
+            block_size=128,
+            max_num_seqs=1024,
+            max_num_batched_tokens=2048,
+            max_model_len=MAX_MODEL_LEN,
+        )
     requests, driver = Requests(block_size=128), Driver(scheduler, lengths=dict(lengths or {}))
 
     def add(request_id: str, job, first_token: int) -> None:
@@ -103,13 +102,27 @@ def workload(name: str, seed: int, scale: int) -> tuple[list, list, dict[str, in
     return warmup, jobs, {**lengths, **{f"r{index}": job.length for index, job in enumerate(jobs)}}
 
 
+def variants(options) -> list[tuple]:
+    """Guard v2 arms with one setting changed from its default: --quantiles, then --pause-steps."""
+    from kvops_vllm.scheduler import KVGuardScheduler
+
+    quantiles = [q for q in options.quantiles.split(",") if q]
+    pauses = [p for p in options.pause_steps.split(",") if p]
+    return [(f"guard-v2 p{float(q) * 100:g}", KVGuardScheduler, {"KVOPS_OUTPUT_QUANTILE": q}) for q in quantiles] + [
+        (f"guard-v2 pause {p}", KVGuardScheduler, {"KVOPS_PAUSE_STEPS": p}) for p in pauses
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", default="ab", help="a (exact lengths), b (unknown lengths); default ab")
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated (default 0,1,2)")
     parser.add_argument("--scale", type=int, default=1, help="pool and requests times this (default 1)")
     parser.add_argument(
-        "--quantiles", default="", help="(b): guard v2 also at these KVOPS_OUTPUT_QUANTILE values, e.g. 0.9,0.8"
+        "--quantiles", default="", help="(b): guard v2 also at these KVOPS_OUTPUT_QUANTILE values, e.g. 0.95,0.9"
+    )
+    parser.add_argument(
+        "--pause-steps", default="", help="(b): guard v2 also with these KVOPS_PAUSE_STEPS values, e.g. 0,1000"
     )
     options = parser.parse_args()
     warnings.simplefilter("ignore")
@@ -121,32 +134,24 @@ def main() -> None:
     arms = [
         ("stock", AsyncScheduler, {}),
         ("guard-v1", KVGuardScheduler, {"KVOPS_ADMISSION": "reserve"}),
-        ("guard-v2", KVGuardScheduler, {"KVOPS_ADMISSION": "peak", "KVOPS_OUTPUT_QUANTILE": "0.95"}),
+        ("guard-v2", KVGuardScheduler, {"KVOPS_ADMISSION": "peak"}),
     ]
     blocks = BLOCKS * options.scale
     print(f"a pool of {blocks} blocks of 128 tokens, {STEP_MS:g} ms per step")
     print(
-        f"  {'load':<4} {'seed':<4} {'arm':<14} {'steps':>6} {'vs stock':>8} {'width':>6} {'prefill':>8} {'preempted':>9} {'paused':>7}"
+        f"  {'load':<4} {'seed':<4} {'arm':<19} {'steps':>6} {'vs stock':>8} {'width':>6} {'prefill':>8} {'preempted':>9} {'paused':>7}"
     )
     with tempfile.TemporaryDirectory(prefix="guard-replay-") as scratch:
         model = build_model(Path(scratch) / "model")
         for name in options.workloads:
-            extra = [q for q in options.quantiles.split(",") if q] if name == "b" else []
-            chosen = arms + [
-                (
-                    f"guard-v2 p{float(q) * 100:g}",
-                    KVGuardScheduler,
-                    {"KVOPS_ADMISSION": "peak", "KVOPS_OUTPUT_QUANTILE": q},
-                )
-                for q in extra
-            ]
+            chosen = arms + (variants(options) if name == "b" else [])
             for seed in (int(seed) for seed in options.seeds.split(",")):
                 warmup, jobs, lengths = workload(name, seed, options.scale)
                 rows = {arm: replay(cls, model, jobs, env, blocks, warmup, lengths) for arm, cls, env in chosen}
                 for arm, row in rows.items():
                     assert row["finished"] == len(jobs), (arm, row)
                     print(
-                        f"  ({name})  {seed:<4} {arm:<14} {row['steps']:>6} {rows['stock']['steps'] / row['steps']:>8.2f} "
+                        f"  ({name})  {seed:<4} {arm:<19} {row['steps']:>6} {rows['stock']['steps'] / row['steps']:>8.2f} "
                         f"{row['decode_width']:>6.1f} {row['prefill_tokens']:>8} {row['preempted']:>9} {row['paused']:>7}"
                     )
 

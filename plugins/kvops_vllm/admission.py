@@ -354,7 +354,7 @@ class OutputLengths:
     than `min_ends` ends were seen, there is no projection (None: the caller falls back to max_tokens).
     """
 
-    def __init__(self, capacity: int = 1000, quantile: float = 0.95, min_ends: int = 32):
+    def __init__(self, capacity: int = 1000, quantile: float = 0.8, min_ends: int = 32):
         self.quantile = quantile
         self.min_ends = min_ends
         self._samples: deque[tuple[int, bool]] = deque(maxlen=capacity)

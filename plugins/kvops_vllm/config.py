@@ -2,11 +2,13 @@
 
 KVOPS_ADMISSION                peak: by the future peak of the whole batch (guard v2, default); reserve: every admitted
                                request's prompt + max_tokens reserved at once (guard v1)
-KVOPS_OUTPUT_QUANTILE          where lengths are unknown (EOS, stop tokens or strings), a request is projected to end at
-                               this quantile of the output lengths the engine produced recently (default 0.95)
+KVOPS_OUTPUT_QUANTILE          where lengths are unknown (EOS, stop tokens or strings), the risk: the batch's blocks, by
+                               the output lengths the engine produced recently, must fit at this quantile (default 0.8)
 KVOPS_OUTPUT_HISTORY           how many recently finished requests those lengths come from (default 1000)
 KVOPS_OUTPUT_MIN_ENDS          until this many requests ended by themselves, max_tokens is the projection (default 32)
 KVOPS_HEADROOM_BLOCKS          blocks kept free beyond every request's projected KV (default 0)
+KVOPS_PAUSE_STEPS              a request sits out at most this many steps in a row for blocks before vLLM preempts the
+                               one that computed least (default 32; 0: never pause, preempt at once)
 KVOPS_LEVELS                   where the policy level comes from: watcher (default: the watcher's, when
                                KVOPS_POLICY_URL is set, else none) or own (also the engine's own KV usage)
 KVOPS_POLICY_URL               the watcher's /kvops/policy; when set, its level is followed (default: unset)
@@ -43,9 +45,10 @@ class GuardConfig:
     policy_source: str  # the YAML path, or "shipped default"
     headroom_blocks: int = 0
     admission: str = "peak"
-    output_quantile: float = 0.95
+    output_quantile: float = 0.8
     output_history: int = 1000
     output_min_ends: int = 32
+    pause_steps: int = 32
     levels: str = "watcher"
     policy_url: str | None = None
     poll_seconds: float = 2.0
@@ -66,7 +69,7 @@ class GuardConfig:
             output_quantile=_number(
                 env,
                 "KVOPS_OUTPUT_QUANTILE",
-                0.95,
+                0.8,
                 float,
                 lambda value: 0.5 <= value < 1,
                 "a fraction from 0.5 to 0.999",
@@ -81,6 +84,9 @@ class GuardConfig:
             ),
             output_min_ends=_number(
                 env, "KVOPS_OUTPUT_MIN_ENDS", 32, int, lambda value: value >= 1, "a whole number of requests, 1 or more"
+            ),
+            pause_steps=_number(
+                env, "KVOPS_PAUSE_STEPS", 32, int, lambda value: value >= 0, "a whole number of steps, 0 or more"
             ),
             levels=_choice(env, "KVOPS_LEVELS", LEVEL_SOURCES),
             policy_url=_policy_url(url) if url else None,

@@ -13,8 +13,9 @@ queue, in order, and show as vllm:num_requests_waiting.
 
 When a projection falls short and a step's new blocks exceed the free ones, the requests that would run short
 sit the step out holding their blocks (paused in place, no recompute) and resume as soon as a request ends; only
-when none of the running could go on does vLLM preempt, and the guard makes the victim the running request that
-has computed least (FCFS policy) and counts the tokens to recompute. Under load the admission is weighed again
+when none of the running could go on, or one has sat out KVOPS_PAUSE_STEPS steps in a row, does vLLM preempt, and
+the guard makes the victim the running request that has computed least (FCFS policy) and counts the tokens to
+recompute. Under load the admission is weighed again
 only when a request frees blocks or every RECHECK_STEPS steps, so most steps cost it nothing.
 
 It also applies the kvops degrade policy to each new request, by the watcher's level (KVOPS_POLICY_URL; with
@@ -134,6 +135,7 @@ class KVGuardScheduler(AsyncScheduler):
         self._projected_at_admission: dict[str, int] = {}
         self._frees = 0  # requests that freed their blocks (finished or preempted) since the engine started
         self._blocked: Blocked | None = None
+        self._pause_streaks: dict[str, int] = {}  # paused requests: steps in a row they have sat out
         self._fixed_ends: dict[str, int] = {}  # known lengths: the end tokens, computed once per request
         self._waited_for_kv: weakref.WeakSet[Request] = weakref.WeakSet()
         self._held_once: weakref.WeakSet[Request] = weakref.WeakSet()
@@ -341,12 +343,15 @@ class KVGuardScheduler(AsyncScheduler):
         """When this step's new blocks would exceed the free ones, the running requests that would run short sit
         the step out, holding their blocks, instead of vLLM preempting one and recomputing it later: they resume
         as soon as a request ends and frees blocks (no admission meanwhile). The first served are those vLLM would
-        preempt last: the most computed (FCFS) or the most urgent (priority). Only when none of them could run does
-        vLLM preempt, and then its FCFS victim (the last running) is made the one that computed least.
+        preempt last: the most computed (FCFS) or the most urgent (priority). Only when none of them could run, or
+        one has sat out KVOPS_PAUSE_STEPS steps in a row (a request that stalls longer costs the batch more than a
+        recompute), does vLLM preempt, and then its FCFS victim (the last running) is made the one that computed
+        least.
 
         Returns the paused requests, taken out of self.running for this step (`_resume` puts them back).
         """
         running = self.running
+        sat_out, self._pause_streaks = self._pause_streaks, {}
         if len(running) < 2 or self.connector is not None:
             return []  # a KV connector may hold or free blocks outside this count: vLLM's own handling
         free = self.kv_cache_manager.block_pool.get_num_free_blocks()
@@ -374,8 +379,12 @@ class KVGuardScheduler(AsyncScheduler):
                 paused.append(request)
             else:
                 free -= needs[request]
+        streaks = {request.request_id: sat_out.get(request.request_id, 0) + 1 for request in paused}
         if not paused or len(paused) == len(needs):
             return []  # all fit, or none could run: vLLM preempts
+        if max(streaks.values()) > self.guard_config.pause_steps:
+            return []  # short for longer than a recompute costs: vLLM preempts
+        self._pause_streaks = streaks
         self.guard_counts.paused += len(paused)
         gone = set(paused)
         self.running = [request for request in running if request not in gone]

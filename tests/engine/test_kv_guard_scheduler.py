@@ -44,6 +44,7 @@ def guard(tiny_model, monkeypatch):
         "KVOPS_OUTPUT_QUANTILE",
         "KVOPS_OUTPUT_HISTORY",
         "KVOPS_OUTPUT_MIN_ENDS",
+        "KVOPS_PAUSE_STEPS",
     ):
         monkeypatch.delenv(name, raising=False)
     return build
@@ -266,7 +267,7 @@ def test_lengths_from_the_past_let_more_requests_run_than_their_max_tokens(guard
         assert {runs[admission].finished[f"r{i}"].tokens for i in range(10)} == {12}
         assert runs[admission].preemptions == 0
     assert runs["reserve"].peak_running == 2  # 40 // 14
-    assert runs["peak"].peak_running == 10  # p95 of the past: 10 tokens, +1 for what they have generated
+    assert runs["peak"].peak_running == 10  # the past: 10 tokens, +1 for what they have generated
     assert runs["peak"].steps < runs["reserve"].steps / 2
 
 
@@ -302,6 +303,43 @@ def test_a_misprediction_pauses_requests_in_place_before_preempting(guard, stock
     assert counts.paused > 0 and counts.mispredicted == 6
     assert runs["guard"].preemptions < runs["stock"].preemptions
     assert counts.preempted == runs["guard"].preemptions
+
+
+def sitting_out(scheduler) -> dict[str, int]:
+    """Watch every step: the most steps in a row each running request was not scheduled (it sat out)."""
+    original, streaks, longest = scheduler.schedule, {}, {}
+
+    def schedule(*args, **kwargs):
+        output = original(*args, **kwargs)
+        for request in scheduler.running:
+            name = request.request_id
+            streaks[name] = 0 if name in output.num_scheduled_tokens else streaks.get(name, 0) + 1
+            longest[name] = max(longest.get(name, 0), streaks[name])
+        return output
+
+    scheduler.schedule = schedule
+    return longest
+
+
+def test_a_request_sits_out_at_most_kvops_pause_steps_in_a_row(guard, requests):
+    """Past that, the pool has stayed short for longer than a recompute costs: vLLM preempts the request that
+    computed least. 0: never pause."""
+    lengths = {f"r{i}": 40 + 20 * i for i in range(6)}  # as above: the past says 10 tokens, they run 40 to 140
+    longest, preemptions = {}, {}
+    for limit in (0, 3, 1000):
+        scheduler = guard({"KVOPS_PAUSE_STEPS": str(limit)}, num_blocks=21)
+        learn(scheduler, requests)
+        sat_out = sitting_out(scheduler)
+        for i in range(6):
+            scheduler.add_request(requests.make(f"r{i}", 20, 200, stops=True, first_token=300 + 9 * i))
+        run = Driver(scheduler, lengths=lengths).drain(max_steps=3000)
+        assert {request: finished.tokens for request, finished in run.finished.items()} == lengths
+        longest[limit], preemptions[limit] = max(sat_out.values()), run.preemptions
+        assert scheduler.guard_counts.preempted == run.preemptions
+    assert longest[0] == 0 and preemptions[0] > 0
+    assert longest[1000] > 3  # unbounded, a request sits out longer here
+    assert longest[3] <= 3
+    assert preemptions[1000] < preemptions[3] <= preemptions[0]
 
 
 def test_the_fallback_preempts_the_request_that_computed_least(guard, stock, requests):
@@ -527,7 +565,7 @@ def test_the_startup_line_and_a_summary_when_the_engine_drains(guard, watcher, r
     assert run.preemptions == 0 and len(run.finished) == 6
     assert startup_line(guard_log) == (
         "kvops guard: admitting by the future peak of the whole batch (lengths: max_tokens where known, else the "
-        "last 1000 finished, the batch within the pool at p95; max_tokens until 32 ended) over 13 usable blocks, "
+        "last 1000 finished, the batch within the pool at p80; max_tokens until 32 ended) over 13 usable blocks, "
         "headroom 0; "
         "groups: full attention (16-token blocks); policy shipped default (warn 70%, degrade 85%, critical 95%); "
         f"levels from the watcher at {watcher.url}"

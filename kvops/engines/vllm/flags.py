@@ -15,18 +15,19 @@ IMAGE = "vllm/vllm-openai:v0.32.0"  # docs.vllm.ai deployment/docker: the offici
 ROCM_IMAGE = "vllm/vllm-openai-rocm:v0.32.0"
 PORT = 8000
 GUARD_SCHEDULER = "kvops_vllm.scheduler.KVGuardScheduler"  # the KV-guard scheduler plugin (plugins/kvops_vllm)
-# A default must not cost goodput against stock vLLM (bench/guard_goodput.py; docs/kv-guard.md has the run). Guard v2
-# ran above stock's goodput, without preempting, on the benchmark's pool of 127 blocks (about 35 requests at once),
-# and on its pool of 31 (about 8) from below to above it; and it loads from vLLM's own Python, which the official
-# image lacks. So the plan names it only when asked, and says which of the two pools a plan's pool is like.
+# A default must not cost goodput against stock vLLM (bench/guard_goodput.py; docs/kv-guard.md has the runs). Guard v2
+# ran at or above stock's goodput, preempting a tenth as often or less, on the benchmark's pool of 127 blocks (about
+# 35 requests at once), and on its pool of 31 (about 8) from below to above it; and it loads from vLLM's own Python,
+# which the official image lacks. So the plan names it only when asked, and says which of the two pools a plan's
+# pool is like.
 GUARD_BY_DEFAULT = False
 GUARD_POOL_REQUESTS = 32  # requests of the planned size the pool holds at once, from which it is like the larger pool
 GUARD_LARGE_POOL = (
-    "as many as the benchmark's larger pool (about 35) or more; on it guard v2 ran at 1.02 to 1.28 x stock vLLM's "
-    "goodput and never preempted, where stock preempted 463 to 664 times"
+    "as many as the benchmark's larger pool (about 35) or more; on it guard v2 ran at 1.01 to 1.28 x stock vLLM's "
+    "goodput and preempted at most 10 times, where stock preempted 369 to 664 times"
 )
 GUARD_SMALL_POOL = (
-    "fewer than the benchmark's larger pool (about 35); on its pool of about 8, guard v2 ran at 0.88 to 1.23 x "
+    "fewer than the benchmark's larger pool (about 35); on its pool of about 8, guard v2 ran at 0.92 to 1.15 x "
     "stock vLLM's goodput, lowest with unknown output lengths"
 )
 

@@ -125,7 +125,7 @@ def test_admitting_more_never_lowers_the_peak(seed):
 
 
 def test_no_projection_before_enough_requests_ended():
-    lengths = OutputLengths(min_ends=5)
+    lengths = OutputLengths(quantile=0.95, min_ends=5)
     for length in (10, 20, 30, 40):
         lengths.record(length, ended=True)
     assert lengths.projected_end(0) is None

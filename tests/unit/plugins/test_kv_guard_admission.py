@@ -101,6 +101,7 @@ def test_settings_come_from_kvops_variables(tmp_path):
             "KVOPS_POLICY_URL": "http://127.0.0.1:9400",
             "KVOPS_POLICY_POLL_SECONDS": "0.5",
             "KVOPS_LOG_SECONDS": "60",
+            "KVOPS_PAUSE_STEPS": "0",
         }
     )
     assert config.policy.thresholds[Level.CRITICAL] == 0.7
@@ -108,6 +109,7 @@ def test_settings_come_from_kvops_variables(tmp_path):
     assert config.headroom_blocks == 3
     assert config.policy_url == "http://127.0.0.1:9400/kvops/policy"
     assert (config.poll_seconds, config.log_seconds) == (0.5, 60.0)
+    assert config.pause_steps == 0
     assert GuardConfig.from_env({"KVOPS_POLICY_URL": "http://w:1/custom/path"}).policy_url == "http://w:1/custom/path"
 
 
@@ -117,6 +119,7 @@ def test_settings_come_from_kvops_variables(tmp_path):
         ("KVOPS_HEADROOM_BLOCKS", "-1", "KVOPS_HEADROOM_BLOCKS='-1': must be a whole number of blocks, 0 or more"),
         ("KVOPS_HEADROOM_BLOCKS", "2.5", "KVOPS_HEADROOM_BLOCKS='2.5': must be a whole number of blocks, 0 or more"),
         ("KVOPS_POLICY_POLL_SECONDS", "0", "KVOPS_POLICY_POLL_SECONDS='0': must be a number of seconds above 0"),
+        ("KVOPS_PAUSE_STEPS", "-3", "KVOPS_PAUSE_STEPS='-3': must be a whole number of steps, 0 or more"),
         (
             "KVOPS_POLICY_TIMEOUT_SECONDS",
             "soon",
