@@ -6,8 +6,9 @@ waiting requests, in vLLM's queue order, only while the whole batch still fits a
 (KVOPS_ADMISSION=peak, guard v2): every admitted request's course through the pool is projected step by step,
 growing one token per step to its projected end and then freeing everything, and the largest sum over future
 steps must fit the pool less KVOPS_HEADROOM_BLOCKS. A request's end is its max_tokens when its length is known
-(ignore_eos and no stop tokens or strings), otherwise a high quantile of the output lengths this engine
-produced recently, given what it has generated so far, never beyond max_tokens. KVOPS_ADMISSION=reserve is
+(ignore_eos and no stop tokens or strings); otherwise it is drawn from the output lengths this engine produced
+recently, given what it has generated so far, never beyond max_tokens, and the batch must fit at the
+KVOPS_OUTPUT_QUANTILE of those lengths (admission.risk_prefix). KVOPS_ADMISSION=reserve is
 guard v1: every admitted request's whole prompt + max_tokens reserved at once. The rest wait in vLLM's own
 queue, in order, and show as vllm:num_requests_waiting.
 
@@ -15,8 +16,8 @@ When a projection falls short and a step's new blocks exceed the free ones, the 
 sit the step out holding their blocks (paused in place, no recompute) and resume as soon as a request ends; only
 when none of the running could go on, or one has sat out KVOPS_PAUSE_STEPS steps in a row, does vLLM preempt, and
 the guard makes the victim the running request that has computed least (FCFS policy) and counts the tokens to
-recompute. Under load the admission is weighed again
-only when a request frees blocks or every RECHECK_STEPS steps, so most steps cost it nothing.
+recompute. Under load the admission is weighed again only when a request frees blocks or every RECHECK_STEPS
+steps, so most steps cost it nothing.
 
 It also applies the kvops degrade policy to each new request, by the watcher's level (KVOPS_POLICY_URL; with
 KVOPS_LEVELS=own, also by its own KV usage): warn caps max_tokens; a level that refuses a request's class
@@ -344,8 +345,8 @@ class KVGuardScheduler(AsyncScheduler):
         the step out, holding their blocks, instead of vLLM preempting one and recomputing it later: they resume
         as soon as a request ends and frees blocks (no admission meanwhile). The first served are those vLLM would
         preempt last: the most computed (FCFS) or the most urgent (priority). Only when none of them could run, or
-        one has sat out KVOPS_PAUSE_STEPS steps in a row (a request that stalls longer costs the batch more than a
-        recompute), does vLLM preempt, and then its FCFS victim (the last running) is made the one that computed
+        one has sat out KVOPS_PAUSE_STEPS steps in a row (in bench/guard_replay.py, a longer stall cost the batch more
+        than a recompute), does vLLM preempt, and then its FCFS victim (the last running) is made the one that computed
         least.
 
         Returns the paused requests, taken out of self.running for this step (`_resume` puts them back).
