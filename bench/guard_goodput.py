@@ -1,13 +1,14 @@
 """Goodput of the KV guard against stock vLLM: the same seeded requests, on the real vLLM CPU engine, one run.
 
     python bench/guard_goodput.py [--shapes tiny,8x] [--pools 32,128] [--workloads abc] [--arms stock,guard-v2]
-                                  [--reps 5] [--seed 0] [--json] [--step-cost-only]
+                                  [--quantiles 0.95] [--reps 5] [--seed 0] [--json] [--step-cost-only]
 
 Arms (each a real engine, all of a shape started before the first measurement, so repetitions interleave
 A B C D E A B C D E ... and the machine's noise hits every arm alike):
   stock            vLLM's own scheduler
   guard-v1         the KV guard reserving every request's prompt + max_tokens (KVOPS_ADMISSION=reserve)
   guard-v2         the KV guard admitting by the future peak of the whole batch (the default)
+  guard-v2 pQ      the same at KVOPS_OUTPUT_QUANTILE=Q instead of its default (--quantiles Q, more than one allowed)
   stock+caps       vLLM's own scheduler with its queue cap (--max-num-queued-reqs: overflow answered 503, retried)
   stock+watermark  vLLM's own scheduler keeping 5% of the blocks free when it admits (--watermark 0.05): the
                    engine's own knob against preemption, the nearest peer that runs here
@@ -91,14 +92,20 @@ class Arm:
 ARMS = ("stock", "guard-v1", "guard-v2", "stock+caps", "stock+watermark")
 
 
-def arms(queue_cap: int) -> list[Arm]:
+def arms(queue_cap: int, quantiles: list[str]) -> list[Arm]:
+    """The arms, and guard v2 at each of `quantiles` (KVOPS_OUTPUT_QUANTILE) besides its default."""
     return [
         Arm("stock"),
         Arm("guard-v1", ("--scheduler-cls", GUARD), (("KVOPS_ADMISSION", "reserve"),)),
         Arm("guard-v2", ("--scheduler-cls", GUARD)),
+        *(Arm(quantile_arm(q), ("--scheduler-cls", GUARD), (("KVOPS_OUTPUT_QUANTILE", q),)) for q in quantiles),
         Arm("stock+caps", ("--max-num-queued-reqs", str(queue_cap))),
         Arm("stock+watermark", ("--watermark", "0.05")),
     ]
+
+
+def quantile_arm(quantile: str) -> str:
+    return f"guard-v2 p{float(quantile) * 100:g}"
 
 
 # --- the requests ---------------------------------------------------------------------------------------------
@@ -487,7 +494,9 @@ def bench_shape(name: str, shape: dict, pool: int, folder: Path, options) -> dic
     model = build_model(folder / name, shape)
     servers: dict[str, VllmServer] = {}
     scale = pool // BLOCKS  # requests in proportion to the pool: the same overload on a larger engine
-    arm_list = [arm for arm in arms(options.queue_cap * scale) if arm.name in options.arms.split(",")]
+    quantiles = [q for q in options.quantiles.split(",") if q]
+    chosen = set(options.arms.split(",")) | {quantile_arm(q) for q in quantiles}
+    arm_list = [arm for arm in arms(options.queue_cap * scale, quantiles) if arm.name in chosen]
     try:
         for arm in arm_list:
             env = {"KVOPS_LOG_SECONDS": "1", **dict(arm.env)}
@@ -545,6 +554,11 @@ def bench_shape(name: str, shape: dict, pool: int, folder: Path, options) -> dic
     }
 
 
+def arm_names(rows) -> list[str]:
+    """The arms in `rows`, in the order of the first repetition (the arms' own order)."""
+    return list(dict.fromkeys(row["arm"] for row in rows if row["rep"] == 0))
+
+
 def medians(rows: list[dict], arm: str, key: str) -> float:
     values = [row[key] for row in rows if row["arm"] == arm and row.get(key) is not None]
     return statistics.median(values) if values else float("nan")
@@ -590,7 +604,7 @@ def print_shape(result: dict) -> None:
     print(header)
     for workload in ("a", "b"):
         rows = result["rows"].get(workload)
-        for arm in [arm for arm in ARMS if any(row["arm"] == arm for row in rows or ())]:
+        for arm in arm_names(rows or ()):
             lengths = next((row["lengths_p5_p50_p95"] for row in rows if row["arm"] == arm), None) or ["-"] * 3
             print(
                 f"  {workload:<8} {arm:<15} {medians(rows, arm, 'goodput_tokens_per_s'):>7.0f}/s "
@@ -608,7 +622,7 @@ def print_shape(result: dict) -> None:
         f"  (c) SLO goodput, req/s meeting both targets, at {', '.join(f[1:] + 'x' for f in factors)} stock's rate"
         " (median; in brackets the median ratio to stock):"
     )
-    for arm in [arm for arm in ARMS if any(row["arm"] == arm for row in result["rows"][factors[0]])]:
+    for arm in arm_names(result["rows"][factors[0]]):
         curve = [
             f"{medians(result['rows'][factor], arm, 'slo_goodput_rps'):5.2f} "
             f"({paired_ratio(result['rows'][factor], arm, 'slo_goodput_rps'):4.2f})"
@@ -638,6 +652,9 @@ def main() -> None:
         "--queue-cap", type=int, default=12, help="stock+caps: --max-num-queued-reqs per 32 blocks of pool (default 12)"
     )
     parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of: {', '.join(ARMS)} (default all)")
+    parser.add_argument(
+        "--quantiles", default="", help="guard v2 also at these KVOPS_OUTPUT_QUANTILE values, as more arms, e.g. 0.95"
+    )
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--step-cost-only", action="store_true")
     options = parser.parse_args()
