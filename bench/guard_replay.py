@@ -29,7 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "plugins"), str(REPO / "bench")]
 
-from guard_goodput import BLOCKS, MAX_MODEL_LEN, environment, exact_jobs, unknown_jobs  # noqa: E402
+from guard_goodput import BLOCKS, MAX_MODEL_LEN, environment, exact_jobs, quantile_arm, unknown_jobs  # noqa: E402
 
 from tests.support.vllm_scheduler import Run  # noqa: E402
 
@@ -108,7 +108,7 @@ def variants(options) -> list[tuple]:
 
     quantiles = [q for q in options.quantiles.split(",") if q]
     pauses = [p for p in options.pause_steps.split(",") if p]
-    return [(f"guard-v2 p{float(q) * 100:g}", KVGuardScheduler, {"KVOPS_OUTPUT_QUANTILE": q}) for q in quantiles] + [
+    return [(quantile_arm(q), KVGuardScheduler, {"KVOPS_OUTPUT_QUANTILE": q}) for q in quantiles] + [
         (f"guard-v2 pause {p}", KVGuardScheduler, {"KVOPS_PAUSE_STEPS": p}) for p in pauses
     ]
 

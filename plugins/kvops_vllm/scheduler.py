@@ -380,9 +380,9 @@ class KVGuardScheduler(AsyncScheduler):
                 paused.append(request)
             else:
                 free -= needs[request]
-        streaks = {request.request_id: sat_out.get(request.request_id, 0) + 1 for request in paused}
         if not paused or len(paused) == len(needs):
             return []  # all fit, or none could run: vLLM preempts
+        streaks = {request.request_id: sat_out.get(request.request_id, 0) + 1 for request in paused}
         if max(streaks.values()) > self.guard_config.pause_steps:
             return []  # short for longer than a recompute costs: vLLM preempts
         self._pause_streaks = streaks

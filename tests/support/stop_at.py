@@ -3,8 +3,8 @@
 A request with `vllm_xargs: {"stop_at": N}` and a stop token samples that token as its N-th output token, and
 never before, so it ends there with finish_reason "stop", as a real model ending its answer would. The scheduler
 cannot see N (it reads max_tokens, stop tokens and min_tokens, not extra args): to it the length is unknown, and
-every engine given the same requests generates the same tokens. Dummy weights cannot give that: their stops are drawn by the engine's
-own sampler, so two engines would serve different lengths.
+every engine given the same requests generates the same tokens. Dummy weights cannot give that: their stops are
+drawn by the engine's own sampler, so two engines would serve different lengths.
 
 Written against vLLM 0.32.0's logits-processor interface (vllm/v1/sample/logits_processor/interface.py): a
 request's output token list is shared by reference and grows as it decodes, as the built-in min_tokens processor
