@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from importlib import resources
+from types import MappingProxyType
 
 from kvops.errors import MissingDevice, UsageError
 
@@ -122,3 +124,94 @@ def resolve_gpu(name: str | None, memory_bytes: int | None) -> Gpu:
         return custom_gpu(memory_bytes)
     gpu = find_gpu(name)
     return gpu.with_memory(memory_bytes) if memory_bytes is not None else gpu
+
+
+# Serving dtype names (vLLM --dtype / --quantization / --kv-cache-dtype, torch) -> the key of the vendor figure.
+_FLOPS_KEYS = {
+    "bf16": "bf16",
+    "bfloat16": "bf16",
+    "fp16": "fp16",
+    "float16": "fp16",
+    "half": "fp16",
+    "fp8": "fp8",
+    "fp8_e4m3": "fp8",
+    "fp8_e5m2": "fp8",
+    "fp8_e4m3fn": "fp8",
+    "fp8_e4m3fnuz": "fp8",
+    "fp8_e5m2fnuz": "fp8",
+    "float8_e4m3fn": "fp8",
+    "float8_e4m3fnuz": "fp8",
+    "float8_e5m2": "fp8",
+    "float8_e5m2fnuz": "fp8",
+    "int8": "int8",
+    "w8a8": "int8",
+    "fp4": "fp4",
+    "nvfp4": "fp4",
+    "mxfp4": "fp4",
+}
+
+
+@dataclass(frozen=True)
+class GpuPerformance:
+    """A GPU's vendor-published peaks (gpu_performance.json): dense Tensor-core FLOP/s per dtype, memory and
+    GPU-to-GPU bandwidth in bytes/s. None where the vendor publishes no figure (the json says why)."""
+
+    id: str
+    variant: str  # the SKU the figures belong to (SXM, PCIe, NVL ...)
+    memory_bandwidth: int | None  # bytes/s
+    flops: Mapping[str, int] = field(hash=False)  # dense, per dtype key: bf16, fp16, fp8, int8 (ops/s), fp4
+    interconnect: str | None  # "nvlink", "xgmi", "pcie"
+    interconnect_bandwidth: int | None  # bytes/s per direction, per GPU
+    source: str
+
+    def peak_flops(self, dtype: str) -> int | None:
+        """Dense peak for a serving dtype ('bfloat16', 'fp8_e4m3', 'nvfp4' ...); None when the part has no
+        published figure for it (no FP8 before Hopper/Ada, no FP4 before Blackwell, or none found)."""
+        key = _FLOPS_KEYS.get(dtype.strip().lower())
+        if key is None:
+            raise UsageError(f"dtype {dtype!r} has no Tensor-core peak; valid: {', '.join(_FLOPS_KEYS)}")
+        return self.flops.get(key)
+
+    def to_dict(self) -> dict:
+        return {
+            "id": self.id,
+            "variant": self.variant,
+            "memory_bandwidth": self.memory_bandwidth,
+            "flops": dict(self.flops),
+            "interconnect": self.interconnect,
+            "interconnect_bandwidth": self.interconnect_bandwidth,
+            "source": self.source,
+        }
+
+
+def _performance(item: dict) -> GpuPerformance:
+    link = item["interconnect"]
+    flops = {key: value for key, value in item["flops"].items() if value is not None}
+    return GpuPerformance(
+        item["id"],
+        item["variant"],
+        item["memory_bandwidth_bytes_per_s"],
+        MappingProxyType(flops),
+        link["kind"],
+        link["per_direction_bytes_per_s"],
+        item["source"],
+    )
+
+
+@lru_cache(maxsize=1)
+def _performance_table() -> dict[str, GpuPerformance]:
+    data = json.loads(resources.files("kvops.catalog").joinpath("gpu_performance.json").read_text())
+    return {item["id"]: _performance(item) for item in data["gpus"]}
+
+
+@lru_cache(maxsize=64)  # names come from users and logs: bounded
+def gpu_performance(gpu_id: str) -> GpuPerformance | None:
+    """The performance figures of a catalog GPU, by id or any name find_gpu takes; None for a device the catalog
+    lacks (a --gpu-memory custom device)."""
+    table = _performance_table()
+    if gpu_id in table:
+        return table[gpu_id]
+    try:
+        return table.get(find_gpu(gpu_id).id)
+    except UsageError:
+        return None

@@ -76,3 +76,17 @@ def parse_count(text: str, what: str, *, or_auto: bool = False) -> int:
     if count <= 0:
         raise UsageError(f"{what} {text!r} must be positive")
     return count
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s)\s*$")
+
+
+def parse_duration(text: str, what: str) -> float:
+    """'200ms' -> 0.2, '2s' -> 2.0, in seconds: the unit is required (a bare number could be either)."""
+    match = _DURATION.match(str(text))
+    if not match:
+        raise UsageError(f"{what} {text!r} is not a duration; write it with its unit, e.g. 200ms or 2s")
+    seconds = float(match.group(1)) / (1000 if match.group(2) == "ms" else 1)
+    if seconds <= 0:
+        raise UsageError(f"{what} {text!r} must be above 0")
+    return seconds

@@ -27,6 +27,7 @@ COMMANDS = {
     "manifests": "kvops.cli.manifests:manifests",
     "dashboard": "kvops.cli.dashboard:dashboard",
     "lint": "kvops.cli.lint:lint",
+    "simulate": "kvops.cli.simulate:simulate",
 }
 
 

@@ -3,6 +3,7 @@ implements. Nothing outside `kvops/engines/` asks which engine it is; it asks th
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol
@@ -15,6 +16,7 @@ if TYPE_CHECKING:
     from kvops.engines.logs import LogFacts
     from kvops.model.spec import ModelSpec
     from kvops.plan import Plan, PlanInputs, WayOut
+    from kvops.simulate.core import SchedulerCore
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,18 @@ class Engine(Protocol):
 
     def kv_bytes_per_token(self, spec: ModelSpec, dtype: KvDtype, tp: int) -> int:
         """KV bytes per cached token per GPU, as the engine lays the cache out (the sweep's column)."""
+        ...
+
+    def simulation_arms(self, arms: Sequence[str]) -> dict[str, str]:
+        """Each of `arms` (`kvops simulate --compare`) -> what it adds to the engine's command; UsageError naming a
+        bad one, or saying why the engine's scheduler cannot be simulated."""
+        ...
+
+    def simulation_core(
+        self, plan: Plan, arm: str, scheduler_flags: Mapping[str, Any]
+    ) -> tuple[SchedulerCore, str, dict[str, Any]]:
+        """The engine's own scheduler over the plan's pool, as `arm` runs it: the core, what the arm adds to the
+        command, and the settings it ran with. UsageError where the engine's scheduler cannot run here."""
         ...
 
     def env_variables(self, plan: Plan) -> list[tuple[str, str]] | None:

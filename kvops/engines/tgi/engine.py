@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kvops.deployment import DeploymentOptions
 from kvops.engines.base import Container
@@ -17,6 +18,12 @@ if TYPE_CHECKING:
     from kvops.engines.tgi.logs import TgiLog
     from kvops.model.spec import ModelSpec
     from kvops.plan import Plan, PlanInputs, WayOut
+
+
+NOT_SIMULATED = (
+    "--engine tgi: kvops simulate runs the engine's own scheduler in Python, and TGI's router schedules in Rust; "
+    "simulate with --engine vllm"
+)
 
 
 class TgiEngine:
@@ -74,6 +81,14 @@ class TgiEngine:
         from kvops.engines.tgi import budget
 
         return budget.kv_bytes_per_token(spec, dtype, tp)
+
+    def simulation_arms(self, arms: Sequence[str]) -> dict[str, str]:
+        raise UsageError(NOT_SIMULATED)
+
+    def simulation_core(
+        self, plan: Plan, arm: str, scheduler_flags: Mapping[str, Any]
+    ) -> tuple[Any, str, dict[str, Any]]:
+        raise UsageError(NOT_SIMULATED)
 
     def env_variables(self, plan: Plan) -> list[tuple[str, str]] | None:
         """Every launcher flag is also an environment variable (`#[clap(long, env)]`)."""

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kvops.deployment import DeploymentOptions
 from kvops.engines.base import Container
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
     from kvops.engines.vllm.metrics import CacheConfig
     from kvops.model.spec import ModelSpec
     from kvops.plan import Plan, PlanInputs, WayOut
+    from kvops.simulate.core import SchedulerCore
 
 
 class VllmEngine:
@@ -78,6 +80,18 @@ class VllmEngine:
 
     def env_variables(self, plan: Plan) -> list[tuple[str, str]] | None:
         return None  # vLLM reads its engine flags only from the command line
+
+    def simulation_arms(self, arms: Sequence[str]) -> dict[str, str]:
+        from kvops.engines.vllm import simulator
+
+        return {arm: simulator.parse_arm(arm).change for arm in arms}
+
+    def simulation_core(
+        self, plan: Plan, arm: str, scheduler_flags: Mapping[str, Any]
+    ) -> tuple[SchedulerCore, str, dict[str, Any]]:
+        from kvops.engines.vllm import simulator
+
+        return simulator.simulation_core(plan, arm, scheduler_flags)
 
     def watch_capacity(self, plan: Plan) -> int | None:
         return None

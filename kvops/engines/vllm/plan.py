@@ -42,6 +42,7 @@ class VllmCapacity:
     replicas: int
     engine_auto_max_model_len: int = 0  # what vLLM's own --max-model-len auto would pick for this KV memory
     sampler_sequences: int = 0  # the sequences the profile run sizes the sampler's logits for
+    cache_groups: tuple[tuple[str, int | None, int], ...] = ()  # each KV cache group: kind, window, block size
 
     @property
     def kv_tokens(self) -> int:
@@ -74,6 +75,9 @@ class VllmCapacity:
             "replicas": self.replicas,
             "engine_auto_max_model_len": self.engine_auto_max_model_len,
             "sampler_sequences": self.sampler_sequences,
+            "kv_cache_group_specs": [
+                {"kind": kind, "window": window, "block_size": size} for kind, window, size in self.cache_groups
+            ],
         }
 
     def lines(self) -> list[str]:
@@ -201,6 +205,7 @@ def plan_once(inputs: PlanInputs) -> Plan:
             kv_layout, max(draft.kv_bytes, 0), in_flight, model_limit, release.null_block
         ),
         sampler_sequences=sampler_seqs,
+        cache_groups=tuple((group.kind, group.window, group.block_size) for group in kv_layout.groups),
     )
     paging = common.paging_note(pool.num_blocks, kv_layout.block_size, pool.num_blocks * page, len(kv_layout.groups))
     state = "; in a state group a block holds one request's recurrent state instead" if kv_layout.has_state else ""

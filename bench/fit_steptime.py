@@ -1,0 +1,230 @@
+"""Fit kvops simulate's GPU step-time coefficients on public vLLM measurements, and write them to
+kvops/catalog/step_time.json (profile "gpu").
+
+    python bench/fit_steptime.py [--window 200] [--iterations 3] [--dry-run]
+
+How: every experiment of bench/data/sim_to_real.json that publishes its workload (inference-perf on H100, vLLM
+0.15.1) is simulated stage by stage through vLLM's own scheduler (the first --window seconds of each stage;
+queue-dominated runs are left out of the fit). With the schedule a run produced held fixed, the clock is linear in
+the coefficients: a step ends at the start of its busy period plus the sum of the steps before it, each step's
+time the coefficients times its roofline features (kvops/simulate/steptime.py). So each stage's mean TTFT, E2E
+and TPOT are linear in the coefficients, and a bounded least squares on their relative errors, pulled weakly
+toward physical priors, gives the coefficients. The schedules are then simulated again with them, until they
+settle (--iterations). bench/simulate_accuracy.py scores the fit leave-one-out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import dataclass
+from datetime import date
+
+import numpy as np
+from sim_experiments import REPO, Experiment, experiments, plan_for, scheduler_flags, stage_trace
+
+from kvops import engines
+from kvops.simulate import cost, steptime
+from kvops.simulate.prompts import prompt_tokens
+from kvops.simulate.results import Slo, Summary, summarize
+from kvops.simulate.run import RunLog, run_trace
+
+PARAMETERS = (*steptime.TERMS, "api_s")
+# priors: where an efficiency is not pinned by the data it stays near a physical value; (prior, scale, low, high)
+PRIORS = {
+    "step_s": (0.002, 0.002, 0.0, 0.05),
+    "layer_s": (1e-5, 2e-5, 0.0, 1e-3),
+    "linear": (1.25, 0.5, 1.0, 5.0),
+    "compute": (0.2, 0.5, 0.0, 3.0),
+    "kv": (1.3, 0.5, 1.0, 5.0),
+    "attention": (2.0, 1.0, 1.0, 10.0),
+    "comm": (1.5, 1.0, 1.0, 10.0),
+    "comm_latency_s": (1e-5, 2e-5, 0.0, 1e-3),
+    "api_s": (0.01, 0.01, 0.0, 0.2),
+}
+RIDGE = 0.05  # weight of the priors against one relative error
+TARGETS = ("ttft_mean_ms", "e2e_mean_ms", "tpot_mean_ms")
+WEIGHTS = {"ttft_mean_ms": 0.5, "e2e_mean_ms": 1.0, "tpot_mean_ms": 1.0}
+SLO = Slo(ttft_s=2.0, tpot_s=0.1)
+
+
+@dataclass
+class StageRun:
+    """One stage simulated: its summary, and each target's mean as constant + row . parameters (ms)."""
+
+    experiment: Experiment
+    stage_index: int
+    summary: Summary
+    rows: dict[str, tuple[float, np.ndarray]]
+    measured: dict[str, float]
+
+
+def coefficient_vector(profile: steptime.Coefficients) -> np.ndarray:
+    return np.array([profile.terms[name].value for name in steptime.TERMS] + [profile.api_s.value])
+
+
+def profile_from(vector: np.ndarray, source: str, fitted_on: str) -> steptime.Coefficients:
+    terms = {name: steptime.Coefficient(float(value), source) for name, value in zip(steptime.TERMS, vector)}
+    return steptime.Coefficients("gpu", terms, steptime.Coefficient(float(vector[-1]), source), fitted_on)
+
+
+def simulate_stage(
+    experiment: Experiment, stage_index: int, profile: steptime.Coefficients, window_s: float | None
+) -> StageRun:
+    """Run one stage and linearize its targets around the schedule it produced."""
+    plan = plan_for(experiment)
+    stage = experiment.stages[stage_index]
+    trace = stage_trace(experiment, stage, window_s)
+    model = cost.step_time(plan, profile)
+    core, _, settings = engines.get("vllm").simulation_core(plan, "stock", scheduler_flags(experiment))
+    features: list[tuple[float, ...]] = []
+
+    def step_seconds(batch) -> float:
+        values = model.features(batch.new_tokens, batch.context, sum(batch.samples))
+        features.append(values)
+        return sum(model.coefficients.terms[name].value * value for name, value in zip(steptime.TERMS, values))
+
+    log = run_trace(
+        core,
+        trace,
+        step_seconds,
+        max_model_len=settings["max_model_len"],
+        api_s=profile.api_s.value,
+        prompt=prompt_tokens,
+    )
+    rows = linear_rows(log, np.array(features), coefficient_vector(profile))
+    measured = {name: stage.measured[name] for name in TARGETS if stage.measured.get(name)}
+    return StageRun(experiment, stage_index, summarize(log, SLO), rows, measured)
+
+
+def linear_rows(log: RunLog, features: np.ndarray, vector: np.ndarray) -> dict[str, tuple[float, np.ndarray]]:
+    """Each target's mean over the completed requests as constant + row . parameters, in ms, exact for this
+    schedule: a step ends at its busy period's start plus the steps of that period up to it."""
+    ends = np.asarray(log.timeline.time)
+    seconds = features @ vector[:-1]
+    starts = ends - seconds
+    new_period = np.concatenate(([True], starts[1:] > ends[:-1] + 1e-9))
+    period = np.cumsum(new_period) - 1
+    period_start = starts[new_period][period]
+    cumulative = np.cumsum(features, axis=0)
+    before = np.vstack((np.zeros(features.shape[1]), cumulative))[np.flatnonzero(new_period)][period]
+    within = cumulative - before  # feature sums from the period's first step to this one
+    done = [entry for entry in log.requests if entry.finished >= 0 and entry.tokens > 1]
+    api = vector[-1]  # the clients see each step's tokens api_s after it ends
+    first = np.searchsorted(ends, [entry.first_token - api - 1e-9 for entry in done])
+    last = np.searchsorted(ends, [entry.finished - api - 1e-9 for entry in done])
+    sent = np.array([entry.sent for entry in done])
+    tokens = np.array([entry.tokens for entry in done], dtype=float)
+    ones = np.ones((len(done), 1))
+    ttft = (period_start[first] - sent, np.hstack((within[first], ones)))
+    e2e = (period_start[last] - sent, np.hstack((within[last], ones)))
+    spacing = (within[last] - within[first]) / (tokens - 1)[:, None]
+    tpot = (np.zeros(len(done)), np.hstack((spacing, np.zeros((len(done), 1)))))
+    return {
+        name: (float(constant.mean() * 1000), row.mean(axis=0) * 1000)
+        for name, (constant, row) in (("ttft_mean_ms", ttft), ("e2e_mean_ms", e2e), ("tpot_mean_ms", tpot))
+    }
+
+
+def solve(runs: list[StageRun]) -> np.ndarray:
+    """Bounded least squares on the weighted relative errors of every run's targets, with the priors."""
+    from scipy.optimize import lsq_linear
+
+    matrix, target = [], []
+    for run in runs:
+        for name, measured in run.measured.items():
+            constant, row = run.rows[name]
+            weight = WEIGHTS[name] / measured
+            matrix.append(row * weight)
+            target.append((measured - constant) * weight)
+    for index, name in enumerate(PARAMETERS):
+        prior, scale, _, _ = PRIORS[name]
+        row = np.zeros(len(PARAMETERS))
+        row[index] = np.sqrt(RIDGE) / scale
+        matrix.append(row)
+        target.append(np.sqrt(RIDGE) * prior / scale)
+    lows = [PRIORS[name][2] for name in PARAMETERS]
+    highs = [PRIORS[name][3] for name in PARAMETERS]
+    return np.asarray(lsq_linear(np.array(matrix), np.array(target), bounds=(lows, highs)).x)
+
+
+def fitted_experiments() -> list[Experiment]:
+    """The experiments the fit uses: every one whose workload is published, but the queue-dominated."""
+    return [experiment for experiment in experiments() if not experiment.queued and plannable(experiment)]
+
+
+def plannable(experiment: Experiment) -> bool:
+    from kvops.errors import KvopsError
+
+    try:
+        plan_for(experiment)
+    except KvopsError as exc:
+        print(f"  left out {experiment.short}: {exc}")
+        return False
+    return True
+
+
+def simulate_all(chosen: list[Experiment], profile, window_s, log_progress=True) -> list[StageRun]:
+    runs = []
+    for experiment in chosen:
+        for index in range(len(experiment.stages)):
+            started = time.monotonic()
+            runs.append(simulate_stage(experiment, index, profile, window_s))
+            if log_progress:
+                print(f"    {experiment.short} stage {index}: {time.monotonic() - started:.1f} s", flush=True)
+    return runs
+
+
+def fit(window_s: float | None, iterations: int, start: steptime.Coefficients) -> tuple[np.ndarray, list[StageRun]]:
+    chosen = fitted_experiments()
+    vector = coefficient_vector(start)
+    runs: list[StageRun] = []
+    for iteration in range(iterations):
+        print(f"iteration {iteration + 1}: simulating {len(chosen)} experiments", flush=True)
+        runs = simulate_all(chosen, profile_from(vector, "iteration", ""), window_s)
+        vector = solve(runs)
+        print("  " + ", ".join(f"{name} {value:.4g}" for name, value in zip(PARAMETERS, vector)), flush=True)
+    return vector, runs
+
+
+def write_profile(vector: np.ndarray, chosen: list[Experiment], window_s: float | None) -> None:
+    path = REPO / "kvops" / "catalog" / "step_time.json"
+    data = json.loads(path.read_text())
+    models = sorted({experiment.model for experiment in chosen})
+    fitted_on = (
+        f"{len(chosen)} public vLLM 0.15.1 serving runs on H100-80GB (inference-perf, constant-rate stages; "
+        f"bench/data/sim_to_real.json, models: {', '.join(models)}), first {window_s:g} s of each stage, "
+        f"by bench/fit_steptime.py on {date.today().isoformat()}; other GPUs through their datasheet figures"
+    )
+    source = "fitted: bench/fit_steptime.py (see fitted_on)"
+    data["profiles"]["gpu"] = {
+        "fitted_on": fitted_on,
+        "terms": {
+            name: {"value": float(f"{value:.6g}"), "source": source} for name, value in zip(steptime.TERMS, vector)
+        },
+        "api_s": {"value": float(f"{vector[-1]:.6g}"), "source": source},
+    }
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    print(f"wrote {path.relative_to(REPO)}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--window", type=float, default=200.0, help="seconds of each stage simulated (default 200)")
+    parser.add_argument("--iterations", type=int, default=3)
+    parser.add_argument("--dry-run", action="store_true", help="print the fit, do not write it")
+    options = parser.parse_args()
+    vector, runs = fit(options.window, options.iterations, steptime.coefficients("gpu"))
+    for run in runs:
+        errors = []
+        for name, measured in run.measured.items():
+            constant, row = run.rows[name]
+            errors.append(f"{name} {100 * ((constant + row @ vector) / measured - 1):+.1f}%")
+        print(f"  {run.experiment.short} stage {run.stage_index}: {', '.join(errors)}")
+    if not options.dry_run:
+        write_profile(vector, fitted_experiments(), options.window)
+
+
+if __name__ == "__main__":
+    main()

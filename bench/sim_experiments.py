@@ -1,0 +1,157 @@
+"""The public GPU measurements kvops simulate is fitted and scored on (bench/data/sim_to_real.json), as simulations.
+
+Each experiment is a real vLLM run on a GPU whose setup is published (model, tp, engine flags, the inference-perf
+workload: constant-rate stages, fixed prompt and output lengths, shared system prompts). It becomes a kvops plan
+(its logged KV block count where the run logged one: the pool is then the engine's, not kvops' estimate) and one
+trace per stage. Used by bench/fit_steptime.py and bench/simulate_accuracy.py.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(REPO), str(REPO / "plugins")]
+
+from kvops.simulate.trace import Trace, TraceRequest  # noqa: E402
+
+DATA = REPO / "bench" / "data" / "sim_to_real.json"
+# inference-sim/training's shared_prefix data (results/config.yaml of its runs): 10 system prompts, each with 10
+# questions that repeat; the trainval runs' specs name the same workloads without the counts
+DEFAULT_GROUPS, DEFAULT_PROMPTS = 10, 10
+QUEUED = ("reasoning",)  # the overloaded runs (thousands of requests failed): queue-dominated, scored apart
+
+
+@dataclass(frozen=True)
+class Stage:
+    index: int
+    rate_rps: float
+    duration_s: float
+    measured: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Experiment:
+    id: str
+    model: str
+    gpu: str
+    tp: int
+    kind: str  # dense or moe
+    workload: str
+    engine: dict[str, Any]
+    prompt_tokens: int
+    output_tokens: int  # the run's mean output length where it recorded one, else the requested length
+    prefix_tokens: int
+    groups: int
+    prompts_per_group: int
+    stages: tuple[Stage, ...]
+    measured: dict[str, Any]
+    peers: dict[str, Any]
+
+    @property
+    def queued(self) -> bool:
+        return self.workload in QUEUED
+
+    @property
+    def short(self) -> str:
+        return self.id.split("-", 2)[-1] if self.id[:8].isdigit() else self.id
+
+
+def experiments(data: Path = DATA) -> list[Experiment]:
+    """The experiments whose workload is published, in file order."""
+    found = []
+    for item in json.loads(data.read_text())["experiments"]:
+        workload = item.get("workload") or {}
+        if not workload.get("kind") or not workload.get("stages"):
+            continue
+        measured = item["measured"]
+        prefix = workload.get("shared_prefix") or {}
+        stages = item.get("stages") or [{"stage_index": 0, **workload["stages"][0], "measured": measured}]
+        found.append(
+            Experiment(
+                id=item["id"],
+                model=item["model"],
+                gpu=item["gpu"],
+                tp=item["tp"],
+                kind=item["model_kind"],
+                workload=workload["name"],
+                engine=item["engine"],
+                prompt_tokens=workload["prompt_tokens"]["value"],
+                output_tokens=round(measured.get("output_len_mean") or workload["output_tokens"]["value"]),
+                prefix_tokens=prefix.get("prefix_tokens") or 0,
+                groups=prefix.get("num_groups") or DEFAULT_GROUPS,
+                prompts_per_group=prefix.get("prompts_per_group") or DEFAULT_PROMPTS,
+                stages=tuple(
+                    Stage(stage["stage_index"], stage["rate_rps"], stage["duration_s"], stage["measured"])
+                    for stage in stages
+                ),
+                measured=measured,
+                peers=item.get("peers") or {},
+            )
+        )
+    return found
+
+
+def plan_for(experiment: Experiment):
+    """kvops' plan of the experiment's deployment."""
+    from kvops.deployment import DeploymentOptions
+    from kvops.planner import plan
+
+    engine = experiment.engine
+    options = DeploymentOptions(
+        model=experiment.model,
+        gpu=experiment.gpu,
+        tp=experiment.tp,
+        max_model_len=engine.get("max_model_len"),
+        max_num_seqs=engine.get("max_num_seqs"),
+        batched_tokens=engine.get("max_num_batched_tokens"),
+        block_size=engine.get("block_size"),
+    )
+    return plan(options.plan_inputs())
+
+
+def scheduler_flags(experiment: Experiment) -> dict[str, Any]:
+    """The engine flags besides the plan's: the run's logged pool, when it logged one."""
+    blocks = experiment.engine.get("num_gpu_blocks")
+    return {"num_gpu_blocks_override": blocks} if blocks else {}
+
+
+def stage_trace(experiment: Experiment, stage: Stage, window_s: float | None = None) -> Trace:
+    """The stage's constant-rate arrivals (the first `window_s` seconds of it), each prompt a shared system prompt
+    followed by one of its group's repeating questions, as inference-perf's shared_prefix data sends them."""
+    seconds = stage.duration_s if window_s is None else min(window_s, stage.duration_s)
+    count = round(stage.rate_rps * seconds)
+    requests = []
+    question = experiment.prompt_tokens - experiment.prefix_tokens
+    for index in range(count):
+        group = index % experiment.groups
+        asked = (index // experiment.groups) % experiment.prompts_per_group
+        prefix = ((f"system-{group}", experiment.prefix_tokens), (f"question-{group}-{asked}", question))
+        requests.append(
+            TraceRequest(
+                index / stage.rate_rps,
+                experiment.prompt_tokens,
+                experiment.output_tokens,
+                max_tokens=experiment.output_tokens,
+                prefix=tuple(segment for segment in prefix if segment[1] > 0),
+            )
+        )
+    return Trace(tuple(requests), f"{experiment.short} stage {stage.index} ({stage.rate_rps:g} rps, {seconds:g} s)")
+
+
+METRICS = ("ttft_mean_ms", "e2e_mean_ms", "tpot_mean_ms", "e2e_p90_ms", "throughput_rps")
+
+
+def predicted(summary) -> dict[str, float]:
+    """A simulated run's figures under the measurement's names."""
+    return {
+        "ttft_mean_ms": summary.ttft.mean * 1000,
+        "e2e_mean_ms": summary.e2e.mean * 1000,
+        "tpot_mean_ms": summary.tpot.mean * 1000,
+        "e2e_p90_ms": summary.e2e.p90 * 1000,
+        "throughput_rps": summary.throughput_rps,
+    }

@@ -1,0 +1,253 @@
+"""`kvops simulate`: what a deployment's traffic will see, through vLLM's own scheduler on a simulated clock."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from kvops.cli.config_file import file_option
+from kvops.cli.options import POSITIVE, Finite, engine_options, json_option, names, print_json, warn
+from kvops.units import parse_duration
+
+FORMATS = ("kvops", "timed_trace", "mooncake", "burstgpt", "azure", "sharegpt")
+
+
+@click.command()
+@engine_options
+@file_option
+@click.option(
+    "--trace", type=click.Path(dir_okay=False), help="Requests to replay: a file in any format --trace-format names."
+)
+@click.option("--trace-format", type=click.Choice(FORMATS), help="The trace's format [default: read from the file].")
+@click.option("--trace-model", metavar="NAME", help="BurstGPT: only this Model column's rows.")
+@click.option("--requests", type=POSITIVE, help="The trace's first N requests; synthetic: how many [default 1000].")
+@click.option(
+    "--rate",
+    type=Finite(0, 1e6, "requests per second", low_open=True),
+    help="Requests per second: synthetic or untimed arrivals, or a timed trace scaled to it.",
+)
+@click.option(
+    "--burstiness",
+    type=Finite(0, 100, "the gamma shape", low_open=True),
+    default=1.0,
+    show_default=True,
+    help="Arrival burstiness: 1 is Poisson, below 1 burstier (vLLM's benchmark's gamma shape).",
+)
+@click.option(
+    "--prompt-tokens",
+    "prompt_spec",
+    default="sharegpt",
+    show_default=True,
+    help="Synthetic prompt lengths: sharegpt, fixed:N, uniform:A-B, normal:mean=M,std=S, lognormal:mean=M,sigma=S.",
+)
+@click.option(
+    "--output-tokens",
+    "output_spec",
+    default="sharegpt",
+    show_default=True,
+    help="Synthetic output lengths, as --prompt-tokens.",
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the synthetic lengths and arrivals.")
+@click.option(
+    "--concurrency", type=POSITIVE, help="Clients: at most this many requests in flight, each sent when one ends."
+)
+@click.option(
+    "--max-tokens",
+    "max_tokens_mode",
+    default="trace",
+    show_default=True,
+    metavar="MODE",
+    help="What clients send as max_tokens: trace (each request's own, else its length), exact (its length, ignore_eos), none (omitted), cap:N.",
+)
+@click.option("--max-num-seqs", type=POSITIVE, help="vLLM --max-num-seqs [its default for the device].")
+@click.option(
+    "--scheduling-policy",
+    type=click.Choice(("fcfs", "priority")),
+    default="fcfs",
+    show_default=True,
+    help="vLLM --scheduling-policy.",
+)
+@click.option(
+    "--watermark",
+    type=Finite(0, 1, "a share of the blocks"),
+    default=0.0,
+    show_default=True,
+    help="vLLM --watermark: blocks kept free when admitting.",
+)
+@click.option("--max-num-active-seqs", type=POSITIVE, help="vLLM --max-num-active-seqs (0.31 and later).")
+@click.option(
+    "--enable-chunked-prefill/--no-enable-chunked-prefill",
+    default=True,
+    show_default=True,
+    help="vLLM chunked prefill.",
+)
+@click.option(
+    "--long-prefill-token-threshold",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="vLLM --long-prefill-token-threshold.",
+)
+@click.option(
+    "--num-gpu-blocks-override",
+    type=POSITIVE,
+    help="vLLM --num-gpu-blocks-override: the KV pool a run logged, instead of the plan's.",
+)
+@click.option("--scheduler-cls", metavar="CLASS", help="vLLM --scheduler-cls: a scheduler class importable here.")
+@click.option(
+    "--step-time",
+    "step_time_file",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Step-time coefficients (bench/fit_steptime.py's format) [default: the shipped fit].",
+)
+@click.option(
+    "--slo-ttft", default="2s", show_default=True, help="The TTFT target a request must meet for goodput (e.g. 500ms)."
+)
+@click.option("--slo-tpot", default="100ms", show_default=True, help="The TPOT target a request must meet for goodput.")
+@click.option(
+    "--compare",
+    "arms_text",
+    metavar="ARMS",
+    help="Arms side by side on the same trace: stock, plan, guard, guard-v1, watermark[:F], active:N [default: stock].",
+)
+@click.option(
+    "--max-rate",
+    is_flag=True,
+    help="Find the highest request rate one replica serves at the SLO attainment (--attainment).",
+)
+@click.option(
+    "--replicas",
+    "target_rate",
+    type=Finite(0, 1e9, "requests per second", low_open=True),
+    metavar="RATE",
+    help="The replicas this traffic needs at RATE requests per second, at the SLO attainment.",
+)
+@click.option(
+    "--attainment",
+    type=Finite(0, 1, "a share of the requests", low_open=True),
+    default=0.9,
+    show_default=True,
+    help="The share of requests that must meet the SLO (--max-rate, --replicas).",
+)
+@click.option(
+    "--csv",
+    "csv_path",
+    type=click.Path(dir_okay=False),
+    help="Write one row per request (the first arm's) to this CSV file.",
+)
+@click.option(
+    "--plot",
+    "plot_path",
+    type=click.Path(dir_okay=False),
+    help="Write KV usage and the queue over time to this PNG (kvops[plot]).",
+)
+@click.option(
+    "--tokenizer",
+    type=click.Path(exists=True),
+    help="A local tokenizer folder ShareGPT's texts are counted with (kvops[hub]) [default: 4 characters a token].",
+)
+@click.option(
+    "--progress/--no-progress", default=None, help="A progress line on stderr [default: when stderr is a terminal]."
+)
+@json_option
+@click.pass_context
+def simulate(ctx: click.Context, as_json: bool, **params: Any) -> None:
+    """What a deployment's traffic will see: TTFT, TPOT, ITL, E2E, goodput, preemptions, replicas.
+
+    The trace runs through the installed vLLM's own scheduler and KV cache manager over the pool `kvops plan`
+    sizes for this deployment; each scheduled batch costs what the GPU step-time model (fitted on public
+    measurements) says. Needs vLLM installed (the CPU build works: no GPU is used).
+    """
+    from kvops.cli.options import deployment_options
+    from kvops.simulate import session
+    from kvops.simulate.traffic import Traffic
+
+    traffic = Traffic(
+        trace=params.pop("trace"),
+        trace_format=params.pop("trace_format"),
+        trace_model=params.pop("trace_model"),
+        requests=params.pop("requests"),
+        rate=params.pop("rate"),
+        burstiness=params.pop("burstiness"),
+        prompt_tokens=params.pop("prompt_spec"),
+        output_tokens=params.pop("output_spec"),
+        seed=params.pop("seed"),
+        concurrency=params.pop("concurrency"),
+    )
+    request = session.Request(
+        traffic=traffic,
+        max_tokens=params.pop("max_tokens_mode"),
+        scheduler_flags=_scheduler_flags(params),
+        step_time_file=params.pop("step_time_file"),
+        slo_ttft_s=parse_duration(params.pop("slo_ttft"), "--slo-ttft"),
+        slo_tpot_s=parse_duration(params.pop("slo_tpot"), "--slo-tpot"),
+        arms=tuple(names(params.pop("arms_text") or "stock", "--compare")),
+        max_rate=params.pop("max_rate"),
+        target_rate=params.pop("target_rate"),
+        attainment=params.pop("attainment"),
+        tokenizer=params.pop("tokenizer"),
+    )
+    csv_path, plot_path = params.pop("csv_path"), params.pop("plot_path")
+    progress = _Progress() if _show_progress(params.pop("progress"), as_json) else None
+    answer = session.run(request, deployment_options(ctx, params), progress)
+    if progress is not None:
+        progress.close()
+    _outputs(answer, as_json, csv_path, plot_path)
+
+
+def _scheduler_flags(params: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "policy": params.pop("scheduling_policy"),
+        "watermark": params.pop("watermark"),
+        "max_num_active_seqs": params.pop("max_num_active_seqs"),
+        "chunked_prefill": params.pop("enable_chunked_prefill"),
+        "long_prefill_token_threshold": params.pop("long_prefill_token_threshold"),
+        "num_gpu_blocks_override": params.pop("num_gpu_blocks_override"),
+        "scheduler_cls": params.pop("scheduler_cls"),
+    }
+
+
+def _outputs(answer, as_json: bool, csv_path: str | None, plot_path: str | None) -> None:
+    from kvops.render import simulate as render
+
+    if csv_path:
+        render.write_csv(answer, csv_path)
+    if plot_path:
+        render.write_plot(answer, Path(plot_path))
+    if as_json:
+        print_json(answer.to_dict())
+    else:
+        click.echo(render.text(answer))
+    for message in answer.warnings:
+        warn(message)
+
+
+def _show_progress(asked: bool | None, as_json: bool) -> bool:
+    return asked if asked is not None else sys.stderr.isatty()
+
+
+class _Progress:
+    """One line on stderr, rewritten at most twice a second: which run, and how many of its requests ended."""
+
+    def __init__(self) -> None:
+        self.shown = 0.0
+        self.width = 0
+
+    def __call__(self, what: str, done: int, total: int) -> None:
+        now = time.monotonic()
+        if now - self.shown < 0.5 and done < total:
+            return
+        self.shown = now
+        line = f"simulating {what}: {done:,} of {total:,} requests ended"
+        sys.stderr.write("\r" + line.ljust(self.width))
+        sys.stderr.flush()
+        self.width = len(line)
+
+    def close(self) -> None:
+        if self.width:
+            sys.stderr.write("\r" + " " * self.width + "\r")
+            sys.stderr.flush()

@@ -1,0 +1,206 @@
+"""`kvops simulate`'s outputs: the text report, the per-request CSV and the KV-usage and queue plot."""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from kvops.errors import KvopsError
+from kvops.simulate.results import request_rows
+from kvops.units import format_bytes
+
+if TYPE_CHECKING:
+    from kvops.simulate.session import Answer
+    from kvops.simulate.simulation import ArmResult, RateSearch
+
+
+def text(answer: Answer) -> str:
+    lines = _header(answer)
+    if answer.arms:
+        lines += ["", *_arms_table(answer.arms)]
+        lines += _ratios(answer.arms)
+    if answer.rate_search is not None:
+        lines += ["", *_rate_lines(answer.rate_search, answer)]
+    if answer.replicas is not None:
+        replicas, point = answer.replicas, answer.replicas.per_replica
+        lines.append(
+            f"replicas         {replicas.replicas} for {replicas.target_rps:g} requests/s: each at {point.rate_rps:.3g}/s, "
+            f"{point.attainment:.0%} of requests meet the SLO (target {answer.replicas.search.attainment:.0%})"
+        )
+    return "\n".join(lines)
+
+
+def _header(answer: Answer) -> list[str]:
+    setup, plan = answer.setup, answer.plan
+    inputs, capacity = plan.inputs, plan.capacity
+    gpu = f"{inputs.devices} x {inputs.gpu.id}" if inputs.gpu else inputs.device
+    step_time = setup.step_time
+    hardware = step_time.hardware
+    summary = setup.trace.summary()
+    prompt, output = summary["prompt_tokens"], summary["output_tokens"]
+    traffic = f"{setup.trace.source}: prompt mean {prompt['mean']:.0f} / p99 {prompt['p99']:,.0f}, output mean {output['mean']:.0f} / p99 {output['p99']:,.0f} tokens"
+    if setup.clients.max_concurrency:
+        traffic += f"; {setup.clients.max_concurrency} clients"
+    return [
+        f"kvops simulate: {inputs.spec.name} on {gpu}, tp {inputs.tp}",
+        "",
+        f"pool             {capacity.num_blocks:,} blocks of {capacity.block_size} tokens ({format_bytes(plan.kv_cache_bytes)} of KV memory), max-model-len {capacity.max_model_len:,}"
+        if capacity
+        else "pool             none",
+        f"traffic          {traffic}",
+        f"clients send     max_tokens: {_max_tokens_words(setup.clients.max_tokens)}",
+        f"step time        {step_time.coefficients.name}: {step_time.coefficients.fitted_on}",
+        f"device           {hardware.name}: {hardware.memory_bandwidth / 1e12:.3g} TB/s, {hardware.flops / 1e12:,.0f} TFLOP/s dense",
+        f"SLO              TTFT <= {_ms(setup.slo.ttft_s)}, TPOT <= {_ms(setup.slo.tpot_s)}",
+    ]
+
+
+def _max_tokens_words(mode: str) -> str:
+    return {
+        "trace": "the trace's (its length where it has none)",
+        "exact": "each request's length, ignore_eos (the engine knows every length)",
+        "none": "omitted (the engine allows up to max-model-len; requests stop by themselves)",
+    }.get(mode, mode.replace("cap:", "") + ", requests stopping by themselves within it")
+
+
+def _arms_table(arms: tuple[ArmResult, ...]) -> list[str]:
+    header = (
+        "arm",
+        "done",
+        "TTFT mean",
+        "p99",
+        "TPOT mean",
+        "p99",
+        "E2E p50",
+        "p99",
+        "req/s",
+        "goodput",
+        "SLO met",
+        "preempted",
+        "recomputed",
+        "peak KV",
+    )
+    rows = []
+    for arm in arms:
+        summary = arm.summary
+        rows.append(
+            (
+                arm.arm,
+                f"{summary.completed:,}/{summary.requests:,}",
+                _ms(summary.ttft.mean),
+                _ms(summary.ttft.p99),
+                _ms(summary.tpot.mean),
+                _ms(summary.tpot.p99),
+                _ms(summary.e2e.p50),
+                _ms(summary.e2e.p99),
+                f"{summary.throughput_rps:.3g}",
+                f"{summary.goodput_rps:.3g}/s",
+                f"{summary.attainment:.0%}",
+                f"{summary.preemptions:,}",
+                f"{summary.recomputed_tokens:,}",
+                f"{summary.peak_usage:.0%}",
+            )
+        )
+    lines = table(header, rows)
+    for arm in arms:
+        if arm.change:
+            lines.append(f"  {arm.arm}: {arm.change}")
+    lines.append(f"  scheduler: {arms[0].label}")
+    return lines
+
+
+def _ratios(arms: tuple[ArmResult, ...]) -> list[str]:
+    if len(arms) < 2:
+        return []
+    base = arms[0]
+    parts = []
+    for arm in arms[1:]:
+        ratio = arm.summary.goodput_rps / base.summary.goodput_rps if base.summary.goodput_rps else float("nan")
+        parts.append(f"{arm.arm} {ratio:.2f}x")
+    return [f"goodput against {base.arm}: {', '.join(parts)}"]
+
+
+def _rate_lines(search: RateSearch, answer: Answer) -> list[str]:
+    rows = [
+        (
+            f"{point.rate_rps:.3g}",
+            f"{point.attainment:.0%}",
+            f"{point.goodput_rps:.3g}",
+            _ms(point.summary.ttft.p99),
+            _ms(point.summary.tpot.p99),
+            f"{point.summary.preemptions:,}",
+        )
+        for point in sorted(search.points, key=lambda point: point.rate_rps)
+    ]
+    lines = table(("rate/s", "SLO met", "goodput/s", "TTFT p99", "TPOT p99", "preempted"), rows)
+    verdict = (
+        f"max rate         {search.max_rate_rps:.3g} requests/s on one replica meet the SLO for {search.attainment:.0%} of requests ({search.arm})"
+        if search.max_rate_rps > 0
+        else f"max rate         none of the rates tried meets the SLO for {search.attainment:.0%} of requests ({search.arm})"
+    )
+    return [*lines, f"  saturation: {search.saturation_rps:.3g} requests/s with every request sent at once", verdict]
+
+
+def table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> list[str]:
+    """Columns padded to their widest cell: the first left-aligned, the figures right-aligned."""
+    widths = [max(len(row[index]) for row in (header, *rows)) for index in range(len(header))]
+
+    def line(cells: tuple[str, ...]) -> str:
+        first = cells[0].ljust(widths[0])
+        return "  ".join([first, *(cell.rjust(width) for cell, width in zip(cells[1:], widths[1:]))]).rstrip()
+
+    return [line(header), *(line(row) for row in rows)]
+
+
+def _ms(seconds: float) -> str:
+    if seconds >= 10:
+        return f"{seconds:,.1f} s"
+    if seconds >= 1:
+        return f"{seconds:.2f} s"
+    return f"{seconds * 1000:.3g} ms"
+
+
+def write_csv(answer: Answer, path: str) -> None:
+    """One row per request of every arm (the first column names the arm)."""
+    try:
+        with open(path, "w", newline="") as stream:
+            writer = None
+            for arm in answer.arms:
+                for row in request_rows(arm.log, answer.setup.slo):
+                    if writer is None:
+                        writer = csv.DictWriter(stream, fieldnames=["arm", *row])
+                        writer.writeheader()
+                    writer.writerow({"arm": arm.arm, **row})
+    except OSError as exc:
+        raise KvopsError(f"--csv {path}: cannot write ({exc.strerror or exc})") from None
+
+
+def write_plot(answer: Answer, path: Path) -> None:
+    """KV usage and the waiting queue against time, one line per arm."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise KvopsError("--plot needs matplotlib: pip install 'kvops[plot]'") from None
+    figure, (usage, queue) = plt.subplots(2, 1, sharex=True, figsize=(9, 6))
+    for arm in answer.arms:
+        timeline = arm.log.timeline
+        usage.plot(timeline.time, [value * 100 for value in timeline.usage], label=arm.arm, linewidth=0.8)
+        queue.plot(timeline.time, timeline.waiting, label=arm.arm, linewidth=0.8)
+    usage.set_ylabel("KV cache usage (%)")
+    usage.set_ylim(0, 102)
+    queue.set_ylabel("requests waiting")
+    queue.set_xlabel("seconds from the first request")
+    usage.legend(loc="upper right")
+    usage.set_title(f"{answer.plan.inputs.spec.name}: {answer.setup.trace.source}", fontsize=9)
+    figure.tight_layout()
+    try:
+        figure.savefig(path, dpi=110)
+    except OSError as exc:
+        raise KvopsError(f"--plot {path}: cannot write ({exc.strerror or exc})") from None
+    finally:
+        plt.close(figure)

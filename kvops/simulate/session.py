@@ -1,0 +1,149 @@
+"""One `kvops simulate` call: the deployment planned, the traffic built, the step time chosen, the runs made, and
+everything they produced kept for the renderers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvops import engines
+from kvops.deployment import DeploymentOptions
+from kvops.errors import UsageError
+from kvops.plan import Plan, PlanError
+from kvops.simulate import cost, steptime
+from kvops.simulate.results import Slo
+from kvops.simulate.run import ClientSettings
+from kvops.simulate.simulation import ArmResult, Progress, RateSearch, Replicas, Setup, compare, max_rate, replicas_for
+from kvops.simulate.trace import Trace
+from kvops.simulate.traffic import Traffic, build_trace
+from kvops.workload import Workload, percentile
+
+
+@dataclass(frozen=True)
+class Request:
+    """What the user asked of the simulation, beside the deployment."""
+
+    traffic: Traffic
+    max_tokens: str = "trace"
+    scheduler_flags: dict[str, Any] = field(default_factory=dict)
+    step_time_file: str | None = None
+    slo_ttft_s: float = 2.0
+    slo_tpot_s: float = 0.1
+    arms: tuple[str, ...] = ("stock",)
+    max_rate: bool = False
+    target_rate: float | None = None
+    attainment: float = 0.9
+    tokenizer: str | None = None  # a local tokenizer folder for ShareGPT's texts
+
+
+@dataclass(frozen=True)
+class Answer:
+    setup: Setup
+    arms: tuple[ArmResult, ...] = ()
+    rate_search: RateSearch | None = None
+    replicas: Replicas | None = None
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def plan(self) -> Plan:
+        return self.setup.plan
+
+    def to_dict(self) -> dict[str, Any]:
+        setup, plan = self.setup, self.setup.plan
+        capacity = plan.capacity
+        return {
+            "model": plan.inputs.spec.name,
+            "gpu": plan.inputs.gpu.id if plan.inputs.gpu else None,
+            "tp": plan.inputs.tp,
+            "engine_version_planned": plan.release.label if plan.release else None,
+            "pool": capacity.to_dict() if capacity else None,
+            "command": plan.argv,
+            "traffic": setup.trace.summary(),
+            "clients": {"max_concurrency": setup.clients.max_concurrency, "max_tokens": setup.clients.max_tokens},
+            "slo": setup.slo.to_dict(),
+            "step_time": setup.step_time.to_dict(),
+            "arms": [arm.to_dict() for arm in self.arms],
+            "max_rate": self.rate_search.to_dict() if self.rate_search else None,
+            "replicas": self.replicas.to_dict() if self.replicas else None,
+            "warnings": list(self.warnings),
+        }
+
+
+def run(request: Request, options: DeploymentOptions, progress: Progress | None = None) -> Answer:
+    """Plan the deployment for this traffic, then run what was asked."""
+    engine = engines.get(options.engine)
+    engine.simulation_arms(request.arms)  # fails before anything is read where the engine cannot be simulated
+    trace = build_trace(request.traffic, _tokenizer(request))
+    plan = _plan(options, trace)
+    setup = Setup(
+        plan=plan,
+        trace=trace,
+        step_time=cost.step_time(plan, _coefficients(request, plan)),
+        clients=ClientSettings(request.traffic.concurrency, request.max_tokens),
+        slo=Slo(request.slo_ttft_s, request.slo_tpot_s),
+        scheduler_flags=request.scheduler_flags,
+    )
+    warnings = _warnings(setup)
+    if request.max_rate or request.target_rate is not None:
+        if not trace.timed:
+            raise UsageError(
+                "--max-rate and --replicas scale the arrival rate: give timed traffic (--rate), not --concurrency"
+            )
+        arm = request.arms[0]
+        if request.target_rate is not None:
+            answer = replicas_for(setup, arm, request.target_rate, request.attainment, progress)
+            return Answer(setup, replicas=answer, rate_search=answer.search, warnings=tuple(warnings))
+        return Answer(setup, rate_search=max_rate(setup, arm, request.attainment, progress), warnings=tuple(warnings))
+    return Answer(setup, tuple(compare(setup, list(request.arms), progress)), warnings=tuple(warnings))
+
+
+def _plan(options: DeploymentOptions, trace: Trace) -> Plan:
+    """The deployment planned for this traffic: its requests at their p95 size the plan's own max-num-seqs."""
+    from kvops.planner import plan as make_plan
+    from kvops.render.plan import does_not_fit_message
+
+    prompts = [request.prompt_tokens for request in trace.requests]
+    outputs = [request.output_tokens for request in trace.requests]
+    workload = Workload(
+        prompt_tokens=percentile(prompts, 95),
+        gen_tokens=percentile(outputs, 95),
+        source=f"{trace.source}, p95",
+        requests=len(prompts),
+    )
+    plan = make_plan(options.plan_inputs(workload))
+    if not plan.fits or plan.capacity is None:
+        raise PlanError(does_not_fit_message(plan))
+    return plan
+
+
+def _coefficients(request: Request, plan: Plan) -> steptime.Coefficients:
+    if request.step_time_file:
+        from kvops.files import read_text
+
+        return steptime.read_coefficients(read_text(request.step_time_file, "--step-time"), request.step_time_file)
+    if plan.inputs.device == "cpu":
+        return steptime.coefficients("cpu")
+    return steptime.coefficients("gpu")
+
+
+def _tokenizer(request: Request):
+    """The tokenizer ShareGPT's texts are counted with (--tokenizer: a local tokenizer folder, kvops[hub])."""
+    if request.tokenizer is None:
+        return None
+    try:
+        from kvops.tokens import LocalTokenizer
+    except ImportError:
+        raise UsageError("--tokenizer needs kvops[hub]: pip install 'kvops[hub]'") from None
+    local = LocalTokenizer(request.tokenizer)
+    return lambda text: local.count(text, special_tokens=True)
+
+
+def _warnings(setup: Setup) -> list[str]:
+    plan = setup.plan
+    found = []
+    longest = max((request.prompt_tokens for request in setup.trace.requests), default=0)
+    if plan.capacity is not None and longest >= plan.capacity.max_model_len:
+        found.append(
+            f"requests with prompts of {plan.capacity.max_model_len:,} tokens or more are rejected, as vLLM rejects them (max-model-len {plan.capacity.max_model_len:,})"
+        )
+    return found

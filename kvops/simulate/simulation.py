@@ -1,0 +1,200 @@
+"""One deployment's traffic simulated: arms side by side on the same trace, the highest rate that meets an SLO, and
+the replicas a target rate needs. The engine's adapter builds its scheduler; the step time prices each batch."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from math import ceil
+from typing import Any
+
+from kvops import engines
+from kvops.errors import KvopsError
+from kvops.plan import Plan
+from kvops.simulate.prompts import prompt_tokens
+from kvops.simulate.results import Slo, Summary, summarize
+from kvops.simulate.run import ClientSettings, RunLog, run_trace
+from kvops.simulate.steptime import StepTime
+from kvops.simulate.trace import Trace
+
+Progress = Callable[[str, int, int], None]  # (what, done, total)
+RATE_TOLERANCE = 0.03  # the max-rate search stops when the bracket is this narrow (relative)
+MAX_SEARCH_RUNS = 12
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What every run of one simulation shares."""
+
+    plan: Plan
+    trace: Trace
+    step_time: StepTime
+    clients: ClientSettings
+    slo: Slo
+    scheduler_flags: Mapping[str, Any]  # the engine's scheduler flags beside the plan (policy, watermark, ...)
+
+
+@dataclass(frozen=True)
+class ArmResult:
+    arm: str
+    change: str  # what the arm adds to the stock command
+    label: str  # the scheduler that ran
+    summary: Summary
+    log: RunLog
+    settings: Mapping[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "arm": self.arm,
+            "change": self.change,
+            "scheduler": self.label,
+            "engine_settings": dict(self.settings),
+            **self.summary.to_dict(),
+        }
+
+
+def run_arm(setup: Setup, arm: str, trace: Trace | None = None, progress: Progress | None = None) -> ArmResult:
+    """`trace` (default: the setup's) through the engine's scheduler as `arm` runs it."""
+    trace = trace or setup.trace
+    engine = engines.get(setup.plan.engine)
+    core, change, settings = engine.simulation_core(setup.plan, arm, setup.scheduler_flags)
+    step_time = setup.step_time
+    total = len(trace.requests)
+
+    def step_seconds(batch) -> float:
+        return step_time.seconds(batch.new_tokens, batch.context, sum(batch.samples))
+
+    report = (lambda done: progress(arm, done, total)) if progress else None
+    log = run_trace(
+        core,
+        trace,
+        step_seconds,
+        max_model_len=settings["max_model_len"],
+        api_s=step_time.coefficients.api_s.value,
+        clients=setup.clients,
+        prompt=prompt_tokens,
+        progress=report,
+    )
+    return ArmResult(arm, change, core.label, summarize(log, setup.slo), log, settings)
+
+
+def compare(setup: Setup, arms: list[str], progress: Progress | None = None) -> list[ArmResult]:
+    """Each arm on the same trace, in the order given."""
+    return [run_arm(setup, arm, progress=progress) for arm in arms]
+
+
+# --- capacity questions -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RatePoint:
+    rate_rps: float
+    attainment: float
+    goodput_rps: float
+    summary: Summary
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rate_rps": round(self.rate_rps, 4),
+            "slo_attainment": round(self.attainment, 4),
+            "goodput_rps": round(self.goodput_rps, 4),
+            "ttft_p99_ms": round(self.summary.ttft.p99 * 1000, 3),
+            "tpot_p99_ms": round(self.summary.tpot.p99 * 1000, 3),
+            "preemptions": self.summary.preemptions,
+        }
+
+
+@dataclass(frozen=True)
+class RateSearch:
+    """The highest request rate one replica serves at the SLO attainment asked (0 when even the lowest tried
+    misses), and every rate tried."""
+
+    arm: str
+    attainment: float
+    max_rate_rps: float
+    saturation_rps: float  # completed requests per second with every request sent at once
+    points: tuple[RatePoint, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "arm": self.arm,
+            "slo_attainment_target": self.attainment,
+            "max_rate_rps": round(self.max_rate_rps, 4),
+            "saturation_rps": round(self.saturation_rps, 4),
+            "points": [point.to_dict() for point in sorted(self.points, key=lambda point: point.rate_rps)],
+        }
+
+
+def at_rate(trace: Trace, rate: float) -> Trace:
+    """The trace's requests at `rate` per second: its arrival gaps scaled (their burstiness kept)."""
+    if not trace.timed or not trace.requests:
+        raise KvopsError("a rate needs a timed trace")
+    span = trace.requests[-1].arrival_s - trace.requests[0].arrival_s
+    own = (len(trace.requests) - 1) / span if span > 0 else 0.0
+    if own <= 0:
+        raise KvopsError("the trace's requests all arrive at once: it has no rate to scale")
+    return trace.scaled(rate / own)
+
+
+def all_at_once(trace: Trace) -> Trace:
+    return replace(trace, requests=tuple(replace(request, arrival_s=0.0) for request in trace.requests))
+
+
+def max_rate(setup: Setup, arm: str, attainment: float, progress: Progress | None = None) -> RateSearch:
+    """Bisect the request rate (the trace's gaps scaled) for the highest at which `attainment` of the requests
+    meet the SLO; the bracket starts at the throughput with every request sent at once."""
+    saturated = run_arm(setup, arm, all_at_once(setup.trace), progress).summary.throughput_rps
+    points: list[RatePoint] = []
+
+    def probe(rate: float) -> bool:
+        result = run_arm(setup, arm, at_rate(setup.trace, rate), progress).summary
+        points.append(RatePoint(rate, result.attainment, result.goodput_rps, result))
+        return result.attainment >= attainment
+
+    low, high = 0.0, saturated
+    if probe(high):
+        return RateSearch(arm, attainment, high, saturated, tuple(points))
+    candidate = saturated / 2
+    while len(points) < MAX_SEARCH_RUNS and (low == 0.0 or (high - low) / high > RATE_TOLERANCE):
+        if probe(candidate):
+            low = candidate
+        else:
+            high = candidate
+        candidate = (low + high) / 2 if low else high / 2
+        if not low and high < saturated / 64:
+            break
+    return RateSearch(arm, attainment, low, saturated, tuple(points))
+
+
+@dataclass(frozen=True)
+class Replicas:
+    target_rps: float
+    replicas: int
+    per_replica: RatePoint
+    search: RateSearch
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "target_rps": self.target_rps,
+            "replicas": self.replicas,
+            "per_replica": self.per_replica.to_dict(),
+            "max_rate_per_replica": self.search.to_dict(),
+        }
+
+
+def replicas_for(
+    setup: Setup, arm: str, target_rps: float, attainment: float, progress: Progress | None = None
+) -> Replicas:
+    """How many replicas, each taking an equal share of `target_rps` of this traffic, meet the SLO attainment."""
+    search = max_rate(setup, arm, attainment, progress)
+    if search.max_rate_rps <= 0:
+        raise KvopsError(
+            f"no rate of this traffic meets {attainment:.0%} of the SLO on one replica: no number of replicas will"
+        )
+    count = max(1, ceil(target_rps / search.max_rate_rps))
+    while True:
+        result = run_arm(setup, arm, at_rate(setup.trace, target_rps / count), progress).summary
+        point = RatePoint(target_rps / count, result.attainment, result.goodput_rps, result)
+        if point.attainment >= attainment:
+            return Replicas(target_rps, count, point, search)
+        count += 1

@@ -1,0 +1,253 @@
+"""What one engine step costs on a GPU: roofline terms of the scheduled batch, each times a fitted coefficient.
+
+For a batch whose request r computes q_r new tokens over c_r tokens already cached (T = sum of q_r tokens, S of
+them sampled), per GPU:
+
+    t_step = step_s + layer_s x L
+           + linear    x max(W_read / BW, F_linear / FLOPS)       the matrix multiplies: weights read or computed
+           + compute   x F_linear / FLOPS                         what the two do not overlap at the ridge
+           + kv        x KV_read / BW                             every scheduled request's cache read once
+           + attention x F_attention / FLOPS                      QK^T and PV over the causal pairs
+           + comm      x AR_bytes / LINK + comm_latency_s x 2L    tensor parallel: two all-reduces per layer
+
+    W_read      weights read: the dense part, and of the routed experts the share T tokens touch,
+                E x (1 - (1 - k/E)^T) of E experts at k per token (uniform routing)
+    F_linear    2 x (P_body x T + P_head x S): the layers' active matrix parameters per token, the LM head only
+                for the sampled tokens (vLLM computes logits for those alone)
+    KV_read     sum over r and cache kinds of bytes per token x min(c_r + q_r, window)
+    F_attention 4 x heads x head dim x the causal (query, key) pairs of each layer kind, windows applied
+    AR_bytes    2 (tp - 1) / tp x T x hidden x 2 B per all-reduce (ring), 2 per layer
+
+BW, FLOPS and LINK are the datasheet's memory bandwidth, dense tensor throughput for the serving dtype and the
+GPU-to-GPU link per direction (kvops/catalog/gpu_performance.json). The coefficients are efficiencies (a value of
+1.25 on `linear` means 80% of the datasheet) and fixed costs in seconds, fitted by bench/fit_steptime.py on
+public measurements and kept with their provenance in kvops/catalog/step_time.json. A request also spends
+api_s in the API server (parsing, tokenizing, the first chunk out), which the client sees in TTFT and E2E.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from typing import Any
+
+from kvops.errors import KvopsError
+
+TERMS = ("step_s", "layer_s", "linear", "compute", "kv", "attention", "comm", "comm_latency_s")
+ACTIVATION_BYTES = 2  # all-reduces move 16-bit activations
+
+
+@dataclass(frozen=True)
+class CacheRead:
+    """One cache kind's reads: bytes per cached token per GPU over all its layers, the tokens it keeps (None:
+    all), its layers and their query heads per GPU; a recurrent state instead reads `state_bytes` per request."""
+
+    bytes_per_token: int
+    window: int | None
+    layers: int
+    query_heads: int
+    head_dim: int
+    state_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class ModelCost:
+    """One model's per-GPU costs at a tensor-parallel size: what the roofline terms are computed from."""
+
+    name: str
+    layers: int
+    hidden: int
+    tp: int
+    weight_bytes: int  # per GPU
+    expert_bytes: int  # per GPU, the routed experts' share of weight_bytes
+    num_experts: int
+    experts_per_token: int
+    body_parameters: int  # active matrix parameters per token per GPU, the LM head apart
+    head_parameters: int  # the LM head's, per GPU
+    caches: tuple[CacheRead, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.name,
+            "layers": self.layers,
+            "hidden": self.hidden,
+            "tp": self.tp,
+            "weight_bytes_per_gpu": self.weight_bytes,
+            "expert_bytes_per_gpu": self.expert_bytes,
+            "experts": self.num_experts,
+            "experts_per_token": self.experts_per_token,
+            "active_matrix_parameters_per_gpu": self.body_parameters,
+            "lm_head_parameters_per_gpu": self.head_parameters,
+            "caches": [vars(cache) for cache in self.caches],
+        }
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """The datasheet figures the terms divide by."""
+
+    name: str
+    memory_bandwidth: float  # bytes/s
+    flops: float  # dense tensor FLOP/s for the serving dtype
+    link_bandwidth: float  # bytes/s per direction between GPUs (0: none)
+    source: str
+
+
+@dataclass(frozen=True)
+class Coefficient:
+    value: float
+    source: str
+
+
+@dataclass(frozen=True)
+class Coefficients:
+    """A fitted set: each term's coefficient and where it came from, and the API server's time per request."""
+
+    name: str
+    terms: Mapping[str, Coefficient]
+    api_s: Coefficient
+    fitted_on: str
+    hardware: Hardware | None = None  # a profile fitted on one machine carries that machine's figures
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "profile": self.name,
+            "fitted_on": self.fitted_on,
+            "terms": {name: {"value": term.value, "source": term.source} for name, term in self.terms.items()},
+            "api_s": {"value": self.api_s.value, "source": self.api_s.source},
+        }
+
+
+class StepTimeError(KvopsError):
+    """The step-time data cannot be used for this device."""
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """A model on a device: seconds per step from the batch."""
+
+    cost: ModelCost
+    hardware: Hardware
+    coefficients: Coefficients
+
+    def seconds(self, new_tokens: Sequence[int], context: Sequence[int], samples: int) -> float:
+        values = self.features(new_tokens, context, samples)
+        terms = self.coefficients.terms
+        return sum(terms[name].value * value for name, value in zip(TERMS, values))
+
+    def features(self, new_tokens: Sequence[int], context: Sequence[int], samples: int) -> tuple[float, ...]:
+        """Each term's basis for one batch, in TERMS order (seconds at 100% of the datasheet, or counts)."""
+        cost, hardware = self.cost, self.hardware
+        tokens = sum(new_tokens)
+        weights = cost.weight_bytes - cost.expert_bytes + cost.expert_bytes * _touched(cost, tokens)
+        linear_flops = 2.0 * (cost.body_parameters * tokens + cost.head_parameters * samples)
+        memory_s = weights / hardware.memory_bandwidth
+        linear_s = linear_flops / hardware.flops
+        kv_bytes, attention_flops = 0.0, 0.0
+        for cache in cost.caches:
+            kv_bytes += _cache_bytes(cache, new_tokens, context)
+            if cache.query_heads:
+                attention_flops += (
+                    4.0 * cache.query_heads * cache.head_dim * cache.layers * _pairs(cache, new_tokens, context)
+                )
+        comm_s, collectives = 0.0, 0.0
+        if cost.tp > 1:
+            collectives = 2.0 * cost.layers
+            ring = 2.0 * (cost.tp - 1) / cost.tp
+            comm_s = collectives * ring * tokens * cost.hidden * ACTIVATION_BYTES / (hardware.link_bandwidth or 1.0)
+        return (
+            1.0,
+            float(cost.layers),
+            max(memory_s, linear_s),
+            linear_s,
+            kv_bytes / hardware.memory_bandwidth,
+            attention_flops / hardware.flops,
+            comm_s,
+            collectives,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "formula": "t_step = " + " + ".join(f"{name} x f_{name}" for name in TERMS),
+            "model": self.cost.to_dict(),
+            "hardware": vars(self.hardware),
+            "coefficients": self.coefficients.to_dict(),
+        }
+
+
+def _touched(cost: ModelCost, tokens: int) -> float:
+    """The share of routed experts `tokens` tokens touch, each choosing k of E uniformly."""
+    if not cost.num_experts:
+        return 0.0
+    return 1.0 - (1.0 - cost.experts_per_token / cost.num_experts) ** tokens
+
+
+def _cache_bytes(cache: CacheRead, new_tokens: Sequence[int], context: Sequence[int]) -> float:
+    if cache.state_bytes:
+        return float(cache.state_bytes * len(new_tokens))
+    window = cache.window
+    if window is None:
+        return float(cache.bytes_per_token * (sum(new_tokens) + sum(context)))
+    return float(cache.bytes_per_token * sum(min(q + c, window) for q, c in zip(new_tokens, context)))
+
+
+def _pairs(cache: CacheRead, new_tokens: Sequence[int], context: Sequence[int]) -> float:
+    """Causal (query, key) pairs: new token i of a request attends to c + i + 1 keys, at most the window."""
+    window = cache.window
+    total = 0.0
+    for q, c in zip(new_tokens, context):
+        first, last = c + 1, c + q
+        if window is None or last <= window:
+            total += (first + last) * q / 2.0
+        elif first >= window:
+            total += q * window
+        else:
+            total += (first + window) * (window - first + 1) / 2.0 + (last - window) * window
+    return total
+
+
+# --- the coefficient data ------------------------------------------------------------------------------------
+
+
+@lru_cache(maxsize=1)
+def _data() -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(resources.files("kvops.catalog").joinpath("step_time.json").read_text())
+    return data
+
+
+def profiles() -> tuple[str, ...]:
+    return tuple(_data()["profiles"])
+
+
+def coefficients(profile: str) -> Coefficients:
+    """A fitted coefficient set by name (kvops/catalog/step_time.json)."""
+    data = _data()["profiles"].get(profile)
+    if data is None:
+        raise StepTimeError(f"step-time profile {profile!r}; valid: {', '.join(profiles())}")
+    return _parse(profile, data)
+
+
+def read_coefficients(text: str, where: str) -> Coefficients:
+    """A coefficient set from a file (`--step-time FILE`, as bench/fit_steptime.py writes it)."""
+    try:
+        data = json.loads(text)
+        return _parse(data.get("profile", where), data)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise StepTimeError(f"--step-time {where}: not a step-time profile ({exc})") from None
+
+
+def _parse(name: str, data: Mapping[str, Any]) -> Coefficients:
+    terms = data["terms"]
+    missing = [term for term in TERMS if term not in terms]
+    if missing:
+        raise KeyError(f"missing terms: {', '.join(missing)}")
+    return Coefficients(
+        name=name,
+        terms={term: Coefficient(float(terms[term]["value"]), str(terms[term]["source"])) for term in TERMS},
+        api_s=Coefficient(float(data["api_s"]["value"]), str(data["api_s"]["source"])),
+        fitted_on=str(data.get("fitted_on", "")),
+        hardware=Hardware(**data["hardware"]) if data.get("hardware") else None,
+    )

@@ -1,0 +1,68 @@
+"""The traffic a simulation replays: a trace file (any format kvops reads), or synthetic requests; timed by the
+file, or by a rate, or sent as fast as a number of clients allows."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvops.errors import UsageError
+from kvops.simulate.formats import read_trace
+from kvops.simulate.synthetic import arrivals, synthetic_trace
+from kvops.simulate.trace import Trace
+
+SYNTHETIC_REQUESTS = 1000
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """What the user asked for: a `trace` file or synthetic lengths, and how requests arrive."""
+
+    trace: str | None = None
+    trace_format: str | None = None
+    trace_model: str | None = None  # BurstGPT's Model column
+    requests: int | None = None  # the first N of the trace; synthetic: how many (default 1,000)
+    rate: float | None = None  # requests per second: a synthetic or untimed trace's, or a timed trace scaled to it
+    burstiness: float = 1.0  # gamma shape of the inter-arrival times: 1 is Poisson, below 1 burstier
+    prompt_tokens: str = "sharegpt"
+    output_tokens: str = "sharegpt"
+    seed: int = 0
+    concurrency: int | None = None  # clients: at most this many requests in flight
+
+
+def build_trace(traffic: Traffic, tokenizer=None) -> Trace:
+    """The requests, timed: a file's own times, or arrivals at `rate`; untimed only with a concurrency."""
+    if traffic.trace is None:
+        count = traffic.requests or SYNTHETIC_REQUESTS
+        trace = synthetic_trace(
+            count, traffic.rate, traffic.burstiness, traffic.prompt_tokens, traffic.output_tokens, traffic.seed
+        )
+    else:
+        trace = read_trace(
+            traffic.trace,
+            traffic.trace_format,
+            tokenizer=tokenizer,
+            model_filter=traffic.trace_model,
+            limit=traffic.requests,
+        )
+        if not trace.requests:
+            raise UsageError(f"--trace {traffic.trace}: no requests in it")
+        if traffic.rate is not None:
+            trace = _at_rate(trace, traffic)
+    if not trace.timed and traffic.concurrency is None:
+        raise UsageError(
+            f"{trace.source} has no arrival times: give --rate (requests per second) or --concurrency (clients)"
+        )
+    return trace
+
+
+def _at_rate(trace: Trace, traffic: Traffic) -> Trace:
+    """An untimed trace's requests sent at `rate`; a timed one's gaps scaled to it (its burstiness kept)."""
+    rate = traffic.rate or 0.0
+    if not trace.timed:
+        timed = trace.with_arrivals(arrivals(len(trace.requests), rate, traffic.burstiness, traffic.seed))
+        return Trace(timed.requests, f"{trace.source}, Poisson-or-gamma arrivals at {rate:g}/s", True, trace.skipped)
+    span = trace.requests[-1].arrival_s - trace.requests[0].arrival_s
+    if span <= 0:
+        raise UsageError(f"--rate: the requests of {trace.source} all arrive at once; nothing to scale")
+    scaled = trace.scaled(rate / (len(trace.requests) / span))
+    return Trace(scaled.requests, f"{trace.source}, scaled to {rate:g}/s", True, trace.skipped)
