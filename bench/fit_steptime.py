@@ -35,7 +35,9 @@ PARAMETERS = (*steptime.TERMS, "api_s")
 PRIORS = {
     "step_s": (0.002, 0.002, 0.0, 0.05),
     "layer_s": (1e-5, 2e-5, 0.0, 1e-3),
+    "tp_step_s": (0.002, 0.003, 0.0, 0.05),
     "linear": (1.25, 0.5, 1.0, 5.0),
+    "experts": (1.3, 0.5, 1.0, 5.0),
     "compute": (0.2, 0.5, 0.0, 3.0),
     "kv": (1.3, 0.5, 1.0, 5.0),
     "attention": (2.0, 1.0, 1.0, 10.0),
@@ -44,6 +46,7 @@ PRIORS = {
     "api_s": (0.01, 0.01, 0.0, 0.2),
 }
 RIDGE = 0.05  # weight of the priors against one relative error
+FIT_SCALE = 0.1  # relative errors beyond 10% count linearly, not squared
 TARGETS = ("ttft_mean_ms", "e2e_mean_ms", "tpot_mean_ms")
 WEIGHTS = {"ttft_mean_ms": 0.5, "e2e_mean_ms": 1.0, "tpot_mean_ms": 1.0}
 SLO = Slo(ttft_s=2.0, tpot_s=0.1)
@@ -58,6 +61,7 @@ class StageRun:
     summary: Summary
     rows: dict[str, tuple[float, np.ndarray]]
     measured: dict[str, float]
+    log: RunLog
 
 
 def coefficient_vector(profile: steptime.Coefficients) -> np.ndarray:
@@ -95,58 +99,66 @@ def simulate_stage(
     )
     rows = linear_rows(log, np.array(features), coefficient_vector(profile))
     measured = {name: stage.measured[name] for name in TARGETS if stage.measured.get(name)}
-    return StageRun(experiment, stage_index, summarize(log, SLO), rows, measured)
+    return StageRun(experiment, stage_index, summarize(log, SLO), rows, measured, log)
 
 
 def linear_rows(log: RunLog, features: np.ndarray, vector: np.ndarray) -> dict[str, tuple[float, np.ndarray]]:
-    """Each target's mean over the completed requests as constant + row . parameters, in ms, exact for this
-    schedule: a step ends at its busy period's start plus the steps of that period up to it."""
+    """Each target's mean over the completed requests as constant + row . parameters, in ms, around this
+    schedule: a request waits out the rest of the step running when it arrived (the same share of it, whatever
+    the step costs), then every step up to its first token and its last; idle time before a step is constant."""
     ends = np.asarray(log.timeline.time)
-    seconds = features @ vector[:-1]
-    starts = ends - seconds
-    new_period = np.concatenate(([True], starts[1:] > ends[:-1] + 1e-9))
-    period = np.cumsum(new_period) - 1
-    period_start = starts[new_period][period]
-    cumulative = np.cumsum(features, axis=0)
-    before = np.vstack((np.zeros(features.shape[1]), cumulative))[np.flatnonzero(new_period)][period]
-    within = cumulative - before  # feature sums from the period's first step to this one
+    starts = ends - features @ vector[:-1]
+    cumulative = np.vstack((np.zeros(features.shape[1]), np.cumsum(features, axis=0)))  # row k: steps before k
     done = [entry for entry in log.requests if entry.finished >= 0 and entry.tokens > 1]
     api = vector[-1]  # the clients see each step's tokens api_s after it ends
+    sent = np.array([entry.sent for entry in done])
     first = np.searchsorted(ends, [entry.first_token - api - 1e-9 for entry in done])
     last = np.searchsorted(ends, [entry.finished - api - 1e-9 for entry in done])
-    sent = np.array([entry.sent for entry in done])
+    running = np.minimum(np.searchsorted(ends, sent, side="right"), len(ends) - 1)  # the step in progress, or next
+    busy = starts[running] <= sent
+    share = np.where(busy, (ends[running] - sent) / np.maximum(ends[running] - starts[running], 1e-12), 0.0)
+    idle = np.where(busy, 0.0, starts[running] - sent)
+    waited = share[:, None] * features[running] * busy[:, None]
+    to_first = waited + cumulative[first + 1] - cumulative[running + 1]
+    to_last = waited + cumulative[last + 1] - cumulative[running + 1]
     tokens = np.array([entry.tokens for entry in done], dtype=float)
-    ones = np.ones((len(done), 1))
-    ttft = (period_start[first] - sent, np.hstack((within[first], ones)))
-    e2e = (period_start[last] - sent, np.hstack((within[last], ones)))
-    spacing = (within[last] - within[first]) / (tokens - 1)[:, None]
-    tpot = (np.zeros(len(done)), np.hstack((spacing, np.zeros((len(done), 1)))))
+    ones, zeros = np.ones((len(done), 1)), np.zeros((len(done), 1))
+    without_running = np.where(busy[:, None], 0.0, features[running])  # an idle device starts with that step
+    ttft = (idle, np.hstack((to_first + without_running, ones)))
+    e2e = (idle, np.hstack((to_last + without_running, ones)))
+    tpot = (np.zeros(len(done)), np.hstack(((cumulative[last + 1] - cumulative[first + 1]) / (tokens - 1)[:, None], zeros)))
     return {
         name: (float(constant.mean() * 1000), row.mean(axis=0) * 1000)
         for name, (constant, row) in (("ttft_mean_ms", ttft), ("e2e_mean_ms", e2e), ("tpot_mean_ms", tpot))
     }
 
 
-def solve(runs: list[StageRun]) -> np.ndarray:
-    """Bounded least squares on the weighted relative errors of every run's targets, with the priors."""
-    from scipy.optimize import lsq_linear
+def solve(runs: list[StageRun], ridge: float = RIDGE) -> np.ndarray:
+    """Least squares on the weighted relative errors of every run's targets, robust (soft L1 beyond FIT_SCALE:
+    a stage at the edge of saturation, where a few percent of step time is seconds of queue, does not decide the
+    rest), bounded, and pulled toward the priors. Each parameter is solved for in units of its prior's scale."""
+    from scipy.optimize import least_squares
 
+    scales = np.array([PRIORS[name][1] for name in PARAMETERS])
     matrix, target = [], []
     for run in runs:
         for name, measured in run.measured.items():
             constant, row = run.rows[name]
             weight = WEIGHTS[name] / measured
-            matrix.append(row * weight)
+            matrix.append(row * scales * weight)
             target.append((measured - constant) * weight)
-    for index, name in enumerate(PARAMETERS):
-        prior, scale, _, _ = PRIORS[name]
-        row = np.zeros(len(PARAMETERS))
-        row[index] = np.sqrt(RIDGE) / scale
-        matrix.append(row)
-        target.append(np.sqrt(RIDGE) * prior / scale)
-    lows = [PRIORS[name][2] for name in PARAMETERS]
-    highs = [PRIORS[name][3] for name in PARAMETERS]
-    return np.asarray(lsq_linear(np.array(matrix), np.array(target), bounds=(lows, highs)).x)
+    data, goal = np.array(matrix), np.array(target)
+    priors = np.array([PRIORS[name][0] for name in PARAMETERS]) / scales
+    lows = np.array([PRIORS[name][2] for name in PARAMETERS]) / scales
+    highs = np.array([PRIORS[name][3] for name in PARAMETERS]) / scales
+
+    def residuals(z: np.ndarray) -> np.ndarray:
+        error = data @ z - goal
+        robust = np.sign(error) * np.sqrt(2 * FIT_SCALE**2 * (np.sqrt(1 + (error / FIT_SCALE) ** 2) - 1))
+        return np.concatenate((robust, np.sqrt(ridge) * (z - priors)))
+
+    start = np.clip(priors, lows, highs)
+    return np.asarray(least_squares(residuals, start, bounds=(lows, highs)).x) * scales
 
 
 def fitted_experiments() -> list[Experiment]:

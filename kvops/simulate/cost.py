@@ -25,10 +25,8 @@ def model_cost(plan: Plan) -> ModelCost:
     head = (count.lm_head or count.embeddings) if count is not None else spec.vocab_size * spec.hidden_size
     embeddings = count.embeddings if count is not None else spec.vocab_size * spec.hidden_size
     untied_embeddings = embeddings if not spec.tie_word_embeddings else 0
-    active = float(spec.parameters - experts)
-    if spec.num_experts:
-        active += experts * spec.experts_per_token / spec.num_experts
-    body = max(active - head - untied_embeddings, 0)
+    dense = max(spec.parameters - experts - head - untied_embeddings, 0)
+    active_experts = experts * spec.experts_per_token / spec.num_experts if spec.num_experts else 0.0
     return ModelCost(
         name=spec.name,
         layers=spec.num_layers,
@@ -38,7 +36,8 @@ def model_cost(plan: Plan) -> ModelCost:
         expert_bytes=int(weight_bytes * expert_share),
         num_experts=spec.num_experts,
         experts_per_token=spec.experts_per_token,
-        body_parameters=int(body / tp),
+        dense_parameters=int(dense / tp),
+        expert_parameters=int(active_experts / tp),
         head_parameters=int(head / tp),
         caches=cache_reads(plan),
     )

@@ -3,24 +3,27 @@
 For a batch whose request r computes q_r new tokens over c_r tokens already cached (T = sum of q_r tokens, S of
 them sampled), per GPU:
 
-    t_step = step_s + layer_s x L
-           + linear    x max(W_read / BW, F_linear / FLOPS)       the matrix multiplies: weights read or computed
-           + compute   x F_linear / FLOPS                         what the two do not overlap at the ridge
+    t_step = step_s + layer_s x L + tp_step_s x [tp > 1]
+           + linear    x max(W_dense / BW, F_dense / FLOPS)       the dense matrix multiplies: weights read or computed
+           + experts   x max(W_experts / BW, F_experts / FLOPS)   the routed experts' (MoE kernels), alike
+           + compute   x (F_dense + F_experts) / FLOPS            what reading and computing do not overlap
            + kv        x KV_read / BW                             every scheduled request's cache read once
            + attention x F_attention / FLOPS                      QK^T and PV over the causal pairs
            + comm      x AR_bytes / LINK + comm_latency_s x 2L    tensor parallel: two all-reduces per layer
 
-    W_read      weights read: the dense part, and of the routed experts the share T tokens touch,
-                E x (1 - (1 - k/E)^T) of E experts at k per token (uniform routing)
-    F_linear    2 x (P_body x T + P_head x S): the layers' active matrix parameters per token, the LM head only
-                for the sampled tokens (vLLM computes logits for those alone)
+    W_dense     the weights outside the routed experts
+    W_experts   of the routed experts, the share T tokens touch: 1 - (1 - k/E)^T of E experts at k per token
+                (uniform routing)
+    F_dense     2 x (P_dense x T + P_head x S): the dense matrix parameters per token, the LM head only for the
+                sampled tokens (vLLM computes logits for those alone); F_experts = 2 x P_experts x T, k of E each
     KV_read     sum over r and cache kinds of bytes per token x min(c_r + q_r, window)
     F_attention 4 x heads x head dim x the causal (query, key) pairs of each layer kind, windows applied
     AR_bytes    2 (tp - 1) / tp x T x hidden x 2 B per all-reduce (ring), 2 per layer
 
 BW, FLOPS and LINK are the datasheet's memory bandwidth, dense tensor throughput for the serving dtype and the
 GPU-to-GPU link per direction (kvops/catalog/gpu_performance.json). The coefficients are efficiencies (a value of
-1.25 on `linear` means 80% of the datasheet) and fixed costs in seconds, fitted by bench/fit_steptime.py on
+1.25 on `linear` means 80% of the datasheet) and fixed costs in seconds (tp_step_s: what a step costs more when
+the engine drives several GPU workers), fitted by bench/fit_steptime.py on
 public measurements and kept with their provenance in kvops/catalog/step_time.json. A request also spends
 api_s in the API server (parsing, tokenizing, the first chunk out), which the client sees in TTFT and E2E.
 """
@@ -36,7 +39,7 @@ from typing import Any
 
 from kvops.errors import KvopsError
 
-TERMS = ("step_s", "layer_s", "linear", "compute", "kv", "attention", "comm", "comm_latency_s")
+TERMS = ("step_s", "layer_s", "tp_step_s", "linear", "experts", "compute", "kv", "attention", "comm", "comm_latency_s")
 ACTIVATION_BYTES = 2  # all-reduces move 16-bit activations
 
 
@@ -65,7 +68,8 @@ class ModelCost:
     expert_bytes: int  # per GPU, the routed experts' share of weight_bytes
     num_experts: int
     experts_per_token: int
-    body_parameters: int  # active matrix parameters per token per GPU, the LM head apart
+    dense_parameters: int  # matrix parameters outside the routed experts per token per GPU, the LM head apart
+    expert_parameters: int  # routed-expert parameters a token passes through (k of E), per GPU
     head_parameters: int  # the LM head's, per GPU
     caches: tuple[CacheRead, ...]
 
@@ -79,7 +83,8 @@ class ModelCost:
             "expert_bytes_per_gpu": self.expert_bytes,
             "experts": self.num_experts,
             "experts_per_token": self.experts_per_token,
-            "active_matrix_parameters_per_gpu": self.body_parameters,
+            "dense_matrix_parameters_per_gpu": self.dense_parameters,
+            "active_expert_parameters_per_gpu": self.expert_parameters,
             "lm_head_parameters_per_gpu": self.head_parameters,
             "caches": [vars(cache) for cache in self.caches],
         }
@@ -142,10 +147,10 @@ class StepTime:
         """Each term's basis for one batch, in TERMS order (seconds at 100% of the datasheet, or counts)."""
         cost, hardware = self.cost, self.hardware
         tokens = sum(new_tokens)
-        weights = cost.weight_bytes - cost.expert_bytes + cost.expert_bytes * _touched(cost, tokens)
-        linear_flops = 2.0 * (cost.body_parameters * tokens + cost.head_parameters * samples)
-        memory_s = weights / hardware.memory_bandwidth
-        linear_s = linear_flops / hardware.flops
+        dense_s = 2.0 * (cost.dense_parameters * tokens + cost.head_parameters * samples) / hardware.flops
+        experts_s = 2.0 * cost.expert_parameters * tokens / hardware.flops
+        dense_read_s = (cost.weight_bytes - cost.expert_bytes) / hardware.memory_bandwidth
+        experts_read_s = cost.expert_bytes * _touched(cost, tokens) / hardware.memory_bandwidth
         kv_bytes, attention_flops = 0.0, 0.0
         for cache in cost.caches:
             kv_bytes += _cache_bytes(cache, new_tokens, context)
@@ -161,8 +166,10 @@ class StepTime:
         return (
             1.0,
             float(cost.layers),
-            max(memory_s, linear_s),
-            linear_s,
+            1.0 if cost.tp > 1 else 0.0,
+            max(dense_read_s, dense_s),
+            max(experts_read_s, experts_s) if cost.num_experts else 0.0,
+            dense_s + experts_s,
             kv_bytes / hardware.memory_bandwidth,
             attention_flops / hardware.flops,
             comm_s,
@@ -235,7 +242,9 @@ def read_coefficients(text: str, where: str) -> Coefficients:
     try:
         data = json.loads(text)
         return _parse(data.get("profile", where), data)
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+    except KeyError as exc:
+        raise StepTimeError(f"--step-time {where}: not a step-time profile (no {exc.args[0]!r})") from None
+    except (ValueError, TypeError, AttributeError) as exc:
         raise StepTimeError(f"--step-time {where}: not a step-time profile ({exc})") from None
 
 
@@ -243,7 +252,7 @@ def _parse(name: str, data: Mapping[str, Any]) -> Coefficients:
     terms = data["terms"]
     missing = [term for term in TERMS if term not in terms]
     if missing:
-        raise KeyError(f"missing terms: {', '.join(missing)}")
+        raise ValueError(f"missing terms: {', '.join(missing)}")
     return Coefficients(
         name=name,
         terms={term: Coefficient(float(terms[term]["value"]), str(terms[term]["source"])) for term in TERMS},

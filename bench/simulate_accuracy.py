@@ -1,0 +1,165 @@
+"""kvops simulate against public GPU measurements of vLLM serving, leave-one-out, beside the other simulators.
+
+    python bench/simulate_accuracy.py [--window 200] [--json OUT]
+
+The measurements: bench/data/sim_to_real.json (inference-perf against vLLM 0.15.1 on H100-80GB, collected by the
+inference-sim project; every experiment whose workload is published). Each experiment is predicted with step-time
+coefficients fitted WITHOUT it (bench/fit_steptime.py's least squares on every other experiment's stages,
+linearized around the schedules the shipped coefficients produce), then simulated stage by stage (the first
+--window seconds of each) through vLLM's own scheduler. The figures are whole-run: the stages' means weighted by
+the requests each stage sent, the p90 of their requests pooled the same way. Queue-dominated runs (the overloaded
+"reasoning" workload: thousands of requests failed) are left out of every fit and scored apart with the shipped
+coefficients. The other simulators' figures are sim-to-real's own runs of them on the same experiments (in the
+data file); the table counts each over the experiments it predicted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+from fit_steptime import PARAMETERS, StageRun, coefficient_vector, profile_from, simulate_all, simulate_stage, solve
+from sim_experiments import Experiment, experiments, plannable
+
+from kvops.simulate import steptime
+
+METRICS = ("e2e_mean_ms", "e2e_p90_ms", "ttft_mean_ms", "tpot_mean_ms", "throughput_rps")
+PEERS = ("blis-evolved", "blis-trained-physics-iter29-golden", "vidur", "aiconfigurator-estimate", "llm-optimizer-estimate", "blis-roofline")
+
+
+@dataclass
+class Scored:
+    experiment: Experiment
+    predicted: dict[str, float]
+    errors: dict[str, float]  # metric -> |predicted / measured - 1|
+
+
+def whole_run(experiment: Experiment, runs: list[StageRun]) -> dict[str, float]:
+    """The stages' figures as one run: means weighted by the requests each stage sent, p90 over them pooled."""
+    weights = np.array([stage.rate_rps * stage.duration_s for stage in experiment.stages])
+    share = weights / weights.sum()
+    summaries = [run.summary for run in runs]
+    pooled: list[float] = []
+    for run, weight in zip(runs, weights):
+        e2e = sorted(entry.finished - entry.sent for entry in run_log_requests(run))
+        repeat = max(1, round(weight / max(len(e2e), 1)))
+        pooled += e2e * repeat
+    completed = sum(summary.throughput_rps * stage.duration_s for summary, stage in zip(summaries, experiment.stages))
+    return {
+        "e2e_mean_ms": 1000 * float(np.dot(share, [summary.e2e.mean for summary in summaries])),
+        "e2e_p90_ms": 1000 * float(np.percentile(pooled, 90)) if pooled else 0.0,
+        "ttft_mean_ms": 1000 * float(np.dot(share, [summary.ttft.mean for summary in summaries])),
+        "tpot_mean_ms": 1000 * float(np.dot(share, [summary.tpot.mean for summary in summaries])),
+        "throughput_rps": completed / sum(stage.duration_s for stage in experiment.stages),
+    }
+
+
+def run_log_requests(run: StageRun):
+    return [entry for entry in run.log.requests if entry.finished >= 0]
+
+
+def errors(predicted: dict[str, float], measured: dict[str, float]) -> dict[str, float]:
+    return {
+        metric: abs(predicted[metric] / measured[metric] - 1)
+        for metric in METRICS
+        if predicted.get(metric) is not None and measured.get(metric)
+    }
+
+
+def leave_one_out(chosen: list[Experiment], window_s: float) -> list[Scored]:
+    shipped = steptime.coefficients("gpu")
+    print(f"linearizing {len(chosen)} experiments around the shipped coefficients", flush=True)
+    runs = simulate_all(chosen, shipped, window_s, log_progress=False)
+    scored = []
+    for experiment in chosen:
+        others = [run for run in runs if run.experiment.id != experiment.id]
+        vector = solve(others)
+        profile = profile_from(vector, f"fitted without {experiment.short}", "leave-one-out")
+        own = [simulate_stage(experiment, index, profile, window_s) for index in range(len(experiment.stages))]
+        predicted = whole_run(experiment, own)
+        scored.append(Scored(experiment, predicted, errors(predicted, experiment.measured)))
+        shown = ", ".join(f"{metric} {100 * error:.1f}%" for metric, error in scored[-1].errors.items())
+        print(f"  {experiment.short}: {shown}", flush=True)
+    return scored
+
+
+def queued(chosen: list[Experiment]) -> list[Scored]:
+    """The overloaded runs, whole (no window), with the shipped coefficients."""
+    shipped = steptime.coefficients("gpu")
+    scored = []
+    for experiment in chosen:
+        own = [simulate_stage(experiment, index, shipped, None) for index in range(len(experiment.stages))]
+        predicted = whole_run(experiment, own)
+        scored.append(Scored(experiment, predicted, errors(predicted, experiment.measured)))
+    return scored
+
+
+def median_table(groups: dict[str, list[dict[str, float]]]) -> list[str]:
+    """Median absolute percentage error per metric for each group of experiments' errors."""
+    lines = [f"  {'':<44} {'n':>3} " + " ".join(f"{metric.removesuffix('_ms'):>14}" for metric in METRICS)]
+    for name, rows in groups.items():
+        cells = []
+        for metric in METRICS:
+            values = [row[metric] for row in rows if metric in row]
+            cells.append(f"{100 * statistics.median(values):>13.1f}%" if values else f"{'-':>14}")
+        lines.append(f"  {name:<44} {len(rows):>3} " + " ".join(cells))
+    return lines
+
+
+def peer_errors(scored: list[Scored]) -> dict[str, list[dict[str, float]]]:
+    found: dict[str, list[dict[str, float]]] = defaultdict(list)
+    for item in scored:
+        for peer in PEERS:
+            figures = item.experiment.peers.get(peer)
+            if figures:
+                normalised = {**figures}
+                if "itl_mean_ms" in figures and "tpot_mean_ms" not in figures:
+                    normalised["tpot_mean_ms"] = figures["itl_mean_ms"]
+                found[peer].append(errors(normalised, item.experiment.measured))
+    return found
+
+
+def report(scored: list[Scored], apart: list[Scored]) -> None:
+    print("\nkvops simulate, leave-one-out (median absolute percentage error over experiments):")
+    groups: dict[str, list[dict[str, float]]] = {"all (H100, vLLM 0.15.1)": [item.errors for item in scored]}
+    for kind in ("dense", "moe"):
+        groups[f"model kind {kind}"] = [item.errors for item in scored if item.experiment.kind == kind]
+    groups["tp 1"] = [item.errors for item in scored if item.experiment.tp == 1]
+    groups["tp > 1"] = [item.errors for item in scored if item.experiment.tp > 1]
+    for line in median_table(groups):
+        print(line)
+    print("\nthe same experiments, other simulators (sim-to-real's runs of them; each over those it predicted):")
+    for line in median_table(peer_errors(scored)):
+        print(line)
+    if apart:
+        print("\nqueue-dominated runs (overloaded; scored apart, shipped coefficients):")
+        for line in median_table({"reasoning, 4 rps": [item.errors for item in apart]}):
+            print(line)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--window", type=float, default=200.0, help="seconds of each stage simulated (default 200)")
+    parser.add_argument("--json", help="write every experiment's figures to this file")
+    parser.add_argument("--no-queued", action="store_true", help="skip the queue-dominated runs (slow)")
+    options = parser.parse_args()
+    every = [experiment for experiment in experiments() if plannable(experiment)]
+    scored = leave_one_out([experiment for experiment in every if not experiment.queued], options.window)
+    apart = [] if options.no_queued else queued([experiment for experiment in every if experiment.queued])
+    report(scored, apart)
+    print(f"\nfitted parameters: {', '.join(PARAMETERS)}; shipped: {coefficient_vector(steptime.coefficients('gpu'))}")
+    if options.json:
+        rows = [
+            {"id": item.experiment.id, "predicted": item.predicted, "measured": item.experiment.measured, "errors": item.errors}
+            for item in [*scored, *apart]
+        ]
+        with open(options.json, "w") as stream:
+            json.dump(rows, stream, indent=1)
+
+
+if __name__ == "__main__":
+    main()

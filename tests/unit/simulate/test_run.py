@@ -1,0 +1,98 @@
+"""A trace through the installed vLLM's own scheduler on the simulated clock: what the loop records is what the
+scheduler did (tokens, preemptions, prefix-cache hits) at the times the step model gives."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvops.simulate.prompts import prompt_tokens
+from kvops.simulate.run import ClientSettings, run_trace
+from kvops.simulate.trace import Trace, TraceRequest
+
+pytestmark = pytest.mark.vllm
+STEP = 0.01  # seconds per step, whatever the batch
+
+
+def core(num_blocks: int = 64, *, async_scheduling: bool = False, scheduler_cls: str | None = None, **flags):
+    from kvops.engines.vllm.simulator import CacheGroup, CoreSettings, VllmCore
+
+    settings = CoreSettings(
+        num_blocks=num_blocks,
+        block_size=16,
+        groups=(CacheGroup("full", None, 16),),
+        max_model_len=1024,
+        max_num_seqs=64,
+        max_num_batched_tokens=512,
+        async_scheduling=async_scheduling,
+        scheduler_cls=scheduler_cls,
+        **flags,
+    )
+    return VllmCore(settings)
+
+
+def replay(scheduler, requests, *, api_s: float = 0.0, clients: ClientSettings | None = None):
+    trace = Trace(tuple(requests), "test")
+    return run_trace(
+        scheduler, trace, lambda batch: STEP, max_model_len=1024, api_s=api_s, clients=clients, prompt=prompt_tokens
+    )
+
+
+def test_a_lone_request_one_batch_at_a_time():
+    log = replay(core(), [TraceRequest(0.0, 32, 4, max_tokens=4)], api_s=0.005)
+    entry = log.requests[0]
+    assert entry.tokens == 4 and entry.outcome == "length"
+    assert entry.first_token == pytest.approx(STEP + 0.005)  # one prefill step, then the API server's time
+    assert entry.finished == pytest.approx(4 * STEP + 0.005)
+    assert log.steps == 4 and list(log.gaps) == pytest.approx([STEP] * 3)
+
+
+def test_async_scheduling_keeps_two_steps_in_flight_on_one_device():
+    log = replay(core(async_scheduling=True), [TraceRequest(0.0, 32, 4, max_tokens=4)])
+    entry = log.requests[0]
+    assert entry.tokens == 4
+    assert entry.first_token == pytest.approx(STEP)
+    assert entry.finished == pytest.approx(4 * STEP)  # the device runs one step at a time
+
+
+def test_a_burst_on_a_small_pool_preempts_and_every_request_still_gets_its_tokens():
+    burst = [TraceRequest(0.0, 64, 200, max_tokens=200) for _ in range(8)]
+    log = replay(core(num_blocks=40), burst)
+    assert log.preemptions > 0
+    assert [entry.tokens for entry in log.requests] == [200] * 8
+    assert sum(entry.recomputed_tokens for entry in log.requests) > 0
+    assert max(log.timeline.usage) == pytest.approx(1.0, abs=0.05)
+
+
+def test_the_kv_guard_queues_the_same_burst_instead_of_preempting():
+    burst = [TraceRequest(0.0, 64, 200, max_tokens=200) for _ in range(8)]
+    log = replay(core(num_blocks=40, async_scheduling=True, scheduler_cls="kvops_vllm.scheduler.KVGuardScheduler"), burst)
+    assert log.preemptions == 0
+    assert [entry.tokens for entry in log.requests] == [200] * 8
+
+
+def test_a_shared_prefix_is_found_in_the_prefix_cache():
+    shared = (("system", 64),)
+    requests = [TraceRequest(0.0, 100, 2, max_tokens=2, prefix=shared), TraceRequest(1.0, 100, 2, max_tokens=2, prefix=shared)]
+    log = replay(core(), requests)
+    assert log.requests[0].cached_tokens == 0
+    assert log.requests[1].cached_tokens == 64  # four full blocks of 16
+
+
+def test_unknown_lengths_stop_where_the_trace_says():
+    clients = ClientSettings(max_tokens="none")
+    log = replay(core(), [TraceRequest(0.0, 16, 7)], clients=clients)
+    assert log.requests[0].tokens == 7 and log.requests[0].outcome == "stop"
+
+
+def test_clients_keep_at_most_their_concurrency_in_flight():
+    requests = [TraceRequest(0.0, 16, 5, max_tokens=5) for _ in range(6)]
+    log = replay(core(), requests, clients=ClientSettings(max_concurrency=2))
+    assert max(log.timeline.running) <= 2
+    assert all(entry.tokens == 5 for entry in log.requests)
+    assert log.requests[2].sent == pytest.approx(log.requests[0].finished)
+
+
+def test_a_prompt_the_context_cannot_hold_is_rejected_as_vllm_rejects_it():
+    log = replay(core(), [TraceRequest(0.0, 1024, 4, max_tokens=4), TraceRequest(0.0, 16, 2, max_tokens=2)])
+    assert log.requests[0].outcome.startswith("rejected: a prompt of 1024 tokens leaves no room")
+    assert log.requests[1].tokens == 2

@@ -1,0 +1,127 @@
+"""The step-time arithmetic on constructed numbers: each roofline term as its formula says."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvops.simulate import steptime
+from kvops.simulate.steptime import CacheRead, Coefficient, Coefficients, Hardware, ModelCost, StepTime, StepTimeError
+
+GB = 1e9
+HARDWARE = Hardware("test", memory_bandwidth=1000 * GB, flops=100e12, link_bandwidth=100 * GB, source="constructed")
+
+
+def dense(tp: int = 1, caches=(CacheRead(1000, None, 10, 8, 64),)) -> ModelCost:
+    return ModelCost(
+        name="dense",
+        layers=10,
+        hidden=1024,
+        tp=tp,
+        weight_bytes=2_000_000_000,
+        expert_bytes=0,
+        num_experts=0,
+        experts_per_token=0,
+        dense_parameters=900_000_000,
+        expert_parameters=0,
+        head_parameters=100_000_000,
+        caches=caches,
+    )
+
+
+def unit_coefficients() -> Coefficients:
+    terms = {name: Coefficient(1.0, "test") for name in steptime.TERMS}
+    return Coefficients("unit", terms, Coefficient(0.0, "test"), "constructed")
+
+
+def test_decode_batch_terms():
+    model = StepTime(dense(), HARDWARE, unit_coefficients())
+    # two decoding requests at 100 and 300 cached tokens, both sampling
+    features = dict(zip(steptime.TERMS, model.features([1, 1], [100, 300], 2)))
+    linear_flops = 2 * (900e6 * 2 + 100e6 * 2)
+    assert features["step_s"] == 1.0
+    assert features["layer_s"] == 10.0
+    assert features["linear"] == pytest.approx(max(2e9 / 1000e9, linear_flops / 100e12))
+    assert features["compute"] == pytest.approx(linear_flops / 100e12)
+    assert features["kv"] == pytest.approx(1000 * (101 + 301) / 1000e9)
+    # each new token attends to c + 1 keys: 101 + 301 pairs, 4 x heads x head_dim x layers FLOPs each
+    assert features["attention"] == pytest.approx(4 * 8 * 64 * 10 * (101 + 301) / 100e12)
+    assert features["comm"] == 0.0 and features["comm_latency_s"] == 0.0 and features["tp_step_s"] == 0.0
+    assert features["experts"] == 0.0
+
+
+def test_prefill_pairs_are_causal_and_the_lm_head_counts_only_samples():
+    model = StepTime(dense(), HARDWARE, unit_coefficients())
+    features = dict(zip(steptime.TERMS, model.features([512], [0], 0)))  # a prefill chunk that samples nothing
+    assert features["compute"] == pytest.approx(2 * 900e6 * 512 / 100e12)
+    assert features["attention"] == pytest.approx(4 * 8 * 64 * 10 * (512 * 513 / 2) / 100e12)
+
+
+def test_a_sliding_window_caps_reads_and_pairs():
+    window = CacheRead(1000, 128, 10, 8, 64)
+    model = StepTime(dense(caches=(window,)), HARDWARE, unit_coefficients())
+    features = dict(zip(steptime.TERMS, model.features([1, 200], [1000, 0], 1)))
+    assert features["kv"] == pytest.approx(1000 * (128 + 128) / 1000e9)
+    # the decode token sees 128 keys; the 200-token prefill: queries 1..128 see 1..128 keys, the rest 128 each
+    pairs = 128 + (128 * 129 / 2 + (200 - 128) * 128)
+    assert features["attention"] == pytest.approx(4 * 8 * 64 * 10 * pairs / 100e12)
+
+
+def test_routed_experts_are_read_as_the_tokens_touch_them():
+    moe = ModelCost(
+        name="moe",
+        layers=10,
+        hidden=1024,
+        tp=1,
+        weight_bytes=10_000_000_000,
+        expert_bytes=8_000_000_000,
+        num_experts=8,
+        experts_per_token=2,
+        dense_parameters=1,
+        expert_parameters=1,
+        head_parameters=0,
+        caches=(),
+    )
+    model = StepTime(moe, HARDWARE, unit_coefficients())
+    one = dict(zip(steptime.TERMS, model.features([1], [0], 1)))
+    many = dict(zip(steptime.TERMS, model.features([1] * 64, [0] * 64, 64)))
+    assert one["linear"] == pytest.approx(2e9 / 1000e9)  # the dense weights, read whatever the batch
+    assert one["experts"] == pytest.approx(8e9 * 2 / 8 / 1000e9)
+    assert many["experts"] == pytest.approx(8e9 * (1 - (6 / 8) ** 64) / 1000e9)
+
+
+def test_tensor_parallel_all_reduces():
+    model = StepTime(dense(tp=4), HARDWARE, unit_coefficients())
+    features = dict(zip(steptime.TERMS, model.features([10], [0], 1)))
+    assert features["comm_latency_s"] == 20.0  # two all-reduces per layer
+    assert features["tp_step_s"] == 1.0
+    assert features["comm"] == pytest.approx(20 * (2 * 3 / 4) * 10 * 1024 * 2 / 100e9)
+
+
+def test_seconds_are_the_coefficients_times_the_features():
+    coefficients = steptime.coefficients("gpu")
+    model = StepTime(dense(), HARDWARE, coefficients)
+    features = model.features([1, 64], [500, 0], 1)
+    expected = sum(coefficients.terms[name].value * value for name, value in zip(steptime.TERMS, features))
+    assert model.seconds([1, 64], [500, 0], 1) == pytest.approx(expected)
+
+
+def test_every_shipped_coefficient_says_where_it_came_from():
+    for profile in steptime.profiles():
+        coefficients = steptime.coefficients(profile)
+        assert coefficients.fitted_on
+        assert all(term.source for term in coefficients.terms.values())
+        assert coefficients.api_s.source
+
+
+def test_a_profile_file_round_trips_and_a_bad_one_is_one_line():
+    shipped = steptime.coefficients("gpu").to_dict()
+    read = steptime.read_coefficients(json.dumps(shipped), "fit.json")
+    assert read.terms == steptime.coefficients("gpu").terms
+    with pytest.raises(StepTimeError, match=r"^--step-time fit.json: not a step-time profile \(missing terms: "):
+        steptime.read_coefficients(json.dumps({"terms": {}, "api_s": {"value": 0, "source": "x"}}), "fit.json")
+    with pytest.raises(StepTimeError, match="^--step-time fit.json: not a step-time profile"):
+        steptime.read_coefficients("[1, 2]", "fit.json")
+    with pytest.raises(StepTimeError, match="step-time profile 'tpu'; valid: "):
+        steptime.coefficients("tpu")
