@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kvops.simulate.core import Batch, SchedulerCore
+from kvops.engines.scheduling import Batch, SchedulerCore
 from kvops.simulate.trace import Trace, TraceRequest
 
 StepSeconds = Callable[[Batch], float]

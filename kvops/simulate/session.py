@@ -100,7 +100,6 @@ def run(request: Request, options: DeploymentOptions, progress: Progress | None 
 def _plan(options: DeploymentOptions, trace: Trace) -> Plan:
     """The deployment planned for this traffic: its requests at their p95 size the plan's own max-num-seqs."""
     from kvops.planner import plan as make_plan
-    from kvops.render.plan import does_not_fit_message
 
     prompts = [request.prompt_tokens for request in trace.requests]
     outputs = [request.output_tokens for request in trace.requests]
@@ -111,8 +110,9 @@ def _plan(options: DeploymentOptions, trace: Trace) -> Plan:
         requests=len(prompts),
     )
     plan = make_plan(options.plan_inputs(workload))
-    if not plan.fits or plan.capacity is None:
-        raise PlanError(does_not_fit_message(plan))
+    if plan.verdict is not None or plan.capacity is None:
+        problem = plan.verdict.message() if plan.verdict else "the plan sized no KV pool"
+        raise PlanError(f"{problem}; nothing to simulate (kvops plan with the same options shows the ways out)")
     return plan
 
 

@@ -1,4 +1,4 @@
-"""What the simulation loop needs of an engine's scheduler: requests in, batches out, tokens back.
+"""What `kvops simulate` needs of an engine's scheduler: requests in, batches out, tokens back.
 
 An engine adapter builds the scheduler itself (`kvops/engines/vllm/simulator.py` builds vLLM's own); the loop
 (`kvops.simulate.run`) owns the clock and asks a step-time model what each batch costs.
