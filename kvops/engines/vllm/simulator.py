@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvops.engines.scheduling import Batch, StepResult
 from kvops.errors import KvopsError, UsageError
-from kvops.simulate.core import Batch, StepResult
 
 STOP_TOKEN = 2  # the token an unknown-length request samples when it reaches its length
 FILL_TOKEN = 7  # every other sampled token

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numpy
 import pytest
 
 from kvops.simulate.results import Slo, distribution, quantile, request_rows, summarize
@@ -14,6 +13,7 @@ def entry(sent: float, first: float, finished: float, tokens: int, **extra) -> R
 
 
 def test_quantiles_interpolate_as_numpy_does():
+    numpy = pytest.importorskip("numpy")
     values = sorted([0.3, 0.1, 2.5, 0.7, 0.9, 1.1, 0.2])
     for q in (50, 90, 99):
         assert quantile(values, q) == pytest.approx(numpy.percentile(values, q))

@@ -65,14 +65,19 @@ def test_a_burst_on_a_small_pool_preempts_and_every_request_still_gets_its_token
 
 def test_the_kv_guard_queues_the_same_burst_instead_of_preempting():
     burst = [TraceRequest(0.0, 64, 200, max_tokens=200) for _ in range(8)]
-    log = replay(core(num_blocks=40, async_scheduling=True, scheduler_cls="kvops_vllm.scheduler.KVGuardScheduler"), burst)
+    log = replay(
+        core(num_blocks=40, async_scheduling=True, scheduler_cls="kvops_vllm.scheduler.KVGuardScheduler"), burst
+    )
     assert log.preemptions == 0
     assert [entry.tokens for entry in log.requests] == [200] * 8
 
 
 def test_a_shared_prefix_is_found_in_the_prefix_cache():
     shared = (("system", 64),)
-    requests = [TraceRequest(0.0, 100, 2, max_tokens=2, prefix=shared), TraceRequest(1.0, 100, 2, max_tokens=2, prefix=shared)]
+    requests = [
+        TraceRequest(0.0, 100, 2, max_tokens=2, prefix=shared),
+        TraceRequest(1.0, 100, 2, max_tokens=2, prefix=shared),
+    ]
     log = replay(core(), requests)
     assert log.requests[0].cached_tokens == 0
     assert log.requests[1].cached_tokens == 64  # four full blocks of 16

@@ -13,7 +13,10 @@ GB = 1e9
 HARDWARE = Hardware("test", memory_bandwidth=1000 * GB, flops=100e12, link_bandwidth=100 * GB, source="constructed")
 
 
-def dense(tp: int = 1, caches=(CacheRead(1000, None, 10, 8, 64),)) -> ModelCost:
+FULL = CacheRead(1000, None, 10, 8, 64)
+
+
+def dense(tp: int = 1, caches: tuple[CacheRead, ...] = (FULL,)) -> ModelCost:
     return ModelCost(
         name="dense",
         layers=10,
@@ -121,7 +124,7 @@ def test_a_profile_file_round_trips_and_a_bad_one_is_one_line():
     assert read.terms == steptime.coefficients("gpu").terms
     with pytest.raises(StepTimeError, match=r"^--step-time fit.json: not a step-time profile \(missing terms: "):
         steptime.read_coefficients(json.dumps({"terms": {}, "api_s": {"value": 0, "source": "x"}}), "fit.json")
-    with pytest.raises(StepTimeError, match="^--step-time fit.json: not a step-time profile"):
+    with pytest.raises(StepTimeError, match=r"^--step-time fit\.json: not a step-time profile"):
         steptime.read_coefficients("[1, 2]", "fit.json")
     with pytest.raises(StepTimeError, match="step-time profile 'tpu'; valid: "):
         steptime.coefficients("tpu")
