@@ -148,6 +148,23 @@ class Limits:
             return Refusal(503, retry, f"KV cache pressure is {self.level.label}; retry in {retry} s")
         return None
 
+    def batch_refusal(self, prompts: int, request_class: RequestClass = RequestClass.STANDARD) -> Refusal | None:
+        """The answer to one request that fans out into `prompts` generations (a list of prompts), or None.
+
+        Where the level runs one sequence per request (single_sequence), such a request counts as `prompts`
+        requests: it is refused with 429 and Retry-After, as the sheddable are, rather than cut to its first prompt
+        (a 200 that silently answers one question of many). The protected are never refused: each prompt is clamped.
+        """
+        if prompts <= 1 or not self.single_sequence or request_class == RequestClass.PROTECTED:
+            return None
+        retry = self.retry_after_seconds or 1
+        return Refusal(
+            429,
+            retry,
+            f"KV cache pressure is {self.level.label}: a request of {prompts} prompts counts as {prompts} requests "
+            f"of one sequence each; send one prompt per request, or retry in {retry} s",
+        )
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "level": self.level.label,
@@ -208,11 +225,18 @@ class Policy:
                 level = graded
         return level
 
-    def limits(self, level: Level, last_known: Level = Level.OK) -> Limits:
-        """The limits in force at a level; at `unknown` they depend on the fail-open/fail-closed mode."""
+    def limits(self, level: Level, last_known: Level | None = None) -> Limits:
+        """The limits in force at a level; at `unknown` they depend on the fail-open/fail-closed mode: fail-open
+        lifts them, fail-closed keeps those of `last_known`, the last level read. With no good reading yet
+        (`last_known` None: a watcher that starts while the engine's metrics are unusable) fail-closed has no level
+        to keep and assumes the worst, critical: missing data is not good news, and an engine never read is not
+        known to be below any threshold."""
         if level == Level.UNKNOWN:
-            level = last_known if self.unknown_mode == "fail-closed" else Level.OK
-            return replace(self.actions.get(level, Limits(level)), level=Level.UNKNOWN)
+            if self.unknown_mode == "fail-open":
+                held = Level.OK
+            else:
+                held = Level.CRITICAL if last_known is None else last_known
+            return replace(self.actions.get(held, Limits(held)), level=Level.UNKNOWN)
         return self.actions.get(level, Limits(level))
 
     def to_dict(self) -> dict[str, Any]:
@@ -249,13 +273,14 @@ class LevelTracker:
     Up is immediate. Down needs usage below (threshold of the current level - hysteresis) and at least
     min_dwell_seconds spent in the current level; it then lands on the level that usage + hysteresis implies.
     A signal floor (queue growth, preemptions, stall) holds the level up the same way. A missing reading (None)
-    keeps the last level through the policy's grace, then makes it unknown.
+    keeps the last level through the policy's grace, then makes it unknown; before the first good reading there is
+    no level to keep, so it is unknown at once, with `last_known` None (what `Policy.limits` fails closed on).
     """
 
     def __init__(self, policy: Policy):
         self.policy = policy
         self.level = Level.OK
-        self.last_known = Level.OK
+        self.last_known: Level | None = None  # the level before unknown; None: never read
         self.since: float | None = None
         self.failures = 0  # missing readings in a row
         self.last_good: float | None = None
@@ -265,12 +290,17 @@ class LevelTracker:
             self.failures += 1
             since_good = None if self.last_good is None else now - self.last_good
             if self.level != Level.UNKNOWN and not self.policy.in_grace(self.failures, since_good):
-                self.last_known = self.level
+                self.last_known = None if self.last_good is None else self.level
                 self.level, self.since = Level.UNKNOWN, now
             return self.level
+        first = self.last_good is None
         self.failures, self.last_good = 0, now
         target = max(self.policy.raw_level(usage), floor)
-        current = self.last_known if self.level == Level.UNKNOWN else self.level
+        if first:  # the first reading sets the level outright: no hysteresis from a level never read
+            if target != self.level:
+                self.level, self.since = target, now
+            return self.level
+        current = self.last_known if self.level == Level.UNKNOWN and self.last_known is not None else self.level
         if target >= current:
             if target != self.level:
                 self.level, self.since = target, now

@@ -147,6 +147,15 @@ ONCE_EXIT = {"ok": 0, "warn": 1, "degrade": 1, "critical": 2, "unknown": 3}
     help="With --proxy: answer 502 when the upstream does not accept the connection in time.",
 )
 @click.option(
+    "--trust-priority-from",
+    envvar="KVOPS_TRUST_PRIORITY_FROM",
+    callback=lambda ctx, param, value: _networks(value),
+    metavar="CIDR[,CIDR]",
+    help="With --proxy: read X-KVops-Priority (a vLLM priority: the request's class) only from clients in these "
+    "networks, the gateway that sets it; from others it is ignored and dropped  [default: "
+    "$KVOPS_TRUST_PRIORITY_FROM, else no one: every request is standard]",
+)
+@click.option(
     "--request-tokens",
     type=POSITIVE,
     metavar="N",
@@ -185,6 +194,7 @@ def watch(
     upstream_first_byte_timeout,
     upstream_idle_timeout,
     upstream_connect_timeout,
+    trust_priority_from,
     request_tokens,
     once,
     as_json,
@@ -213,6 +223,8 @@ def watch(
         raise click.UsageError("--proxy serves the engine's API on --proxy-listen HOST:PORT (or --listen): add one")
     if proxy_listen and not upstream:
         raise click.UsageError("--proxy-listen is where --proxy serves: add --proxy UPSTREAM_URL")
+    if trust_priority_from and not upstream:
+        raise click.UsageError("--trust-priority-from applies to --proxy: add --proxy UPSTREAM_URL")
     if listen_at and proxy_at and listen_at == proxy_at:
         raise click.UsageError(f"--listen and --proxy-listen are both {listen}: give them different ports")
     for option, url in (
@@ -245,6 +257,7 @@ def watch(
             upstream_first_byte_timeout,
             upstream_idle_timeout,
             body_timeout,
+            trust_priority_from,
         ),
         proxy_listen=proxy_at,
         header_timeout=header_timeout,
@@ -261,7 +274,17 @@ def watch(
     run(run_watch(options, EventLog()))
 
 
-def _proxy_settings(upstream, engine, max_body_size, connect, first_byte, idle, body):
+def _networks(text: str | None) -> tuple:
+    """--trust-priority-from's networks; one error line naming the one that is not a network."""
+    from kvops.watch.guard import parse_networks
+
+    try:
+        return parse_networks(text or "")
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--trust-priority-from") from None
+
+
+def _proxy_settings(upstream, engine, max_body_size, connect, first_byte, idle, body, trusted):
     if not upstream:
         return None
     from kvops.units import format_bytes, parse_bytes
@@ -281,6 +304,7 @@ def _proxy_settings(upstream, engine, max_body_size, connect, first_byte, idle, 
         first_byte_timeout=first_byte,
         idle_timeout=idle,
         body_timeout=body,
+        trust_priority_from=trusted,
     )
 
 

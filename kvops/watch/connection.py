@@ -7,6 +7,8 @@ structured line per event.
   cannot tell that client from one that went away, so the connection writes a `100 Continue` interim response twice
   (RFC 9110 15.2: an HTTP/1.1 client must accept unexpected 1xx responses): a client that is gone answers the first
   with a reset, the second write fails, and the request is cancelled as for any disconnect.
+- **Bodies as sent**: request bodies are not decoded (aiohttp's auto_decompress off): what the handler reads is what
+  the client's Content-Length or chunked framing delimits, so the proxy forwards it under the same framing.
 - **Logs**: aiohttp's and asyncio's log records become one JSON event each, with the exception's type and never its
   text: aiohttp's parse errors quote the offending header bytes (`no header value is ever logged`).
 
@@ -165,25 +167,40 @@ class Listener:
     def port(self) -> int:
         return self.server.sockets[0].getsockname()[1]
 
+    async def start(self) -> None:
+        """Listen and accept (a listener made with start_serving=False has its address bound, refusing connections)."""
+        await self.server.start_serving()
+
     async def close(self) -> None:
         self.server.close()
         await self.runner.cleanup()
 
 
-async def serve(app: web.Application, host: str, port: int, *, header_timeout: float, log: EventLog) -> Listener:
+async def serve(
+    app: web.Application, host: str, port: int, *, header_timeout: float, log: EventLog, start_serving: bool = True
+) -> Listener:
     """Start serving `app` (a client that disconnects cancels its handler: what a proxy needs to cancel upstream
-    work); OSError when the address cannot be bound."""
+    work); OSError when the address cannot be bound. With start_serving=False the address is bound but not listened
+    on until `Listener.start()`."""
     app.middlewares.insert(0, track_requests)
     app.on_response_prepare.append(_response_started)
     # lingering: how long an answered request's unread body is drained before the close (aiohttp's 10 s would
-    # keep a stalled client's connection that long after its 408)
-    runner = web.AppRunner(app, access_log=None, handler_cancellation=True, lingering_time=LINGER_SECONDS)
+    # keep a stalled client's connection that long after its 408). auto_decompress off: the proxy reads a body as
+    # the client framed it (aiohttp would inflate a gzip body under its compressed Content-Length, and the proxy
+    # forward the inflated bytes under that length: the rest parsed upstream as a request of its own)
+    runner = web.AppRunner(
+        app, access_log=None, handler_cancellation=True, lingering_time=LINGER_SECONDS, auto_decompress=False
+    )
     await runner.setup()
     handlers = runner.server
     assert handlers is not None
     try:
         server = await asyncio.get_running_loop().create_server(
-            lambda: ClientConnection(handlers(), header_timeout, log), host, port, reuse_address=True
+            lambda: ClientConnection(handlers(), header_timeout, log),
+            host,
+            port,
+            reuse_address=True,
+            start_serving=start_serving,
         )
     except OSError:
         await runner.cleanup()

@@ -3,13 +3,19 @@ parsed within limits, and the level's limits applied to the fields an engine rou
 
 The proxy matches routes against `canonical_path(raw)` and forwards `quoted(canonical)`, so the path the upstream
 decodes is the path that was guarded: a dot segment, a doubled or trailing slash, a percent-encoded letter or slash,
-or a `;matrix` parameter cannot name a generation route without being guarded as one.
+or a `;matrix` parameter cannot name a generation route without being guarded as one. Likewise the body it guards is
+the body the upstream parses: a compressed one is decoded here (`decode_body`, within the size limit) and forwarded
+decoded, and one it cannot decode is refused, never passed on unread.
 """
 
 from __future__ import annotations
 
 import json
+import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass
+from http import HTTPStatus
+from ipaddress import IPv4Network, IPv6Network, ip_address, ip_network
 from typing import Any
 from urllib.parse import quote, unquote
 
@@ -26,8 +32,24 @@ _PRIORITY_DIGITS = 18  # far beyond any priority in use; a longer header is refu
 _PATH_SAFE = "/:@!$&'()*+,=-._~"
 
 
+Network = IPv4Network | IPv6Network
+MAX_CODINGS = 4  # content codings stacked on one body; more is an attack, not a client
+_GZIP_WBITS, _ZLIB_WBITS, _RAW_WBITS = 16 + zlib.MAX_WBITS, zlib.MAX_WBITS, -zlib.MAX_WBITS
+
+
 class BodyError(ValueError):
-    """A guarded request body the proxy refuses (400); the message says what is wrong."""
+    """A guarded request body the proxy refuses (400 unless `status` says otherwise); the message says what is
+    wrong."""
+
+    status = HTTPStatus.BAD_REQUEST
+
+
+class UnsupportedEncoding(BodyError):
+    status = HTTPStatus.UNSUPPORTED_MEDIA_TYPE  # RFC 9110 15.5.16: a content coding the server does not read
+
+
+class BodyTooLarge(BodyError):
+    status = HTTPStatus.REQUEST_ENTITY_TOO_LARGE
 
 
 def request_class(header: str | None, priorities: Priorities) -> RequestClass:
@@ -42,6 +64,85 @@ def request_class(header: str | None, priorities: Priorities) -> RequestClass:
             f"{PRIORITY_HEADER} {_shown(header)} must be an integer (a vLLM request priority: lower is served first)"
         )
     return priorities.request_class(int(text))
+
+
+def parse_networks(text: str) -> tuple[Network, ...]:
+    """'10.0.0.0/8,fd00::/8' (or single addresses) as networks; ValueError with a one-line message."""
+    networks = []
+    for word in (part.strip() for part in text.split(",")):
+        if not word:
+            continue
+        try:
+            networks.append(ip_network(word))
+        except ValueError:
+            try:
+                suggestion = ip_network(word, strict=False)
+            except ValueError:
+                raise ValueError(f"{word!r} is not an IP network (CIDR, e.g. 10.0.0.0/8, or one address)") from None
+            raise ValueError(f"{word!r} has host bits set; did you mean {suggestion}?") from None
+    return tuple(networks)
+
+
+def is_trusted(peer: str | None, networks: Iterable[Network]) -> bool:
+    """Whether a connection's peer address (IPv4-mapped IPv6 read as IPv4) lies in one of `networks`."""
+    if not peer:
+        return False
+    try:
+        address = ip_address(peer.split("%", 1)[0])
+    except ValueError:
+        return False
+    if address.version == 6 and address.ipv4_mapped is not None:  # a dual-stack listener's IPv4 client
+        address = address.ipv4_mapped
+    return any(address in network for network in networks)
+
+
+def content_codings(values: Iterable[str]) -> list[str]:
+    """The codings of a body's Content-Encoding header(s), in the order they were applied, identity dropped."""
+    codings = [coding.strip().lower() for value in values for coding in value.split(",")]
+    return [coding for coding in codings if coding and coding != "identity"]
+
+
+def decode_body(raw: bytes, codings: list[str], limit: int) -> bytes:
+    """A body with its content codings undone (gzip, x-gzip, deflate), never more than `limit` bytes at any step
+    (a small bomb cannot inflate past it); UnsupportedEncoding, BodyTooLarge or BodyError otherwise."""
+    if len(codings) > MAX_CODINGS:
+        raise UnsupportedEncoding(f"Content-Encoding has more than {MAX_CODINGS} content codings")
+    body = raw
+    for coding in reversed(codings):  # the last coding listed was applied last
+        if coding in ("gzip", "x-gzip"):
+            body = _inflate(body, _GZIP_WBITS, limit, "gzip")
+        elif coding == "deflate":  # RFC 9110: zlib-wrapped; some clients send raw deflate
+            body = _inflate(body, _ZLIB_WBITS if _zlib_header(body) else _RAW_WBITS, limit, "deflate")
+        else:
+            raise UnsupportedEncoding(
+                f"Content-Encoding {_shown_text(coding)} is not supported on a guarded route; send identity, gzip or "
+                "deflate"
+            )
+    return body
+
+
+def _zlib_header(data: bytes) -> bool:
+    return len(data) >= 2 and data[0] & 0x0F == 8 and (data[0] << 8 | data[1]) % 31 == 0  # RFC 1950 2.2
+
+
+def _inflate(data: bytes, wbits: int, limit: int, name: str) -> bytes:
+    """`data` inflated (gzip: each of its members in turn), or BodyTooLarge past `limit` bytes."""
+    out = bytearray()
+    while True:
+        stream = zlib.decompressobj(wbits)
+        try:
+            out += stream.decompress(data, limit + 1 - len(out))
+        except zlib.error:
+            raise BodyError(f"request body is not valid {name}") from None
+        if len(out) > limit or stream.unconsumed_tail:
+            raise BodyTooLarge(f"request body decoded exceeds the proxy's limit of {limit} bytes")
+        if not stream.eof:
+            raise BodyError(f"request body is not valid {name} (it ends early)")
+        data = stream.unused_data
+        if not data:
+            return bytes(out)
+        if wbits != _GZIP_WBITS:
+            raise BodyError(f"request body is not valid {name} (bytes after its end)")
 
 
 def canonical_path(raw: str) -> str:
@@ -152,6 +253,33 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+def _shown_text(text: str) -> str:
+    """A client's header text in a message: printable ASCII, at most 40 characters."""
+    printable = "".join(c if c.isascii() and c.isprintable() else "?" for c in text)
+    return printable if len(printable) <= 40 else printable[:37] + "..."
+
+
+def prompt_count(item: dict[str, Any]) -> int:
+    """How many generations one request body fans out into, as vLLM counts them: `prompt` is one text, one list of
+    token ids, or a list of either (`vllm/renderers/inputs/preprocess.py`, `prompt_to_seq`), `prompt_embeds` adds
+    its own (`vllm/renderers/online_renderer.py`, `preprocess_completion`), and the chat batch route's `messages` is
+    a list of conversations (`vllm/entrypoints/openai/chat_completion/protocol.py`, `BatchChatCompletionRequest`).
+    TGI's OpenAI completions read `prompt` the same way. Each generation runs `n` sequences of its own."""
+    messages = item.get("messages")
+    conversations = len(messages) if isinstance(messages, list) and all(type(m) is list for m in messages) else 0
+    return max(_prompts(item.get("prompt")) + _prompts(item.get("prompt_embeds")) + conversations, 1)
+
+
+def _prompts(value: Any) -> int:
+    if value is None:
+        return 0
+    if type(value) is not list:
+        return 1
+    if value and all(type(element) is int for element in value):
+        return 1  # one prompt as token ids
+    return len(value)
+
+
 def apply_limits(found: list[Site], limits: Limits) -> list[str]:
     """Clamp each generation in place; what changed ('max_tokens 1024->512', 'n 4->1'), each change once."""
     changes: list[str] = []
@@ -167,8 +295,10 @@ def _clamp_site(site: Site, limits: Limits) -> list[str]:
     given = [name for name in fields.tokens if holder.get(name) is not None]
     n = (holder.get(fields.n) if fields.n else None) or 1
     beams = n if fields.beam_search and holder.get(fields.beam_search) else None
+    # With two spellings the engine reads one (vLLM's chat: max_completion_tokens when set, else max_tokens), so the
+    # largest given is the request's limit, and each spelling above the cap is capped on its own.
     params = RequestParams(
-        max_tokens=min(holder[name] for name in given) if given else fields.default,
+        max_tokens=max(holder[name] for name in given) if given else fields.default,
         n=n,
         best_of=holder.get(fields.best_of) if fields.best_of else None,
         beam_width=beams,
@@ -176,7 +306,10 @@ def _clamp_site(site: Site, limits: Limits) -> list[str]:
     clamped, changes = clamp(params, limits)
     cap = clamped.max_tokens
     if cap is not None and cap != params.max_tokens:
-        names = given or ([fields.add] if fields.add else [])
+        if given:
+            names = [name for name in given if holder[name] > cap]
+        else:
+            names = [fields.add] if fields.add else []
         if not names:  # the engine requires the field and the request lacks it: the engine refuses it
             changes = [change for change in changes if not change.startswith("max_tokens ")]
         else:

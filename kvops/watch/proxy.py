@@ -3,10 +3,16 @@ request.
 
 A request is matched by its canonical path (`guard.canonical_path`: what the upstream will see, and what is
 forwarded) against the engine's generation routes (`kvops.engines.get(engine).api.ROUTES`). A guarded request is
-read (within `max_body_bytes` and `body_timeout`), parsed within depth and number limits, clamped with
+read (within `max_body_bytes` and `body_timeout`), decoded when it has a content coding (gzip, deflate; any other is
+415, a corrupt one 400: never forwarded unread), parsed within depth and number limits, clamped with
 `kvops.policy.clamp` on the fields its route names (max new tokens capped, n / best_of / beam width forced to 1)
-or, at critical, answered 503 with Retry-After in the route's own error shape without touching the upstream. A
-body the level leaves alone is forwarded byte for byte; everything else passes untouched.
+or, at critical, answered 503 with Retry-After in the route's own error shape without touching the upstream; where
+the level runs one sequence per request, a list of prompts counts as that many requests (`Limits.batch_refusal`).
+A body the level leaves alone is forwarded byte for byte (a decoded one, decoded); everything else passes untouched,
+under the framing the client gave it (the server does not decode bodies, and the upstream client refuses to send a
+streamed body that does not fill its Content-Length exactly). The request's class comes from PRIORITY_HEADER only
+when the client's address is in `trust_priority_from` (a gateway that sets it); from anyone else the header is
+ignored and not forwarded.
 
 Responses come back whole when the upstream sent a small body with its length, else chunk by chunk as they arrive
 (server-sent events included). The upstream must send its headers within `first_byte_timeout` and then never fall
@@ -37,15 +43,20 @@ from kvops.policy import Level, Limits, Priorities, Refusal
 from kvops.watch.guard import (
     PRIORITY_HEADER,
     BodyError,
+    Network,
     apply_limits,
     canonical_path,
+    content_codings,
+    decode_body,
     encode_body,
+    is_trusted,
     parse_body,
+    prompt_count,
     quoted,
     request_class,
     sites,
 )
-from kvops.watch.upstream import Broken, Pool, Response, Unreachable
+from kvops.watch.upstream import BodyMismatch, Broken, Pool, Response, Unreachable
 from kvops.watch.watcher import EventLog
 
 if sys.version_info >= (3, 11):
@@ -74,6 +85,8 @@ _HOP_BY_HOP = frozenset(
     }
 )
 _HOP_BY_HOP_NAMES = tuple(sorted(_HOP_BY_HOP))
+_UNTRUSTED = frozenset({PRIORITY_HEADER.lower()})  # dropped from a client the priority is not read from
+_DECODED = frozenset({"content-encoding"})  # dropped from a body forwarded decoded
 LEVEL_HEADER = "X-KVops-Level"
 CLAMPED_HEADER = "X-KVops-Clamped"
 WHOLE_BODY_BYTES = 1 << 20  # an upstream body of known length up to this size is read whole and sent in one write
@@ -88,6 +101,7 @@ class ProxySettings:
     first_byte_timeout: float = 600.0  # request sent -> response headers: a whole non-streamed generation
     idle_timeout: float = 300.0  # between two chunks of the upstream's response
     body_timeout: float = 20.0  # between two chunks of the client's request body (Apache mod_reqtimeout's 20 s)
+    trust_priority_from: tuple[Network, ...] = ()  # PRIORITY_HEADER is read only from these (a gateway); default none
 
 
 class ProxyMetrics:
@@ -195,28 +209,53 @@ class AdmissionProxy:
         path = canonical_path(request.rel_url.raw_path)
         route: Route | None = self.api.ROUTES.match(request.method, path)
         self.metrics.request(limits.level, route is not None)
+        if _transfer_coded(request.headers.get("Transfer-Encoding")):
+            return self._refuse(
+                HTTPStatus.NOT_IMPLEMENTED,
+                "Transfer-Encoding other than chunked is not supported; send Content-Encoding instead",
+                route.errors if route else self.api.ERRORS,
+            )
+        priority = self._priority(request)
+        drop = frozenset() if priority is not None else _UNTRUSTED
         if route is None:
-            return await self.forward(request, path, self._client_body(request), limits, [], self.api.ERRORS)
+            return await self.forward(request, path, self._client_body(request), limits, [], self.api.ERRORS, drop)
         try:
-            refusal = limits.refusal(request_class(request.headers.get(PRIORITY_HEADER), self.priorities))
+            klass = request_class(priority, self.priorities)
         except BodyError as problem:
-            return self._refuse(HTTPStatus.BAD_REQUEST, str(problem), route.errors)
+            return self._refuse(problem.status, str(problem), route.errors)
+        refusal = limits.refusal(klass)
         if refusal is not None:  # before reading the body: under pressure the proxy spends as little as it can
             return self._reject(refusal, limits, route.errors)
         if not route.json:
-            return await self.forward(request, path, self._client_body(request), limits, [], route.errors)
+            return await self.forward(request, path, self._client_body(request), limits, [], route.errors, drop)
         try:
             raw = await self._read_body(request)
-            body = parse_body(raw)
+            encodings = request.headers.getall("Content-Encoding", ())
+            decoded = decode_body(raw, content_codings(encodings), self.settings.max_body_bytes) if encodings else raw
+            body = parse_body(decoded)
             found = sites(route, body)
         except Unserved as unserved:
             return self._refuse(unserved.status, unserved.message, route.errors)
         except BodyError as problem:
-            return self._refuse(HTTPStatus.BAD_REQUEST, str(problem), route.errors)
+            return self._refuse(problem.status, str(problem), route.errors)
+        refusal = limits.batch_refusal(sum(prompt_count(site.item) for site in found), klass)
+        if refusal is not None:
+            return self._reject(refusal, limits, route.errors)
         changes = apply_limits(found, limits) if limits.max_tokens_cap is not None or limits.single_sequence else []
         for change in changes:
             self.metrics.clamped.labels(change.split(" ", 1)[0]).inc()
-        return await self.forward(request, path, encode_body(body) if changes else raw, limits, changes, route.errors)
+        data = encode_body(body) if changes else decoded
+        if encodings:  # forwarded decoded: the coding is no longer the body's
+            drop |= _DECODED
+        return await self.forward(request, path, data, limits, changes, route.errors, drop)
+
+    def _priority(self, request: web.Request) -> str | None:
+        """PRIORITY_HEADER as sent by a client in `trust_priority_from` (a gateway that sets it), else None: a
+        client that reaches the proxy directly cannot claim a class."""
+        header = request.headers.get(PRIORITY_HEADER)
+        if header is None or not is_trusted(request.remote, self.settings.trust_priority_from):
+            return None
+        return header
 
     async def _read_body(self, request: web.Request) -> bytes:
         limit, idle = self.settings.max_body_bytes, self.settings.body_timeout
@@ -310,8 +349,10 @@ class AdmissionProxy:
         limits: Limits,
         changes: list[str],
         errors: ErrorShape,
+        drop: frozenset[str] = frozenset(),
     ) -> web.StreamResponse:
-        dropped = _HOP_BY_HOP | _connection_tokens(request.headers.get("Connection"))
+        """Send the request on with `data` as its body (`drop`: more header names, lowercase, not to pass on)."""
+        dropped = _HOP_BY_HOP | drop | _connection_tokens(request.headers.get("Connection"))
         headers = [(name, value) for name, value in request.headers.items() if name.lower() not in dropped]
         upstream_name = self.settings.upstream
         try:
@@ -326,6 +367,10 @@ class AdmissionProxy:
         except ClientTooSlow:
             stalled = f"request body stalled for more than {self.settings.body_timeout:g} s"
             return self._refuse(HTTPStatus.REQUEST_TIMEOUT, stalled, errors)
+        except BodyMismatch as exc:  # before Broken, its base: the body, not the upstream, is at fault
+            refused = self._refuse(HTTPStatus.BAD_REQUEST, str(exc), errors)
+            refused.force_close()
+            return refused
         except Unreachable as exc:
             message = f"upstream {upstream_name} unreachable ({exc})"
             self._upstream_failed(HTTPStatus.BAD_GATEWAY, message, path)
@@ -424,6 +469,12 @@ def _without_hop_by_hop(headers: Any) -> CIMultiDict:
     for name in _connection_tokens(headers.get("Connection")):
         kept.popall(name, None)
     return kept
+
+
+def _transfer_coded(value: str | None) -> bool:
+    """A Transfer-Encoding with a coding besides chunked (gzip, ...): the server only de-chunks such a body, so it
+    would be forwarded still coded, unlabelled (RFC 9112 6.1: 501)."""
+    return value is not None and any(coding.strip().lower() != "chunked" for coding in value.split(","))
 
 
 def _connection_tokens(value: str | None) -> frozenset[str]:

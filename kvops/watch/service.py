@@ -2,7 +2,8 @@
 
 `watch(options, log)` runs until SIGINT/SIGTERM. The /kvops/* endpoints listen on `options.listen`; the proxy, when
 configured, on `options.proxy_listen`, or beside the endpoints on `options.listen` when it has no address of its
-own. Either way the proxy reads the watcher's limits in-process. `run(coroutine)` runs it on uvloop when installed.
+own. Either way the proxy reads the watcher's limits in-process, and opens after the watcher's first poll.
+`run(coroutine)` runs it on uvloop when installed.
 """
 
 from __future__ import annotations
@@ -131,6 +132,11 @@ async def watch(options: WatchOptions, log: EventLog) -> None:
         await _close(watcher)
         raise
     try:
+        # bound (a port in use has failed already), but listening only once the first poll is done: a request before
+        # it would get the limits for missing data (fail-closed: critical's) whatever the engine's usage
+        await watcher.poll()
+        for listener in listeners:
+            await listener.start()
         log.emit(
             "started",
             engine=options.engine,
@@ -159,8 +165,8 @@ async def _close(watcher: Watcher) -> None:
 
 
 async def serve(options: WatchOptions, watcher: Watcher, log: EventLog) -> list[Listener]:
-    """Start the /kvops/* endpoints and the proxy on their addresses; KvopsError naming the option whose address
-    cannot be bound."""
+    """Bind the /kvops/* endpoints and the proxy to their addresses (each serves from its `start()`); KvopsError
+    naming the option whose address cannot be bound."""
     if not options.listen and not options.proxy_listen:
         return []
     from aiohttp import web
@@ -198,7 +204,7 @@ async def _listen(option: str, address: tuple[str, int], app: Any, header_timeou
 
     host, port = address
     try:
-        return await serve(app, host, port, header_timeout=header_timeout, log=log)
+        return await serve(app, host, port, header_timeout=header_timeout, log=log, start_serving=False)
     except OSError as exc:
         reason = os.strerror(exc.errno).lower() if exc.errno else str(exc)
         raise KvopsError(f"{option} {host}:{port}: cannot listen there ({reason}); choose another address") from None

@@ -42,6 +42,11 @@ class Broken(UpstreamError):
     pass
 
 
+class BodyMismatch(Broken):
+    """A streamed request body that does not fill exactly the Content-Length sent ahead of it. What was sent stops
+    there and the connection is closed: bytes past the length would reach the upstream as a request of their own."""
+
+
 class Connection(asyncio.Protocol):
     """One keep-alive connection; one request at a time."""
 
@@ -270,7 +275,8 @@ class Pool:
         length: int | None = None,
     ) -> Response:
         """Send one request and wait for its answer's headers. A streamed body is sent with `length` as its
-        Content-Length when known, else chunked; an exception it raises is raised here."""
+        Content-Length when known (BodyMismatch when it does not come to exactly that), else chunked; an exception
+        it raises is raised here."""
         connection = await self._connection()
         ready = connection.start()
         sender: asyncio.Task | None = None
@@ -281,7 +287,7 @@ class Pool:
             else:
                 connection.write(head)
             if body is not None and not isinstance(body, bytes):
-                sender = asyncio.ensure_future(self._stream(connection, body, chunked=length is None))
+                sender = asyncio.ensure_future(self._stream(connection, body, length))
                 sender.add_done_callback(_retrieve)
             await ready
         except BaseException as exc:
@@ -310,16 +316,24 @@ class Pool:
         lines.append("\r\n")
         return "".join(lines).encode("utf-8", "surrogateescape")
 
-    async def _stream(self, connection: Connection, body: AsyncIterator[bytes], chunked: bool) -> None:
+    async def _stream(self, connection: Connection, body: AsyncIterator[bytes], length: int | None) -> None:
+        chunked, left = length is None, length or 0
         try:
             async for chunk in body:
                 if connection.closed:
                     raise Broken("closed the connection while the request was sent")
-                if chunk:
-                    connection.write(b"%x\r\n%b\r\n" % (len(chunk), chunk) if chunked else chunk)
-                    await connection.drain()
+                if not chunk:
+                    continue
+                if not chunked:
+                    if len(chunk) > left:
+                        raise BodyMismatch(f"request body is longer than its Content-Length of {length} bytes")
+                    left -= len(chunk)
+                connection.write(b"%x\r\n%b\r\n" % (len(chunk), chunk) if chunked else chunk)
+                await connection.drain()
             if chunked:
                 connection.write(b"0\r\n\r\n")
+            elif left:
+                raise BodyMismatch(f"request body is shorter than its Content-Length of {length} bytes")
         except asyncio.CancelledError:
             raise
         except Exception as exc:

@@ -3,7 +3,8 @@
 `Watcher.current` is the latest `Snapshot`; anything in the same process (the /kvops/* endpoints, an admission
 proxy mounted on the same server) reads the level and limits from it without HTTP. The watcher never raises for
 its inputs: a replica with no usable metrics is `unknown`, counted, and after `stale_after_failures` consecutive
-failures raises the metrics-stale alert.
+failures raises the metrics-stale alert. Before its first good reading the watcher is `unknown` with the limits the
+policy gives missing data (`Policy.limits` with no last level: fail-closed applies critical's), not with none.
 """
 
 from __future__ import annotations
@@ -161,7 +162,9 @@ class Watcher:
         self.kinds: dict[str, AlertKind] = {kind.name: kind for kind in catalogue(policy, engine)}
         self.replicas: dict[str, Replica] = {}
         self.book = AlertBook()
-        self.fleet_last_known = Level.OK
+        # the fleet's last level read; None until a replica has given a good reading, and until then the limits
+        # are the policy's for missing data (fail-closed: critical's; fail-open: none), as after the grace
+        self.fleet_last_known: Level | None = None
         self.polls = 0
         self.poll_failures_total = 0
         self.level_changes: dict[str, int] = {level.label: 0 for level in Level}
@@ -171,7 +174,7 @@ class Watcher:
         self.last_poll_at: float | None = None
         self._delivery: asyncio.Task | None = None
         self._session: aiohttp.ClientSession | None = None
-        self.current = Snapshot(Level.UNKNOWN, None, policy.limits(Level.UNKNOWN), wall(), source.url, engine)
+        self.current = Snapshot(Level.UNKNOWN, None, policy.limits(Level.UNKNOWN, None), wall(), source.url, engine)
 
     # --- one poll ---------------------------------------------------------------------------------------
 
@@ -369,16 +372,20 @@ class Watcher:
     # --- the loop ----------------------------------------------------------------------------------------
 
     async def run(self, interval: float, stop: asyncio.Event) -> None:
-        """Poll every `interval` seconds until `stop` is set; a slow poll skips the ticks it overran."""
-        next_at = self.clock()
+        """Poll every `interval` seconds until `stop` is set, the first time at once (or one interval after a poll
+        already made); a slow poll skips the ticks it overran."""
+        next_at = self.clock() if self.last_poll_at is None else self.last_poll_at + interval
         while not stop.is_set():
+            now = self.clock()
+            if now < next_at:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(stop.wait(), next_at - now)
+                continue
             await self.poll()
             next_at += interval
             now = self.clock()
             if next_at < now:
                 next_at = now + interval - (now - next_at) % interval
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(stop.wait(), next_at - now)
 
     async def flush(self) -> None:
         """Wait for the delivery in flight, then send what is still in the outbox (one try)."""

@@ -57,6 +57,27 @@ def status_of(response: bytes) -> int | None:
     return None
 
 
+def response_body(response: bytes) -> bytes:
+    """The body of the final response in `response` (interim 1xx responses skipped, chunked framing undone)."""
+    rest = response
+    while True:
+        head, _, rest = rest.partition(b"\r\n\r\n")
+        status = head.split(b" ", 2)[1] if head.count(b" ") >= 1 else b""
+        if not (status.isdigit() and 100 <= int(status) < 200):
+            break
+    if b"transfer-encoding: chunked" not in head.lower():
+        return rest
+    body = bytearray()
+    while rest:
+        size, _, rest = rest.partition(b"\r\n")
+        length = int(size.split(b";")[0], 16)
+        if length == 0:
+            break
+        body += rest[:length]
+        rest = rest[length + 2 :]
+    return bytes(body)
+
+
 class _Answer(socketserver.BaseRequestHandler):
     def handle(self) -> None:
         self.request.settimeout(5)

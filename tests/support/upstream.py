@@ -37,7 +37,8 @@ class RecordingUpstream:
     def app(self):
         from aiohttp import web
 
-        app = web.Application(client_max_size=64 << 20)
+        # bodies recorded as they came, Content-Encoding and all: vLLM's uvicorn and TGI's axum decode none
+        app = web.Application(client_max_size=64 << 20, handler_args={"auto_decompress": False})
         app.router.add_route("*", "/hang", self.hang)
         app.router.add_route("*", "/{tail:.*}", self.answer)
         return app

@@ -14,8 +14,6 @@ import math
 import string
 
 import pytest
-from hypothesis import HealthCheck, example, given, settings
-from hypothesis import strategies as st
 
 from kvops import engines
 from kvops.engines.metrics import MetricsError, Samples
@@ -26,6 +24,10 @@ from tests.support.aio import ServerThread
 from tests.support.raw_http import exchange, request_bytes, status_of
 from tests.support.upstream import RecordingUpstream
 from tests.unit.watch.test_proxy import LevelHolder, make_proxy_app
+
+pytest.importorskip("hypothesis", reason="hypothesis is not installed (pip install -e '.[test]'; .ci/run does)")
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 FUZZ = settings(
     max_examples=60,

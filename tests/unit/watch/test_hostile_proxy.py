@@ -178,22 +178,20 @@ def test_each_vllm_api_refuses_in_its_own_error_shape(upstream, path, expected):
         ),
         ("tgi", "/", {"inputs": "x"}, {"parameters": {"max_new_tokens": 512}}, "max_tokens unset->512"),
         ("tgi", "/v1/chat/completions", {"messages": []}, {"max_tokens": 512}, "max_tokens unset->512"),
+        # one instance each: at degrade two instances count as two requests (test_proxy_holes.py)
         (
             "tgi",
             "/vertex",
-            {
-                "instances": [
-                    {"inputs": "x", "parameters": {"max_new_tokens": 900}},
-                    {"messages": [], "max_tokens": 700},
-                ]
-            },
-            {
-                "instances": [
-                    {"inputs": "x", "parameters": {"max_new_tokens": 512}},
-                    {"messages": [], "max_tokens": 512},
-                ]
-            },
-            "max_tokens 900->512, max_tokens 700->512",
+            {"instances": [{"inputs": "x", "parameters": {"max_new_tokens": 900}}]},
+            {"instances": [{"inputs": "x", "parameters": {"max_new_tokens": 512}}]},
+            "max_tokens 900->512",
+        ),
+        (
+            "tgi",
+            "/vertex",
+            {"instances": [{"messages": [], "max_tokens": 700}]},
+            {"instances": [{"messages": [], "max_tokens": 512}]},
+            "max_tokens 700->512",
         ),
         ("tgi", "/invocations", {"prompt": "x", "max_tokens": 900}, {"max_tokens": 512}, "max_tokens 900->512"),
         (

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from ipaddress import ip_network
 
 import pytest
 import requests
@@ -27,9 +28,15 @@ class LevelHolder:
         return POLICY.limits(self.level)
 
 
+# The tests' clients stand in for a gateway the proxy trusts to set X-KVops-Priority (by default it trusts no one).
+LOOPBACK = (ip_network("127.0.0.0/8"), ip_network("::1/128"))
+
+
 def make_proxy_app(upstream: str, holder: LevelHolder, **settings):
     from aiohttp import web
     from prometheus_client import CollectorRegistry
+
+    settings.setdefault("trust_priority_from", LOOPBACK)
 
     def make():
         app = web.Application()
@@ -186,9 +193,8 @@ def test_the_policy_s_own_classes_apply(upstream):
         app = web.Application()
         app[REGISTRY] = CollectorRegistry()
         limits = lambda: policy.limits(Level.CRITICAL)  # noqa: E731
-        AdmissionProxy(
-            ProxySettings(upstream.url), limits, ProxyMetrics(app[REGISTRY]), None, policy.priorities
-        ).attach(app)
+        settings = ProxySettings(upstream.url, trust_priority_from=LOOPBACK)
+        AdmissionProxy(settings, limits, ProxyMetrics(app[REGISTRY]), None, policy.priorities).attach(app)
         return app
 
     with ServerThread(make) as proxy:

@@ -347,7 +347,9 @@ def test_once_against_a_dead_engine_says_unknown(run_kvops):
     document = json.loads(
         run_kvops("watch", "--engine", "vllm", "--metrics-url", url, "--once", "--json", expect=3).stdout
     )
-    assert document["level"] == "unknown" and document["kv_usage"] is None and document["actions"] == []
+    assert document["level"] == "unknown" and document["kv_usage"] is None
+    # never read: the shipped policy fails closed on the critical level's limits (before issue 20: none)
+    assert document["actions"] == ["cap_max_tokens:512", "single_sequence", "reject_503:retry_after=10"]
     assert document["replicas"][0]["error"].startswith(f"cannot read {url}: ClientConnectorError")
 
 
