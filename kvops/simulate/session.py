@@ -69,13 +69,12 @@ class Answer:
         }
 
 
-def run(request: Request, options: DeploymentOptions, progress: Progress | None = None) -> Answer:
-    """Plan the deployment for this traffic, then run what was asked."""
-    engine = engines.get(options.engine)
-    engine.simulation_arms(request.arms)  # fails before anything is read where the engine cannot be simulated
+def prepare(request: Request, options: DeploymentOptions) -> Setup:
+    """The traffic built and the deployment planned for it, with its step time: what every run shares."""
+    engines.get(options.engine).simulation_arms(request.arms)  # fails at once where the engine cannot be simulated
     trace = build_trace(request.traffic, _tokenizer(request))
     plan = _plan(options, trace)
-    setup = Setup(
+    return Setup(
         plan=plan,
         trace=trace,
         step_time=cost.step_time(plan, _coefficients(request, plan)),
@@ -83,6 +82,12 @@ def run(request: Request, options: DeploymentOptions, progress: Progress | None 
         slo=Slo(request.slo_ttft_s, request.slo_tpot_s),
         scheduler_flags=request.scheduler_flags,
     )
+
+
+def run(request: Request, options: DeploymentOptions, progress: Progress | None = None) -> Answer:
+    """Plan the deployment for this traffic, then run what was asked."""
+    setup = prepare(request, options)
+    trace = setup.trace
     warnings = _warnings(setup)
     if request.max_rate or request.target_rate is not None:
         if not trace.timed:

@@ -1,0 +1,104 @@
+"""The KV guard at GPU scale, in simulated time: stock vLLM, vLLM's --watermark 0.05 and the KV guard on GPU-sized
+pools, on ShareGPT-like and bursty traffic, from half to twice stock's saturation rate.
+
+    python bench/guard_simulated.py [--deployments 8b-h100,8b-l4,70b-4xh100] [--requests 1500] [--arms stock,watermark,guard]
+
+Every arm runs the same seeded trace through the installed vLLM's own scheduler (the guard: its plugin class) over
+the pool `kvops plan` sizes, each step priced by the fitted GPU step time (kvops simulate). Saturation is stock's
+throughput with every request of the trace sent at once; each rate scales the trace's arrival gaps. The SLO:
+TTFT <= 2 s and TPOT <= 3 x a lone request's TPOT on that deployment. Clients send no max_tokens ("none"): the
+requests stop by themselves and no scheduler knows their lengths, the case the guard is for; --max-tokens exact
+runs the benchmark style (every length known). Printed per point: SLO goodput (requests/s meeting both targets)
+and its ratio to stock, p99 TTFT and TPOT, preemptions, recomputed tokens. This is workload (c) of the guard's
+benchmark (bench/guard_goodput.py), which the 2-core machine could not read, at the scale users run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(REPO), str(REPO / "plugins")]
+
+from kvops.deployment import DeploymentOptions  # noqa: E402
+from kvops.simulate import session  # noqa: E402
+from kvops.simulate.results import Slo  # noqa: E402
+from kvops.simulate.simulation import Setup, all_at_once, at_rate, run_arm  # noqa: E402
+from kvops.simulate.traffic import Traffic  # noqa: E402
+
+DEPLOYMENTS = {
+    "8b-h100": DeploymentOptions(model="llama-3.1-8b-instruct", gpu="H100", max_model_len=8192),
+    "8b-l4": DeploymentOptions(model="llama-3.1-8b-instruct", gpu="L4", max_model_len=8192),
+    "70b-4xh100": DeploymentOptions(model="llama-3.1-70b-instruct", gpu="H100", tp=4, max_model_len=8192),
+}
+# ShareGPT-like lengths with Poisson arrivals, and the same lengths in bursts (gamma inter-arrivals of shape 0.25:
+# BurstGPT's conversation traffic fits a gamma of shape well below 1, Wang et al., KDD '25)
+TRAFFIC = {"sharegpt": 1.0, "bursty": 0.25}
+FACTORS = (0.5, 1.0, 1.5, 2.0)
+TTFT_TARGET_S = 2.0
+TPOT_TARGET_FACTOR = 3.0
+
+
+def setup_for(name: str, traffic: str, requests: int, max_tokens: str, seed: int) -> Setup:
+    request = session.Request(
+        traffic=Traffic(requests=requests, rate=1.0, burstiness=TRAFFIC[traffic], seed=seed), max_tokens=max_tokens
+    )
+    answer_setup = session.prepare(request, DEPLOYMENTS[name])
+    lone = run_arm(answer_setup, "stock", all_at_once(answer_setup.trace.head(1))).summary.tpot.mean
+    return Setup(
+        answer_setup.plan,
+        answer_setup.trace,
+        answer_setup.step_time,
+        answer_setup.clients,
+        Slo(TTFT_TARGET_S, TPOT_TARGET_FACTOR * lone),
+        answer_setup.scheduler_flags,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--deployments", default=",".join(DEPLOYMENTS))
+    parser.add_argument("--traffic", default=",".join(TRAFFIC))
+    parser.add_argument("--requests", type=int, default=1500)
+    parser.add_argument("--arms", default="stock,watermark,guard")
+    parser.add_argument("--factors", default=",".join(f"{factor:g}" for factor in FACTORS))
+    parser.add_argument("--max-tokens", default="none", help="what clients send: none (default), exact, cap:N")
+    parser.add_argument("--seed", type=int, default=0)
+    options = parser.parse_args()
+    arms = options.arms.split(",")
+    factors = [float(factor) for factor in options.factors.split(",")]
+    for name in options.deployments.split(","):
+        for traffic in options.traffic.split(","):
+            started = time.monotonic()
+            setup = setup_for(name, traffic, options.requests, options.max_tokens, options.seed)
+            saturated = run_arm(setup, "stock", all_at_once(setup.trace)).summary.throughput_rps
+            capacity = setup.plan.capacity
+            print(
+                f"\n{name}, {traffic} ({options.requests} requests, max_tokens {options.max_tokens}): pool "
+                f"{capacity.num_blocks:,} blocks of {capacity.block_size}; stock saturates at {saturated:.3g} req/s; "
+                f"SLO TTFT <= {setup.slo.ttft_s:g} s, TPOT <= {setup.slo.tpot_s * 1000:.3g} ms",
+                flush=True,
+            )
+            print(
+                f"  {'x sat':>5} {'arm':<10} {'goodput':>8} {'vs stock':>8} {'TTFT p99':>9} {'TPOT p99':>9} {'preempted':>9} {'recomputed':>10}"
+            )
+            for factor in factors:
+                trace = at_rate(setup.trace, factor * saturated)
+                results = {arm: run_arm(setup, arm, trace).summary for arm in arms}
+                stock = results[arms[0]].goodput_rps
+                for arm, summary in results.items():
+                    ratio = summary.goodput_rps / stock if stock else float("nan")
+                    print(
+                        f"  {factor:>5g} {arm:<10} {summary.goodput_rps:>8.3g} {ratio:>8.2f} "
+                        f"{summary.ttft.p99:>8.2f}s {summary.tpot.p99 * 1000:>7.1f}ms {summary.preemptions:>9,} "
+                        f"{summary.recomputed_tokens:>10,}",
+                        flush=True,
+                    )
+            print(f"  ({time.monotonic() - started:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()

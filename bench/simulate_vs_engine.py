@@ -1,0 +1,238 @@
+"""kvops simulate against the real vLLM engine on this machine: the same traces through the vLLM CPU engine and
+through the simulator with the CPU step time fitted for the test model.
+
+    python bench/simulate_vs_engine.py [--fit] [--reps 2]
+
+The engine is vLLM's CPU build serving the test model (tests/support/tiny_model.py, dummy weights) on a 4 MiB KV
+pool (31 usable blocks of 128 tokens, so a burst preempts). Three traces of exact-length streamed requests:
+  burst      24 requests sent at once
+  steady     60 requests, Poisson arrivals at 3/s
+  overload   60 requests, Poisson arrivals at 8/s (the held-out trace: never fitted on)
+With --fit, the CPU profile's coefficients (kvops/catalog/step_time.json, profile "cpu") are fitted on burst and
+steady as bench/fit_steptime.py fits the GPU ones, and written; overload is scored with them either way. Printed
+per trace: preemptions (engine, simulated), how alike the completion orders are (Kendall's tau over the requests
+both completed), and the mean TTFT, TPOT and E2E of each, with the ratio. The machine's noise is in the engine's
+figures: the engine runs alone, but its 2 cores are shared with whatever else runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(REPO), str(REPO / "plugins"), str(REPO / "bench")]
+
+import numpy as np  # noqa: E402
+from fit_steptime import coefficient_vector, linear_rows  # noqa: E402
+from guard_goodput import Job, run  # noqa: E402
+
+from kvops.simulate import steptime  # noqa: E402
+from kvops.simulate.trace import Trace, TraceRequest  # noqa: E402
+
+KV_BYTES = 4 * 1024 * 1024
+MAX_MODEL_LEN = 1024
+FITTED = ("burst", "steady")
+CPU_HARDWARE = {
+    "name": "cpu",
+    "memory_bandwidth": 2.0e10,
+    "flops": 2.0e11,
+    "link_bandwidth": 0.0,
+    "source": "nominal figures for a 2-core x86 virtual machine (20 GB/s, 200 GFLOP/s): the fitted coefficients absorb the difference",
+}
+# what the fit may move on the CPU: a step's fixed cost, the matrix multiplies and attention (the rest stays 0)
+CPU_FREE = ("step_s", "linear", "compute", "kv", "attention", "api_s")
+
+
+def traces(seed: int) -> dict[str, list[Job]]:
+    rng = random.Random(f"simulate-vs-engine-{seed}")
+
+    def job(at: float) -> Job:
+        return Job(at, [rng.randrange(20, 500) for _ in range(rng.randint(32, 320))], rng.randint(16, 256), stream=True)
+
+    def poisson(count: int, rate: float) -> list[Job]:
+        at, jobs = 0.0, []
+        for _ in range(count):
+            jobs.append(job(at))
+            at += rng.expovariate(rate)
+        return jobs
+
+    return {"burst": [job(0.0) for _ in range(24)], "steady": poisson(60, 3.0), "overload": poisson(60, 8.0)}
+
+
+def as_trace(name: str, jobs: list[Job]) -> Trace:
+    requests = [TraceRequest(job.at, len(job.prompt), job.max_tokens, max_tokens=job.max_tokens) for job in jobs]
+    return Trace(tuple(requests), name)
+
+
+def engine_runs(model: Path, folder: Path, chosen: dict[str, list[Job]]) -> dict[str, dict]:
+    from tests.support.vllm_server import VllmServer
+
+    measured = {}
+    args = ["--max-model-len", str(MAX_MODEL_LEN), "--kv-cache-memory-bytes", str(KV_BYTES)]
+    with VllmServer(model, folder / "vllm.log", args=args) as server:
+        run(server, "warm-up", [Job(0, [5, 6, 7], 4, stream=True)])
+        for name, jobs in chosen.items():
+            result = run(server, name, jobs)
+            outcomes = result.outcomes
+            measured[name] = {
+                "preemptions": result.preemptions,
+                "order": [index for index, _ in sorted(enumerate(outcomes), key=lambda item: item[1].done or 1e9)],
+                "ttft_mean_ms": 1000 * statistics.mean(o.ttft for o in outcomes if o.complete),
+                "tpot_mean_ms": 1000 * statistics.mean(o.tpot for o in outcomes if o.complete and o.tokens > 1),
+                "e2e_mean_ms": 1000 * statistics.mean(o.e2e for o in outcomes if o.complete),
+                "completed": sum(o.complete for o in outcomes),
+            }
+            print(
+                f"  engine {name}: {json.dumps({k: v for k, v in measured[name].items() if k != 'order'})}", flush=True
+            )
+    return measured
+
+
+def cpu_plan(model: Path):
+    from kvops.deployment import DeploymentOptions
+    from kvops.planner import plan
+
+    options = DeploymentOptions(
+        model=str(model), device="cpu", max_model_len=MAX_MODEL_LEN, kv_cache_memory_bytes=KV_BYTES
+    )
+    return plan(options.plan_inputs())
+
+
+def simulate(plan, trace: Trace, profile: steptime.Coefficients, features: list | None = None):
+    from kvops import engines
+    from kvops.simulate import cost
+    from kvops.simulate.prompts import prompt_tokens
+    from kvops.simulate.run import run_trace
+
+    model = cost.step_time(plan, profile)
+    core, _, settings = engines.get("vllm").simulation_core(plan, "stock", {})
+
+    def step_seconds(batch) -> float:
+        values = model.features(batch.new_tokens, batch.context, sum(batch.samples))
+        if features is not None:
+            features.append(values)
+        return sum(profile.terms[name].value * value for name, value in zip(steptime.TERMS, values))
+
+    return run_trace(
+        core,
+        trace,
+        step_seconds,
+        max_model_len=settings["max_model_len"],
+        api_s=profile.api_s.value,
+        prompt=prompt_tokens,
+    )
+
+
+def profile_from(vector, fitted_on: str) -> steptime.Coefficients:
+    source = "fitted: bench/simulate_vs_engine.py --fit (see fitted_on)"
+    terms = {name: steptime.Coefficient(float(value), source) for name, value in zip(steptime.TERMS, vector)}
+    hardware = steptime.Hardware(**CPU_HARDWARE)
+    return steptime.Coefficients("cpu", terms, steptime.Coefficient(float(vector[-1]), source), fitted_on, hardware)
+
+
+def fit(plan, chosen: dict[str, Trace], measured: dict[str, dict], start: steptime.Coefficients, iterations: int = 4):
+    """The CPU coefficients by bench/fit_steptime.py's method: linear around each trace's schedule, iterated."""
+    from scipy.optimize import lsq_linear
+
+    names = [*steptime.TERMS, "api_s"]
+    free = [names.index(name) for name in CPU_FREE]
+    vector = coefficient_vector(start)
+    for _ in range(iterations):
+        matrix, target = [], []
+        for name, trace in chosen.items():
+            features: list = []
+            log = simulate(plan, trace, profile_from(vector, ""), features)
+            for metric, (constant, row) in linear_rows(log, np.array(features), vector).items():
+                wanted = measured[name][metric]
+                matrix.append(row[free] / wanted)
+                target.append((wanted - constant) / wanted)
+        solution = lsq_linear(np.array(matrix), np.array(target), bounds=(0.0, np.inf), method="bvls")
+        vector = np.zeros(len(names))
+        vector[free] = solution.x
+    return vector
+
+
+def kendall_tau(first: list[int], second: list[int]) -> float:
+    common = [index for index in first if index in set(second)]
+    where = {index: position for position, index in enumerate(second)}
+    pairs = concordant = 0
+    for i in range(len(common)):
+        for j in range(i + 1, len(common)):
+            pairs += 1
+            concordant += where[common[i]] < where[common[j]]
+    return (2 * concordant - pairs) / pairs if pairs else 1.0
+
+
+def compare(name: str, engine: dict, log) -> dict:
+    from kvops.simulate.results import Slo, summarize
+
+    summary = summarize(log, Slo(1e9, 1e9))
+    order = [index for index, _ in sorted(enumerate(log.requests), key=lambda item: item[1].finished)]
+    simulated = {
+        "preemptions": summary.preemptions,
+        "ttft_mean_ms": summary.ttft.mean * 1000,
+        "tpot_mean_ms": summary.tpot.mean * 1000,
+        "e2e_mean_ms": summary.e2e.mean * 1000,
+    }
+    row = {"trace": name, "tau": kendall_tau(engine["order"], order)}
+    for key, value in simulated.items():
+        row[key] = (engine[key], value)
+    return row
+
+
+def write_profile(profile: steptime.Coefficients) -> None:
+    path = REPO / "kvops" / "catalog" / "step_time.json"
+    data = json.loads(path.read_text())
+    data["profiles"]["cpu"] = {**profile.to_dict(), "hardware": CPU_HARDWARE}
+    data["profiles"]["cpu"].pop("profile", None)
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    print(f"wrote the cpu profile to {path.relative_to(REPO)}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--fit", action="store_true", help="fit the CPU profile on burst and steady, and write it")
+    parser.add_argument("--seed", type=int, default=0)
+    options = parser.parse_args()
+    from tests.support.tiny_model import build_model
+
+    chosen = traces(options.seed)
+    with tempfile.TemporaryDirectory(prefix="simulate-vs-engine-") as scratch:
+        folder = Path(scratch)
+        model = build_model(folder / "model")
+        started = time.monotonic()
+        measured = engine_runs(model, folder, chosen)
+        print(f"engine runs: {time.monotonic() - started:.0f} s", flush=True)
+        plan = cpu_plan(model)
+        sim_traces = {name: as_trace(name, jobs) for name, jobs in chosen.items()}
+        if options.fit:
+            start = steptime.coefficients("cpu") if "cpu" in steptime.profiles() else steptime.coefficients("gpu")
+            fitted_on = (
+                f"the test model on this machine's vLLM {__import__('vllm').__version__} CPU engine "
+                f"(bench/simulate_vs_engine.py --fit, traces {', '.join(FITTED)}, {time.strftime('%Y-%m-%d')})"
+            )
+            vector = fit(plan, {name: sim_traces[name] for name in FITTED}, measured, start)
+            profile = profile_from(vector, fitted_on)
+            write_profile(profile)
+        else:
+            profile = steptime.coefficients("cpu")
+        print(f"{'trace':<9} {'tau':>5} {'preempted':>14} {'TTFT ms':>22} {'TPOT ms':>20} {'E2E ms':>24}")
+        for name, trace in sim_traces.items():
+            row = compare(name, measured[name], simulate(plan, trace, profile))
+            cells = [f"{row['preemptions'][0]:>6} {row['preemptions'][1]:>6}"]
+            for key in ("ttft_mean_ms", "tpot_mean_ms", "e2e_mean_ms"):
+                engine, simulated = row[key]
+                cells.append(f"{engine:>7.1f} {simulated:>7.1f} {simulated / engine:>5.2f}x")
+            held = "" if name in FITTED or not options.fit else " (held out)"
+            print(f"{name:<9} {row['tau']:>5.2f} " + " ".join(cells) + held)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,99 @@
+"""`kvops simulate`: its outputs on the installed vLLM's scheduler, and every user mistake as one line."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+pytestmark = pytest.mark.vllm
+
+SMALL = ("-m", "llama-3.1-8b", "--gpu", "H100", "--max-model-len", "4096", "--requests", "40", "--rate", "8")
+
+
+def test_json_traces_every_figure_to_the_step_time_and_its_coefficients(run_kvops):
+    doc = json.loads(run_kvops("simulate", *SMALL, "--json").stdout)
+    assert {"pool", "traffic", "slo", "step_time", "arms", "command"} <= set(doc)
+    assert doc["pool"]["num_blocks"] > 1000 and doc["pool"]["kv_cache_group_specs"][0]["kind"] == "full"
+    coefficients = doc["step_time"]["coefficients"]
+    assert coefficients["fitted_on"]
+    assert all(term["source"] for term in coefficients["terms"].values())
+    assert doc["step_time"]["hardware"]["memory_bandwidth"] == 3.35e12  # the H100 SXM datasheet
+    (arm,) = doc["arms"]
+    assert arm["arm"] == "stock" and arm["completed"] == 40 and arm["requests"] == 40
+    assert 0 < arm["ttft_ms"]["mean"] <= arm["ttft_ms"]["p99"]
+    assert arm["engine_settings"]["async_scheduling"] is True
+    assert arm["scheduler"].startswith("vLLM ")
+
+
+def test_compare_runs_the_arms_on_the_same_trace_and_says_the_ratio(run_kvops):
+    out = run_kvops("simulate", *SMALL, "--compare", "stock,guard,watermark:0.02").stdout
+    assert "goodput against stock: guard " in out and "watermark:0.02 " in out
+    assert "guard: --scheduler-cls kvops_vllm.scheduler.KVGuardScheduler" in out
+    assert "watermark:0.02: --watermark 0.02" in out
+
+
+def test_csv_has_a_row_per_request_of_every_arm(run_kvops, tmp_path):
+    path = tmp_path / "requests.csv"
+    run_kvops("simulate", *SMALL, "--compare", "stock,guard", "--csv", str(path))
+    rows = list(csv.DictReader(path.open()))
+    assert len(rows) == 80 and {row["arm"] for row in rows} == {"stock", "guard"}
+    assert {"ttft_ms", "tpot_ms", "e2e_ms", "preemptions", "slo_met", "outcome"} <= set(rows[0])
+
+
+def test_plot_writes_a_png(run_kvops, tmp_path):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "kv.png"
+    run_kvops("simulate", *SMALL, "--plot", str(path))
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_trace_file_replays_as_written(run_kvops, tmp_path):
+    trace = tmp_path / "trace.jsonl"
+    lines = [{"arrival_s": 0.1 * index, "prompt_tokens": 200, "output_tokens": 20} for index in range(10)]
+    trace.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    doc = json.loads(
+        run_kvops("simulate", "-m", "llama-3.1-8b", "--gpu", "H100", "--trace", str(trace), "--json").stdout
+    )
+    assert doc["traffic"]["requests"] == 10 and doc["arms"][0]["completed"] == 10
+
+
+def test_max_rate_finds_a_rate_that_meets_the_attainment(run_kvops):
+    doc = json.loads(run_kvops("simulate", *SMALL, "--max-rate", "--slo-ttft", "500ms", "--json").stdout)
+    search = doc["max_rate"]
+    assert 0 < search["max_rate_rps"] <= search["saturation_rps"]
+    met = [point for point in search["points"] if point["rate_rps"] == search["max_rate_rps"]]
+    assert met and met[0]["slo_attainment"] >= 0.9
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--compare", "stock,magic"), "--compare 'magic'; valid: stock, plan, guard"),
+        (("--compare", "watermark:2"), "--compare 'watermark:2': the watermark is a fraction between 0 and 1"),
+        (("--slo-ttft", "200"), "--slo-ttft '200' is not a duration; write it with its unit, e.g. 200ms or 2s"),
+        (("--engine", "tgi"), "--engine tgi: kvops simulate runs the engine's own scheduler in Python"),
+    ],
+)
+def test_user_mistakes_are_one_line(run_kvops, args, message):
+    ran = run_kvops("simulate", *SMALL, *args, expect=2)
+    assert message in ran.stderr
+    assert "Traceback" not in ran.stderr and len(ran.stderr.strip().splitlines()) == 1
+
+
+def test_a_bad_trace_line_names_the_file_the_line_and_the_field(run_kvops, tmp_path):
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text(
+        '{"arrival_s": 0, "prompt_tokens": 10, "output_tokens": 5}\n{"arrival_s": 1, "prompt_tokens": "x", "output_tokens": 5}\n'
+    )
+    ran = run_kvops("simulate", "-m", "llama-3.1-8b", "--gpu", "H100", "--trace", str(trace), expect=2)
+    assert f'{trace} line 2: field "prompt_tokens"' in ran.stderr
+    assert len(ran.stderr.strip().splitlines()) == 1
+
+
+def test_an_untimed_trace_needs_a_rate_or_clients(run_kvops, tmp_path):
+    trace = tmp_path / "tokens.jsonl"
+    trace.write_text('{"prompt_tokens": 10, "gen_tokens": 5}\n')
+    ran = run_kvops("simulate", "-m", "llama-3.1-8b", "--gpu", "H100", "--trace", str(trace), expect=2)
+    assert "has no arrival times: give --rate (requests per second) or --concurrency (clients)" in ran.stderr
