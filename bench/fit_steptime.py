@@ -46,7 +46,7 @@ PRIORS = {
     "api_s": (0.01, 0.01, 0.0, 0.2),
 }
 RIDGE = 0.05  # weight of the priors against one relative error
-FIT_SCALE = 0.1  # relative errors beyond 10% count linearly, not squared
+TRIM = 0.5  # a target predicted more than 50% off is left out of the solve (see solve)
 TARGETS = ("ttft_mean_ms", "e2e_mean_ms", "tpot_mean_ms")
 WEIGHTS = {"ttft_mean_ms": 0.5, "e2e_mean_ms": 1.0, "tpot_mean_ms": 1.0}
 SLO = Slo(ttft_s=2.0, tpot_s=0.1)
@@ -81,7 +81,7 @@ def simulate_stage(
     stage = experiment.stages[stage_index]
     trace = stage_trace(experiment, stage, window_s)
     model = cost.step_time(plan, profile)
-    core, _, settings = engines.get("vllm").simulation_core(plan, "stock", scheduler_flags(experiment))
+    core, _, settings = engines.get("vllm").simulation_core(plan, "stock", scheduler_flags(experiment, plan))
     features: list[tuple[float, ...]] = []
 
     def step_seconds(batch) -> float:
@@ -126,39 +126,42 @@ def linear_rows(log: RunLog, features: np.ndarray, vector: np.ndarray) -> dict[s
     without_running = np.where(busy[:, None], 0.0, features[running])  # an idle device starts with that step
     ttft = (idle, np.hstack((to_first + without_running, ones)))
     e2e = (idle, np.hstack((to_last + without_running, ones)))
-    tpot = (np.zeros(len(done)), np.hstack(((cumulative[last + 1] - cumulative[first + 1]) / (tokens - 1)[:, None], zeros)))
+    tpot = (
+        np.zeros(len(done)),
+        np.hstack(((cumulative[last + 1] - cumulative[first + 1]) / (tokens - 1)[:, None], zeros)),
+    )
     return {
         name: (float(constant.mean() * 1000), row.mean(axis=0) * 1000)
         for name, (constant, row) in (("ttft_mean_ms", ttft), ("e2e_mean_ms", e2e), ("tpot_mean_ms", tpot))
     }
 
 
-def solve(runs: list[StageRun], ridge: float = RIDGE) -> np.ndarray:
-    """Least squares on the weighted relative errors of every run's targets, robust (soft L1 beyond FIT_SCALE:
-    a stage at the edge of saturation, where a few percent of step time is seconds of queue, does not decide the
-    rest), bounded, and pulled toward the priors. Each parameter is solved for in units of its prior's scale."""
-    from scipy.optimize import least_squares
+def solve(runs: list[StageRun], around: np.ndarray, ridge: float = RIDGE) -> np.ndarray:
+    """Bounded least squares on the weighted relative errors of every run's targets, pulled toward the priors,
+    each parameter solved for in units of its prior's scale. A target more than TRIM off at `around` is left
+    out of this solve: near saturation a few percent of step time are seconds of queue, and one such stage
+    would decide every coefficient (those stages are scored apart, bench/simulate_accuracy.py)."""
+    from scipy.optimize import lsq_linear
 
     scales = np.array([PRIORS[name][1] for name in PARAMETERS])
     matrix, target = [], []
     for run in runs:
         for name, measured in run.measured.items():
             constant, row = run.rows[name]
+            if abs((constant + row @ around) / measured - 1) > TRIM:
+                continue
             weight = WEIGHTS[name] / measured
             matrix.append(row * scales * weight)
             target.append((measured - constant) * weight)
-    data, goal = np.array(matrix), np.array(target)
-    priors = np.array([PRIORS[name][0] for name in PARAMETERS]) / scales
+    for index, name in enumerate(PARAMETERS):
+        row = np.zeros(len(PARAMETERS))
+        row[index] = np.sqrt(ridge)
+        matrix.append(row)
+        target.append(np.sqrt(ridge) * PRIORS[name][0] / scales[index])
     lows = np.array([PRIORS[name][2] for name in PARAMETERS]) / scales
     highs = np.array([PRIORS[name][3] for name in PARAMETERS]) / scales
-
-    def residuals(z: np.ndarray) -> np.ndarray:
-        error = data @ z - goal
-        robust = np.sign(error) * np.sqrt(2 * FIT_SCALE**2 * (np.sqrt(1 + (error / FIT_SCALE) ** 2) - 1))
-        return np.concatenate((robust, np.sqrt(ridge) * (z - priors)))
-
-    start = np.clip(priors, lows, highs)
-    return np.asarray(least_squares(residuals, start, bounds=(lows, highs)).x) * scales
+    solution = lsq_linear(np.array(matrix), np.array(target), bounds=(lows, highs), method="bvls")
+    return np.asarray(solution.x) * scales
 
 
 def fitted_experiments() -> list[Experiment]:
@@ -195,7 +198,7 @@ def fit(window_s: float | None, iterations: int, start: steptime.Coefficients) -
     for iteration in range(iterations):
         print(f"iteration {iteration + 1}: simulating {len(chosen)} experiments", flush=True)
         runs = simulate_all(chosen, profile_from(vector, "iteration", ""), window_s)
-        vector = solve(runs)
+        vector = solve(runs, vector)
         print("  " + ", ".join(f"{name} {value:.4g}" for name, value in zip(PARAMETERS, vector)), flush=True)
     return vector, runs
 

@@ -23,7 +23,8 @@ DATA = REPO / "bench" / "data" / "sim_to_real.json"
 # inference-sim/training's shared_prefix data (results/config.yaml of its runs): 10 system prompts, each with 10
 # questions that repeat; the trainval runs' specs name the same workloads without the counts
 DEFAULT_GROUPS, DEFAULT_PROMPTS = 10, 10
-QUEUED = ("reasoning",)  # the overloaded runs (thousands of requests failed): queue-dominated, scored apart
+QUEUED = ("reasoning",)
+HARNESS_MAX_MODEL_LEN = 4096  # the training runs' --max-model-len; the trainval runs do not state theirs  # the overloaded runs (thousands of requests failed): queue-dominated, scored apart
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,12 @@ def experiments(data: Path = DATA) -> list[Experiment]:
                 groups=prefix.get("num_groups") or DEFAULT_GROUPS,
                 prompts_per_group=prefix.get("prompts_per_group") or DEFAULT_PROMPTS,
                 stages=tuple(
-                    Stage(stage["stage_index"], stage["rate_rps"], stage["duration_s"], _per_token(stage["measured"], workload))
+                    Stage(
+                        stage["stage_index"],
+                        stage["rate_rps"],
+                        stage["duration_s"],
+                        _per_token(stage["measured"], workload),
+                    )
                     for stage in stages
                 ),
                 measured=_per_token(measured, workload),
@@ -118,7 +124,7 @@ def plan_for(experiment: Experiment):
         model=experiment.model,
         gpu=experiment.gpu,
         tp=experiment.tp,
-        max_model_len=engine.get("max_model_len"),
+        max_model_len=engine.get("max_model_len") or HARNESS_MAX_MODEL_LEN,
         max_num_seqs=engine.get("max_num_seqs"),
         batched_tokens=engine.get("max_num_batched_tokens"),
         block_size=engine.get("block_size"),
@@ -129,10 +135,20 @@ def plan_for(experiment: Experiment):
     return plan(options.plan_inputs())
 
 
-def scheduler_flags(experiment: Experiment) -> dict[str, Any]:
-    """The engine flags besides the plan's: the run's logged pool, when it logged one."""
+def scheduler_flags(experiment: Experiment, plan) -> dict[str, Any]:
+    """The engine flags besides the plan's: the run's logged pool, when it logged one. The block counts come from
+    BLIS's testdata, which records vLLM's logged "GPU KV cache size" in tokens over 16: a pool's blocks where the
+    model has one KV cache group; with several (Llama 4's chunked and full layers), each request takes blocks in
+    every group, and vLLM's tokens figure is max-model-len times the requests the pool holds at it, so the blocks
+    are those requests times the blocks one takes (vllm/v1/core/kv_cache_utils.py get_max_concurrency_for_kv_cache_config)."""
     blocks = experiment.engine.get("num_gpu_blocks")
-    return {"num_gpu_blocks_override": blocks} if blocks else {}
+    if not blocks:
+        return {}
+    capacity = plan.capacity
+    if len(capacity.cache_groups) > 1:
+        tokens = blocks * 16
+        blocks = -(-tokens * capacity.blocks_per_request_at_max_model_len // capacity.max_model_len)
+    return {"num_gpu_blocks_override": blocks}
 
 
 def stage_trace(experiment: Experiment, stage: Stage, window_s: float | None = None) -> Trace:

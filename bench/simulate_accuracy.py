@@ -28,7 +28,14 @@ from sim_experiments import Experiment, experiments, plannable
 from kvops.simulate import steptime
 
 METRICS = ("e2e_mean_ms", "e2e_p90_ms", "ttft_mean_ms", "tpot_mean_ms", "throughput_rps")
-PEERS = ("blis-evolved", "blis-trained-physics-iter29-golden", "vidur", "aiconfigurator-estimate", "llm-optimizer-estimate", "blis-roofline")
+PEERS = (
+    "blis-evolved",
+    "blis-trained-physics-iter29-golden",
+    "vidur",
+    "aiconfigurator-estimate",
+    "llm-optimizer-estimate",
+    "blis-roofline",
+)
 
 
 @dataclass
@@ -77,7 +84,7 @@ def leave_one_out(chosen: list[Experiment], window_s: float) -> list[Scored]:
     scored = []
     for experiment in chosen:
         others = [run for run in runs if run.experiment.id != experiment.id]
-        vector = solve(others)
+        vector = solve(others, coefficient_vector(shipped))
         profile = profile_from(vector, f"fitted without {experiment.short}", "leave-one-out")
         own = [simulate_stage(experiment, index, profile, window_s) for index in range(len(experiment.stages))]
         predicted = whole_run(experiment, own)
@@ -154,7 +161,12 @@ def main() -> None:
     print(f"\nfitted parameters: {', '.join(PARAMETERS)}; shipped: {coefficient_vector(steptime.coefficients('gpu'))}")
     if options.json:
         rows = [
-            {"id": item.experiment.id, "predicted": item.predicted, "measured": item.experiment.measured, "errors": item.errors}
+            {
+                "id": item.experiment.id,
+                "predicted": item.predicted,
+                "measured": item.experiment.measured,
+                "errors": item.errors,
+            }
             for item in [*scored, *apart]
         ]
         with open(options.json, "w") as stream:
