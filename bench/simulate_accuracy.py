@@ -22,8 +22,17 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 import numpy as np
-from fit_steptime import PARAMETERS, StageRun, coefficient_vector, profile_from, simulate_all, simulate_stage, solve
-from sim_experiments import Experiment, experiments, plannable
+from fit_steptime import (
+    PARAMETERS,
+    StageRun,
+    coefficient_vector,
+    plannable,
+    profile_from,
+    simulate_all,
+    simulate_stage,
+    solve,
+)
+from sim_experiments import Experiment, experiments
 
 from kvops.simulate import steptime
 
