@@ -42,7 +42,7 @@ PRIORS = {
     "kv": (1.3, 0.5, 1.0, 5.0),
     "attention": (2.0, 1.0, 1.0, 10.0),
     "comm": (1.5, 1.0, 1.0, 10.0),
-    "comm_latency_s": (1e-5, 2e-5, 0.0, 1e-3),
+    "comm_latency_s": (5e-6, 1e-5, 0.0, 1e-3),
     "api_s": (0.01, 0.01, 0.0, 0.2),
 }
 RIDGE = 0.05  # weight of the priors against one relative error

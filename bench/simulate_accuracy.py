@@ -64,14 +64,26 @@ def whole_run(experiment: Experiment, runs: list[StageRun]) -> dict[str, float]:
         e2e = sorted(entry.finished - entry.sent for entry in run_log_requests(run))
         repeat = max(1, round(weight / max(len(e2e), 1)))
         pooled += e2e * repeat
-    completed = sum(summary.throughput_rps * stage.duration_s for summary, stage in zip(summaries, experiment.stages))
+    # each window stands for its whole stage; the run ends when the last stage drains, as inference-perf times it
+    windows = [summary.duration_s - drain(run) for summary, run in zip(summaries, runs)]
+    completed = sum(
+        summary.completed * stage.duration_s / window
+        for summary, stage, window in zip(summaries, experiment.stages, windows)
+    )
+    span = sum(stage.duration_s for stage in experiment.stages) + drain(runs[-1])
     return {
         "e2e_mean_ms": 1000 * float(np.dot(share, [summary.e2e.mean for summary in summaries])),
         "e2e_p90_ms": 1000 * float(np.percentile(pooled, 90)) if pooled else 0.0,
         "ttft_mean_ms": 1000 * float(np.dot(share, [summary.ttft.mean for summary in summaries])),
         "tpot_mean_ms": 1000 * float(np.dot(share, [summary.tpot.mean for summary in summaries])),
-        "throughput_rps": completed / sum(stage.duration_s for stage in experiment.stages),
+        "throughput_rps": completed / span,
     }
+
+
+def drain(run: StageRun) -> float:
+    """Seconds from the stage's last request sent to its last answer."""
+    requests = run.log.requests
+    return max(entry.finished for entry in requests) - max(entry.sent for entry in requests)
 
 
 def run_log_requests(run: StageRun):

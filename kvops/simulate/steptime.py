@@ -9,7 +9,8 @@ them sampled), per GPU:
            + compute   x (F_dense + F_experts) / FLOPS            what reading and computing do not overlap
            + kv        x KV_read / BW                             every scheduled request's cache read once
            + attention x F_attention / FLOPS                      QK^T and PV over the causal pairs
-           + comm      x AR_bytes / LINK + comm_latency_s x 2L    tensor parallel: two all-reduces per layer
+           + comm      x AR_bytes / LINK                          tensor parallel: two all-reduces per layer,
+           + comm_latency_s x 2L x (tp - 1)                       each a hop to every other GPU
 
     W_dense     the weights outside the routed experts
     W_experts   of the routed experts, the share T tokens touch: 1 - (1 - k/E)^T of E experts at k per token
@@ -158,11 +159,12 @@ class StepTime:
                 attention_flops += (
                     4.0 * cache.query_heads * cache.head_dim * cache.layers * _pairs(cache, new_tokens, context)
                 )
-        comm_s, collectives = 0.0, 0.0
+        comm_s, hops = 0.0, 0.0
         if cost.tp > 1:
             collectives = 2.0 * cost.layers
             ring = 2.0 * (cost.tp - 1) / cost.tp
             comm_s = collectives * ring * tokens * cost.hidden * ACTIVATION_BYTES / (hardware.link_bandwidth or 1.0)
+            hops = collectives * (cost.tp - 1)
         return (
             1.0,
             float(cost.layers),
@@ -173,7 +175,7 @@ class StepTime:
             kv_bytes / hardware.memory_bandwidth,
             attention_flops / hardware.flops,
             comm_s,
-            collectives,
+            hops,
         )
 
     def to_dict(self) -> dict[str, Any]:
