@@ -77,6 +77,23 @@ def kv_guard_engine(tiny_model, policy_endpoint, tmp_path_factory):
         yield server
 
 
+@pytest.fixture(scope="session")
+def middleware_engine(tiny_model, tmp_path_factory):
+    """vllm_engine's configuration with kvops' admission middleware in its API server (`--middleware`, as `kvops
+    manifests` runs vLLM): the shipped levels with a 15 s dwell (a staged load's dips between requests do not lower
+    its level), and X-KVops-Priority read from 127.0.0.1, as from a gateway's network."""
+    from tests.support.kv_load import STAGED_POLICY
+
+    policy = tmp_path_factory.mktemp("policy") / "policy.yaml"
+    policy.write_text(STAGED_POLICY)
+    args = ["--max-model-len", "1024", "--kv-cache-memory-bytes", str(DEFAULT_KV_BYTES)]
+    args += ["--middleware", "kvops_vllm.middleware.KVOpsMiddleware"]
+    env = {"KVOPS_POLICY": str(policy), "KVOPS_TRUST_PRIORITY_FROM": "127.0.0.1/32"}  # the tests are the gateway
+    server = VllmServer(tiny_model, tmp_path_factory.mktemp("logs") / "vllm-middleware.log", args=args, env=env)
+    with server:
+        yield server
+
+
 class Ran:
     def __init__(self, exit_code: int, stdout: str, stderr: str):
         self.exit_code, self.stdout, self.stderr = exit_code, stdout, stderr

@@ -121,7 +121,7 @@ def manifests(
     """
     from kvops import engines
     from kvops.deploy.stack import Stack
-    from kvops.files import read_text, write_files
+    from kvops.files import SETTINGS_LIMIT, read_text, write_files
     from kvops.plan import PlanError
     from kvops.planner import plan as make_plan
     from kvops.policy import default_policy_text, load_policy
@@ -172,7 +172,7 @@ def manifests(
     stack = Stack(
         plan=plan,
         rules=rules,
-        policy_text=read_text(policy_path, "--policy") if policy_path else default_policy_text(),
+        policy_text=read_text(policy_path, "--policy", SETTINGS_LIMIT) if policy_path else default_policy_text(),
         command=given_command(ctx),
         name=name,
         kvops_image=kvops_image,

@@ -1,9 +1,11 @@
-"""docker-compose: the engine, the kvops sidecar (the proxy clients use), Prometheus with kvops' alert rules, and
-Grafana with the kvops dashboard.
+"""docker-compose: the engine, the kvops sidecar, Prometheus with kvops' alert rules, and Grafana with the kvops
+dashboard.
 
-The engine's image and arguments are the plan's (`kvops plan --format docker` runs the same); the sidecar is
-`kvops watch --proxy`; Prometheus scrapes both and loads the rule file `kvops alerts --format rules` prints;
-Grafana is provisioned with that Prometheus and `kvops dashboard`.
+The engine's image and arguments are the plan's (`kvops plan --format docker` runs the same) with kvops_vllm's
+flags; where the middleware applies the levels in the engine (`Stack.middleware`), the engine publishes its own
+port and the sidecar is `kvops watch`; elsewhere the sidecar is `kvops watch --proxy` and publishes the proxy's.
+Prometheus scrapes both and loads the rule file `kvops alerts --format rules` prints; Grafana is provisioned with
+that Prometheus and `kvops dashboard`.
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ GRAFANA_DASHBOARDS = {
 def compose(stack: Stack) -> dict[str, Any]:
     plan = stack.plan
     container = engines.get(stack.engine).container
-    engine: dict[str, Any] = {"image": plan.image, "command": list(plan.args), "environment": ["HF_TOKEN"]}
+    engine: dict[str, Any] = {"image": plan.image, "command": stack.engine_args(), "environment": ["HF_TOKEN"]}
     engine.update(container.compose_shared_memory)
     engine["volumes"] = [f"{container.compose_cache}:{container.model_cache}"]
     if plan.local_model:
@@ -70,8 +72,12 @@ def compose(stack: Stack) -> dict[str, Any]:
     engine.update(_gpus(stack))
     services: dict[str, Any] = {stack.engine: engine}
     volumes: dict[str, Any] = {container.compose_cache: {}} if container.compose_cache_is_volume else {}
-    if stack.guarded:
-        engine["environment"] += [f"{name}={value}" for name, value in stack.guard_env("kvops").items()]
+    # clients reach the engine's port where its middleware applies the levels, else the proxy's; /kvops/* stays inside
+    sidecar_ports = {"ports": [f"{stack.engine_port}:{stack.proxy_port}"]} if stack.proxied else {}
+    if not stack.proxied:
+        engine["ports"] = [f"{stack.engine_port}:{stack.engine_port}"]
+    if stack.with_plugin:
+        engine["environment"] += [f"{name}={value}" for name, value in stack.plugin_env("kvops").items()]
         engine["volumes"] += [f"kvops-python:{PLUGIN_DIR}:ro", f"./policy.yaml:{POLICY_FILE}:ro"]
         engine["depends_on"] = {"kvops-plugin": {"condition": "service_completed_successfully"}}
         services["kvops-plugin"] = {
@@ -86,7 +92,7 @@ def compose(stack: Stack) -> dict[str, Any]:
     services["kvops"] = {
         "image": stack.kvops_image,
         "command": stack.watch_args(stack.engine),
-        "ports": [f"{stack.engine_port}:{stack.proxy_port}"],  # the proxy only: /kvops/* stays on the network
+        **sidecar_ports,
         "volumes": [f"./policy.yaml:{POLICY_FILE}:ro"],
         "healthcheck": {"test": ["CMD", "python", "-c", health], "interval": "10s", "timeout": "3s", "retries": 3},
     }

@@ -5,7 +5,7 @@ Each function builds what that project reads, checked against its own source or 
 - llm-d: an EndpointPickerConfig (llm-d.ai/v1alpha1, apix/config/v1alpha1/endpointpickerconfig_types.go) whose
   utilization-detector sheds sheddable traffic from the degrade level and stops routing to an endpoint at the
   critical level, and InferenceObjectives (llm-d.ai/v1alpha2) for a sheddable class (priority -1) and a standard
-  one (0);
+  one (0); the sidecar reads X-KVops-Priority only from the gateway's networks, named in a ConfigMap (empty: none);
 - Dynamo: the frontend's rejection thresholds as environment variables (DYN_ACTIVE_DECODE_BLOCKS_THRESHOLD, ...,
   components/src/dynamo/common/configuration/groups/router_args.py);
 - production-stack: Helm values for the model (the plan's vllmConfig), and a KEDA ScaledObject on the KV demand
@@ -100,11 +100,12 @@ def production_stack_values(stack: Stack) -> dict[str, Any]:
         "tensor-parallel-size": "tensorParallelSize",
     }
     config: dict[str, Any] = {key: flags[flag] for flag, key in named.items() if flag in flags}
-    guard = engines.get(stack.engine).guard_scheduler  # the chart runs the official image, without kvops_vllm
+    adapter = engines.get(stack.engine)  # the chart runs the official image, without kvops_vllm
+    plugins = {"scheduler-cls": adapter.guard_scheduler, "middleware": adapter.admission_middleware}
     rest = {
         flag: value
         for flag, value in flags.items()
-        if flag not in named and flag != "model" and not (flag == "scheduler-cls" and value == guard)
+        if flag not in named and flag != "model" and not (flag in plugins and value == plugins[flag])
     }
     config["extraArgs"] = [word for flag, value in rest.items() for word in _words(flag, value)]
     return {
@@ -139,8 +140,32 @@ def production_stack_files(stack: Stack, scale: Scaling, deployment: str) -> dic
     }
 
 
-def llm_d_files(stack: Stack) -> dict[str, str]:
+def gateway_trust_config_map(stack: Stack) -> dict[str, Any]:
+    """The networks the sidecar reads X-KVops-Priority from: empty (no one) until the operator names the gateway's."""
+    from kvops.deploy import k8s
+
     return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": k8s.trust_config_map_name(stack), "labels": _labels(stack)},
+        "data": {k8s.TRUST_KEY: ""},
+    }
+
+
+def llm_d_files(stack: Stack) -> dict[str, str]:
+    from kvops.deploy import k8s
+
+    trust = k8s.trust_config_map_name(stack)
+    return {
+        "deployment.yaml": stack.header(
+            f"{stack.engine} with the kvops sidecar, X-KVops-Priority read from the networks in ConfigMap {trust}"
+        )
+        + dump_yaml(k8s.deployment(stack, gateway=True)),
+        "gateway-trust.yaml": stack.header(
+            "the networks of the gateway that sets X-KVops-Priority (CIDR[,CIDR]; empty: no client is trusted, "
+            "every request standard); restart the pods after setting them"
+        )
+        + dump_yaml(gateway_trust_config_map(stack)),
         "epp-config.yaml": stack.header(
             "llm-d's endpoint picker at kvops' levels: merge into your EndpointPickerConfig"
         )

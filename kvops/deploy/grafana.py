@@ -1,10 +1,11 @@
 """The Grafana dashboard: KV usage on the policy's bands, the level, queue, preemptions, tokens per second, what the
-admission proxy did, the KV demand against the pool (what autoscaling scales on), the prefix-cache hit rate, GPU
+admission proxy or the engine's admission middleware did, the KV demand against the pool (what autoscaling scales on), the prefix-cache hit rate, GPU
 memory, time to first token and per output token, and the host KV tier.
 
 Engine series come from each engine's adapter (`engines.get(name).metrics.dashboard(selector, rate)`, a panel
 key to its queries): a panel shows every engine's, each empty for the other engine. Engine series are selected by
-`job=~"$job"`, the sidecar's by `job=~"kvops-$job"` (the jobs `kvops manifests` scrapes them as), the recording
+`job=~"$job"` (the middleware's counters too: they are on the engine's /metrics), the sidecar's by
+`job=~"kvops-$job"` (the jobs `kvops manifests` scrapes them as), the recording
 rules of `kvops alerts --plan` by the engine's job; the device's memory, where a DCGM exporter runs, by its own
 metric names.
 """
@@ -81,22 +82,37 @@ def dashboard(policy: Policy) -> str:
         ),
         _timeseries(
             6,
-            "Proxy: requests by level",
+            "Admission: requests by level",
             (0, 17, 8, 8),
-            [(f"sum by (level) (rate(kvops_proxy_requests_total{{{KVOPS}}}[{RATE}]))", "{{level}}")],
+            [
+                (f"sum by (level) (rate(kvops_proxy_requests_total{{{KVOPS}}}[{RATE}]))", "{{level}} (proxy)"),
+                (
+                    f"sum by (level) (rate(kvops_middleware_requests_total{{{ENGINE}}}[{RATE}]))",
+                    "{{level}} (middleware)",
+                ),
+            ],
             unit="reqps",
-            description="Requests through the admission proxy, by the level in force when each arrived.",
+            description="Requests through the admission proxy, and generation requests the engine's admission middleware saw, by the level in force when each arrived.",
         ),
         _timeseries(
             7,
-            "Proxy: clamps and rejections",
+            "Admission: clamps and rejections",
             (8, 17, 8, 8),
             [
-                (f"sum by (field) (rate(kvops_proxy_clamped_total{{{KVOPS}}}[{RATE}]))", "clamped {{field}}"),
-                (f"sum(rate(kvops_proxy_rejected_total{{{KVOPS}}}[{RATE}]))", "rejected (503)"),
+                (f"sum by (field) (rate(kvops_proxy_clamped_total{{{KVOPS}}}[{RATE}]))", "clamped {{field}} (proxy)"),
+                (f"sum(rate(kvops_proxy_rejected_total{{{KVOPS}}}[{RATE}]))", "rejected (proxy)"),
+                (
+                    f"sum by (field) (rate(kvops_middleware_clamped_total{{{ENGINE}}}[{RATE}]))",
+                    "clamped {{field}} (middleware)",
+                ),
+                (
+                    f"sum by (status) (rate(kvops_middleware_rejected_total{{{ENGINE}}}[{RATE}]))",
+                    "rejected {{status}} (middleware)",
+                ),
+                *engine_queries("admission_rejections"),  # the engine's own queue limit (vLLM 0.32+)
             ],
             unit="reqps",
-            description="Fields the proxy changed (warn caps max new tokens, degrade forces n, best_of and beam width to 1) and requests answered 503 at critical.",
+            description="Fields the proxy or the middleware changed (warn caps max new tokens, degrade forces n, best_of and beam width to 1) and requests refused: 429 for the sheddable from degrade, 503 at critical.",
         ),
         _timeseries(
             8,

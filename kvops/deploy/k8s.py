@@ -1,13 +1,16 @@
-"""Kubernetes: the engine Deployment with the kvops sidecar, a Service through the proxy, the PrometheusRule and a
-PodMonitor for both /metrics endpoints.
+"""Kubernetes: the engine Deployment with the kvops sidecar, a Service, the PrometheusRule and a PodMonitor for both
+/metrics endpoints.
 
-The engine container is `kvops plan --format k8s` as printed; the Deployment adds to it only the KV guard's
-environment and volumes. Clients reach the engine through the sidecar's proxy (the Service targets its port, not
-the port of the /kvops/* endpoints).
+The engine container is `kvops plan --format k8s` as printed; the Deployment adds to it only kvops_vllm's flags,
+environment and volumes (the admission middleware, the KV guard). Clients reach the engine's own port where its
+middleware applies the levels (`Stack.middleware`), else the sidecar's proxy (the Service targets its port, not the
+port of the /kvops/* endpoints). Behind a gateway, a fleet, the proxy stays; there (`gateway=True`: llm-d) the sidecar also reads which networks
+it takes X-KVops-Priority from out of a ConfigMap the operator fills (`trust_env`); without one it trusts no one.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from kvops import engines
@@ -18,6 +21,8 @@ from kvops.render.plan import image_args, require_gpu_deployment
 SIDECAR_PORT_NAME = "kvops"
 PROXY_PORT_NAME = "kvops-proxy"
 LOCALHOST = "127.0.0.1"  # containers of a pod share its network namespace
+TRUST_ENV = "KVOPS_TRUST_PRIORITY_FROM"  # kvops watch --trust-priority-from, from the environment
+TRUST_KEY = "trust-priority-from"  # the key of the gateway's ConfigMap that holds those networks
 RESTRICTED = {
     "runAsNonRoot": True,
     "allowPrivilegeEscalation": False,
@@ -78,8 +83,24 @@ def engine_container(plan: Plan, with_plugin: bool = False) -> dict[str, Any]:
     return container
 
 
-def deployment(stack: Stack) -> dict[str, Any]:
-    engine = engine_container(stack.plan, with_plugin=stack.guarded)
+def trust_config_map_name(stack: Stack) -> str:
+    """The ConfigMap naming the gateway's networks, the only clients whose X-KVops-Priority the proxy reads."""
+    return f"{stack.name}-kvops-gateway"
+
+
+def trust_env(stack: Stack) -> list[dict[str, Any]]:
+    """The sidecar's --trust-priority-from, read from the gateway's ConfigMap: optional, so that without it (or with
+    its value empty) no client is trusted."""
+    reference = {"name": trust_config_map_name(stack), "key": TRUST_KEY, "optional": True}
+    return [{"name": TRUST_ENV, "valueFrom": {"configMapKeyRef": reference}}]
+
+
+def deployment(stack: Stack, gateway: bool = False) -> dict[str, Any]:
+    if gateway:
+        stack = replace(stack, fleet=True)  # the proxy stays: it reads the priority from the gateway's networks
+    engine = engine_container(stack.plan, with_plugin=stack.with_plugin)
+    if stack.with_plugin:
+        engine["args"] = stack.engine_args()
     volumes = [
         {"name": mount["name"], "emptyDir": {"medium": "Memory"}}
         for mount in engine.get("volumeMounts", [])
@@ -87,9 +108,9 @@ def deployment(stack: Stack) -> dict[str, Any]:
     ]
     volumes.append({"name": "kvops-policy", "configMap": {"name": _policy_name(stack)}})
     pod: dict[str, Any] = {}
-    if stack.guarded:
+    if stack.with_plugin:
         engine.setdefault("env", []).extend(
-            {"name": name, "value": value} for name, value in stack.guard_env(LOCALHOST).items()
+            {"name": name, "value": value} for name, value in stack.plugin_env(LOCALHOST).items()
         )
         engine.setdefault("volumeMounts", []).extend(
             [
@@ -107,7 +128,7 @@ def deployment(stack: Stack) -> dict[str, Any]:
                 "securityContext": RESTRICTED,
             }
         ]
-    pod["containers"] = [engine, sidecar(stack)]
+    pod["containers"] = [engine, sidecar(stack, gateway)]
     pod["volumes"] = volumes
     return {
         "apiVersion": "apps/v1",
@@ -123,17 +144,16 @@ def deployment(stack: Stack) -> dict[str, Any]:
     }
 
 
-def sidecar(stack: Stack) -> dict[str, Any]:
+def sidecar(stack: Stack, gateway: bool = False) -> dict[str, Any]:
     health = {"httpGet": {"path": "/kvops/healthz", "port": SIDECAR_PORT_NAME}}
     return {
         "name": "kvops",
         "image": stack.kvops_image,
         "command": ["kvops"],
         "args": stack.watch_args(LOCALHOST),
-        "ports": [
-            {"name": SIDECAR_PORT_NAME, "containerPort": stack.kvops_port},
-            {"name": PROXY_PORT_NAME, "containerPort": stack.proxy_port},
-        ],
+        **({"env": trust_env(stack)} if gateway else {}),
+        "ports": [{"name": SIDECAR_PORT_NAME, "containerPort": stack.kvops_port}]
+        + ([{"name": PROXY_PORT_NAME, "containerPort": stack.proxy_port}] if stack.proxied else []),
         "readinessProbe": {**health, "periodSeconds": 5},
         "livenessProbe": {**health, "periodSeconds": 10, "failureThreshold": 3},
         "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}},
@@ -149,7 +169,9 @@ def service(stack: Stack) -> dict[str, Any]:
         "metadata": {"name": stack.name, "labels": labels(stack)},
         "spec": {
             "selector": {"app.kubernetes.io/name": stack.name},
-            "ports": [{"name": "http", "port": stack.engine_port, "targetPort": PROXY_PORT_NAME, "protocol": "TCP"}],
+            "ports": [
+                {"name": "http", "port": stack.engine_port, "targetPort": _client_port(stack), "protocol": "TCP"}
+            ],
         },
     }
 
@@ -177,6 +199,11 @@ def pod_monitor(stack: Stack) -> dict[str, Any]:
             ],
         },
     }
+
+
+def _client_port(stack: Stack) -> str:
+    """The pod port clients reach: the engine's own with the middleware, else the proxy's (never /kvops/*)."""
+    return PROXY_PORT_NAME if stack.proxied else "http"
 
 
 def _policy_name(stack: Stack) -> str:

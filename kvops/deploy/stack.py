@@ -1,11 +1,15 @@
 """One engine and its kvops sidecar: what every deployment target puts side by side.
 
-The sidecar runs `kvops watch --engine E --metrics-url <engine>/metrics --listen 0.0.0.0:PORT --proxy <engine>
---proxy-listen 0.0.0.0:PORT+1`: it watches the engine, serves /kvops/{policy,metrics,healthz} on PORT and is the
-admission proxy clients go through on PORT+1 (the only port the clients' Service or published port reaches).
-A vLLM plan that names the KV-guard scheduler needs `kvops_vllm` importable in the engine's Python: the official
-vLLM image does not have it, so an init step of the kvops image copies the pure-Python `kvops` and `kvops_vllm`
-packages into a shared volume that the engine puts on PYTHONPATH (the engine image stays the official one).
+Where the engine has an admission middleware and one API server serves it (vLLM without data parallelism:
+`Stack.middleware`), the engine applies the policy's levels itself (`--middleware`, with the same policy file) and
+clients reach the engine's own port, with no second hop; the sidecar runs `kvops watch --engine E --metrics-url
+<engine>/metrics --listen 0.0.0.0:PORT` for the alerts, /kvops/{policy,metrics,healthz} and the KV guard's levels.
+Elsewhere (TGI; vLLM serving data-parallel ranks from several API servers; a fleet behind a gateway) the sidecar is
+also the admission proxy, `--proxy <engine> --proxy-listen 0.0.0.0:PORT+1`, the only port the clients' Service or
+published port reaches.
+The middleware and the KV-guard scheduler need `kvops_vllm` importable in the engine's Python: the official vLLM
+image does not have it, so an init step of the kvops image copies the pure-Python `kvops` and `kvops_vllm` packages
+into a shared volume that the engine puts on PYTHONPATH (the engine image stays the official one).
 """
 
 from __future__ import annotations
@@ -45,6 +49,8 @@ class Stack:
     replicas: int = 1
     policy: Policy | None = None  # the policy text's, parsed
     figures: PlanFigures | None = None  # the plan's pool, request and memory split (headroom, GPU memory)
+    # behind a gateway that routes over the replicas (llm-d): the proxy applies the levels, never a middleware
+    fleet: bool = False
 
     @property
     def engine(self) -> str:
@@ -64,6 +70,33 @@ class Stack:
         """The plan names the KV-guard scheduler: the engine must import kvops_vllm."""
         scheduler = engines.get(self.engine).guard_scheduler
         return scheduler is not None and self.plan.flags.get("scheduler-cls") == scheduler
+
+    @property
+    def middleware(self) -> str | None:
+        """The engine's admission middleware, where it applies: the engine has one, the plan runs one API server (vLLM
+        starts one per data-parallel rank, each levelling on the stats it alone receives) and no gateway routes over
+        a fleet. None: the sidecar's proxy applies the levels."""
+        middleware = engines.get(self.engine).admission_middleware
+        flags = self.plan.flags
+        several = any(int(str(flags.get(flag) or 1)) > 1 for flag in ("data-parallel-size", "api-server-count"))
+        return None if several or self.fleet else middleware
+
+    @property
+    def proxied(self) -> bool:
+        """Clients go through the sidecar's admission proxy (no middleware in the engine)."""
+        return self.middleware is None
+
+    @property
+    def with_plugin(self) -> bool:
+        """The engine imports kvops_vllm: the guard's scheduler, the middleware, or both."""
+        return self.guarded or self.middleware is not None
+
+    def engine_args(self) -> list[str]:
+        """The plan's arguments, and the middleware's flag where it applies (the plan names it only with the guard)."""
+        args = list(self.plan.args)
+        if self.middleware is not None and self.middleware not in args:
+            args += ["--middleware", self.middleware]
+        return args
 
     @property
     def engine_job(self) -> str:
@@ -91,26 +124,23 @@ class Stack:
             f"{engine_url}/metrics",
             "--listen",
             f"0.0.0.0:{self.kvops_port}",
-            "--proxy",
-            engine_url,
-            "--proxy-listen",
-            f"0.0.0.0:{self.proxy_port}",
-            "--policy",
-            POLICY_FILE,
         ]
+        if self.proxied:
+            args += ["--proxy", engine_url, "--proxy-listen", f"0.0.0.0:{self.proxy_port}"]
+        args += ["--policy", POLICY_FILE]
         if self.capacity_tokens is not None:
             args += ["--max-batch-total-tokens", str(self.capacity_tokens)]
         if self.figures is not None:
             args += ["--request-tokens", str(self.figures.request_tokens)]
         return args
 
-    def guard_env(self, kvops_host: str) -> dict[str, str]:
-        """The engine's environment for the KV guard: the plugin on the path, the same policy, levels from the sidecar."""
-        return {
-            "PYTHONPATH": PLUGIN_DIR,
-            "KVOPS_POLICY": POLICY_FILE,
-            "KVOPS_POLICY_URL": f"http://{kvops_host}:{self.kvops_port}/kvops/policy",
-        }
+    def plugin_env(self, kvops_host: str) -> dict[str, str]:
+        """The engine's environment for kvops_vllm: the plugin on the path, the same policy, and for the KV guard
+        the levels from the sidecar (the middleware levels on the engine's own usage, in-process)."""
+        env = {"PYTHONPATH": PLUGIN_DIR, "KVOPS_POLICY": POLICY_FILE}
+        if self.guarded:
+            env["KVOPS_POLICY_URL"] = f"http://{kvops_host}:{self.kvops_port}/kvops/policy"
+        return env
 
     def header(self, what: str) -> str:
         return comment(f"{what}, generated by `{self.command}`; regenerate rather than edit.")

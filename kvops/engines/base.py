@@ -9,14 +9,14 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from kvops.calibrate import Calibration
+    from kvops.calibration import Calibration
     from kvops.deployment import DeploymentOptions
     from kvops.dtypes import KvDtype
     from kvops.engines.command import StatedCommand
     from kvops.engines.logs import LogFacts
+    from kvops.engines.scheduling import SchedulerCore
     from kvops.model.spec import ModelSpec
     from kvops.plan import Plan, PlanInputs, WayOut
-    from kvops.simulate.core import SchedulerCore
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,8 @@ class Engine(Protocol):
     memory_fraction_flag: str  # the flag naming the share of the device it may use
     data_parallel: bool  # one launch can run several replicas (--data-parallel-size)
     guard_scheduler: str | None  # the KV-guard scheduler a plan may name, or None where the engine has no plugin
+    # the middleware that applies the degrade policy in the engine's own API server, or None: the proxy does
+    admission_middleware: str | None
     signals: tuple[str, ...]  # the saturation signals its metrics support (the policy's signal names)
     needs_capacity: bool  # its KV usage is computed from a capacity the watcher must be given
 

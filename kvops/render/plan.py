@@ -74,27 +74,35 @@ def docker(plan: Plan) -> str:
 
 
 def image_args(plan: Plan) -> list[str]:
-    """The engine's arguments in its official image, which has no KV-guard plugin: without the guard scheduler's
-    flag, so that the container starts as emitted (`guard_left_out` says so; `kvops manifests` adds the plugin)."""
-    scheduler = engines.get(plan.engine).guard_scheduler
-    if scheduler is None or scheduler not in plan.args:
-        return list(plan.args)
-    at = plan.args.index(scheduler)
-    return [*plan.args[: at - 1], *plan.args[at + 1 :]]
+    """The engine's arguments in its official image, which has no kvops plugin: without the KV-guard scheduler's and
+    the admission middleware's flags, so that the container starts as emitted (`guard_left_out` says so; `kvops
+    manifests` adds the plugin)."""
+    drop: set[int] = set()
+    for value in _plugin_values(plan):
+        at = plan.args.index(value)
+        drop |= {at - 1, at}  # the flag and its value
+    return [word for at, word in enumerate(plan.args) if at not in drop]
+
+
+def _plugin_values(plan: Plan) -> list[str]:
+    """The values of the plan's flags that load kvops from the engine's own Python."""
+    engine = engines.get(plan.engine)
+    return [value for value in (engine.guard_scheduler, engine.admission_middleware) if value and value in plan.args]
 
 
 def guard_left_out(plan: Plan, fmt: str) -> str | None:
-    """What --format docker/k8s tells the user when it leaves the KV guard out of the official image's command."""
+    """What --format docker/k8s tells the user when it leaves the KV guard or the middleware out of the official
+    image's command."""
     args = plan.args
-    scheduler = engines.get(plan.engine).guard_scheduler
-    if scheduler is None or scheduler not in args:
+    plugins = _plugin_values(plan)
+    if not plugins:
         return None
-    flag = f"{args[args.index(scheduler) - 1]} {scheduler}"
+    flags = ", ".join(f"{args[args.index(value) - 1]} {value}" for value in plugins)
     return (
-        f"--format {fmt} leaves out {flag}: the image {plan.image} has no kvops_vllm, and the engine would stop at "
-        "import. To keep the KV guard, `kvops manifests compose` or `kvops manifests k8s` (an init step copies the "
+        f"--format {fmt} leaves out {flags}: the image {plan.image} has no kvops_vllm, and the engine would stop at "
+        "import. To keep them, `kvops manifests --target compose` or `--target k8s` (an init step copies the "
         f"plugin onto the engine's PYTHONPATH), or an image built FROM {plan.image} with kvops pip-installed into its "
-        "Python, then add the flag back"
+        "Python, then add the flags back"
     )
 
 

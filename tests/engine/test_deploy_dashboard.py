@@ -1,15 +1,19 @@
 """Every query of the Grafana dashboard against a real Prometheus (Debian's package) run with the compose stack's own
-prometheus.yml and rule files (targets moved to 127.0.0.1, 1 s scrapes), scraping the real vLLM engine, the FAKE TGI
-router (TGI's /metrics wire format; TGI cannot run here) and, beside each, `kvops watch --proxy` started with the
-compose file's own sidecar arguments. Each expression evaluates without error; those about the engine and the
-watcher return data (but the GPU's DCGM series and vLLM's host KV tier, which cannot exist here), after a real load has put the vLLM sidecar at warn and a request through each proxy was clamped."""
+prometheus.yml and rule files (targets moved to 127.0.0.1, 1 s scrapes), scraping the real vLLM engine with kvops'
+admission middleware (as the compose file runs it), the FAKE TGI router (TGI's /metrics wire format; TGI cannot run
+here) and, beside each, `kvops watch` started with the compose file's own sidecar arguments (TGI's with `--proxy`).
+Each expression evaluates without error; those about the engine and the watcher return data (but the GPU's DCGM
+series and vLLM's host KV tier, which cannot exist here), after a real load has put the vLLM sidecar at warn and one
+request was clamped by vLLM's middleware and one through TGI's proxy."""
 
 from __future__ import annotations
 
 import json
 import math
+import time
 import urllib.error
 import urllib.request
+from email.message import Message
 from pathlib import Path
 
 import pytest
@@ -40,7 +44,7 @@ ABSENT_HERE = ("DCGM_FI_DEV_", "vllm:kv_offload_")
 
 def sidecar_args(engine: str, engine_url: str) -> list[str]:
     """The compose file's `kvops watch` arguments, the engine and policy file moved here (WatchProcess adds --listen,
-    which the proxy then shares: the compose file's fixed --proxy-listen port is dropped)."""
+    which a proxy then shares: the compose file's fixed --proxy-listen port is dropped)."""
     stack = COMPOSE / engine
     command = yaml.safe_load((stack / "compose.yaml").read_text())["services"]["kvops"]["command"]
     compose_url = f"http://{engine}:{8000 if engine == 'vllm' else 80}"
@@ -49,8 +53,9 @@ def sidecar_args(engine: str, engine_url: str) -> list[str]:
         for arg in command
     ]
     for option in ("--listen", "--proxy-listen"):
-        at = args.index(option)
-        del args[at : at + 2]
+        if option in args:
+            at = args.index(option)
+            del args[at : at + 2]
     assert args[0] == "watch"
     return args[1:]
 
@@ -75,14 +80,15 @@ def prometheus_config(workdir: Path, targets: dict[str, dict[str, str]]) -> dict
     return config
 
 
-def post(url: str, body: dict) -> dict[str, str]:
-    """POST through a proxy and return the response headers (a stream: headers come first; the rest is not awaited)."""
+def post(url: str, body: dict) -> Message:
+    """POST and return the response headers, names read in any case (a stream: headers come first; the rest is not
+    awaited). The proxy spells them X-KVops-Level, the middleware, as ASGI servers send them, x-kvops-level."""
     request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=120) as response:
-            return dict(response.headers)
+            return response.headers
     except urllib.error.HTTPError as exc:
-        return dict(exc.headers)
+        return exc.headers
 
 
 def expression(expr: str, job: str) -> str:
@@ -90,7 +96,8 @@ def expression(expr: str, job: str) -> str:
     return expr.replace("$job", job).replace("$__rate_interval", "30s")
 
 
-def test_every_dashboard_query_runs_against_the_engines_and_the_watchers(vllm_engine, tmp_path):
+def test_every_dashboard_query_runs_against_the_engines_and_the_watchers(middleware_engine, tmp_path):
+    vllm_engine = middleware_engine  # vLLM as the compose file runs it: --middleware kvops_vllm.middleware...
     engine_target = f"127.0.0.1:{vllm_engine.port}"
     with (
         TgiFake() as tgi,
@@ -124,16 +131,19 @@ def test_every_dashboard_query_runs_against_the_engines_and_the_watchers(vllm_en
             clamped = post(tgi_watch.url + "/generate", {"inputs": "hello", "parameters": {"max_new_tokens": 900}})
             assert clamped["X-KVops-Level"] == "warn" and clamped["X-KVops-Clamped"] == "max_tokens 900->512"
 
-            # vLLM: real KV pressure (4 requests of 6 blocks of 31: 77%) puts the sidecar at warn; one request through it is clamped
+            # vLLM: real KV pressure (4 requests of 6 blocks of 31: 77%) puts the sidecar at warn, and the engine's
+            # middleware, levelling on the same usage in-process, clamps a request sent to the engine itself
             load = KvLoad(vllm_engine.url, str(vllm_engine.model)).start(WARN)
             try:
                 vllm_watch.wait_level("warn", timeout=180)
                 body = {"model": str(vllm_engine.model), "prompt": "hello", "max_tokens": 900, "stream": True}
-                clamped = post(vllm_watch.url + "/v1/completions", body)
-                assert (
-                    clamped["X-KVops-Level"] in ("warn", "degrade")
-                    and clamped["X-KVops-Clamped"] == "max_tokens 900->512"
-                )
+                clamped = post(vllm_engine.url + "/v1/completions", body)
+                deadline = time.monotonic() + 60
+                while clamped["X-KVops-Clamped"] is None and time.monotonic() < deadline:  # its level is its own
+                    time.sleep(0.5)
+                    clamped = post(vllm_engine.url + "/v1/completions", body)
+                assert clamped["X-KVops-Level"] in ("warn", "degrade")
+                assert clamped["X-KVops-Clamped"] == "max_tokens 900->512"
             finally:
                 load.stop()
             assert not load.errors and load.completed > 0
@@ -143,9 +153,14 @@ def test_every_dashboard_query_runs_against_the_engines_and_the_watchers(vllm_en
                 if any(name in expr for name in ABSENT_HERE):
                     assert prometheus.query(expression(expr, every)) == [], expr  # evaluates: no series here
                     continue
+                # None: the watchers', both jobs; the middleware's counters are vLLM's, the proxy's TGI's sidecar's
                 about = (
-                    "vllm" if "vllm:" in expr else "tgi" if "tgi_" in expr else None
-                )  # None: the watchers', both jobs
+                    "vllm"
+                    if "vllm:" in expr or "kvops_middleware_" in expr
+                    else "tgi"
+                    if "tgi_" in expr or "kvops_proxy_" in expr
+                    else None
+                )
                 for job in ("vllm", "tgi"):
                     if about in (None, job):
                         prometheus.wait_for_series(
@@ -175,6 +190,11 @@ def test_every_dashboard_query_runs_against_the_engines_and_the_watchers(vllm_en
                 expression('sum by (job, field) (kvops_proxy_clamped_total{job=~"kvops-$job"})', every)
             )
             assert {(s["metric"]["job"], s["metric"]["field"], s["value"][1]) for s in clamps} == {
-                ("kvops-vllm", "max_tokens", "1"),
                 ("kvops-tgi", "max_tokens", "1"),
             }
+            clamps = prometheus.query(
+                expression('sum by (job, field) (kvops_middleware_clamped_total{job=~"$job"})', every)
+            )  # the engine is the session's: other tests' clamps count too
+            assert {s["metric"]["job"] for s in clamps} == {"vllm"} and any(
+                s["metric"]["field"] == "max_tokens" and float(s["value"][1]) >= 1 for s in clamps
+            )

@@ -84,7 +84,10 @@ def test_the_docker_command_does_not_name_a_plugin_its_image_lacks(run_kvops, gu
     assert parsed.model_tag == "Qwen/Qwen3-8B" and messages == []
     stock = parse_serve(["Qwen/Qwen3-8B"])[0].scheduler_cls  # what vLLM schedules with when no flag names a class
     assert parsed.scheduler_cls == stock and "kvops" not in str(stock) and parsed.max_num_queued_reqs == 8
-    told = "leaves out --scheduler-cls kvops_vllm.scheduler.KVGuardScheduler: the image vllm/vllm-openai:v0.32.0 has no kvops_vllm"
+    told = (
+        "leaves out --scheduler-cls kvops_vllm.scheduler.KVGuardScheduler, --middleware "
+        "kvops_vllm.middleware.KVOpsMiddleware: the image vllm/vllm-openai:v0.32.0 has no kvops_vllm"
+    )
     assert (told in ran.stderr) == (guard == "--guard")
 
 

@@ -30,6 +30,7 @@ class ForkEngine(VllmEngine):
         k8s_shared_memory=False,
     )
     guard_scheduler = None
+    admission_middleware = None
 
     def image(self, vendor: str | None) -> str:
         return "example.org/fork:1.0"

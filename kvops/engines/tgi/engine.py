@@ -12,7 +12,7 @@ from kvops.engines.tgi import flags
 from kvops.errors import KvopsError, UsageError
 
 if TYPE_CHECKING:
-    from kvops.calibrate import Calibration
+    from kvops.calibration import Calibration
     from kvops.dtypes import KvDtype
     from kvops.engines.command import StatedCommand
     from kvops.engines.tgi.logs import TgiLog
@@ -45,6 +45,7 @@ class TgiEngine:
     memory_fraction_flag = "cuda-memory-fraction"  # the share of the device the engine may use
     data_parallel = False  # one replica per launcher
     guard_scheduler = None  # TGI has no scheduler plugin: the proxy guards it
+    admission_middleware = None  # nor a middleware: its router is Rust
     signals = ("queue_growth", "stall")  # TGI never preempts and exports no prefix-cache counters
     needs_capacity = True  # KV usage = tgi_batch_current_max_tokens / max batch total tokens
 

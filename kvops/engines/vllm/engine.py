@@ -12,14 +12,14 @@ from kvops.engines.vllm import flags
 from kvops.errors import KvopsError, UsageError
 
 if TYPE_CHECKING:
-    from kvops.calibrate import Calibration
+    from kvops.calibration import Calibration
     from kvops.dtypes import KvDtype
     from kvops.engines.command import StatedCommand
+    from kvops.engines.scheduling import SchedulerCore
     from kvops.engines.vllm.logs import VllmLog
     from kvops.engines.vllm.metrics import CacheConfig
     from kvops.model.spec import ModelSpec
     from kvops.plan import Plan, PlanInputs, WayOut
-    from kvops.simulate.core import SchedulerCore
 
 
 class VllmEngine:
@@ -41,8 +41,11 @@ class VllmEngine:
     memory_fraction_flag = "gpu-memory-utilization"  # the share of the device the engine may use
     data_parallel = True
     guard_scheduler = flags.GUARD_SCHEDULER
+    admission_middleware = flags.MIDDLEWARE
     signals = ("queue_growth", "preemptions", "stall", "prefix_cache_hit_rate", "offload_usage", "offload_load_latency")
     needs_capacity = False
+    # its own queue limit refuses requests with 503 and counts them (vllm:admission_rejections, 0.32+): an alert
+    refuses_at_queue_limit = True
 
     def image(self, vendor: str | None) -> str:
         return flags.image(vendor)

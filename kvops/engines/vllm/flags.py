@@ -15,6 +15,9 @@ IMAGE = "vllm/vllm-openai:v0.32.0"  # docs.vllm.ai deployment/docker: the offici
 ROCM_IMAGE = "vllm/vllm-openai-rocm:v0.32.0"
 PORT = 8000
 GUARD_SCHEDULER = "kvops_vllm.scheduler.KVGuardScheduler"  # the KV-guard scheduler plugin (plugins/kvops_vllm)
+# The degrade policy in vLLM's own API server (`--middleware`, vllm/entrypoints/serve/middleware/register.py): warn
+# caps, degrade n=1, critical 503/429 with Retry-After, with no second process or hop (plugins/kvops_vllm/middleware.py)
+MIDDLEWARE = "kvops_vllm.middleware.KVOpsMiddleware"
 # A default must not cost goodput against stock vLLM (bench/guard_goodput.py; docs/kv-guard.md has the runs). Guard v2
 # ran at or above stock's goodput, preempting a tenth as often or less, on the benchmark's pool of 127 blocks (about
 # 35 requests at once), and on its pool of 31 (about 8) from below to above it; and it loads from vLLM's own Python,
@@ -58,6 +61,17 @@ def kv_cache_dtype(dtype: KvDtype, model_dtype: str, device: str) -> str:
             f"--kv-dtype {dtype.name}: vLLM's CPU attention takes --kv-cache-dtype {', '.join(CPU_KV_CACHE_DTYPES)} only"
         )
     return value
+
+
+def middleware(plugin: bool, data_parallel: int) -> str | None:
+    """`--middleware`'s value in a plan: kvops' degrade in vLLM's API server where it applies, else None.
+
+    plugin: the plan already loads kvops from vLLM's own Python (it names the KV guard), which the middleware needs
+    too. data_parallel: vLLM starts one API server per data-parallel rank by default (`--api-server-count`,
+    vllm/entrypoints/cli/serve.py), and each levels on the scheduler stats the engine core sends it alone
+    (vllm/v1/core/sched/scheduler.py, update_from_output): one API server sees every step's, so the plan names it
+    only there; with data parallelism the watcher's proxy levels on the engines' /metrics."""
+    return MIDDLEWARE if plugin and data_parallel <= 1 else None
 
 
 def arguments(flags: dict[str, object], program: tuple[str, ...]) -> list[str]:

@@ -3,13 +3,13 @@ needs, the `vllm serve` flags, and whether it fits."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from math import ceil, floor
 from typing import Any
 
 from kvops.dtypes import KvDtype, resolve_kv_dtype, serving_dtype
 from kvops.engines import common
-from kvops.engines.vllm import budget, flags, layout, releases
+from kvops.engines.vllm import budget, flags, layout, options, releases
 from kvops.errors import UsageError
 from kvops.model.checkpoint import pipeline_partition
 from kvops.model.spec import ModelSpec
@@ -106,6 +106,11 @@ class _Draft:
     notes: list[str]
     release: releases.VllmRelease
 
+    @property
+    def margin_bytes(self) -> int:
+        """kvops' margin below the engine's predicted KV (the 'margin' term), 0 when none is planned."""
+        return next((term.bytes for term in self.memory if term.name == "margin"), 0)
+
     def plan(self, capacity: VllmCapacity | None, engine_flags: dict[str, Any], verdict: Verdict | None) -> Plan:
         inputs = self.inputs
         program = inputs.launcher or flags.PROGRAM
@@ -117,28 +122,60 @@ class _Draft:
             flags=engine_flags,
             program=program,
             args=tuple(flags.arguments(engine_flags, program) if engine_flags else ()),
-            image=flags.image(inputs.gpu.vendor if inputs.gpu else None),
+            image=options.image(self.release.version, inputs.gpu.vendor if inputs.gpu else None),
             port=flags.PORT,
             verdict=verdict,
             warnings=tuple(self.warnings),
             notes=tuple(self.notes),
             release=self.release,
+            kv_margin_bytes=self.margin_bytes if self.kv_bytes > 0 else 0,
         )
 
 
+MAX_SEQS_PASSES = 4  # the profile's sampler runs the emitted max_num_seqs: re-plan until the two agree
+
+
 def plan_once(inputs: PlanInputs) -> Plan:
-    """The vLLM plan for these inputs, fitting or not (no ways out: the planner searches those)."""
-    spec, device, tp = inputs.spec, inputs.device, inputs.tp
-    if device not in budget.DEVICES:
-        raise UsageError(f"--device {device!r}; valid: {', '.join(budget.DEVICES)}")
+    """The vLLM plan for these inputs, fitting or not (no ways out: the planner searches those). The profile's
+    sampler is sized for the --max-num-seqs the plan emits, as vLLM's `_dummy_sampler_run` runs it: the plan is
+    re-made with the sequences it chose until they agree."""
+    if inputs.device not in budget.DEVICES:
+        raise UsageError(f"--device {inputs.device!r}; valid: {', '.join(budget.DEVICES)}")
     release = releases.release(inputs.engine_version)
-    flags.check_weight_format(common.weight_format(spec, inputs.quantization).name)
+    sizing = budget.kv_sizing(inputs, release)
+    release = replace(release, extensible=sizing.extensible)
+    chosen: int | None = None
+    for _ in range(MAX_SEQS_PASSES):
+        plan = _plan_pass(inputs, release, sizing, chosen)
+        seqs = plan.flags.get("max-num-seqs")
+        if inputs.as_run or inputs.max_num_seqs is not None or not isinstance(seqs, int):
+            return plan
+        if plan.capacity is not None and plan.capacity.sampler_sequences == seqs:  # type: ignore[attr-defined]
+            return plan
+        chosen = seqs
+    return _plan_pass(inputs, release, sizing, chosen, forced=True)
+
+
+def _plan_pass(
+    inputs: PlanInputs,
+    release: releases.VllmRelease,
+    sizing: budget.KvSizing,
+    chosen_seqs: int | None,
+    forced: bool = False,
+) -> Plan:
+    """One plan with the profile's sampler sized for `chosen_seqs` sequences (None: vLLM's default for the
+    device); `forced` emits exactly them as --max-num-seqs (else the plan chooses again)."""
+    spec, device, tp = inputs.spec, inputs.device, inputs.tp
+    release_options = options.for_version(release.version)
+    options.check_weight_format(release_options, common.weight_format(spec, inputs.quantization).name, release.label)
     served = spec.dtype if inputs.dtype == "auto" else serving_dtype(inputs.dtype)  # kv dtype auto follows --dtype
     dtype = resolve_kv_dtype(inputs.kv_dtype, served)
-    kv_flag = flags.kv_cache_dtype(dtype, served, device)
+    kv_flag = options.kv_cache_dtype(release_options, dtype, served, device, release.label)
     block_size = inputs.block_size or layout.default_block_size(spec, device)
     cached = cached_spec(inputs)
-    kv_layout = layout.kv_layout(cached, dtype, tp, block_size, options=layout_options(inputs, release))
+    kv_layout = layout.kv_layout(cached, dtype, tp, block_size, options=layout_options(inputs, release, dtype))
+    if inputs.num_gpu_blocks_override is not None:  # the profile's KV memory is replaced by blocks x block bytes
+        inputs = replace(inputs, kv_cache_memory_bytes=inputs.num_gpu_blocks_override * kv_layout.bytes_per_block)
     model_limit = common.model_limit(spec)
     fixed_len = inputs.max_model_len if isinstance(inputs.max_model_len, int) else model_limit
     gpu = inputs.gpu
@@ -148,7 +185,12 @@ def plan_once(inputs: PlanInputs) -> Plan:
     in_flight = budget.max_in_flight_tokens(batched, device, release)
     requested_seqs = inputs.concurrency * inputs.workload.sequences if isinstance(inputs.concurrency, int) else 0
     sampler_seqs = max(default_seqs, requested_seqs)
-    draft, stage_blocks, page = _budget(inputs, release, kv_layout, batched, sampler_seqs)
+    if chosen_seqs is not None and inputs.max_num_seqs is None:
+        sampler_seqs = chosen_seqs
+    draft, stage_blocks, page = _budget(inputs, release, kv_layout, batched, sampler_seqs, sizing)
+    if sizing.extensible and stage_blocks is None:
+        stage_blocks = layout.committed_blocks(kv_layout, max(draft.kv_bytes, 0))
+    draft.notes.insert(1, f"KV sizing: {sizing.path}: {sizing.why}")
     per_stage = " on the binding pipeline stage" if inputs.pp > 1 else ""
     draft.notes.insert(
         1,
@@ -210,10 +252,11 @@ def plan_once(inputs: PlanInputs) -> Plan:
     paging = common.paging_note(pool.num_blocks, kv_layout.block_size, pool.num_blocks * page, len(kv_layout.groups))
     state = "; in a state group a block holds one request's recurrent state instead" if kv_layout.has_state else ""
     draft.notes.append(paging + state)
-    seqs = _state_blocks_cap(draft, _max_num_seqs(draft, under_warn, defaults), kv_layout, pool)
-    engine_flags = _flags(inputs, length, draft.kv_bytes, seqs, batched, block_size, kv_flag)
+    wanted = chosen_seqs if forced and inputs.max_num_seqs is None else None
+    seqs = wanted or _state_blocks_cap(draft, _max_num_seqs(draft, under_warn, defaults), kv_layout, pool)
+    engine_flags = _flags(inputs, length, draft, seqs, batched, block_size, kv_flag, release_options, page)
     _warnings(draft, kv_layout, dtype, capacity)
-    return draft.plan(capacity, engine_flags, _verdict(draft, kv_layout, pool, capacity))
+    return draft.plan(capacity, engine_flags, _verdict(draft, kv_layout, pool, capacity, seqs))
 
 
 def cached_spec(inputs: PlanInputs) -> ModelSpec:
@@ -244,21 +287,31 @@ def lookahead_tokens(inputs: PlanInputs) -> int:
 
 
 def _budget(
-    inputs: PlanInputs, release: releases.VllmRelease, kv_layout: layout.KVCacheLayout, batched: int, sampler_seqs: int
+    inputs: PlanInputs,
+    release: releases.VllmRelease,
+    kv_layout: layout.KVCacheLayout,
+    batched: int,
+    sampler_seqs: int,
+    sizing: budget.KvSizing,
 ) -> tuple[_Draft, int | None, int]:
     """The memory terms and the KV bytes; with pipeline parallelism, of the stage with the fewest blocks (vLLM
     gives every stage the smallest stage's block count, `get_kv_cache_configs`), that count and its block's bytes
     per GPU."""
     notes = [f"engine release: {release.label}, {release.how}"]
     if inputs.pp == 1:
-        memory, kv_bytes, warnings = budget.memory_terms(inputs, release, batched, sampler_seqs)
+        memory, kv_bytes, warnings = budget.memory_terms(inputs, release, batched, sampler_seqs, sizing=sizing)
         return _Draft(inputs, memory, kv_bytes, warnings, notes, release), None, kv_layout.bytes_per_block
     stages = []
     for stage, layers in enumerate(stage_layers(inputs, kv_layout)):
-        memory, kv_bytes, warnings = budget.memory_terms(inputs, release, batched, sampler_seqs, stage)
+        memory, kv_bytes, warnings = budget.memory_terms(inputs, release, batched, sampler_seqs, stage, sizing)
         stage_layout = layout.project(kv_layout, layers)
         page = stage_layout.bytes_per_block
-        blocks = stage_layout.num_blocks(max(kv_bytes, 0)) if page else None
+        blocks = None
+        if page:
+            usable = max(kv_bytes, 0)
+            blocks = (
+                layout.committed_blocks(stage_layout, usable) if sizing.extensible else stage_layout.num_blocks(usable)
+            )
         stages.append(_Stage(stage, memory, kv_bytes, warnings, blocks, page, len(layers)))
     binding = min(stages, key=lambda item: (item.blocks is None, item.blocks or 0, item.kv_bytes))
     draft = _Draft(inputs, binding.memory, binding.kv_bytes, binding.warnings, notes, release)
@@ -319,7 +372,9 @@ def _speculative_notes(draft: _Draft, cached: ModelSpec) -> None:
         )
 
 
-def layout_options(inputs: PlanInputs, release: releases.VllmRelease) -> layout.LayoutOptions:
+def layout_options(
+    inputs: PlanInputs, release: releases.VllmRelease, dtype: KvDtype | None = None
+) -> layout.LayoutOptions:
     """The engine settings of these inputs that change vLLM's KV cache layout."""
     speculative = inputs.speculative
     return layout.LayoutOptions(
@@ -330,7 +385,21 @@ def layout_options(inputs: PlanInputs, release: releases.VllmRelease) -> layout.
         mamba_cache_dtype=inputs.mamba_cache_dtype,
         mamba_ssm_cache_dtype=inputs.mamba_ssm_cache_dtype,
         speculative_tokens=speculative.tokens if speculative else 0,
+        unquantized_layers=boundary_layers(inputs.spec, dtype, release) if dtype is not None else frozenset(),
     )
+
+
+def boundary_layers(spec: ModelSpec, dtype: KvDtype, release: releases.VllmRelease) -> frozenset[int]:
+    """Layers that keep the model's own KV dtype under TurboQuant and UltraQuant: the first and last two of a model
+    without state layers (at most half of them), none of a hybrid (`TurboQuantConfig.get_boundary_skip_layers`,
+    added to kv_cache_dtype_skip_layers by engine/arg_utils.py l.2370-2385 in the 0.34.0 wheel; from 0.20.0)."""
+    if not (dtype.packing.startswith("tq:") or dtype.packing == "ultraquant") or spec.has_state:
+        return frozenset()
+    if not release.version.at_least(0, 20):
+        return frozenset()
+    layers = spec.num_layers
+    n = min(2, layers // 2)
+    return frozenset([*range(n), *range(layers - n, layers)])
 
 
 def _eagle_with_chunked(inputs: PlanInputs) -> bool:
@@ -414,14 +483,24 @@ def _max_num_seqs(draft: _Draft, under_warn: int, defaults: budget.BatchDefaults
 
 
 def _flags(
-    inputs: PlanInputs, length: int, kv_bytes: int, seqs: int, batched: int, block_size: int, kv_flag: str
+    inputs: PlanInputs,
+    length: int,
+    draft: _Draft,
+    seqs: int,
+    batched: int,
+    block_size: int,
+    kv_flag: str,
+    release_options: options.ReleaseOptions,
+    bytes_per_block: int,
 ) -> dict[str, Any]:
-    pinned = inputs.kv_cache_memory_bytes is not None
-    utilization = (
-        None
-        if pinned and inputs.device == "cpu"
-        else (inputs.memory_fraction or releases.release(inputs.engine_version).default_gpu_memory_utilization)
-    )
+    """The `vllm serve` options of this plan, in the planned release's own option set: an option the release does
+    not take is a one-line error naming the release that adds it; --gpu-memory-utilization is left unset where the
+    release's default is to leave it unset (the extensible KV cache: an emitted value would cap it)."""
+    release = draft.release
+    pinned = inputs.kv_cache_memory_bytes is not None and inputs.num_gpu_blocks_override is None
+    utilization = inputs.memory_fraction
+    if utilization is None and release.emits_default_utilization and not (pinned and inputs.device == "cpu"):
+        utilization = release.default_gpu_memory_utilization
     engine_flags: dict[str, Any] = {
         "model": model_argument(inputs.spec),
         "revision": inputs.spec.revision,
@@ -434,22 +513,66 @@ def _flags(
         "cpu-offload-gb": inputs.cpu_offload_bytes / (1 << 30) if inputs.cpu_offload_bytes else None,
         "speculative-config": inputs.speculative.config if inputs.speculative else None,
         "disable-hybrid-kv-cache-manager": True if not inputs.hybrid_manager else None,
-        "no-enable-prefix-caching": True if inputs.prefix_caching is False else None,
+        "no-enable-prefix-caching": True if inputs.prefix_caching is False and not release.v0 else None,
         "mamba-cache-mode": inputs.mamba_cache_mode,
         "mamba-cache-dtype": None if inputs.mamba_cache_dtype == "auto" else inputs.mamba_cache_dtype,
         "mamba-ssm-cache-dtype": None if inputs.mamba_ssm_cache_dtype == "auto" else inputs.mamba_ssm_cache_dtype,
         "max-model-len": length,
         "gpu-memory-utilization": utilization,
-        "kv-cache-memory-bytes": kv_bytes if pinned else None,
+        "kv-cache-memory-bytes": draft.kv_bytes if pinned else None,
+        "num-gpu-blocks-override": inputs.num_gpu_blocks_override,
+        "enable-extensible-kv-cache": True if inputs.extensible_kv_cache else None,
+        "no-enable-extensible-kv-cache": True if inputs.extensible_kv_cache is False else None,
         "max-num-seqs": seqs,
         "max-num-batched-tokens": batched,
         "block-size": block_size,
         "kv-cache-dtype": kv_flag,
         "enforce-eager": True if inputs.enforce_eager else None,
+        "disable-custom-all-reduce": True if not inputs.custom_all_reduce else None,
+        "compilation-config": inputs.compilation_config,
         "scheduler-cls": flags.GUARD_SCHEDULER if guard_named(inputs) else None,
         "max-num-queued-reqs": inputs.max_queued,
     }
-    return {name: value for name, value in engine_flags.items() if value is not None}
+    chosen = {name: value for name, value in engine_flags.items() if value is not None}
+    if (
+        pinned
+        and not release_options.has("--kv-cache-memory-bytes")
+        and release_options.has("--num-gpu-blocks-override")
+    ):
+        blocks = draft.kv_bytes // bytes_per_block
+        chosen = {
+            ("num-gpu-blocks-override" if name == "kv-cache-memory-bytes" else name): value
+            for name, value in chosen.items()
+        }
+        chosen["num-gpu-blocks-override"] = blocks
+        draft.notes.append(
+            f"{release.label} has no --kv-cache-memory-bytes (from 0.10.2): the pinned {format_bytes(draft.kv_bytes)} is "
+            f"emitted as --num-gpu-blocks-override {blocks} ({bytes_per_block} B per block)"
+        )
+    _check_block_size(release_options, block_size, release.label)
+    problem = options.missing(release_options, _spelled(chosen), release.label)
+    if problem:
+        raise UsageError(problem)
+    return chosen
+
+
+def _spelled(chosen: dict[str, Any]) -> dict[str, Any]:
+    """The options as the release's option table spells them (`--no-X` of a boolean is `--X`'s negation)."""
+    out: dict[str, Any] = {}
+    for name, value in chosen.items():
+        if name == "no-enable-extensible-kv-cache":
+            name = "enable-extensible-kv-cache"
+        out[name] = value
+    return out
+
+
+def _check_block_size(release_options: options.ReleaseOptions, block_size: int, label: str) -> None:
+    choices = release_options.block_sizes
+    if choices is not None and block_size not in choices.values:
+        raise UsageError(
+            f"--block-size {block_size}: {label} takes {', '.join(map(str, choices.values))} "
+            f"(vllm {release_options.read} wheel, {choices.source})"
+        )
 
 
 _DTYPE_FLAGS = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}  # vLLM's --dtype values
@@ -486,12 +609,17 @@ def _guard_note(inputs: PlanInputs, capacity: VllmCapacity) -> str:
 def _refusal_route(inputs: PlanInputs) -> str:
     """Where a client of this deployment gets a refusal it can retry: the guard itself only holds requests."""
     held = "At a level that refuses, the guard keeps new requests waiting in vLLM's queue (never an empty answer)"
+    retry = (
+        "the plan's --middleware answers 429/503 with Retry-After inside vLLM's API server"
+        if flags.middleware(True, inputs.replicas)
+        else "for 429/503 with Retry-After put `kvops watch --proxy` in front (kvops manifests does)"
+    )
     if inputs.max_queued is not None:
         return (
             f"{held}; beyond {inputs.max_queued} requests in flight (waiting + running) vLLM refuses with 503 (an error event in a stream, no "
-            "Retry-After); for 429/503 with Retry-After put `kvops watch --proxy` in front (kvops manifests does)"
+            f"Retry-After); {retry}"
         )
-    return f"{held}; for 429/503 with Retry-After put `kvops watch --proxy` in front (kvops manifests does), or bound the queue with --max-queued"
+    return f"{held}; {retry}, or bound the queue with --max-queued"
 
 
 def _warnings(draft: _Draft, kv_layout: layout.KVCacheLayout, dtype: KvDtype, capacity: VllmCapacity) -> None:
@@ -528,13 +656,16 @@ def _warnings(draft: _Draft, kv_layout: layout.KVCacheLayout, dtype: KvDtype, ca
         )
 
 
+_NOT_SPENT = ("total", "requested", "kv_cache", "margin", "headroom")
+
+
 def _verdict(
-    draft: _Draft, kv_layout: layout.KVCacheLayout, pool: layout.Pool, capacity: VllmCapacity
+    draft: _Draft, kv_layout: layout.KVCacheLayout, pool: layout.Pool, capacity: VllmCapacity, seqs: int
 ) -> Verdict | None:
     inputs, kv = draft.inputs, draft.kv_bytes
     terms = {term.name: term.bytes for term in draft.memory}
     if kv <= 0:
-        others = sum(terms.get(name, 0) for name in ("weights", "activation", "non_torch", "cuda_graphs", "overhead"))
+        others = sum(term.bytes for term in draft.memory if term.name not in _NOT_SPENT)
         have = terms["requested"]
         total = common.device_total(inputs)
         utilization = inputs.memory_fraction or draft.release.default_gpu_memory_utilization
@@ -555,6 +686,9 @@ def _verdict(
         )
     if not pool.fits_one_request:
         return _too_short_verdict(draft, kv_layout, pool, capacity)
+    refused = _state_blocks_refusal(draft, kv_layout, pool, seqs)
+    if refused is not None:
+        return refused
     per_request, under_warn = capacity.blocks_per_request, capacity.requests_under_warn
     if isinstance(inputs.concurrency, int) and inputs.concurrency > under_warn:
         held = inputs.concurrency * per_request + capacity.blocks_per_request_in_prefill - per_request
@@ -574,6 +708,28 @@ def _verdict(
             kv,
         )
     return None
+
+
+def _state_blocks_refusal(
+    draft: _Draft, kv_layout: layout.KVCacheLayout, pool: layout.Pool, seqs: int
+) -> Verdict | None:
+    """vLLM refuses to start a model with state layers under full CUDA graphs when max_num_seqs exceeds the KV cache
+    blocks (releases.VllmRelease.refuses_seqs_above_state_blocks): the plan does not fit, in vLLM's words."""
+    inputs = draft.inputs
+    if not kv_layout.has_state or inputs.device != "gpu" or inputs.enforce_eager or seqs <= pool.num_blocks:
+        return None
+    if not draft.release.refuses_seqs_above_state_blocks:
+        return None
+    need = layout.kv_bytes_needed(kv_layout, seqs)
+    return Verdict(
+        f"{draft.release.label} refuses to start: 'max_num_seqs ({seqs}) exceeds available Mamba cache blocks "
+        f"({pool.num_blocks}). Each decode sequence requires one Mamba cache block' (config/compilation.py "
+        f"resolve_cudagraph_mode_and_sizes): lower --max-num-seqs to {pool.num_blocks}, add --enforce-eager, or give "
+        f"the KV cache {format_bytes(need)}",
+        need,
+        draft.kv_bytes,
+        states_need=True,
+    )
 
 
 def _too_short_verdict(
@@ -613,14 +769,23 @@ def _too_short_verdict(
 PCIE_BYTES_PER_SECOND = 25 * 10**9  # PCIe 4.0 x16, what host<->GPU copies reach in practice (an estimate)
 
 
+def _release_options(inputs: PlanInputs) -> tuple[releases.VllmRelease, options.ReleaseOptions]:
+    release = releases.release(inputs.engine_version)
+    return release, options.for_version(release.version)
+
+
 def kv_dtype_ways(inputs: PlanInputs) -> list[str]:
-    """The quantized KV dtypes to try, least lossy first: the CPU build's attention takes fp8 only."""
-    return ["fp8"] if inputs.device == "cpu" else ["int8", "fp8", "int4"]
+    """The quantized KV dtypes to try, least lossy first, that the planned release takes (int8 and int4 per token
+    and head from 0.20.0 and 0.25.0): the CPU build's attention takes fp8 only."""
+    _, release_options = _release_options(inputs)
+    return options.kv_ways(release_options, inputs.device, inputs.gpu.vendor if inputs.gpu else None)
 
 
 def kv_dtype_spelling(inputs: PlanInputs, name: str) -> str:
-    """How vLLM is told to keep the KV cache in `name`."""
-    value = flags.kv_cache_dtype(resolve_kv_dtype(name, inputs.spec.dtype), inputs.spec.dtype, inputs.device)
+    """How the planned release is told to keep the KV cache in `name`."""
+    release, release_options = _release_options(inputs)
+    dtype = resolve_kv_dtype(name, inputs.spec.dtype)
+    value = options.kv_cache_dtype(release_options, dtype, inputs.spec.dtype, inputs.device, release.label)
     return f"{name} KV, vLLM --kv-cache-dtype {value}"
 
 
@@ -628,15 +793,16 @@ def offload_ways(inputs: PlanInputs, failed: Plan) -> list[WayOut]:
     """Host memory instead of GPU memory: weights (UVA) or evicted KV blocks; described, not re-planned."""
     if inputs.device != "gpu" or failed.need_bytes is None or failed.have_bytes is None:
         return []
+    _, release_options = _release_options(inputs)
     short = max(0, failed.need_bytes - max(failed.have_bytes, 0))
     if short <= 0:
         return []
     gib = ceil(short / (1 << 30))
     seconds = gib * (1 << 30) / PCIE_BYTES_PER_SECOND
     weights = failed.term("weights")
-    options = []
-    if weights and gib * (1 << 30) < weights.bytes:
-        options.append(
+    ways = []
+    if weights and gib * (1 << 30) < weights.bytes and release_options.has("--cpu-offload-gb"):
+        ways.append(
             WayOut(
                 f"--cpu-offload-gb {gib}",
                 None,
@@ -644,9 +810,9 @@ def offload_ways(inputs: PlanInputs, failed: Plan) -> list[WayOut]:
                 "decode slows by that much on every token",
             )
         )
-    if failed.kv_cache_bytes <= 0:
-        return options  # the weights and overheads do not fit: host memory for KV blocks changes nothing
-    options.append(
+    if failed.kv_cache_bytes <= 0 or not release_options.has("--kv-offloading-size"):
+        return ways  # the weights and overheads do not fit (host memory for KV blocks changes nothing), or no tier
+    ways.append(
         WayOut(
             f"--kv-offloading-size {gib * inputs.tp} --kv-offloading-backend native",
             None,
@@ -654,4 +820,4 @@ def offload_ways(inputs: PlanInputs, failed: Plan) -> list[WayOut]:
             f"costs {gib * inputs.tp} GiB of host RAM",
         )
     )
-    return options
+    return ways

@@ -88,7 +88,9 @@ def test_printed_manifests_are_the_files_in_order(run_kvops, tmp_path):
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_core_objects_pass_the_strict_kubernetes_schemas(run_kvops, variant):
-    import kubernetes_validate
+    kubernetes_validate = pytest.importorskip(
+        "kubernetes_validate", reason="kubernetes-validate is not installed (pip install -e '.[test]'; .ci/run does)"
+    )
 
     objects = k8s_objects(manifest_text(run_kvops, *VARIANTS[variant]))
     core = [o for o in objects if o["apiVersion"] in ("v1", "apps/v1")]
@@ -99,7 +101,9 @@ def test_core_objects_pass_the_strict_kubernetes_schemas(run_kvops, variant):
 
 
 def test_the_strict_schemas_catch_a_misspelt_field(run_kvops):
-    import kubernetes_validate
+    kubernetes_validate = pytest.importorskip(
+        "kubernetes_validate", reason="kubernetes-validate is not installed (pip install -e '.[test]'; .ci/run does)"
+    )
 
     deployment = next(o for o in k8s_objects(manifest_text(run_kvops)) if o["kind"] == "Deployment")
     deployment["spec"]["template"]["spec"]["containers"][1]["readinesProbe"] = deployment["spec"]["template"]["spec"][
@@ -159,19 +163,18 @@ def test_the_engine_container_is_the_plans_and_the_sidecar_runs_kvops_watch(run_
     assert {key: value for key, value in engine.items() if key not in ("env", "volumeMounts", "args")} == {
         key: value for key, value in plan_container.items() if key not in ("env", "volumeMounts", "args")
     }
-    # the plan's container has no plugin, so it leaves the guard's flag out; the Deployment adds both
+    # the plan's container has no plugin, so it leaves the guard's flag out; the Deployment adds it, and the
+    # admission middleware (the levels in vLLM's own API server)
     guard_flag = ["--scheduler-cls", "kvops_vllm.scheduler.KVGuardScheduler"]
+    middleware_flag = ["--middleware", "kvops_vllm.middleware.KVOpsMiddleware"]
     at = engine["args"].index(guard_flag[0])
-    assert (
-        engine["args"][at : at + 2] == guard_flag
-        and engine["args"][:at] + engine["args"][at + 2 :] == plan_container["args"]
-    )
-    assert "kvops_vllm.scheduler.KVGuardScheduler" in engine["args"]
+    assert engine["args"][at : at + 2] == guard_flag and engine["args"][-2:] == middleware_flag
+    assert engine["args"][:at] + engine["args"][at + 2 : -2] == plan_container["args"]
     assert sidecar["command"] == ["kvops"] and sidecar["args"][:2] == ["watch", "--engine"]
     context = watch.make_context("kvops watch", sidecar["args"][1:])  # the real command accepts them
     assert (context.params["metrics_url"], context.params["upstream"], context.params["listen"]) == (
         "http://127.0.0.1:8000/metrics",
-        "http://127.0.0.1:8000",
+        None,  # no proxy: the middleware applies the levels in the engine
         "0.0.0.0:9400",
     )
     assert (
@@ -179,7 +182,7 @@ def test_the_engine_container_is_the_plans_and_the_sidecar_runs_kvops_watch(run_
         == sidecar["livenessProbe"]["httpGet"]
         == {"path": "/kvops/healthz", "port": "kvops"}
     )
-    # every mount has its volume, the init step fills the one the engine imports from, the Service goes through the proxy
+    # every mount has its volume, the init step fills the one the engine imports from, the Service reaches the engine
     volumes = {v["name"] for v in pod["volumes"]}
     assert (
         {m["name"] for c in pod["containers"] + pod["initContainers"] for m in c["volumeMounts"]}
@@ -190,11 +193,10 @@ def test_the_engine_container_is_the_plans_and_the_sidecar_runs_kvops_watch(run_
         pod["initContainers"][0]["command"][:2] == ["python", "-c"]
         and "/opt/kvops/python" in pod["initContainers"][0]["command"][2]
     )
-    assert objects["Service"]["spec"]["ports"] == [  # the proxy's port only: /kvops/* is not on the clients' Service
-        {"name": "http", "port": 8000, "targetPort": "kvops-proxy", "protocol": "TCP"}
+    assert objects["Service"]["spec"]["ports"] == [  # the engine's own port, no second hop: /kvops/* is not on it
+        {"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}
     ]
-    assert context.params["proxy_listen"] == "0.0.0.0:9401"
-    assert {p["name"]: p["containerPort"] for p in sidecar["ports"]} == {"kvops": 9400, "kvops-proxy": 9401}
+    assert {p["name"]: p["containerPort"] for p in sidecar["ports"]} == {"kvops": 9400}
     ports = {p["name"] for c in pod["containers"] for p in c["ports"]}
     endpoints = objects["PodMonitor"]["spec"]["podMetricsEndpoints"]
     assert [(e["port"], e["path"], e["relabelings"][0]["replacement"]) for e in endpoints] == [
@@ -248,9 +250,27 @@ def test_no_guard_and_a_policy_file(run_kvops, tmp_path):
     policy.write_text("levels: {warn: 0.6, degrade: 0.8, critical: 0.9}\n")
     objects = {o["kind"]: o for o in k8s_objects(manifest_text(run_kvops, "--no-guard", "--policy", str(policy)))}
     pod = objects["Deployment"]["spec"]["template"]["spec"]
-    assert "initContainers" not in pod and not any("KVOPS" in e["name"] for e in pod["containers"][0]["env"])
+    engine = pod["containers"][0]
+    # no guard: no scheduler and no watcher levels; the middleware still reads the same policy file
+    assert "--scheduler-cls" not in engine["args"] and engine["args"][-1] == "kvops_vllm.middleware.KVOpsMiddleware"
+    assert [e["name"] for e in engine["env"] if "KVOPS" in e["name"]] == ["KVOPS_POLICY"]
     assert objects["ConfigMap"]["data"]["policy.yaml"] == policy.read_text()
     assert objects["PrometheusRule"]["spec"]["groups"][0]["rules"][0]["expr"].endswith(">= 0.6")
+
+
+@pytest.mark.parametrize(
+    ("args", "why"),
+    [
+        (["--data-parallel-size", "2"], "an API server per data-parallel rank"),
+        (["--target", "llm-d"], "a gateway routes over the fleet"),
+    ],
+)
+def test_the_proxy_stays_where_the_middleware_does_not_apply(run_kvops, tmp_path, args, why):
+    run_kvops("manifests", *EXAMPLE, *args, "--out", str(tmp_path))
+    deployment = yaml.safe_load((tmp_path / "deployment.yaml").read_text())
+    engine, sidecar = deployment["spec"]["template"]["spec"]["containers"]
+    assert "--middleware" not in engine["args"], why
+    assert "--proxy" in sidecar["args"] and "kvops-proxy" in {p["name"] for p in sidecar["ports"]}, why
 
 
 @pytest.mark.parametrize(
@@ -288,10 +308,12 @@ def test_compose_stack_passes_the_compose_specification(engine):
     expected = {engine, "kvops", "prometheus", "grafana"} | ({"kvops-plugin"} if engine == "vllm" else set())
     assert set(services) == expected
     assert services["kvops"]["command"][:3] == ["watch", "--engine", engine]
-    port = 8000 if engine == "vllm" else 80
-    assert services["kvops"]["ports"] == [f"{port}:9401"]  # clients reach the proxy, and only the proxy
-    assert services["kvops"]["command"][services["kvops"]["command"].index("--proxy-listen") + 1] == "0.0.0.0:9401"
-    assert "ports" not in services[engine]
+    if engine == "vllm":  # the middleware applies the levels in the engine: clients reach its port, no second hop
+        assert services[engine]["ports"] == ["8000:8000"] and "--middleware" in services[engine]["command"]
+        assert "ports" not in services["kvops"] and "--proxy" not in services["kvops"]["command"]
+    else:  # clients reach the proxy, and only the proxy
+        assert services["kvops"]["ports"] == ["80:9401"] and "ports" not in services[engine]
+        assert services["kvops"]["command"][services["kvops"]["command"].index("--proxy-listen") + 1] == "0.0.0.0:9401"
     mounts = [volume.split(":")[:2] for volume in services["prometheus"]["volumes"]]
     assert mounts == [
         ["./prometheus.yml", "/etc/prometheus/prometheus.yml"],
@@ -317,7 +339,7 @@ def test_the_compose_validator_catches_a_bad_file():
 
 
 @pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (apt-get install prometheus; .ci/run does)")
-@pytest.mark.parametrize("engine, rules", [("vllm", 16), ("tgi", 12)])  # alerts, GPUMemoryHigh, 5 recorded
+@pytest.mark.parametrize("engine, rules", [("vllm", 17), ("tgi", 12)])  # alerts, GPUMemoryHigh, 5 recorded
 def test_compose_prometheus_config_and_rules_pass_promtool(engine, rules):
     directory = REPO / "configs" / "compose" / engine
     ran = subprocess.run(
