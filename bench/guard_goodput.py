@@ -1,7 +1,7 @@
 """Goodput of the KV guard against stock vLLM: the same seeded requests, on the real vLLM CPU engine, one run.
 
     python bench/guard_goodput.py [--shapes tiny,8x] [--pools 32,128] [--workloads abc] [--arms stock,guard-v2]
-                                  [--quantiles 0.95] [--reps 5] [--seed 0] [--json] [--step-cost-only]
+                                  [--quantiles 0.95] [--reps 5] [--seed 0] [--cold] [--json] [--step-cost-only]
 
 Arms (each a real engine, all of a shape started before the first measurement, so repetitions interleave
 A B C D E A B C D E ... and the machine's noise hits every arm alike):
@@ -24,15 +24,22 @@ with a pool of P blocks each P/32 times as many requests:
   (c) SLO goodput as DistServe defines it: requests per second that meet both a TTFT and a TPOT target (set from
       a lone request of 128 tokens on the stock engine: TTFT 10x, TPOT 3x), 60 requests like (b), streamed, at
       0.5, 1, 1.5 and 2x that sustained rate
-Every engine first serves the same warm-up (48 requests like (b)), so the guard has seen output lengths.
+  (n) like (b), but sent with max_tokens the rest of the context, what vLLM's API server gives a chat request sent
+      without max_tokens (its /v1/completions reads a null as 16)
+Every engine first serves the same warm-up (48 requests like (b)), so the guard has seen output lengths. --cold
+measures a freshly started engine instead: every repetition starts fresh engines (and each of (b) and (n) its own:
+(a)'s exact lengths teach the guard nothing, so (a) shares (b)'s), warmed with the warm-up's requests as exact
+lengths (no stop token: the machine warms, the guard learns no length), so (b) and (n) start with nothing learned.
 
 Shapes: the test model (2 layers, hidden 256) and one with about 10x its weights per token (4 layers, hidden
 512, MLP 1536), so that a preemption's recompute costs more on the second. Pools (--pools): 32 blocks (31 usable blocks of
 128 tokens: about 8 requests of (a) at once) and 128 (about 35, nearer a GPU's pool, which holds hundreds).
 Goodput is completed tokens per second (a request that gets all its tokens), from the first send to the last
-answer; mean KV usage and mean running are over /metrics scrapes every 0.1 s during the run. The client retries a
-503/429 after its Retry-After (vLLM's queue cap sends none: 0.5 s). Figures are medians over the repetitions;
-ratios are the median of the ratios to stock within each repetition.
+answer; "in steps" is stock's scheduling steps over the arm's for the same requests (the count of
+vllm:iteration_tokens_total: the goodput ratio at a fixed cost per step, which the machine's noise does not reach,
+nor a recompute's cost); mean KV usage and mean running are over /metrics scrapes every 0.1 s during the run. The
+client retries a 503/429 after its Retry-After (vLLM's queue cap sends none: 0.5 s). Figures are medians over the
+repetitions; ratios are the median of the ratios to stock within each repetition.
 
 Before the engines: the admission's cost per scheduling step at 256 running requests (an in-process vLLM
 scheduler, as tests/engine/test_kv_guard_scheduler.py builds it), against stock's own schedule().
@@ -52,8 +59,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -115,7 +123,7 @@ def quantile_arm(quantile: str) -> str:
 class Job:
     at: float  # seconds after the start of the run
     prompt: list[int]
-    max_tokens: int
+    max_tokens: int | None  # None: the client sends none, and vLLM allows the rest of the context
     length: int | None = None  # None: exact (it generates max_tokens); else it stops here, unknown to the scheduler
     stream: bool = False  # streamed where the first token's time counts (SLO goodput), else one answer
 
@@ -123,11 +131,18 @@ class Job:
     def exact(self) -> bool:
         return self.length is None
 
+    @property
+    def limit(self) -> int:
+        """The max_tokens the scheduler sees: vLLM's API server gives a request without one the rest of the context."""
+        return MAX_MODEL_LEN - len(self.prompt) if self.max_tokens is None else self.max_tokens
+
     def body(self, model: str) -> dict:
         body = {
             "model": model,
             "prompt": self.prompt,
-            "max_tokens": self.max_tokens,
+            # no max_tokens: what vLLM's API server gives a chat request sent without one (its /v1/completions
+            # reads a null as 16)
+            "max_tokens": self.limit,
             "stream": self.stream,
             "return_token_ids": True,
             "ignore_eos": True,
@@ -156,12 +171,17 @@ def exact_jobs(seed: int, count: int = 120, spread: float = 9.0) -> list[Job]:
     return [Job(at, prompt(rng, 32, 256), rng.randint(64, 640)) for at in times]
 
 
-def unknown_jobs(seed: int, count: int, rate: float | None, stream: bool = False, max_tokens: int = 900) -> list[Job]:
-    """Poisson arrivals at `rate` requests per second (None: all at once), each stopping at a seeded length."""
+def unknown_jobs(
+    seed: int, count: int, rate: float | None, stream: bool = False, max_tokens: int | None = 900
+) -> list[Job]:
+    """Poisson arrivals at `rate` requests per second (None: all at once), each stopping at a seeded length;
+    `max_tokens` None: sent without one (vLLM then allows the rest of the context)."""
     rng = random.Random(f"unknown-{seed}-{rate}")
     at, jobs = 0.0, []
     for _ in range(count):
-        jobs.append(Job(at, prompt(rng, 16, 128), max_tokens, stop_length(rng, max_tokens), stream))
+        text = prompt(rng, 16, 128)
+        limit = MAX_MODEL_LEN - len(text) if max_tokens is None else max_tokens
+        jobs.append(Job(at, text, max_tokens, stop_length(rng, limit), stream))
         if rate:
             at += rng.expovariate(rate)
     return jobs
@@ -271,7 +291,8 @@ class Result:
     peak_running: int
     mean_kv: float  # over the scrapes that answered, evenly spaced in time: the pool's use over the run
     mean_running: float
-    guard: dict[str, int] = field(default_factory=dict)
+    guard: dict[str, float] = field(default_factory=dict)
+    steps: int = 0  # the engine's scheduling steps (vllm:iteration_tokens_total's count): free of the machine's noise
 
     @property
     def goodput(self) -> float:
@@ -283,7 +304,7 @@ class Result:
 
     def summary(self) -> dict:
         e2e = [o.e2e for o in self.outcomes if o.complete]
-        lengths = [o.tokens for o in self.outcomes if o.complete]
+        lengths: list[float] = [o.tokens for o in self.outcomes if o.complete]
         return {
             "arm": self.arm,
             "completed": sum(o.complete for o in self.outcomes),
@@ -294,6 +315,7 @@ class Result:
             "seconds": round(self.seconds, 2),
             "goodput_tokens_per_s": round(self.goodput, 1),
             "preemptions": self.preemptions,
+            "engine_steps": self.steps,
             "peak_kv_usage": round(self.peak_kv, 3),
             "peak_running": self.peak_running,
             "mean_kv_usage": round(self.mean_kv, 3),
@@ -357,6 +379,7 @@ async def run_jobs(server: VllmServer, name: str, jobs: list[Job]) -> Result:
 
     log_start = len(server.log_text())
     before = gauges(server.metrics())
+    steps_before = engine_steps(server.metrics())
     sampler = Sampler(server.url)
     timeout = aiohttp.ClientTimeout(total=1800)
     # a connection per request: uvicorn closes idle keep-alive connections after 5 s, and a POST that aiohttp
@@ -368,8 +391,9 @@ async def run_jobs(server: VllmServer, name: str, jobs: list[Job]) -> Result:
         outcomes = await asyncio.gather(*(send(session, server.url, str(server.model), job, start) for job in jobs))
         seconds = max(o.done or time.monotonic() for o in outcomes) - start
         sampler.stop.set()
+        steps = engine_steps(await asyncio.to_thread(server.metrics)) - steps_before
         # one small request after the run: the guard logs its summary when it drains
-        await send(session, server.url, str(server.model), Job(0, [5, 6, 7], 2, True), time.monotonic())
+        await send(session, server.url, str(server.model), Job(0, [5, 6, 7], 2), time.monotonic())
     sampler.join()
     await asyncio.sleep(0.3)
     after = gauges(server.metrics())
@@ -383,7 +407,14 @@ async def run_jobs(server: VllmServer, name: str, jobs: list[Job]) -> Result:
         sampler.sum_kv / max(1, sampler.scrapes),
         sampler.sum_running / max(1, sampler.scrapes),
         guard_counts(server.log_text()[log_start:]) if "scheduler-cls" in " ".join(server.args) else {},
+        int(steps),
     )
+
+
+def engine_steps(metrics: str) -> float:
+    """The engine's scheduling steps so far: the count of vLLM's histogram of tokens per step."""
+    match = re.search(r"^vllm:iteration_tokens_total_count(?:\{[^}]*\})? (\S+)$", metrics, re.MULTILINE)
+    return float(match.group(1)) if match else 0.0
 
 
 def run(server: VllmServer, name: str, jobs: list[Job]) -> Result:
@@ -490,63 +521,113 @@ def parameters(shape: dict) -> int:
     return layers * (attention + 3 * hidden * shape["intermediate_size"]) + hidden * shape["vocab_size"]
 
 
-def bench_shape(name: str, shape: dict, pool: int, folder: Path, options) -> dict:
-    model = build_model(folder / name, shape)
+@contextmanager
+def engines(model: Path, shape: dict, pool: int, arm_list: list[Arm], logs: Path) -> Iterator[dict[str, VllmServer]]:
+    """One engine per arm, started side by side and stopped on the way out; their logs `logs`-<arm>.log."""
     servers: dict[str, VllmServer] = {}
+    try:
+        for arm in arm_list:
+            env = {"KVOPS_LOG_SECONDS": "1", **dict(arm.env)}
+            server = VllmServer(
+                model, logs.with_name(f"{logs.name}-{arm.name}.log"), args=engine_args(shape, arm, pool), env=env
+            )
+            servers[arm.name] = server.start()
+        for server in servers.values():
+            server.wait_ready()
+        yield servers
+    finally:
+        for server in servers.values():
+            server.stop()
+
+
+def warm_up(
+    servers: dict[str, VllmServer], arm_list: list[Arm], seed: int, scale: int, cold: bool
+) -> dict[str, Result]:
+    """48 requests like (b)'s, all at once, on every engine: stock's goodput on them is the rate it sustains. Cold,
+    each stops at its length as an exact-length request (no stop token): the machine warms up, and the guard
+    learns no output length from it."""
+    jobs = unknown_jobs(seed, 48 * scale, None)
+    if cold:
+        jobs = [replace(job, max_tokens=job.length, length=None) for job in jobs]
+    return {arm.name: run(servers[arm.name], arm.name, jobs) for arm in arm_list}
+
+
+def slo_targets(server: VllmServer, seed: int) -> dict[str, float]:
+    """(c)'s SLO from five lone streamed requests on the stock engine (exact lengths: a lone request that stops at
+    its first token has no TPOT)."""
+    lone = [
+        run(server, "stock", [Job(0, job.prompt, 128, stream=True)]).outcomes[0]
+        for job in unknown_jobs(seed + 1000, 5, None)
+    ]
+    return {
+        "ttft_s": round(10 * statistics.median(o.ttft for o in lone), 3),
+        "tpot_s": round(3 * statistics.median(o.tpot for o in lone), 4),
+    }
+
+
+def rep_workloads(seed: int, scale: int, rate: float, chosen: str) -> dict[str, list[Job]]:
+    """The repetition's requests of each chosen workload (a, b, n, c at four rates)."""
+    workloads = {
+        "a": exact_jobs(seed, 120 * scale),
+        "b": unknown_jobs(seed, 160 * scale, 2 * rate),
+        "n": unknown_jobs(seed, 160 * scale, 2 * rate, max_tokens=None),
+        **{
+            f"c{factor:g}": unknown_jobs(seed + 100, 60 * scale, factor * rate, stream=True)
+            for factor in (0.5, 1, 1.5, 2)
+        },
+    }
+    return {key: jobs for key, jobs in workloads.items() if key[0] in chosen}
+
+
+def cold_groups(chosen: str) -> list[str]:
+    """The workloads each set of fresh engines serves: exact lengths (a) teach the guard nothing, so they go with
+    the first workload of unknown lengths; each of those needs engines of its own."""
+    unknown = [workload for workload in "bn" if workload in chosen]
+    exact = "a" if "a" in chosen else ""
+    return [exact + workload for workload in unknown] if unknown else [exact]
+
+
+def serve(servers, arm_list: list[Arm], rep: int, workloads: dict[str, list[Job]], slo: dict, rows: dict, label: str):
+    """Every workload on every arm, the arms' order rotated by the repetition; a row per run into `rows`."""
+    order = arm_list[rep % len(arm_list) :] + arm_list[: rep % len(arm_list)]  # rotate who goes first
+    for workload, jobs in workloads.items():
+        for arm in order:
+            result = run(servers[arm.name], arm.name, jobs)
+            row = {"workload": workload, "rep": rep, **result.summary()}
+            if workload.startswith("c"):
+                row["slo_goodput_rps"] = round(result.slo_goodput(slo["ttft_s"], slo["tpot_s"]), 3)
+            rows.setdefault(workload, []).append(row)
+            print(f"  {label} rep {rep} ({workload}) {arm.name}: {json.dumps(row)}", file=sys.stderr)
+
+
+def bench_shape(name: str, shape: dict, pool: int, folder: Path, options) -> dict:
+    """One shape on one pool: warm engines serving every repetition, or with --cold fresh ones per repetition."""
+    model = build_model(folder / name, shape)
     scale = pool // BLOCKS  # requests in proportion to the pool: the same overload on a larger engine
     quantiles = [q for q in options.quantiles.split(",") if q]
     chosen = set(options.arms.split(",")) | {quantile_arm(q) for q in quantiles}
     arm_list = [arm for arm in arms(options.queue_cap * scale, quantiles) if arm.name in chosen]
-    try:
-        for arm in arm_list:
-            env = {"KVOPS_LOG_SECONDS": "1", **dict(arm.env)}
-            args = engine_args(shape, arm, pool)
-            server = VllmServer(model, folder / f"{name}-{pool}-{arm.name}.log", args=args, env=env)
-            servers[arm.name] = server.start()
-        for server in servers.values():
-            server.wait_ready()
-        warmup = unknown_jobs(options.seed, 48 * scale, None)
-        warm = {arm.name: run(servers[arm.name], arm.name, warmup) for arm in arm_list}
-        stock = warm["stock"]
-        rate = stock.summary()["completed"] / stock.seconds  # requests per second stock sustains, saturated
-        # exact lengths: a lone request that stops at its first token has no TPOT
-        lone = [
-            run(servers["stock"], "stock", [Job(0, job.prompt, 128, stream=True)]).outcomes[0]
-            for job in unknown_jobs(options.seed + 1000, 5, None)
-        ]
-        slo = {
-            "ttft_s": round(10 * statistics.median(o.ttft for o in lone), 3),
-            "tpot_s": round(3 * statistics.median(o.tpot for o in lone), 4),
-        }
-        rows: dict[str, list[dict]] = {}
-        for rep in range(options.reps):
-            seed = options.seed + rep
-            workloads = {
-                "a": exact_jobs(seed, 120 * scale),
-                "b": unknown_jobs(seed, 160 * scale, 2 * rate),
-                **{
-                    f"c{factor:g}": unknown_jobs(seed + 100, 60 * scale, factor * rate, stream=True)
-                    for factor in (0.5, 1, 1.5, 2)
-                },
-            }
-            workloads = {key: jobs for key, jobs in workloads.items() if key[0] in options.workloads}
-            order = arm_list[rep % len(arm_list) :] + arm_list[: rep % len(arm_list)]  # rotate who goes first
-            for workload, jobs in workloads.items():
-                for arm in order:
-                    result = run(servers[arm.name], arm.name, jobs)
-                    row = {"workload": workload, "rep": rep, **result.summary()}
-                    if workload.startswith("c"):
-                        row["slo_goodput_rps"] = round(result.slo_goodput(slo["ttft_s"], slo["tpot_s"]), 3)
-                    rows.setdefault(workload, []).append(row)
-                    print(f"  {name} pool {pool} rep {rep} ({workload}) {arm.name}: {json.dumps(row)}", file=sys.stderr)
-    finally:
-        for server in servers.values():
-            server.stop()
+    label, rows = f"{name} pool {pool}", {}  # type: tuple[str, dict[str, list[dict]]]
+    warm: dict[str, Result] = {}
+    rate, slo = 0.0, {}
+    runs = [(rep, group) for rep in range(options.reps) for group in cold_groups(options.workloads)]
+    for rep, group in runs if options.cold else [(0, options.workloads)]:
+        tag = f"-rep{rep}-{group}" if options.cold else ""
+        with engines(model, shape, pool, arm_list, folder / f"{name}-{pool}{tag}") as servers:
+            warmed = warm_up(servers, arm_list, options.seed, scale, options.cold)
+            if not warm:
+                warm, stock = warmed, warmed["stock"]
+                rate = stock.summary()["completed"] / stock.seconds  # requests per second stock sustains, saturated
+                slo = slo_targets(servers["stock"], options.seed)
+            for each in [rep] if options.cold else range(options.reps):
+                workloads = rep_workloads(options.seed + each, scale, rate, group)
+                serve(servers, arm_list, each, workloads, slo, rows, label)
     return {
         "shape": name,
         "config": {key: shape[key] for key in ("num_hidden_layers", "hidden_size", "intermediate_size")},
         "parameters_per_token": parameters(shape),
         "pool_blocks": pool,
+        "cold": options.cold,
         "stock_rate_rps": round(rate, 3),
         "slo": slo,
         "warmup": {arm: result.summary() for arm, result in warm.items()},
@@ -564,11 +645,12 @@ def medians(rows: list[dict], arm: str, key: str) -> float:
     return statistics.median(values) if values else float("nan")
 
 
-def paired_ratio(rows: list[dict], arm: str, key: str) -> float:
-    """The median over repetitions of arm / stock, each ratio within one repetition (the arms of a repetition
-    run back to back: the machine's slow drifts cancel in the ratio)."""
+def paired_ratio(rows: list[dict], arm: str, key: str, inverse: bool = False) -> float:
+    """The median over repetitions of arm / stock (`inverse`: stock / arm), each ratio within one repetition (the
+    arms of a repetition run back to back: the machine's slow drifts cancel in the ratio)."""
     stock = {row["rep"]: row[key] for row in rows if row["arm"] == "stock"}
-    ratios = [row[key] / stock[row["rep"]] for row in rows if row["arm"] == arm and stock.get(row["rep"])]
+    pairs = [(row[key], stock[row["rep"]]) for row in rows if row["arm"] == arm and stock.get(row["rep"])]
+    ratios = [theirs / own if inverse else own / theirs for own, theirs in pairs if own or not inverse]
     return statistics.median(ratios) if ratios else float("nan")
 
 
@@ -597,18 +679,21 @@ def print_shape(result: dict) -> None:
         f"token); KV {result['pool_blocks'] - 1} usable blocks of 128 tokens; stock sustains {result['stock_rate_rps']} req/s; SLO TTFT "
         f"{result['slo']['ttft_s']} s, TPOT {result['slo']['tpot_s'] * 1000:.0f} ms"
     )
+    if result.get("cold"):
+        print("  cold: fresh engines every repetition, warmed with exact lengths only (the guard learned nothing)")
     header = (
-        f"  {'workload':<8} {'arm':<15} {'goodput':>9} {'vs stock':>8} {'preempt':>7} {'paused':>7} {'recomp':>7} "
+        f"  {'workload':<8} {'arm':<15} {'goodput':>9} {'vs stock':>8} {'in steps':>8} {'preempt':>7} {'paused':>7} {'recomp':>7} "
         f"{'mispred':>7} {'peak KV':>7} {'mean KV':>7} {'running':>7} {'p99 e2e':>8} {'vs stock':>8} {'refused':>7} {'lengths p5/50/95':>17}"
     )
     print(header)
-    for workload in ("a", "b"):
+    for workload in ("a", "b", "n"):
         rows = result["rows"].get(workload)
         for arm in arm_names(rows or ()):
             lengths = next((row["lengths_p5_p50_p95"] for row in rows if row["arm"] == arm), None) or ["-"] * 3
             print(
                 f"  {workload:<8} {arm:<15} {medians(rows, arm, 'goodput_tokens_per_s'):>7.0f}/s "
                 f"{paired_ratio(rows, arm, 'goodput_tokens_per_s'):>8.2f} "
+                f"{paired_ratio(rows, arm, 'engine_steps', inverse=True):>8.2f} "
                 f"{medians(rows, arm, 'preemptions'):>7.0f} {_figure(medians(rows, arm, 'paused_steps')):>7} {_figure(medians(rows, arm, 'recomputed_tokens')):>7} "
                 f"{_figure(medians(rows, arm, 'mispredicted')):>7} {peak_kv(rows, arm):>7} "
                 f"{medians(rows, arm, 'mean_kv_usage'):>7.0%} {medians(rows, arm, 'mean_running'):>7.1f} "
@@ -655,6 +740,11 @@ def main() -> None:
     parser.add_argument(
         "--quantiles", default="", help="guard v2 also at these KVOPS_OUTPUT_QUANTILE values, as more arms, e.g. 0.95"
     )
+    parser.add_argument(
+        "--cold",
+        action="store_true",
+        help="fresh engines for every repetition (and each of b, n), warmed with exact lengths only: nothing learned",
+    )
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--step-cost-only", action="store_true")
     options = parser.parse_args()
@@ -665,6 +755,8 @@ def main() -> None:
     chosen = options.arms.split(",")
     if "stock" not in chosen or not set(chosen) <= set(ARMS):
         parser.error(f"--arms {options.arms!r}: stock (the baseline) and any of {', '.join(ARMS[1:])}")
+    if options.cold and "c" in options.workloads:
+        parser.error("--cold measures workloads a, b and n (c's four rates on one engine would not stay cold)")
     pools = options.pools.split(",")
     if not all(pool.strip().isdigit() and int(pool) >= BLOCKS and int(pool) % BLOCKS == 0 for pool in pools):
         parser.error(f"--pools {options.pools!r}: multiples of {BLOCKS} blocks, comma-separated")

@@ -18,14 +18,16 @@ times. A request whose length is known (ignore_eos, no stop tokens or strings) e
 such a batch is exact (`future_peak`). A request that may stop at any step ends by the output lengths this engine
 produced recently (`OutputLengths`, a Kaplan-Meier survival curve: a request cut by its max_tokens says only that
 its natural length was longer), given what it has generated: at every future step it is still running with the
-curve's probability, never past its max_tokens. Such a batch is admitted by risk (`risk_prefix`): at every future
-step, the blocks the batch is expected to hold plus z standard deviations (z for the configured quantile, the
-requests' ends taken as independent) must fit. Summing every request's own high quantile instead would count
-each one at its unlikely longest, all at once: the batch's total is far more predictable than any one request.
+curve's probability (past the longest length seen, by the curve's exponential tail), never past its max_tokens.
+Such a batch is admitted by risk (`risk_prefix`): at every future step, the blocks the batch is expected to hold
+plus z standard deviations (z for the configured quantile, the requests' ends taken as independent) must fit.
+Summing every request's own high quantile instead would count each one at its unlikely longest, all at once: the
+batch's total is far more predictable than any one request.
 """
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left, bisect_right, insort
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
@@ -228,16 +230,31 @@ def future_grid(horizon: int, fine: int = 16, ratio: float = 1.125) -> np.ndarra
 
 
 class Survival:
-    """S(t) = P(a request's output length > t), a Kaplan-Meier step curve: `lengths` where it steps (ascending),
-    `values` the curve just after each."""
+    """S(t) = P(a request's output length > t): a Kaplan-Meier step curve (`lengths` where it steps, ascending,
+    `values` the curve just after each) up to `observed`, the longest length seen (ended or cut), and beyond it an
+    exponential tail at `hazard` ends per token (`OutputLengths` fits it to the longer half of the lengths seen;
+    0: no tail known, the curve stays flat)."""
 
-    def __init__(self, lengths: Sequence[int], values: Sequence[float]):
+    def __init__(self, lengths: Sequence[int], values: Sequence[float], observed: int = 0, hazard: float = 0.0):
         self.lengths = np.asarray(lengths, dtype=np.int64)
         self.values = np.asarray(values, dtype=np.float64)
+        self.observed = max(observed, int(self.lengths[-1]) if len(self.lengths) else 0)
+        self.hazard = hazard
 
     def at(self, tokens: np.ndarray) -> np.ndarray:
         index = np.searchsorted(self.lengths, tokens, side="right")
-        return np.where(index == 0, 1.0, self.values[np.maximum(index - 1, 0)])
+        curve = np.where(index == 0, 1.0, self.values[np.maximum(index - 1, 0)])
+        if not self.hazard:
+            return curve
+        return curve * np.exp(-self.hazard * np.maximum(np.asarray(tokens) - self.observed, 0))
+
+    def chance(self, now: np.ndarray, later: np.ndarray) -> np.ndarray:
+        """P(a request still runs at `later` tokens | it ran at `now`). One that outlived every length that ended
+        (the curve is 0 at `now`) goes on by the tail alone: memoryless, so its hazard from `now`; with no tail
+        known, it runs to its max_tokens (chance 1)."""
+        base, ahead = self.at(now), self.at(later)
+        tail = np.exp(-self.hazard * np.maximum(later - now, 0))
+        return np.where(base > 0, ahead / np.where(base > 0, base, 1.0), tail)
 
 
 def _rows(courses: Sequence[Course], shapes: Sequence[GroupShape], survival: Survival | None, delay: int, grid):
@@ -266,11 +283,7 @@ def _rows(courses: Sequence[Course], shapes: Sequence[GroupShape], survival: Sur
         floor = np.array([courses[index].at_least - 1 for index in unknown])[:, None]
         generated = np.array([courses[index].generated for index in unknown])[:, None]
         shifted = np.maximum(grid[None, :] - delay - linger[rows][:, None], 0)  # steps it may have lost
-        now = survival.at(np.maximum(generated, floor))
-        later = survival.at(np.maximum(generated + shifted, floor))
-        # a request that outlived every length seen: the curve knows nothing more, it runs to its max_tokens
-        chance = np.where(now > 0, later / np.where(now > 0, now, 1.0), 1.0)
-        alive[rows] *= chance
+        alive[rows] *= survival.chance(np.maximum(generated, floor), np.maximum(generated + shifted, floor))
     return blocks, alive
 
 
@@ -350,19 +363,32 @@ class OutputLengths:
     stop token or string, a client that went away) is an end at its length; one cut by its max_tokens (or the
     model length) only says that its natural length was longer (censored). The projected end of a request that
     has generated g tokens is the `quantile` of its length given that it passed g: the smallest t > g with
-    S(t) <= (1 - quantile) S(g). Where the curve never falls that low (too few long requests seen), or fewer
-    than `min_ends` ends were seen, there is no projection (None: the caller falls back to max_tokens).
+    S(t) <= (1 - quantile) S(g). Beyond the longest length seen the curve knows nothing: there it goes on as an
+    exponential tail whose hazard is fitted to the longer half of the lengths (their ends per token past the
+    median: the maximum-likelihood rate of a memoryless tail, censoring included), so a request that outlived
+    every length seen, or one sent without max_tokens, is projected by the lengths' own tail, not at its
+    max_tokens or the whole context. With no end in that half (no tail known), or before `min_ends` ends were
+    seen, there is no projection (None: the caller falls back to max_tokens).
     """
 
-    def __init__(self, capacity: int = 1000, quantile: float = 0.8, min_ends: int = 32):
+    def __init__(
+        self,
+        capacity: int = 1000,
+        quantile: float = 0.8,
+        min_ends: int = 32,
+        in_flight: Callable[[], Iterable[int]] | None = None,
+    ):
         self.quantile = quantile
         self.min_ends = min_ends
+        self.in_flight = in_flight  # the tokens each request under way has generated: cut there, for the curve
         self._samples: deque[tuple[int, bool]] = deque(maxlen=capacity)
         self._since_rebuild = 0
         self._built = False
         self._lengths: list[int] = []  # distinct lengths at which some request ended, ascending
         self._survival: list[float] = []  # S(t) at each of them
         self._ends = 0
+        self._observed = 0  # the longest length seen, ended or cut: where the curve ends and the tail begins
+        self._hazard = 0.0  # the tail's ends per token
         self._curve: Survival | None = None
 
     def record(self, length: int, ended: bool) -> None:
@@ -376,7 +402,7 @@ class OutputLengths:
         if self._ends < self.min_ends:
             return None
         if self._curve is None:
-            self._curve = Survival(self._lengths, self._survival)
+            self._curve = Survival(self._lengths, self._survival, self._observed, self._hazard)
         return self._curve
 
     def projected_end(self, generated: int) -> int | None:
@@ -387,8 +413,8 @@ class OutputLengths:
         lengths, survival = self._lengths, self._survival
         passed = bisect_right(lengths, generated)  # ends at or before `generated`: behind us
         alive = survival[passed - 1] if passed else 1.0
-        if alive <= 0.0:
-            return None
+        if alive <= 0.0 or generated >= self._observed:
+            return self._on_tail(generated, 1.0)  # past every length seen: the tail alone, memoryless
         target = (1.0 - self.quantile) * alive * (1 + 1e-9)  # products of fractions: spare them rounding
         # survival is non-increasing: the first index at or after `passed` where it is <= target
         low, high = passed, len(survival)
@@ -398,14 +424,33 @@ class OutputLengths:
                 high = middle
             else:
                 low = middle + 1
-        return lengths[low] if low < len(lengths) else None
+        if low < len(lengths):
+            return lengths[low]
+        return self._on_tail(self._observed, (survival[-1] if survival else 1.0) / alive)
+
+    def _running(self) -> list[tuple[int, bool]]:
+        """The requests under way, each cut at what it has generated, while the window has forgotten none: then
+        every request that started is either in it or running, and the first to end, the short ones, do not
+        alone make the curve (a freshly started engine's first ends are its shortest requests). Once the window
+        forgets, the running are the long ones of requests whose short peers it no longer holds: left out."""
+        if self.in_flight is None or len(self._samples) == self._samples.maxlen:
+            return []
+        return [(tokens, False) for tokens in self.in_flight() if tokens > 0]
+
+    def _on_tail(self, start: int, remaining: float) -> int | None:
+        """Where the tail, from `start` (at which a share `remaining` of the request's chances is left), falls to
+        1 - quantile; None with no tail known."""
+        if not self._hazard:
+            return None
+        return start + max(1, math.ceil(math.log(remaining / (1.0 - self.quantile)) / self._hazard))
 
     def _refresh(self) -> None:
         """Rebuild the curve once 5% of the window is new (and at the first query): O(n log n), rarely."""
         if self._since_rebuild == 0 or (self._built and self._since_rebuild * 20 < len(self._samples)):
             return
         self._since_rebuild, self._built = 0, True
-        ordered = sorted(self._samples)
+        self._ends = sum(ended for _, ended in self._samples)
+        ordered = sorted([*self._samples, *self._running()])
         at_risk = len(ordered)
         survival = 1.0
         lengths: list[int] = []
@@ -424,4 +469,18 @@ class OutputLengths:
                 curve.append(survival)
             at_risk -= gone
         self._lengths, self._survival, self._curve = lengths, curve, None
-        self._ends = sum(ended for _, ended in ordered)
+        self._observed = ordered[-1][0] if ordered else 0
+        self._hazard = _tail_hazard(ordered)
+
+
+def _tail_hazard(ordered: Sequence[tuple[int, bool]]) -> float:
+    """Ends per token among the samples (length, ended), ascending, longer than their median, counted from the
+    median: the rate of an exponential tail fitted to the longer half (0 when none of them ended)."""
+    if not ordered:
+        return 0.0
+    median = ordered[len(ordered) // 2][0]
+    ends = exposure = 0
+    for length, ended in ordered[bisect_right(ordered, (median, True)) :]:
+        ends += ended
+        exposure += length - median
+    return ends / exposure if exposure else 0.0

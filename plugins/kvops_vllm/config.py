@@ -5,7 +5,11 @@ KVOPS_ADMISSION                peak: by the future peak of the whole batch (guar
 KVOPS_OUTPUT_QUANTILE          where lengths are unknown (EOS, stop tokens or strings), the risk: the batch's blocks, by
                                the output lengths the engine produced recently, must fit at this quantile (default 0.8)
 KVOPS_OUTPUT_HISTORY           how many recently finished requests those lengths come from (default 1000)
-KVOPS_OUTPUT_MIN_ENDS          until this many requests ended by themselves, max_tokens is the projection (default 32)
+KVOPS_OUTPUT_MIN_ENDS          until this many requests ended by themselves there are no lengths to project by: the
+                               engine is cold (default 32)
+KVOPS_COLD_START               how a cold engine serves requests of unknown length: stock (default: admitted by what
+                               they hold now and preempted, as stock vLLM does) or max_tokens (each projected at its
+                               max_tokens, as guard v2 did: no preemption, few at once)
 KVOPS_HEADROOM_BLOCKS          blocks kept free beyond every request's projected KV (default 0)
 KVOPS_PAUSE_STEPS              a request sits out at most this many steps in a row for blocks before vLLM preempts the
                                one that computed least (default 32; 0: never pause, preempt at once)
@@ -32,6 +36,7 @@ from kvops.policy import Policy, load_policy
 
 POLICY_PATH = "/kvops/policy"
 ADMISSIONS = ("peak", "reserve")
+COLD_STARTS = ("stock", "max_tokens")
 LEVEL_SOURCES = ("watcher", "own")
 
 
@@ -48,6 +53,7 @@ class GuardConfig:
     output_quantile: float = 0.8
     output_history: int = 1000
     output_min_ends: int = 32
+    cold_start: str = "stock"
     pause_steps: int = 32
     levels: str = "watcher"
     policy_url: str | None = None
@@ -85,6 +91,7 @@ class GuardConfig:
             output_min_ends=_number(
                 env, "KVOPS_OUTPUT_MIN_ENDS", 32, int, lambda value: value >= 1, "a whole number of requests, 1 or more"
             ),
+            cold_start=_choice(env, "KVOPS_COLD_START", COLD_STARTS),
             pause_steps=_number(
                 env, "KVOPS_PAUSE_STEPS", 32, int, lambda value: value >= 0, "a whole number of steps, 0 or more"
             ),

@@ -95,6 +95,7 @@ class PolicyFollower:
 
     def poll(self) -> None:
         """One read of the watcher; logs only when it starts or stops being usable."""
+        reading: WatcherReading | None
         try:
             reading = parse_reading(self._fetch())
             problem = None

@@ -7,10 +7,12 @@ waiting requests, in vLLM's queue order, only while the whole batch still fits a
 growing one token per step to its projected end and then freeing everything, and the largest sum over future
 steps must fit the pool less KVOPS_HEADROOM_BLOCKS. A request's end is its max_tokens when its length is known
 (ignore_eos and no stop tokens or strings); otherwise it is drawn from the output lengths this engine produced
-recently, given what it has generated so far, never beyond max_tokens, and the batch must fit at the
-KVOPS_OUTPUT_QUANTILE of those lengths (admission.risk_prefix). KVOPS_ADMISSION=reserve is
-guard v1: every admitted request's whole prompt + max_tokens reserved at once. The rest wait in vLLM's own
-queue, in order, and show as vllm:num_requests_waiting.
+recently (beyond the longest of them, by their tail), given what it has generated so far, never beyond
+max_tokens, and the batch must fit at the KVOPS_OUTPUT_QUANTILE of those lengths (admission.risk_prefix). Until
+KVOPS_OUTPUT_MIN_ENDS requests have ended there are no lengths: the engine is cold, and requests of unknown length
+are admitted and preempted as stock vLLM does (KVOPS_COLD_START=stock). KVOPS_ADMISSION=reserve is guard v1: every
+admitted request's whole prompt + max_tokens reserved at once. The rest wait in vLLM's own queue, in order, and
+show as vllm:num_requests_waiting.
 
 When a projection falls short and a step's new blocks exceed the free ones, the requests that would run short
 sit the step out holding their blocks (paused in place, no recompute) and resume as soon as a request ends; only
@@ -70,6 +72,9 @@ SIBLING_ID = re.compile(r"(\d+)_")
 # start lowers its own course a little): most steps under load then cost no admission arithmetic.
 RECHECK_STEPS = 16
 
+# How a cold engine (fewer than KVOPS_OUTPUT_MIN_ENDS ended) projects a request of unknown length, for the log line.
+COLD_PHRASES = {"stock": "by what they hold now, as stock vLLM admits,", "max_tokens": "max_tokens"}
+
 
 @dataclass(frozen=True)
 class Blocked:
@@ -118,7 +123,9 @@ class KVGuardScheduler(AsyncScheduler):
         # A request's last output is read one step after it is scheduled (async scheduling): its blocks stay
         # held through the next step, which Course already counts; more batches in flight hold them longer.
         self.linger_steps = max(0, self.vllm_config.max_concurrent_batches - 2)
-        self.output_lengths = OutputLengths(config.output_history, config.output_quantile, config.output_min_ends)
+        self.output_lengths = OutputLengths(
+            config.output_history, config.output_quantile, config.output_min_ends, self._generated_so_far
+        )
         self.risk_margin = risk_margin(config.output_quantile)
         self.level_tracker = LevelTracker(config.policy)
         self.guard_counts = GuardCounts()
@@ -275,6 +282,15 @@ class KVGuardScheduler(AsyncScheduler):
             return limit
         return min(limit, max(projected, generated + 1, params.min_tokens))
 
+    def _generated_so_far(self) -> list[int]:
+        """What each running request of unknown length has generated: a length cut there for the curve, so that the
+        first requests to end (the short ones) do not alone make the past."""
+        return [
+            request.num_output_tokens
+            for request in self.running
+            if request.sampling_params is not None and not _known_length(request.sampling_params)
+        ]
+
     def courses(self, requests: list[Request]) -> list[Course]:
         """Each request's course from this step: it holds every token it has (its whole prompt if still
         prefilling: conservative) and grows one token per step up to prompt + max_tokens; one that may stop
@@ -295,14 +311,30 @@ class KVGuardScheduler(AsyncScheduler):
             params = request.sampling_params
             limit = max(0, min(request.max_tokens, longest - request.num_prompt_tokens))
             end = min(request.num_prompt_tokens + limit + lookahead, longest)
-            if params is None or _known_length(params) or survival is None:
-                if params is None or _known_length(params):
-                    fixed[request.request_id] = end
+            if params is None or _known_length(params):
+                fixed[request.request_id] = end
                 courses.append(Course(held, end if end > held else held, linger, prefilling))
+                continue
+            if survival is None:
+                courses.append(self._cold_course(held, end, prefilling))
                 continue
             generated = request.num_output_tokens + request.num_output_placeholders
             courses.append(Course(held, end if end > held else held, linger, prefilling, generated, params.min_tokens))
         return courses
+
+    def _cold_course(self, held: int, end: int, prefilling: bool) -> Course:
+        """A request of unknown length before any lengths were learned (fewer than KVOPS_OUTPUT_MIN_ENDS ended).
+
+        KVOPS_COLD_START=stock: it holds what it has now for as long as any course runs, and its growth is not
+        reserved: a request is admitted while its prompt fits beside what the others hold, as stock vLLM admits it,
+        and where the pool then runs short vLLM preempts (`_make_room`). Requests of known length keep their exact
+        courses beside them. Projected at its max_tokens instead (KVOPS_COLD_START=max_tokens, guard v2 before), a
+        cold engine served its first requests a few at a time, one at a time without max_tokens (the whole context):
+        a burst of 28 on 11 blocks in 3.1-4.2 times stock's steps (bench/guard_replay.py --cold --burst 28 --blocks
+        11)."""
+        if self.guard_config.cold_start == "max_tokens":
+            return Course(held, end if end > held else held, self.linger_steps, prefilling)
+        return Course(held, held, self.max_model_len + self.linger_steps, prefilling)
 
     def peak_capacity(self, admitted: list[Request]) -> int:
         """Blocks the admitted requests' courses may use at their peak: the usable pool less the headroom, and less
@@ -313,6 +345,11 @@ class KVGuardScheduler(AsyncScheduler):
         used = self.usable_blocks - self.kv_cache_manager.block_pool.get_num_free_blocks()
         modeled = sum(self.live_blocks_held(request) for request in admitted)
         return capacity - max(0, used - modeled)
+
+    def live_blocks_held(self, request: Request) -> int:
+        """Blocks the request holds now, all groups together (a sliding window's null blocks behind it not counted)."""
+        managers = self.kv_cache_manager.coordinator.single_type_managers
+        return sum(live_blocks(manager.req_to_blocks.get(request.request_id, ())) for manager in managers)
 
     # --- guard v1: the whole prompt + max_tokens reserved ---------------------------------------------------------
 
@@ -355,6 +392,13 @@ class KVGuardScheduler(AsyncScheduler):
         sat_out, self._pause_streaks = self._pause_streaks, {}
         if len(running) < 2 or self.connector is not None:
             return []  # a KV connector may hold or free blocks outside this count: vLLM's own handling
+        if self.cold():
+            # A pause bets that a request ends and frees blocks within a few steps. A cold engine admitted by what
+            # its requests hold now, knowing the pool may not hold their growth, and has no lengths to judge the
+            # bet by: vLLM preempts its own victim, as it would without the guard. In the replay, pausing there
+            # cost bursts on a fresh engine 5-11% more steps, and preempting the least computed instead the same
+            # steps with 13% more preemptions (tests/engine/test_kv_guard_scheduler.py's bursts).
+            return []
         free = self.kv_cache_manager.block_pool.get_num_free_blocks()
         if free >= len(self.kv_shapes) * (len(running) + self.max_num_scheduled_tokens):
             return []  # every running request could take more blocks than this step can fill: none runs short
@@ -390,6 +434,11 @@ class KVGuardScheduler(AsyncScheduler):
         gone = set(paused)
         self.running = [request for request in running if request not in gone]
         return paused
+
+    def cold(self) -> bool:
+        """No lengths learned yet (fewer than KVOPS_OUTPUT_MIN_ENDS ended), and KVOPS_COLD_START=stock: requests of
+        unknown length are admitted and preempted as stock vLLM does (`_cold_course`, `_make_room`)."""
+        return self.guard_config.cold_start == "stock" and self.output_lengths.survival() is None
 
     def _new_blocks(self, request: Request, tokens: int) -> int:
         """Blocks vLLM allocates for `request` to hold `tokens` tokens (plus the speculative lookahead), all
@@ -467,6 +516,8 @@ class KVGuardScheduler(AsyncScheduler):
         if clamped.max_tokens is None or clamped.max_tokens >= request.max_tokens:
             return
         params = request.sampling_params
+        if params is None:
+            return  # pooling: add_request passes it on untouched
         # The scheduler's stop check reads request.max_tokens; the model runner reads the sampling params.
         request.max_tokens = params.max_tokens = clamped.max_tokens
         params.min_tokens = min(params.min_tokens, clamped.max_tokens)
@@ -562,7 +613,7 @@ class KVGuardScheduler(AsyncScheduler):
             how = (
                 f"the future peak of the whole batch (lengths: max_tokens where known, else the last "
                 f"{config.output_history} finished, the batch within the pool at p{config.output_quantile * 100:g}; "
-                f"max_tokens until {config.output_min_ends} ended)"
+                f"{COLD_PHRASES[config.cold_start]} until {config.output_min_ends} ended)"
             )
         watcher = f"the watcher at {config.policy_url}" if config.policy_url else ""
         if config.levels == "own":

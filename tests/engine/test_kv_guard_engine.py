@@ -14,7 +14,8 @@ from contextlib import contextmanager
 import pytest
 
 from kvops.policy import Level, Limits
-from tests.support.burst import burst, gauges, run_burst
+from tests.support.burst import BurstRequest, burst, gauges, run_burst
+from tests.support.vllm_server import DEFAULT_KV_BYTES, VllmServer
 
 pytestmark = pytest.mark.vllm
 
@@ -218,3 +219,72 @@ def completion_unknown(engine, prompt: str, body: dict) -> dict:
     status, text = post(engine, "/v1/completions", {"prompt": prompt, **body})
     assert status == 200, text
     return json.loads(text)
+
+
+# --- a freshly started engine: nothing learned yet -------------------------------------------------------------
+
+STOP_AT = ["--logits-processors", "tests.support.stop_at:StopAt"]  # a request ends where its vllm_xargs say
+
+
+@pytest.fixture(scope="module")
+def fresh_engines(tiny_model, tmp_path_factory):
+    """A stock and a guarded engine started for this module alone, side by side (vllm_engine's pool): the guard
+    has seen no request end."""
+    args = ["--max-model-len", "1024", "--kv-cache-memory-bytes", str(DEFAULT_KV_BYTES), *STOP_AT]
+    logs = tmp_path_factory.mktemp("logs")
+    stock = VllmServer(tiny_model, logs / "vllm-fresh-stock.log", args=args)
+    guard = VllmServer(
+        tiny_model,
+        logs / "vllm-fresh-guard.log",
+        args=[*args, "--scheduler-cls", "kvops_vllm.scheduler.KVGuardScheduler"],
+        env={"KVOPS_LOG_SECONDS": "1"},
+    )
+    try:
+        stock.start(), guard.start()
+        yield stock.wait_ready(), guard.wait_ready()
+    finally:
+        stock.stop(), guard.stop()
+
+
+def engine_steps(engine) -> float:
+    """Scheduling steps the engine has run: the count of vLLM's histogram of tokens per step."""
+    match = re.search(r"^vllm:iteration_tokens_total_count(?:\{[^}]*\})? (\S+)$", engine.metrics(), re.MULTILINE)
+    assert match, "vllm:iteration_tokens_total is not in /metrics"
+    return float(match.group(1))
+
+
+def unknown_lengths_burst(engine, requests: list[BurstRequest]) -> tuple[list[dict], float, float]:
+    """`requests` all at once with a stop token, each stopping after its max_tokens tokens (unknown to the
+    scheduler) and allowed the rest of the context (what vLLM's API server gives a chat request sent without
+    max_tokens; its /v1/completions reads a null as 16): the answers, the engine's steps and preemptions meanwhile."""
+    body = {"ignore_eos": True, "stop_token_ids": [11], "temperature": 0}
+
+    def send(request: BurstRequest) -> dict:
+        limits = {"max_tokens": 1024 - len(request.prompt), "vllm_xargs": {"stop_at": request.max_tokens}}
+        return completion_unknown(engine, request.prompt, {**body, **limits})
+
+    steps, preempted = engine_steps(engine), gauges(engine.metrics())["vllm:num_preemptions_total"]
+    with ThreadPoolExecutor(len(requests)) as pool:
+        answers = list(pool.map(send, requests))
+    return (
+        answers,
+        engine_steps(engine) - steps,
+        gauges(engine.metrics())["vllm:num_preemptions_total"] - preempted,
+    )
+
+
+def test_a_fresh_guarded_engine_serves_a_burst_of_unknown_lengths_in_stocks_steps(fresh_engines):
+    """The overload burst above, its lengths unknown and each allowed the rest of the context (no max_tokens sent),
+    on engines that have served nothing: the guard admits and preempts as stock vLLM does until requests
+    have ended, so it takes stock's steps (projected at the whole context, it served them about one at a time).
+    Steps, counted by the engine, not seconds: the 2-core machine's noise does not reach them."""
+    stock, guard = fresh_engines
+    requests = burst(24, seed=7, new_tokens=(64, 512))
+    runs = {name: unknown_lengths_burst(engine, requests) for name, engine in (("stock", stock), ("guard", guard))}
+    for answers, _, _ in runs.values():
+        assert [answer["usage"]["completion_tokens"] for answer in answers] == [r.max_tokens for r in requests]
+        assert {answer["choices"][0]["finish_reason"] for answer in answers} == {"stop"}
+    (_, stock_steps, stock_preempted), (_, guard_steps, _) = runs["stock"], runs["guard"]
+    assert stock_preempted > 0  # the burst overloads the pool
+    assert guard_steps <= 1.2 * stock_steps
+    assert "by what they hold now, as stock vLLM admits, until 32 ended" in guard.log_text()

@@ -4,6 +4,7 @@ scheduler tests do the same); a stand-in model runner samples one token per requ
 from __future__ import annotations
 
 import itertools
+import random
 
 import pytest
 
@@ -44,6 +45,7 @@ def guard(tiny_model, monkeypatch):
         "KVOPS_OUTPUT_QUANTILE",
         "KVOPS_OUTPUT_HISTORY",
         "KVOPS_OUTPUT_MIN_ENDS",
+        "KVOPS_COLD_START",
         "KVOPS_PAUSE_STEPS",
     ):
         monkeypatch.delenv(name, raising=False)
@@ -252,6 +254,9 @@ def learn(scheduler, requests, count: int = 40, length: int = 10):
         scheduler.add_request(requests.make(f"past{i}", 8, 200, stops=True, first_token=7 * i))
     run = driver.drain()
     assert {finished.tokens for finished in run.finished.values()} == {length}
+    from kvops_vllm.scheduler import GuardCounts
+
+    scheduler.guard_counts = GuardCounts()  # what a test counts starts here (a cold engine preempts as stock does)
     return driver
 
 
@@ -269,6 +274,99 @@ def test_lengths_from_the_past_let_more_requests_run_than_their_max_tokens(guard
     assert runs["reserve"].peak_running == 2  # 40 // 14
     assert runs["peak"].peak_running == 10  # the past: 10 tokens, +1 for what they have generated
     assert runs["peak"].steps < runs["reserve"].steps / 2
+
+
+def unknown_burst(requests: Requests, seed: int, max_tokens: int | None = 200, count: int = 16):
+    """`count` requests of unknown length (a stop token), prompts of 20-50 tokens, and where each stops (20-200
+    tokens); `max_tokens` None: the rest of the context, as vLLM's API server sets it for a client that sent none."""
+    rng = random.Random(seed)
+    burst, lengths = [], {}
+    for i in range(count):
+        prompt = rng.randint(20, 50)
+        limit = 1024 - prompt if max_tokens is None else max_tokens
+        burst.append(requests.make(f"r{i}", prompt, limit, stops=True, first_token=300 + 9 * i))
+        lengths[f"r{i}"] = rng.randint(20, 200)
+    return burst, lengths
+
+
+def started(scheduler, burst, lengths: dict[str, int], steps: int) -> list[int]:
+    """How many of `burst` (all sent at once) have started by each of the first `steps` steps."""
+    for request in burst:
+        scheduler.add_request(request)
+    driver, seen, counts = Driver(scheduler, lengths=lengths), set(), []
+    for _ in range(steps):
+        driver.step()
+        seen |= {request.request_id for request in scheduler.running}
+        counts.append(len(seen))
+    return counts
+
+
+COLD_ARMS = ("stock", "guard", "max_tokens")  # the last: guard v2 before, every unknown length at its max_tokens
+
+
+def cold_arm(name: str, stock, guard):
+    """A scheduler builder for one of COLD_ARMS: a fresh engine, no lengths learned."""
+    if name == "stock":
+        return stock
+    return lambda **o: guard({"KVOPS_COLD_START": "stock" if name == "guard" else "max_tokens"}, **o)
+
+
+@pytest.mark.parametrize("max_tokens", [200, None])
+def test_a_cold_guard_admits_unknown_lengths_as_stock_does(guard, stock, max_tokens):
+    """No lengths learned yet (a freshly started engine): requests of unknown length are admitted while their
+    prompts fit, as stock vLLM admits them, not one at a time by their max_tokens (or the whole context)."""
+    first = {}
+    for name in COLD_ARMS:
+        scheduler = cold_arm(name, stock, guard)(num_blocks=41)  # 40 usable: 16 prompts of 2-4 blocks fit at once
+        burst, lengths = unknown_burst(Requests(), seed=0, max_tokens=max_tokens)
+        first[name] = started(scheduler, burst, lengths, 8)
+    assert first["guard"] == first["stock"] and first["stock"][0] >= 12
+    assert first["max_tokens"][-1] <= 3  # 200 tokens (or the whole context) each: a few at a time
+
+
+def test_a_cold_guard_with_unknown_lengths_is_not_slower_than_stock(guard, stock):
+    """Bursts on a fresh engine, each 16 requests into a pool that holds about 4 of them at their length: until
+    lengths are learned the guard admits and preempts as stock vLLM does (no pause in place: it has no lengths to
+    bet that a block frees soon), so it takes stock's steps; projected at max_tokens, the same bursts took twice as
+    many."""
+    steps = dict.fromkeys(COLD_ARMS, 0)
+    for seed in range(4):
+        for name in COLD_ARMS:
+            scheduler = cold_arm(name, stock, guard)(num_blocks=41)
+            burst, lengths = unknown_burst(Requests(), seed)
+            for request in burst:
+                scheduler.add_request(request)
+            run = Driver(scheduler, lengths=lengths).drain(max_steps=5000)
+            assert {request: finished.tokens for request, finished in run.finished.items()} == lengths
+            steps[name] += run.steps
+    assert steps["guard"] <= 1.02 * steps["stock"]
+    assert steps["max_tokens"] > 1.5 * steps["stock"]
+
+
+def test_requests_without_max_tokens_past_every_length_seen_are_projected_by_the_tail(guard, requests):
+    """The past ended after 5 to 44 tokens. Four requests sent without max_tokens (the rest of the context: 63
+    blocks each at their end, of 40) run past all of them; six short ones arrive meanwhile. Projected at the whole
+    context, the four would hold the queue until they end; by the tail of the lengths seen (about 10 tokens more
+    to go at every step), the short ones run beside them."""
+    scheduler = guard(num_blocks=41)  # 40 usable blocks
+    driver = Driver(scheduler, lengths={f"past{i}": 5 + i for i in range(40)})
+    for i in range(40):
+        scheduler.add_request(requests.make(f"past{i}", 8, 200, stops=True, first_token=7 * i))
+    driver.drain()
+    driver.lengths.update({**{f"long{i}": 100 for i in range(4)}, **{f"short{i}": 10 for i in range(6)}})
+    for i in range(4):
+        scheduler.add_request(requests.make(f"long{i}", 20, 1024 - 20, stops=True, first_token=400 + 9 * i))
+    while min(scheduler.requests[f"long{i}"].num_output_tokens for i in range(4)) < 50:
+        driver.step()
+    for i in range(6):
+        scheduler.add_request(requests.make(f"short{i}", 20, 200, stops=True, first_token=600 + 9 * i))
+    finished = []
+    while scheduler.has_requests() or driver.in_flight:
+        before = set(driver.run.finished)
+        driver.step() if scheduler.has_requests() else driver.settle()
+        finished += sorted(set(driver.run.finished) - before)
+    assert finished[:6] == sorted(f"short{i}" for i in range(6))  # every short one, before any long one ends
+    assert {driver.run.finished[f"long{i}"].tokens for i in range(4)} == {100}
 
 
 def test_a_misprediction_falls_back_to_preemption_without_hanging(guard, requests):
@@ -565,7 +663,8 @@ def test_the_startup_line_and_a_summary_when_the_engine_drains(guard, watcher, r
     assert run.preemptions == 0 and len(run.finished) == 6
     assert startup_line(guard_log) == (
         "kvops guard: admitting by the future peak of the whole batch (lengths: max_tokens where known, else the "
-        "last 1000 finished, the batch within the pool at p80; max_tokens until 32 ended) over 13 usable blocks, "
+        "last 1000 finished, the batch within the pool at p80; by what they hold now, as stock vLLM admits, until 32 "
+        "ended) over 13 usable blocks, "
         "headroom 0; "
         "groups: full attention (16-token blocks); policy shipped default (warn 70%, degrade 85%, critical 95%); "
         f"levels from the watcher at {watcher.url}"

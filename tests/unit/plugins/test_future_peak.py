@@ -9,6 +9,9 @@ import random
 
 import pytest
 
+pytest.importorskip(
+    "numpy", reason="numpy is not installed: the KV guard's admission needs it (pip install -e '.[test]')"
+)
 from kvops_vllm.admission import (
     Course,
     GroupShape,
@@ -140,7 +143,9 @@ def test_the_projection_is_a_quantile_of_what_remains_given_what_was_generated()
     assert lengths.projected_end(0) == 90  # P(L <= 90) = 0.9
     assert lengths.projected_end(50) == 95  # of the 50 longer than 50, 45 end by 95
     assert lengths.projected_end(99) == 100
-    assert lengths.projected_end(100) is None  # past everything seen: no projection
+    # past everything seen: the tail, fitted to the longer half (52..100 end 49 times in 1 + ... + 49 = 1225 tokens
+    # past the median, 51): 100 + ln(10) / 0.04 tokens
+    assert lengths.projected_end(100) == 158
 
 
 def test_a_request_cut_by_its_limit_only_says_it_was_longer():
@@ -151,11 +156,52 @@ def test_a_request_cut_by_its_limit_only_says_it_was_longer():
     for _ in range(5):
         lengths.record(20, ended=False)  # hit max_tokens 20: natural length unknown, > 20
     assert lengths.projected_end(0) == 10  # S(10) = 0.5
-    assert lengths.projected_end(10) is None  # beyond 10, only censored requests: the curve never falls
+    assert lengths.projected_end(10) is None  # beyond 10, only censored requests: the curve never falls, no tail
     naive = OutputLengths(quantile=0.75, min_ends=1)
     for length in [10] * 5 + [20] * 5:
         naive.record(length, ended=True)
     assert naive.projected_end(0) == 20
+
+
+def test_the_tail_hazard_of_memoryless_lengths_is_their_rate():
+    rng = random.Random(3)
+    lengths = OutputLengths(capacity=4000, quantile=0.8, min_ends=1)
+    for _ in range(4000):
+        lengths.record(1 + int(rng.expovariate(1 / 170)), ended=True)
+    survival = lengths.survival()
+    assert survival is not None and survival.hazard == pytest.approx(1 / 170, rel=0.1)
+    # a request past every length seen: the p80 of what remains, memoryless, about 170 x ln 5 = 274 tokens more
+    assert lengths.projected_end(survival.observed + 100) - (survival.observed + 100) == pytest.approx(274, rel=0.1)
+
+
+def test_requests_cut_by_their_limit_leave_the_tail_beyond_them():
+    """The past's clients sent max_tokens 150 and a tenth of them were cut there: a request sent without one,
+    past 150, is projected by the tail (a rate fitted to the ends and the cuts), not at the whole context."""
+    rng = random.Random(5)
+    lengths = OutputLengths(quantile=0.8, min_ends=1)
+    for _ in range(1000):
+        natural = 1 + int(rng.expovariate(1 / 65))
+        lengths.record(min(natural, 150), ended=natural < 150)
+    survival = lengths.survival()
+    assert survival is not None and survival.observed == 150 and float(survival.at(150)) > 0.05
+    assert survival.hazard == pytest.approx(1 / 65, rel=0.15)
+    assert lengths.projected_end(200) - 200 == pytest.approx(65 * math.log(5), rel=0.15)
+
+
+def test_requests_under_way_count_as_cut_while_the_window_forgets_none():
+    """A fresh engine's first ends are its shortest requests: the ones still running say the rest are longer."""
+    running = [300] * 20
+    with_running = OutputLengths(capacity=100, quantile=0.8, min_ends=1, in_flight=lambda: running)
+    alone = OutputLengths(capacity=100, quantile=0.8, min_ends=1)
+    for lengths in (with_running, alone):
+        for length in range(1, 11):
+            lengths.record(length, ended=True)
+    assert alone.projected_end(0) == 8
+    # 20 of the 30 started ran past 300, and nothing is known past it: no projection short of max_tokens
+    assert with_running.projected_end(0) is None
+    for _ in range(90):  # the window is full: running requests are the long ones of a past it forgot
+        with_running.record(5, ended=True)
+    assert with_running.projected_end(0) == 5
 
 
 def test_the_window_forgets_the_oldest_requests():
@@ -212,10 +258,19 @@ def enumerated_usage(courses, shapes, samples, step, delay=0):
             base = max(course.generated, floor)
             later = max(course.generated + max(step - delay - course.linger, 0), floor)
             alive = sum(1 for length in samples if length > base)
-            chance = sum(1 for length in samples if length > later) / alive if alive else 1.0
+            # past every length seen: the tail's rate from `base` on
+            tail = math.exp(-tail_rate(samples) * (later - base))
+            chance = sum(1 for length in samples if length > later) / alive if alive else tail
         mean += blocks * chance
         variance += blocks * blocks * chance * (1 - chance)
     return mean, variance
+
+
+def tail_rate(samples: list[int]) -> float:
+    """Ends per token past the median among the samples longer than it (every sample an end)."""
+    median = sorted(samples)[len(samples) // 2]
+    longer = [length - median for length in samples if length > median]
+    return len(longer) / sum(longer) if longer else 0.0
 
 
 def random_unknown_batch(rng: random.Random, size: int, longest: int = 700) -> list[Course]:
@@ -279,10 +334,21 @@ def test_the_risk_prefix_is_the_longest_that_fits_and_admitting_more_never_helps
         assert admitted == sum(1 for peak in peaks[1:] if peak <= capacity + 1e-9)
 
 
-def test_a_request_that_outlived_every_length_seen_runs_to_its_max_tokens():
-    survival = curve_of([10, 20, 30])
-    course = Course(held=100, end=164, generated=40)  # generated 40 > 30, the longest seen
-    _, mean, variance = expected_usage([course], FULL, survival)
+def test_a_request_that_outlived_every_length_seen_goes_on_by_the_tail():
+    survival = curve_of([10, 20, 30])  # past the median, 20: one end in 10 tokens
+    course = Course(held=100, end=1024, generated=40)  # 40 > 30, the longest seen; the whole context to go
+    grid, mean, _ = expected_usage([course], FULL, survival)
+    chance = [math.exp(-0.1 * step) for step in grid]
+    blocks = [whole_blocks(min(100 + int(step), 1024), 16) for step in [*grid[1:] - 1, grid[-1]]]
+    assert list(mean) == pytest.approx([held * alive for held, alive in zip(blocks, chance)])
+
+
+def test_with_no_tail_known_a_request_that_outlived_every_length_seen_runs_to_its_max_tokens():
+    lengths = OutputLengths(min_ends=1)
+    for length, ended in ((10, True), (20, True), (30, False), (30, False)):  # past the median, only cuts
+        lengths.record(length, ended)
+    course = Course(held=100, end=164, generated=40)
+    _, mean, variance = expected_usage([course], FULL, lengths.survival())
     _, known, _ = expected_usage([Course(held=100, end=164)], FULL, None)  # as if its length were its max_tokens
     assert list(mean) == list(known) and not variance.any()
 

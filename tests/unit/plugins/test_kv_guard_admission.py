@@ -8,6 +8,14 @@ import time
 import pytest
 
 from kvops.policy import Level, Limits, PolicyError, load_policy
+from kvops_vllm.config import GuardConfig, GuardConfigError
+from kvops_vllm.follow import PolicyFollower, parse_reading
+from tests.support.policy_endpoint import PolicyEndpoint, policy_document
+from tests.support.servers import captured_log
+
+pytest.importorskip(
+    "numpy", reason="numpy is not installed: the KV guard's admission needs it (pip install -e '.[test]')"
+)
 from kvops_vllm.admission import (
     GroupShape,
     admissible_prefix,
@@ -16,10 +24,6 @@ from kvops_vllm.admission import (
     whole_blocks,
     window_blocks,
 )
-from kvops_vllm.config import GuardConfig, GuardConfigError
-from kvops_vllm.follow import PolicyFollower, parse_reading
-from tests.support.policy_endpoint import PolicyEndpoint, policy_document
-from tests.support.servers import captured_log
 
 
 @pytest.mark.parametrize(("tokens", "blocks"), [(0, 0), (1, 1), (128, 1), (129, 2), (1024, 8)])
@@ -113,6 +117,14 @@ def test_settings_come_from_kvops_variables(tmp_path):
     assert GuardConfig.from_env({"KVOPS_POLICY_URL": "http://w:1/custom/path"}).policy_url == "http://w:1/custom/path"
 
 
+def test_a_cold_engine_admits_as_stock_unless_told_to_project_max_tokens():
+    assert GuardConfig.from_env({}).cold_start == "stock"
+    assert GuardConfig.from_env({"KVOPS_COLD_START": "max_tokens"}).cold_start == "max_tokens"
+    with pytest.raises(GuardConfigError) as error:
+        GuardConfig.from_env({"KVOPS_COLD_START": "guess"})
+    assert str(error.value) == "KVOPS_COLD_START='guess': must be one of stock, max_tokens"
+
+
 @pytest.mark.parametrize(
     ("name", "value", "message"),
     [
@@ -170,7 +182,7 @@ def test_a_reading_is_parsed_from_the_contract():
         ({"level": "panic"}, "level: 'panic' is not a level"),
         ({"kv_usage": 7}, "kv_usage 7 is not a fraction"),
         ({"updated_at": "now"}, "updated_at 'now' is not unix seconds"),
-        ({"limits": {"level": "warn", "max_tokens_cap": -3}}, "limits.max_tokens_cap -3 must be a positive integer"),
+        ({"limits": {"level": "warn", "max_tokens_cap": -3}}, "limits.max_tokens_cap -3 must be a whole number from 1"),
         ({"limits": {"level": "warn", "hurry": True}}, "limits: unknown action 'hurry'"),
         ({"limits": None}, "limits: must be a mapping"),
     ],
