@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvops.model import catalog
+from kvops.units import GiB
 
 if TYPE_CHECKING:
-    from accuracy import Row
+    from bench.rows import Row
 
-GiB = 1 << 30
 OVER_PROMISE = 0.02  # as bench/accuracy.py: more than 2% more KV than logged
 PEERS = ("vllm-wizard", "vramscout")
 WEIGHT_FLAGS = {"fp8": "fp8", "awq": "awq", "gptq": "gptq", "int8": "int8"}

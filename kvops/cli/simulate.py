@@ -92,11 +92,6 @@ FORMATS = ("kvops", "timed_trace", "mooncake", "burstgpt", "azure", "sharegpt")
     show_default=True,
     help="vLLM --long-prefill-token-threshold.",
 )
-@click.option(
-    "--num-gpu-blocks-override",
-    type=POSITIVE,
-    help="vLLM --num-gpu-blocks-override: the KV pool a run logged, instead of the plan's.",
-)
 @click.option("--scheduler-cls", metavar="CLASS", help="vLLM --scheduler-cls: a scheduler class importable here.")
 @click.option(
     "--step-time",
@@ -206,7 +201,9 @@ def _scheduler_flags(params: dict[str, Any]) -> dict[str, Any]:
         "max_num_active_seqs": params.pop("max_num_active_seqs"),
         "chunked_prefill": params.pop("enable_chunked_prefill"),
         "long_prefill_token_threshold": params.pop("long_prefill_token_threshold"),
-        "num_gpu_blocks_override": params.pop("num_gpu_blocks_override"),
+        # --num-gpu-blocks-override comes with the engine options (cli/options.py): the KV pool a run logged; the
+        # plan takes it too (its capacity is then that pool)
+        "num_gpu_blocks_override": params.get("num_gpu_blocks_override"),
         "scheduler_cls": params.pop("scheduler_cls"),
     }
 

@@ -10,7 +10,7 @@ import math
 import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 
@@ -104,6 +104,9 @@ class Reading:
     offload_load_seconds_total: float | None = None  # counters: time spent and loads from the host tier to the GPU
     offload_loads_total: float | None = None
     offload_load_bytes_total: float | None = None
+    admission_rejections_total: float | None = None  # a counter: requests the engine's own queue limit refused (503)
+    offload_capacity_tokens: int | None = None  # the host KV tier's tokens, as the engine exports them
+    cached_tokens_by_source: Mapping[str, float] | None = None  # counters: prefix-cache hit tokens per cache tier
 
     def to_dict(self) -> dict:
         counts = (
@@ -117,6 +120,7 @@ class Reading:
             "waiting_for_capacity",
             "offload_loads_total",
             "offload_load_bytes_total",
+            "admission_rejections_total",
         )
         return {
             "kv_usage": self.kv_usage,
@@ -127,6 +131,12 @@ class Reading:
             "block_size": self.block_size,
             "max_model_len": self.max_model_len,
             "offload_usage": self.offload_usage,
+            "offload_capacity_tokens": self.offload_capacity_tokens,
+            "cached_tokens_by_source": (
+                {name: exact(value) for name, value in self.cached_tokens_by_source.items()}
+                if self.cached_tokens_by_source is not None
+                else None
+            ),
             "offload_load_seconds_total": self.offload_load_seconds_total,
         }
 
@@ -165,11 +175,18 @@ def usage_fraction(name: str, value: float) -> float:
     return value
 
 
+MAX_SAMPLE = 1e18  # no engine counts more requests, tokens or bytes; larger finite values (1e306) are garbage
+
+
 def _finite(name: str, value: float) -> float:
+    """A usable count or gauge. Beyond NaN and Inf, a finite value past MAX_SAMPLE is refused too: multiplied by a
+    request's tokens it would overflow to Inf (and round() of Inf raises), so it counts as missing data."""
     if math.isnan(value):
         raise MetricsError(f"{name} is NaN")
     if math.isinf(value):
         raise MetricsError(f"{name} is {'+' if value > 0 else '-'}Inf")
+    if abs(value) > MAX_SAMPLE:
+        raise MetricsError(f"{name} is {value:g}, past {MAX_SAMPLE:g}: not a real count")
     return value
 
 
@@ -227,6 +244,7 @@ class PromQL:
     offload_usage: str | None = None  # the host KV tier, 0-1
     offload_load_seconds_increase: str | None = None  # seconds spent loading from the host tier within $window
     offload_loads_increase: str | None = None  # loads from the host tier within $window
+    refusals_increase: str | None = None  # requests the engine's own queue limit refused within $window
 
     @staticmethod
     def window(template: str, seconds: float) -> str:
@@ -276,6 +294,8 @@ class Catalogue:
     exported: frozenset[str]
     retired: Mapping[str, Retired]
     others: Mapping[str, str]  # names with the engine's prefix another component exports: name -> who
+    # exported names that are not what their name suggests to a monitoring author: name -> what they count instead
+    misread: Mapping[str, str] = field(default_factory=dict)
 
     SUFFIXES = ("_total", "_bucket", "_count", "_sum", "_created")
 

@@ -26,6 +26,8 @@ SIGNAL_ALERTS = {
 }
 GPU_MEMORY_ALERT = "GPUMemoryHigh"
 STALE_ALERT = "KVMetricsStale"
+REFUSAL_ALERT = "EngineRefusingRequests"  # the engine's own queue limit answered requests 503 (vLLM 0.32+)
+REFUSAL_WINDOW = 300.0  # seconds
 SEVERITY = {Level.WARN: "warning", Level.DEGRADE: "warning", Level.CRITICAL: "critical", None: "info"}
 
 
@@ -54,6 +56,8 @@ def catalogue(policy: Policy, engine: str) -> list[AlertKind]:
     """Every alert the policy defines for an engine: the three levels, its signals, metrics stale."""
     kinds = [_level_kind(policy, level) for level in GRADED]
     kinds += [_signal_kind(policy.signals[name]) for name in engines.get(engine).signals if name in policy.signals]
+    if getattr(engines.get(engine), "refuses_at_queue_limit", False):
+        kinds.append(_refusal_kind())
     kinds.append(
         AlertKind(
             STALE_ALERT,
@@ -65,6 +69,19 @@ def catalogue(policy: Policy, engine: str) -> list[AlertKind]:
         )
     )
     return kinds
+
+
+def _refusal_kind() -> AlertKind:
+    """The engine refused requests at its own queue limit (vLLM --max-num-queued-reqs / --max-num-queued-tokens,
+    `vllm:admission_rejections`): clients got 503 without Retry-After; not a level, an alert only."""
+    return AlertKind(
+        REFUSAL_ALERT,
+        "warning",
+        "count",
+        "{where} refuses requests at its queue limit",
+        f"{{where}} refused {{value}} requests within {duration(REFUSAL_WINDOW)} at its own queue limit: they got "
+        "503 without Retry-After. Put `kvops watch --proxy` in front for 429/503 with Retry-After, or raise the limit.",
+    )
 
 
 def _level_kind(policy: Policy, level: Level) -> AlertKind:

@@ -31,7 +31,7 @@ class Finding:
     path: str
     line: int
     name: str  # the metric name, or the range as written
-    problem: str  # removed | hidden | deprecated | not exported | range too short | another component's
+    problem: str  # removed | hidden | deprecated | not exported | misread | range too short | another component's
     message: str
     fails: bool  # counts toward the exit code
 
@@ -90,6 +90,10 @@ def _names(path: str, number: int, line: str, catalogue: Catalogue, release: str
             instead = f"use {retired.replacement}" if retired.replacement else "nothing replaces it"
             message = f"{state} in {title} ({steps}: {retired.source}); {instead}"
             yield Finding(path, number, family, state, message, state != "deprecated")
+        elif family in catalogue.misread:
+            headroom = bool(re.search(r"kv|headroom|cache|block|memory|capacity", line, re.IGNORECASE))
+            message = f"{catalogue.misread[family]}{' (this line reads it as KV headroom)' if headroom else ''}"
+            yield Finding(path, number, family, "misread", message, headroom)
         elif family in catalogue.others:
             message = f"not an engine metric: {catalogue.others[family]} exports it"
             yield Finding(path, number, family, "another component's", message, False)

@@ -24,7 +24,16 @@ from typing import Any
 from kvops.engines.metrics import PromQL, duration
 from kvops.errors import UsageError
 from kvops.policy import GRADED, Policy, SignalRule
-from kvops.watch.alerts import LEVEL_ALERTS, SIGNAL_ALERTS, STALE_ALERT, AlertKind, catalogue, gpu_memory_kind
+from kvops.watch.alerts import (
+    LEVEL_ALERTS,
+    REFUSAL_ALERT,
+    REFUSAL_WINDOW,
+    SIGNAL_ALERTS,
+    STALE_ALERT,
+    AlertKind,
+    catalogue,
+    gpu_memory_kind,
+)
 
 MIN_SCRAPES = 4  # a range holds at least this many scrape intervals
 REPLICA = "namespace, pod, job, instance"  # a replica's labels: a pod in Kubernetes, a target elsewhere
@@ -59,7 +68,11 @@ class PlanFigures:
                 plan["workload"]["tokens_per_request"] or capacity["max_model_len"], capacity["max_model_len"]
             )
             return cls(
-                usable, int(request), non_kv_bytes(terms.items()), int(plan["memory"]["kv_cache_bytes"]), terms["total"]
+                usable,
+                int(request),
+                non_kv_bytes(terms.items()),
+                int(plan["memory"].get("capacity_kv_bytes", plan["memory"]["kv_cache_bytes"])),
+                terms["total"],
             )
         except (KeyError, TypeError, ValueError, ZeroDivisionError):
             raise UsageError(
@@ -112,6 +125,9 @@ def rule_groups(
             signal_expr = _signal_expr(name, rule, promql)
             if signal_expr:
                 rules.append(_rule(kinds[SIGNAL_ALERTS[name]], signal_expr, engine, runbook_url))
+    if REFUSAL_ALERT in kinds and promql.refusals_increase:
+        refused = f"{PromQL.window(promql.refusals_increase, REFUSAL_WINDOW)} > 0"
+        rules.append(_rule(kinds[REFUSAL_ALERT], refused, engine, runbook_url))
     stale = f"{promql.up} == 0 or ({promql.up} == 1 unless on (job, instance) {promql.usage})"
     rules.append(
         _rule(

@@ -7,13 +7,14 @@ captures its graphs afterwards. `--kv-cache-memory-bytes` replaces all of that w
 become blocks is layout.py.
 
 What only a run can measure (activation, non-torch, CUDA graphs) is the median of public startup logs of the same
-release family (common.shipped_fit), plus a margin so that most logs got at least the KV planned; a profile's
+release family (kvops.shipped_fit), plus a margin so that most logs got at least the KV planned; a profile's
 measured figures replace them.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+import json
+from dataclasses import dataclass, replace
 from math import ceil, floor
 
 from kvops.dtypes import serving_dtype
@@ -22,11 +23,11 @@ from kvops.engines.vllm.releases import BatchDefaults, VllmRelease, release
 from kvops.errors import MissingDevice, UsageError
 from kvops.model.checkpoint import Parallel
 from kvops.model.spec import ModelSpec
+from kvops.overheads import POOLED, FamilyFit, shipped_fit
 from kvops.plan import PlanInputs, Term
-from kvops.units import format_bytes
+from kvops.units import GiB, format_bytes
 
 DEFAULT_GPU_MEMORY_UTILIZATION = release(None).default_gpu_memory_utilization  # the newest release's
-GiB = 1 << 30
 
 DEVICES = ("gpu", "cpu")
 
@@ -71,8 +72,23 @@ def requested_memory(total_bytes: int, utilization: float, release_: VllmRelease
     return floor(total_bytes * utilization) if release_.v0 else ceil(total_bytes * utilization)
 
 
+def encoder_pass(spec: ModelSpec, batched: int, text_only: bool = False) -> tuple[int, int]:
+    """The multimodal encoder's share of the profile run (v1/worker/gpu/model_runner.py profile_run, 0.34.0:
+    `profile_encoder_cache` runs the encoder on a dummy batch of the encoder budget, max_num_batched_tokens of
+    language-model tokens, and keeps its outputs in the encoder cache through the decoder's dummy run): the
+    encoder's forward peak over that batch's patches (a ViT layer's widest activations, as the decoder's forward
+    pass is modelled), and the cached outputs (tokens x the text width, 2 B each). (0, 0) without an encoder or
+    with --language-model-only."""
+    encoder = spec.encoder
+    if encoder is None or text_only:
+        return 0, 0
+    patches = batched * encoder.patches_per_token
+    forward = patches * (3 * encoder.width + max(4 * encoder.width, 2 * encoder.intermediate)) * 2
+    return forward, batched * spec.hidden_size * 2
+
+
 def profile_run(
-    spec: ModelSpec, batched: int, sampler_seqs: int, tp: int, fmt_scope: str = "none"
+    spec: ModelSpec, batched: int, sampler_seqs: int, tp: int, fmt_scope: str = "none", text_only: bool = False
 ) -> tuple[int, int, int]:
     """What the profile run holds, in kvops' model: the forward pass's peak over `batched` tokens (bytes), the logits
     of its sampler run for `sampler_seqs` sequences (the fitted bytes per logit make them bytes), and what stays
@@ -84,17 +100,105 @@ def profile_run(
         inter = ceil((spec.moe_intermediate_size or spec.intermediate_size) / tp)
         topk = max(1, spec.experts_per_token)
         workspace = batched * topk * (max(inter, spec.hidden_size) + max(2 * inter, spec.hidden_size)) * 2
-    return common.forward_activation_peak(spec, batched, tp), common.sampler_logits(spec, sampler_seqs), workspace
+    forward = common.forward_activation_peak(spec, batched, tp)
+    encoder, cached = encoder_pass(spec, batched, text_only)
+    return max(forward + cached, encoder), common.sampler_logits(spec, sampler_seqs), workspace
 
 
 # --- the memory terms -----------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class KvSizing:
+    """How this launch's vLLM sizes its KV cache, and why (`VllmConfig._resolve_extensible_kv_cache`, 0.34.0)."""
+
+    path: str  # "extensible", "profiler", "pinned" (--kv-cache-memory-bytes) or "blocks" (--num-gpu-blocks-override)
+    why: str
+
+    @property
+    def extensible(self) -> bool:
+        return self.path == "extensible"
+
+    def to_dict(self) -> dict[str, str]:
+        return {"path": self.path, "why": self.why}
+
+
+_RESOLVE = "vllm/config/vllm.py _resolve_extensible_kv_cache (0.34.0)"
+
+
+def kv_sizing(inputs: PlanInputs, release_: VllmRelease) -> KvSizing:
+    """The sizing path vLLM takes for this launch: the extensible KV cache on CUDA and ROCm from 0.34 unless a
+    fixed size, a fixed block count, the CPU build, --no-enable-extensible-kv-cache or a driver without VMM turns
+    it off; the profiler before 0.34. Asking for it where vLLM cannot is vLLM's own one-line error."""
+    fixed = _fixed_size(inputs)
+    if not release_.extensible_by_default:
+        if inputs.extensible_kv_cache:
+            raise UsageError(f"--enable-extensible-kv-cache: {release_.label} has no extensible KV cache (from 0.34.0)")
+        return fixed or KvSizing("profiler", f"{release_.label} sizes KV from its memory profile")
+    unsupported = None
+    if inputs.device == "cpu":
+        unsupported = "it is only supported on CUDA and ROCm"
+    elif fixed is not None:
+        unsupported = f"it sizes the KV cache from measured memory, which {fixed.why} overrides"
+    if unsupported and inputs.extensible_kv_cache:
+        raise UsageError(f"--enable-extensible-kv-cache: vLLM refuses it: 'enable_extensible_kv_cache: {unsupported}.'")
+    if fixed is not None:
+        return fixed
+    if unsupported:
+        return KvSizing("profiler", f"the extensible KV cache is off: {unsupported} ({_RESOLVE})")
+    if inputs.extensible_kv_cache is False:
+        return KvSizing("profiler", "--no-enable-extensible-kv-cache: sized from the memory profile")
+    if not inputs.vmm:
+        if inputs.extensible_kv_cache:
+            raise UsageError(
+                "--enable-extensible-kv-cache with --no-vmm: vLLM needs the driver's virtual memory management"
+            )
+        return KvSizing(
+            "profiler",
+            "the driver has no virtual memory management (--no-vmm): vLLM disables the extensible KV cache and sizes "
+            "from the memory profile (v1/executor/abstract.py disable_extensible_kv_cache)",
+        )
+    return KvSizing(
+        "extensible",
+        f"{release_.label} on {'ROCm' if _rocm(inputs) else 'CUDA'}: the extensible KV cache, sized after warmup and "
+        f"CUDA-graph capture from the memory actually free ({_RESOLVE})",
+    )
+
+
+def _fixed_size(inputs: PlanInputs) -> KvSizing | None:
+    if inputs.kv_cache_memory_bytes is not None:
+        return KvSizing("pinned", "kv_cache_memory_bytes")
+    if inputs.num_gpu_blocks_override is not None:
+        return KvSizing("blocks", "num_gpu_blocks_override")
+    return None
+
+
+def _rocm(inputs: PlanInputs) -> bool:
+    return inputs.gpu is not None and inputs.gpu.vendor == "amd"
+
+
+# extensible_kv_cache.py (0.34.0): KV_CACHE_MARGIN_FLOOR_BYTES = (3 if ROCm else 1) << 30, KV_CACHE_MARGIN_FRACTION
+MARGIN_FLOOR = {"nvidia": 1 * GiB, "amd": 3 * GiB}
+MARGIN_FRACTION = 0.75
+# Memory in use before vLLM's init snapshot (the CUDA context, NCCL: `init_snapshot.free_memory` is taken after them,
+# so the extensible KV cache's headroom starts below the total): total - free at startup in public logs printing
+# "Free memory on device (F/T GiB) on startup": L4 tp 1 0.25 GiB (unslothai/notebooks nb/Qwen3_8B_FP8_GRPO.ipynb),
+# L40S tp 8 0.49 GiB (vLLM 0.10.2, code-index id 38962983769), B200 tp 1 0.70 GiB (vllm-project/vllm PR #21489);
+# the median is taken (an estimate: the calibration's measured total replaces it)
+STARTUP_USED = round(0.49 * GiB)
+
+
 def memory_terms(
-    inputs: PlanInputs, release_: VllmRelease, batched: int, sampler_seqs: int, stage: int | None = None
+    inputs: PlanInputs,
+    release_: VllmRelease,
+    batched: int,
+    sampler_seqs: int,
+    stage: int | None = None,
+    sizing: KvSizing | None = None,
 ) -> tuple[list[Term], int, list[str]]:
-    """Every term of the per-GPU budget, the KV bytes it leaves, and warnings about a profile that may not apply;
-    with pipeline parallelism, of one stage (None: the stage holding the most weights)."""
+    """Every term of the per-GPU budget, the KV bytes the capacity is sized on (the engine's predicted figure less
+    kvops' margin, when one is planned), and warnings about a profile that may not apply; with pipeline
+    parallelism, of one stage (None: the stage holding the most weights)."""
     gpu, profile = inputs.gpu, inputs.profile
     warnings: list[str] = []
     if profile and profile.engine != "vllm":
@@ -106,21 +210,7 @@ def memory_terms(
     weights = _weights(inputs, stage)
     overheads = _overheads(inputs, release_, batched, sampler_seqs)
     if inputs.kv_cache_memory_bytes is not None:
-        kv = inputs.kv_cache_memory_bytes
-        kv_term = Term(
-            "kv_cache", kv, "input", "--kv-cache-memory-bytes: vLLM skips its memory profile and allocates exactly this"
-        )
-        if gpu is None:
-            return [weights, kv_term], kv, warnings  # nothing to check the other terms against
-        total = common.device_total_term(inputs)
-        used = weights.bytes + sum(term.bytes for term in overheads) + kv
-        headroom = Term(
-            "headroom",
-            total.bytes - used,
-            "computed",
-            "total - weights - activation - non-torch - CUDA graphs - KV cache",
-        )
-        return [total, weights, *overheads, kv_term, headroom], kv, warnings
+        return _pinned_terms(inputs, weights, overheads) + (warnings,)
     if gpu is None:
         raise MissingDevice(
             "missing --gpu NAME or --gpu-memory SIZE (or pin the KV cache with --kv-cache-memory-bytes)"
@@ -129,46 +219,132 @@ def memory_terms(
     total = common.device_total_term(inputs)
     requested = requested_memory(total.bytes, utilization, release_)
     how = "ceil" if not release_.v0 else ""
+    requested_term = Term(
+        "requested",
+        requested,
+        "computed",
+        f"{how}({total.bytes} B x gpu_memory_utilization {utilization:g})"
+        + ("" if inputs.memory_fraction else f" ({release_.label}'s default)"),
+    )
+    if sizing is not None and sizing.extensible:
+        spent, engine_kv = _extensible(inputs, total, requested, weights, overheads, batched, sampler_seqs)
+        kv_term = Term(
+            "kv_cache",
+            engine_kv,
+            "computed",
+            "min(requested - resident, total - startup_used - resident - vllm_margin) - transient, resident = "
+            "weights + non-torch + CUDA graphs + persistent, transient = activation - persistent + CUDA-graph "
+            "estimate (vLLM's measure_kv_cache_bytes, extensible_kv_cache.py l.592-618)",
+        )
+    else:
+        spent = overheads
+        engine_kv = requested - weights.bytes - sum(term.bytes for term in overheads)
+        names = " - ".join(term.name.replace("_", "-") for term in overheads)
+        kv_term = Term(
+            "kv_cache", engine_kv, "computed", f"requested - weights - {names} (vLLM's available KV cache memory)"
+        )
     margin = _margin(inputs, release_, overheads)
-    spent = overheads + ([margin] if margin else [])
-    kv = requested - weights.bytes - sum(term.bytes for term in spent)
-    return (
-        [
-            total,
-            Term(
-                "requested",
-                requested,
-                "computed",
-                f"{how}({total.bytes} B x gpu_memory_utilization {utilization:g})"
-                + ("" if inputs.memory_fraction else f" ({release_.label}'s default)"),
-            ),
-            weights,
-            *spent,
-            _kv_term(kv, release_, inputs, overheads, margin),
-        ],
-        kv,
-        warnings,
+    terms = [total, requested_term, weights, *spent, _kv_term(kv_term, release_, inputs, overheads, margin)]
+    if margin is not None:
+        terms.append(margin)
+    return terms, engine_kv - (margin.bytes if margin else 0), warnings
+
+
+def _pinned_terms(inputs: PlanInputs, weights: Term, overheads: list[Term]) -> tuple[list[Term], int]:
+    kv = inputs.kv_cache_memory_bytes
+    assert kv is not None
+    kv_term = Term(
+        "kv_cache", kv, "input", "--kv-cache-memory-bytes: vLLM skips its memory profile and allocates exactly this"
+    )
+    if inputs.gpu is None:
+        return [weights, kv_term], kv  # nothing to check the other terms against
+    total = common.device_total_term(inputs)
+    used = weights.bytes + sum(term.bytes for term in overheads) + kv
+    headroom = Term(
+        "headroom", total.bytes - used, "computed", "total - weights - activation - non-torch - CUDA graphs - KV cache"
+    )
+    return [total, weights, *overheads, kv_term, headroom], kv
+
+
+def _extensible(
+    inputs: PlanInputs,
+    total: Term,
+    requested: int,
+    weights: Term,
+    overheads: list[Term],
+    batched: int,
+    sampler_seqs: int,
+) -> tuple[list[Term], int]:
+    """vLLM 0.34's measured sizing on kvops' terms: what stays resident after warmup and capture, what is kept free
+    for transients, the memory in use before its startup snapshot, and vLLM's own margin."""
+    named = {term.name: term for term in overheads}
+    activation = named.get("activation") or named.get("overhead")
+    assert activation is not None
+    graphs = named.get("cuda_graphs", Term("cuda_graphs", 0, "exact", ""))
+    non_torch = named.get("non_torch", Term("non_torch", 0, "exact", ""))
+    persistent = _persistent(inputs, batched, sampler_seqs) if "activation" in named else 0
+    transient = max(0, activation.bytes - persistent) + graphs.bytes
+    floor = MARGIN_FLOOR["amd" if _rocm(inputs) else "nvidia"]
+    vllm_margin = max(floor, int(transient * MARGIN_FRACTION))
+    resident = weights.bytes + non_torch.bytes + graphs.bytes + persistent
+    startup = _startup_used(inputs)
+    engine_kv = max(0, min(requested - resident, total.bytes - startup.bytes - resident - vllm_margin) - transient)
+    estimate = Term(
+        "cuda_graph_estimate",
+        graphs.bytes,
+        graphs.basis,
+        "vLLM's CUDA-graph estimate, kept free as transient headroom after capture (reserved_headroom_bytes = "
+        "peak_activation_memory, v1/worker/gpu_worker.py); the captured graphs themselves stay resident",
+        graphs.measure,
+    )
+    margin_term = Term(
+        "vllm_margin",
+        vllm_margin,
+        "computed",
+        f"max({format_bytes(floor)}, 0.75 x transient {format_bytes(transient)}) (KV_CACHE_MARGIN_FLOOR_BYTES"
+        f"{', ROCm' if _rocm(inputs) else ''}, KV_CACHE_MARGIN_FRACTION, extensible_kv_cache.py)",
+    )
+    return [*overheads, estimate, startup, margin_term], engine_kv
+
+
+def _persistent(inputs: PlanInputs, batched: int, sampler_seqs: int) -> int:
+    """Bytes of the activation peak that stay allocated after the profile (the fused-MoE workspace): resident, not
+    transient, under the extensible KV cache."""
+    scope = common.weight_format(inputs.spec, inputs.quantization).scope
+    return profile_run(inputs.spec, batched, sampler_seqs, inputs.tp, scope, inputs.text_only)[2]
+
+
+def _startup_used(inputs: PlanInputs) -> Term:
+    return Term(
+        "startup_used",
+        STARTUP_USED,
+        "estimate",
+        "memory in use before vLLM's startup snapshot (CUDA context, NCCL): the median of 3 public logs' total - "
+        "free at startup (L4 0.25, L40S 0.49, B200 0.70 GiB)",
+        common.CALIBRATE_HINT,
     )
 
 
-def _kv_term(kv: int, release_: VllmRelease, inputs: PlanInputs, overheads: list[Term], margin: Term | None) -> Term:
-    names = " - ".join(term.name.replace("_", "-") for term in overheads)
-    formula = f"requested - weights - {names}{' - margin' if margin else ''} (vLLM's available KV cache memory)"
+def _kv_term(
+    kv_term: Term, release_: VllmRelease, inputs: PlanInputs, overheads: list[Term], margin: Term | None
+) -> Term:
     if not any(term.is_estimate for term in overheads):
-        return Term("kv_cache", kv, "computed", formula)
+        return kv_term
     fit = _fit(inputs, release_)
     if margin is None:
-        return Term("kv_cache", kv, "computed", f"{formula}; {fit.unbounded()}")
+        return replace(kv_term, formula=f"{kv_term.formula}; {fit.unbounded()}")
     below, above = fit.band()
-    formula += (
-        f"; KV {format_bytes(kv)}, -{format_bytes(below).lstrip('~')}/+{format_bytes(above).lstrip('~')}: where "
+    capacity = kv_term.bytes - margin.bytes
+    formula = (
+        f"{kv_term.formula}; the capacity is sized on KV - margin = {format_bytes(capacity)}, "
+        f"-{format_bytes(below).lstrip('~')}/+{format_bytes(above).lstrip('~')}: where "
         f"{_logs(fit)} landed around their own predictions (each without its log)"
     )
-    return Term("kv_cache", kv, "computed", formula, band=(kv - below, kv + above))
+    return replace(kv_term, formula=formula, band=(capacity - below, capacity + above))
 
 
-def _fit(inputs: PlanInputs, release_: VllmRelease) -> common.FamilyFit:
-    fit = inputs.overhead_fit or common.shipped_fit("vllm")
+def _fit(inputs: PlanInputs, release_: VllmRelease) -> FamilyFit:
+    fit = inputs.overhead_fit or shipped_fit("vllm")
     return fit.family(release_.family)
 
 
@@ -286,11 +462,19 @@ def _activation(inputs: PlanInputs, release_: VllmRelease, batched: int, sampler
     if profile and profile.activation_bytes is not None:
         return Term("activation", profile.activation_bytes, "measured", f"profile {profile.source}")
     scope = common.weight_format(inputs.spec, inputs.quantization).scope
-    forward, logits, workspace = profile_run(inputs.spec, batched, sampler_seqs, inputs.tp, scope)
+    forward, logits, workspace = profile_run(inputs.spec, batched, sampler_seqs, inputs.tp, scope, inputs.text_only)
     fit = _fit(inputs, release_)
     sampler = fit.sampler(logits) + workspace
-    if forward >= sampler:
-        which = f"the forward pass over {batched} batched tokens ({format_bytes(forward)})"
+    encoder, cached = encoder_pass(inputs.spec, batched, inputs.text_only)
+    if forward >= sampler and encoder and encoder >= forward:
+        which = (
+            f"the multimodal encoder's profile pass over {batched} tokens' "
+            f"{batched * inputs.spec.encoder.patches_per_token:,} patches ({format_bytes(encoder)})"  # type: ignore[union-attr]
+        )
+    elif forward >= sampler:
+        which = f"the forward pass over {batched} batched tokens ({format_bytes(forward - cached)})"
+        if cached:
+            which += f" + the encoder cache it holds ({format_bytes(cached)})"
     else:
         which = (
             f"the sampler's decode step for {sampler_seqs} sequences x {inputs.spec.vocab_size:,} vocabulary at "
@@ -313,14 +497,59 @@ def _non_torch(inputs: PlanInputs, release_: VllmRelease) -> Term:
     if profile and profile.non_torch_bytes is not None:
         return Term("non_torch", profile.non_torch_bytes, "measured", f"profile {profile.source}")
     fit = _fit(inputs, release_)
-    buffers = " with NCCL and custom all-reduce buffers" if tp > 1 else ""
+    custom, why = custom_all_reduce(inputs)
+    if tp == 1:
+        buffers, where = "", "tp 1"
+    elif custom or fit.non_torch_nccl is None:
+        buffers, where = " with NCCL and custom all-reduce buffers", "tp >= 2 with custom all-reduce"
+        if not custom:
+            where += f" (no log without it yet; {why})"
+    else:
+        buffers, where = f" with NCCL buffers, no custom all-reduce ({why})", "tp >= 2 without custom all-reduce"
     return Term(
         "non_torch",
-        fit.non_torch_bytes(tp),
+        fit.non_torch_bytes(tp, custom),
         "estimate",
-        f"CUDA/cuBLAS workspaces, attention buffers{buffers}: the median of {_logs(fit)} at tp {'1' if tp == 1 else '>= 2'}",
+        f"CUDA/cuBLAS workspaces, attention buffers{buffers}: the median of {_logs(fit)} at {where}",
         common.CALIBRATE_HINT,
     )
+
+
+# GeForce cards have no peer access over PCIe (NVIDIA leaves P2P off on them): vLLM's `_can_p2p` check fails
+GEFORCE = ("RTX-3090", "RTX-4090", "RTX-5090")
+CUSTOM_ALL_REDUCE_SIZES = (2, 4, 6, 8, 16)  # CustomAllreduce._SUPPORTED_WORLD_SIZES
+
+
+def custom_all_reduce(inputs: PlanInputs) -> tuple[bool, str]:
+    """Whether vLLM's custom all-reduce runs at this tp (its IPC buffers are non-torch memory), and why not: it
+    needs a supported world size, GPUs fully connected (NVLink, xGMI) or only two of them, peer access between
+    them, and no --disable-custom-all-reduce (vllm/distributed/device_communicators/custom_all_reduce.py
+    CustomAllreduce.__init__, l.212-290 in the 0.34.0 wheel: "not supported on more than two PCIe-only GPUs",
+    "your platform lacks GPU P2P capability")."""
+    if inputs.tp == 1:
+        return False, "tp 1"
+    if not inputs.custom_all_reduce:
+        return False, "--disable-custom-all-reduce"
+    if inputs.device != "gpu" or inputs.gpu is None:
+        return False, "not a GPU"
+    if inputs.tp not in CUSTOM_ALL_REDUCE_SIZES:
+        return False, f"tp {inputs.tp} is not a size custom all-reduce supports"
+    kind = interconnect(inputs.gpu.id)
+    if kind in ("nvlink", "xgmi"):
+        return True, f"{kind} connects the GPUs"
+    if inputs.gpu.id in GEFORCE:
+        return False, f"{inputs.gpu.id} cards have no peer access over PCIe"
+    if inputs.tp > 2:
+        return False, f"more than two PCIe-only GPUs ({inputs.gpu.id})"
+    return True, "two PCIe GPUs with peer access"
+
+
+def interconnect(gpu_id: str) -> str | None:
+    """How a part's GPUs connect in its usual server (kvops/catalog/gpu_performance.json: nvlink, xgmi, pcie)."""
+    from kvops.gpus import gpu_performance
+
+    found = gpu_performance(gpu_id)
+    return found.interconnect if found is not None else None
 
 
 def _cuda_graphs(inputs: PlanInputs, release_: VllmRelease) -> Term:
@@ -347,15 +576,73 @@ def _cuda_graphs(inputs: PlanInputs, release_: VllmRelease) -> Term:
             "measured",
             f"profile {profile.source}: 'Estimated CUDA graph memory'",
         )
+    graphs = compiled_graphs(inputs.compilation_config)
+    if graphs.mode == "NONE":
+        return Term("cuda_graphs", 0, "exact", f"--compilation-config cudagraph_mode NONE: {graphs.why}")
     fit = _fit(inputs, release_)
+    median = fit.cuda_graph_bytes(inputs.tp)
+    scaled = median * graphs.captures // DEFAULT_CAPTURES
+    scale = (
+        f"; x {graphs.captures}/{DEFAULT_CAPTURES} capture sizes ({graphs.why})"
+        if graphs.captures != DEFAULT_CAPTURES
+        else ""
+    )
     return Term(
         "cuda_graphs",
-        fit.cuda_graph_bytes(inputs.tp),
+        scaled,
         "estimate",
         f"vLLM's CUDA-graph estimate, taken before sizing KV: the median of {_logs(fit)} at tp "
-        f"{'1' if inputs.tp == 1 else '>= 2'} (0 with --enforce-eager)",
+        f"{'1' if inputs.tp == 1 else '>= 2'} (0 with --enforce-eager){scale}",
         common.CALIBRATE_HINT,
     )
+
+
+@dataclass(frozen=True)
+class CompiledGraphs:
+    """The CUDA graphs a --compilation-config asks for: the mode, and how many batch sizes are captured."""
+
+    mode: str
+    captures: int
+    why: str
+
+
+def capture_sizes(largest: int) -> list[int]:
+    """vLLM's default capture sizes up to `largest`: 1, 2, 4, multiples of 8 below 256, multiples of 16 from it
+    (config/vllm.py VllmConfig._set_cudagraph_sizes, l.2322-2335 and l.2479-2489 in the 0.34.0 wheel)."""
+    sizes = [size for size in (1, 2, 4) if size <= largest]
+    sizes += list(range(8, min(largest + 1, 256), 8))
+    sizes += list(range(256, largest + 1, 16))
+    return sizes
+
+
+# the public logs the estimate is fitted on captured vLLM's default: sizes up to 512 (max_num_seqs 256 or 1024 x 2,
+# capped at 512: config/vllm.py l.2400-2408), 51 of them
+DEFAULT_CAPTURES = len(capture_sizes(512))
+
+
+def compiled_graphs(text: str | None) -> CompiledGraphs:
+    """What a --compilation-config (JSON) says of the CUDA graphs: cudagraph_mode NONE captures none; explicit
+    cudagraph_capture_sizes or max_cudagraph_capture_size scale the fitted estimate by the number of sizes
+    captured (an estimate: vLLM's graph pool grows with the captures, vllm-project/vllm#45178); else the default."""
+    default = CompiledGraphs("default", DEFAULT_CAPTURES, "vLLM's default capture sizes")
+    if not text:
+        return default
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError:
+        raise UsageError(f"--compilation-config {text!r} is not a JSON object") from None
+    if not isinstance(config, dict):
+        raise UsageError(f"--compilation-config {text!r} is not a JSON object")
+    mode = str(config.get("cudagraph_mode") or "default").upper()
+    if mode == "NONE":
+        return CompiledGraphs("NONE", 0, "no CUDA graphs are captured")
+    sizes = config.get("cudagraph_capture_sizes")
+    if isinstance(sizes, list) and sizes:
+        return CompiledGraphs(mode, len(sizes), f"cudagraph_capture_sizes lists {len(sizes)}")
+    largest = config.get("max_cudagraph_capture_size")
+    if isinstance(largest, int) and largest >= 0:
+        return CompiledGraphs(mode, len(capture_sizes(largest)), f"max_cudagraph_capture_size {largest}")
+    return replace(default, mode=mode)
 
 
 def _margin(inputs: PlanInputs, release_: VllmRelease, overheads: list[Term]) -> Term | None:
@@ -367,8 +654,9 @@ def _margin(inputs: PlanInputs, release_: VllmRelease, overheads: list[Term]) ->
         "margin",
         fit.margin,
         "estimate",
-        f"with it, {common.OVERHEAD_QUANTILE:.0%} of {_logs(fit)} had at least the KV this plan leaves, each "
-        "predicted without its own log (err toward less KV)",
+        f"kvops' margin below the engine's predicted KV, which the capacity is sized on: with it, "
+        f"{common.OVERHEAD_QUANTILE:.0%} of {_logs(fit)} had at least the KV this plan leaves, each predicted without "
+        "its own log (err toward less KV)",
         common.CALIBRATE_HINT,
     )
 
@@ -377,10 +665,10 @@ def _signed(size: int) -> str:
     return f"+ {format_bytes(size)}" if size >= 0 else f"- {format_bytes(-size)}"
 
 
-def _logs(fit: common.FamilyFit) -> str:
+def _logs(fit: FamilyFit) -> str:
     if fit.borrowed:
         return f"{fit.logs} public {fit.borrowed} startup logs (their CUDA-graph estimate taken from the KV budget, as {fit.family} does)"
-    where = "public vLLM startup logs" if fit.family == common.POOLED else f"public {fit.family} startup logs"
+    where = "public vLLM startup logs" if fit.family == POOLED else f"public {fit.family} startup logs"
     return f"{fit.logs} {where}"
 
 

@@ -62,7 +62,9 @@ def read_serve_args(args: list[str]) -> StatedCommand:
             stated.lines.append(f"{extra}: unknown: vllm serve takes one positional argument, the model")
     speculative: dict[str, Any] = {}
     for word in options:
-        if word.canonical is None:
+        if word.canonical is None and word.written in NEWER_SWITCHES:  # not in 0.32's table: 0.34's own options
+            stated.values[NEWER_SWITCHES[word.written][0]] = NEWER_SWITCHES[word.written][1]
+        elif word.canonical is None:
             why = flags.HOST_MEMORY.get(word.written)
             stated.ignore(
                 word,
@@ -195,6 +197,13 @@ def _speculative_part(word: Word, speculative: dict[str, Any]) -> None:
     speculative[key] = value
 
 
+# switches vLLM releases after 0.32 added (vllm/engine/arg_utils.py l.1413 in the 0.34.0 wheel), read though
+# serve_flags.json (the installed 0.32.0's table) lacks them: option -> (field, value)
+NEWER_SWITCHES = {
+    "--enable-extensible-kv-cache": ("extensible_kv_cache", True),
+    "--no-enable-extensible-kv-cache": ("extensible_kv_cache", False),
+}
+
 READERS: dict[str, Reader] = {
     "--model": _model,
     "--revision": _revision,
@@ -222,6 +231,9 @@ READERS: dict[str, Reader] = {
     "--mamba-cache-dtype": setter("mamba_cache_dtype", as_text),
     "--mamba-ssm-cache-dtype": setter("mamba_ssm_cache_dtype", as_text),
     "--cpu-offload-gb": _cpu_offload,
+    "--num-gpu-blocks-override": setter("num_gpu_blocks_override", integer),
+    "--disable-custom-all-reduce": _switch("custom_all_reduce", False, True),
+    "--compilation-config": setter("compilation_config", as_text),
 }
 
 

@@ -65,6 +65,8 @@ class LayoutOptions:
     mamba_cache_dtype: str = "auto"  # --mamba-cache-dtype (the conv state)
     mamba_ssm_cache_dtype: str = "auto"  # --mamba-ssm-cache-dtype
     speculative_tokens: int = 0  # num_speculative_tokens: extra state pages and conv rows
+    # layers that keep the model's own KV dtype (kv_cache_dtype_skip_layers: TurboQuant's boundary layers)
+    unquantized_layers: frozenset[int] = frozenset()
 
 
 # --- one layer's spec --------------------------------------------------------------------------------------
@@ -246,7 +248,16 @@ def kv_layout(
     check_tp(spec, tp)
     options = options or LayoutOptions(hybrid_manager=hybrid_manager)
     attention_block = aligned_block_size(spec, dtype, tp, block_size, options)
-    specs = [(index, layer_spec(spec, layer, dtype, tp, attention_block, options)) for index, layer in spec.caches()]
+    plain = KV_DTYPES.get(spec.dtype, dtype)
+    specs = [
+        (
+            index,
+            layer_spec(
+                spec, layer, plain if index in options.unquantized_layers else dtype, tp, attention_block, options
+            ),
+        )
+        for index, layer in spec.caches()
+    ]
     specs.sort(key=lambda item: item[0])
     if not options.hybrid_manager:
         specs = _promoted(specs)
@@ -511,6 +522,24 @@ def longest_context(layout: KVCacheLayout, usable_blocks: float, sequences: int,
         middle = (low + high + 1) // 2
         low, high = (middle, high) if fits(middle) else (low, middle - 1)
     return low
+
+
+VMM_GRANULE = 2 << 20  # cuMemGetAllocationGranularity's minimum on NVIDIA GPUs: physical memory is mapped in 2 MiB
+
+
+def committed_blocks(layout: KVCacheLayout, kv_bytes: int, granule: int = VMM_GRANULE) -> int:
+    """The blocks an extensible KV cache commits within `kv_bytes`: every layer slot of a block is its own segment
+    (a block-compact, layer-outermost layout), each mapped in whole granules (`ExtensibleKVCache.blocks_within` and
+    `physical_bytes_for`, v1/worker/extensible_kv_cache.py, 0.34.0)."""
+    strides = max(layout.groups, key=lambda group: group.bytes_per_block).layer_pages
+
+    def physical(blocks: int) -> int:
+        return sum(-(-blocks * stride // granule) * granule for stride in strides)
+
+    blocks = max(0, kv_bytes // layout.bytes_per_block)
+    while blocks > 0 and physical(blocks) > kv_bytes:
+        blocks -= 1
+    return blocks
 
 
 def kv_bytes_needed(layout: KVCacheLayout, blocks: int) -> int:

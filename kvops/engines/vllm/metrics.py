@@ -12,12 +12,19 @@ The host (CPU) KV tier, with `--kv-offloading-size` (vLLM's native OffloadingCon
 direction the bytes and seconds moved (`vllm:kv_offload_load_bytes`/`_load_time`, GPU<-CPU; `_store_*`, GPU->CPU)
 with a histogram of each transfer's size, whose `_count` counts the transfers. 0.32.0 still exports the older
 `vllm:kv_offload_total_bytes`/`_total_time`/`_size{transfer_type="CPU_to_GPU"|"GPU_to_CPU"}` beside them, marked
-deprecated: they are read when the new names are absent. The tier's capacity is not exported
-(vllm-project/vllm#49307); `cache_config_info` states its size in GiB (`kv_offloading_size`).
+deprecated: they are read when the new names are absent. The tier's capacity is not exported before 0.33
+(vllm-project/vllm#49307; `cache_config_info` states its size in GiB, `kv_offloading_size`); from 0.33
+`vllm:kv_offload_config_info` states its tokens (`cpu_kv_cache_size_tokens`).
+
+Added in 0.32-0.34 and read here: `vllm:admission_rejections{reason}` (requests vLLM's own queue limit refused with
+503), `vllm:num_requests_waiting_by_reason{reason="capacity"}`, `vllm:prompt_tokens_cached_by_source{source}`.
+`vllm:watermark_requests` counts output-text watermarking, never KV headroom: it is not read, and `kvops lint`
+says so where a file reads it.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +50,12 @@ OFFLOAD_BYTES_DEPRECATED = "vllm:kv_offload_total_bytes_total"
 OFFLOAD_SECONDS_DEPRECATED = "vllm:kv_offload_total_time_total"
 OFFLOAD_TRANSFERS_DEPRECATED = "vllm:kv_offload_size_count"
 LOAD_DIRECTION = {"transfer_type": "CPU_to_GPU"}
+# added in 0.32-0.34 (vllm/v1/metrics/loggers.py l.548, l.782, l.848 and offloading/metrics.py l.27, 0.34.0 wheel)
+ADMISSION_REJECTIONS = "vllm:admission_rejections_total"  # reason = max_num_queued_reqs | max_num_queued_tokens (0.32)
+CACHED_BY_SOURCE = "vllm:prompt_tokens_cached_by_source_total"  # source = device | host | disk | p2p | ... (0.32)
+OFFLOAD_CONFIG = "vllm:kv_offload_config_info"  # cpu_num_chunks, cpu_blocks_per_chunk, cpu_kv_cache_size_tokens (0.33)
+# output-text watermarking (only with watermark_config), by status: nothing to do with --watermark's KV headroom
+WATERMARK_REQUESTS = "vllm:watermark_requests"
 TTFT = "vllm:time_to_first_token_seconds"
 INTER_TOKEN = "vllm:inter_token_latency_seconds"
 
@@ -65,6 +78,9 @@ SERIES = (
     OFFLOAD_BYTES_DEPRECATED,
     OFFLOAD_SECONDS_DEPRECATED,
     OFFLOAD_TRANSFERS_DEPRECATED,
+    ADMISSION_REJECTIONS,
+    CACHED_BY_SOURCE,
+    OFFLOAD_CONFIG,
 )
 
 
@@ -96,8 +112,28 @@ def reading(samples: Samples, capacity_tokens: int | None = None) -> Reading:
         used_tokens=sum(ranks) * usable if usable else None,
         max_model_len=config.max_model_len if config else None,
         waiting_for_capacity=samples.total(WAITING_BY_REASON, reason="capacity"),
+        admission_rejections_total=samples.total(ADMISSION_REJECTIONS),
+        offload_capacity_tokens=_offload_capacity(samples),
+        cached_tokens_by_source=_cached_by_source(samples),
         **_offload(samples),
     )
+
+
+def _offload_capacity(samples: Samples) -> int | None:
+    """The host KV tier's tokens (`vllm:kv_offload_config_info` cpu_kv_cache_size_tokens, per engine, summed; 0.33+:
+    vllm/v1/kv_offload/cpu/common.py), None before 0.33 or without a tier."""
+    sizes = [found.labels.get("cpu_kv_cache_size_tokens", "") for found in samples.series(OFFLOAD_CONFIG)]
+    counts = [int(size) for size in sizes if size.isascii() and size.isdigit() and len(size) <= 18]
+    return sum(counts) if counts else None
+
+
+def _cached_by_source(samples: Samples) -> dict[str, float] | None:
+    """Prefix-cache hit tokens by the tier that supplied them (device, host, disk, p2p), summed over engines."""
+    found: dict[str, float] = {}
+    for sample in samples.series(CACHED_BY_SOURCE):
+        source = sample.labels.get("source", "")
+        found[source] = found.get(source, 0.0) + sample.value
+    return found or None
 
 
 def _offload(samples: Samples) -> dict[str, float | None]:
@@ -139,6 +175,7 @@ def promql(matchers: list[str], capacity_tokens: int | None = None) -> PromQL:
             f"(increase({of(OFFLOAD_LOADS)}[$window]) or ignoring (transfer_type) "
             f"increase({series(OFFLOAD_TRANSFERS_DEPRECATED, matchers, **LOAD_DIRECTION)}[$window]))"
         ),
+        refusals_increase=f"sum without (reason) (increase({of(ADMISSION_REJECTIONS)}[$window]))",
     )
 
 
@@ -154,13 +191,15 @@ class CacheConfig:
 
     def integer(self, name: str) -> int | None:
         value = self.labels.get(name)
-        return int(value) if value and value.isdigit() else None
+        # labels are the scraped text: ASCII digits, short enough to be a real count (int() refuses 4,300 digits)
+        return int(value) if value and value.isascii() and value.isdigit() and len(value) <= 18 else None
 
     def number(self, name: str) -> float | None:
         try:
-            return float(self.labels[name])
+            value = float(self.labels[name])
         except (KeyError, ValueError):
             return None
+        return value if math.isfinite(value) else None  # "NaN" and "+Inf" parse as floats
 
     @property
     def capacity_tokens(self) -> int | None:
@@ -180,7 +219,7 @@ class CacheConfig:
         """The engine's context: `kv_cache_size_tokens` is int(kv_cache_max_concurrency x max-model-len)
         (vllm/v1/core/kv_cache_utils.py, get_kv_cache_capacity)."""
         tokens, concurrency = self.integer("kv_cache_size_tokens"), self.number("kv_cache_max_concurrency")
-        return round(tokens / concurrency) if tokens and concurrency else None
+        return round(tokens / concurrency) if tokens and concurrency and concurrency >= 1e-9 else None
 
 
 def usage_pool_tokens(capacity: Mapping[str, Any]) -> int:
@@ -239,6 +278,15 @@ def dashboard(selector: str, rate: str) -> dict[str, list[tuple[str, str]]]:
         "offload_load": [
             (f"{per_second(OFFLOAD_LOAD_SECONDS)} / {per_second(OFFLOAD_LOADS)}", "{{instance}} time per load")
         ],
+        "admission_rejections": [
+            (
+                f"sum by (reason) (rate({of(ADMISSION_REJECTIONS)}[{rate}]))",
+                "refused by vLLM's {{reason}} (503, no Retry-After)",
+            )
+        ],
+        "cached_by_source": [
+            (f"sum by (source) (rate({of(CACHED_BY_SOURCE)}[{rate}]))", "cached tokens from {{source}}")
+        ],
     }
 
 
@@ -247,7 +295,7 @@ def dashboard(selector: str, rate: str) -> dict[str, list[tuple[str, str]]]:
 # vllm/distributed/kv_transfer/kv_connector/v1/*/metrics.py and the server's own). Retired: vLLM's policy is
 # "deprecated in X.Y, hidden in X.Y+1 (--show-hidden-metrics-for-version=X.Y brings them back), removed in X.Y+2".
 
-RELEASE = "0.32"
+RELEASE = "0.34"
 _V08 = ("0.8", "0.9", "0.10", "vllm-project/vllm#14136, hidden #15458, removed #18837")
 _V010 = ("0.10", "0.11", "0.12", "vllm-project/vllm#18354, hidden #24245, removed #29330")
 _V032 = ("0.32", "0.33", "0.34", "vllm 0.32.0 offloading/metrics.py (_DEPRECATED_CONNECTOR_METRIC_DEFINITIONS)")
@@ -293,7 +341,28 @@ spec_decode_num_accepted_tokens_per_pos spec_decode_num_draft_tokens spec_decode
 time_to_first_token_seconds watermark_requests nixl_bytes_transferred nixl_num_descriptors
 nixl_num_failed_notifications nixl_num_failed_transfers nixl_num_kv_expired_reqs nixl_num_notifications_after_expiry
 nixl_post_time_seconds nixl_xfer_time_seconds
+hf3fs_load_duration_seconds hf3fs_num_failed_load hf3fs_num_failed_save hf3fs_save_duration_seconds
+kv_offload_config_info kv_offload_tiering_active_cascade_jobs kv_offload_tiering_active_promotion_jobs
+kv_offload_tiering_backpressure_blocks_dropped kv_offload_tiering_backpressure_store_latency_ema
+kv_offload_tiering_backpressure_stores_dropped kv_offload_tiering_cascade_job_failures kv_offload_tiering_chunk_hits
+kv_offload_tiering_chunk_queries kv_offload_tiering_deferred_release_chunks
+kv_offload_tiering_deferred_release_hold_seconds kv_offload_tiering_lookup_async_delay_seconds
+kv_offload_tiering_lookup_sync_delay_seconds kv_offload_tiering_primary_read_usage_perc
+kv_offload_tiering_primary_write_usage_perc kv_offload_tiering_promotion_allocation_failures
+kv_offload_tiering_promotion_job_failures kv_offload_tiering_promotion_latency_seconds kv_offload_tiering_read_bytes
+kv_offload_tiering_read_time kv_offload_tiering_write_bytes kv_offload_tiering_write_time mooncake_bytes_transferred
+mooncake_num_descriptors mooncake_num_failed_recvs mooncake_num_failed_transfers mooncake_num_kv_expired_reqs
+mooncake_store_operation_bytes_total mooncake_store_operation_failed_keys_total mooncake_store_operation_keys_total
+mooncake_store_operation_time_seconds mooncake_store_operation_total mooncake_xfer_time_seconds
+request_render_duration_seconds rl_weight_update_operation_duration_seconds rl_weight_update_operations_in_flight
+simple_kv_offload_info simple_kv_offload_load_blocks_total simple_kv_offload_pending_store_blocks
+simple_kv_offload_save_outcomes_total simple_kv_offload_used_blocks sleep_mode_operation_duration_seconds
+sleep_mode_operations_in_flight tool_call_parser_invocations_total umbp_transfer_bytes_total
+umbp_transfer_completed_total umbp_transfer_failed_total umbp_transfer_submitted_total
+websocket_connection_duration_seconds websocket_connections_active websocket_connections_total
 """
+# the families the 0.33.0 and 0.34.0 wheels add: every "vllm:..." name registered under vllm/ (no family removed
+# since 0.30: the set difference of the two wheels' names is empty)
 # vLLM production-stack's router exports these under vLLM's prefix (src/vllm_router/services/metrics_service/)
 _ROUTER = """
 current_qps avg_decoding_length num_prefill_requests num_decoding_requests num_incoming_requests healthy_pods_total
@@ -310,4 +379,11 @@ CATALOGUE = Catalogue(
         for name, (replacement, (deprecated, hidden, removed, source)) in _RETIRED.items()
     },
     others={f"vllm:{name}": "vLLM production-stack's router" for name in _ROUTER.split()},
+    misread={
+        WATERMARK_REQUESTS: (
+            "counts finished requests by output-text watermark status (only with watermark_config, "
+            "vllm/v1/metrics/loggers.py l.643), not --watermark's KV headroom: read vllm:kv_cache_usage_perc, or "
+            "the blocks vllm:cache_config_info states"
+        )
+    },
 )

@@ -32,9 +32,8 @@ from kvops.engines.vllm import flags
 from kvops.engines.vllm.plan import VllmCapacity
 from kvops.errors import UsageError
 from kvops.plan import Plan, PlanInputs
-from kvops.units import format_bytes
+from kvops.units import GiB, format_bytes
 
-GiB = 1 << 30
 BACKENDS = ("native", "lmcache")
 HOST_PAGE = 4096  # mmap.PAGESIZE: SharedOffloadRegion.BLOCK_SIZE_ALIGNMENT
 BLOCKS_PER_CHUNK = 1

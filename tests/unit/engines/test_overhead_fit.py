@@ -4,13 +4,16 @@ profile peaked in the sampler, a margin from leave-one-out residuals; the shippe
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from kvops.engines import common
-from kvops.engines.common import Observation, fit_overheads, shipped_fit
+from kvops.engines.common import fit_overheads
+from kvops.overheads import POOLED, Observation, shipped_fit
+from kvops.units import GiB
 from tests.support.corpus import fit_corpus, observations
 
-GiB = 1 << 30
 MiB = 1 << 20
 FAMILIES = ("V0", "V1 < 0.11.1", "V1 0.11.1-0.20", "V1 >= 0.21")
 FALLBACKS = {"V1 >= 0.21": "V1 0.11.1-0.20"}
@@ -34,8 +37,8 @@ def test_a_family_with_fewer_than_three_logs_plans_with_the_pooled_fit():
     items = [logged(f"v0-{i}", "V0", GiB, GiB + 100 * MiB, 50 * MiB) for i in range(3)]
     items.append(logged("v1-0", "V1 < 0.11.1", GiB, GiB + 900 * MiB, 10 * MiB))
     fit = fit_overheads("vllm", items, FAMILIES)
-    assert "V1 < 0.11.1" not in fit.families and fit.family("V1 < 0.11.1") is fit.families[common.POOLED]
-    assert fit.family("V1 >= 0.21").family == common.POOLED
+    assert "V1 < 0.11.1" not in fit.families and fit.family("V1 < 0.11.1") is fit.families[POOLED]
+    assert fit.family("V1 >= 0.21").family == POOLED
 
 
 def test_a_family_with_fewer_than_three_logs_plans_with_the_family_it_falls_back_to():
@@ -43,7 +46,7 @@ def test_a_family_with_fewer_than_three_logs_plans_with_the_family_it_falls_back
     items.append(logged("v0-0", "V0", GiB, GiB + 900 * MiB, 10 * MiB))
     fit = fit_overheads("vllm", items, FAMILIES, FALLBACKS)
     assert fit.family("V1 >= 0.21") is fit.families["V1 0.11.1-0.20"]
-    assert fit.family("V0") is fit.families[common.POOLED]  # no fallback named: the pooled fit
+    assert fit.family("V0") is fit.families[POOLED]  # no fallback named: the pooled fit
 
 
 def test_the_sampler_bytes_per_logit_come_from_logs_that_peaked_in_the_sampler():
@@ -143,7 +146,9 @@ def test_an_overhead_read_on_an_estimated_device_total_is_no_measurement():
 
     item = entry("vllm-0.1x-rtxpro6000x4-minimax-m2.5-fp8-tp4")
     plan = plan_entry(item)
-    assert item.log.get("total_memory_bytes") is None and plan.term("total").basis == "estimate"
-    assert observation(item.log, plan, item.id) is None
+    assert item.log.get("total_memory_bytes") is None and plan.term("total").basis == "input"  # 94.97 GiB, logged
+    assert observation(item.log, plan, item.id) is not None
+    estimated = tuple(replace(term, basis="estimate") if term.name == "total" else term for term in plan.memory)
+    assert observation(item.log, replace(plan, memory=estimated), item.id) is None
     known = entry("vllm-0.19.0-h100-llama-3.1-8b-instruct-tp1-8192-llmd")  # the H100's total is known
     assert observation(known.log, plan_entry(known), known.id) is not None

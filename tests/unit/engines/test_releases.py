@@ -4,16 +4,16 @@ that family (tests/fixtures/corpus): what the engine logged is what the release'
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
 from kvops.engines.tgi import releases as tgi
 from kvops.engines.vllm import releases as vllm
 from kvops.errors import ModelNotFound, UsageError
+from kvops.units import GiB
 from tests.support.corpus import entry
 from tests.support.corpus import plan_entry as plan_of
-
-GiB = 1 << 30
 
 
 def plan_entry(log_entry, **options):
@@ -29,7 +29,8 @@ def plan_entry(log_entry, **options):
 
 def test_the_default_is_the_newest_release_and_says_so():
     newest = vllm.release(None)
-    assert str(newest.version) == vllm.NEWEST and newest.family == "V1 >= 0.21" and "newest" in newest.how
+    assert str(newest.version) == vllm.NEWEST == "0.34.0" and "newest" in newest.how
+    assert newest.family == "V1 0.20-0.33" and replace(newest, extensible=True).family == vllm.EXTENSIBLE
     assert str(tgi.release(None).version) == tgi.NEWEST and tgi.release(None).family == "TGI 3.x"
 
 
@@ -38,9 +39,11 @@ def test_families_by_version_and_the_v0_engine():
     assert vllm.release("0.8.5.post1").family == vllm.release("0.11.0").family == "V1 < 0.11.1"
     assert vllm.release("0.8.5-v0").family == "V0" and vllm.release("0.8.5-v0").label == "vLLM 0.8.5 (V0 engine)"
     # FlashInfer became a default dependency in 0.11.1: the profile's sampler stops sorting the vocabulary
-    assert vllm.release("0.11.1").family == vllm.release("0.20.1rc1.dev16+g7a1eb8ac2").family == "V1 0.11.1-0.20"
+    assert vllm.release("0.11.1").family == vllm.release("0.19.1").family == "V1 0.11.1-0.19"
     assert not vllm.release("0.11.0").sampler_sort_free and vllm.release("0.11.1").sampler_sort_free
-    assert vllm.release("0.21.0").family == vllm.release("0.32.0").family == "V1 >= 0.21"
+    assert vllm.release("0.20.1rc1.dev16+g7a1eb8ac2").family == vllm.release("0.33.0").family == "V1 0.20-0.33"
+    # 0.7.x ran V1 with VLLM_USE_V1=1 (vllm/envs.py in the 0.7.0 wheel): planned as V1 with --engine-version X-v1
+    assert vllm.release("0.7.3-v1").family == "V1 < 0.11.1" and "VLLM_USE_V1=1" in vllm.release("0.7.3-v1").label
     assert tgi.release("2.4.1").family == "TGI 1.x/2.x" and tgi.release("v3.0.1").family == "TGI 3.x"
 
 
@@ -49,6 +52,8 @@ def test_releases_kvops_does_not_know_are_one_line_errors():
         vllm.release("0.40.0")
     with pytest.raises(UsageError, match="no V0 engine"):
         vllm.release("0.12.0-v0")
+    with pytest.raises(UsageError, match="no V1 engine"):
+        vllm.release("0.6.4-v1")
     with pytest.raises(UsageError, match="is not a version"):
         vllm.release("latest")
     with pytest.raises(UsageError, match="the last TGI release is"):
@@ -56,7 +61,7 @@ def test_releases_kvops_does_not_know_are_one_line_errors():
 
 
 def test_every_rule_names_its_source():
-    for text in ("0.6.4", "0.8.5-v0", "0.9.0", "0.19.0", "0.21.0", "0.28.0", "0.32.0"):
+    for text in ("0.6.4", "0.7.3-v1", "0.8.5-v0", "0.9.0", "0.19.0", "0.21.0", "0.28.0", "0.32.0", "0.33.0", "0.34.0"):
         rules = vllm.release(text).rules()
         assert rules and all(rule.source for rule in rules), text
     assert all(rule.source for rule in tgi.release("2.0.4").rules())
@@ -66,12 +71,16 @@ def test_every_rule_names_its_source():
 
 
 def test_defaults_that_moved_between_releases():
-    assert vllm.release("0.20.1").default_gpu_memory_utilization == 0.9
-    assert vllm.release("0.21.0").default_gpu_memory_utilization == 0.92  # PR #38284
-    assert not vllm.release("0.20.1").cudagraphs_before_kv and vllm.release("0.21.0").cudagraphs_before_kv
+    # issue 22, defect 2: 0.20.0 already defaults to 0.92 (config/cache.py l.66) and applies the CUDA-graph estimate
+    # (envs.py l.1724: VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS "1"); 0.19.1 neither (l.41, l.1654)
+    assert vllm.release("0.19.1").default_gpu_memory_utilization == 0.9
+    assert vllm.release("0.20.0").default_gpu_memory_utilization == 0.92
+    assert not vllm.release("0.19.1").cudagraphs_before_kv and vllm.release("0.20.0").cudagraphs_before_kv
+    assert replace(vllm.release("0.34.0"), extensible=True).default_gpu_memory_utilization == 1.0
     assert not vllm.release("0.6.4").null_block and vllm.release("0.8.0").null_block
     assert not vllm.release("0.19.0").kv_tokens_by_concurrency and vllm.release("0.20.0").kv_tokens_by_concurrency
-    assert not vllm.release("0.24.0").sliding_counts_in_flight and vllm.release("0.25.0").sliding_counts_in_flight
+    # sliding windows hold the tokens in flight from 0.26.0 (config/vllm.py l.525), not 0.25 (0.25.1 counts batched)
+    assert not vllm.release("0.25.1").sliding_counts_in_flight and vllm.release("0.26.0").sliding_counts_in_flight
 
 
 @pytest.mark.parametrize(
@@ -119,8 +128,8 @@ def test_tgi_wiggle_room_per_tag():
 @pytest.mark.parametrize(
     ("entry_id", "label", "family"),
     [
-        ("vllm-0.11.2-h100-kaggle-gpt-oss-120b-tp1", "vLLM 0.11.2", "V1 0.11.1-0.20"),  # "vLLM API server version"
-        ("vllm-0.19.0-a100-gpt-oss-20b-tp1", "vLLM 0.19.0", "V1 0.11.1-0.20"),  # the startup banner
+        ("vllm-0.11.2-h100-kaggle-gpt-oss-120b-tp1", "vLLM 0.11.2", "V1 0.11.1-0.19"),  # "vLLM API server version"
+        ("vllm-0.19.0-a100-gpt-oss-20b-tp1", "vLLM 0.19.0", "V1 0.11.1-0.19"),  # the startup banner
         ("vllm-0.10.2-l4-qwen3-8b-fp8-unsloth-tp1", "vLLM 0.10.2", "V1 < 0.11.1"),  # "V1 LLM engine (v0.10.2)"
         ("vllm-0.8.5.post1-t4-qwen3-4b-base-unsloth-tp1", "vLLM 0.8.5.post1 (V0 engine)", "V0"),  # "V0 LLM engine"
         ("vllm-0.6-rtx3090-llama-3.1-8b-20k-tp1", "vLLM 0.7.3", "V0"),  # no version line, V0's wording
@@ -236,7 +245,7 @@ def _capacity_logs(family: str):
     return found
 
 
-@pytest.mark.parametrize("family", ["V0", "V1 < 0.11.1", "V1 0.11.1-0.20"])
+@pytest.mark.parametrize("family", ["V0", "V1 < 0.11.1", "V1 0.11.1-0.19"])
 def test_each_familys_capacity_formula_gives_what_its_logs_printed(family):
     """Blocks (V0's '# GPU blocks'), 'GPU KV cache size' tokens and 'Maximum concurrency', from the logged KV by the
     release's rules (null block, groups, tokens per group or concurrency x max_model_len): each logged figure lies

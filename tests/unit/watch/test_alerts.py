@@ -39,6 +39,9 @@ def promtool(*args) -> subprocess.CompletedProcess:
 
 
 STALE_VALUE = "target down, or up without the KV usage series"
+REFUSALS = (
+    'vllm:admission_rejections_total{job="vllm",instance="gpu-0:8000",model_name="m",reason="max_num_queued_reqs"}'
+)
 
 
 def alert(name, eval_time, labels, *, value=None, annotations=None, series=(), runbooks="runbooks"):
@@ -124,6 +127,16 @@ def vllm_cases(runbooks: str) -> list[dict]:
             runbooks=runbooks,
         ),
         alert("EnginePreempting", "75s", {}, series=[(f"vllm:num_preemptions_total{{{VLLM}}}", "3 3 3 3 3 3")]),
+        # vLLM 0.32+: its own queue limit refused requests (503, no Retry-After); an alert, not a level
+        alert(
+            "EngineRefusingRequests",
+            "75s",
+            {key: value for key, value in base.items() if key != "engine"} | {"severity": "warning"},
+            value="4",
+            series=[(REFUSALS, "0 0 0 4 4 4")],
+            runbooks=runbooks,
+        ),
+        alert("EngineRefusingRequests", "75s", {}, series=[(REFUSALS, "4 4 4 4 4 4")]),
         alert(
             "EngineStalled",
             "90s",
@@ -321,7 +334,7 @@ def test_vllm_rules_check_and_every_alert_fires_on_its_series(run_kvops, tmp_pat
         fmt=fmt,
     )
     check = promtool("check", "rules", str(rules))
-    assert check.returncode == 0 and "SUCCESS: 10 rules found" in check.stdout, check.stdout + check.stderr
+    assert check.returncode == 0 and "SUCCESS: 11 rules found" in check.stdout, check.stdout + check.stderr
     cases = vllm_cases("https://runbooks.example.org/kvops")
     assert {case["alert_rule_test"][0]["alertname"] for case in cases} == {
         kind.name for kind in catalogue(load_policy(), "vllm")

@@ -30,7 +30,7 @@ def test_finds_the_removed_kv_usage_in_production_stacks_dashboard(run_kvops):
     }
     text = run_kvops("lint", str(DASHBOARD), expect=1).stdout
     assert (
-        f"{DASHBOARD}:732: vllm:gpu_cache_usage_perc: removed in vLLM 0.32 (deprecated in 0.10, hidden in 0.11, "
+        f"{DASHBOARD}:732: vllm:gpu_cache_usage_perc: removed in vLLM 0.34 (deprecated in 0.10, hidden in 0.11, "
         "removed in 0.12: vllm-project/vllm#18354, hidden #24245, removed #29330); use vllm:kv_cache_usage_perc"
     ) in text
     assert text.splitlines()[-1] == "6 finding(s) that fail, 2 note(s)"
@@ -86,3 +86,24 @@ def test_a_fallback_beside_its_replacement_and_short_ranges(run_kvops, tmp_path)
 def test_mistakes_are_one_line(run_kvops, args, message):
     result = run_kvops("lint", *args, *([] if args[0].startswith("/") else [str(DASHBOARD)]), expect=2)
     assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_the_metrics_added_in_032_to_034_are_known_and_watermark_requests_is_no_kv_headroom(run_kvops, tmp_path):
+    """vLLM 0.32-0.34 add admission_rejections, num_requests_waiting_by_reason, prompt_tokens_cached_by_source and
+    kv_offload_config_info (the 0.34.0 wheel registers them); vllm:watermark_requests counts output-text watermarking,
+    so a rule reading it as KV headroom fails, and a plain mention is a note."""
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(
+        "- expr: sum(rate(vllm:admission_rejections_total[5m])) > 0\n"
+        '- expr: vllm:num_requests_waiting_by_reason{reason="capacity"} > 0\n'
+        "- expr: rate(vllm:prompt_tokens_cached_by_source_total[5m])\n"
+        "- expr: vllm:kv_offload_config_info\n"
+        "- alert: KVHeadroomLow\n  expr: rate(vllm:watermark_requests_total[5m]) < 1 # KV headroom\n"
+        "- expr: sum by (status) (rate(vllm:watermark_requests_total[5m]))\n"
+    )
+    rows = findings(run_kvops, str(rules), expect=1)
+    assert {(f["line"], f["name"], f["problem"], f["fails"]) for f in rows} == {
+        (6, "vllm:watermark_requests", "misread", True),
+        (7, "vllm:watermark_requests", "misread", False),
+    }
+    assert "output-text watermark status" in rows[0]["message"]
