@@ -8,7 +8,6 @@ What the user typed wins over what a run states (`under`); what neither states k
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
-from pathlib import Path
 from typing import Any
 
 from kvops.errors import ConfigError
@@ -32,6 +31,12 @@ class DeploymentOptions:
     quantization: str = "auto"
     memory_fraction: float | None = None
     kv_cache_memory_bytes: int | None = None
+    num_gpu_blocks_override: int | None = None  # vLLM --num-gpu-blocks-override
+    extensible_kv_cache: bool | None = None  # vLLM 0.34+ --[no-]enable-extensible-kv-cache
+    vmm: bool = True  # False: the driver has no virtual memory management (vLLM 0.34 then profiles)
+    custom_all_reduce: bool = True  # False: vLLM --disable-custom-all-reduce
+    as_run: bool = False  # a run's own launch: what it does not state ran at the engine's defaults
+    compilation_config: str | None = None  # vLLM --compilation-config JSON
     batched_tokens: int | None = None
     block_size: int | None = None
     enforce_eager: bool = False
@@ -127,6 +132,12 @@ class DeploymentOptions:
             quantization=self.quantization,
             memory_fraction=self.memory_fraction,
             kv_cache_memory_bytes=pinned,
+            num_gpu_blocks_override=self.num_gpu_blocks_override,
+            extensible_kv_cache=self.extensible_kv_cache,
+            vmm=self.vmm,
+            custom_all_reduce=self.custom_all_reduce,
+            as_run=self.as_run,
+            compilation_config=self.compilation_config,
             batched_tokens=self.batched_tokens,
             max_num_seqs=self.max_num_seqs,
             block_size=self.block_size,
@@ -167,19 +178,14 @@ def warn_level(policy_path: str | None) -> float:
 
 
 def load_profile(path: str) -> Profile:
-    import yaml
+    """A calibration profile (YAML or JSON): a regular file of at most 1 MiB, without alias bombs."""
+    from kvops.files import SETTINGS_LIMIT, read_yaml
 
-    try:
-        data = yaml.safe_load(_read_text(path, "--profile"))
-    except yaml.YAMLError:
-        raise ConfigError(f"{path}: not valid YAML or JSON") from None
-    return Profile.from_dict(data, path)
+    return Profile.from_dict(read_yaml(path, "--profile", SETTINGS_LIMIT, ConfigError), path)
 
 
 def _read_text(path: str, option: str) -> str:
-    try:
-        return Path(path).read_text()
-    except OSError as exc:
-        raise ConfigError(f"{option} {path}: cannot read ({exc.strerror or exc})") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{option} {path}: not a text file") from None
+    """A workload file: a regular file (a FIFO or a device is refused), bounded."""
+    from kvops.files import LOG_LIMIT, read_text
+
+    return read_text(path, option, LOG_LIMIT, ConfigError)

@@ -16,8 +16,7 @@ from dataclasses import dataclass
 from kvops.errors import KvopsError
 
 MiB = 1 << 20
-_DEVICE_ROW = re.compile(r"^\|\s+(\d+)\s+(.+?)\s+(?:On|Off)\s+\|")
-_MEMORY_CELL = re.compile(r"\|\s*(\d+)MiB\s*/\s*(\d+)MiB\s*\|")
+_MEMORY_CELL = re.compile(r"\|\s*(\d{1,12})MiB\s*/\s*(\d{1,12})MiB\s*\|")  # 12 digits of MiB: past any device
 _CSV_FIELD = re.compile(r"^\s*([a-z_.]+)(?:\s*\[([^\]]+)\])?\s*$")
 
 
@@ -52,9 +51,9 @@ def _table(text: str) -> list[SmiDevice]:
     for line in text.splitlines():
         if "Processes:" in line or "MIG devices:" in line:
             break
-        row = _DEVICE_ROW.match(line.strip())
+        row = _device_row(line)
         if row:
-            pending = (int(row.group(1)), row.group(2).strip())
+            pending = row
             continue
         memory = _MEMORY_CELL.search(line)
         if memory and pending:
@@ -62,6 +61,22 @@ def _table(text: str) -> list[SmiDevice]:
             devices.append(SmiDevice(index, int(memory.group(1)) * MiB, int(memory.group(2)) * MiB, name))
             pending = None
     return devices
+
+
+def _device_row(line: str) -> tuple[int, str] | None:
+    """`|   0  NVIDIA GeForce RTX 4090   On  | ...`: the index and name of the device in the row's first cell (read
+    by words, not a regex: a hostile line of blanks cannot make it backtrack)."""
+    cells = line.strip().split("|")
+    if len(cells) < 3 or cells[0] or not cells[1][:1].isspace():
+        return None
+    words = cells[1].split()
+    if len(words) < 3 or words[-1] not in ("On", "Off") or not _small_number(words[0]):
+        return None
+    return int(words[0]), " ".join(words[1:-1])
+
+
+def _small_number(text: str) -> bool:
+    return text.isascii() and text.isdigit() and len(text) <= 6
 
 
 def _csv(text: str, where: str) -> list[SmiDevice]:
@@ -84,7 +99,7 @@ def _csv(text: str, where: str) -> list[SmiDevice]:
                 f"{where}: line {number + 1} has {len(row)} fields, the header {len(fields)} ({', '.join(fields)})"
             )
         record = dict(zip(fields, row))
-        index = int(record["index"]) if record.get("index", "").isdigit() else number
+        index = int(record["index"]) if _small_number(record.get("index", "")) else number
         devices.append(
             SmiDevice(
                 index, _mib(record["memory.used"], where), _mib(record["memory.total"], where), record.get("name")
@@ -98,7 +113,7 @@ def _is_value(cell: str) -> bool:
 
 
 def _mib(cell: str, where: str) -> int:
-    match = re.fullmatch(r"(\d+)(?:\s*MiB)?", cell)
+    match = re.fullmatch(r"(\d{1,12})(?:\s*MiB)?", cell)
     if not match:
         raise KvopsError(f"{where}: {cell!r} is not a memory figure in MiB (nvidia-smi prints e.g. '24564 MiB')")
     return int(match.group(1)) * MiB

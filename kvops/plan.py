@@ -19,7 +19,7 @@ from kvops.units import format_bytes
 from kvops.workload import Workload
 
 if TYPE_CHECKING:
-    from kvops.engines.common import OverheadFit
+    from kvops.overheads import OverheadFit
 
 
 class PlanError(KvopsError):
@@ -95,6 +95,14 @@ class PlanInputs:
     quantization: str = "auto"
     memory_fraction: float | None = None  # vLLM --gpu-memory-utilization / TGI --cuda-memory-fraction
     kv_cache_memory_bytes: int | None = None  # vLLM --kv-cache-memory-bytes
+    num_gpu_blocks_override: int | None = None  # vLLM --num-gpu-blocks-override: the block count, fixed
+    extensible_kv_cache: bool | None = None  # vLLM 0.34+ --[no-]enable-extensible-kv-cache (None: vLLM decides)
+    vmm: bool = True  # False: the driver has no virtual memory management (WSL2), vLLM 0.34 falls back to profiling
+    custom_all_reduce: bool = True  # False: vLLM --disable-custom-all-reduce
+    compilation_config: str | None = None  # vLLM --compilation-config JSON, as given (its CUDA-graph settings read)
+    # a run that happened (calibration, the accuracy corpus): options it does not state ran at the engine's defaults,
+    # not at what a plan would choose (vLLM's profile sized its sampler for its default max_num_seqs)
+    as_run: bool = False
     batched_tokens: int | None = None  # vLLM --max-num-batched-tokens / TGI --max-batch-prefill-tokens
     max_num_seqs: int | None = None  # vLLM --max-num-seqs / TGI --max-concurrent-requests
     block_size: int | None = None
@@ -234,7 +242,7 @@ class WayOut:
 class Plan:
     inputs: PlanInputs
     memory: tuple[Term, ...]
-    kv_cache_bytes: int
+    kv_cache_bytes: int  # the KV memory the capacity is sized on: the engine's predicted figure less kv_margin_bytes
     capacity: Capacity | None  # None when the plan stopped before sizing the pool
     flags: Mapping[str, Any]
     program: tuple[str, ...]  # what starts the engine: its own program or the user's --launcher
@@ -246,6 +254,12 @@ class Plan:
     warnings: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
     release: Release | None = None  # the engine release whose rules the plan follows
+    kv_margin_bytes: int = 0  # kvops' margin below the engine's predicted KV (0: none planned)
+
+    @property
+    def engine_kv_bytes(self) -> int:
+        """The KV memory the engine itself is predicted to size (its 'Available KV cache memory')."""
+        return self.kv_cache_bytes + self.kv_margin_bytes
 
     @property
     def engine(self) -> str:
@@ -285,8 +299,8 @@ class Plan:
 
     @property
     def all_warnings(self) -> list[str]:
-        """The plan's warnings, the estimates last."""
-        return [*self.warnings, *filter(None, [self.estimates_warning])]
+        """The model's warnings (a layer count taken from a default), the plan's, the estimates last."""
+        return [*self.inputs.spec.warnings, *self.warnings, *filter(None, [self.estimates_warning])]
 
     @property
     def local_model(self) -> str | None:
@@ -313,7 +327,7 @@ class Plan:
             "have_bytes": self.have_bytes,
             "flags": dict(self.flags),
             "command": {"argv": self.argv, "program": list(self.program), "image": self.image, "port": self.port},
-            "memory": {"kv_cache_bytes": self.kv_cache_bytes, "terms": [term.to_dict() for term in self.memory]},
+            "memory": self._memory_dict(),
             "capacity": self.capacity.to_dict() if self.capacity else {},
             "workload": inputs.workload.to_dict(),
             "estimates": [
@@ -324,6 +338,17 @@ class Plan:
             "warnings": self.all_warnings,
             "notes": list(self.notes),
             "from_command": list(inputs.command_lines),
+        }
+
+    def _memory_dict(self) -> dict[str, Any]:
+        """The engine's predicted KV and kvops' margin apart, and which of them the capacity is sized on."""
+        uses = "kv_cache_bytes" if not self.kv_margin_bytes else "kv_cache_bytes - margin_bytes"
+        return {
+            "kv_cache_bytes": self.engine_kv_bytes,
+            "margin_bytes": self.kv_margin_bytes,
+            "capacity_kv_bytes": self.kv_cache_bytes,
+            "capacity_uses": f"capacity_kv_bytes = {uses}",
+            "terms": [term.to_dict() for term in self.memory],
         }
 
 

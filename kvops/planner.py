@@ -178,8 +178,11 @@ def kv_budget(
     result = predict(inputs)
     adapter = engines.get(engine)
     fraction = result.flags.get(adapter.memory_fraction_flag)
+    setting = f"--{adapter.memory_fraction_flag} {fraction:g}" if fraction is not None else ""
+    if fraction is None:  # left unset (vLLM 0.34's extensible KV cache): the share the plan requested
+        requested, total = result.term("requested"), result.term("total")
+        fraction = round(requested.bytes / total.bytes, 4) if requested and total and total.bytes else 1.0
+        setting = f"--{adapter.memory_fraction_flag} unset ({fraction:g})"
     kv = max(result.kv_cache_bytes, 0)
-    basis = (
-        f"{adapter.title} --{adapter.memory_fraction_flag} {fraction:g} on {gpu.id}: {format_bytes(kv)} for {spec.name}"
-    )
+    basis = f"{adapter.title} {setting} on {gpu.id}: {format_bytes(kv)} for {spec.name}"
     return KvBudget(spec.name, engine, gpu.id, fraction, kv, basis)

@@ -366,15 +366,10 @@ def load_policy(path: str | Path | None = None) -> Policy:
     defaults = yaml.safe_load(default_policy_text())
     if path is None:
         return policy_from_dict(defaults, "default policy")
-    where = str(path)
-    try:
-        loaded = yaml.safe_load(Path(path).read_text())
-    except OSError as exc:
-        raise PolicyError(f"{where}: cannot read ({exc.strerror or exc})") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise PolicyError(f"{where}: not valid YAML{at}") from None
+    from kvops.files import SETTINGS_LIMIT, load_yaml, read_text
+
+    where = str(path)  # a regular file of at most 1 MiB (no FIFO, no /dev/zero), its YAML without alias bombs
+    loaded = load_yaml(read_text(path, "--policy", SETTINGS_LIMIT, PolicyError), where, PolicyError)
     if loaded is None:
         loaded = {}
     if not isinstance(loaded, dict):
@@ -390,6 +385,12 @@ def _merge(base: dict, override: dict) -> dict:
 
 
 def policy_from_dict(data: dict[str, Any], where: str) -> Policy:
+    _mapping(data, where, required=True)
+    for section in _SECTIONS:  # each section a mapping of names, so nothing below meets a list or a number
+        _mapping(data.get(section), f"{where}: {section}", required=section in ("levels", "actions"))
+    for section in ("actions", "signals"):
+        for name, value in (data.get(section) or {}).items():
+            _mapping(value, f"{where}: {section}.{name}")
     known = {
         "levels",
         "hysteresis",
@@ -428,11 +429,15 @@ def policy_from_dict(data: dict[str, Any], where: str) -> Policy:
     if mode not in ("fail-open", "fail-closed"):
         raise PolicyError(f"{where}: unknown.mode {mode!r}; valid: fail-open, fail-closed")
     stale = unknown.get("stale_after_failures", 3)
-    if not isinstance(stale, int) or isinstance(stale, bool) or stale < 1:
-        raise PolicyError(f"{where}: unknown.stale_after_failures {stale!r} must be a positive integer")
+    if not _whole(stale, 1, MAX_POLLS):
+        raise PolicyError(
+            f"{where}: unknown.stale_after_failures {stale!r} must be a whole number from 1 to {MAX_POLLS:,}"
+        )
     grace_polls = unknown.get("grace_polls", 2)
-    if not isinstance(grace_polls, int) or isinstance(grace_polls, bool) or grace_polls < 0:
-        raise PolicyError(f"{where}: unknown.grace_polls {grace_polls!r} must be a whole number, 0 or more")
+    if not _whole(grace_polls, 0, MAX_POLLS):
+        raise PolicyError(
+            f"{where}: unknown.grace_polls {grace_polls!r} must be a whole number, 0 or more (at most {MAX_POLLS:,})"
+        )
     grace_seconds = None
     if unknown.get("grace_seconds") is not None:
         grace_seconds = _number(unknown, "grace_seconds", f"{where}: unknown", low=0.0, high=86400.0)
@@ -457,12 +462,33 @@ def _request_tokens(headroom: dict, where: str) -> int | None:
     if extra:
         raise PolicyError(f"{where}: unknown key 'headroom.{extra[0]}'; valid: request_tokens")
     tokens = headroom.get("request_tokens")
-    if tokens is not None and (not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 1):
-        raise PolicyError(f"{where}: headroom.request_tokens {tokens!r} must be a positive integer or null")
+    if tokens is not None and not _whole(tokens, 1, MAX_TOKENS):
+        raise PolicyError(
+            f"{where}: headroom.request_tokens {tokens!r} must be a whole number from 1 to {MAX_TOKENS:,}, or null"
+        )
     return tokens
 
 
 _UNKNOWN_KEYS = {"mode", "grace_polls", "grace_seconds", "stale_after_failures"}
+_SECTIONS = ("levels", "actions", "signals", "unknown", "headroom", "gpu_memory", "priorities")
+MAX_POLLS = 1_000_000
+MAX_TOKENS = 1 << 32  # a request's tokens, a max_tokens cap
+MAX_PRIORITY = 1 << 62  # vLLM priorities are Python ints; a policy's bounds past this are no request's
+
+
+def _mapping(value: Any, where: str, required: bool = False) -> None:
+    """A policy section: a mapping whose keys are names (YAML also allows numbers and lists as keys), or absent."""
+    if value is None and not required:
+        return
+    if not isinstance(value, dict):
+        raise PolicyError(f"{where} must be a mapping of names to values, not {type(value).__name__} {value!r:.60}")
+    for key in value:
+        if not isinstance(key, str):
+            raise PolicyError(f"{where}: the key {key!r:.60} is not a name; keys are names such as warn or actions")
+
+
+def _whole(value: Any, low: int, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
 
 
 def _priorities(data: dict[str, Any], where: str) -> Priorities:
@@ -475,8 +501,10 @@ def _priorities(data: dict[str, Any], where: str) -> Priorities:
     bounds = {}
     for key in ("sheddable_above", "protected_below"):
         value = section.get(key, 0)
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise PolicyError(f"{where}: priorities.{key} {value!r} must be an integer (a vLLM request priority)")
+        if not _whole(value, -MAX_PRIORITY, MAX_PRIORITY):
+            raise PolicyError(
+                f"{where}: priorities.{key} {value!r} must be a whole number (a vLLM request priority) within +-2**62"
+            )
         bounds[key] = value
     if bounds["protected_below"] > bounds["sheddable_above"] + 1:
         raise PolicyError(
@@ -513,13 +541,15 @@ def _limits(level: Level, data: dict, where: str) -> Limits:
     if extra:
         raise PolicyError(f"{where}: unknown action {extra[0]!r}; valid: {', '.join(sorted(_ACTION_KEYS))}")
     cap = data.get("max_tokens_cap")
-    if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 1):
-        raise PolicyError(f"{where}.max_tokens_cap {cap!r} must be a positive integer or null")
+    if cap is not None and not _whole(cap, 1, MAX_TOKENS):
+        raise PolicyError(f"{where}.max_tokens_cap {cap!r} must be a whole number from 1 to {MAX_TOKENS:,}, or null")
     retry = data.get("retry_after_seconds")
     refuses = bool(data.get("reject") or data.get("reject_sheddable"))
-    if refuses and (not isinstance(retry, int) or isinstance(retry, bool) or retry < 1):
+    if refuses and not _whole(retry, 1, 86400):
         which = "reject" if data.get("reject") else "reject_sheddable"
-        raise PolicyError(f"{where}.retry_after_seconds {retry!r} must be a positive integer when {which} is true")
+        raise PolicyError(
+            f"{where}.retry_after_seconds {retry!r} must be a whole number from 1 to 86,400 when {which} is true"
+        )
     for flag in ("single_sequence", "reject", "reject_sheddable"):
         if not isinstance(data.get(flag, False), bool):
             raise PolicyError(f"{where}.{flag} {data[flag]!r} must be true or false")

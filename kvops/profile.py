@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from kvops import engines
 from kvops.errors import ConfigError
 
 PROFILE_VERSION = 1
@@ -58,15 +57,38 @@ class Profile:
                 f"{where}: not a kvops profile (expected `kvops_profile: {PROFILE_VERSION}`; write one with `kvops calibrate --save`)"
             )
         known = {field.name for field in fields(cls)}
-        unknown = sorted(set(data) - known - {"kvops_profile"})
+        unknown = sorted(str(key) for key in set(data) - known - {"kvops_profile"})
         if unknown:
             raise ConfigError(f"{where}: unknown profile key {unknown[0]!r}; valid: {', '.join(sorted(known))}")
-        if data.get("engine") not in engines.NAMES:
-            raise ConfigError(f"{where}: engine {data.get('engine')!r}; valid: {', '.join(engines.NAMES)}")
-        for key in known - {"engine", "source", "model", "gpu", "engine_version", "gpu_memory_utilization"}:
-            value = data.get(key)
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
-                raise ConfigError(f"{where}: {key} {value!r} must be a non-negative integer")
-        if data.get("engine_version") is not None:
-            data = {**data, "engine_version": str(data["engine_version"])}
-        return cls(**{key: data[key] for key in known if key in data})
+        if not isinstance(data.get("engine"), str) or not data["engine"]:  # a foreign engine: its adapter refuses it
+            raise ConfigError(
+                f"{where}: engine {data.get('engine')!r:.60} is not an engine name (`kvops calibrate --save` writes it)"
+            )
+        checked = {key: _checked(key, data[key], where) for key in known if data.get(key) is not None}
+        checked.setdefault("source", where)
+        return cls(**checked)
+
+
+_TEXTS = ("engine", "source", "model", "gpu", "engine_version")
+MAX_BYTES = 1 << 50  # a PiB: past any device's memory
+# the largest value each whole-number field may hold (bytes fields: MAX_BYTES)
+_HIGHEST = {"tp": 4096, "block_size": 1 << 20, "num_gpu_blocks": 1 << 40, "max_num_batched_tokens": 1 << 32}
+
+
+def _checked(key: str, value: Any, where: str) -> Any:
+    """One profile field, typed and bounded: names are strings, gpu_memory_utilization a fraction, the rest whole
+    numbers (bytes, blocks, tokens) no device holds more of."""
+    if key in _TEXTS:
+        if key == "engine_version" and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)  # YAML reads 0.10 as a number
+        if not isinstance(value, str) or len(value) > 4096:
+            raise ConfigError(f"{where}: {key} {value!r:.60} must be a string")
+        return value
+    if key == "gpu_memory_utilization":
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+            raise ConfigError(f"{where}: gpu_memory_utilization {value!r:.60} must be a number in (0, 1]")
+        return float(value)
+    lowest, highest = (1 if key in ("tp", "block_size") else 0), _HIGHEST.get(key, MAX_BYTES)
+    if isinstance(value, bool) or not isinstance(value, int) or not lowest <= value <= highest:
+        raise ConfigError(f"{where}: {key} {value!r:.60} must be a whole number from {lowest} to {highest:,}")
+    return value

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any, TypeGuard
 
 from kvops.errors import UsageError
 
@@ -35,13 +36,29 @@ def speculative_settings(text: str) -> SpeculativeSettings:
     if not isinstance(config, dict):
         raise UsageError(f"--speculative-config {text!r} must be a JSON object, e.g. '{EXAMPLE}'")
     model, tokens = config.get("model"), config.get("num_speculative_tokens")
+    for key in ("model", "method"):
+        if config.get(key) is not None and not isinstance(config[key], str):
+            raise UsageError(f"--speculative-config {text!r}: {key} must be a string")
     method = _method(config.get("method"), str(model or "").lower())
-    if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 1:
-        raise UsageError(f"--speculative-config {text!r}: give num_speculative_tokens, a positive integer")
+    if not _whole(tokens, 1, MAX_TOKENS):
+        raise UsageError(
+            f"--speculative-config {text!r}: give num_speculative_tokens, a whole number from 1 to {MAX_TOKENS}"
+        )
     if method in DRAFTED and not model:
         raise UsageError(f'--speculative-config method {method} needs "model": the draft\'s Hub id or folder')
     draft_tp = config.get("draft_tensor_parallel_size")
+    if draft_tp is not None and not _whole(draft_tp, 1, 4096):
+        raise UsageError(
+            f"--speculative-config {text!r}: draft_tensor_parallel_size must be a whole number from 1 to 4096"
+        )
     return SpeculativeSettings(method, tokens, model if method in DRAFTED else None, draft_tp)
+
+
+MAX_TOKENS = 1024  # drafted tokens per step: vLLM's runs use up to a few dozen
+
+
+def _whole(value: Any, low: int, high: int) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
 
 
 def _method(method: str | None, model: str) -> str:

@@ -10,11 +10,14 @@ without a template, the text encoded with the tokenizer's own special tokens (BO
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 from kvops.errors import ConfigError, UsageError
+from kvops.files import DOCUMENT_LIMIT, LOG_LIMIT, load_json, read_json, read_text
 from kvops.workload import percentile
 
 
@@ -24,6 +27,9 @@ class Prompt:
 
     source: str
     messages: tuple[dict[str, str], ...]
+
+
+TOKENIZER_LIMIT = 512 << 20  # tokenizer.json: tens of MiB for the largest vocabularies
 
 
 class LocalTokenizer:
@@ -39,12 +45,16 @@ class LocalTokenizer:
             raise ConfigError(
                 f"{file}: no tokenizer.json (kvops tokens reads a local Hugging Face tokenizer folder or its tokenizer.json)"
             )
+        text = read_text(file, "", TOKENIZER_LIMIT, ConfigError)  # a regular file: a FIFO is refused, not waited on
         try:
-            self.tokenizer = Tokenizer.from_file(str(file))
+            self.tokenizer = Tokenizer.from_str(text)
         except Exception as exc:  # the tokenizers library raises a bare Exception on a bad file
-            raise ConfigError(f"{file}: not a tokenizers file ({str(exc).splitlines()[0]})") from None
+            raise ConfigError(f"{file}: not a tokenizers file ({(str(exc).splitlines() or [''])[0]})") from None
         config_file = folder / "tokenizer_config.json"
-        self.config: dict[str, Any] = json.loads(config_file.read_text()) if config_file.exists() else {}
+        config = read_json(config_file, "", DOCUMENT_LIMIT, ConfigError) if config_file.exists() else {}
+        if not isinstance(config, dict):
+            raise ConfigError(f"{config_file}: not a JSON object of tokenizer settings")
+        self.config: dict[str, Any] = config
         self.where = str(folder)
 
     def count(self, text: str, *, special_tokens: bool) -> int:
@@ -52,15 +62,21 @@ class LocalTokenizer:
 
     def special(self, name: str) -> str:
         value = self.config.get(name) or ""
-        return value.get("content", "") if isinstance(value, dict) else str(value)
+        return str(value.get("content", "")) if isinstance(value, dict) else str(value)
 
     def chat_template(self) -> str:
         template = self.config.get("chat_template")
         if isinstance(template, list):  # named templates: the default one
-            template = next((item["template"] for item in template if item.get("name") == "default"), None)
+            named = [item for item in template if isinstance(item, dict) and item.get("name") == "default"]
+            template = named[0].get("template") if named else None
         if not template:
             raise ConfigError(
                 f"{self.where}: tokenizer_config.json has no chat_template; drop --chat-template or use the model's own tokenizer folder"
+            )
+        if not isinstance(template, str):
+            raise ConfigError(
+                f"{self.where}: tokenizer_config.json chat_template is not a template string (nor a list of "
+                '{"name", "template"} objects with a "default" one)'
             )
         return template
 
@@ -70,26 +86,95 @@ def render_chat(tokenizer: LocalTokenizer, messages: list[dict[str, str]]) -> st
     from datetime import datetime
 
     from jinja2 import TemplateError
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     def raise_exception(message: str) -> None:
         raise TemplateError(message)
 
-    environment = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
-    )
+    environment = _bounded_sandbox()(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
     environment.filters["tojson"] = lambda value, indent=None: json.dumps(value, ensure_ascii=False, indent=indent)
     environment.globals["raise_exception"] = raise_exception
     environment.globals["strftime_now"] = lambda form: datetime.now().strftime(form)
+    environment.globals["range"] = _counted_range()
+    template = tokenizer.chat_template()
     try:
-        return environment.from_string(tokenizer.chat_template()).render(
+        pieces = environment.from_string(template).generate(
             messages=messages,
             add_generation_prompt=True,
             bos_token=tokenizer.special("bos_token"),
             eos_token=tokenizer.special("eos_token"),
         )
+        return _bounded_join(pieces)
     except TemplateError as exc:
         raise ConfigError(f"{tokenizer.where}: the chat template failed: {exc}") from None
+    except TemplateLimit as exc:
+        raise ConfigError(f"{tokenizer.where}: the chat template is refused: {exc}") from None
+    except Exception as exc:  # a template is code the user gave: whatever it raises is its failure, in one line
+        raise ConfigError(f"{tokenizer.where}: the chat template failed: {type(exc).__name__}: {exc}") from None
+
+
+# What one chat template may do: a template is code from the tokenizer folder, run in jinja2's sandbox, and bounded
+# here in time (range() items in all) and in memory (its output, and what one `*` or `**` may build).
+TEMPLATE_OUTPUT_LIMIT = 16 << 20
+TEMPLATE_RANGE_ITEMS = 1_000_000
+
+
+def _bounded_join(pieces: Iterable[str]) -> str:
+    out: list[str] = []
+    size = 0
+    for piece in pieces:
+        size += len(piece)
+        if size > TEMPLATE_OUTPUT_LIMIT:
+            raise TemplateLimit(f"it renders more than {TEMPLATE_OUTPUT_LIMIT >> 20} MiB of prompt")
+        out.append(piece)
+    return "".join(out)
+
+
+def _counted_range() -> Callable[..., Iterator[int]]:
+    """range() that stops the template past TEMPLATE_RANGE_ITEMS items over the whole render (nested loops too)."""
+    left = [TEMPLATE_RANGE_ITEMS]
+
+    def counted(*args: int) -> Iterator[int]:
+        for item in range(*args):
+            left[0] -= 1
+            if left[0] < 0:
+                raise TemplateLimit(f"its loops run more than {TEMPLATE_RANGE_ITEMS:,} range() items")
+            yield item
+
+    return counted
+
+
+@cache
+def _bounded_sandbox() -> type:
+    """jinja2's immutable sandbox, with `*` and `**` checked before they build a giant string, list or number."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class BoundedSandbox(ImmutableSandboxedEnvironment):
+        intercepted_binops = frozenset({"*", "**"})
+
+        def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+            if operator == "**" and not (_small(left, 1 << 32) and _small(right, 64)):
+                raise TemplateLimit(f"{left!r} ** {right!r} is larger than a template needs")
+            if operator == "*" and _sized(left, right) > TEMPLATE_OUTPUT_LIMIT:
+                raise TemplateLimit(f"a {type(left).__name__} * {right!r} is larger than a template needs")
+            return super().call_binop(context, operator, left, right)
+
+    return BoundedSandbox
+
+
+def _small(value: Any, limit: int) -> bool:
+    return isinstance(value, (int, float)) and abs(value) <= limit
+
+
+def _sized(left: Any, right: Any) -> float:
+    """The length `left * right` would have when one side is a sequence and the other a count; 0 otherwise."""
+    for items, count in ((left, right), (right, left)):
+        if isinstance(items, (str, list, tuple)) and isinstance(count, int):
+            return len(items) * count
+    return 0
+
+
+class TemplateLimit(Exception):
+    """A chat template past the bounds above: the message says which."""
 
 
 def prompt_tokens(tokenizer: LocalTokenizer, prompt: Prompt, *, chat_template: bool, system_prompt: str | None) -> int:
@@ -103,10 +188,7 @@ def prompt_tokens(tokenizer: LocalTokenizer, prompt: Prompt, *, chat_template: b
 
 def read_prompts(path: Path) -> list[Prompt]:
     """A text file is one prompt; a .jsonl file holds one per line: {"prompt": "..."} or {"messages": [...]}."""
-    try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"{path}: cannot read ({exc.__class__.__name__})") from None
+    text = read_text(path, "", LOG_LIMIT, UsageError)
     if path.suffix != ".jsonl":
         return [Prompt(str(path), ({"role": "user", "content": text},))]
     prompts = []
@@ -114,10 +196,7 @@ def read_prompts(path: Path) -> list[Prompt]:
         if not line.strip():
             continue
         where = f"{path}:{number}"
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise UsageError(f"{where}: not valid JSON ({exc.msg})") from None
+        record = load_json(line, where, UsageError)
         prompts.append(Prompt(where, _messages(record, where)))
     return prompts
 

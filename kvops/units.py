@@ -7,7 +7,8 @@ from decimal import Decimal
 
 from kvops.errors import UsageError
 
-BINARY_UNITS = (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10))
+GiB = 1 << 30  # the one definition: import it from here
+BINARY_UNITS = (("TiB", 1 << 40), ("GiB", GiB), ("MiB", 1 << 20), ("KiB", 1 << 10))
 _DECIMAL_UNITS = {"k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9, "t": 10**12, "tb": 10**12}
 _BINARY_BY_NAME = {name.lower(): size for name, size in BINARY_UNITS} | {"b": 1, "": 1}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")

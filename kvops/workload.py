@@ -6,13 +6,13 @@ caller reads the file.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from math import ceil
 from typing import Any
 
 from kvops.errors import UsageError
+from kvops.files import load_json
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,7 @@ class Workload:
         }
 
 
+MAX_REQUEST_TOKENS = 1 << 32  # past any model's context
 _PROMPT_KEYS = ("prompt_tokens", "input_tokens", "prompt_len", "input_len")
 _GEN_KEYS = ("gen_tokens", "output_tokens", "completion_tokens", "max_tokens", "output_len")
 
@@ -56,15 +57,12 @@ def parse_workload(lines: Iterable[str], where: str, sequences: int = 1) -> Work
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise UsageError(f"{where}:{number}: not JSON ({exc.msg})") from None
+        record = load_json(line, f"{where}:{number}", UsageError)
         prompt = _first_int(record, _PROMPT_KEYS)
         gen = _first_int(record, _GEN_KEYS)
         if prompt is None or gen is None:
             raise UsageError(
-                f"{where}:{number}: needs a prompt length ({', '.join(_PROMPT_KEYS)}) and an output length ({', '.join(_GEN_KEYS)})"
+                f"{where}:{number}: needs a prompt length ({', '.join(_PROMPT_KEYS)}) and an output length ({', '.join(_GEN_KEYS)}), each a whole number from 0 to {MAX_REQUEST_TOKENS:,}"
             )
         prompts.append(prompt)
         gens.append(gen)
@@ -87,7 +85,7 @@ def _first_int(record: Any, keys: tuple[str, ...]) -> int | None:
         return None
     for key in keys:
         value = record.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_REQUEST_TOKENS:
             return value
     return None
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import traceback
 
 import click
 
@@ -45,6 +46,8 @@ class LazyGroup(click.Group):
     def main(self, *args, **kwargs):
         """Run with one-line errors: user mistakes never show a traceback."""
         kwargs["standalone_mode"] = False
+        argv = list(kwargs.get("args") or (args[0] if args else None) or sys.argv[1:])
+        probe = self._probe_exit(argv)
         try:
             status = super().main(*args, **kwargs)
         except click.exceptions.Exit as done:
@@ -55,16 +58,31 @@ class LazyGroup(click.Group):
         except click.UsageError as exc:
             command = exc.ctx.command_path if exc.ctx else "kvops"
             click.echo(f"{command}: error: {exc.format_message()} (see `{command} --help`)", err=True)
-            sys.exit(exc.exit_code)
+            sys.exit(probe or exc.exit_code)
         except click.ClickException as exc:
             click.echo(f"kvops: error: {exc.format_message()}", err=True)
-            sys.exit(exc.exit_code)
+            sys.exit(probe or exc.exit_code)
         except KvopsError as exc:
             click.echo(f"kvops: error: {exc}", err=True)
-            sys.exit(exc.exit_code)
+            sys.exit(probe or exc.exit_code)
         except BrokenPipeError:
             sys.exit(0)
+        except Exception:
+            if probe is None:
+                raise
+            traceback.print_exc()  # a fault of kvops: the traceback is for its report, the exit code for the probe
+            sys.exit(probe)
         sys.exit(status if isinstance(status, int) else 0)
+
+    def _probe_exit(self, argv: list[str]) -> int | None:
+        """The exit code a command gives every error of its run, where it has one (`kvops watch --once`, a probe
+        whose 1-3 are levels); None for the usual codes."""
+        name = next((word for word in argv if not word.startswith("-")), None)
+        if name not in COMMANDS:
+            return None
+        command = self.get_command(click.Context(self), name)
+        error_exit_code = getattr(command, "error_exit_code", None)
+        return error_exit_code(argv) if error_exit_code else None
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})

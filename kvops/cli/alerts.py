@@ -72,13 +72,8 @@ def alerts(engine, fmt, runbook_url, policy_path, selector, scrape_interval, max
 
 def plan_figures(engine: str, path: str):
     """The headroom and memory figures of a `kvops plan --json` file."""
-    import json
-
-    from kvops.files import read_text
+    from kvops.files import read_json
     from kvops.watch.rules import PlanFigures
 
-    try:
-        data = json.loads(read_text(path, "--plan"))
-    except json.JSONDecodeError as exc:
-        raise click.BadParameter(f"{path}: not JSON (line {exc.lineno}: {exc.msg})", param_hint="--plan") from None
+    data = read_json(path, "--plan")  # a regular file, bounded in size and depth
     return PlanFigures.from_plan(engine, data, f"--plan {path}")

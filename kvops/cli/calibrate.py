@@ -40,7 +40,7 @@ def calibrate(
     """Predicted against actual, term by term, for an engine run; save what it measured as a profile."""
     from kvops import engines
     from kvops.calibrate import calibrate_run
-    from kvops.files import fetch_metrics, read_text, write_text
+    from kvops.files import LOG_LIMIT, fetch_metrics, read_text, write_text
     from kvops.render.plan import calibration_text
 
     if tgi_log and (vllm_log or metrics_url):
@@ -50,7 +50,8 @@ def calibrate(
     engine = engines.get("tgi" if tgi_log else "vllm")
     log_path = tgi_log or vllm_log
     source = " + ".join(str(item) for item in (vllm_log, tgi_log, metrics_url) if item)
-    log = engine.read_log(read_text(log_path, "--tgi-log" if tgi_log else "--vllm-log"), log_path) if log_path else None
+    log_option = "--tgi-log" if tgi_log else "--vllm-log"
+    log = engine.read_log(read_text(log_path, log_option, LOG_LIMIT), log_path) if log_path else None
     config = engine.run_config(fetch_metrics(metrics_url), metrics_url) if metrics_url else None
     options = deployment_options(ctx, params)
     if metrics_url:

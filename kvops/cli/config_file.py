@@ -15,15 +15,14 @@ value from the file is parsed and checked exactly as the same flag would be.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
 import click
 
-from kvops.units import parse_bytes
+from kvops.units import GiB, parse_bytes
 
-GiB = 1 << 30
 # the seed ranks KV quality bf16 > int8 > fp8 (fp16 and fp32 as bf16: unquantized)
 SEED_QUALITY = ("bf16", "int8", "fp8")
 UNSUPPORTED = {
@@ -66,15 +65,17 @@ def file_option(function: Callable) -> Callable:
 def _load(ctx: click.Context, param: click.Parameter, path: Path | None) -> None:
     if path is None:
         return
-    import yaml
+    from kvops.errors import KvopsError
+    from kvops.files import SETTINGS_LIMIT, read_yaml
 
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise click.BadParameter(f"{path}: not readable YAML ({str(exc).splitlines()[0]})", param=param) from None
+    try:  # a regular file of at most 1 MiB, its YAML bounded in depth and aliases
+        data = read_yaml(path, "", SETTINGS_LIMIT) or {}
+    except KvopsError as exc:
+        raise click.BadParameter(str(exc), param=param) from None
     if not isinstance(data, dict):
         raise click.BadParameter(f"{path}: want a mapping of option names to values", param=param)
-    values, notes = options_from(data, _option_names(ctx.command), str(path))
+    multiple = {param.name for param in ctx.command.params if getattr(param, "multiple", False)}
+    values, notes = options_from(data, _option_names(ctx.command), str(path), multiple)
     for note in notes:
         click.echo(f"kvops: warning: {note}", err=True)
     ctx.default_map = {**(ctx.default_map or {}), **values}
@@ -154,8 +155,11 @@ def _option_names(command: click.Command) -> dict[str, str]:
     return names
 
 
-def options_from(data: dict[str, Any], options: dict[str, str], where: str) -> tuple[dict[str, Any], list[str]]:
-    """The file's values by parameter name, and a note for each key no engine implements. Pure."""
+def options_from(
+    data: dict[str, Any], options: dict[str, str], where: str, multiple: Collection[str | None] = ()
+) -> tuple[dict[str, Any], list[str]]:
+    """The file's values by parameter name, and a note for each key no engine implements. Pure. A list is taken
+    for an option given more than once (`multiple`) only; a mapping for none."""
     values: dict[str, Any] = {}
     notes: list[str] = []
     for key, value in data.items():
@@ -165,7 +169,10 @@ def options_from(data: dict[str, Any], options: dict[str, str], where: str) -> t
             values.update({options[option]: v for option, v in seed.items()})
             notes += seed_notes
         elif name in options:
-            values[options[name]] = _flag_value(value)
+            if isinstance(value, dict) or (isinstance(value, list) and options[name] not in multiple):
+                raise click.UsageError(f"{where}: {key} is a {type(value).__name__}; --{name} takes one value")
+            if value is not None:  # `key:` with no value (null) leaves the option at its default
+                values[options[name]] = _flag_value(value)
         else:
             raise click.UsageError(
                 f"{where}: unknown key {key!r}; valid: kv_cache (the seed's block) or an option of this command: "
@@ -214,7 +221,7 @@ def _seed(block: Any, where: str) -> tuple[dict[str, Any], list[str]]:
 def _check(block: Any, name: str, where: str) -> None:
     if not isinstance(block, dict):
         raise click.UsageError(f"{where}: {name} must be a mapping with keys {', '.join(sorted(SEED_KEYS[name]))}")
-    extra = sorted(set(block) - SEED_KEYS[name])
+    extra = sorted(str(key) for key in set(block) - SEED_KEYS[name])
     if extra:
         raise click.UsageError(f"{where}: unknown key '{name}.{extra[0]}'; valid: {', '.join(sorted(SEED_KEYS[name]))}")
 

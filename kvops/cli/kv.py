@@ -58,7 +58,7 @@ def kv(model, tokens, prompt_tokens, gen_tokens, batch, beams, tp, kv_dtype, blo
             spec, memory_bytes, dtype=dtype, batch=batch, beams=beams, tp=tp, block_size=block_size
         )
         fit = MemoryFit(memory_bytes, memory_bytes // cost.bytes_per_token, longest)
-    warnings = context_warnings(spec, tokens)
+    warnings = [*spec.warnings, *context_warnings(spec, tokens)]
     from kvops.render.kv import kv_document, kv_text
 
     if as_json:

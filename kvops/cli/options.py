@@ -206,7 +206,7 @@ def engine_options(function: Callable, model_required: bool = True, engine: bool
             "--cuda-memory-fraction",
             "memory_fraction",
             type=FRACTION,
-            help="vLLM --gpu-memory-utilization [0.92] / TGI --cuda-memory-fraction [1.0].",
+            help="vLLM --gpu-memory-utilization [unset: 1.0 with 0.34's extensible KV cache, 0.92 without] / TGI --cuda-memory-fraction [1.0].",
         ),
         click.option(
             "--kv-cache-memory-bytes",
@@ -222,6 +222,36 @@ def engine_options(function: Callable, model_required: bool = True, engine: bool
         ),
         click.option("--block-size", type=POSITIVE, help="vLLM --block-size [16 on GPU, 64 for MLA, 128 on CPU]."),
         click.option("--enforce-eager", is_flag=True, help="vLLM: no CUDA graphs (their memory goes to KV)."),
+        click.option(
+            "--num-gpu-blocks-override",
+            type=POSITIVE,
+            help="vLLM: fix the KV cache at this many blocks (turns vLLM 0.34's extensible KV cache off).",
+        ),
+        click.option(
+            "--enable-extensible-kv-cache/--no-enable-extensible-kv-cache",
+            "extensible_kv_cache",
+            default=None,
+            help="vLLM 0.34+: size KV from the memory free after warmup (on by default on CUDA/ROCm) or from the profile.",
+        ),
+        click.option(
+            "--no-vmm",
+            "vmm",
+            flag_value=False,
+            default=True,
+            help="vLLM 0.34+: the driver has no virtual memory management (WSL2): vLLM falls back to profiling.",
+        ),
+        click.option(
+            "--compilation-config",
+            metavar="JSON",
+            help="vLLM --compilation-config: cudagraph_mode NONE, cudagraph_capture_sizes or max_cudagraph_capture_size change the CUDA graphs' memory.",
+        ),
+        click.option(
+            "--disable-custom-all-reduce",
+            "custom_all_reduce",
+            flag_value=False,
+            default=True,
+            help="vLLM: tensor parallelism over NCCL alone (no custom all-reduce buffers).",
+        ),
         click.option(
             "--kv-offloading-size",
             type=Finite(0, 1 << 20, "GiB of host memory, all tensor-parallel ranks together", low_open=True),
@@ -513,7 +543,7 @@ def _vllm_spellings(params: dict[str, Any]) -> tuple[dict[str, Any], set[str]]:
 def _from_command(text: str) -> DeploymentOptions:
     """The options a pasted launch command states, with a line for each flag it does not use."""
     from kvops.deployment import DeploymentOptions
-    from kvops.engines.command import read_command
+    from kvops.engines import read_command
 
     stated = read_command(text)
     return DeploymentOptions.stated(engine=stated.engine, **stated.values, command_lines=tuple(stated.lines))

@@ -41,6 +41,9 @@ def plan(ctx: click.Context, out_format: str, launcher: str | None, as_json: boo
     if out_format != "text":
         for message in result.all_warnings:
             warn(message)
+    else:  # the text shows the plan's own warnings; what the model's config.json left to a default is said here
+        for message in result.inputs.spec.warnings:
+            warn(message)
     if out_format in ("docker", "k8s") and result.fits:
         left_out = guard_left_out(result, out_format)
         if left_out:

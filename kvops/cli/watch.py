@@ -20,11 +20,21 @@ from kvops.cli.options import (
 )
 
 MAX_BODY_LIMIT = 1 << 30  # the proxy holds a guarded body in memory
-# `--once` as a probe: 0 ok, 1 warn or degrade (serving, with limits), 2 critical (refusing), 3 unknown
+# `--once` as a probe: 0 ok, 1 warn or degrade (serving, with limits), 2 critical (refusing), 3 unknown (no usable
+# reading: the engine is down or its metrics are garbage), 4 an error (kvops could not poll at all)
 ONCE_EXIT = {"ok": 0, "warn": 1, "degrade": 1, "critical": 2, "unknown": 3}
+ONCE_ERROR = 4
 
 
-@click.command()
+class ProbeCommand(click.Command):
+    """`kvops watch`. With --once it is a probe whose 1-3 are levels, so its errors get a code of their own:
+    click's usage errors exit 2 and kvops' errors 1 elsewhere, the codes of critical and warn."""
+
+    def error_exit_code(self, args: list[str]) -> int | None:
+        return ONCE_ERROR if "--once" in args else None
+
+
+@click.command(cls=ProbeCommand)
 @engine_option
 @click.option(
     "--metrics-url", metavar="URL", help="Scrape this engine's /metrics directly, e.g. http://127.0.0.1:8000/metrics."
@@ -166,7 +176,8 @@ ONCE_EXIT = {"ok": 0, "warn": 1, "degrade": 1, "critical": 2, "unknown": 3}
     "--once",
     is_flag=True,
     help="Poll once, print the level, usage and actions, and exit 0 ok, 1 warn or degrade, 2 critical, 3 unknown "
-    "(a readiness or liveness probe).",
+    "(no usable reading), 4 error (a bad option or file, or a fault of kvops: nothing was polled); a readiness or "
+    "liveness probe.",
 )
 @json_option
 def watch(

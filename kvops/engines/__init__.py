@@ -14,6 +14,7 @@ from kvops.errors import UsageError
 
 if TYPE_CHECKING:
     from kvops.engines.base import Engine
+    from kvops.engines.command import StatedCommand
 
 # engine name -> the module whose ENGINE is its adapter
 REGISTRY = {
@@ -30,3 +31,18 @@ def get(name: str) -> Engine:
         raise UsageError(f"--engine {name!r}; valid: {', '.join(NAMES)}")
     engine: Engine = importlib.import_module(module).ENGINE
     return engine
+
+
+def read_command(text: str) -> StatedCommand:
+    """The deployment a pasted launch command states, read by the engine whose program or image it names."""
+    from kvops.engines.command import command_words
+
+    words = command_words(text)
+    for name in NAMES:
+        stated = get(name).read_command(words)
+        if stated is not None:
+            return stated
+    programs = "; ".join(" ".join(get(name).program) for name in NAMES)
+    raise UsageError(
+        f"--from-command: {words[0]!r} starts no engine kvops plans; paste a line that runs {programs}, python -m vllm.entrypoints.openai.api_server, or docker run with their images"
+    )

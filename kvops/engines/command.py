@@ -115,21 +115,6 @@ def split_options(
     return positional, options
 
 
-def read_command(text: str) -> StatedCommand:
-    """The deployment a pasted launch command states, read by the engine whose program or image it names."""
-    from kvops import engines
-
-    words = command_words(text)
-    for name in engines.NAMES:
-        stated = engines.get(name).read_command(words)
-        if stated is not None:
-            return stated
-    programs = "; ".join(" ".join(engines.get(name).program) for name in engines.NAMES)
-    raise UsageError(
-        f"--from-command: {words[0]!r} starts no engine kvops plans; paste a line that runs {programs}, python -m vllm.entrypoints.openai.api_server, or docker run with their images"
-    )
-
-
 # --- values as the engines read them ---------------------------------------------------------------------------
 
 

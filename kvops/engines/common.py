@@ -5,20 +5,19 @@ was obtained."""
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from math import ceil, floor
-from typing import Any
 
 from kvops.dtypes import KV_DTYPES, serving_dtype
 from kvops.errors import MissingDevice, UsageError
 from kvops.gpus import gpu_catalog
 from kvops.model.checkpoint import LoadedWeights, Loading, Parallel, loaded_weights, pipeline_partition
 from kvops.model.spec import ModelSpec
+from kvops.overheads import MIN_MARGIN_LOGS, POOLED, FamilyFit, Observation, OverheadFit
 from kvops.plan import PlanInputs, Term
-from kvops.units import format_bytes
+from kvops.units import GiB, format_bytes
 
-GiB = 1 << 30
 MiB = 1 << 20
 
 QUALITY_WARNING = "quantized KV costs quality on long generations: evaluate it on your own traffic before serving"
@@ -407,180 +406,12 @@ def sampler_peak(spec: ModelSpec, sequences: int, bytes_per_logit: float) -> int
 
 # --- overheads fitted on the corpus of public engine logs ------------------------------------------------
 
-# What kvops plans when nothing was measured for a release family: the engine's own figures from public startup
-# logs (tests/fixtures/corpus), fitted by `fit_overheads` and shipped in kvops/catalog/overheads.json (the test
-# tests/unit/engines/test_overhead_fit.py refits the corpus and checks the file; `python bench/accuracy.py --refit`
-# writes it). Medians, so that one odd log does not move a family.
-OVERHEADS_FILE = "overheads.json"
+# The fit itself (offline: tests and `python bench/accuracy.py --refit`); the values it makes, and the one kvops ships,
+# are in kvops.overheads.
 OVERHEAD_QUANTILE = 0.9  # the planned KV is below what this share of the family's logs got
-IMPLAUSIBLE_OVERHEAD_SHARE = 0.25  # an overhead beyond this share of the budget is not the launch's
 MIN_FAMILY_LOGS = 3  # fewer logs than this and a family plans with the fit of the family it falls back to
-MIN_MARGIN_LOGS = 5  # fewer residuals than this bound nothing: no margin, no band (the plan says so)
 MIN_SAMPLER_LOGS = 2  # logs whose profile peaked in the sampler, to fit a family's bytes per logit
 SAMPLER_PEAK_SHARE = 0.8  # a log whose forward model is below this share of its activation peaked in the sampler
-
-
-@dataclass(frozen=True)
-class Observation:
-    """What one engine log measured of the terms kvops estimates, beside kvops' own model of that launch."""
-
-    source: str
-    family: str
-    tp: int
-    forward: int  # kvops' model of the profile's forward-pass peak for this launch (bytes)
-    logits: int = 0  # the logits the profile's sampler run holds (sequences x vocabulary); 0 where none is run
-    persistent: int = 0  # bytes kvops models as allocated through the sampler run (the fused-MoE workspace)
-    activation: int | None = None
-    non_torch: int | None = None
-    cuda_graphs: int | None = None  # the engine's CUDA-graph estimate (taken from the KV budget when applied)
-    cuda_graphs_applied: bool = False  # the release takes the CUDA-graph estimate from the KV budget
-    overhead: int | None = None  # activation + non-torch + CUDA graphs, when the log gives only their sum
-    budget: int = 0  # the memory the engine sized from (requested memory), for the plausibility check
-    gpu: str | None = None
-
-    @property
-    def implausible(self) -> str | None:
-        """Why the overheads read from a log cannot be the launch's (the log ran with other flags, on another part,
-        or the source's figures do not add up), or None."""
-        total = self.total
-        if total is None or not self.budget:
-            return None
-        if total < 0 or total > IMPLAUSIBLE_OVERHEAD_SHARE * self.budget:
-            share = total / self.budget
-            return f"its budget leaves {share:.0%} of the memory besides the weights and the KV cache: the stated launch does not match the log"
-        return None
-
-    @property
-    def total(self) -> int | None:
-        if self.overhead is not None:
-            return self.overhead
-        if self.activation is None or self.non_torch is None:
-            return None
-        return (
-            self.activation
-            + self.non_torch
-            + (self.cuda_graphs if self.cuda_graphs_applied and self.cuda_graphs else 0)
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        return {key: value for key, value in asdict(self).items() if value is not None}
-
-
-@dataclass(frozen=True)
-class FamilyFit:
-    """One release family's fitted overhead terms, and how far its logs fell from them."""
-
-    family: str
-    activation_excess: int  # the engine's activation peak beyond kvops' model, median of the logs, bytes
-    sampler_bytes_per_logit: float  # the sampler's peak per logit of the profile's decode step
-    non_torch: tuple[int, int]  # bytes at tp 1, at tp >= 2
-    cuda_graphs: tuple[
-        int, int
-    ]  # the engine's CUDA-graph estimate at tp 1, at tp >= 2 (taken from the KV budget where the release does)
-    margin: int  # bytes planned on top of the fitted overheads: most logs got at least the KV left
-    spread: tuple[int, int]  # how far below and above the planned KV the family's logs fell, bytes
-    logs: int
-    residuals: int = 0  # logs the margin and the spread rest on (each predicted without itself)
-    borrowed: str = ""  # the family whose logs this one took, their CUDA-graph estimate applied ("" for its own)
-
-    @property
-    def bounded(self) -> bool:
-        """Enough logs to plan a margin and state a band; below that the plan says it cannot bound the estimate."""
-        return self.residuals >= MIN_MARGIN_LOGS
-
-    def sampler(self, logits: int) -> int:
-        return ceil(logits * self.sampler_bytes_per_logit)
-
-    def activation(self, forward: int, logits: int = 0, persistent: int = 0) -> int:
-        """The profile's peak: the forward pass or the sampler (with what stays allocated through it), whichever is
-        larger, plus the family's excess."""
-        return max(0, max(forward, self.sampler(logits) + persistent) + self.activation_excess)
-
-    def non_torch_bytes(self, tp: int) -> int:
-        return self.non_torch[0] if tp == 1 else self.non_torch[1]
-
-    def cuda_graph_bytes(self, tp: int) -> int:
-        return self.cuda_graphs[0] if tp == 1 else self.cuda_graphs[1]
-
-    def total(self, held: Observation) -> int:
-        """The overheads this fit predicts for a logged launch."""
-        graphs = self.cuda_graph_bytes(held.tp) if held.cuda_graphs_applied else 0
-        return self.activation(held.forward, held.logits, held.persistent) + self.non_torch_bytes(held.tp) + graphs
-
-    def band(self) -> tuple[int, int]:
-        """How far below and above the planned KV the engine may land, bytes: the family's logs' spread."""
-        return self.spread
-
-    def unbounded(self) -> str:
-        """What a plan says of its KV when too few logs bound the estimates (no margin, no band)."""
-        return (
-            f"no band and no margin: {self.residuals} public logs fit these estimates, fewer than the "
-            f"{MIN_MARGIN_LOGS} that bound them"
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "family": self.family,
-            "activation_excess_bytes": self.activation_excess,
-            "sampler_bytes_per_logit": round(self.sampler_bytes_per_logit, 3),
-            "non_torch_bytes": {"tp1": self.non_torch[0], "tp2_plus": self.non_torch[1]},
-            "cuda_graphs_bytes": {"tp1": self.cuda_graphs[0], "tp2_plus": self.cuda_graphs[1]},
-            "margin_bytes": self.margin,
-            "spread_bytes": {"below": self.spread[0], "above": self.spread[1]},
-            "logs": self.logs,
-            "residual_logs": self.residuals,
-            **({"borrowed_from": self.borrowed} if self.borrowed else {}),
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> FamilyFit:
-        return cls(
-            data["family"],
-            data["activation_excess_bytes"],
-            data.get("sampler_bytes_per_logit", 0.0),
-            (data["non_torch_bytes"]["tp1"], data["non_torch_bytes"]["tp2_plus"]),
-            (data["cuda_graphs_bytes"]["tp1"], data["cuda_graphs_bytes"]["tp2_plus"]),
-            data["margin_bytes"],
-            (data["spread_bytes"]["below"], data["spread_bytes"]["above"]),
-            data["logs"],
-            data.get("residual_logs", 0),
-            data.get("borrowed_from", ""),
-        )
-
-
-@dataclass(frozen=True)
-class OverheadFit:
-    engine: str
-    families: dict[str, FamilyFit]
-    sources: tuple[str, ...]  # the logs it was fitted on
-    excluded: tuple[tuple[str, str], ...] = ()  # (log, why) left out as implausible
-    fallbacks: tuple[tuple[str, str], ...] = ()  # (family, the family it plans with when it has too few logs)
-
-    def family(self, name: str) -> FamilyFit:
-        """A family's fit; one with too few logs plans with the family it falls back to, else the pooled fit."""
-        if name in self.families:
-            return self.families[name]
-        fallback = dict(self.fallbacks).get(name)
-        return self.family(fallback) if fallback else self.families[POOLED]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "engine": self.engine,
-            "families": [fit.to_dict() for fit in self.families.values()],
-            "fallbacks": dict(self.fallbacks),
-            "sources": list(self.sources),
-            "excluded": [{"log": source, "why": why} for source, why in self.excluded],
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> OverheadFit:
-        families = {item["family"]: FamilyFit.from_dict(item) for item in data["families"]}
-        excluded = tuple((item["log"], item["why"]) for item in data.get("excluded", ()))
-        fallbacks = tuple(data.get("fallbacks", {}).items())
-        return cls(data["engine"], families, tuple(data["sources"]), excluded, fallbacks)
-
-
-POOLED = "all releases"  # the fit over every family, for a family without logs of its own or of its fallback
 
 
 def fit_overheads(
@@ -589,15 +420,19 @@ def fit_overheads(
     families: tuple[str, ...],
     fallbacks: dict[str, str] | None = None,
     graph_families: tuple[str, ...] = (),
+    sampler_fallbacks: dict[str, str] | None = None,
 ) -> OverheadFit:
     """Each family's terms from its logs; a family with too few plans with the one it falls back to (the nearest
-    release that shares its rules), else with the pooled fit. A family in `graph_families` (its release takes the
-    CUDA-graph estimate from the KV budget) with too few logs of its own borrows its fallback's logs that print that
-    estimate, as if it had been applied: the same arithmetic, so its margin and band carry the estimate's spread.
-    The margin and the spread come from every log's leave-one-out residual (each predicted by its family's fit
-    without it): the family's own when it has enough, else pooled over the families. Logs whose budget arithmetic
-    cannot be the launch's are left out, and listed."""
+    release that shares its engine and memory profile), else with the pooled fit. The sampler's bytes per logit
+    fall back apart, to the nearest family whose profile samples the same way (`sampler_fallbacks`: a sorting
+    sampler borrows a sorting one's). A family in `graph_families` (its release takes the CUDA-graph estimate from
+    the KV budget) with too few logs of its own borrows its fallback's logs that print that estimate, as if it had
+    been applied: the same arithmetic, so its margin and band carry the estimate's spread. Families are fitted after
+    the ones they fall back to. The margin and the spread come from every log's leave-one-out residual (each
+    predicted by its family's fit without it): the family's own when it has enough, else pooled over the families.
+    Logs whose budget arithmetic cannot be the launch's are left out, and listed."""
     fallbacks = fallbacks or {}
+    sampler_fallbacks = sampler_fallbacks or {}
     excluded = tuple(sorted((item.source, why) for item in observations if (why := item.implausible)))
     kept = [item for item in observations if item.implausible is None]
     pooled = _fit_terms(POOLED, kept, None)
@@ -620,10 +455,16 @@ def fit_overheads(
             return pooled
         return fits.get(fallback) or base(fallback)
 
-    for family in sorted(families, key=lambda name: _depth(name, fallbacks), reverse=True):
+    def sampler_base(family: str) -> FamilyFit | None:
+        fallback = sampler_fallbacks.get(family)
+        return fits.get(fallback) if fallback else None
+
+    order = sorted(families, key=lambda name: (_depth(name, fallbacks), _depth(name, sampler_fallbacks)))
+    for family in order:
         if len(groups[family]) >= MIN_FAMILY_LOGS:
-            fits[family] = replace(_fit_terms(family, groups[family], base(family)), borrowed=borrowed.get(family, ""))
-    residuals = {family: _residuals(own, base(family)) for family, own in groups.items()}
+            fitted = _fit_terms(family, groups[family], base(family), sampler_base(family))
+            fits[family] = replace(fitted, borrowed=borrowed.get(family, ""))
+    residuals = {family: _residuals(own, base(family), sampler_base(family)) for family, own in groups.items()}
     every = [value for own in residuals.values() for value in own]
     for name, fit in list(fits.items()):
         family_residuals = residuals.get(name, [])
@@ -634,7 +475,12 @@ def fit_overheads(
             fits[name] = replace(fit, margin=margin, spread=spread, residuals=len(chosen))
     ordered = {name: fits[name] for name in (POOLED, *families) if name in fits}
     return OverheadFit(
-        engine, ordered, tuple(sorted(item.source for item in kept)), excluded, tuple(sorted(fallbacks.items()))
+        engine,
+        ordered,
+        tuple(sorted(item.source for item in kept)),
+        excluded,
+        tuple(sorted(fallbacks.items())),
+        tuple(sorted(sampler_fallbacks.items())),
     )
 
 
@@ -643,27 +489,42 @@ def _depth(family: str, fallbacks: dict[str, str]) -> int:
     return 0 if family not in fallbacks else 1 + _depth(fallbacks[family], fallbacks)
 
 
-def _residuals(observations: list[Observation], base: FamilyFit) -> list[int]:
+def _residuals(observations: list[Observation], base: FamilyFit, sampler: FamilyFit | None = None) -> list[int]:
     """Each log's total overhead less what its family's fit without it predicts (positive: kvops said too little)."""
     out = []
     for index, held in enumerate(observations):
         if held.total is None:
             continue
         rest = observations[:index] + observations[index + 1 :]
-        fit = _fit_terms(held.family, rest, base) if len(rest) >= MIN_FAMILY_LOGS else base
+        if len(rest) >= MIN_FAMILY_LOGS:
+            fit = _fit_terms(held.family, rest, base, sampler)
+        else:
+            fit = replace(base, sampler_bytes_per_logit=sampler.sampler_bytes_per_logit) if sampler else base
         out.append(held.total - fit.total(held))
     return out
 
 
-def _fit_terms(family: str, observations: list[Observation], base: FamilyFit | None) -> FamilyFit:
+def _fit_terms(
+    family: str, observations: list[Observation], base: FamilyFit | None, sampler_base: FamilyFit | None = None
+) -> FamilyFit:
     non_torch_all = [item.non_torch for item in observations if item.non_torch is not None]
     default_non_torch = base.non_torch if base else (NON_TORCH_TP1, NON_TORCH_TP)
 
     def non_torch(multi: bool, default: int) -> int:
-        found = [item.non_torch for item in observations if item.non_torch is not None and (item.tp > 1) == multi]
+        found = [
+            item.non_torch
+            for item in observations
+            if item.non_torch is not None and (item.tp > 1) == multi and (not multi or item.custom_all_reduce)
+        ]
         return _median(found) if found else (_median(non_torch_all) if non_torch_all else default)
 
     nt = (non_torch(False, default_non_torch[0]), non_torch(True, default_non_torch[1]))
+    without = [
+        item.non_torch
+        for item in observations
+        if item.non_torch is not None and item.tp > 1 and not item.custom_all_reduce
+    ]
+    nccl = _median(without) if without else (base.non_torch_nccl if base else None)
     default_graphs = base.cuda_graphs if base else (0, 0)
 
     def graphs(multi: bool, default: int) -> int:
@@ -672,7 +533,9 @@ def _fit_terms(family: str, observations: list[Observation], base: FamilyFit | N
         return _median(found) if found else (_median(every) if every else default)
 
     cuda_graphs = (graphs(False, default_graphs[0]), graphs(True, default_graphs[1]))
-    peaks = [(item, peak) for item in observations if (peak := _activation_seen(item, nt, cuda_graphs)) is not None]
+    peaks = [
+        (item, peak) for item in observations if (peak := _activation_seen(item, nt, cuda_graphs, nccl)) is not None
+    ]
     per_logit = [
         (peak - item.persistent) / item.logits
         for item, peak in peaks
@@ -683,21 +546,27 @@ def _fit_terms(family: str, observations: list[Observation], base: FamilyFit | N
 
         bytes_per_logit = statistics.median(per_logit)
     else:
-        bytes_per_logit = base.sampler_bytes_per_logit if base else 0.0
-    sampler = FamilyFit(family, 0, bytes_per_logit, nt, cuda_graphs, 0, (0, 0), 0)
+        borrowed = sampler_base or base
+        bytes_per_logit = borrowed.sampler_bytes_per_logit if borrowed else 0.0
+    sampler = FamilyFit(family, 0, bytes_per_logit, nt, cuda_graphs, 0, (0, 0), 0, non_torch_nccl=nccl)
     excess = [peak - sampler.activation(item.forward, item.logits, item.persistent) for item, peak in peaks]
     extra = _median(excess) if excess else (base.activation_excess if base else 0)
     return replace(sampler, activation_excess=extra, logs=len(observations))
 
 
-def _activation_seen(item: Observation, non_torch: tuple[int, int], cuda_graphs: tuple[int, int]) -> int | None:
+def _activation_seen(
+    item: Observation, non_torch: tuple[int, int], cuda_graphs: tuple[int, int], nccl: int | None = None
+) -> int | None:
     """The activation peak a log measured, or read from its overhead sum less the fitted non-torch and graphs."""
     if item.activation is not None:
         return item.activation
     if item.overhead is None:
         return None
     graphs = (item.cuda_graphs or cuda_graphs[0 if item.tp == 1 else 1]) if item.cuda_graphs_applied else 0
-    return item.overhead - non_torch[0 if item.tp == 1 else 1] - graphs
+    spent = (
+        non_torch[0] if item.tp == 1 else (nccl if not item.custom_all_reduce and nccl is not None else non_torch[1])
+    )
+    return item.overhead - spent - graphs
 
 
 def _median(values: list[int]) -> int:
@@ -717,16 +586,6 @@ def _quantile(values: list[int], share: float) -> int:
 # (RTX 3090, vllm-project/vllm PR #14447) in V0 logs.
 NON_TORCH_TP1 = 512 * MiB
 NON_TORCH_TP = 1 * GiB
-
-
-@lru_cache(maxsize=4)
-def shipped_fit(engine: str) -> OverheadFit:
-    """The fit kvops ships for an engine (kvops/catalog/overheads.json)."""
-    import json
-    from importlib import resources
-
-    data = json.loads(resources.files("kvops.catalog").joinpath(OVERHEADS_FILE).read_text())
-    return OverheadFit.from_dict(data[engine])
 
 
 # --- the device total as the engine sees it ----------------------------------------------------------------

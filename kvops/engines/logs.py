@@ -27,6 +27,9 @@ class LogFacts:
                 continue
             match = pattern.search(line)
             if match:
-                self.facts[name] = convert(match)
+                try:
+                    self.facts[name] = convert(match)
+                except (ValueError, OverflowError):  # a number no engine prints (5,000 digits, 10**400 GiB)
+                    continue
                 self.lines[name] = line.strip()
                 self.matches[name] = match.group(0)

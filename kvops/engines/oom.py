@@ -7,7 +7,9 @@ import re
 from dataclasses import dataclass
 
 _SIZE_UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
-_SIZE = r"([\d.]+ (?:B|KiB|MiB|GiB|TiB))"
+# a size where a number starts (the lookbehind): searched along a line, a run of digits is tried once, not at each of
+# its digits (which made a 1 MB line of digits quadratic); one decimal point at most, so size_bytes always parses
+_SIZE = r"(?<![\d.])(\d+(?:\.\d+)? (?:B|KiB|MiB|GiB|TiB))"
 TORCH_OOM = re.compile(r"(CUDA|HIP|XPU) out of memory\. Tried to allocate " + _SIZE)
 _TORCH_OOM_DEVICE = re.compile(r"GPU (\d+) has a total capac(?:i)?ty of " + _SIZE + r" of which " + _SIZE + r" is free")
 _TORCH_OOM_OTHER = re.compile(r"Process (\d+) has " + _SIZE + r" memory in use")

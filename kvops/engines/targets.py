@@ -58,7 +58,10 @@ def note(fraction: float, flag: str, non_kv: int, kv_bytes: int, total: int, bel
 def with_note(plan: Plan, flag: str) -> Plan:
     """The plan with the GPU-memory note when its share of the device is above the policy's target."""
     target, fraction = plan.inputs.gpu_memory_target, plan.flags.get(flag)
-    total = plan.term("total")
+    total, requested = plan.term("total"), plan.term("requested")
+    if fraction is None and total is not None and requested is not None and total.bytes:
+        fraction = requested.bytes / total.bytes  # left unset (vLLM 0.34's default, 1.0): the share it requests
+        flag = f"{flag} left unset, resolving to"
     if target is None or not isinstance(fraction, float) or total is None or plan.kv_cache_bytes <= 0:
         return plan
     text = note(

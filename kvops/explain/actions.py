@@ -77,7 +77,7 @@ def _failure_action(
     run: Run, inputs: PlanInputs | None, diagnosis: Diagnosis, figures: list[Figure], notes: list[str]
 ) -> Action:
     failure = run.failure
-    if isinstance(failure, StartupFreeMemory):
+    if isinstance(failure, StartupFreeMemory) and failure.total_bytes > 0:  # a log is input: 0/0 GiB is no advice
         fraction = floor(failure.startup_free_bytes / failure.total_bytes * 100) / 100
         return Action(
             f"--gpu-memory-utilization {fraction:.2f}",

@@ -8,7 +8,7 @@ from kvops.engines.vllm.logs import VllmLog
 from kvops.errors import KvopsError, MissingDevice, UsageError
 from kvops.explain.memory import device_total
 from kvops.explain.run import Run
-from kvops.files import fetch_metrics, read_text
+from kvops.files import LOG_LIMIT, fetch_metrics, read_text
 from kvops.nvidia_smi import SmiDevice
 from kvops.plan import PlanInputs
 
@@ -30,7 +30,7 @@ def read_run(
 def read_log(path: str) -> VllmLog:
     from kvops.engines.vllm.logs import parse_vllm_log
 
-    log = parse_vllm_log(read_text(path, "--vllm-log"))
+    log = parse_vllm_log(read_text(path, "--vllm-log", LOG_LIMIT))
     if not log.facts and log.failure is None:
         raise KvopsError(
             f"--vllm-log {path}: no vLLM lines found (looked for 'Model loading took', 'Available KV cache memory', 'KV cache size', "

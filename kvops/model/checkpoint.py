@@ -23,17 +23,19 @@ What an engine loads on one GPU (vLLM's loaders and parallel layers):
 
 from __future__ import annotations
 
-import json
 import re
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from math import ceil, prod
-from pathlib import Path
+from pathlib import Path, PurePosixPath
+from typing import Any
 
 from kvops.errors import ConfigError
+from kvops.files import DOCUMENT_LIMIT, load_json, open_regular, read_json
 
 HEADER_PREFIX = 8  # the u64 header length
+MAX_BYTES = 1 << 50  # data offsets and dimensions past a PiB are not a checkpoint's
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 SAFETENSORS_SINGLE = "model.safetensors"
 
@@ -118,33 +120,61 @@ def header_length(prefix: bytes, where: str) -> int:
 
 
 def parse_header(raw: bytes, where: str) -> tuple[Tensor, ...]:
-    """The tensors a safetensors JSON header lists."""
-    try:
-        header = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise ConfigError(f"{where}: its safetensors header is not valid JSON") from None
+    """The tensors a safetensors JSON header lists, each typed: a dtype name, a shape of whole numbers, data offsets
+    [begin, end] with begin <= end."""
+    header = load_json(raw.decode("utf-8", errors="replace"), f"{where}: its safetensors header", ConfigError)
     if not isinstance(header, dict):
         raise ConfigError(f"{where}: its safetensors header is not a JSON object")
-    tensors = []
-    for name, entry in header.items():
-        if name == "__metadata__":
-            continue
-        try:
-            begin, end = entry["data_offsets"]
-            tensors.append(Tensor(name, str(entry["dtype"]), tuple(int(n) for n in entry["shape"]), int(end - begin)))
-        except (KeyError, TypeError, ValueError):
-            raise ConfigError(f"{where}: tensor {name!r} has no dtype, shape and data_offsets") from None
-    return tuple(tensors)
+    return tuple(_tensor(name, entry, where) for name, entry in header.items() if name != "__metadata__")
+
+
+def _tensor(name: str, entry: Any, where: str) -> Tensor:
+    valid = (
+        f"{where}: tensor {name!r} has no dtype, shape and data_offsets as safetensors writes them "
+        "(a dtype name, whole-number dims, [begin, end] byte offsets)"
+    )
+    if not isinstance(entry, dict) or not isinstance(entry.get("dtype"), str) or len(entry["dtype"]) > 32:
+        raise ConfigError(valid)
+    shape, offsets = entry.get("shape"), entry.get("data_offsets")
+    if not isinstance(shape, list) or not all(_whole(n, MAX_BYTES) for n in shape) or len(shape) > 16:
+        raise ConfigError(valid)
+    if not isinstance(offsets, list) or len(offsets) != 2 or not all(_whole(n, MAX_BYTES) for n in offsets):
+        raise ConfigError(valid)
+    if offsets[1] < offsets[0]:
+        raise ConfigError(f"{where}: tensor {name!r} ends (data_offsets {offsets[1]}) before it begins ({offsets[0]})")
+    return Tensor(name, entry["dtype"], tuple(shape), offsets[1] - offsets[0])
+
+
+def _whole(value: Any, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= high
+
+
+def index_entries(data: Any, where: str) -> tuple[list[str], int | None]:
+    """The shard files a model.safetensors.index.json names (its weight_map's values, each a file in the model's
+    folder) and its metadata.total_size."""
+    weight_map, metadata = (data.get("weight_map"), data.get("metadata")) if isinstance(data, dict) else (None, None)
+    if not isinstance(data, dict) or not isinstance(weight_map or {}, dict) or not isinstance(metadata or {}, dict):
+        raise ConfigError(f"{where}: a safetensors index needs a weight_map object (tensor -> file) and metadata")
+    names = set((weight_map or {}).values())
+    if not all(isinstance(name, str) and _plain_file(name) for name in names):
+        raise ConfigError(f"{where}: weight_map names a file outside the model's folder, or a value that is not one")
+    total = (metadata or {}).get("total_size")
+    return sorted(names), total if _whole(total, MAX_BYTES) else None
+
+
+def _plain_file(name: str) -> bool:
+    path = PurePosixPath(name)
+    return bool(name) and not path.is_absolute() and ".." not in path.parts and "\\" not in name
 
 
 def read_local(folder: Path) -> Checkpoint | None:
-    """The checkpoint of a local model folder (its safetensors headers), or None when it has no safetensors."""
+    """The checkpoint of a local model folder (its safetensors headers), or None when it has no safetensors. Each
+    file is opened as a regular file only (a FIFO named model.safetensors is refused, not waited on) and only its
+    header is read."""
     index = folder / SAFETENSORS_INDEX
     total = None
     if index.is_file():
-        data = _json_file(index)
-        total = (data.get("metadata") or {}).get("total_size")
-        names = sorted(set((data.get("weight_map") or {}).values()))
+        names, total = index_entries(read_json(index, "", DOCUMENT_LIMIT, ConfigError), str(index))
     else:
         names = sorted(path.name for path in folder.glob("*.safetensors"))
     files = [folder / name for name in names]
@@ -152,20 +182,13 @@ def read_local(folder: Path) -> Checkpoint | None:
         return None
     tensors: list[Tensor] = []
     for path in files:
-        with path.open("rb") as handle:
+        with open_regular(path, "", ConfigError) as handle:
             length = header_length(handle.read(HEADER_PREFIX), str(path))
-            tensors += parse_header(handle.read(length), str(path))
+            raw = handle.read(length)
+            if len(raw) < length:
+                raise ConfigError(f"{path}: not a safetensors file (it ends inside its {length}-byte header)")
+            tensors += parse_header(raw, str(path))
     return Checkpoint(tuple(tensors), f"{folder}: {len(files)} safetensors file(s), headers read", len(files), total)
-
-
-def _json_file(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"{path}: not a readable JSON file ({exc.__class__.__name__})") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: not a JSON object")
-    return data
 
 
 # --- what one GPU loads -----------------------------------------------------------------------------------

@@ -17,16 +17,19 @@ from typing import Any
 from kvops.dtypes import canonical_dtype_name
 from kvops.errors import ConfigError
 from kvops.model.defaults import with_defaults
-from kvops.model.params import ParameterCount, PublishedCount, count_parameters
+from kvops.model.fields import check_config
+from kvops.model.params import PublishedCount, count_parameters
 from kvops.model.spec import (
     CacheKind,
     ChunkedLocal,
+    EncoderShape,
     FullAttention,
     LayerKind,
     MambaState,
     ModelSpec,
     MultiLatentAttention,
     NoCache,
+    ParameterCount,
     SlidingWindow,
     SparseIndexer,
 )
@@ -65,9 +68,11 @@ def spec_from_config(
     aliases: tuple[str, ...] = (),
 ) -> ModelSpec:
     """Build a ModelSpec. `where` names the file in error messages; `published` is the checkpoint's published
-    parameter count, if known."""
+    parameter count, if known. Every field it reads is typed and bounded first (`fields.check_config`)."""
+    check_config(config, where)
     notes: list[str] = []
-    text = with_defaults(language_config(config), notes)
+    language = language_config(config)
+    text = with_defaults(language, notes)
     if text.get("model_type") in NOT_MODELLED:
         raise ConfigError(f"{where}: {NOT_MODELLED[text['model_type']]}")
     reader = _Reader(text, where)
@@ -80,6 +85,7 @@ def spec_from_config(
         kv_heads = num_heads
         notes.append(f"no num_key_value_heads: multi-head attention, {num_heads} KV heads")
     kv_heads = reader.check_positive("num_key_value_heads", kv_heads)
+    _check_shape(text, where, num_layers, num_heads, kv_heads)
 
     head_dim = text.get("head_dim")
     if head_dim is None:
@@ -94,18 +100,23 @@ def spec_from_config(
 
     layers, extra_caches = _layer_kinds(text, reader, num_layers, kv_heads, head_dim, notes)
     dtype = _serving_dtype(text, config, notes)
-    counted = count_parameters(
-        text,
-        num_layers=num_layers,
-        hidden=hidden,
-        num_heads=num_heads,
-        kv_heads=kv_heads,
-        head_dim=head_dim,
-        wrapper=config,
-        layers=layers,
-    )
+    try:
+        counted = count_parameters(
+            text,
+            num_layers=num_layers,
+            hidden=hidden,
+            num_heads=num_heads,
+            kv_heads=kv_heads,
+            head_dim=head_dim,
+            wrapper=config,
+            layers=layers,
+        )
+    except KeyError as missing:  # a field the architecture's count needs (a vision tower's width, an FFN size)
+        raise ConfigError(f"{where}: missing {missing.args[0]!r}, which the parameter count needs") from None
     loaded = _loaded_parameters(counted, published, notes)
+    encoder = _encoder(config)
     return ModelSpec(
+        encoder=encoder,
         name=name,
         source=source,
         source_path=source_path,
@@ -132,6 +143,44 @@ def spec_from_config(
         mtp_layers=int(text.get("num_nextn_predict_layers") or text.get("mtp_num_hidden_layers") or 0),
         aliases=aliases,
         notes=tuple(notes),
+        warnings=_default_warnings(language, text, where),
+    )
+
+
+def _check_shape(text: dict, where: str, num_layers: int, num_heads: int, kv_heads: int) -> None:
+    """Refuse a model no engine can build: KV heads that do not divide the attention heads (grouped-query
+    attention shares each KV head among a whole number of query heads: transformers' repeat_kv, vLLM's attention
+    layers), more shared-KV layers than layers, more experts per token than experts."""
+    if not (text.get("kv_lora_rank") or text.get("block_configs")) and (kv_heads > num_heads or num_heads % kv_heads):
+        divisors = [str(d) for d in range(1, num_heads + 1) if num_heads % d == 0]
+        shown = ", ".join(divisors if len(divisors) <= 12 else [*divisors[:11], "...", divisors[-1]])
+        raise ConfigError(
+            f"{where}: num_key_value_heads {kv_heads} does not divide num_attention_heads {num_heads} (each KV head "
+            f"serves a whole number of query heads); valid: {shown}"
+        )
+    shared = int(text.get("num_kv_shared_layers") or 0)
+    if shared >= num_layers:
+        raise ConfigError(
+            f"{where}: num_kv_shared_layers {shared} leaves no layer of {num_layers} with a KV cache of its own; "
+            f"valid: 0 to {num_layers - 1}"
+        )
+    experts = int(text.get("n_routed_experts") or text.get("num_local_experts") or text.get("num_experts") or 0)
+    per_token = int(text.get("num_experts_per_tok") or text.get("experts_per_token") or 0)
+    if experts and per_token > experts:
+        raise ConfigError(
+            f"{where}: num_experts_per_tok {per_token} is more than the model's {experts} experts; valid: 1 to {experts}"
+        )
+
+
+def _default_warnings(language: dict, text: dict, where: str) -> tuple[str, ...]:
+    """A layer count taken from the architecture's default. Kept, since transformers and vLLM load the config so
+    (a composite config leaves out what equals the class default), but said: every KV figure scales with it, and
+    a top-level config.json written by transformers always states it."""
+    if _first(language, _LAYERS) is not None or _first(text, _LAYERS) is None:
+        return ()
+    return (
+        f"{where}: no num_hidden_layers; {text.get('model_type')}'s default of {_first(text, _LAYERS)} layers is used, "
+        "as transformers and vLLM load this config (every KV figure scales with it: add the field if the model differs)",
     )
 
 
@@ -181,12 +230,38 @@ def _attention_layers(
     text: dict, reader: _Reader, num_layers: int, kv_heads: int, head_dim: int, notes: list[str]
 ) -> tuple[CacheKind, ...]:
     """Full, sliding or chunked attention per layer (the attention a hybrid model's attention layers use)."""
-    full = FullAttention(kv_heads, head_dim, int(text.get("v_head_dim") or 0))
+    full = FullAttention(kv_heads, head_dim, int(text.get("v_head_dim") or 0), _rope_dim(text, head_dim))
     if text.get("global_head_dim") or text.get("num_global_key_value_heads"):  # Gemma 4: wider global layers
         full = FullAttention(
             int(text.get("num_global_key_value_heads") or kv_heads), int(text.get("global_head_dim") or head_dim)
         )
     return _without_shared_kv(text, _attention_kinds(text, reader, num_layers, full, kv_heads, head_dim, notes), notes)
+
+
+def _encoder(config: dict) -> EncoderShape | None:
+    """The vision encoder the engine's profile run exercises: width and MLP size of its vision_config, and how many
+    patches feed one language-model token (Qwen-VL's spatial_merge_size squared; SigLIP's patches per image over
+    Gemma 3's mm_tokens_per_image)."""
+    vision = config.get("vision_config")
+    if not isinstance(vision, dict) or not vision.get("hidden_size"):
+        return None
+    width = int(vision["hidden_size"])
+    inter = int(vision.get("intermediate_size") or 4 * width)
+    merge = int(vision.get("spatial_merge_size") or config.get("spatial_merge_size") or 1) ** 2
+    tokens = config.get("mm_tokens_per_image")
+    if tokens and vision.get("image_size") and vision.get("patch_size"):
+        merge = max(1, (int(vision["image_size"]) // int(vision["patch_size"])) ** 2 // int(tokens))
+    return EncoderShape(width, inter, merge)
+
+
+def _rope_dim(text: dict, head_dim: int) -> int:
+    """Rotary dims of a key under partial rotary (`partial_rotary_factor`, top level or in rope_parameters, as
+    vLLM's rope_dim_from_hf_config reads it); 0 when every dim rotates."""
+    factor = text.get("partial_rotary_factor")
+    if factor is None:
+        factor = (text.get("rope_parameters") or {}).get("partial_rotary_factor", 1.0)
+    rope = int(head_dim * float(factor))
+    return 0 if rope == head_dim else rope
 
 
 def _attention_kinds(

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from kvops.errors import ConfigError, KvopsError, ModelNotFound
+from kvops.files import DOCUMENT_LIMIT, load_json, read_text
 from kvops.model.checkpoint import (
     HEADER_PREFIX,
     SAFETENSORS_INDEX,
@@ -30,29 +31,18 @@ from kvops.model.checkpoint import (
     Checkpoint,
     Tensor,
     header_length,
+    index_entries,
     parse_header,
 )
-from kvops.model.locate import HUB_PREFIX as PREFIX
+from kvops.model.refs import HubRef
 
 FIRST_READ = 100_000  # one range read holds the whole header for almost every file; a second read when not
 HEADER_READERS = 8  # shards whose headers are read at once
-_REPO = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _SNAPSHOT = re.compile(r"/snapshots/([0-9a-f]{40})/")
 
 
 class HubError(ModelNotFound):
     """The Hub could not give a model's files: one line saying what failed and what to do."""
-
-
-@dataclass(frozen=True)
-class HubRef:
-    repo: str
-    revision: str | None = None  # a branch, tag or commit; None: the repository's default branch
-    explicit: bool = False  # written as hf://... or with @revision: the Hub, not the catalog
-
-    @property
-    def label(self) -> str:
-        return f"{self.repo}@{self.revision}" if self.revision else self.repo
 
 
 @dataclass(frozen=True)
@@ -64,20 +54,6 @@ class HubModel:
     config_path: str
     checkpoint: Checkpoint | None
     note: str | None = None  # why the checkpoint's bytes are not known, when they are not
-
-
-def parse_ref(text: str) -> HubRef | None:
-    """`hf://org/name[@revision]` or `org/name[@revision]` as a Hub reference; None when it is not one."""
-    value = text.strip()
-    explicit = value.startswith(PREFIX)
-    if explicit:
-        value = value[len(PREFIX) :]
-    repo, _, revision = value.partition("@")
-    if not _REPO.match(repo):
-        if explicit:
-            raise ModelNotFound(f"--model {text!r}: write hf://ORG/NAME or hf://ORG/NAME@REVISION")
-        return None
-    return HubRef(repo, revision or None, explicit or bool(revision))
 
 
 def fetch_model(ref: HubRef) -> HubModel:
@@ -134,12 +110,9 @@ def _commit_of(path: str) -> str | None:
 
 
 def _json(path: Path, ref: HubRef) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(
-            f"{ref.label}: {path.name} from the Hub is not valid JSON ({exc.__class__.__name__})"
-        ) from None
+    """A JSON file the Hub gave, bounded as a local one is."""
+    where = f"{ref.label}: {path.name} from the Hub"
+    data = load_json(read_text(path, "", DOCUMENT_LIMIT, ConfigError), where, ConfigError)
     if not isinstance(data, dict):
         raise ConfigError(f"{ref.label}: {path.name} from the Hub is not a JSON object")
     return data
@@ -161,9 +134,7 @@ def _checkpoint(
     index_path = _download_if_present(ref.repo, SAFETENSORS_INDEX, revision, offline)
     total = None
     if index_path:
-        index = _json(Path(index_path), ref)
-        total = (index.get("metadata") or {}).get("total_size")
-        shards = sorted(set((index.get("weight_map") or {}).values()))
+        shards, total = index_entries(_json(Path(index_path), ref), f"{ref.label} {SAFETENSORS_INDEX}")
     else:
         shards = [SAFETENSORS_SINGLE]
     from concurrent.futures import ThreadPoolExecutor
@@ -217,8 +188,8 @@ def cached_headers(repo: str, commit: str) -> Checkpoint | None:
     """Headers read earlier for this repository's commit, from kvops's cache."""
     path = _cache_file(repo, commit)
     try:
-        return Checkpoint.from_dict(json.loads(path.read_text()))
-    except (OSError, ValueError, KeyError, TypeError):
+        return Checkpoint.from_dict(load_json(read_text(path, "", DOCUMENT_LIMIT), str(path)))
+    except (KvopsError, ValueError, KeyError, TypeError):  # a damaged cache entry: the headers are read again
         return None
 
 

@@ -6,7 +6,6 @@ HTTP range), the spec carries their headers: weights are then the checkpoint's o
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import replace
 from importlib.util import find_spec
@@ -14,15 +13,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvops.errors import ConfigError, ModelNotFound
+from kvops.files import DOCUMENT_LIMIT, load_json, read_text
 from kvops.model import catalog
 from kvops.model.config import spec_from_config
 from kvops.model.params import PublishedCount
+from kvops.model.refs import HUB_PREFIX, parse_ref
 from kvops.model.spec import ModelSpec
 
 if TYPE_CHECKING:
     from kvops.model.checkpoint import Checkpoint
-
-HUB_PREFIX = "hf://"
 
 
 def load_model(name: str) -> ModelSpec:
@@ -42,7 +41,7 @@ def load_model(name: str) -> ModelSpec:
         return found
     from kvops.model import hub
 
-    ref = hub.parse_ref(name)
+    ref = parse_ref(name)
     if not local_first and (ref is None or not ref.explicit):
         found = _local(name)
         if found is not None:
@@ -139,12 +138,8 @@ def _config_file(path: Path) -> Path:
 
 
 def _from_file(path: Path, *, name: str, source: str, published: PublishedCount | None = None) -> ModelSpec:
-    try:
-        config = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read ({exc.__class__.__name__}: {exc})") from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+    """A config.json on disk: a regular file of at most DOCUMENT_LIMIT bytes (a FIFO or /dev/zero is refused)."""
+    config = load_json(read_text(path, "--model", DOCUMENT_LIMIT, ConfigError), str(path), ConfigError)
     if not isinstance(config, dict):
         raise ConfigError(f"{path}: a config.json must hold a JSON object")
     return spec_from_config(

@@ -14,25 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvops.errors import ConfigError
-from kvops.model.spec import CacheKind, MambaState
-
-
-@dataclass(frozen=True)
-class ParameterCount:
-    total: int  # the language model an engine loads for text generation (MTP and vision towers apart)
-    experts: int  # inside routed experts
-    num_experts: int
-    mtp: int = 0  # multi-token-prediction layers the checkpoint stores (vLLM loads them only to speculate)
-    vision: int = 0  # vision tower and projector, when its architecture is counted
-    embeddings: int = 0  # the token embedding matrix (vocab x hidden)
-    lm_head: int = 0  # an untied LM head (0 when tied to the embeddings)
-    layers: tuple[int, ...] = ()  # each decoder layer (what pipeline stages split)
-    layer_experts: tuple[int, ...] = ()  # each decoder layer's routed experts
-
-    @property
-    def checkpoint(self) -> int:
-        """Every parameter the checkpoint stores, as far as it is counted."""
-        return self.total + self.mtp + self.vision
+from kvops.model.spec import CacheKind, MambaState, ParameterCount
 
 
 @dataclass(frozen=True)
@@ -88,7 +70,7 @@ def count_parameters(
     )
     blocks, experts = sum(per_layer), sum(layer_experts)
     final_norm = 2 * hidden if shape.model_type == "opt" else hidden  # OPT's LayerNorm has a bias
-    total = embeddings + lm_head + blocks + final_norm
+    total = embeddings + lm_head + blocks + final_norm + _per_layer_embeddings(text, hidden, num_layers)
     return ParameterCount(
         total=total,
         experts=experts,
@@ -100,6 +82,23 @@ def count_parameters(
         layers=per_layer,
         layer_experts=layer_experts,
     )
+
+
+def _per_layer_embeddings(text: dict[str, Any], hidden: int, num_layers: int) -> int:
+    """Gemma 3n / Gemma 4 E-series per-layer embeddings (PLE): a second embedding table of
+    vocab_size_per_layer_input x (layers x hidden_size_per_layer_input), its projection from the hidden state and
+    norm, and in every layer a gate (hidden -> ple), a projection (ple -> hidden) and a norm
+    (vllm/model_executor/models/gemma4.py l.1045-1062: embed_tokens_per_layer, per_layer_model_projection,
+    per_layer_projection_norm; l.704-722: per_layer_input_gate, per_layer_projection, post_per_layer_input_norm,
+    0.34.0 wheel). 262,144 x 42 x 256 = 2.8B parameters for gemma-4-E4B: a third of its checkpoint."""
+    ple = int(text.get("hidden_size_per_layer_input") or 0)
+    vocab = int(text.get("vocab_size_per_layer_input") or 0)
+    if not ple or not vocab:
+        return 0
+    table = vocab * num_layers * ple
+    model_projection = hidden * num_layers * ple + ple
+    per_layer = num_layers * (2 * hidden * ple + hidden)
+    return table + model_projection + per_layer
 
 
 def _mtp(shape: _Shape, vocab: int, kinds: tuple) -> int:
@@ -175,7 +174,7 @@ class _Shape:
         dim = int(self.text.get("index_head_dim") or 0)
         if not dim:
             return 0
-        heads, q_rank = int(self.text["index_n_heads"]), int(self.text.get("q_lora_rank") or self.hidden)
+        heads, q_rank = _field(self.text, "index_n_heads"), int(self.text.get("q_lora_rank") or self.hidden)
         return q_rank * heads * dim + self.hidden * dim + 2 * dim + self.hidden * heads
 
     def qk_norms(self, head_dim: int, kv_heads: int) -> int:
@@ -223,7 +222,7 @@ class _Shape:
 
     def dense_mlp(self) -> int:
         if self.model_type == "opt":
-            ffn = int(self.text["ffn_dim"])
+            ffn = _field(self.text, "ffn_dim")
             return 2 * self.hidden * ffn + ffn + self.hidden
         if self.model_type == "granitemoehybrid":  # no dense MLP: the shared MLP beside (or without) the experts
             return 3 * self.hidden * int(self.text.get("shared_intermediate_size") or 0)
@@ -258,9 +257,9 @@ class _Shape:
     def shared_experts(self) -> int:
         text, hidden = self.text, self.hidden
         if text.get("shared_expert_intermediate_size"):  # Qwen MoE: one shared expert and its sigmoid gate
-            return 3 * hidden * int(text["shared_expert_intermediate_size"]) + hidden
+            return 3 * hidden * _field(text, "shared_expert_intermediate_size") + hidden
         if text.get("moe_shared_expert_intermediate_size"):  # Nemotron-H
-            return (3 if self._gated() else 2) * hidden * int(text["moe_shared_expert_intermediate_size"])
+            return (3 if self._gated() else 2) * hidden * _field(text, "moe_shared_expert_intermediate_size")
         if self.model_type == "granitemoehybrid":
             return 3 * hidden * int(text.get("shared_intermediate_size") or 0)
         if self.model_type == "llama4_text":  # one shared expert of the experts' width
@@ -279,7 +278,7 @@ def _nas_ffn(ffn: dict, hidden: int) -> int:
         return 0
     if ffn.get("replace_with_linear"):
         return hidden * hidden
-    inter = int(2 * float(ffn["ffn_mult"]) * hidden / 3)
+    inter = int(2 * float(_field(ffn, "ffn_mult", number=True)) * hidden / 3)
     inter = -(-inter // 256) * 256
     return 3 * hidden * inter
 
@@ -337,10 +336,10 @@ def _gqa_attention(text: dict, hidden: int, num_heads: int, kv_heads: int, head_
 
 
 def _mla_attention(text: dict, hidden: int, num_heads: int) -> int:
-    rope = int(text["qk_rope_head_dim"])
+    rope = _field(text, "qk_rope_head_dim")
     nope = int(text.get("qk_nope_head_dim") or 0)
     v_dim = int(text.get("v_head_dim") or nope)
-    kv_rank = int(text["kv_lora_rank"])
+    kv_rank = _field(text, "kv_lora_rank")
     q_rank = text.get("q_lora_rank")
     q_head = num_heads * (nope + rope)
     q = hidden * int(q_rank) + int(q_rank) + int(q_rank) * q_head if q_rank else hidden * q_head
@@ -349,38 +348,83 @@ def _mla_attention(text: dict, hidden: int, num_heads: int) -> int:
     return q + kv + out
 
 
+def _field(fields: dict, key: str, *, number: bool = False) -> Any:
+    """A field the count cannot do without: KeyError (which names it, one line up the stack) when it is absent or
+    null. Its type and range were checked with the rest of config.json (fields.check_config)."""
+    value = fields.get(key)
+    if value is None:
+        raise KeyError(key)
+    return value if number else int(value)
+
+
 # --- vision towers ----------------------------------------------------------------------------------------
 
 
 def vision_parameters(wrapper: dict[str, Any]) -> int:
-    """The vision tower and its projector, for the towers counted here (0 for others or none)."""
-    vision = wrapper.get("vision_config")
-    if not isinstance(vision, dict):
-        return 0
+    """The multimodal towers and their projectors (vision, and Gemma 4's audio), for the towers counted here (0 for
+    others or none): what a text-only engine (--language-model-only) does not load."""
     text_hidden = int((wrapper.get("text_config") or {}).get("hidden_size") or 0)
-    counter = _VISION_TOWERS.get(str(vision.get("model_type") or ""))
-    return counter(wrapper, vision, text_hidden) if counter else 0
+    total = 0
+    vision = wrapper.get("vision_config")
+    if isinstance(vision, dict):
+        counter = _VISION_TOWERS.get(str(vision.get("model_type") or ""))
+        total += counter(wrapper, vision, text_hidden) if counter else 0
+    audio = wrapper.get("audio_config")
+    if isinstance(audio, dict) and str(audio.get("model_type") or "") in _CONFORMER_AUDIO:
+        total += _conformer_audio(audio, text_hidden)
+    return total
+
+
+# Gemma 4's towers as their configs describe them, where a checkpoint's config leaves the defaults unwritten: the
+# E-series vision encoder is a 16-layer ViT of width 768 (12 heads), the audio encoder Gemma 3n's 12-layer Conformer
+# of width 1536 (public gemma-4 config excerpts, code-index ids 51768787626, 65721018737; Gemma3nAudioConfig's
+# defaults). An estimate of the layers' matrices (norms and biases left out): the checkpoint's own safetensors
+# headers replace it when read.
+_GEMMA4_VISION = {"hidden_size": 768, "num_hidden_layers": 16, "intermediate_size": 3072}
+_CONFORMER_AUDIO = {"gemma4_audio": {"hidden_size": 1536, "num_hidden_layers": 12}, "gemma3n_audio": {}}
+
+
+def _gemma4_vision(wrapper: dict, vision: dict, text_hidden: int) -> int:
+    """A ViT: per layer q, k, v, o (4 w^2) and a gated MLP (3 w x i), then the projector to the text width."""
+    merged = {**_GEMMA4_VISION, **{key: value for key, value in vision.items() if value is not None}}
+    width, inter = (
+        _field(merged, "hidden_size"),
+        int(merged.get("intermediate_size") or 4 * _field(merged, "hidden_size")),
+    )
+    layer = 4 * width * width + 3 * width * inter
+    return _field(merged, "num_hidden_layers") * layer + width * text_hidden
+
+
+def _conformer_audio(audio: dict, text_hidden: int) -> int:
+    """A Conformer: per layer two feed-forward modules (w -> 4w -> w, 8 w^2 each), attention with a relative
+    position projection (5 w^2) and a light convolution module (GLU in, out: 3 w^2), then the projector."""
+    defaults = _CONFORMER_AUDIO.get(str(audio.get("model_type") or ""), {})
+    merged = {**defaults, **{key: value for key, value in audio.items() if value is not None}}
+    width = int(merged.get("hidden_size") or 0)
+    layers = int(merged.get("num_hidden_layers") or merged.get("conf_num_hidden_layers") or 0)
+    out = int(merged.get("output_proj_dims") or width)
+    return layers * 24 * width * width + width * out + out * text_hidden
 
 
 def _siglip(wrapper: dict, vision: dict, text_hidden: int) -> int:
     """SigLIP encoder (Gemma 3): patch convolution, learned positions, pre-norm layers with biased projections,
     a post-norm; Gemma 3's projector is one matrix to the text width and a soft-embedding norm."""
-    width, inter = int(vision["hidden_size"]), int(vision["intermediate_size"])
-    patch, channels = int(vision["patch_size"]), int(vision.get("num_channels") or 3)
-    positions = (int(vision["image_size"]) // patch) ** 2
+    width, inter = _field(vision, "hidden_size"), _field(vision, "intermediate_size")
+    patch, channels = _field(vision, "patch_size"), int(vision.get("num_channels") or 3)
+    positions = (_field(vision, "image_size") // patch) ** 2
     embeddings = channels * patch * patch * width + width + positions * width
     layer = 2 * 2 * width + 4 * (width * width + width) + (width * inter + inter) + (inter * width + width)
-    tower = embeddings + int(vision["num_hidden_layers"]) * layer + 2 * width
+    tower = embeddings + _field(vision, "num_hidden_layers") * layer + 2 * width
     return tower + width * text_hidden + width
 
 
 def _pixtral(wrapper: dict, vision: dict, text_hidden: int) -> int:
     """Pixtral encoder (Mistral 3): bias-free patch convolution, a pre-norm, RMS-normed layers of bias-free
     attention and gated MLP; Mistral 3's projector: a norm, the patch merger and a two-layer MLP."""
-    width, inter = int(vision["hidden_size"]), int(vision["intermediate_size"])
-    patch, channels = int(vision["patch_size"]), int(vision.get("num_channels") or 3)
+    width, inter = _field(vision, "hidden_size"), _field(vision, "intermediate_size")
+    patch, channels = _field(vision, "patch_size"), int(vision.get("num_channels") or 3)
     layer = 2 * width + 4 * width * width + 3 * width * inter
-    tower = channels * patch * patch * width + width + int(vision["num_hidden_layers"]) * layer
+    tower = channels * patch * patch * width + width + _field(vision, "num_hidden_layers") * layer
     merge = int(wrapper.get("spatial_merge_size") or 2)
     bias = bool(wrapper.get("multimodal_projector_bias"))
     projector = width + merge * merge * width * width + width * text_hidden + text_hidden * text_hidden
@@ -392,22 +436,23 @@ def _pixtral(wrapper: dict, vision: dict, text_hidden: int) -> int:
 def _qwen3_vl(wrapper: dict, vision: dict, text_hidden: int) -> int:
     """Qwen3-VL's vision encoder (Qwen3.5): a 3-D patch convolution with bias, learned positions, LayerNorm
     blocks with biased projections, and the patch merger (a norm and a two-layer MLP to the text width)."""
-    width, inter = int(vision["hidden_size"]), int(vision["intermediate_size"])
-    patch = int(vision["in_channels"]) * int(vision["temporal_patch_size"]) * int(vision["patch_size"]) ** 2
-    embeddings = patch * width + width + int(vision["num_position_embeddings"]) * width
+    width, inter = _field(vision, "hidden_size"), _field(vision, "intermediate_size")
+    patch = _field(vision, "in_channels") * _field(vision, "temporal_patch_size") * _field(vision, "patch_size") ** 2
+    embeddings = patch * width + width + _field(vision, "num_position_embeddings") * width
     block = 4 * width + (width * 3 * width + 3 * width) + (width * width + width) + (width * inter + inter)
     block += inter * width + width
-    merged = width * int(vision["spatial_merge_size"]) ** 2
+    merged = width * _field(vision, "spatial_merge_size") ** 2
     out = int(vision.get("out_hidden_size") or text_hidden)
     merger = 2 * width + (merged * merged + merged) + (merged * out + out)
     deepstack = len(vision.get("deepstack_visual_indexes") or ()) * (
         2 * merged + merged * merged + merged + merged * out + out
     )
-    return embeddings + int(vision["depth"]) * block + merger + deepstack
+    return embeddings + _field(vision, "depth") * block + merger + deepstack
 
 
 _VISION_TOWERS = {
     "siglip_vision_model": _siglip,
+    "gemma4_vision": _gemma4_vision,
     "pixtral": _pixtral,
     **dict.fromkeys(("qwen3_5", "qwen3_5_moe", "qwen3_5_vision", "qwen3_5_moe_vision"), _qwen3_vl),
 }

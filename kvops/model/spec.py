@@ -16,10 +16,10 @@ from math import ceil, prod
 from typing import TYPE_CHECKING, ClassVar
 
 from kvops.dtypes import SCALE_BYTES, KvDtype
+from kvops.errors import UsageError
 
 if TYPE_CHECKING:
     from kvops.model.checkpoint import Checkpoint
-    from kvops.model.params import ParameterCount
 
 ATTENTION_KINDS = ("full", "sliding", "chunked", "mla")
 
@@ -37,6 +37,7 @@ class FullAttention:
     num_kv_heads: int
     head_dim: int
     v_head_dim: int = 0  # when V is narrower than K (MiMo-V2's sliding layers); 0: the same as head_dim
+    rope_dim: int = 0  # rotary dims of a key (partial rotary); 0: all of head_dim (read by Octave's packed slot)
 
     @property
     def value_dim(self) -> int:
@@ -52,6 +53,8 @@ class FullAttention:
         return 2 * self.heads_per_gpu(tp)
 
     def data_bytes_per_token(self, dtype: KvDtype, tp: int) -> int:
+        if dtype.is_packed:  # codes and scales in one slot per KV head
+            return self.heads_per_gpu(tp) * dtype.slot_bytes(self.head_dim, self.value_dim, self.rope_dim)
         return ceil(self.values_per_token(tp) * dtype.bits / 8)
 
     def scale_bytes_per_token(self, dtype: KvDtype, tp: int) -> int:
@@ -64,6 +67,9 @@ class FullAttention:
         return tokens
 
     def formula(self, dtype: KvDtype, tp: int) -> str:
+        if dtype.is_packed:
+            slot = dtype.slot_bytes(self.head_dim, self.value_dim, self.rope_dim)
+            return f"{self.heads_per_gpu(tp)} kv_heads x {slot} B packed K+V slot ({dtype.name})"
         if self.v_head_dim and self.v_head_dim != self.head_dim:
             return f"{self.heads_per_gpu(tp)} kv_heads x ({self.head_dim} + {self.v_head_dim}) K+V dims x {dtype.bytes:g} B"
         return f"2 x {self.heads_per_gpu(tp)} kv_heads x {self.head_dim} head_dim x {dtype.bytes:g} B"
@@ -133,6 +139,8 @@ class MultiLatentAttention:
         return 1
 
     def data_bytes_per_token(self, dtype: KvDtype, tp: int) -> int:
+        if dtype.is_packed:
+            raise UsageError(f"--kv-dtype {dtype.name} packs K and V heads; an MLA latent cache has no such layout")
         return ceil(self.values_per_token(tp) * dtype.bits / 8)
 
     def scale_bytes_per_token(self, dtype: KvDtype, tp: int) -> int:
@@ -279,6 +287,34 @@ class LayerGroup:
 
 
 @dataclass(frozen=True)
+class ParameterCount:
+    total: int  # the language model an engine loads for text generation (MTP and vision towers apart)
+    experts: int  # inside routed experts
+    num_experts: int
+    mtp: int = 0  # multi-token-prediction layers the checkpoint stores (vLLM loads them only to speculate)
+    vision: int = 0  # vision tower and projector, when its architecture is counted
+    embeddings: int = 0  # the token embedding matrix (vocab x hidden)
+    lm_head: int = 0  # an untied LM head (0 when tied to the embeddings)
+    layers: tuple[int, ...] = ()  # each decoder layer (what pipeline stages split)
+    layer_experts: tuple[int, ...] = ()  # each decoder layer's routed experts
+
+    @property
+    def checkpoint(self) -> int:
+        """Every parameter the checkpoint stores, as far as it is counted."""
+        return self.total + self.mtp + self.vision
+
+
+@dataclass(frozen=True)
+class EncoderShape:
+    """A multimodal encoder as the profile run exercises it: its width, MLP size, and encoder positions (patches)
+    per language-model token it yields (a spatial merge of 2 x 2 feeds 4 patches into one token)."""
+
+    width: int
+    intermediate: int
+    patches_per_token: int = 1
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """A model reduced to the facts that decide its serving memory. Built once from a config.json."""
 
@@ -309,7 +345,9 @@ class ModelSpec:
     mtp_layers: int = 0  # MTP modules the checkpoint carries (num_nextn_predict_layers)
     revision: str | None = None  # the Hub revision read, when the model came from the Hub
     checkpoint: Checkpoint | None = field(default=None, compare=False, repr=False)  # its safetensors headers, if read
+    encoder: EncoderShape | None = None  # a vision encoder the engine profiles (None: text only, or not read)
     notes: tuple[str, ...] = field(default=())  # how ambiguous config fields were read
+    warnings: tuple[str, ...] = field(default=())  # what a user must hear: a layer count taken from a default
 
     @property
     def num_layers(self) -> int:

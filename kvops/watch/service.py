@@ -63,10 +63,9 @@ def run(coroutine: Coroutine[Any, Any, Any]) -> Any:
 def admin_token(path: str | None, environ: dict[str, str] | None = None) -> str | None:
     """The admin token from a file (its first line), or from KVOPS_ADMIN_TOKEN; None when neither is given."""
     if path is not None:
-        try:
-            text = Path(path).read_text().strip()
-        except OSError as exc:
-            raise KvopsError(f"--admin-token-file {path}: cannot read ({exc.strerror or exc})") from None
+        from kvops.files import read_text
+
+        text = read_text(path, "--admin-token-file", 64 << 10).strip()  # a regular file: a FIFO is refused
         if not text:
             raise KvopsError(f"--admin-token-file {path}: the file is empty; put the token on its first line")
         return text.splitlines()[0].strip()

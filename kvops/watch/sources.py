@@ -143,7 +143,10 @@ class PrometheusSource:
             return Poll(error=f"no answer from Prometheus {self.url} within {self.timeout:g} s")
         except Exception as exc:  # requests' connection errors, HTTP errors, a body that is not Prometheus JSON
             return Poll(error=f"cannot query Prometheus {self.url}: {describe(exc)}")
-        return self.group(rows)
+        try:
+            return self.group(rows)
+        except MalformedAnswer as exc:
+            return Poll(error=f"Prometheus {self.url} answered {exc}")
 
     def _query(self) -> list[dict]:
         if self._client is None:
@@ -153,16 +156,27 @@ class PrometheusSource:
             self._client = PrometheusConnect(self.url, disable_ssl=True, retry=Retry(total=0), timeout=self.timeout)
         return self._client.custom_query(self.query)
 
-    def group(self, rows: list[dict]) -> Poll:
-        """Query results -> one reading (or failure) per replica."""
+    def group(self, rows: Any) -> Poll:
+        """Query results -> one reading (or failure) per replica. A row whose labels cannot be read makes the whole
+        answer unusable (MalformedAnswer: the poll fails, as missing data); a row whose value cannot be read fails
+        its replica."""
         by_replica: dict[str, list[Sample]] = defaultdict(list)
+        broken: dict[str, str] = {}
+        if not isinstance(rows, list):
+            raise MalformedAnswer(f"a result of {type(rows).__name__}, not a list of series")
         for row in rows:
-            labels = dict(row["metric"])
+            labels = _labels(row)
             name = labels.pop("__name__", "")
             replica = labels.get(self.replica_label, f"(no {self.replica_label} label)")
-            by_replica[replica].append(Sample(name, labels, _number(row["value"][1])))
-        poll = Poll()
+            value = _value(row)
+            if value is None:
+                broken[replica] = f"Prometheus answered a {name or 'series'} row without a [time, value] pair"
+                continue
+            by_replica[replica].append(Sample(name, labels, value))
+        poll = Poll(failures=broken)
         for replica, samples in sorted(by_replica.items()):
+            if replica in broken:
+                continue
             up = [s.value for s in samples if s.name == "up"]
             if up and not any(v == 1 for v in up):
                 poll.failures[replica] = "target down in Prometheus (up == 0)"
@@ -173,6 +187,8 @@ class PrometheusSource:
                 )
             except MetricsError as exc:
                 poll.failures[replica] = str(exc)
+            except Exception as exc:  # what the engine's reader did not foresee is that replica's bad data
+                poll.failures[replica] = f"unusable metrics: {describe(exc)}"
         return poll
 
     async def close(self) -> None:
@@ -180,10 +196,31 @@ class PrometheusSource:
             self._client.close()
 
 
-def _number(text: str) -> float:
+class MalformedAnswer(Exception):
+    """A Prometheus answer whose series cannot be told apart (a row without labels): the message says what came."""
+
+
+def _labels(row: Any) -> dict[str, str]:
+    """A result row's labels, as strings; MalformedAnswer when the row has none to read."""
+    metric = row.get("metric") if isinstance(row, dict) else None
+    if not isinstance(metric, dict):
+        raise MalformedAnswer(f'a result row without its "metric" labels ({str(row)[:80]})')
+    return {str(key): str(value) for key, value in metric.items()}
+
+
+def _value(row: dict) -> float | None:
+    """The sample of an instant-vector row (`"value": [time, "number"]`); NaN when the number is not one (the
+    engine's reader then names it), None when there is no such pair."""
+    pair = row.get("value")
+    if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+        return None
+    return _number(pair[1])
+
+
+def _number(text: Any) -> float:
     try:
         return float(text)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return math.nan
 
 

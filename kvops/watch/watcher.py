@@ -12,13 +12,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, TextIO
 
-from kvops.engines.metrics import Reading
+from kvops.engines.metrics import MAX_SAMPLE, Reading
 from kvops.policy import GRADED, Level, LevelTracker, Limits, Policy
 from kvops.watch.alerts import (
     LEVEL_ALERTS,
@@ -34,7 +35,7 @@ from kvops.watch.alerts import (
 from kvops.watch.headroom import Headroom, headroom
 from kvops.watch.saturation import GatewayLevels
 from kvops.watch.signals import SignalState, SignalTracker, floor
-from kvops.watch.sources import MetricsSource, describe
+from kvops.watch.sources import MetricsSource, Poll, describe
 
 if TYPE_CHECKING:
     import aiohttp
@@ -180,7 +181,10 @@ class Watcher:
 
     async def poll(self) -> Snapshot:
         started = time.perf_counter()
-        result = await self.source.poll()
+        try:
+            result = await self.source.poll()
+        except Exception as exc:  # a source's bug on an answer it did not foresee: missing data, never an exit
+            result = Poll(error=f"the source failed: {describe(exc)}")
         now, wall = self.clock(), self.wall()
         self.polls += 1
         failures = dict(result.failures)
@@ -192,13 +196,20 @@ class Watcher:
             else:
                 failures[name] = "absent from the source (target gone or series renamed)"
         for name, reading in result.readings.items():
-            self._observe(self._replica(name, now), reading, now)
+            unusable = unusable_reading(reading)
+            if unusable:
+                failures[name] = unusable
+            else:
+                self._observe(self._replica(name, now), reading, now)
         for name, reason in failures.items():
             self._fail(self._replica(name, now), reason, now)
         self._alert(wall)
         self.current = self._snapshot(wall)
         if self.recorder is not None:
-            self.recorder.write(self.current, self.replicas.values())
+            try:
+                self.recorder.write(self.current, self.replicas.values())
+            except (OSError, ValueError) as exc:  # a full disk stops the record, not the watcher
+                self.log.emit("record_failed", error=describe(exc))
         self.last_poll_seconds = time.perf_counter() - started
         self.last_poll_at = now
         return self.current
@@ -399,6 +410,25 @@ class Watcher:
         if self._session is not None:
             await self._session.close()
         await self.source.close()
+
+
+def unusable_reading(reading: Reading) -> str | None:
+    """Why a reading cannot be used, or None. Each engine's reader refuses NaN, Inf and values past MAX_SAMPLE in
+    what it reads; this holds it for every number a Reading carries (fields added later too), so one garbage
+    value is missing data, with the policy's grace, not an overflow later in the headroom or an alert."""
+    for item in fields(reading):
+        value = getattr(reading, item.name)
+        values = value.values() if isinstance(value, Mapping) else (value,)
+        for number in values:
+            if isinstance(number, (int, float)) and not isinstance(number, bool) and not _usable(number):
+                return f"{item.name} is {number:g}: not a value an engine reports"
+    if not 0.0 <= reading.kv_usage <= 1.0:
+        return f"kv_usage is {reading.kv_usage:g}, outside 0-1"
+    return None
+
+
+def _usable(number: float) -> bool:
+    return math.isfinite(number) and abs(number) <= MAX_SAMPLE
 
 
 def fleet_headroom(parts: list[Headroom]) -> dict | None:

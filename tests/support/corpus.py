@@ -17,7 +17,7 @@ import yaml
 
 from kvops import engines
 from kvops.deployment import DeploymentOptions
-from kvops.engines.common import Observation, OverheadFit, fit_overheads
+from kvops.engines.common import fit_overheads
 from kvops.engines.logs import LogFacts
 from kvops.engines.tgi import calibrate as tgi_calibrate
 from kvops.engines.tgi import releases as tgi_releases
@@ -25,6 +25,7 @@ from kvops.engines.vllm import calibrate as vllm_calibrate
 from kvops.engines.vllm import releases as vllm_releases
 from kvops.errors import KvopsError
 from kvops.model import catalog
+from kvops.overheads import Observation, OverheadFit
 from kvops.plan import Plan
 from kvops.planner import predict
 from tests.support.paths import FIXTURES
@@ -64,10 +65,17 @@ class Entry:
         return bool((self.data.get("args") or {}).get("enable_lora") or self.kvops.get("lora"))
 
     @property
+    def post_fit(self) -> bool:
+        """Published after the shipped overhead fit (`post_fit: true`): held out of the fit and scored apart, so its
+        error is an out-of-sample one."""
+        return bool(self.kvops.get("post_fit"))
+
+    @property
     def fit(self) -> bool:
         """Its measured terms may train the overhead fit: not a fork of the engine's (`fit: false`), nor a launch with
-        LoRA adapters, whose memory would pass for the engine's own overheads in every other log's plan."""
-        return self.kvops.get("fit", True) and not self.lora
+        LoRA adapters, whose memory would pass for the engine's own overheads in every other log's plan, nor one
+        published after the fit (scored apart)."""
+        return self.kvops.get("fit", True) and not self.lora and not self.post_fit
 
     @property
     def text(self) -> str:
@@ -120,6 +128,7 @@ def entry(entry_id: str) -> Entry:
 FAMILIES = {"vllm": vllm_releases.FAMILIES, "tgi": tgi_releases.FAMILIES}
 FALLBACKS = {"vllm": vllm_releases.FALLBACKS, "tgi": {}}
 GRAPH_FAMILIES = {"vllm": vllm_releases.GRAPH_FAMILIES, "tgi": ()}
+SAMPLER_FALLBACKS = {"vllm": vllm_releases.SAMPLER_FALLBACKS, "tgi": {}}
 
 
 def plan_entry(entry: Entry, fit: OverheadFit | None = None, pinned_kv: int | None = None) -> Plan:
@@ -157,6 +166,7 @@ def fit_corpus(engine: str, found: dict[str, Observation]) -> OverheadFit:
         FAMILIES[engine],
         FALLBACKS[engine],
         GRAPH_FAMILIES[engine],
+        SAMPLER_FALLBACKS[engine],
     )
 
 

@@ -10,11 +10,10 @@ import yaml
 from kvops.engines.common import engine_total
 from kvops.engines.tgi.logs import parse_tgi_log
 from kvops.engines.vllm.logs import parse_vllm_log
+from kvops.units import GiB
 from tests.support.corpus import CORPUS
 from tests.support.paths import LOGS
 from tests.support.tiny_model import TINY_LLAMA, build_model
-
-GiB = 1 << 30
 
 
 def gib(value: float) -> int:
@@ -170,6 +169,8 @@ def test_gpu_log_prediction_against_actual_and_profile_round_trip(run_kvops, tmp
             "--enforce-eager",
             "--profile",
             str(saved),
+            "--engine-version",  # the run's own release (the newest, 0.34, sizes KV after warmup instead)
+            str(profile["engine_version"]),
             "--format",
             "json",
             expect=None,

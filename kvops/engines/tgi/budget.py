@@ -27,6 +27,7 @@ from kvops.engines.tgi.releases import TgiRelease
 from kvops.errors import UsageError
 from kvops.model.checkpoint import Parallel
 from kvops.model.spec import ModelSpec, MultiLatentAttention
+from kvops.overheads import POOLED, FamilyFit, shipped_fit
 from kvops.plan import PlanInputs, Term
 
 DEFAULT_CUDA_MEMORY_FRACTION = 1.0  # launcher --cuda-memory-fraction
@@ -255,8 +256,8 @@ def memory_terms(inputs: PlanInputs, release: TgiRelease, prefill: int) -> tuple
     return terms, kv
 
 
-def _fit(inputs: PlanInputs, release: TgiRelease) -> common.FamilyFit:
-    return (inputs.overhead_fit or common.shipped_fit("tgi")).family(release.family)
+def _fit(inputs: PlanInputs, release: TgiRelease) -> FamilyFit:
+    return (inputs.overhead_fit or shipped_fit("tgi")).family(release.family)
 
 
 def _estimated_overheads(inputs: PlanInputs, release: TgiRelease, prefill: int) -> list[Term]:
@@ -264,7 +265,7 @@ def _estimated_overheads(inputs: PlanInputs, release: TgiRelease, prefill: int) 
     model, which = activation_model(inputs.spec, prefill, inputs.tp)
     logs = (
         f"{fit.logs} public {fit.family} startup logs"
-        if fit.family != common.POOLED
+        if fit.family != POOLED
         else f"{fit.logs} public TGI startup logs"
     )
     activation = fit.activation(model)

@@ -3,12 +3,12 @@ profile that replaces the planner's estimates; and the observation the corpus fi
 
 from __future__ import annotations
 
-from kvops.calibrate import Calibration, Comparison, predicted_figures
-from kvops.engines import common
+from kvops.calibration import Calibration, Comparison, predicted_figures
 from kvops.engines.tgi import budget
 from kvops.engines.tgi.logs import TgiLog
 from kvops.engines.tgi.plan import TgiCapacity
 from kvops.engines.tgi.releases import TgiRelease
+from kvops.overheads import Observation
 from kvops.plan import Plan
 from kvops.profile import Profile
 from kvops.units import format_bytes
@@ -107,7 +107,7 @@ def pool_overhead(plan: Plan, kv_bytes: int) -> int:
     return budget.overhead_from_pool(release, total, fraction, weights, kv_bytes)
 
 
-def observation(log: TgiLog, plan: Plan, source: str) -> common.Observation | None:
+def observation(log: TgiLog, plan: Plan, source: str) -> Observation | None:
     """The overhead the run's pool implies, beside kvops' model of the warmup prefill; None without a sized pool."""
     total_tokens = log.get("max_batch_total_tokens")
     capacity, release = plan.capacity, plan.release
@@ -116,7 +116,7 @@ def observation(log: TgiLog, plan: Plan, source: str) -> common.Observation | No
     assert isinstance(release, TgiRelease)
     model, _ = budget.activation_model(plan.inputs.spec, capacity.max_batch_prefill_tokens, plan.inputs.tp)
     budget_term = next(term.bytes for term in plan.memory if term.name == "budget")
-    return common.Observation(
+    return Observation(
         source,
         release.family,
         plan.inputs.tp,

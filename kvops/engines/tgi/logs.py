@@ -20,17 +20,27 @@ from typing import Any
 
 from kvops.engines.logs import LogFacts, LogPattern
 
+_COUNT = r"(\d{1,18})\b"  # a count: at most 18 digits, so int() of a hostile 5,000-digit run never fails
+
 PATTERNS: list[LogPattern] = [
-    ("max_batch_total_tokens", re.compile(r"Setting max batch total tokens to (\d+)"), lambda m: int(m.group(1))),
+    ("max_batch_total_tokens", re.compile(r"Setting max batch total tokens to " + _COUNT), lambda m: int(m.group(1))),
     ("no_automatic_total", re.compile(r"Model does not support automatic max batch total tokens"), lambda m: True),
-    ("max_input_tokens", re.compile(r"Maximum input tokens defaulted to (\d+)"), lambda m: int(m.group(1))),
-    ("max_total_tokens", re.compile(r"Maximum total tokens defaulted to (\d+)"), lambda m: int(m.group(1))),
-    ("kv_blocks", re.compile(r"KV-cache blocks: (\d+), size: (\d+)"), lambda m: (int(m.group(1)), int(m.group(2)))),
+    ("max_input_tokens", re.compile(r"Maximum input tokens defaulted to " + _COUNT), lambda m: int(m.group(1))),
+    ("max_total_tokens", re.compile(r"Maximum total tokens defaulted to " + _COUNT), lambda m: int(m.group(1))),
+    (
+        "kv_blocks",
+        re.compile(r"KV-cache blocks: " + _COUNT + r", size: " + _COUNT),
+        lambda m: (int(m.group(1)), int(m.group(2))),
+    ),
     ("attention", re.compile(r"Using attention (\S+) - Prefix caching (\S+)"), lambda m: (m.group(1), m.group(2))),
-    ("max_batch_prefill_tokens", re.compile(r"Default `max_batch_prefill_tokens` to (\d+)"), lambda m: int(m.group(1))),
-    ("num_shard", re.compile(r"Sharding model on (\d+) processes"), lambda m: int(m.group(1))),
-    ("launcher_max_input_tokens", re.compile(r"Default `max_input_tokens` to (\d+)"), lambda m: int(m.group(1))),
-    ("launcher_max_total_tokens", re.compile(r"Default `max_total_tokens` to (\d+)"), lambda m: int(m.group(1))),
+    (
+        "max_batch_prefill_tokens",
+        re.compile(r"Default `max_batch_prefill_tokens` to " + _COUNT),
+        lambda m: int(m.group(1)),
+    ),
+    ("num_shard", re.compile(r"Sharding model on " + _COUNT + r" processes"), lambda m: int(m.group(1))),
+    ("launcher_max_input_tokens", re.compile(r"Default `max_input_tokens` to " + _COUNT), lambda m: int(m.group(1))),
+    ("launcher_max_total_tokens", re.compile(r"Default `max_total_tokens` to " + _COUNT), lambda m: int(m.group(1))),
     ("version", re.compile(r"text-generation-inference:v?(\d+\.\d+\.\d+)\b"), lambda m: m.group(1)),
 ]
 _ARGS = re.compile(r"Args \{(.*?)(?:\}\s*$|$)")
@@ -87,7 +97,7 @@ def _message(raw: str) -> str:
     if text.startswith("{"):
         try:
             record = json.loads(text)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # not JSON, a 5,000-digit number, nesting past the recursion limit
             return text
         if isinstance(record, dict):
             nested = record.get("fields")
@@ -102,5 +112,10 @@ def _args(body: str) -> dict[str, Any]:
         match = pattern.search(body)
         if match:
             value = match.group(1)
-            found[name] = float(value) if name == "cuda_memory_fraction" else int(value) if value.isdigit() else value
+            try:  # a log is input: "1.2.3" or 5,000 digits are left out, not a traceback
+                found[name] = (
+                    float(value) if name == "cuda_memory_fraction" else int(value) if value.isdigit() else value
+                )
+            except ValueError:
+                continue
     return found

@@ -17,7 +17,6 @@ appears only once it is first touched: until a first batch has run, the batch ga
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -36,7 +35,7 @@ INFERENCE_SUCCESS = (
 
 SERIES = (QUEUE_SIZE, BATCH_SIZE, BATCH_MAX_TOKENS, INFERENCE_COUNT, INFERENCE_SUCCESS)
 
-CAPACITY_LOG_LINE = re.compile(r"Setting max batch total tokens to (\d+)")
+CAPACITY_LOG_LINE = re.compile(r"Setting max batch total tokens to (\d{1,18})\b")
 
 
 PREFIX = "tgi_"  # every series the router exports
@@ -115,11 +114,9 @@ def capacity_from_log(path: str | Path) -> int:
 
 def capacity_from_plan(path: str | Path) -> int:
     """`max_batch_total_tokens` from a plan file: a key anywhere in the JSON, or the flag in a list of flags."""
-    text = _read(path, "--plan")
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"--plan {path}: not JSON (line {exc.lineno}: {exc.msg})") from None
+    from kvops.files import load_json
+
+    data = load_json(_read(path, "--plan"), f"--plan {path}", UsageError)  # bounded in depth: walked below
     values = set(_plan_values(data))
     if len(values) != 1:
         what = "no" if not values else f"conflicting ({', '.join(map(str, sorted(values)))})"
@@ -146,7 +143,7 @@ def _plan_values(node: Any) -> list[int]:
             else:
                 found.extend(_plan_values(item))
     elif isinstance(node, str) and "--max-batch-total-tokens" in node:
-        found.extend(int(n) for n in re.findall(r"--max-batch-total-tokens[= ](\d+)", node) if int(n) > 0)
+        found.extend(int(n) for n in re.findall(r"--max-batch-total-tokens[= ](\d{1,18})\b", node) if int(n) > 0)
     return found
 
 
@@ -154,15 +151,15 @@ def _positive(value: Any) -> bool:
     if isinstance(value, bool):
         return False
     if isinstance(value, int):
-        return value > 0
-    return isinstance(value, str) and value.isdigit() and int(value) > 0
+        return 0 < value < 1 << 60
+    return isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 18 and int(value) > 0
 
 
 def _read(path: str | Path, option: str) -> str:
-    try:
-        return Path(path).read_text(errors="replace")
-    except OSError as exc:
-        raise UsageError(f"{option} {path}: cannot read ({exc.strerror or exc})") from None
+    """A startup log or a plan: a regular file (a FIFO or a device is refused), bounded."""
+    from kvops.files import LOG_LIMIT, read_text
+
+    return read_text(path, option, LOG_LIMIT, UsageError)
 
 
 # --- the Grafana dashboard's TGI queries (kvops/deploy/grafana.py asks every engine for its own) ----------

@@ -10,7 +10,7 @@ from typing import Any
 from kvops.dtypes import resolve_kv_dtype
 from kvops.engines import common
 from kvops.engines.flags import flag_args
-from kvops.engines.tgi import budget, flags, releases
+from kvops.engines.tgi import budget, flags, options, releases
 from kvops.engines.tgi.releases import TgiRelease
 from kvops.errors import MissingDevice, UsageError
 from kvops.plan import Plan, PlanInputs, Verdict, model_argument
@@ -158,9 +158,15 @@ def plan_once(inputs: PlanInputs) -> Plan:
         "max-concurrent-requests": concurrent,
         "cuda-memory-fraction": inputs.memory_fraction or budget.DEFAULT_CUDA_MEMORY_FRACTION,
     }
+    launcher = options.for_version(release.version)
+    if inputs.memory_fraction is None and not launcher.has("--cuda-memory-fraction"):
+        del engine_flags["cuda-memory-fraction"]  # before the option, TGI took the whole device (its default 1.0)
     if kv_flag:
         engine_flags["kv-cache-dtype"] = kv_flag
     engine_flags |= _model_flags(inputs, speculate)
+    if "quantize" in engine_flags:
+        options.check_quantize(launcher, engine_flags["quantize"], release.label)
+    engine_flags = options.spelled(launcher, engine_flags, release.label)
     warnings = _warnings(inputs, release, notes, length)
     if inputs.profile:
         warnings += common.profile_mismatch(inputs, str(release.version), release.label)
@@ -172,7 +178,7 @@ def plan_once(inputs: PlanInputs) -> Plan:
         flags=engine_flags,
         program=inputs.launcher or flags.PROGRAM,
         args=tuple(flag_args(engine_flags)),
-        image=flags.image(gpu.vendor),
+        image=options.image(release.version, gpu.vendor),
         port=flags.PORT,
         verdict=_verdict(inputs, memory, kv_bytes, pool, capacity, max_input, attention),
         warnings=tuple(warnings),
@@ -334,7 +340,8 @@ def _warnings(inputs: PlanInputs, release: releases.TgiRelease, notes: list[str]
     total = common.device_total(inputs)
     spare = floor(total * fraction) - floor(total * fraction * release.wiggle_room)
     graphs = CUDA_GRAPHS_ESTIMATE
-    if graphs > spare:
+    launcher = options.for_version(release.version)
+    if graphs > spare and launcher.has("--cuda-graphs"):
         warnings.append(
             f"CUDA graphs (~{format_bytes(graphs)}, captured after the KV pool) may not fit in the {format_bytes(spare)} TGI_WIGGLE_ROOM leaves: consider --cuda-graphs 0"
         )

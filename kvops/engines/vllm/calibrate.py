@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvops.calibrate import Calibration, Comparison, predicted_figures
+from kvops.calibration import Calibration, Comparison, predicted_figures
 from kvops.engines import common
 from kvops.engines.vllm import budget
 from kvops.engines.vllm.logs import VllmLog
@@ -13,6 +13,7 @@ from kvops.engines.vllm.metrics import CacheConfig
 from kvops.engines.vllm.plan import VllmCapacity
 from kvops.engines.vllm.releases import VllmRelease, release
 from kvops.gpus import find_gpu, gpu_catalog
+from kvops.overheads import Observation
 from kvops.plan import Plan
 from kvops.profile import Profile
 from kvops.units import format_bytes
@@ -125,19 +126,25 @@ def run_utilization(
         or (plan.inputs.memory_fraction if plan else None)
         or _number(config, "gpu_memory_utilization")
     )
-    return float(stated) if stated else run_release.default_gpu_memory_utilization
+    if isinstance(stated, (int, float)) and not isinstance(stated, bool) and 0 < stated <= 1:  # a log is input
+        return float(stated)
+    return run_release.default_gpu_memory_utilization
 
 
-def observation(log: VllmLog, plan: Plan, source: str) -> common.Observation | None:
+def observation(log: VllmLog, plan: Plan, source: str) -> Observation | None:
     """What the log measured of the terms kvops estimates, beside kvops' own model of the same launch; None when it
     measured none of them (or the launch pinned its KV cache, which skips the profile)."""
     inputs, capacity = plan.inputs, plan.capacity
     if not isinstance(capacity, VllmCapacity) or plan.release is None or inputs.kv_cache_memory_bytes is not None:
         return None
     run_release: VllmRelease = plan.release  # type: ignore[assignment]
+    if run_release.extensible or log.extensible:
+        # the extensible KV cache prints no profile terms, only its measurement after warmup: its family plans with
+        # the profiler family's terms (releases.FALLBACKS) until its logs' own terms are read
+        return None
     scope = common.weight_format(inputs.spec, inputs.quantization).scope
     forward, logits, workspace = budget.profile_run(
-        inputs.spec, capacity.max_num_batched_tokens, capacity.sampler_sequences, inputs.tp, scope
+        inputs.spec, capacity.max_num_batched_tokens, capacity.sampler_sequences, inputs.tp, scope, inputs.text_only
     )
     facts = log.facts
     graphs_applied = run_release.cudagraphs_before_kv and not inputs.enforce_eager
@@ -150,7 +157,7 @@ def observation(log: VllmLog, plan: Plan, source: str) -> common.Observation | N
     requested = budget.requested_memory(total, run_utilization(log, None, plan, run_release), run_release)
     if known_total and facts.get("weights_bytes") is not None and facts.get("kv_cache_bytes") is not None:
         overhead = requested - facts["weights_bytes"] - facts["kv_cache_bytes"]
-    found = common.Observation(
+    found = Observation(
         source,
         run_release.family,
         inputs.tp,
@@ -164,6 +171,7 @@ def observation(log: VllmLog, plan: Plan, source: str) -> common.Observation | N
         overhead=overhead if log.activation_bytes is None or log.non_torch_bytes is None else None,
         budget=requested,
         gpu=inputs.gpu.id if inputs.gpu else None,
+        custom_all_reduce=budget.custom_all_reduce(inputs)[0],
     )
     return found if found.total is not None or found.activation is not None or found.non_torch is not None else None
 
@@ -222,11 +230,11 @@ def _number(config: CacheConfig | None, name: str) -> float | None:
     return config.number(name) if config else None
 
 
-def graph_observation(log: VllmLog, source: str, run_release: VllmRelease) -> common.Observation | None:
+def graph_observation(log: VllmLog, source: str, run_release: VllmRelease) -> Observation | None:
     """A log's CUDA-graph estimate alone, for a launch kvops cannot plan (another model, speculative decoding): the
     estimate vLLM takes before sizing KV depends on the capture sizes far more than on the model."""
     if not run_release.cudagraphs_before_kv or log.cudagraph_estimate_applied is None:
         return None
-    return common.Observation(
+    return Observation(
         source, run_release.family, 1, 0, cuda_graphs=log.cudagraph_estimate_applied, cuda_graphs_applied=True
     )

@@ -38,17 +38,26 @@ from __future__ import annotations
 
 import ast
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kvops.engines.logs import LogFacts, LogPattern
 from kvops.engines.oom import TORCH_OOM, OutOfMemory, out_of_memory
 from kvops.engines.vllm.releases import VllmRelease, from_log
+from kvops.units import GiB
 
-GiB = 1 << 30
 ANSI = re.compile(r"\x1b\[[0-9;]*m|\[[0-9;]*m(?=\()")
 _NUMBER = r"(\d+(?:\.\d+)?)"
 _INT = r"([\d,]+)"
+# Linear by construction (a log line is input: a 1 MB line must not take minutes). A pattern that begins with a
+# number starts only where a number starts, so a run of digits is tried once, not at each digit; a `.*` after a
+# phrase stops at the phrase's next occurrence, so the phrase repeated along a line is not scanned to the end each time.
+_LEAD_NUMBER = r"(?<![\d.])" + _NUMBER
+
+
+def _until_next(phrase: str) -> str:
+    """Any text up to (not into) the next occurrence of `phrase`: `.*` for a pattern that starts with it."""
+    return r"(?:(?!" + re.escape(phrase) + r").)*"
 
 
 def gib(text: str) -> int:
@@ -104,7 +113,7 @@ PATTERNS: list[LogPattern] = [
     ("total_memory_bytes", _SUMMARY_FREE, lambda m: gib(m.group(2))),
     (
         "total_memory_bytes",
-        re.compile(r"memory snapshot: .*total_memory=" + _NUMBER + r"GiB"),
+        re.compile(r"memory snapshot: " + _until_next("memory snapshot: ") + r"total_memory=" + _NUMBER + r"GiB"),
         lambda m: gib(m.group(1)),
     ),
     ("startup_free_bytes", _SUMMARY_FREE, lambda m: gib(m.group(1))),
@@ -130,7 +139,7 @@ PATTERNS: list[LogPattern] = [
         re.compile(r"(?<!, )non_torch_memory(?: takes |=|\s+)" + _NUMBER + r" ?GiB"),  # not the init snapshot's
         lambda m: gib(m.group(1)),
     ),
-    ("non_torch_bytes", re.compile(_NUMBER + r" GiB for non-torch memory"), lambda m: gib(m.group(1))),
+    ("non_torch_bytes", re.compile(_LEAD_NUMBER + r" GiB for non-torch memory"), lambda m: gib(m.group(1))),
     (
         "non_torch_bytes",
         re.compile(r"non-torch forward increase memory: " + _NUMBER + r" ?GiB"),
@@ -148,7 +157,7 @@ PATTERNS: list[LogPattern] = [
         re.compile(r"Actual usage is " + _NUMBER + r" GiB for consumed memory"),
         lambda m: gib(m.group(1)),
     ),
-    ("peak_activation_bytes", re.compile(_NUMBER + r" GiB for peak activation"), lambda m: gib(m.group(1))),
+    ("peak_activation_bytes", re.compile(_LEAD_NUMBER + r" GiB for peak activation"), lambda m: gib(m.group(1))),
     ("cudagraph_bytes", re.compile(r"Estimated CUDA graph memory: " + _NUMBER + r" ?GiB"), lambda m: gib(m.group(1))),
     (
         "cudagraph_bytes",
@@ -177,7 +186,7 @@ PATTERNS: list[LogPattern] = [
         re.compile(r"Graph capturing finished in \d+ secs?, took " + _NUMBER + r" GiB"),
         lambda m: gib(m.group(1)),
     ),
-    ("cudagraph_captured_bytes", re.compile(_NUMBER + r" GiB for CUDAGraph memory"), lambda m: gib(m.group(1))),
+    ("cudagraph_captured_bytes", re.compile(_LEAD_NUMBER + r" GiB for CUDAGraph memory"), lambda m: gib(m.group(1))),
     ("num_gpu_blocks", re.compile(r"(?:GPU|cuda|CUDA) blocks: " + _INT), lambda m: integer(m.group(1))),
     # the CPU executor's own pool; on a GPU log the same line's "# CPU blocks" is the swap space, not the pool
     (
@@ -196,13 +205,56 @@ PATTERNS: list[LogPattern] = [
         lambda m: (integer(m.group(1)), float(m.group(2))),
     ),
     ("max_model_len", re.compile(r"Using max model len (\d+)"), lambda m: int(m.group(1))),
-    ("version", re.compile(r"(?:V[01] )?LLM engine \(v([^)]+)\)"), lambda m: m.group(1)),
+    ("version", re.compile(r"(?:V[01] )?LLM engine \(v([^)\s]+)\)"), lambda m: m.group(1)),
     ("version", re.compile(r"vLLM API server version (\d[\w.+-]*)"), lambda m: m.group(1)),
     ("version", re.compile(r"\u2588 +version (\d[\w.+-]*)"), lambda m: m.group(1)),  # the startup banner
-    ("version", re.compile(r"\bvLLM: (\d+\.\d+[\w.+-]*?)\.?(?:\s|$)"), lambda m: m.group(1)),  # Unsloth's banner
+    ("version", re.compile(r"\bvLLM: (\d+\.\d[\w.+-]*?)\.?(?:\s|$)"), lambda m: m.group(1)),  # Unsloth's banner
     ("engine_generation", re.compile(r"Initializing an? (V[01]) LLM engine"), lambda m: m.group(1)),
+    # vLLM 0.34's extensible KV cache (v1/worker/extensible_kv_cache.py extend_kv_cache, measure_kv_cache_blocks):
+    # the KV it committed after warmup, and the measurement it sized from
+    (
+        "extended_kv",
+        re.compile(r"Extended KV cache to " + _INT + r" blocks \(" + _NUMBER + r" GiB\)"),
+        lambda m: (integer(m.group(1)), gib(m.group(2))),
+    ),
+    (
+        "after_warmup",
+        re.compile(
+            r"Memory after warmup: "
+            + _NUMBER
+            + r" GiB free, "
+            + _NUMBER
+            + r" GiB committed to the KV cache, "
+            + _NUMBER
+            + r" GiB kept for transient activations \("
+            + _NUMBER
+            + r" GiB allocated at peak, "
+            + _NUMBER
+            + r" GiB of torch reservation growth\); "
+            + _INT
+            + r" KV cache blocks \("
+            + _NUMBER
+            + r" GiB\) fit within the requested "
+            + _NUMBER
+            + r" GiB"
+        ),
+        lambda m: {
+            "free_bytes": gib(m.group(1)),
+            "committed_bytes": gib(m.group(2)),
+            "transient_bytes": gib(m.group(3)),
+            "peak_bytes": gib(m.group(4)),
+            "growth_bytes": gib(m.group(5)),
+            "blocks": integer(m.group(6)),
+            "kv_bytes": gib(m.group(7)),
+            "requested_bytes": gib(m.group(8)),
+        },
+    ),
     ("v0_wording", _V0_WORDING, lambda m: m.group(0)),
-    ("args", re.compile(r"non-default args: (\{.*\})\s*$"), lambda m: _literal(m.group(1))),
+    (
+        "args",
+        re.compile(r"non-default args: (\{" + _until_next("non-default args: ") + r"\})\s*$"),
+        lambda m: _literal(m.group(1)),
+    ),
     ("cpu_build", re.compile(r"\[cpu_(?:worker|model_runner)\.py:\d+\]|GiB for KV cache on node"), lambda m: True),
 ]
 
@@ -269,8 +321,35 @@ class VllmLog(LogFacts):
         return generation == "V0" if generation else "v0_wording" in self.facts
 
     def release(self) -> VllmRelease | None:
-        """The release this log names, or None when it names no version."""
-        return from_log(self.facts.get("version"), self.v0)
+        """The release this log names, or None when it names no version; a 0.7 log that says "Initializing a V1 LLM
+        engine" ran V1 (VLLM_USE_V1=1), and a 0.34 log that extended its KV cache sized it with the extensible KV
+        cache."""
+        found = from_log(self.facts.get("version"), self.v0, self.facts.get("engine_generation") == "V1")
+        if found is not None and self.extensible:
+            return replace(found, extensible=True)
+        return found
+
+    @property
+    def extensible(self) -> bool:
+        """The run sized its KV cache after warmup (vLLM 0.34's extensible KV cache)."""
+        return "extended_kv" in self.facts or "after_warmup" in self.facts
+
+    def settle(self) -> None:
+        """With the extensible KV cache, 'Available KV cache memory' is only the address range reserved before
+        warmup; the KV the run kept is what it extended the cache to (kept as the log's KV, its blocks as its
+        block count; the reservation stays as reserved_kv_bytes)."""
+        extended = self.facts.get("extended_kv")
+        warmup = self.facts.get("after_warmup")
+        if extended is None and warmup is None:
+            return
+        if "kv_cache_bytes" in self.facts:
+            self.facts["reserved_kv_bytes"] = self.facts["kv_cache_bytes"]
+        if extended is not None:
+            blocks, kv = extended
+        else:
+            assert warmup is not None
+            blocks, kv = warmup["blocks"], warmup["kv_bytes"]
+        self.facts["kv_cache_bytes"], self.facts["num_gpu_blocks"] = kv, blocks
 
     @property
     def activation_bytes(self) -> int | None:
@@ -320,6 +399,7 @@ def parse_vllm_log(text: str) -> VllmLog:
     for raw in text.splitlines():
         log.read(ANSI.sub("", raw), PATTERNS)
     log.failure = find_failure(text)
+    log.settle()
     return log
 
 
@@ -509,7 +589,10 @@ def find_failure(text: str) -> Failure | None:
     """The first failure the log records, or None for a run that started (or a log that stops before failing)."""
     lines = [ANSI.sub("", raw) for raw in text.splitlines()]
     for index, line in enumerate(lines):
-        failure = _failure_at(line, index, lines)
+        try:
+            failure = _failure_at(line, index, lines)
+        except (ValueError, OverflowError):  # figures no engine prints (5,000 digits, 10**400 GiB): not a failure
+            continue
         if failure:
             return failure
     return None

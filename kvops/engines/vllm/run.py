@@ -3,13 +3,14 @@ that predict that very run (`kvops calibrate`, `kvops explain`)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from kvops.deployment import DeploymentOptions
 from kvops.engines.vllm.flags import KV_DTYPE_OF_FLAG
 from kvops.engines.vllm.logs import VllmLog
 from kvops.engines.vllm.metrics import CacheConfig
-from kvops.engines.vllm.releases import V0_SUFFIX
+from kvops.engines.vllm.releases import V0_SUFFIX, V1_SUFFIX
 
 # the run's args -> DeploymentOptions fields
 _INTEGER_ARGS = {
@@ -24,40 +25,62 @@ def stated_options(log: VllmLog | None, config: CacheConfig | None) -> Deploymen
     """The options the run itself states; the device total from its log when it ran on a GPU."""
     args = log.args if log else {}
     options: dict[str, Any] = {}
-    if args.get("model"):
+    if isinstance(args.get("model"), str) and args["model"]:
         options["model"] = args["model"]
     length = (log.max_model_len if log else None) or args.get("max_model_len") or max_model_len(config)
-    if isinstance(length, int) and length > 0:
+    if _whole(length, 1, MAX_COUNT):
         options["max_model_len"] = length
     for key, option in _INTEGER_ARGS.items():
-        if isinstance(args.get(key), int):
+        if _whole(args.get(key), 1, MAX_COUNT):
             options[option] = args[key]
     pinned = args.get("kv_cache_memory_bytes") or (config.integer("kv_cache_memory_bytes") if config else None)
-    if pinned:
+    if _whole(pinned, 1, MAX_COUNT):
         options["kv_cache_memory_bytes"] = pinned
     util = (
         args.get("gpu_memory_utilization")
         or (log.get("gpu_memory_utilization") if log else None)
         or (config.number("gpu_memory_utilization") if config else None)
     )
-    if util:
+    if isinstance(util, (int, float)) and not isinstance(util, bool) and 0 < util <= 1:  # a log is user input
         options["memory_fraction"] = float(util)
     dtype = args.get("kv_cache_dtype") or (config.get("cache_dtype") if config else None)
-    if dtype in KV_DTYPE_OF_FLAG:
+    if isinstance(dtype, str) and dtype in KV_DTYPE_OF_FLAG:
         options["kv_dtype"] = KV_DTYPE_OF_FLAG[dtype]
     if args.get("enforce_eager"):
         options["enforce_eager"] = True
+    compilation = args.get("compilation_config")
+    if isinstance(compilation, dict) and {
+        "cudagraph_mode",
+        "cudagraph_capture_sizes",
+        "max_cudagraph_capture_size",
+    } & set(compilation):
+        options["compilation_config"] = json.dumps(compilation)
+    if args.get("disable_custom_all_reduce"):
+        options["custom_all_reduce"] = False
+    if _whole(args.get("num_gpu_blocks_override"), 1, MAX_COUNT):
+        options["num_gpu_blocks_override"] = args["num_gpu_blocks_override"]
+    if isinstance(args.get("enable_extensible_kv_cache"), bool):
+        options["extensible_kv_cache"] = args["enable_extensible_kv_cache"]
     if log and log.device:
         options["device"] = log.device
     release = log.release() if log else None
     if release is not None:
-        options["engine_version"] = (
-            f"{release.version}{V0_SUFFIX if release.v0 and release.version.at_least(0, 8) else ''}"
+        suffix = (
+            V0_SUFFIX if release.v0 and release.version.at_least(0, 8) else (V1_SUFFIX if release.v1_opt_in else "")
         )
+        options["engine_version"] = f"{release.version}{suffix}"
     block = config.integer("block_size") if config else None
     if block and "block_size" not in options:
         options["block_size"] = block
+    options["as_run"] = True
     return DeploymentOptions.stated(**options)
+
+
+MAX_COUNT = 1 << 50  # tokens, blocks, bytes a run may state: past this a log line is not a real run's
+
+
+def _whole(value: Any, low: int, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
 
 
 def max_model_len(config: CacheConfig | None) -> int | None:

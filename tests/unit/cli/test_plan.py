@@ -25,7 +25,9 @@ def term(doc: dict, name: str) -> dict:
 
 
 def test_vllm_json_carries_flags_command_every_term_and_capacity(run_kvops):
-    doc = plan_doc(run_kvops, "-m", "llama-3-8b", "--gpu", "h100", "--max-model-len", "8192")
+    doc = plan_doc(
+        run_kvops, "-m", "llama-3-8b", "--gpu", "h100", "--max-model-len", "8192", "--engine-version", "0.32.0"
+    )
     assert {"engine", "model", "gpu", "flags", "command", "memory", "capacity", "warnings"} <= set(doc)
     flags = doc["flags"]
     for name in (
@@ -44,14 +46,19 @@ def test_vllm_json_carries_flags_command_every_term_and_capacity(run_kvops):
     assert doc["gpu"]["memory_bytes"] == 81559 * MiB
     # vLLM sizes from the total torch reports (kvops/catalog/device_totals.json), not nvidia-smi's
     assert term(doc, "total")["bytes"] == engine_total("H100-80GB").bytes < 81559 * MiB
-    # requested - weights - activation - non-torch - CUDA graphs - margin == KV, every figure an integer of bytes
+    # requested - weights - activation - non-torch - CUDA graphs == the engine's KV, every figure an integer of bytes;
+    # kvops' margin below it apart (issue 22, defect 8), the capacity sized on KV - margin, and the JSON says so
     requested = term(doc, "requested")["bytes"]
     assert requested == -(-engine_total("H100-80GB").bytes * 92 // 100)
-    spent = ("weights", "activation", "non_torch", "cuda_graphs", "margin")
+    spent = ("weights", "activation", "non_torch", "cuda_graphs")
     others = sum(term(doc, name)["bytes"] for name in spent)
-    assert doc["memory"]["kv_cache_bytes"] == requested - others == term(doc, "kv_cache")["bytes"]
+    memory = doc["memory"]
+    assert memory["kv_cache_bytes"] == requested - others == term(doc, "kv_cache")["bytes"]
+    assert memory["margin_bytes"] == term(doc, "margin")["bytes"] > 0
+    assert memory["capacity_kv_bytes"] == memory["kv_cache_bytes"] - memory["margin_bytes"]
+    assert memory["capacity_uses"] == "capacity_kv_bytes = kv_cache_bytes - margin_bytes"
     cap = doc["capacity"]
-    assert cap["num_blocks"] == doc["memory"]["kv_cache_bytes"] // (2 * MiB)  # 32 layers x 16 tokens x 128 KiB / 16
+    assert cap["num_blocks"] == memory["capacity_kv_bytes"] // (2 * MiB)  # 32 layers x 16 tokens x 128 KiB / 16
     assert cap["kv_tokens"] == int(cap["num_blocks"] / 512 * 8192)
     assert {estimate["term"] for estimate in doc["estimates"]} == {"activation", "non_torch", "cuda_graphs", "margin"}
     assert all(estimate["measure"] and "kvops calibrate" in estimate["measure"] for estimate in doc["estimates"])
@@ -119,14 +126,14 @@ def test_yaml_env_docker_and_k8s_forms(run_kvops):
     docker = run_kvops("plan", *args, "--format", "docker").stdout.strip()
     assert (
         docker.startswith("docker run --rm --gpus 4 --ipc=host -p 8000:8000")
-        and " vllm/vllm-openai:v0.32.0 Qwen/Qwen3-8B --tensor-parallel-size 2 " in docker  # the image runs `vllm serve`
+        and " vllm/vllm-openai:v0.34.0 Qwen/Qwen3-8B --tensor-parallel-size 2 " in docker  # the image runs `vllm serve`
     )
     container = yaml.safe_load(run_kvops("plan", *args, "--format", "k8s").stdout)
-    assert container["image"] == "vllm/vllm-openai:v0.32.0"
+    assert container["image"] == "vllm/vllm-openai:v0.34.0"  # the planned release's own tag (the newest by default)
     assert container["args"] == doc["command"]["argv"][2:]
     assert container["resources"]["limits"] == {"nvidia.com/gpu": 4}
     rocm = yaml.safe_load(run_kvops("plan", "-m", "qwen3-8b", "--gpu", "mi300x", "--format", "k8s").stdout)
-    assert rocm["resources"]["limits"] == {"amd.com/gpu": 1} and rocm["image"] == "vllm/vllm-openai-rocm:v0.32.0"
+    assert rocm["resources"]["limits"] == {"amd.com/gpu": 1} and rocm["image"] == "vllm/vllm-openai-rocm:v0.34.0"
 
 
 def test_guard_names_the_kv_guard_scheduler_and_max_queued_the_admission_valve(run_kvops):
@@ -293,7 +300,10 @@ def test_profile_replaces_estimates_with_measurements(run_kvops, tmp_path):
             }
         )
     )
-    doc = plan_doc(run_kvops, "-m", "llama-3-8b", "--gpu", "h100", "--max-model-len", "8192", "--profile", str(profile))
+    args = ("-m", "llama-3-8b", "--gpu", "h100", "--max-model-len", "8192", "--profile", str(profile))
+    newest = plan_doc(run_kvops, *args)  # 0.34's extensible KV cache: only the memory in use before its snapshot
+    assert [estimate["term"] for estimate in newest["estimates"]] == ["startup_used"]
+    doc = plan_doc(run_kvops, *args, "--engine-version", "0.32.0")
     assert term(doc, "weights") == {**term(doc, "weights"), "bytes": 16_060_522_496, "basis": "measured"}
     assert term(doc, "overhead")["basis"] == "measured" and doc["estimates"] == []
     assert doc["memory"]["kv_cache_bytes"] == term(doc, "requested")["bytes"] - 16_060_522_496 - 3 * 2**30
@@ -303,6 +313,20 @@ def test_profile_replaces_estimates_with_measurements(run_kvops, tmp_path):
         "not a kvops profile"
         in run_kvops("plan", "-m", "llama-3-8b", "--gpu", "h100", "--profile", str(bad), expect=1).stderr
     )
+
+
+def test_a_profile_of_another_engine_is_refused_by_the_engine_planned(run_kvops, tmp_path):
+    """The profile file names no engine list of its own: a foreign engine is refused by the adapter that plans."""
+    plan = ("plan", "-m", "llama-3-8b", "--gpu", "h100", "--max-model-len", "8192", "--profile")
+    for engine, said in (("tgi", "--profile is a tgi profile"), ("sglang", "--profile is a sglang profile")):
+        profile = tmp_path / f"{engine}.yaml"
+        profile.write_text(yaml.safe_dump({"kvops_profile": 1, "engine": engine, "source": "run.log"}))
+        error = run_kvops(*plan, str(profile), expect=2).stderr
+        assert said in error and "Traceback" not in error
+    nameless = tmp_path / "nameless.yaml"
+    nameless.write_text(yaml.safe_dump({"kvops_profile": 1, "engine": 7, "source": "run.log"}))
+    error = run_kvops(*plan, str(nameless), expect=1).stderr
+    assert "engine 7 is not an engine name" in error and "Traceback" not in error
 
 
 def test_h200_plan_uses_the_total_the_engine_sees(run_kvops):
@@ -335,14 +359,14 @@ def test_launcher_replaces_only_the_program(run_kvops):
 
 def test_the_default_plan_names_no_scheduler_and_the_text_says_where_the_guard_goes(run_kvops):
     """The KV guard is opt-in while it costs goodput against stock vLLM (bench/guard_goodput.py, docs/kv-guard.md)."""
-    args = ("-m", "qwen3-8b", "--gpu", "L40S", "--max-model-len", "8192")
+    args = ("-m", "qwen3-8b", "--gpu", "L40S", "--max-model-len", "8192", "--engine-version", "0.32.0")
     assert "scheduler-cls" not in plan_doc(run_kvops, *args)["flags"]
     plain = run_kvops("plan", *args).stdout
     assert (
-        "KV guard: not named by default; this pool holds 20 requests of the planned size at once: fewer than" in plain
+        "KV guard: not named by default; this pool holds 21 requests of the planned size at once: fewer than" in plain
     )
     assert "--guard names it" in plain
-    large = run_kvops("plan", "-m", "mistral-7b-v0.1", "--gpu", "H100-80GB").stdout
+    large = run_kvops("plan", "-m", "mistral-7b-v0.1", "--gpu", "H100-80GB", "--engine-version", "0.32.0").stdout
     assert "this pool holds 109 requests of the planned size at once: as many as the benchmark's larger pool" in large
     guarded = run_kvops("plan", *args, "--guard").stdout
     assert "--scheduler-cls kvops_vllm.scheduler.KVGuardScheduler loads a plugin from vLLM's own Python" in guarded

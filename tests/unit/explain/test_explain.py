@@ -16,12 +16,13 @@ from kvops.engines.common import engine_total
 from kvops.engines.oom import size_bytes
 from kvops.engines.vllm.logs import parse_vllm_log
 from kvops.nvidia_smi import parse_nvidia_smi
+from kvops.units import GiB
 from tests.support.paths import FIXTURES
 from tests.support.tiny_model import TINY_LLAMA, build_model
 
 LOGS = FIXTURES / "logs"
 SMI = FIXTURES / "smi"
-GiB, MiB = 1 << 30, 1 << 20
+MiB = 1 << 20
 
 
 def adds_up(parts: list[int], whole: int) -> bool:

@@ -9,11 +9,13 @@ import subprocess
 
 import pytest
 import yaml
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from kvops.render.quote import ShellText, comment, shell_line
 from tests.support.tiny_model import TINY_LLAMA
+
+pytest.importorskip("hypothesis", reason="hypothesis is not installed (pip install -e '.[test]'; .ci/run does)")
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 HOSTILE = ["~/m;touch PWNED;#", "m $(touch PWNED) `touch PWNED`", "m\ntouch PWNED", "m' ; touch PWNED ; '", "a*b? [c]"]
 

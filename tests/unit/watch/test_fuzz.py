@@ -7,6 +7,7 @@ secret in any output, and at critical no generation request reaches the upstream
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import logging
@@ -267,3 +268,117 @@ def test_any_exposition_gives_a_reading_or_a_metrics_error(lines, engine):
         assert str(error) and "\n" not in str(error)
         return
     assert math.isfinite(reading.kv_usage) and 0.0 <= reading.kv_usage <= 1.0
+
+
+# --- readings through the watcher: whatever an engine or Prometheus answers, a level or missing data ----------------
+
+
+class ExpositionSource:
+    """Each poll parses one exposition as ScrapeSource does after its fetch, without HTTP."""
+
+    url = "http://engine/metrics"
+    replica_label = "instance"
+
+    def __init__(self, engine: str, text: str):
+        self.module, self.text = engines.get(engine).metrics, text
+
+    async def poll(self):
+        from kvops.watch.sources import Poll
+
+        try:
+            samples = Samples.from_exposition(self.text, only=self.module.SERIES)
+            return Poll(readings={"engine:8000": self.module.reading(samples, 16000)})
+        except MetricsError as exc:
+            return Poll(failures={"engine:8000": str(exc)})
+
+    async def close(self) -> None:
+        return None
+
+
+@functools.cache
+def _policy():
+    from kvops.policy import load_policy
+
+    return load_policy()
+
+
+def _through_the_watcher(source, polls: int = 2) -> None:
+    import asyncio
+
+    from kvops.cli.watch import once_text
+    from kvops.watch.watcher import Watcher
+
+    async def run():
+        watcher = Watcher(_policy(), "vllm", source, log=EventLog(io.StringIO()), request_tokens=32768)
+        for _ in range(polls):
+            snapshot = await watcher.poll()
+            json.dumps(snapshot.to_dict(), allow_nan=False)  # /kvops/status: valid JSON, no NaN
+            once_text(snapshot)
+        await watcher.close()
+
+    asyncio.run(run())
+
+
+HUGE = st.sampled_from(["1e306", "-1e306", "1.7976931348623157e308", "9" * 30, "1e18", "4e18"])
+
+
+@FUZZ
+@given(st.lists(st.one_of(LINES, st.builds(lambda v: f"vllm:num_requests_running {v}", HUGE)), max_size=30))
+def test_any_exposition_through_the_watcher_is_a_level_or_missing_data(lines):
+    text = "vllm:kv_cache_usage_perc 0.5\n" + "\n".join(lines) + "\n"
+    _through_the_watcher(ExpositionSource("vllm", text))
+
+
+JSON_VALUES = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=12), HUGE),
+    lambda children: st.one_of(
+        st.lists(children, max_size=3), st.dictionaries(st.text(max_size=8), children, max_size=3)
+    ),
+    max_leaves=6,
+)
+ROWS = st.lists(
+    st.one_of(
+        JSON_VALUES,
+        st.fixed_dictionaries(
+            {
+                "metric": st.one_of(
+                    st.fixed_dictionaries(
+                        {
+                            "__name__": st.sampled_from(
+                                [
+                                    "vllm:kv_cache_usage_perc",
+                                    "vllm:num_requests_running",
+                                    "vllm:cache_config_info",
+                                    "up",
+                                ]
+                            ),
+                            "pod": st.one_of(st.sampled_from(["a", "b"]), st.integers(0, 3)),
+                        }
+                    ),
+                    JSON_VALUES,
+                ),
+                "value": st.one_of(
+                    st.tuples(st.floats(), st.one_of(st.sampled_from(["0.5", "NaN", "+Inf", "x"]), HUGE)), JSON_VALUES
+                ),
+            }
+        ),
+    ),
+    max_size=6,
+)
+
+
+@FUZZ
+@given(st.lists(st.one_of(ROWS, JSON_VALUES), min_size=1, max_size=3))
+def test_any_prometheus_answer_is_a_level_or_missing_data(answers):
+    from tests.unit.watch.test_hostile_watch import ScriptedPrometheus
+
+    _through_the_watcher(
+        ScriptedPrometheus([list(map(_listed, a)) if isinstance(a, list) else a for a in answers]), len(answers)
+    )
+
+
+def _listed(row):
+    """Rows as Prometheus' JSON gives them: a [time, value] pair is a list."""
+    if isinstance(row, dict) and isinstance(row.get("value"), tuple):
+        return {**row, "value": list(row["value"])}
+    return row

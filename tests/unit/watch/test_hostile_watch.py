@@ -6,14 +6,17 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import math
+import os
 import socket
 import subprocess
 import sys
 
 import pytest
 
+from kvops.cli.watch import once_text
 from kvops.policy import Level, load_policy
-from kvops.watch.sources import MAX_BODY_BYTES, ScrapeSource
+from kvops.watch.sources import MAX_BODY_BYTES, PrometheusSource, ScrapeSource
 from kvops.watch.watcher import EventLog, Watcher
 from tests.support.aio import ServerThread
 from tests.support.metrics_server import MetricsServer, data_parallel_exposition, vllm_exposition
@@ -242,3 +245,147 @@ def test_the_proxy_on_its_own_address_keeps_the_admin_endpoints_off_it():
     assert status_of(admin_models) == 404  # the admin address serves /kvops/* only
     assert status_of(proxied_models) == 200 and b"X-KVops-Level: ok" in proxied_models
     assert b'"level"' not in proxied_policy  # forwarded to the engine, which has no such endpoint
+
+
+# --- readings the watcher cannot use (issue 23): missing data with the grace, never an exit ---------------------
+
+
+class ScriptedPrometheus(PrometheusSource):
+    """A Prometheus source whose answers are scripted: each poll takes the next list of result rows."""
+
+    def __init__(self, answers: list):
+        super().__init__("vllm", "http://prometheus:9090", selector=None, replica_label="pod", timeout=1)
+        self.answers = list(answers)
+
+    def _query(self):
+        return self.answers.pop(0)
+
+
+def prometheus_row(name: str, value: str, pod: str = "a") -> dict:
+    return {"metric": {"__name__": name, "pod": pod, "engine": "0"}, "value": [1.7e9, value]}
+
+
+GOOD_ROWS = [prometheus_row("vllm:kv_cache_usage_perc", "0.97"), prometheus_row("vllm:num_requests_running", "3")]
+MALFORMED_ANSWERS = {
+    "a row without metric": [{"value": [1.7e9, "0.5"]}],
+    "a row without value": [{"metric": {"__name__": "vllm:kv_cache_usage_perc", "pod": "a"}}],
+    "metric as a list": [{"metric": ["vllm:kv_cache_usage_perc"], "value": [1.7e9, "0.5"]}],
+    "value of one item": [{"metric": {"__name__": "vllm:kv_cache_usage_perc", "pod": "a"}, "value": [1.7e9]}],
+    "a row that is null": [None],
+    "a result that is a string": "vector",
+    "a finite huge gauge": [*GOOD_ROWS[:1], prometheus_row("vllm:num_requests_running", "1e306")],
+    "a huge integer": [*GOOD_ROWS[:1], prometheus_row("vllm:num_requests_waiting", "9" * 400)],
+}
+
+
+def poll_all(watcher: Watcher, polls: int) -> list:
+    async def run():
+        snapshots = [await watcher.poll() for _ in range(polls)]
+        await watcher.close()
+        return snapshots
+
+    return asyncio.run(run())
+
+
+@pytest.mark.parametrize("answer", list(MALFORMED_ANSWERS.values()), ids=list(MALFORMED_ANSWERS))
+def test_a_malformed_prometheus_answer_is_missing_data_held_through_the_grace(answer):
+    """97% (critical), then three malformed answers: critical through the shipped grace (2 polls), then unknown
+    with critical's limits (fail-closed), and the watcher still polls; a good answer brings the level back."""
+    source = ScriptedPrometheus([GOOD_ROWS, answer, answer, answer, GOOD_ROWS])
+    watcher = Watcher(load_policy(), "vllm", source, log=EventLog(None), request_tokens=4096)
+    snapshots = poll_all(watcher, 5)
+    assert [s.level for s in snapshots] == [
+        Level.CRITICAL,
+        Level.CRITICAL,
+        Level.CRITICAL,
+        Level.UNKNOWN,
+        Level.CRITICAL,
+    ]
+    assert all(s.limits.reject for s in snapshots)
+    for snapshot in snapshots:  # what /kvops/status and --once print never fails on it either
+        json.dumps(snapshot.to_dict())
+        once_text(snapshot)
+
+
+def test_labels_that_are_not_strings_name_a_replica_as_strings_do():
+    """A replica label of 7 beside one of "a": both replicas, sorted, no comparison of an int with a str."""
+    source = ScriptedPrometheus([])
+    rows = [prometheus_row("vllm:kv_cache_usage_perc", "0.5", pod=7), prometheus_row("vllm:kv_cache_usage_perc", "0.2")]
+    assert sorted(source.group(rows).readings) == ["7", "a"]
+
+
+def test_a_huge_finite_gauge_in_a_scrape_is_missing_data_not_an_overflow():
+    """`vllm:num_requests_running 1e306` times a request's tokens is Inf, which round() refuses: the reading is
+    refused first, the replica fails as on a bad scrape, and the watcher goes on."""
+    with MetricsServer(vllm_exposition(0.5, running=1e306)) as server:
+        source = ScrapeSource("vllm", server.url, timeout=2)
+        watcher = Watcher(load_policy(), "vllm", source, log=EventLog(None), request_tokens=4096)
+        snapshots = poll_all(watcher, 2)
+    replica = snapshots[-1].replicas[0]
+    assert snapshots[-1].level == Level.UNKNOWN and "1e+306" in replica["error"]
+    once_text(snapshots[-1])
+
+
+class BrokenSource:
+    """A source whose poll raises what no source should: the watcher takes it as missing data."""
+
+    url = "http://broken/metrics"
+    replica_label = "instance"
+
+    async def poll(self):
+        raise KeyError("metric")
+
+    async def close(self) -> None:
+        return None
+
+
+def test_a_source_that_raises_is_missing_data_not_an_exit():
+    snapshots = poll_all(Watcher(load_policy(), "vllm", BrokenSource(), log=EventLog(None)), 3)
+    assert [s.level for s in snapshots] == [Level.UNKNOWN] * 3
+    assert "the source failed: KeyError" in snapshots[-1].replicas[0]["error"]
+
+
+def test_a_reading_with_a_value_no_engine_reports_is_refused_whatever_its_field():
+    """Every number a Reading carries is checked, fields the engines add later too."""
+    from kvops.engines.metrics import Reading
+    from kvops.watch.watcher import unusable_reading
+
+    assert unusable_reading(Reading(0.5, "x", running=3, waiting=0)) is None
+    assert "waiting is inf" in unusable_reading(Reading(0.5, "x", waiting=math.inf))
+    assert "used_tokens is 1e+300" in unusable_reading(Reading(0.5, "x", used_tokens=1e300))
+    assert "kv_usage is nan" in unusable_reading(Reading(math.nan, "x"))
+
+
+# --- `kvops watch --once`: errors exit 4, apart from the levels' 1-3 -------------------------------------------
+
+ONCE = ["watch", "--engine", "vllm", "--metrics-url", "http://127.0.0.1:9/metrics", "--once", "--timeout", "1"]
+
+
+def test_once_exit_codes_tell_an_error_from_a_level(tmp_path, run_kvops):
+    from kvops.cli.watch import ONCE_ERROR
+
+    fifo = tmp_path / "policy.yaml"
+    os.mkfifo(fifo)
+    assert ONCE_ERROR == 4
+    assert run_kvops(*ONCE, expect=3).exit_code == 3  # nothing listening: unknown, a level
+    bad_policy = run_kvops(*ONCE, "--policy", str(fifo), expect=ONCE_ERROR)  # a FIFO: refused, not waited on
+    assert "FIFO" in bad_policy.stderr and len(bad_policy.stderr.strip().splitlines()) == 1
+    assert run_kvops(*ONCE, "--interval", "nan", expect=ONCE_ERROR).stderr.count("\n") == 1  # a usage error: not 2
+    run_kvops(*ONCE[:-3], "--interval", "nan", expect=2)  # without --once, click's usage code
+
+
+def test_once_exits_4_on_a_fault_of_kvops_itself(monkeypatch):
+    """A crash under --once is an error for the probe (4), not warn (1); its traceback stays on stderr."""
+    from click.testing import CliRunner
+
+    from kvops.cli import main
+    from kvops.watch import service
+
+    async def crash(options):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(service, "once", crash)
+    with pytest.raises(SystemExit) as done:
+        main.main(args=ONCE, prog_name="kvops")
+    assert done.value.code == 4
+    assert CliRunner().invoke(main, ["watch", "--help"]).output.count("4 error") == 1

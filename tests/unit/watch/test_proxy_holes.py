@@ -322,7 +322,7 @@ def test_trust_priority_from_needs_the_proxy(run_kvops):
     assert "--trust-priority-from applies to --proxy" in ran.stderr
 
 
-@pytest.mark.parametrize("value, exit_code", [("10.0.0.0/8", 2), ("", 3)], ids=["set", "empty"])
+@pytest.mark.parametrize("value, exit_code", [("10.0.0.0/8", 4), ("", 3)], ids=["set", "empty"])
 def test_trust_priority_from_is_read_from_the_environment_where_manifests_put_it(value, exit_code):
     """What the gateway's ConfigMap gives the sidecar: KVOPS_TRUST_PRIORITY_FROM, empty meaning no one."""
     from click.testing import CliRunner
@@ -331,7 +331,7 @@ def test_trust_priority_from_is_read_from_the_environment_where_manifests_put_it
 
     args = ["watch", "--engine", "vllm", "--metrics-url", "http://127.0.0.1:9/metrics", "--once", "--timeout", "1"]
     result = CliRunner().invoke(main, args, env={"KVOPS_TRUST_PRIORITY_FROM": value})
-    assert result.exit_code == exit_code  # set without --proxy: the usage error; empty: not set, the poll runs
+    assert result.exit_code == exit_code  # set without --proxy: the usage error (--once: 4); empty: the poll runs
     assert ("--trust-priority-from applies to --proxy" in result.output) == bool(value)
 
 

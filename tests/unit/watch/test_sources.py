@@ -158,7 +158,7 @@ def test_tgi_capacity_from_the_startup_log_and_from_a_plan(tmp_path):
             '{"a": {"max_batch_total_tokens": 1}, "b": {"max_batch_total_tokens": 2}}',
             "--plan {path}: conflicting (1, 2) max_batch_total_tokens",
         ),
-        ("{not json", "--plan {path}: not JSON (line 1"),
+        ("{not json", "--plan {path}: not valid JSON (line 1"),
     ],
 )
 def test_tgi_plan_errors_are_one_line(tmp_path, content, message):

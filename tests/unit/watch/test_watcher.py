@@ -312,7 +312,7 @@ def test_record_refuses_a_foreign_csv(tmp_path, run_kvops):
     path.write_text("a,b\n1,2\n")
     with MetricsServer(vllm_exposition(0.1)) as server:
         result = run_kvops(
-            "watch", "--engine", "vllm", "--metrics-url", server.url, "--once", "--record", str(path), expect=2
+            "watch", "--engine", "vllm", "--metrics-url", server.url, "--once", "--record", str(path), expect=4
         )
     assert (
         result.stderr.strip()
@@ -394,10 +394,15 @@ def test_once_against_a_dead_engine_says_unknown(run_kvops):
     ],
 )
 def test_watch_usage_errors_are_one_line(run_kvops, args, message):
-    result = (
-        run_kvops("watch", *args, "--once", expect=2) if "--once" not in args else run_kvops("watch", *args, expect=2)
-    )
+    """Under --once (a probe, whose 2 is critical) a usage error exits ONCE_ERROR; without it, click's 2."""
+    from kvops.cli.watch import ONCE_ERROR
+
+    result = run_kvops("watch", *args, "--once", expect=ONCE_ERROR) if "--once" not in args else None
+    result = result or run_kvops("watch", *args, expect=ONCE_ERROR)
     assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    if "--once" not in args:
+        plain = run_kvops("watch", *args, expect=2)
+        assert message in plain.stderr and len(plain.stderr.strip().splitlines()) == 1
 
 
 def test_policy_errors_are_one_line(tmp_path, run_kvops):
@@ -411,7 +416,7 @@ def test_policy_errors_are_one_line(tmp_path, run_kvops):
         "--policy",
         str(path),
         "--once",
-        expect=1,
+        expect=4,  # ONCE_ERROR: not 1, which is warn
     )
     assert result.stderr.strip() == f"kvops: error: {path}: levels.warn 0.9 must be below levels.degrade 0.85"
 

@@ -13,6 +13,10 @@ from kvops.model import load_model
 from kvops.plan import PlanInputs
 from kvops.planner import plan
 from kvops.workload import Workload
+
+pytest.importorskip(
+    "numpy", reason="numpy is not installed: the KV guard's admission needs it (pip install -e '.[test]')"
+)
 from kvops_vllm.admission import Course, GroupShape, future_peak, whole_blocks, window_blocks
 
 
