@@ -218,7 +218,7 @@ def synthetic_trace(
     times = (0.0,) * max(n, 0) if rate is None else arrivals(n, rate, burstiness, seed)
     requests = tuple(_request(time, *draw(rng), max_tokens_mode, cap) for time in times)
     timing = "untimed" if rate is None else _timing(rate, burstiness)
-    shape = f"prompt {prompt}, output {output}, max_tokens {max_tokens_mode}, seed {seed}"
+    shape = f"prompt {prompt}, output {output}, seed {seed}"
     source = f"synthetic ({n:,} requests, {timing}, {shape})"
     return Trace(requests, source, timed=rate is not None)
 

@@ -116,7 +116,7 @@ def test_every_dashboard_query_runs_against_the_engines_and_the_watchers(middlew
             assert sorted((g["name"], len(g["rules"])) for g in groups) == [
                 ("kvops-tgi", 7),
                 ("kvops-tgi-headroom", 5),
-                ("kvops-vllm", 11),
+                ("kvops-vllm", 12),
                 ("kvops-vllm-headroom", 5),
             ]  # the stacks' rule files load: alerts, and the headroom recorded from the plan
             prometheus.wait_for_series("up == 1", count=4)

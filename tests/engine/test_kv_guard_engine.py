@@ -184,8 +184,7 @@ def test_an_unusable_watcher_leaves_the_level_to_own_usage(kv_guard_engine, poli
 def test_a_misprediction_falls_back_to_preemption_without_hanging(kv_guard_engine):
     """The past says requests end after a token or two (stop tokens covering most of the vocabulary); then 12
     requests whose stop string never appears (EOS ignored) run to max_tokens, past every projection, 48 blocks' worth in a pool
-    of 31: vLLM preempts as the fallback, and every request still gets all its tokens."""
-    before = gauges(kv_guard_engine.metrics())["vllm:num_preemptions_total"]
+    of 31: the guard pauses the overflow in place or vLLM preempts, and every request still gets all its tokens."""
     with ThreadPoolExecutor(12) as pool:
         short = {"max_tokens": 64, "temperature": 1.0, "stop_token_ids": list(range(20, 500))}
         list(pool.map(lambda i: post(kv_guard_engine, "/v1/completions", {"prompt": f"past {i}", **short}), range(40)))
@@ -193,8 +192,9 @@ def test_a_misprediction_falls_back_to_preemption_without_hanging(kv_guard_engin
         prompt = "the cache grows with every token " * 4
         answers = list(pool.map(lambda i: completion_unknown(kv_guard_engine, prompt, long), range(12)))
     assert [answer["usage"]["completion_tokens"] for answer in answers] == [400] * 12
-    assert gauges(kv_guard_engine.metrics())["vllm:num_preemptions_total"] > before
-    assert re.search(r"kvops guard: in the last .*, [1-9]\d* past their projected length", kv_guard_engine.log_text())
+    log = kv_guard_engine.log_text()
+    assert re.search(r"kvops guard: in the last .*, [1-9]\d* past their projected length", log)
+    assert re.search(r"kvops guard: in the last .*, ([1-9]\d* paused a step for blocks|[1-9]\d* preempted)", log)
 
 
 def test_unknown_lengths_end_where_the_engine_samples_the_stop_and_the_overflow_waits(kv_guard_engine):

@@ -60,4 +60,4 @@ def test_the_walkthrough_runs_as_written_with_its_ports_busy(tmp_path):
     assert "X-KVops-Clamped: max_tokens 900->512" in output  # the proxy at warn
     assert '"to":"warn"' in output  # the watcher's level change
     assert re.search(r"--max-num-seqs 2 ", output)  # 6. the re-plan from measured prompts keeps 2 x 8 blocks under 70%
-    assert "SUCCESS: 10 rules found" in output  # 7. promtool
+    assert "SUCCESS: 11 rules found" in output  # 7. promtool

@@ -133,8 +133,7 @@ def test_synthetic_trace():
     assert trace == synthetic_trace(200, 8.0, 0.5, seed=2)
     assert trace.timed and len(trace) == 200
     assert trace.source == (
-        "synthetic (200 requests, gamma arrivals at 8/s, burstiness 0.5, prompt sharegpt, output sharegpt,"
-        " max_tokens exact, seed 2)"
+        "synthetic (200 requests, gamma arrivals at 8/s, burstiness 0.5, prompt sharegpt, output sharegpt, seed 2)"
     )
     assert all(request.max_tokens == request.output_tokens for request in trace.requests)
     assert trace.requests[-1].arrival_s == pytest.approx(25.0)
