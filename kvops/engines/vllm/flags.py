@@ -18,20 +18,21 @@ GUARD_SCHEDULER = "kvops_vllm.scheduler.KVGuardScheduler"  # the KV-guard schedu
 # The degrade policy in vLLM's own API server (`--middleware`, vllm/entrypoints/serve/middleware/register.py): warn
 # caps, degrade n=1, critical 503/429 with Retry-After, with no second process or hop (plugins/kvops_vllm/middleware.py)
 MIDDLEWARE = "kvops_vllm.middleware.KVOpsMiddleware"
-# A default must not cost goodput against stock vLLM (bench/guard_goodput.py; docs/kv-guard.md has the runs). Guard v2
-# ran at or above stock's goodput, preempting a tenth as often or less, on the benchmark's pool of 127 blocks (about
-# 35 requests at once), and on its pool of 31 (about 8) from below to above it; and it loads from vLLM's own Python,
-# which the official image lacks. So the plan names it only when asked, and says which of the two pools a plan's
+# A default must not cost goodput against stock vLLM. Where the KV pool binds, guard v2 ran below stock's goodput:
+# 0.92-1.15 x on the CPU engine's pool of about 8 requests (bench/guard_goodput.py) and 0.94-0.98 x its SLO goodput
+# in simulated time for an 8B model on one L4 (bench/guard_simulated.py), preempting a tenth as often; where it does
+# not bind (H100 pools under ShareGPT-like traffic) it schedules exactly as stock. And it loads from vLLM's own
+# Python, which the official image lacks. So the plan names it only when asked, and says which measured pool a plan's
 # pool is like.
 GUARD_BY_DEFAULT = False
 GUARD_POOL_REQUESTS = 32  # requests of the planned size the pool holds at once, from which it is like the larger pool
 GUARD_LARGE_POOL = (
-    "as many as the benchmark's larger pool (about 35) or more; on it guard v2 ran at 1.01 to 1.28 x stock vLLM's "
-    "goodput and preempted at most 10 times, where stock preempted 369 to 664 times"
+    "like the CPU benchmark's larger pool (about 35), where guard v2 ran at 1.01 to 1.28 x stock vLLM's goodput "
+    "(bench/guard_goodput.py)"
 )
 GUARD_SMALL_POOL = (
-    "fewer than the benchmark's larger pool (about 35); on its pool of about 8, guard v2 ran at 0.92 to 1.15 x "
-    "stock vLLM's goodput, lowest with unknown output lengths"
+    "like the CPU benchmark's pool of about 8 and an 8B model's on one L4, where guard v2 ran at 0.92 to 1.15 x and "
+    "0.94 to 0.98 x stock vLLM's goodput (bench/guard_goodput.py, bench/guard_simulated.py)"
 )
 
 # kvops KV dtype -> `--kv-cache-dtype` (CacheDType in vllm/config/cache.py)

@@ -601,8 +601,9 @@ def _guard_note(inputs: PlanInputs, capacity: VllmCapacity) -> str:
     held = capacity.requests_at_full
     measured = flags.GUARD_LARGE_POOL if held >= flags.GUARD_POOL_REQUESTS else flags.GUARD_SMALL_POOL
     return (
-        f"KV guard: not named by default; this pool holds {held} requests of the planned size at once: {measured} "
-        "(bench/guard_goodput.py); --guard names it (kvops installed in vLLM's own Python)"
+        f"KV guard: not named by default; this pool holds {held} requests of the planned size at once, {measured}; "
+        "your traffic decides: kvops simulate with this plan's options and --compare stock,guard; --guard names it "
+        "(kvops installed in vLLM's own Python)"
     )
 
 

@@ -1,0 +1,66 @@
+"""`kvops simulate` against the real vLLM CPU engine: the same burst of exact-length requests through the stock engine
+(the session's 4 MiB pool) and through `kvops simulate` planned for that engine. The requests are sent GAP_S apart,
+so both receive them in the same order, and together they need several times the pool: preemptions and the order
+requests complete in are the scheduler's, and must agree."""
+
+from __future__ import annotations
+
+import csv
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from tests.support.burst import burst, complete, gauges
+from tests.support.vllm_server import DEFAULT_KV_BYTES
+
+pytestmark = [pytest.mark.engine, pytest.mark.vllm]
+GAP_S = 0.05
+PREEMPTIONS = "vllm:num_preemptions_total"
+
+
+def kendall_tau(first: list[int], second: list[int]) -> float:
+    """How alike two orders of the same items are: 1 identical, -1 reversed."""
+    where = {item: position for position, item in enumerate(second)}
+    pairs = concordant = 0
+    for i, earlier in enumerate(first):
+        for later in first[i + 1 :]:
+            pairs += 1
+            concordant += where[earlier] < where[later]
+    return (2 * concordant - pairs) / pairs
+
+
+def test_a_burst_preempts_and_completes_in_the_simulator_as_on_the_engine(vllm_engine, tiny_model, run_kvops, tmp_path):
+    requests = burst(16, seed=21)
+    before = gauges(vllm_engine.metrics())[PREEMPTIONS]
+    started = time.monotonic()
+
+    def send(index: int) -> float:
+        time.sleep(max(0.0, started + index * GAP_S - time.monotonic()))
+        answer = complete(vllm_engine.url, str(vllm_engine.model), requests[index])
+        assert answer.finish_reason == "length" and answer.completion_tokens == requests[index].max_tokens
+        return time.monotonic() - started
+
+    with ThreadPoolExecutor(len(requests)) as pool:
+        finished = list(pool.map(send, range(len(requests))))
+    preempted = gauges(vllm_engine.metrics())[PREEMPTIONS] - before
+    assert preempted > 0
+
+    trace = tmp_path / "burst.jsonl"
+    rows = [
+        {"arrival_s": index * GAP_S, "prompt_tokens": len(request.prompt), "output_tokens": request.max_tokens}
+        for index, request in enumerate(requests)
+    ]
+    trace.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    table = tmp_path / "requests.csv"
+    flags = ["--device", "cpu", "--max-model-len", "1024", "--kv-cache-memory-bytes", str(DEFAULT_KV_BYTES)]
+    result = run_kvops("simulate", "-m", str(tiny_model), *flags, "--trace", str(trace), "--max-tokens", "exact",
+                       "--csv", str(table), "--json")  # fmt: skip
+    [arm] = json.loads(result.stdout)["arms"]
+    simulated = [float(row["sent_ms"]) + float(row["e2e_ms"]) for row in csv.DictReader(table.open())]
+
+    assert arm["preemptions"] == pytest.approx(preempted, abs=max(2, preempted // 4))
+    engine_order = sorted(range(len(requests)), key=finished.__getitem__)
+    simulated_order = sorted(range(len(requests)), key=simulated.__getitem__)
+    assert kendall_tau(engine_order, simulated_order) >= 0.7
