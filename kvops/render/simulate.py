@@ -40,18 +40,21 @@ def _header(answer: Answer) -> list[str]:
     hardware = step_time.hardware
     summary = setup.trace.summary()
     prompt, output = summary["prompt_tokens"], summary["output_tokens"]
-    traffic = f"{setup.trace.source}: prompt mean {prompt['mean']:.0f} / p99 {prompt['p99']:,.0f}, output mean {output['mean']:.0f} / p99 {output['p99']:,.0f} tokens"
+    lengths = f"prompt mean {prompt['mean']:.0f} / p99 {prompt['p99']:,.0f}, output mean {output['mean']:.0f} / p99 {output['p99']:,.0f} tokens"
+    clients = f"max_tokens: {_max_tokens_words(setup.clients.max_tokens)}"
     if setup.clients.max_concurrency:
-        traffic += f"; {setup.clients.max_concurrency} clients"
+        clients += f"; {setup.clients.max_concurrency} clients at a time"
+    fitted_on = step_time.coefficients.fitted_on.split(" (")[0]  # the whole provenance is in --json
     return [
         f"kvops simulate: {inputs.spec.name} on {gpu}, tp {inputs.tp}",
         "",
         f"pool             {capacity.num_blocks:,} blocks of {capacity.block_size} tokens ({format_bytes(plan.kv_cache_bytes)} of KV memory), max-model-len {capacity.max_model_len:,}"
         if capacity
         else "pool             none",
-        f"traffic          {traffic}",
-        f"clients send     max_tokens: {_max_tokens_words(setup.clients.max_tokens)}",
-        f"step time        {step_time.coefficients.name}: {step_time.coefficients.fitted_on}",
+        f"traffic          {setup.trace.source}",
+        f"lengths          {lengths}",
+        f"clients send     {clients}",
+        f"step time        {step_time.coefficients.name} profile, fitted on {fitted_on} (--json: each coefficient's source)",
         f"device           {hardware.name}: {hardware.memory_bandwidth / 1e12:.3g} TB/s, {hardware.flops / 1e12:,.0f} TFLOP/s dense",
         f"SLO              TTFT <= {_ms(setup.slo.ttft_s)}, TPOT <= {_ms(setup.slo.tpot_s)}",
     ]
