@@ -96,12 +96,11 @@ class DeploymentOptions:
         """The planner's inputs: the model loaded, the GPU resolved, the files read."""
         from kvops.gpus import resolve_gpu
         from kvops.model import load_model
-        from kvops.policy import Level, load_policy
 
         if self.model is None:
             raise ConfigError("no model: give --model MODEL (or --from-command with the engine's launch line)")
         spec = load_model(self.model)
-        policy = load_policy(self.policy)
+        warn, gpu_memory_below = policy_levels(self.policy)
         pinned = self.kv_cache_memory_bytes
         needs_gpu = self.gpu or self.gpu_memory or (self.device == "gpu" and pinned is None)
         pp = self.pp or 1
@@ -147,10 +146,10 @@ class DeploymentOptions:
             max_queued=self.max_queued,
             max_input_tokens=self.max_input_tokens,
             profile=load_profile(self.profile) if self.profile else None,
-            warn_level=policy.thresholds[Level.WARN],
+            warn_level=warn,
             kv_offloading_size=self.kv_offloading_size,
             kv_offloading_backend=self.kv_offloading_backend,
-            gpu_memory_target=policy.gpu_memory_below,
+            gpu_memory_target=gpu_memory_below,
         )
 
     def speculative(self) -> Speculative | None:
@@ -165,16 +164,25 @@ class DeploymentOptions:
         return Speculative(settings.method, settings.tokens, draft, settings.draft_tp, self.speculative_config)
 
 
-SHIPPED_WARN_LEVEL = 0.70  # levels.warn in kvops/data/policy.yaml (a test holds them equal): plans read no YAML
+# levels.warn and gpu_memory.below in kvops/data/policy.yaml (a test holds them equal): plans read no YAML
+SHIPPED_WARN_LEVEL = 0.70
+SHIPPED_GPU_MEMORY_BELOW = 0.80
+
+
+def policy_levels(policy_path: str | None) -> tuple[float, float]:
+    """What a plan reads of a policy file (or the shipped policy): the warn threshold it sizes concurrency under,
+    and the share of device memory the policy keeps in use under."""
+    if policy_path is None:
+        return SHIPPED_WARN_LEVEL, SHIPPED_GPU_MEMORY_BELOW
+    from kvops.policy import Level, load_policy
+
+    policy = load_policy(policy_path)
+    return policy.thresholds[Level.WARN], policy.gpu_memory_below
 
 
 def warn_level(policy_path: str | None) -> float:
     """The warn threshold of a policy file (or the shipped policy): what plans size concurrency under."""
-    if policy_path is None:
-        return SHIPPED_WARN_LEVEL
-    from kvops.policy import Level, load_policy
-
-    return load_policy(policy_path).thresholds[Level.WARN]
+    return policy_levels(policy_path)[0]
 
 
 def load_profile(path: str) -> Profile:

@@ -19,9 +19,11 @@ def test_shipped_config_is_the_embedded_default():
 
 
 def test_plans_under_the_shipped_policy_use_its_warn_level_without_reading_it(tmp_path):
-    from kvops.deployment import SHIPPED_WARN_LEVEL, warn_level
+    from kvops.deployment import SHIPPED_GPU_MEMORY_BELOW, SHIPPED_WARN_LEVEL, policy_levels, warn_level
 
     assert warn_level(None) == SHIPPED_WARN_LEVEL == load_policy().thresholds[Level.WARN]
+    assert policy_levels(None) == (SHIPPED_WARN_LEVEL, SHIPPED_GPU_MEMORY_BELOW)
+    assert SHIPPED_GPU_MEMORY_BELOW == load_policy().gpu_memory_below
     (tmp_path / "policy.yaml").write_text("levels:\n  warn: 0.6\n")
     assert warn_level(str(tmp_path / "policy.yaml")) == 0.6
 
