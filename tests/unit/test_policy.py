@@ -23,7 +23,7 @@ def test_plans_under_the_shipped_policy_use_its_warn_level_without_reading_it(tm
 
     assert warn_level(None) == SHIPPED_WARN_LEVEL == load_policy().thresholds[Level.WARN]
     assert policy_levels(None) == (SHIPPED_WARN_LEVEL, SHIPPED_GPU_MEMORY_BELOW)
-    assert SHIPPED_GPU_MEMORY_BELOW == load_policy().gpu_memory_below
+    assert load_policy().gpu_memory_below == SHIPPED_GPU_MEMORY_BELOW
     (tmp_path / "policy.yaml").write_text("levels:\n  warn: 0.6\n")
     assert warn_level(str(tmp_path / "policy.yaml")) == 0.6
 
