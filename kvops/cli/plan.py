@@ -18,10 +18,16 @@ from kvops.render.plan import FORMATS
     metavar="COMMAND",
     help="What starts the engine, instead of `vllm serve` / `text-generation-launcher`, e.g. 'python -m vllm.entrypoints.openai.api_server' where the console script is missing.",
 )
+@click.option(
+    "--explain",
+    is_flag=True,
+    help="Text: add every memory term with its source, the capacity in the engine's terms and the notes.",
+)
 @json_option
 @click.pass_context
-def plan(ctx: click.Context, out_format: str, launcher: str | None, as_json: bool, **params) -> None:
-    """Engine launch flags that keep the KV cache inside its budget, with every memory term and the capacity.
+def plan(ctx: click.Context, out_format: str, launcher: str | None, explain: bool, as_json: bool, **params) -> None:
+    """Engine launch flags that keep the KV cache inside its budget: the KV it gets and the requests it holds
+    (--explain: every memory term and its source; --json: every figure).
 
     Exits 3 when the workload does not fit, with need against have and the ways out the planner computed.
     """
@@ -37,7 +43,7 @@ def plan(ctx: click.Context, out_format: str, launcher: str | None, as_json: boo
 
             click.echo(kubernetes_container(engine_container(result)))
         else:
-            click.echo(render(result, out_format))
+            click.echo(render(result, out_format, explain))
     if out_format != "text":
         for message in result.all_warnings:
             warn(message)

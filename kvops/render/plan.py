@@ -5,20 +5,26 @@ The engine's container for Kubernetes is an object `kvops.deploy.k8s` builds; `k
 
 from __future__ import annotations
 
+import textwrap
 from typing import Any
 
 from kvops import engines
 from kvops.errors import UsageError
 from kvops.plan import Plan
-from kvops.render.quote import ShellText, comment, env_assignment, shell_line
+from kvops.render.quote import ShellText, comment, env_assignment, shell_line, shell_word
 from kvops.units import format_bytes
+from kvops.workload import Workload
 
 FORMATS = ("text", "shell", "json", "yaml", "env", "docker", "k8s")
+WIDTH = 120  # columns of the text report, the launch line folded to fit
 
 
-def render(plan: Plan, fmt: str) -> str:
-    """Every format but k8s (an object deploy builds: `kubernetes_container`)."""
-    formats = {"text": plan_text, "shell": shell, "json": plan_json, "yaml": plan_yaml, "env": env, "docker": docker}
+def render(plan: Plan, fmt: str, explain: bool = False) -> str:
+    """Every format but k8s (an object deploy builds: `kubernetes_container`); `explain` adds the memory terms, their
+    sources and the notes to the text (JSON and YAML hold them always)."""
+    if fmt == "text":
+        return plan_text(plan, explain)
+    formats = {"shell": shell, "json": plan_json, "yaml": plan_yaml, "env": env, "docker": docker}
     return formats[fmt](plan)
 
 
@@ -112,36 +118,122 @@ def kubernetes_container(container: dict[str, Any]) -> str:
     return yaml.safe_dump(container, sort_keys=False, width=200).rstrip("\n")
 
 
-def plan_text(plan: Plan) -> str:
+def plan_text(plan: Plan, explain: bool = False) -> str:
+    """What a user reads first: the launch, whether it fits, the KV and the requests it holds, the warnings. With
+    `explain`, every memory term and its source, the capacity in the engine's terms and the notes follow."""
+    lines = [_header(plan), "", *_launch_lines(plan), ""]
+    if plan.inputs.command_lines:
+        lines += ["from the command"] + [f"  {line}" for line in plan.inputs.command_lines] + [""]
+    lines += _summary(plan)
+    warnings = [*plan.warnings, *filter(None, [_estimates_line(plan)])]
+    if warnings:
+        lines += ["", "warnings"] + [line for warning in warnings for line in _wrapped(warning)]
+    if plan.ways_out:
+        lines += ["", "ways out"] + [f"  {line}" for line in ways_out_lines(plan)]
+    lines += ["", *(_explained(plan) if explain else _more(plan))]
+    return "\n".join(lines)
+
+
+def _header(plan: Plan) -> str:
+    """The engine, model, devices and the one GPU total the plan sizes from (the engine's view of it)."""
     inputs = plan.inputs
-    gpu = inputs.gpu
-    where = (
-        f"{gpu.id} ({format_bytes(gpu.memory_bytes)}, {gpu.reported_by})"
-        if gpu
-        else f"{inputs.device.upper()} (no device memory given)"
-    )
+    total = plan.term("total")
+    if inputs.gpu is None:
+        where = f"{inputs.device.upper()} (no device memory given)"
+    elif total is not None:
+        where = f"{inputs.gpu.id} ({format_bytes(total.bytes)} each, as the engine sees it)"
+    else:
+        where = f"{inputs.gpu.id} ({format_bytes(inputs.gpu.memory_bytes)} each, {inputs.gpu.reported_by})"
     stages = f", pp {inputs.pp}" if inputs.pp > 1 else ""
-    head = f"{engines.get(plan.engine).title} plan: {inputs.spec.name} on {inputs.devices} x {where}, tp {inputs.tp}{stages}"
-    lines = [head, "", "  " + shell(plan), ""]
-    if inputs.command_lines:
-        lines += ["from the command"] + [f"  {line}" for line in inputs.command_lines] + [""]
-    if not plan.fits:
-        lines += [f"DOES NOT FIT: {plan.problem}", ""]
-    lines.append("memory per GPU" if inputs.device == "gpu" else "memory (CPU build: host memory)")
+    release = f", {plan.release.label}" if plan.release else ""
+    title = engines.get(plan.engine).title
+    return f"{title} plan: {inputs.spec.name} on {inputs.devices} x {where}, tp {inputs.tp}{stages}{release}"
+
+
+def _launch_lines(plan: Plan) -> list[str]:
+    """The launch line, folded before a flag at WIDTH columns with shell continuations, so that it pastes whole."""
+    words = [shell_word(word) for word in plan.argv]
+    groups: list[str] = []
+    for word in words:
+        if groups and not word.startswith("-") and groups[-1].startswith("-") and " " not in groups[-1]:
+            groups[-1] += f" {word}"  # a flag's value stays beside it
+        else:
+            groups.append(word)
+    lines = ["  " + groups[0]]
+    for group in groups[1:]:
+        if len(lines[-1]) + 1 + len(group) + 2 > WIDTH:
+            lines[-1] += " \\"
+            lines.append("    " + group)
+        else:
+            lines[-1] += " " + group
+    return lines
+
+
+def _summary(plan: Plan) -> list[str]:
+    """One figure per concept, each in --json: fits, KV bytes, KV tokens, the requests held, the workload."""
+    rows = [("fits", f"no: {plan.verdict.message()}" if plan.verdict else "yes")]
+    capacity = plan.capacity
+    if capacity is not None:
+        replica = " per replica" if plan.inputs.replicas > 1 else ""
+        warn = f"{plan.inputs.warn_level:.0%}"
+        rows += [
+            ("KV cache", f"{format_bytes(plan.kv_cache_bytes)} per GPU"),
+            ("KV tokens", f"{capacity.kv_tokens:,}{replica}"),
+            (
+                "requests",
+                f"{capacity.requests_under_warn:,} at once under the warn level ({warn}), "
+                f"{capacity.requests_at_full:,} at 100%{replica}, each holding {capacity.request_tokens:,} KV tokens",
+            ),
+            ("workload", _workload(plan.inputs.workload, capacity.request_tokens)),
+        ]
+    width = max(len(name) for name, _ in rows)
+    return [line for name, value in rows for line in _wrapped(value, f"{name:<{width}}  ", " " * (width + 2))]
+
+
+def _workload(workload: Workload, request_tokens: int) -> str:
+    """The stated or assumed workload, in one line."""
+    samples = f", {workload.sequences} sequences each (--n x --beams)" if workload.sequences > 1 else ""
+    if workload.source == "none":
+        return (
+            f"assumed {request_tokens:,} tokens per request (the whole context){samples}; "
+            "give --prompt-tokens/--gen-tokens"
+        )
+    where = "stated" if workload.source == "flags" else f"from {workload.source}"
+    tokens = f"{workload.prompt_tokens or 0:,} prompt + {workload.gen_tokens or 0:,} generated tokens per request"
+    return f"{where}: {tokens}{samples}"
+
+
+def _estimates_line(plan: Plan) -> str | None:
+    """Which memory terms are estimates (their figures: --explain) and how to measure them."""
+    if not plan.estimates:
+        return None
+    names = ", ".join(term.name for term in plan.estimates)
+    return f"estimated, not measured: {names}; {plan.estimates[0].measure}"
+
+
+def _more(plan: Plan) -> list[str]:
+    notes = f", {len(plan.notes)} notes" if plan.notes else ""
+    return [f"--explain: every memory term and its source, the capacity in full{notes}; --json: every figure"]
+
+
+def _explained(plan: Plan) -> list[str]:
+    inputs = plan.inputs
+    lines = ["memory per GPU" if inputs.device == "gpu" else "memory (CPU build: host memory)"]
     width = max(len(term.name) for term in plan.memory)
     for term in plan.memory:
         lines.append(f"  {term.name:<{width}}  {format_bytes(term.bytes):>11}  {term.basis:<8}  {term.formula}")
-    lines += ["", "capacity"] + [f"  {line}" for line in (plan.capacity.lines() if plan.capacity else [])]
+    if plan.capacity:
+        lines += ["", "capacity"] + [f"  {line}" for line in plan.capacity.lines()]
     if plan.notes:
         lines += ["", "notes"] + [f"  {note}" for note in plan.notes]
-    if plan.warnings:
-        lines += ["", "warnings"] + [f"  {warning}" for warning in plan.warnings]
-    if plan.estimates:
-        items = ", ".join(f"{term.name} {format_bytes(term.bytes)}" for term in plan.estimates)
-        lines += ["", f"estimates: {items}", f"  {plan.estimates[0].measure}"]
-    if plan.ways_out:
-        lines += ["", "ways out"] + [f"  {line}" for line in ways_out_lines(plan)]
-    return "\n".join(lines)
+    return lines
+
+
+def _wrapped(text: str, first: str = "  ", rest: str = "    ") -> list[str]:
+    """One item in lines of at most WIDTH columns, never breaking a word (a path, a flag, a URL stays whole)."""
+    return textwrap.wrap(
+        text, WIDTH, initial_indent=first, subsequent_indent=rest, break_long_words=False, break_on_hyphens=False
+    )
 
 
 def ways_out_lines(plan: Plan) -> list[str]:

@@ -52,7 +52,7 @@ def test_a_shorter_context_that_drops_the_planned_requests_is_not_a_way_out():
     )
     shorter = next(way for way in plan(inputs).ways_out if way.change == "--max-model-len auto")
     assert shorter.fits is False
-    assert "is shorter than the planned requests of 10000 tokens" in shorter.result
+    assert "requests of 10000 tokens (prompt + gen) exceed --max-model-len" in shorter.result
 
 
 @pytest.mark.parametrize(

@@ -640,11 +640,6 @@ def _warnings(draft: _Draft, kv_layout: layout.KVCacheLayout, dtype: KvDtype, ca
         draft.warnings.append(
             f"--max-model-len {length} exceeds {spec.name}'s max_position_embeddings {spec.max_position_embeddings}; vLLM refuses it unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1"
         )
-    total = inputs.workload.total_tokens
-    if total is not None and total > length:
-        draft.warnings.append(
-            f"requests of {total} tokens (prompt + gen) exceed --max-model-len {length}: vLLM rejects them"
-        )
     windows = sorted({group.window for group in kv_layout.groups if group.kind == "sliding" and group.window})
     if windows:
         draft.notes.append(
@@ -699,6 +694,16 @@ def _verdict(
     refused = _state_blocks_refusal(draft, kv_layout, pool, seqs)
     if refused is not None:
         return refused
+    asked = inputs.workload.total_tokens
+    if asked is not None and asked > pool.max_model_len:
+        need = layout.kv_bytes_needed(kv_layout, ceil(asked / pool.block_size))
+        return Verdict(
+            f"requests of {asked} tokens (prompt + gen) exceed --max-model-len {pool.max_model_len}: vLLM rejects "
+            "every one of them ('maximum context length'); raise --max-model-len or state shorter requests",
+            need,
+            kv,
+            states_need=True,
+        )
     per_request, under_warn = capacity.blocks_per_request, capacity.requests_under_warn
     if isinstance(inputs.concurrency, int) and inputs.concurrency > under_warn:
         held = inputs.concurrency * per_request + capacity.blocks_per_request_in_prefill - per_request

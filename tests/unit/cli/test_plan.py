@@ -12,6 +12,7 @@ import yaml
 
 from kvops.engines.common import engine_total
 from kvops.gpus import find_gpu
+from kvops.units import format_bytes
 
 MiB = 1 << 20
 
@@ -205,6 +206,10 @@ def test_workload_file_is_sized_at_its_p95(run_kvops, tmp_path):
         20,
     )
     assert doc["capacity"]["tokens_per_request"] == 2090
+    words = run_kvops("plan", "-m", "llama-3-8b", "--gpu", "h100", "--workload", str(path)).stdout.split()
+    assert f"workload from {path} (20 requests, p95): 1,900 prompt + 190 generated tokens per request" in " ".join(
+        words
+    )
 
 
 def test_tgi_plan_uses_tgi_flags_rules_and_reservations(run_kvops):
@@ -363,12 +368,69 @@ def test_the_default_plan_names_no_scheduler_and_the_text_says_where_the_guard_g
     doc = plan_doc(run_kvops, *args)
     assert "scheduler-cls" not in doc["flags"]
     [note] = [note for note in doc["notes"] if note.startswith("KV guard: ")]
-    assert note.startswith("KV guard: not named by default; this pool holds 21 requests of the planned size at once, ")
+    assert note.startswith("KV guard: not named by default; this pool holds 20 requests of the planned size at once, ")
     assert "like the CPU benchmark's pool of about 8" in note and "--compare stock,guard; --guard names it" in note
     large = plan_doc(run_kvops, "-m", "mistral-7b-v0.1", "--gpu", "H100-80GB", "--engine-version", "0.32.0")
     assert any("holds 109 requests of the planned size at once, like the CPU benchmark's larger pool" in note
                for note in large["notes"])  # fmt: skip
-    guarded = run_kvops("plan", *args, "--guard").stdout
+    guarded = run_kvops("plan", *args, "--guard", "--explain").stdout  # a note: the default text counts them
     assert "--scheduler-cls kvops_vllm.scheduler.KVGuardScheduler loads a plugin from vLLM's own Python" in guarded
     k8s = run_kvops("plan", *args, "--guard", "--format", "k8s")
     assert "kvops_vllm" not in k8s.stdout and "--format k8s leaves out --scheduler-cls" in k8s.stderr
+
+
+PLAN_8B = ("-m", "llama-3.1-8b-instruct", "--gpu", "h100", "--max-model-len", "8192")
+
+
+def test_the_default_text_is_one_screen_with_one_figure_per_concept_each_in_the_json(run_kvops):
+    """Issue 23: the header, the launch, fits, KV bytes, KV tokens, the requests held and the workload; no terms."""
+    text = run_kvops("plan", *PLAN_8B).stdout
+    doc = plan_doc(run_kvops, *PLAN_8B)
+    lines = text.rstrip("\n").splitlines()
+    assert len(lines) <= 20 and max(len(line) for line in lines) <= 120
+    cap, total = doc["capacity"], term(doc, "total")["bytes"]
+    assert lines[0].startswith(f"vLLM plan: {doc['model']} on 1 x H100-80GB ({format_bytes(total)} each")
+    assert text.count("GiB each") == 1 and "nvidia-smi" not in text  # one GPU total: the one the plan sizes from
+    rows = {line.split("  ")[0]: line for line in lines if line and not line.startswith(" ")}
+    assert rows["fits"].split() == ["fits", "yes"]
+    assert rows["KV cache"].endswith(f"{format_bytes(doc['memory']['capacity_kv_bytes'])} per GPU")
+    assert rows["KV tokens"].endswith(f"{cap['kv_tokens']:,}")
+    assert (
+        f"{cap['requests_under_warn']} at once under the warn level (70%), {cap['requests_at_full']} at 100%, "
+        f"each holding {cap['tokens_per_request']:,} KV tokens" in rows["requests"]
+    )
+    assert rows["workload"] == (
+        "workload   assumed 8,192 tokens per request (the whole context); give --prompt-tokens/--gen-tokens"
+    )
+    assert "memory per GPU" not in text and "max concurrency" not in text and "token slots" not in text
+    assert "--explain: every memory term and its source" in text
+
+
+def test_the_launch_line_folds_at_120_columns_and_pastes_back_as_the_argv(run_kvops):
+    text = run_kvops("plan", *PLAN_8B, "--guard").stdout
+    launch = text.split("\n\n")[1]
+    assert len(launch.splitlines()) > 1 and all(line.endswith(" \\") for line in launch.splitlines()[:-1])
+    assert shlex.split(launch.replace("\\\n", "")) == plan_doc(run_kvops, *PLAN_8B, "--guard")["command"]["argv"]
+
+
+def test_a_stated_workload_is_said_in_one_line_and_warnings_wrap_at_120_columns(run_kvops):
+    args = ("-m", "qwen3-8b", "--gpu", "L4", "--max-model-len", "4096", "--concurrency", "4")
+    text = run_kvops("plan", *args, "--prompt-tokens", "1000", "--gen-tokens", "500", "--n", "2").stdout
+    assert (
+        "\nworkload   stated: 1,000 prompt + 500 generated tokens per request, 2 sequences each (--n x --beams)\n"
+        in text
+    )
+    warnings = text.split("\nwarnings\n")[1].split("\n\n")[0].splitlines()
+    assert all(len(line) <= 120 for line in warnings) and warnings[-1].startswith("    ")  # a wrapped item indents
+    assert "estimated, not measured: activation, non_torch" in text
+
+
+def test_explain_adds_every_term_with_its_source_the_capacity_and_the_notes(run_kvops):
+    short = run_kvops("plan", *PLAN_8B).stdout
+    text = run_kvops("plan", *PLAN_8B, "--explain").stdout
+    doc = plan_doc(run_kvops, *PLAN_8B, "--explain")
+    assert text.startswith(short.split("\n--explain: ")[0])  # the same summary, then the detail
+    assert "\nmemory per GPU\n" in text and "\ncapacity\n" in text and "\nnotes\n" in text
+    for item in doc["memory"]["terms"]:
+        assert f"  {item['name']} " in text and item["formula"] in text
+    assert all(note in text for note in doc["notes"])
