@@ -6,6 +6,7 @@ import click
 
 from kvops.cli.options import (
     POSITIVE,
+    TOKEN_COUNT,
     json_option,
     kv_dtype_option,
     model_option,
@@ -21,7 +22,7 @@ from kvops.units import parse_bytes
 
 @click.command()
 @model_option
-@click.option("--tokens", "-t", type=POSITIVE, help="Cached tokens per sequence (prompt + generated).")
+@click.option("--tokens", "-t", type=TOKEN_COUNT, help="Cached tokens per sequence (prompt + generated; 32K, 32k).")
 @click.option(
     "--prompt-tokens", type=click.IntRange(min=0), help="Prompt tokens; with --gen-tokens, stands for --tokens P+G."
 )

@@ -106,6 +106,23 @@ class IntOrAuto(click.ParamType):
 INT_OR_AUTO = IntOrAuto()
 
 
+class TokenCount(click.ParamType):
+    """A positive count of tokens as vLLM writes it: 32K (32768), 32k (32000), 1M, or a plain integer."""
+
+    name = "N"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int) and value > 0:
+            return value
+        try:
+            return parse_count(str(value), param.opts[0] if param else "value")
+        except KvopsError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+TOKEN_COUNT = TokenCount()
+
+
 def _apply(function: Callable, options: list[Callable]) -> Callable:
     for option in reversed(options):
         function = option(function)

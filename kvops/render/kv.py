@@ -113,15 +113,22 @@ def kv_text(spec: ModelSpec, cost: KVCost, fit: MemoryFit | None = None) -> str:
                 f"{format_bytes(fit.memory_bytes)} / {format_bytes(cost.bytes_per_token)} per token ({fit.memory_bytes} B / {cost.bytes_per_token} B)",
             )
         )
-        longest = "any" if fit.tokens_per_sequence is None else f"{fit.tokens_per_sequence:,}"
-        why = f"tokens per sequence for {cost.effective_batch} sequences in {format_bytes(fit.memory_bytes)}, windows{' and blocks' if cost.block_size else ''} applied"
-        rows.append(
-            (
-                "longest sequence",
-                longest,
-                why + (": every layer's window fits" if fit.tokens_per_sequence is None else ""),
+        per_sequence = fit.tokens_per_sequence
+        if per_sequence is None or per_sequence * cost.effective_batch > fit.tokens:
+            label, value, why = rows[-1]  # windows hold fewer tokens than every token on every layer
+            rows[-1] = (
+                label,
+                value,
+                f"{why}; every token on every layer, windows not applied (longest sequence: applied)",
             )
-        )
+        longest = "any" if per_sequence is None else f"{per_sequence:,}"
+        why = f"tokens per sequence for {cost.effective_batch} sequences in {format_bytes(fit.memory_bytes)}, windows{' and blocks' if cost.block_size else ''} applied"
+        if per_sequence is None:
+            why += ": every layer's window fits"
+        limit = spec.max_position_embeddings
+        if limit and (per_sequence is None or per_sequence > limit):
+            why += f"; the model takes at most {limit:,} positions"
+        rows.append(("longest sequence", longest, why))
     width = max(len(label) for label, _, _ in rows)
     value_width = max(len(value) for _, value, _ in rows)
     lines += [f"{label:<{width}}  {value:>{value_width}}   {why}" for label, value, why in rows]

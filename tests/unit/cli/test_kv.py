@@ -169,3 +169,18 @@ def test_kv_path_imports_neither_pandas_nor_matplotlib():
     code = "import sys; from kvops.cli import main; sys.argv=['kvops','kv','-m','llama-3-8b','-t','5']\ntry: main()\nexcept SystemExit: pass\nprint(sorted(m for m in ('pandas','matplotlib','huggingface_hub') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip().splitlines()[-1] == "[]"
+
+
+def test_tokens_are_read_as_vllm_writes_them(run_kvops):
+    """`kvops plan --max-model-len 32k` is accepted: `kvops kv --tokens` reads counts the same way."""
+    decimal = json.loads(run_kvops("kv", "-m", "mistral-7b-v0.1", "--tokens", "32k", "--json").stdout)
+    binary = json.loads(run_kvops("kv", "-m", "mistral-7b-v0.1", "--tokens", "32K", "--json").stdout)
+    assert decimal["tokens"] == 32000 and binary["tokens"] == 32768
+
+
+def test_what_fits_says_where_windows_apply_and_where_the_model_stops(run_kvops):
+    text = run_kvops("kv", "-m", "openai/gpt-oss-20b", "--tokens", "8192", "--memory", "17.8GiB").stdout
+    fits = next(line for line in text.splitlines() if line.startswith("tokens that fit"))
+    longest = next(line for line in text.splitlines() if line.startswith("longest sequence"))
+    assert "every token on every layer, windows not applied" in fits
+    assert longest.endswith("windows applied; the model takes at most 131,072 positions")
