@@ -217,15 +217,19 @@ def test_headroom_scales_and_gateways_shed_at_kvops_levels(vllm_engine, tmp_path
             start = time.time()
             try:
                 while not {"kv", "total"} <= set(crossed) and time.time() - start < 240:
-                    ratio = prometheus.query('kvops:kv_demand_ratio{pod="vllm-0"}')
+                    # both crossings from the samples Prometheus holds, so a late turn of this loop (a busy
+                    # machine) delays neither; the triggers below are seen by the loop, so they are compared with
+                    # the turn that first saw KV usage past 70%
+                    demand = first_at_or_above(prometheus, 'kvops:kv_demand_ratio{pod="vllm-0"}', 0.70, start)
                     usage = first_at_or_above(
                         prometheus, 'vllm:kv_cache_usage_perc{job="vllm",pod="vllm-0"}', 0.70, start
                     )
                     now = time.time() - start
-                    if ratio and float(ratio[0]["value"][1]) >= 0.70:
-                        crossed.setdefault("demand", now)
+                    if demand is not None:
+                        crossed.setdefault("demand", demand - start)
                     if usage is not None:
                         crossed.setdefault("kv", usage - start)
+                        crossed.setdefault("kv_seen", now)
                     if "demand" in crossed and "total" not in crossed:
                         # the queries compared at one instant; each replica's rules are evaluated on its own
                         # scrape, so on a busy machine one can lag the ratio read above: read again next turn
@@ -248,7 +252,7 @@ def test_headroom_scales_and_gateways_shed_at_kvops_levels(vllm_engine, tmp_path
     assert crossed["demand"] < crossed["kv"]
     # KEDA and the HPA (through the adapter) ask for more replicas than the minimum, and production-stack's
     # trigger reads the same engine's demand past 70%, before KV usage reaches 70%
-    assert crossed["scaled"] < crossed["kv"], crossed
+    assert crossed["scaled"] <= crossed["kv_seen"], crossed
     assert crossed["hpa"] * len(pods) == pytest.approx(crossed["total"])
 
     env = dict(
