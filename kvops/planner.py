@@ -6,6 +6,7 @@ supports (quantized KV dtypes, data-parallel replicas, offloading); the search o
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from math import ceil
 
@@ -76,8 +77,20 @@ def _try(change: str, changed: PlanInputs, warning: str | None = None) -> WayOut
         return WayOut(change, False, f"still does not fit: {result.problem}", warning, replanned=True)
     cap = result.capacity
     assert cap is not None  # a plan that fits has sized its pool
-    summary = f"fits: {cap.kv_tokens:,} KV tokens, {cap.requests_under_warn} requests of {cap.request_tokens} tokens under the warn level, max-model-len {cap.max_model_len}"
+    requests = f"{cap.requests_under_warn} {_plural('request', cap.requests_under_warn)} of {cap.request_tokens} tokens"
+    if cap.requests_under_warn < 1:  # the engine starts, but the first planned request takes it past the warn level
+        return WayOut(change, False, f"still short: {requests} under the warn level", warning, replanned=True)
+    summary = f"fits: {cap.kv_tokens:,} KV tokens, {requests} under the warn level, max-model-len {cap.max_model_len}"
     return WayOut(change, True, summary, warning, result.flags, replanned=True)
+
+
+def _consumer(gpu: Gpu) -> bool:
+    """A GeForce card (RTX-3090, RTX-4090, RTX-5090): not what a data-center fleet can swap in."""
+    return re.fullmatch(r"RTX-\d{4}", gpu.id) is not None
+
+
+def _plural(word: str, count: int) -> str:
+    return word if count == 1 else f"{word}s"
 
 
 def _shorter_context(inputs: PlanInputs) -> WayOut:
@@ -130,11 +143,19 @@ def _more_replicas(inputs: PlanInputs, failed: Plan) -> list[WayOut]:
 
 
 def _larger_gpu(inputs: PlanInputs) -> list[WayOut]:
-    """The smallest catalog GPU with more memory on which the plan fits."""
+    """The smallest catalog GPU with more memory on which the plan fits, from the user's vendor (its software stack)
+    and, for a data-center card, not a consumer one."""
     if inputs.gpu is None:
         return []
-    current = inputs.gpu.memory_bytes
-    for gpu in sorted((gpu for gpu in gpu_catalog() if gpu.memory_bytes > current), key=lambda gpu: gpu.memory_bytes):
+    current = inputs.gpu
+    candidates = [
+        gpu
+        for gpu in gpu_catalog()
+        if gpu.memory_bytes > current.memory_bytes
+        and gpu.vendor == current.vendor
+        and (_consumer(current) or not _consumer(gpu))
+    ]
+    for gpu in sorted(candidates, key=lambda gpu: gpu.memory_bytes):
         option = _try(f"--gpu {gpu.id}", replace(inputs, gpu=gpu, profile=None))
         if option.fits:
             return [option]

@@ -16,6 +16,7 @@ from kvops.model.checkpoint import LoadedWeights, Loading, Parallel, loaded_weig
 from kvops.model.spec import ModelSpec
 from kvops.overheads import MIN_MARGIN_LOGS, POOLED, FamilyFit, Observation, OverheadFit
 from kvops.plan import PlanInputs, Term
+from kvops.profile import Profile
 from kvops.units import GiB, format_bytes
 
 MiB = 1 << 20
@@ -679,9 +680,10 @@ def profile_mismatch(inputs: PlanInputs, version: str, label: str) -> list[str]:
     profile = inputs.profile
     assert profile is not None
     out = []
-    if profile.model and not same_model(profile.model, inputs.spec):
+    if model_measurements(inputs) is None:
         out.append(
-            f"--profile was measured on model {profile.model}, not {inputs.spec.name}: its weights and overheads may not apply"
+            f"--profile was measured on model {profile.model}, not {inputs.spec.name}: its weights and activation "
+            "are not used (computed for this model); its device figures are"
         )
     if profile.gpu and inputs.gpu and profile.gpu != inputs.gpu.id:
         out.append(
@@ -693,6 +695,15 @@ def profile_mismatch(inputs: PlanInputs, version: str, label: str) -> list[str]:
             f"give --engine-version {profile.engine_version} to plan that release"
         )
     return out
+
+
+def model_measurements(inputs: PlanInputs) -> Profile | None:
+    """The profile whose model-dependent figures (weights, activation, overheads) this plan may use: one measured
+    on this model (or naming none). A profile from another model would put its weights in this model's place."""
+    profile = inputs.profile
+    if profile is None or (profile.model and not same_model(profile.model, inputs.spec)):
+        return None
+    return profile
 
 
 def same_model(name: str, spec: ModelSpec) -> bool:

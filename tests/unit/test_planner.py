@@ -7,7 +7,10 @@ from __future__ import annotations
 import re
 
 import pytest
+from click.testing import CliRunner
 
+from kvops.cli import main
+from kvops.deployment import load_profile
 from kvops.gpus import find_gpu
 from kvops.model import load_model
 from kvops.plan import PlanInputs
@@ -158,3 +161,33 @@ def test_weights_that_do_not_fit_are_named_and_not_blamed_on_the_workload(run_kv
         r"need ~[\d.]+ GiB per shard but TGI may use ~15\.3 GiB; nothing is left for the KV cache",
         tgi.stderr,
     )
+
+
+def test_ways_out_hold_a_planned_request_on_a_card_of_the_users_vendor_and_class():
+    """Issue 23: a way out marked "fits" holds at least one planned request under the warn level, a larger GPU is
+    one the user's fleet can swap in (same vendor; no GeForce card for a data-center one), and a host KV tier is
+    not offered when one request does not fit the GPU's blocks."""
+    too_long = plan(PlanInputs("vllm", load_model("qwen3-8b"), find_gpu("L4"), max_model_len=32768, concurrency=8))
+    assert not too_long.fits
+    assert not any(way.change.startswith("--kv-offloading-size") for way in too_long.ways_out)
+    for way in too_long.ways_out:
+        if way.fits:
+            assert "0 requests" not in way.result
+    weights = plan(PlanInputs("vllm", load_model("llama-3.1-70b"), find_gpu("L4")))
+    larger = [way.change for way in weights.ways_out if way.change.startswith("--gpu ")]
+    assert larger and all(not re.search(r"MI\d|RTX-\d{4}$", change) for change in larger)
+
+
+def test_a_profile_from_another_model_lends_its_device_figures_not_its_weights(tmp_path):
+    """Issue 23: a profile calibrated on Qwen3-8B put an 8B model's weights in a 70B plan (exit 0, --max-num-seqs 18)."""
+    log = "tests/fixtures/corpus/vllm/vllm-0.10.2-l4-qwen3-8b-fp8-unsloth-tp1.log"
+    profile_path = tmp_path / "q3.yaml"
+    saved = CliRunner().invoke(main, ["calibrate", "--vllm-log", log, "-m", "Qwen/Qwen3-8B", "--gpu", "l4",
+                                      "--save", str(profile_path)])  # fmt: skip
+    assert saved.exit_code == 0, saved.output
+    profile = load_profile(str(profile_path))
+    result = plan(PlanInputs("vllm", load_model("llama-3.1-70b"), find_gpu("L4"), profile=profile))
+    weights = result.term("weights")
+    assert not result.fits and weights is not None and weights.bytes > 100 * (1 << 30)
+    assert weights.basis != "measured"
+    assert any("--profile was measured on model" in warning for warning in result.warnings)

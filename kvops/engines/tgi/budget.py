@@ -226,10 +226,14 @@ def memory_terms(inputs: PlanInputs, release: TgiRelease, prefill: int) -> tuple
         ),
         weights,
     ]
-    if profile and profile.overhead_bytes is not None:
+    measured = common.model_measurements(inputs)
+    if measured and measured.overhead_bytes is not None:
         terms.append(
             Term(
-                "overhead", profile.overhead_bytes, "measured", f"profile {profile.source}: budget - weights - KV pool"
+                "overhead",
+                measured.overhead_bytes,
+                "measured",
+                f"profile {measured.source}: budget - weights - KV pool",
             )
         )
     else:

@@ -386,7 +386,7 @@ def _verdict(
     if isinstance(inputs.concurrency, int) and inputs.concurrency > under_warn:
         need = (ceil(inputs.concurrency * per_request / inputs.warn_level) + 1) * block_bytes
         return Verdict(
-            f"{inputs.concurrency} concurrent requests reserving {reservation} tokens each need {format_bytes(need)} of KV cache with the {inputs.warn_level:.0%} warn level; the plan has {format_bytes(kv_bytes)} ({under_warn} requests under the warn level)",
+            f"{inputs.concurrency} concurrent requests reserving {reservation} tokens each need {format_bytes(need)} of KV cache with the {inputs.warn_level:.0%} warn level; the plan has {format_bytes(kv_bytes)} ({under_warn} under the warn level)",
             need,
             kv_bytes,
             states_need=True,

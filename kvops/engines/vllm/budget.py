@@ -375,7 +375,7 @@ def _weights(inputs: PlanInputs, stage: int | None = None) -> Term:
     """The weights per GPU: a profile's measured figure (rescaled to this tp), else the checkpoint's computed size
     (experts padded as vLLM's kernels lay them out; a draft model or EAGLE head on the last stage; --cpu-offload-gb
     subtracted) plus the rotary cos/sin cache the model registers."""
-    profile, tp, spec = inputs.profile, inputs.tp, inputs.spec
+    profile, tp, spec = common.model_measurements(inputs), inputs.tp, inputs.spec
     if profile is not None and profile.weights_bytes is not None:
         measured, scaled = profile.weights_bytes, ""
         if profile.tp and profile.tp != tp:  # each rank holds 1/tp of the weights
@@ -440,7 +440,7 @@ def rotary_width(dtype: str) -> int:
 
 
 def _overheads(inputs: PlanInputs, release_: VllmRelease, batched: int, sampler_seqs: int) -> list[Term]:
-    profile = inputs.profile
+    profile = common.model_measurements(inputs)
     if profile and profile.overhead_bytes is not None and profile.activation_bytes is None:
         return [
             Term(
@@ -458,7 +458,7 @@ def _overheads(inputs: PlanInputs, release_: VllmRelease, batched: int, sampler_
 
 
 def _activation(inputs: PlanInputs, release_: VllmRelease, batched: int, sampler_seqs: int) -> Term:
-    profile = inputs.profile
+    profile = common.model_measurements(inputs)
     if profile and profile.activation_bytes is not None:
         return Term("activation", profile.activation_bytes, "measured", f"profile {profile.source}")
     scope = common.weight_format(inputs.spec, inputs.quantization).scope

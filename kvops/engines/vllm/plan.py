@@ -710,7 +710,7 @@ def _verdict(
         blocks = ceil(held / inputs.warn_level)
         need = layout.kv_bytes_needed(kv_layout, blocks)
         return Verdict(
-            f"{inputs.concurrency} concurrent requests of {capacity.tokens_per_request} tokens need {held} blocks, {blocks} with the {inputs.warn_level:.0%} warn level = {format_bytes(need)} of KV cache; the plan has {format_bytes(kv)} ({pool.usable_blocks} usable blocks: {under_warn} requests under the warn level)",
+            f"{inputs.concurrency} concurrent requests of {capacity.tokens_per_request} tokens need {held} blocks, {blocks} with the {inputs.warn_level:.0%} warn level = {format_bytes(need)} of KV cache; the plan has {format_bytes(kv)} ({pool.usable_blocks} usable blocks: {under_warn} under the warn level)",
             need,
             kv,
             states_need=True,
@@ -827,6 +827,9 @@ def offload_ways(inputs: PlanInputs, failed: Plan) -> list[WayOut]:
         )
     if failed.kv_cache_bytes <= 0 or not release_options.has("--kv-offloading-size"):
         return ways  # the weights and overheads do not fit (host memory for KV blocks changes nothing), or no tier
+    held = getattr(failed.capacity, "requests_at_full", 0)
+    if held < 1:
+        return ways  # one request does not fit the GPU's blocks: a host tier holds evicted blocks, not a longer one
     ways.append(
         WayOut(
             f"--kv-offloading-size {gib * inputs.tp} --kv-offloading-backend native",
