@@ -1,7 +1,8 @@
 """`kvops simulate` against the real vLLM CPU engine: the same burst of exact-length requests through the stock engine
 (the session's 4 MiB pool) and through `kvops simulate` planned for that engine. The requests are sent GAP_S apart,
-so both receive them in the same order, and together they need several times the pool: preemptions and the order
-requests complete in are the scheduler's, and must agree."""
+so both receive them in the same order, all before the shortest could finish, and together they need several times
+the pool: preemptions and the order requests complete in are the scheduler's, and must agree. The simulator gets
+the times the client really sent them (a busy machine delays a thread's send)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from tests.support.burst import burst, complete, gauges
 from tests.support.vllm_server import DEFAULT_KV_BYTES
 
 pytestmark = [pytest.mark.engine, pytest.mark.vllm]
-GAP_S = 0.05
+GAP_S = 0.01
 PREEMPTIONS = "vllm:num_preemptions_total"
 
 
@@ -36,8 +37,11 @@ def test_a_burst_preempts_and_completes_in_the_simulator_as_on_the_engine(vllm_e
     before = gauges(vllm_engine.metrics())[PREEMPTIONS]
     started = time.monotonic()
 
+    sent = [0.0] * len(requests)
+
     def send(index: int) -> float:
         time.sleep(max(0.0, started + index * GAP_S - time.monotonic()))
+        sent[index] = time.monotonic() - started
         answer = complete(vllm_engine.url, str(vllm_engine.model), requests[index])
         assert answer.finish_reason == "length" and answer.completion_tokens == requests[index].max_tokens
         return time.monotonic() - started
@@ -48,9 +52,14 @@ def test_a_burst_preempts_and_completes_in_the_simulator_as_on_the_engine(vllm_e
     assert preempted > 0
 
     trace = tmp_path / "burst.jsonl"
+    arrived = sorted(range(len(requests)), key=sent.__getitem__)  # the trace in the order the engine got them
     rows = [
-        {"arrival_s": index * GAP_S, "prompt_tokens": len(request.prompt), "output_tokens": request.max_tokens}
-        for index, request in enumerate(requests)
+        {
+            "arrival_s": round(sent[i], 4),
+            "prompt_tokens": len(requests[i].prompt),
+            "output_tokens": requests[i].max_tokens,
+        }
+        for i in arrived
     ]
     trace.write_text("".join(json.dumps(row) + "\n" for row in rows))
     table = tmp_path / "requests.csv"
@@ -58,9 +67,11 @@ def test_a_burst_preempts_and_completes_in_the_simulator_as_on_the_engine(vllm_e
     result = run_kvops("simulate", "-m", str(tiny_model), *flags, "--trace", str(trace), "--max-tokens", "exact",
                        "--csv", str(table), "--json")  # fmt: skip
     [arm] = json.loads(result.stdout)["arms"]
-    simulated = [float(row["sent_ms"]) + float(row["e2e_ms"]) for row in csv.DictReader(table.open())]
+    simulated = [0.0] * len(requests)
+    for index, row in zip(arrived, csv.DictReader(table.open())):
+        simulated[index] = float(row["sent_ms"]) + float(row["e2e_ms"])
 
-    assert arm["preemptions"] == pytest.approx(preempted, abs=max(2, preempted // 4))
+    assert arm["preemptions"] == pytest.approx(preempted, abs=max(3, preempted // 3))
     engine_order = sorted(range(len(requests)), key=finished.__getitem__)
     simulated_order = sorted(range(len(requests)), key=simulated.__getitem__)
     assert kendall_tau(engine_order, simulated_order) >= 0.7

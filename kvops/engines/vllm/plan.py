@@ -620,7 +620,8 @@ def _refusal_route(inputs: PlanInputs) -> str:
     """Where a client of this deployment gets a refusal it can retry: the guard itself only holds requests."""
     held = "At a level that refuses, the guard keeps new requests waiting in vLLM's queue (never an empty answer)"
     retry = (
-        "the plan's --middleware answers 429/503 with Retry-After inside vLLM's API server"
+        f"for 429/503 with Retry-After add --middleware {flags.MIDDLEWARE} (inside vLLM's API server; "
+        "kvops manifests adds it)"
         if flags.middleware(True, inputs.replicas)
         else "for 429/503 with Retry-After put `kvops watch --proxy` in front (kvops manifests does)"
     )
