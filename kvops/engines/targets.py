@@ -36,7 +36,9 @@ def kv_usage_at_target(non_kv: int, kv_bytes: int, total: int, below: float) -> 
     return (below * total - non_kv) / kv_bytes
 
 
-def note(fraction: float, flag: str, non_kv: int, kv_bytes: int, total: int, below: float) -> str | None:
+def note(
+    fraction: float, flag: str, non_kv: int, kv_bytes: int, total: int, below: float, warn: float = 1.0
+) -> str | None:
     """Why the plan reserves more of the device than the target, when it does: a plan note."""
     if fraction <= below:
         return None
@@ -52,6 +54,13 @@ def note(fraction: float, flag: str, non_kv: int, kv_bytes: int, total: int, bel
         return f"{head}, and weights and overheads alone exceed {below:.0%} of {format_bytes(total)}"
     if at >= 1:
         return f"{head}, which stays under {below:.0%} of {format_bytes(total)} even with the KV cache full"
+    if at < warn:
+        share = (non_kv + warn * kv_bytes) / total
+        return (
+            f"{head}, which reaches {below:.0%} of {format_bytes(total)} at {at:.1%} KV usage, below the warn level: "
+            f"the GPUMemoryHigh rule of kvops manifests alerts where KV usage reaches {warn:.0%} ({share:.1%} of "
+            "the device)"
+        )
     return f"{head}, which reaches {below:.0%} of {format_bytes(total)} at {at:.1%} KV usage (where the GPUMemoryHigh rule of kvops manifests alerts)"
 
 
@@ -64,7 +73,6 @@ def with_note(plan: Plan, flag: str) -> Plan:
         flag = f"{flag} left unset, resolving to"
     if target is None or not isinstance(fraction, float) or total is None or plan.kv_cache_bytes <= 0:
         return plan
-    text = note(
-        fraction, flag, non_kv_bytes((t.name, t.bytes) for t in plan.memory), plan.kv_cache_bytes, total.bytes, target
-    )
+    non_kv = non_kv_bytes((t.name, t.bytes) for t in plan.memory)
+    text = note(fraction, flag, non_kv, plan.kv_cache_bytes, total.bytes, target, plan.inputs.warn_level)
     return replace(plan, notes=(*plan.notes, text)) if text else plan

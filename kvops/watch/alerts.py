@@ -161,16 +161,23 @@ def format_value(unit: str, value: float | str | None) -> str:
     return f"{value * 100:.1f}%" if unit == "ratio" else f"{value:g}"
 
 
-def gpu_memory_kind(policy: Policy, kv_usage: float) -> AlertKind:
+def gpu_memory_kind(policy: Policy, kv_usage: float, threshold: float | None = None) -> AlertKind:
     """The GPU-memory target as an alert: from a plan, memory in use (weights, overheads and the KV blocks in use)
-    reaches `gpu_memory.below` of the device when KV usage reaches `kv_usage`."""
+    reaches `threshold` of the device (the policy's `gpu_memory.below`, or more where that falls below the warn
+    level) when KV usage reaches `kv_usage`."""
     target = _percent(policy.gpu_memory_below)
+    at = f"{threshold:.1%}" if threshold is not None and threshold > policy.gpu_memory_below else target
+    where_from = (
+        f"target under {target}, reached at {kv_usage:.1%} KV usage"
+        if at == target
+        else f"the {target} target is passed below the warn level, so this alerts where KV usage reaches {kv_usage:.0%}"
+    )
     return AlertKind(
         GPU_MEMORY_ALERT,
         "warning",
         "ratio",
-        f"GPU memory in use on {{where}} is {target} of the device or more",
-        f"Memory in use on {{where}} (the plan's weights and overheads, and the KV blocks in use) is {{value}} of the device (target under {target}, reached at {kv_usage:.1%} KV usage).",
+        f"GPU memory in use on {{where}} is {at} of the device or more",
+        f"Memory in use on {{where}} (the plan's weights and overheads, and the KV blocks in use) is {{value}} of the device ({where_from}).",
     )
 
 

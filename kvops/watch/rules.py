@@ -23,7 +23,7 @@ from typing import Any
 
 from kvops.engines.metrics import PromQL, duration
 from kvops.errors import UsageError
-from kvops.policy import GRADED, Policy, SignalRule
+from kvops.policy import GRADED, Level, Policy, SignalRule
 from kvops.watch.alerts import (
     LEVEL_ALERTS,
     REFUSAL_ALERT,
@@ -78,6 +78,10 @@ class PlanFigures:
             raise UsageError(
                 f"{where}: not a kvops plan that fits (`kvops plan --json` of a plan with a KV pool)"
             ) from None
+
+    def memory_at_usage(self, kv_usage: float) -> float:
+        """The share of the device in use (weights, overheads and the KV blocks in use) at this KV usage."""
+        return (self.non_kv_bytes + kv_usage * self.kv_bytes) / self.total_bytes
 
     def gpu_memory_at(self, below: float) -> float | None:
         from kvops.engines.targets import kv_usage_at_target
@@ -138,8 +142,12 @@ def rule_groups(
         return [{"name": f"kvops-{engine}", "rules": rules}]
     at = plan.gpu_memory_at(policy.gpu_memory_below)
     if at is not None and 0 < at < 1:
-        kind = gpu_memory_kind(policy, at)
-        rules.append(_rule(kind, f"{GPU_MEMORY} >= {policy.gpu_memory_below:g}", engine, runbook_url, hold=dwell))
+        # where the target falls below the warn level (a big model on a small card), an alert at the target would
+        # fire under the load the plan sizes for: it fires where KV usage reaches the warn level instead
+        warn = policy.thresholds[Level.WARN]
+        threshold = policy.gpu_memory_below if at >= warn else plan.memory_at_usage(warn)
+        kind = gpu_memory_kind(policy, max(at, warn), threshold)
+        rules.append(_rule(kind, f"{GPU_MEMORY} >= {threshold:.4g}", engine, runbook_url, hold=dwell))
     return [{"name": f"kvops-{engine}", "rules": rules}, _recording_group(engine, promql, plan)]
 
 

@@ -68,4 +68,4 @@ def test_live_engine_kv_in_use_headroom_level_and_next_action(vllm_engine, tiny_
     assert doc["limits"]["max_tokens_cap"] == 512
     # 4 requests x 6 blocks do not stay under 70% of 31 blocks; fp8 KV doubles the blocks the same 4 MiB holds
     assert doc["action"] == doc["action"] | {"change": "--kv-dtype fp8", "source": "planner"}
-    assert "3 requests under the warn level" in doc["action"]["problem"]
+    assert "(31 usable blocks: 3 under the warn level)" in doc["action"]["problem"]

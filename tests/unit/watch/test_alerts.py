@@ -487,3 +487,17 @@ def test_tgi_rules_need_the_capacity(run_kvops, tmp_path):
         'tgi_batch_current_max_tokens{job="tgi"} / 24576'
         in run_kvops("alerts", "--engine", "tgi", "--startup-log", str(log)).stdout
     )
+
+
+def test_gpu_memory_high_does_not_fire_below_the_warn_level(run_kvops, tmp_path):
+    """Issue 23: on an L4 an 8B model's weights put the 80% memory target at 33.8% KV usage, so the alert fired
+    under the load the plan sizes for; it fires where KV usage reaches the warn level there, and says so."""
+    import yaml
+
+    plan = tmp_path / "plan.json"
+    plan.write_text(run_kvops("plan", "-m", "qwen3-8b", "--gpu", "L4", "--max-model-len", "4096", "--json").stdout)
+    groups = yaml.safe_load(run_kvops("alerts", "--engine", "vllm", "--plan", str(plan)).stdout)["groups"]
+    [rule] = [rule for group in groups for rule in group["rules"] if rule.get("alert") == "GPUMemoryHigh"]
+    threshold = float(rule["expr"].split(">=")[1])
+    assert 0.8 < threshold < 0.9
+    assert "alerts where KV usage reaches 70%" in rule["annotations"]["description"]
