@@ -73,15 +73,11 @@ def profile_from(vector: np.ndarray, source: str, fitted_on: str) -> steptime.Co
     return steptime.Coefficients("gpu", terms, steptime.Coefficient(float(vector[-1]), source), fitted_on)
 
 
-def simulate_stage(
-    experiment: Experiment, stage_index: int, profile: steptime.Coefficients, window_s: float | None
-) -> StageRun:
-    """Run one stage and linearize its targets around the schedule it produced."""
-    plan = plan_for(experiment)
-    stage = experiment.stages[stage_index]
-    trace = stage_trace(experiment, stage, window_s)
+def recorded_run(plan, trace, profile: steptime.Coefficients, flags: dict) -> tuple[RunLog, np.ndarray]:
+    """The trace through the plan's stock vLLM scheduler, each step priced by `profile`; with each step's term
+    bases (TERMS order), which the fit linearizes around."""
     model = cost.step_time(plan, profile)
-    core, _, settings = engines.get("vllm").simulation_core(plan, "stock", scheduler_flags(experiment, plan))
+    core, _, settings = engines.get("vllm").simulation_core(plan, "stock", flags)
     features: list[tuple[float, ...]] = []
 
     def step_seconds(batch) -> float:
@@ -97,7 +93,18 @@ def simulate_stage(
         api_s=profile.api_s.value,
         prompt=prompt_tokens,
     )
-    rows = linear_rows(log, np.array(features), coefficient_vector(profile))
+    return log, np.array(features)
+
+
+def simulate_stage(
+    experiment: Experiment, stage_index: int, profile: steptime.Coefficients, window_s: float | None
+) -> StageRun:
+    """Run one stage and linearize its targets around the schedule it produced."""
+    plan = plan_for(experiment)
+    stage = experiment.stages[stage_index]
+    trace = stage_trace(experiment, stage, window_s)
+    log, features = recorded_run(plan, trace, profile, scheduler_flags(experiment, plan))
+    rows = linear_rows(log, features, coefficient_vector(profile))
     measured = {name: stage.measured[name] for name in TARGETS if stage.measured.get(name)}
     return StageRun(experiment, stage_index, summarize(log, SLO), rows, measured, log)
 

@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "plugins"), str(REPO / "bench")]
 
 import numpy as np  # noqa: E402
-from fit_steptime import coefficient_vector, linear_rows  # noqa: E402
+from fit_steptime import coefficient_vector, linear_rows, recorded_run  # noqa: E402
 from guard_goodput import Job, run  # noqa: E402
 
 from kvops.simulate import steptime  # noqa: E402
@@ -105,31 +105,6 @@ def cpu_plan(model: Path):
     return plan(options.plan_inputs())
 
 
-def simulate(plan, trace: Trace, profile: steptime.Coefficients, features: list | None = None):
-    from kvops import engines
-    from kvops.simulate import cost
-    from kvops.simulate.prompts import prompt_tokens
-    from kvops.simulate.run import run_trace
-
-    model = cost.step_time(plan, profile)
-    core, _, settings = engines.get("vllm").simulation_core(plan, "stock", {})
-
-    def step_seconds(batch) -> float:
-        values = model.features(batch.new_tokens, batch.context, sum(batch.samples))
-        if features is not None:
-            features.append(values)
-        return sum(profile.terms[name].value * value for name, value in zip(steptime.TERMS, values))
-
-    return run_trace(
-        core,
-        trace,
-        step_seconds,
-        max_model_len=settings["max_model_len"],
-        api_s=profile.api_s.value,
-        prompt=prompt_tokens,
-    )
-
-
 def profile_from(vector, fitted_on: str) -> steptime.Coefficients:
     source = "fitted: bench/simulate_vs_engine.py --fit (see fitted_on)"
     terms = {name: steptime.Coefficient(float(value), source) for name, value in zip(steptime.TERMS, vector)}
@@ -147,9 +122,8 @@ def fit(plan, chosen: dict[str, Trace], measured: dict[str, dict], start: stepti
     for _ in range(iterations):
         matrix, target = [], []
         for name, trace in chosen.items():
-            features: list = []
-            log = simulate(plan, trace, profile_from(vector, ""), features)
-            for metric, (constant, row) in linear_rows(log, np.array(features), vector).items():
+            log, features = recorded_run(plan, trace, profile_from(vector, ""), {})
+            for metric, (constant, row) in linear_rows(log, features, vector).items():
                 wanted = measured[name][metric]
                 matrix.append(row[free] / wanted)
                 target.append((wanted - constant) / wanted)
@@ -225,7 +199,7 @@ def main() -> None:
             profile = steptime.coefficients("cpu")
         print(f"{'trace':<9} {'tau':>5} {'preempted':>14} {'TTFT ms':>22} {'TPOT ms':>20} {'E2E ms':>24}")
         for name, trace in sim_traces.items():
-            row = compare(name, measured[name], simulate(plan, trace, profile))
+            row = compare(name, measured[name], recorded_run(plan, trace, profile, {})[0])
             cells = [f"{row['preemptions'][0]:>6} {row['preemptions'][1]:>6}"]
             for key in ("ttft_mean_ms", "tpot_mean_ms", "e2e_mean_ms"):
                 engine, simulated = row[key]
