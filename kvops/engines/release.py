@@ -8,6 +8,7 @@ three numbers; what follows them (rc, dev, post, a local build tag) keeps the re
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from kvops.errors import UsageError
@@ -35,6 +36,13 @@ class Version:
 
     def __str__(self) -> str:
         return self.text or f"{self.major}.{self.minor}.{self.patch}"
+
+
+def newest_read(read: Iterable[str], version: Version) -> Version:
+    """Of the releases whose tables were read (`read`, versions as written), the newest at or before `version`; the
+    oldest read where `version` precedes them all."""
+    ordered = sorted(Version.parse(name) for name in read)
+    return next((item for item in reversed(ordered) if item <= version), ordered[0])
 
 
 @dataclass(frozen=True)

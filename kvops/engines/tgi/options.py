@@ -14,7 +14,7 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
-from kvops.engines.release import Version
+from kvops.engines.release import Version, newest_read
 from kvops.errors import UsageError
 
 OPTIONS_FILE = "release_options.json"
@@ -45,8 +45,7 @@ def _table() -> dict[str, dict[str, Any]]:
 @lru_cache(maxsize=64)
 def for_version(version: Version) -> LauncherOptions:
     table = _table()
-    read = sorted(Version.parse(name) for name in table)
-    chosen = next((item for item in reversed(read) if item <= version), read[0])
+    chosen = newest_read(table, version)
     data = table[chosen.text]
     return LauncherOptions(
         Version(chosen.major, chosen.minor, chosen.patch), dict(data["options"]), tuple(data["quantize"])

@@ -15,7 +15,7 @@ from importlib import resources
 from typing import Any
 
 from kvops.dtypes import KvDtype
-from kvops.engines.release import Version
+from kvops.engines.release import Version, newest_read
 from kvops.errors import UsageError
 
 OPTIONS_FILE = "release_options.json"
@@ -89,8 +89,7 @@ def _choices(item: dict[str, Any] | None) -> Choices | None:
 def for_version(version: Version) -> ReleaseOptions:
     """The option set of the newest release read at or before `version` (the oldest read one below it all)."""
     table = _table()
-    read = sorted(Version.parse(name) for name in table)
-    chosen = next((item for item in reversed(read) if item <= version), read[0])
+    chosen = newest_read(table, version)
     data = table[chosen.text]
     kv = _choices(data["kv_cache_dtypes"])
     assert kv is not None, f"release_options.json: {chosen} lists no --kv-cache-dtype values"
