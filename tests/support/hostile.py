@@ -16,6 +16,21 @@ def billion_laughs(levels: int = 9) -> str:
     return "\n".join(lines) + "\n"
 
 
+# Mistral-7B's config.json fields kvops reads: the valid base each hostile config changes one field of
+MISTRAL_CONFIG = {
+    "model_type": "mistral",
+    "architectures": ["MistralForCausalLM"],
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "vocab_size": 32768,
+    "max_position_embeddings": 32768,
+    "torch_dtype": "bfloat16",
+}
+
+
 # YAML a settings file may not be: each refused in one line (see kvops/files.py)
 HOSTILE_YAML = {
     "billion laughs": billion_laughs(),

@@ -16,22 +16,10 @@ import pytest
 from click.testing import CliRunner
 
 from kvops.cli import main
-from tests.support.hostile import HOSTILE_YAML, deadline
+from tests.support.hostile import HOSTILE_YAML, MISTRAL_CONFIG, deadline
 from tests.support.paths import FIXTURES
 from tests.support.processes import REPO, checkout_env
 
-MISTRAL = {
-    "model_type": "mistral",
-    "architectures": ["MistralForCausalLM"],
-    "num_hidden_layers": 32,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "hidden_size": 4096,
-    "intermediate_size": 14336,
-    "vocab_size": 32768,
-    "max_position_embeddings": 32768,
-    "torch_dtype": "bfloat16",
-}
 PROFILE = "kvops_profile: 1\nengine: vllm\nsource: run.log\n"
 WATCH_ONCE = ["watch", "--engine", "vllm", "--metrics-url", "http://127.0.0.1:9/metrics", "--once", "--timeout", "1"]
 
@@ -83,20 +71,20 @@ CONFIG_CASES = {
 @pytest.mark.parametrize("command", ["kv", "plan"])
 def test_a_hostile_config_json_is_one_line_naming_the_file(tmp_path, fields, command):
     path = tmp_path / "config.json"
-    path.write_text(json.dumps({**MISTRAL, **fields}))  # json writes inf and nan as Infinity and NaN
+    path.write_text(json.dumps({**MISTRAL_CONFIG, **fields}))  # json writes inf and nan as Infinity and NaN
     args = ["kv", "-m", str(path), "-t", "128"] if command == "kv" else ["plan", "-m", str(path), "--gpu", "H100"]
     assert str(path) in refused(*args)
 
 
 def test_a_config_json_without_num_hidden_layers_plans_with_a_warning(tmp_path):
     path = tmp_path / "config.json"
-    path.write_text(json.dumps({key: value for key, value in MISTRAL.items() if key != "num_hidden_layers"}))
+    path.write_text(json.dumps({key: value for key, value in MISTRAL_CONFIG.items() if key != "num_hidden_layers"}))
     result = run("plan", "-m", str(path), "--gpu", "H100")
     assert result.exit_code == 0 and "no num_hidden_layers; mistral's default of 32 layers is used" in result.stderr
 
 
 def test_bad_safetensors_headers_in_a_model_folder_are_one_line(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps(MISTRAL))
+    (tmp_path / "config.json").write_text(json.dumps(MISTRAL_CONFIG))
     raw = json.dumps({"w": {"dtype": "BF16", "shape": [1], "data_offsets": ["a", "b"]}}).encode()
     (tmp_path / "model.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw)
     assert "tensor 'w' has no dtype, shape and data_offsets" in refused("plan", "-m", str(tmp_path), "--gpu", "H100")

@@ -17,20 +17,9 @@ from kvops.model.checkpoint import parse_header, read_local
 from kvops.model.config import spec_from_config
 from kvops.model.fields import MAX_LAYERS, WHOLE_NUMBERS
 from kvops.model.locate import catalog_spec, load_model
+from tests.support.hostile import MISTRAL_CONFIG
 
 WHERE = "hostile/config.json"
-BASE = {
-    "model_type": "mistral",
-    "architectures": ["MistralForCausalLM"],
-    "num_hidden_layers": 32,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "hidden_size": 4096,
-    "intermediate_size": 14336,
-    "vocab_size": 32768,
-    "max_position_embeddings": 32768,
-    "torch_dtype": "bfloat16",
-}
 
 
 def spec(config: dict):
@@ -63,7 +52,7 @@ def refusal(config: dict) -> str:
 )
 def test_num_hidden_layers_that_is_no_layer_count_is_one_line_with_what_is_valid(value, shown):
     """`num_hidden_layers: 1e9` used to build a billion layers; now it is refused before anything is built."""
-    message = refusal({**BASE, "num_hidden_layers": value})
+    message = refusal({**MISTRAL_CONFIG, "num_hidden_layers": value})
     assert f"'num_hidden_layers' is {shown}" in message
     assert f"valid: a whole number from 0 to {MAX_LAYERS:,}" in message
 
@@ -102,34 +91,36 @@ def test_num_hidden_layers_that_is_no_layer_count_is_one_line_with_what_is_valid
     ],
 )
 def test_impossible_or_mistyped_models_are_refused_with_the_field_and_what_is_valid(fields, message):
-    assert message in refusal({**BASE, **fields})
+    assert message in refusal({**MISTRAL_CONFIG, **fields})
 
 
 def test_every_field_kvops_reads_is_typed_in_text_and_vision_configs_too():
     """The same table holds under text_config and vision_config, named with their section."""
-    wrapper = {"model_type": "gemma3", "text_config": {**BASE, "head_dim": "128"}, "vision_config": {}}
+    wrapper = {"model_type": "gemma3", "text_config": {**MISTRAL_CONFIG, "head_dim": "128"}, "vision_config": {}}
     assert "'text_config.head_dim' is '128' (a string)" in refusal(wrapper)
-    wrapper = {**BASE, "vision_config": {"model_type": "siglip_vision_model", "patch_size": 0}}
+    wrapper = {**MISTRAL_CONFIG, "vision_config": {"model_type": "siglip_vision_model", "patch_size": 0}}
     assert "'vision_config.patch_size' is 0, out of range; valid: a whole number from 1" in refusal(wrapper)
 
 
 def test_a_missing_field_a_count_needs_is_named():
     vision = {"model_type": "siglip_vision_model", "hidden_size": 8, "intermediate_size": 8, "patch_size": 2}
-    assert "missing 'image_size', which the parameter count needs" in refusal({**BASE, "vision_config": vision})
+    assert "missing 'image_size', which the parameter count needs" in refusal(
+        {**MISTRAL_CONFIG, "vision_config": vision}
+    )
 
 
 def test_no_num_hidden_layers_takes_the_architecture_default_and_says_so():
     """transformers and vLLM load a config without num_hidden_layers with its class default (a composite config
     leaves out what equals it), so kvops plans the model the engine will run, and warns: every KV figure scales
     with the layer count, and a top-level config.json that transformers wrote always states it."""
-    model = spec({key: value for key, value in BASE.items() if key != "num_hidden_layers"})
+    model = spec({key: value for key, value in MISTRAL_CONFIG.items() if key != "num_hidden_layers"})
     assert model.num_layers == 32
     assert model.warnings == (
         f"{WHERE}: no num_hidden_layers; mistral's default of 32 layers is used, as transformers and vLLM load this "
         "config (every KV figure scales with it: add the field if the model differs)",
     )
-    assert spec(BASE).warnings == ()
-    unknown = {key: value for key, value in BASE.items() if key != "num_hidden_layers"} | {"model_type": "x"}
+    assert spec(MISTRAL_CONFIG).warnings == ()
+    unknown = {key: value for key, value in MISTRAL_CONFIG.items() if key != "num_hidden_layers"} | {"model_type": "x"}
     assert "missing 'num_hidden_layers'" in refusal(unknown)
 
 
@@ -142,7 +133,7 @@ def test_every_catalog_model_still_loads():
 @pytest.mark.parametrize("name", sorted(WHOLE_NUMBERS))
 def test_every_whole_number_field_refuses_a_string_and_a_billion_billions(name):
     for value in ("8", 10**18):
-        message = refusal({**BASE, name: value})
+        message = refusal({**MISTRAL_CONFIG, name: value})
         assert repr(name) in message and "valid: a whole number" in message
 
 

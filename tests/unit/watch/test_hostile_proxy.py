@@ -16,16 +16,7 @@ from kvops import engines
 from kvops.policy import Level
 from tests.support.aio import ServerThread
 from tests.support.raw_http import RawUpstream, exchange, read_all, request_bytes, status_of
-from tests.support.upstream import RecordingUpstream
 from tests.unit.watch.test_proxy import LevelHolder, make_proxy_app
-
-
-@pytest.fixture
-def upstream():
-    recorder = RecordingUpstream()
-    with ServerThread(recorder.app) as server:
-        server.recorder = recorder
-        yield server
 
 
 def guarded_proxy(upstream_url: str, level: Level = Level.OK, *, header_timeout: float = 20, **settings):

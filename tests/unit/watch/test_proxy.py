@@ -13,7 +13,6 @@ from aiohttp import web
 from kvops.policy import Level, load_policy
 from kvops.watch.proxy import AdmissionProxy, ProxyMetrics, ProxySettings
 from tests.support.aio import ServerThread
-from tests.support.upstream import RecordingUpstream
 from tests.support.vllm_server import free_port
 
 POLICY = load_policy()
@@ -46,14 +45,6 @@ def make_proxy_app(upstream: str, holder: LevelHolder, **settings):
         return app
 
     return make
-
-
-@pytest.fixture
-def upstream():
-    recorder = RecordingUpstream()
-    with ServerThread(recorder.app) as server:
-        server.recorder = recorder
-        yield server
 
 
 @pytest.fixture

@@ -31,14 +31,6 @@ SMUGGLED = (
 )
 
 
-@pytest.fixture
-def upstream():
-    recorder = RecordingUpstream()
-    with ServerThread(recorder.app) as server:
-        server.recorder = recorder
-        yield server
-
-
 def smuggling_gzip() -> bytes:
     """A gzip body exactly as long as the first part of what it inflates to: an upstream that reads the inflated
     body under the compressed Content-Length takes the rest, SMUGGLED, for a second request."""

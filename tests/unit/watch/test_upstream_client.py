@@ -12,16 +12,7 @@ import requests
 
 from tests.support.aio import ServerThread
 from tests.support.raw_http import RawUpstream, exchange, status_of
-from tests.support.upstream import RecordingUpstream
 from tests.unit.watch.test_proxy import LevelHolder, make_proxy_app
-
-
-@pytest.fixture
-def upstream():
-    recorder = RecordingUpstream()
-    with ServerThread(recorder.app) as server:
-        server.recorder = recorder
-        yield server
 
 
 @pytest.fixture
