@@ -106,30 +106,27 @@ def kv_text(spec: ModelSpec, cost: KVCost, fit: MemoryFit | None = None) -> str:
             )
         )
     if fit is not None:
-        rows.append(
-            (
-                "tokens that fit",
-                f"{fit.tokens:,}",
-                f"{format_bytes(fit.memory_bytes)} / {format_bytes(cost.bytes_per_token)} per token ({fit.memory_bytes} B / {cost.bytes_per_token} B)",
-            )
-        )
-        per_sequence = fit.tokens_per_sequence
-        if per_sequence is None or per_sequence * cost.effective_batch > fit.tokens:
-            label, value, why = rows[-1]  # windows hold fewer tokens than every token on every layer
-            rows[-1] = (
-                label,
-                value,
-                f"{why}; every token on every layer, windows not applied (longest sequence: applied)",
-            )
-        longest = "any" if per_sequence is None else f"{per_sequence:,}"
-        why = f"tokens per sequence for {cost.effective_batch} sequences in {format_bytes(fit.memory_bytes)}, windows{' and blocks' if cost.block_size else ''} applied"
-        if per_sequence is None:
-            why += ": every layer's window fits"
-        limit = spec.max_position_embeddings
-        if limit and (per_sequence is None or per_sequence > limit):
-            why += f"; the model takes at most {limit:,} positions"
-        rows.append(("longest sequence", longest, why))
+        rows += _fit_rows(spec, cost, fit)
     width = max(len(label) for label, _, _ in rows)
     value_width = max(len(value) for _, value, _ in rows)
     lines += [f"{label:<{width}}  {value:>{value_width}}   {why}" for label, value, why in rows]
     return "\n".join(lines)
+
+
+def _fit_rows(spec: ModelSpec, cost: KVCost, fit: MemoryFit) -> list[tuple[str, str, str]]:
+    """What --memory holds: every token on every layer (plain arithmetic), and the longest sequence with windows
+    and blocks applied, which holds more where windows cap some layers."""
+    per_sequence = fit.tokens_per_sequence
+    arithmetic = f"{format_bytes(fit.memory_bytes)} / {format_bytes(cost.bytes_per_token)} per token ({fit.memory_bytes} B / {cost.bytes_per_token} B)"
+    if per_sequence is None or per_sequence * cost.effective_batch > fit.tokens:
+        arithmetic += "; every token on every layer, windows not applied (longest sequence: applied)"
+    longest = f"tokens per sequence for {cost.effective_batch} sequences in {format_bytes(fit.memory_bytes)}, windows{' and blocks' if cost.block_size else ''} applied"
+    if per_sequence is None:
+        longest += ": every layer's window fits"
+    limit = spec.max_position_embeddings
+    if limit and (per_sequence is None or per_sequence > limit):
+        longest += f"; the model takes at most {limit:,} positions"
+    return [
+        ("tokens that fit", f"{fit.tokens:,}", arithmetic),
+        ("longest sequence", "any" if per_sequence is None else f"{per_sequence:,}", longest),
+    ]

@@ -474,7 +474,7 @@ def _max_num_seqs(draft: _Draft, under_warn: int, defaults: budget.BatchDefaults
     wanted = max(1, under_warn) * seqs_per_request
     if isinstance(inputs.concurrency, int):
         return max(min(wanted, defaults.max_num_seqs), inputs.concurrency * seqs_per_request)
-    if inputs.workload.source == "none" and inputs.concurrency is None and wanted < defaults.max_num_seqs:
+    if inputs.workload.total_tokens is None and inputs.concurrency is None and wanted < defaults.max_num_seqs:
         # No workload stated: sized for requests that fill the context, the cap would hold ShareGPT-like traffic on
         # an 8B model on one H100 to 0.07 x stock vLLM's SLO goodput (kvops simulate, 50 requests/s). vLLM's default
         # is what stock runs; the watcher and the guard handle the pressure.
@@ -828,8 +828,7 @@ def offload_ways(inputs: PlanInputs, failed: Plan) -> list[WayOut]:
         )
     if failed.kv_cache_bytes <= 0 or not release_options.has("--kv-offloading-size"):
         return ways  # the weights and overheads do not fit (host memory for KV blocks changes nothing), or no tier
-    held = getattr(failed.capacity, "requests_at_full", 0)
-    if held < 1:
+    if failed.capacity is None or failed.capacity.requests_at_full < 1:
         return ways  # one request does not fit the GPU's blocks: a host tier holds evicted blocks, not a longer one
     ways.append(
         WayOut(
