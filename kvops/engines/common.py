@@ -594,7 +594,8 @@ NON_TORCH_TP = 1 * GiB
 
 @dataclass(frozen=True)
 class EngineTotal:
-    """A GPU's total as torch reports it to the engine, from a public engine log (kvops/catalog/device_totals.json)."""
+    """A GPU's total as torch reports it to the engine (kvops/catalog/device_totals.json): the bytes measured on the
+    GPU where kvops has them, else a public engine log's GiB with the log's own decimals."""
 
     bytes: int
     printed: str
@@ -608,7 +609,7 @@ def _device_totals() -> tuple[dict[str, EngineTotal], float]:
 
     data = json.loads(resources.files("kvops.catalog").joinpath("device_totals.json").read_text())
     totals = {
-        gpu_id: EngineTotal(round(float(item["gib"]) * GiB), item["printed"], item["source"])
+        gpu_id: EngineTotal(item.get("bytes") or round(float(item["gib"]) * GiB), item["printed"], item["source"])
         for gpu_id, item in data["devices"].items()
     }
     reserved = [1 - totals[gpu.id].bytes / gpu.memory_bytes for gpu in gpu_catalog() if gpu.id in totals]

@@ -2,7 +2,12 @@
 (the session's 4 MiB pool) and through `kvops simulate` planned for that engine. The requests are sent GAP_S apart,
 so both receive them in the same order, all before the shortest could finish, and together they need several times
 the pool: preemptions and the order requests complete in are the scheduler's, and must agree. The simulator gets
-the times the client really sent them (a busy machine delays a thread's send)."""
+the times the client really sent them (a busy machine delays a thread's send).
+
+How many preemptions a 16-request burst makes is chaotic in the machine's speed: the simulator itself gives 9 to 13
+for this burst with every step-time coefficient scaled from 0.7x to 3x (a busy CI machine), and the engine gave 8 to
+11 across runs. So the counts must agree within half the engine's or 4, whichever is more; the completion order is
+the sharper check."""
 
 from __future__ import annotations
 
@@ -71,7 +76,7 @@ def test_a_burst_preempts_and_completes_in_the_simulator_as_on_the_engine(vllm_e
     for index, row in zip(arrived, csv.DictReader(table.open())):
         simulated[index] = float(row["sent_ms"]) + float(row["e2e_ms"])
 
-    assert arm["preemptions"] == pytest.approx(preempted, abs=max(3, preempted // 3))
+    assert arm["preemptions"] == pytest.approx(preempted, abs=max(4, preempted // 2))
     engine_order = sorted(range(len(requests)), key=finished.__getitem__)
     simulated_order = sorted(range(len(requests)), key=simulated.__getitem__)
     assert kendall_tau(engine_order, simulated_order) >= 0.7

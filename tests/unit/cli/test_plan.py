@@ -339,8 +339,8 @@ def test_h200_plan_uses_the_total_the_engine_sees(run_kvops):
     doc = plan_doc(run_kvops, "-m", "llama-3.1-70b", "--gpu", "H200", "--tp", "2")
     assert find_gpu("h200").memory_bytes == 143771 * MiB  # nvidia-smi's, in the catalog
     total = term(doc, "total")
-    assert total["bytes"] == engine_total("H200").bytes == round(139.81 * (1 << 30))
-    assert "139.81 GiB as torch reports it" in total["formula"] and "143771 MiB" in total["formula"]
+    assert total["bytes"] == engine_total("H200").bytes == 150109880320  # measured on an H200
+    assert "139.80 GiB as torch reports it" in total["formula"] and "143771 MiB" in total["formula"]
 
 
 def test_plan_does_not_import_pandas_or_matplotlib():

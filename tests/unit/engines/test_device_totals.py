@@ -32,7 +32,7 @@ def test_every_entry_is_a_catalog_gpu_with_its_public_source_and_below_nvidia_sm
 
 def test_the_issue_s_measured_totals():
     assert total("RTX-3090").bytes == round(23.58 * GiB) and total("A100-80GB").bytes == round(79.15 * GiB)
-    assert total("H200").bytes == round(139.81 * GiB)
+    assert total("H200").bytes == 150109880320  # measured: bench/data/gpu_probe_h200.json
     assert total("H100-80GB").basis == "input" and "nvidia-smi shows 81559 MiB" in total("H100-80GB").formula
 
 
