@@ -1,24 +1,29 @@
 """Cold start of `kvops kv` and `kvops plan`: wall time of the whole command, and which heavy modules ride along.
 
-    python bench/cold_start.py [--runs 10]
+    python bench/cold_start.py [--runs 10] [--python PATH]
 
-Prints, for each command (a fresh interpreter each run) and the bare interpreter, the median and min wall time;
+Prints, for each command (a fresh interpreter each run, the commands taken in turn) and the bare interpreter, the
+median and min wall and CPU time;
 the ten slowest imports of each command (python -X importtime); and whether pandas, matplotlib, numpy,
 huggingface_hub, vllm or prometheus_api_client were imported (they must not be).
+
+`--python` measures another interpreter: a fresh virtual environment with kvops installed as a user installs it
+(`python -m venv /tmp/v && /tmp/v/bin/pip install .`) starts without what this machine's site-packages run at every
+start (a sandbox's .pth here imports certifi and importlib.resources, ~11 ms of the bare interpreter's time).
 """
 
 from __future__ import annotations
 
 import argparse
+import resource
 import statistics
 import subprocess
 import sys
 import time
 
 COMMANDS = {
-    "kvops kv": [sys.executable, "-m", "kvops", "kv", "--model", "mistral-7b-v0.1", "--tokens", "8192", "--batch", "4"],
+    "kvops kv": ["-m", "kvops", "kv", "--model", "mistral-7b-v0.1", "--tokens", "8192", "--batch", "4"],
     "kvops plan": [
-        sys.executable,
         "-m",
         "kvops",
         "plan",
@@ -31,25 +36,31 @@ COMMANDS = {
         "--format",
         "shell",
     ],
-    "bare interpreter": [sys.executable, "-c", "pass"],
+    "bare interpreter": ["-c", "pass"],
 }
 HEAVY = ("pandas", "matplotlib", "numpy", "huggingface_hub", "vllm", "prometheus_api_client")
 
 
-def wall_times(command: list[str], runs: int) -> list[float]:
-    times = []
+def timings(python: str, runs: int) -> dict[str, tuple[list[float], list[float]]]:
+    """Each command's wall and CPU (user + system) seconds, the commands taken in turn so that a busy spell slows
+    them alike; on a shared machine the CPU time is the steadier of the two."""
+    times: dict[str, tuple[list[float], list[float]]] = {label: ([], []) for label in COMMANDS}
     for _ in range(runs):
-        start = time.perf_counter()
-        subprocess.run(command, check=True, capture_output=True)
-        times.append(time.perf_counter() - start)
+        for label, arguments in COMMANDS.items():
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            start = time.perf_counter()
+            subprocess.run([python, *arguments], check=True, capture_output=True)
+            wall = time.perf_counter() - start
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+            times[label][0].append(wall)
+            times[label][1].append(cpu)
     return times
 
 
-def import_profile(command: list[str]) -> list[tuple[int, str]]:
+def import_profile(python: str, arguments: list[str]) -> list[tuple[int, str]]:
     """(cumulative microseconds, module) for every import the command makes."""
-    result = subprocess.run(
-        [sys.executable, "-X", "importtime", *command[1:]], check=True, capture_output=True, text=True
-    )
+    result = subprocess.run([python, "-X", "importtime", *arguments], check=True, capture_output=True, text=True)
     rows = []
     for line in result.stderr.splitlines():
         if line.startswith("import time:") and "|" in line and "cumulative" not in line:
@@ -61,14 +72,16 @@ def import_profile(command: list[str]) -> list[tuple[int, str]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=10)
-    runs = parser.parse_args().runs
-    for label, command in COMMANDS.items():
-        times = wall_times(command, runs)
+    parser.add_argument("--python", default=sys.executable, help="the interpreter to measure [this one]")
+    options = parser.parse_args()
+    runs = options.runs
+    for label, (wall, cpu) in timings(options.python, runs).items():
         print(
-            f"{label:<17} median {statistics.median(times) * 1000:5.0f} ms, min {min(times) * 1000:5.0f} ms over {runs} runs"
+            f"{label:<17} wall median {statistics.median(wall) * 1000:4.0f} ms (min {min(wall) * 1000:4.0f}), "
+            f"CPU median {statistics.median(cpu) * 1000:4.0f} ms (min {min(cpu) * 1000:4.0f}) over {runs} runs"
         )
-    for label, command in list(COMMANDS.items())[:2]:
-        rows = import_profile(command)
+    for label, arguments in list(COMMANDS.items())[:2]:
+        rows = import_profile(options.python, arguments)
         heavy = sorted({name.split(".")[0] for _, name in rows} & set(HEAVY))
         print(f"\n{label}: heavy modules imported: {', '.join(heavy) or 'none'}; slowest imports (cumulative):")
         for cumulative, name in sorted(rows, reverse=True)[:10]:

@@ -11,10 +11,10 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
-from importlib import resources
 from types import MappingProxyType
 
 from kvops.errors import MissingDevice, UsageError
+from kvops.packaged import packaged_text
 
 MiB = 1 << 20
 
@@ -52,7 +52,7 @@ class Gpu:
 
 @lru_cache(maxsize=1)
 def gpu_catalog() -> tuple[Gpu, ...]:
-    data = json.loads(resources.files("kvops.catalog").joinpath("gpus.json").read_text())
+    data = json.loads(packaged_text("kvops.catalog", "gpus.json"))
     gpus = []
     for item in data["gpus"]:
         memory = item["memory_bytes"] if "memory_bytes" in item else item["memory_mib"] * MiB
@@ -200,7 +200,7 @@ def _performance(item: dict) -> GpuPerformance:
 
 @lru_cache(maxsize=1)
 def _performance_table() -> dict[str, GpuPerformance]:
-    data = json.loads(resources.files("kvops.catalog").joinpath("gpu_performance.json").read_text())
+    data = json.loads(packaged_text("kvops.catalog", "gpu_performance.json"))
     return {item["id"]: _performance(item) for item in data["gpus"]}
 
 

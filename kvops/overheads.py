@@ -206,7 +206,8 @@ class OverheadFit:
 def shipped_fit(engine: str) -> OverheadFit:
     """The fit kvops ships for an engine (kvops/catalog/overheads.json)."""
     import json
-    from importlib import resources
 
-    data = json.loads(resources.files("kvops.catalog").joinpath(OVERHEADS_FILE).read_text())
+    from kvops.packaged import packaged_text
+
+    data = json.loads(packaged_text("kvops.catalog", OVERHEADS_FILE))
     return OverheadFit.from_dict(data[engine])

@@ -10,11 +10,11 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field, replace
 from enum import IntEnum
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from kvops.errors import KvopsError
+from kvops.packaged import packaged_text
 
 
 class Level(IntEnum):
@@ -356,7 +356,7 @@ class PolicyError(KvopsError):
 
 
 def default_policy_text() -> str:
-    return resources.files("kvops.data").joinpath("policy.yaml").read_text()
+    return packaged_text("kvops.data", "policy.yaml")
 
 
 def load_policy(path: str | Path | None = None) -> Policy:

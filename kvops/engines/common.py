@@ -605,9 +605,10 @@ class EngineTotal:
 @lru_cache(maxsize=1)
 def _device_totals() -> tuple[dict[str, EngineTotal], float]:
     import json
-    from importlib import resources
 
-    data = json.loads(resources.files("kvops.catalog").joinpath("device_totals.json").read_text())
+    from kvops.packaged import packaged_text
+
+    data = json.loads(packaged_text("kvops.catalog", "device_totals.json"))
     totals = {
         gpu_id: EngineTotal(item.get("bytes") or round(float(item["gib"]) * GiB), item["printed"], item["source"])
         for gpu_id, item in data["devices"].items()

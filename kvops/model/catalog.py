@@ -5,14 +5,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from functools import cache, lru_cache
-from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kvops.model.params import PublishedCount
-
-if TYPE_CHECKING:
-    from importlib.resources.abc import Traversable
+from kvops.packaged import packaged_path, packaged_text
 
 
 @dataclass(frozen=True)
@@ -41,14 +38,14 @@ class CatalogEntry:
 INDEX = "model_index.json"  # in kvops/catalog/: every name a model answers to, to its file (`write_index`)
 
 
-def _models() -> Traversable:
-    return resources.files("kvops.catalog").joinpath("models")
+def _models() -> Path:
+    return packaged_path("kvops.catalog", "models")
 
 
 @cache
 def _entry(file_name: str) -> CatalogEntry | None:
     """One catalog file, parsed once; None when it holds no config."""
-    data = json.loads(_models().joinpath(file_name).read_text())
+    data = json.loads(_models().joinpath(file_name).read_text(encoding="utf-8"))
     if not data.get("config"):
         return None
     return CatalogEntry(
@@ -87,7 +84,7 @@ def index_of(entries: tuple[CatalogEntry, ...]) -> dict[str, str]:
 @lru_cache(maxsize=1)
 def shipped_index() -> dict[str, str]:
     """The index written beside the catalog: a lookup parses one file, not all of them."""
-    return json.loads(resources.files("kvops.catalog").joinpath(INDEX).read_text())
+    return json.loads(packaged_text("kvops.catalog", INDEX))
 
 
 def find(name: str) -> CatalogEntry | None:
@@ -112,6 +109,6 @@ def suggestions(name: str, limit: int = 3) -> list[str]:
 
 def write_index() -> Path:
     """Rewrite kvops/catalog/model_index.json from the catalog files (after adding or renaming a model)."""
-    path = Path(__file__).resolve().parent.parent / "catalog" / INDEX
+    path = packaged_path("kvops.catalog", INDEX)
     path.write_text(json.dumps(index_of(catalog()), indent=2, sort_keys=True) + "\n")
     return path

@@ -35,10 +35,10 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from importlib import resources
 from typing import Any
 
 from kvops.errors import KvopsError
+from kvops.packaged import packaged_text
 
 TERMS = ("step_s", "layer_s", "tp_step_s", "linear", "experts", "compute", "kv", "attention", "comm", "comm_latency_s")
 ACTIVATION_BYTES = 2  # all-reduces move 16-bit activations
@@ -223,7 +223,7 @@ def _pairs(cache: CacheRead, new_tokens: Sequence[int], context: Sequence[int]) 
 
 @lru_cache(maxsize=1)
 def _data() -> dict[str, Any]:
-    data: dict[str, Any] = json.loads(resources.files("kvops.catalog").joinpath("step_time.json").read_text())
+    data: dict[str, Any] = json.loads(packaged_text("kvops.catalog", "step_time.json"))
     return data
 
 

@@ -27,6 +27,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "kvops.units",
             "kvops.dtypes",
             "kvops.files",
+            "kvops.packaged",
             "kvops.gpus",
             "kvops.workload",
             "kvops.speculative",

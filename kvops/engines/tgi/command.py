@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from functools import lru_cache
-from importlib import resources
 
 from kvops.engines.command import (
     Reader,
@@ -25,6 +24,7 @@ from kvops.engines.command import (
 )
 from kvops.engines.tgi import flags
 from kvops.errors import UsageError
+from kvops.packaged import packaged_text
 
 IMAGES = ("ghcr.io/huggingface/text-generation-inference", "huggingface/text-generation-inference")
 
@@ -54,7 +54,7 @@ _DTYPES = {"float16": "fp16", "bfloat16": "bf16"}
 
 @lru_cache(maxsize=1)
 def launcher_options() -> dict[str, tuple[str, str]]:
-    data = json.loads(resources.files("kvops.engines.tgi").joinpath("launcher_flags.json").read_text())
+    data = json.loads(packaged_text("kvops.engines.tgi", "launcher_flags.json"))
     return {
         spelling: (canonical, option["kind"])
         for canonical, option in data["options"].items()

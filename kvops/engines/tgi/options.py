@@ -11,11 +11,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from functools import lru_cache
-from importlib import resources
 from typing import Any
 
 from kvops.engines.release import Version, newest_read
 from kvops.errors import UsageError
+from kvops.packaged import packaged_text
 
 OPTIONS_FILE = "release_options.json"
 IMAGE = "ghcr.io/huggingface/text-generation-inference:{version}"
@@ -39,7 +39,7 @@ class LauncherOptions:
 
 @lru_cache(maxsize=1)
 def _table() -> dict[str, dict[str, Any]]:
-    return json.loads(resources.files("kvops.engines.tgi").joinpath(OPTIONS_FILE).read_text())["releases"]
+    return json.loads(packaged_text("kvops.engines.tgi", OPTIONS_FILE))["releases"]
 
 
 @lru_cache(maxsize=64)

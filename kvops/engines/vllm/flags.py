@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 from functools import lru_cache
-from importlib import resources
 
 from kvops.dtypes import KvDtype
 from kvops.engines.flags import flag_args
 from kvops.errors import UsageError
+from kvops.packaged import packaged_text
 
 PROGRAM = ("vllm", "serve")
 IMAGE = "vllm/vllm-openai:v0.32.0"  # docs.vllm.ai deployment/docker: the official image, entrypoint `vllm serve`
@@ -183,7 +183,7 @@ REMOVED_QUANTIZATION = {"bitsandbytes", "gguf", "deepspeedfp", "hqq", "tpu_int8"
 @lru_cache(maxsize=1)
 def serve_options() -> dict[str, tuple[str, str]]:
     """Every spelling of a `vllm serve` option -> (its first long spelling, how many words follow it)."""
-    data = json.loads(resources.files("kvops.engines.vllm").joinpath("serve_flags.json").read_text())
+    data = json.loads(packaged_text("kvops.engines.vllm", "serve_flags.json"))
     table: dict[str, tuple[str, str]] = {}
     for canonical, option in data["options"].items():
         for spelling in option["spellings"]:

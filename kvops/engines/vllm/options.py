@@ -11,12 +11,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from functools import lru_cache
-from importlib import resources
 from typing import Any
 
 from kvops.dtypes import KvDtype
 from kvops.engines.release import Version, newest_read
 from kvops.errors import UsageError
+from kvops.packaged import packaged_text
 
 OPTIONS_FILE = "release_options.json"
 # docs.vllm.ai deployment/docker: the official image, entrypoint `vllm serve`, tagged v<release>
@@ -77,7 +77,7 @@ def image(version: Version, vendor: str | None) -> str:
 
 @lru_cache(maxsize=1)
 def _table() -> dict[str, dict[str, Any]]:
-    text = resources.files("kvops.engines.vllm").joinpath(OPTIONS_FILE).read_text()
+    text = packaged_text("kvops.engines.vllm", OPTIONS_FILE)
     return json.loads(text)["releases"]
 
 
