@@ -5,11 +5,15 @@ against the same server without them, and their CPU time per request.
 
 One run, same machine: a fast local upstream (a separate process answering an OpenAI-style completion at once,
 and serving a vLLM /metrics whose KV usage this script sets), `kvops watch --proxy` in front of it (a separate
-process, as deployed), and this process as the client (aiohttp, `--concurrency` requests in flight). With
-`--baseline`, a second `kvops watch --proxy` runs the kvops of another checkout (e.g. `git worktree add /tmp/base
-<commit>`) beside this one: before and after, in the same run. Rounds interleave direct and proxied runs so drift
-hits all alike. Besides latency, each proxy's own CPU time per request (its process's utime + stime over the run),
-which a busy shared machine disturbs far less than latency. Three cases through the proxy:
+process, as deployed), and this process as the client (aiohttp). With `--baseline`, a second `kvops watch --proxy`
+runs the kvops of another checkout (e.g. `git worktree add /tmp/base <commit>`) beside this one: before and after,
+in the same run. Rounds interleave direct and proxied runs, in reverse order every other round, so drift hits all
+alike. Each path gets two passes per round: a throughput pass with `--concurrency` requests in flight (req/s, and
+each server's own CPU time per request: its process's utime + stime, which a busy shared machine disturbs far less
+than latency), then a latency pass with one request in flight (p50, p99). Latency under load would not measure
+what a path adds to a request: with N requests in flight on cores that the client and the servers share, each
+request waits for the others' CPU, so p50 grows by about N x the added CPU / cores (Little's law) and a path's CPU
+cost is counted N times over. Three cases through the proxy:
   ok    - KV usage 0.10: the body is parsed and forwarded byte for byte;
   warn  - KV usage 0.75: max_tokens 1024 is capped at 512, the body re-serialised;
   get   - an unguarded GET /v1/models, streamed through untouched.
@@ -275,8 +279,8 @@ def main() -> None:
             servers[via] = (f"http://127.0.0.1:{port}", processes[-1])
             wait_http(servers[via][0] + "/v1/models")
         print(
-            f"{args.requests} requests x {args.rounds} rounds per case, {args.concurrency} in flight; client, proxies, "
-            f"ASGI servers and upstream on one {os.cpu_count()}-core machine"
+            f"{args.requests} requests x {args.rounds} rounds per case: req/s and CPU with {args.concurrency} in flight, "
+            f"p50 and p99 with one; client, proxies, ASGI servers and upstream on one {os.cpu_count()}-core machine"
             + (f"; baseline: the kvops of {args.baseline}" if args.baseline else "")
             + "\n"
         )
@@ -313,15 +317,17 @@ def post_usage(url: str, usage: float) -> None:
 
 
 def measure(bases: dict[str, tuple[str, int | None]], method: str, path: str, args: argparse.Namespace) -> dict:
-    """via -> (median req/s, p50 ms, p99 ms, CPU seconds of its process); rounds interleave every path."""
+    """via -> (median req/s, p50 ms, p99 ms, CPU seconds of its process): req/s and CPU with `--concurrency` in
+    flight, p50 and p99 with one; rounds interleave every path, in reverse order every other round."""
     results: dict[str, list] = {via: [[], [], 0.0] for via in bases}
-    for _ in range(args.rounds):
-        for via, (base, pid) in bases.items():
+    order = list(bases.items())
+    for round_ in range(args.rounds):
+        for via, (base, pid) in order if round_ % 2 == 0 else reversed(order):
             before = cpu_seconds(pid) if pid else 0.0
-            rate, latencies = asyncio.run(load(base + path, method, args.requests, args.concurrency))
-            results[via][0].append(rate)
-            results[via][1].extend(latencies)
+            rate, _ = asyncio.run(load(base + path, method, args.requests, args.concurrency))
             results[via][2] += (cpu_seconds(pid) - before) if pid else 0.0
+            results[via][0].append(rate)
+            results[via][1].extend(asyncio.run(load(base + path, method, args.requests, 1))[1])
     return {
         via: (statistics.median(rates), percentile(lat, 50) * 1000, percentile(lat, 99) * 1000, cpu)
         for via, (rates, lat, cpu) in results.items()
