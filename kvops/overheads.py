@@ -1,7 +1,7 @@
 """The overheads kvops plans with when nothing was measured: each release family's terms, fitted on public logs.
 
 What kvops plans when nothing was measured for a release family: the engine's own figures from public startup logs
-(tests/fixtures/corpus), fitted by `kvops.engines.common.fit_overheads` and shipped in kvops/catalog/overheads.json
+(tests/fixtures/corpus), fitted by `kvops.engines.overhead_fit.fit_overheads` and shipped in kvops/catalog/overheads.json
 (the test tests/unit/engines/test_overhead_fit.py refits the corpus and checks the file; `python bench/accuracy.py
 --refit` writes it). Medians, so that one odd log does not move a family. Values only: `PlanInputs.overhead_fit`
 holds one, each engine's budget reads it.

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvops import engines
 from kvops.dtypes import resolve_kv_dtype
-from kvops.engines.common import device_total
+from kvops.engines.device_total import device_total
 from kvops.errors import KvopsError
 from kvops.formula import kv_cost
 from kvops.gpus import Gpu

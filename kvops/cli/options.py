@@ -132,7 +132,7 @@ def _apply(function: Callable, options: list[Callable]) -> Callable:
 def engine_options(function: Callable, model_required: bool = True, engine: bool = True) -> Callable:
     """The deployment a plan is for: shared by `plan`, `calibrate`, `manifests` and `explain` (vLLM only: no --engine)."""
     from kvops import engines
-    from kvops.engines.common import WEIGHT_FORMAT_CHOICES
+    from kvops.engines.weights import WEIGHT_FORMAT_CHOICES
     from kvops.gpus import gpu_catalog
 
     gpus = ", ".join(gpu.id for gpu in gpu_catalog())

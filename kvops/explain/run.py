@@ -6,9 +6,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvops.engines.metrics import Reading
+from kvops.engines.vllm.capacity import VllmCapacity
 from kvops.engines.vllm.logs import Failure, KvTooSmall, NoKvMemory, VllmLog
 from kvops.engines.vllm.metrics import CacheConfig
-from kvops.engines.vllm.plan import VllmCapacity
 from kvops.nvidia_smi import SmiDevice
 from kvops.plan import Plan
 

@@ -103,7 +103,7 @@ def step_time(plan: Plan, coefficients: Coefficients) -> StepTime:
 def compute_dtype(plan: Plan) -> str:
     """What the matrix multiplies run in: fp8 for FP8 weights, else the serving dtype (weight-only formats
     dequantize to it)."""
-    from kvops.engines.common import weight_format
+    from kvops.engines.weights import weight_format
 
     inputs = plan.inputs
     if weight_format(inputs.spec, inputs.quantization).name.startswith("fp8"):

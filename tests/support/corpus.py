@@ -17,8 +17,8 @@ import yaml
 
 from kvops import engines
 from kvops.deployment import DeploymentOptions
-from kvops.engines.common import fit_overheads
 from kvops.engines.logs import LogFacts
+from kvops.engines.overhead_fit import fit_overheads
 from kvops.engines.tgi import calibrate as tgi_calibrate
 from kvops.engines.tgi import releases as tgi_releases
 from kvops.engines.vllm import calibrate as vllm_calibrate

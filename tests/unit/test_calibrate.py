@@ -7,7 +7,7 @@ import json
 
 import yaml
 
-from kvops.engines.common import engine_total
+from kvops.engines.device_total import engine_total
 from kvops.engines.tgi.logs import parse_tgi_log
 from kvops.engines.vllm.logs import parse_vllm_log
 from kvops.units import GiB

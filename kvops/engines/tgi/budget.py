@@ -23,7 +23,10 @@ from math import ceil, floor
 
 from kvops.dtypes import KvDtype
 from kvops.engines import common
+from kvops.engines.device_total import device_total_term
+from kvops.engines.overhead_fit import OVERHEAD_QUANTILE
 from kvops.engines.tgi.releases import TgiRelease
+from kvops.engines.weights import WeightOptions, weight_bytes, weight_format
 from kvops.errors import UsageError
 from kvops.model.checkpoint import Parallel
 from kvops.model.spec import ModelSpec, MultiLatentAttention
@@ -208,13 +211,13 @@ def memory_terms(inputs: PlanInputs, release: TgiRelease, prefill: int) -> tuple
             f"--profile is a {profile.engine} profile; plan --engine {profile.engine} with it, or calibrate a TGI run"
         )
     fraction = inputs.memory_fraction or DEFAULT_CUDA_MEMORY_FRACTION
-    total = common.device_total_term(inputs)
+    total = device_total_term(inputs)
     wiggle = release.wiggle_room
     share = fraction * wiggle if release.version.at_least(3, 0) else fraction
     budget = floor(total.bytes * share)
     serving = None if inputs.dtype == "auto" else inputs.dtype
-    options = common.WeightOptions(Parallel(tp, 1, tp), serving_dtype=serving)  # TGI splits experts by tp
-    weights = common.weight_bytes(spec, common.weight_format(spec, inputs.quantization), tp, options)
+    options = WeightOptions(Parallel(tp, 1, tp), serving_dtype=serving)  # TGI splits experts by tp
+    weights = weight_bytes(spec, weight_format(spec, inputs.quantization), tp, options)
     what = f"x TGI_WIGGLE_ROOM {wiggle:g} " if release.version.at_least(3, 0) else ""
     terms = [
         total,
@@ -298,7 +301,7 @@ def _estimated_overheads(inputs: PlanInputs, release: TgiRelease, prefill: int) 
             "margin",
             fit.margin,
             "estimate",
-            f"with it, {common.OVERHEAD_QUANTILE:.0%} of {logs} had at least the KV this plan leaves, each predicted "
+            f"with it, {OVERHEAD_QUANTILE:.0%} of {logs} had at least the KV this plan leaves, each predicted "
             "without its own log (err toward less KV)",
             CALIBRATE_HINT,
         ),

@@ -9,6 +9,7 @@ from typing import Any
 
 from kvops.dtypes import resolve_kv_dtype
 from kvops.engines import common
+from kvops.engines.device_total import device_total
 from kvops.engines.flags import flag_args
 from kvops.engines.tgi import budget, flags, options, releases
 from kvops.engines.tgi.releases import TgiRelease
@@ -337,7 +338,7 @@ def _warnings(inputs: PlanInputs, release: releases.TgiRelease, notes: list[str]
         f'--max-batch-total-tokens is not emitted: TGI ignores it on flash models ("{flags.MAX_BATCH_TOTAL_TOKENS_IGNORED}") and sizes the pool from free memory'
     )
     fraction = inputs.memory_fraction or 1.0
-    total = common.device_total(inputs)
+    total = device_total(inputs)
     spare = floor(total * fraction) - floor(total * fraction * release.wiggle_room)
     graphs = CUDA_GRAPHS_ESTIMATE
     launcher = options.for_version(release.version)

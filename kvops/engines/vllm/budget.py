@@ -19,7 +19,10 @@ from math import ceil, floor
 
 from kvops.dtypes import serving_dtype
 from kvops.engines import common
+from kvops.engines.device_total import device_total_term
+from kvops.engines.overhead_fit import OVERHEAD_QUANTILE
 from kvops.engines.vllm.releases import BatchDefaults, VllmRelease, release
+from kvops.engines.weights import WeightOptions, stage_weights, weight_bytes, weight_format
 from kvops.errors import MissingDevice, UsageError
 from kvops.model.checkpoint import Parallel
 from kvops.model.spec import ModelSpec
@@ -216,7 +219,7 @@ def memory_terms(
             "missing --gpu NAME or --gpu-memory SIZE (or pin the KV cache with --kv-cache-memory-bytes)"
         )
     utilization = inputs.memory_fraction or release_.default_gpu_memory_utilization
-    total = common.device_total_term(inputs)
+    total = device_total_term(inputs)
     requested = requested_memory(total.bytes, utilization, release_)
     how = "ceil" if not release_.v0 else ""
     requested_term = Term(
@@ -258,7 +261,7 @@ def _pinned_terms(inputs: PlanInputs, weights: Term, overheads: list[Term]) -> t
     )
     if inputs.gpu is None:
         return [weights, kv_term], kv  # nothing to check the other terms against
-    total = common.device_total_term(inputs)
+    total = device_total_term(inputs)
     used = weights.bytes + sum(term.bytes for term in overheads) + kv
     headroom = Term(
         "headroom", total.bytes - used, "computed", "total - weights - activation - non-torch - CUDA graphs - KV cache"
@@ -310,7 +313,7 @@ def _extensible(
 def _persistent(inputs: PlanInputs, batched: int, sampler_seqs: int) -> int:
     """Bytes of the activation peak that stay allocated after the profile (the fused-MoE workspace): resident, not
     transient, under the extensible KV cache."""
-    scope = common.weight_format(inputs.spec, inputs.quantization).scope
+    scope = weight_format(inputs.spec, inputs.quantization).scope
     return profile_run(inputs.spec, batched, sampler_seqs, inputs.tp, scope, inputs.text_only)[2]
 
 
@@ -354,7 +357,7 @@ def _fit(inputs: PlanInputs, release_: VllmRelease) -> FamilyFit:
 MXFP4_ALIGNMENT = {"nvidia": (256, 128), "amd": (256, 256)}
 
 
-def weight_options(inputs: PlanInputs) -> common.WeightOptions:
+def weight_options(inputs: PlanInputs) -> WeightOptions:
     """How vLLM splits and loads the weights: routed experts over tp x dp ranks (`FusedMoEParallelConfig.make`
     flattens data parallelism into the experts' split, whole experts per rank with --enable-expert-parallel),
     MXFP4 experts padded as its kernels lay them out."""
@@ -362,7 +365,7 @@ def weight_options(inputs: PlanInputs) -> common.WeightOptions:
     speculative = inputs.speculative
     vendor = inputs.gpu.vendor if inputs.gpu else "nvidia"
     alignment = MXFP4_ALIGNMENT.get(vendor, MXFP4_ALIGNMENT["nvidia"])
-    return common.WeightOptions(
+    return WeightOptions(
         parallel,
         serving_dtype=None if inputs.dtype == "auto" else inputs.dtype,
         text_only=inputs.text_only,
@@ -395,9 +398,7 @@ def _weights(inputs: PlanInputs, stage: int | None = None) -> Term:
 
 
 def _computed_weights(inputs: PlanInputs, stage: int | None) -> Term:
-    term, stages = common.stage_weights(
-        inputs.spec, common.weight_format(inputs.spec, inputs.quantization), weight_options(inputs)
-    )
+    term, stages = stage_weights(inputs.spec, weight_format(inputs.spec, inputs.quantization), weight_options(inputs))
     index = stages.index(max(stages)) if stage is None else stage
     size, formula = stages[index], term.formula
     if inputs.pp > 1:
@@ -418,7 +419,7 @@ def _draft_weights(inputs: PlanInputs) -> tuple[int, str]:
         return 0, ""
     draft = speculative.draft
     tp = speculative.draft_tp or inputs.tp
-    term = common.weight_bytes(draft, common.weight_format(draft), tp)
+    term = weight_bytes(draft, weight_format(draft), tp)
     return term.bytes, f"{speculative.method} draft {draft.name} {format_bytes(term.bytes)} ({term.formula})"
 
 
@@ -461,7 +462,7 @@ def _activation(inputs: PlanInputs, release_: VllmRelease, batched: int, sampler
     profile = common.model_measurements(inputs)
     if profile and profile.activation_bytes is not None:
         return Term("activation", profile.activation_bytes, "measured", f"profile {profile.source}")
-    scope = common.weight_format(inputs.spec, inputs.quantization).scope
+    scope = weight_format(inputs.spec, inputs.quantization).scope
     forward, logits, workspace = profile_run(inputs.spec, batched, sampler_seqs, inputs.tp, scope, inputs.text_only)
     fit = _fit(inputs, release_)
     sampler = fit.sampler(logits) + workspace
@@ -655,7 +656,7 @@ def _margin(inputs: PlanInputs, release_: VllmRelease, overheads: list[Term]) ->
         fit.margin,
         "estimate",
         f"kvops' margin below the engine's predicted KV, which the capacity is sized on: with it, "
-        f"{common.OVERHEAD_QUANTILE:.0%} of {_logs(fit)} had at least the KV this plan leaves, each predicted without "
+        f"{OVERHEAD_QUANTILE:.0%} of {_logs(fit)} had at least the KV this plan leaves, each predicted without "
         "its own log (err toward less KV)",
         common.CALIBRATE_HINT,
     )

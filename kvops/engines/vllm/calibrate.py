@@ -6,12 +6,13 @@ from __future__ import annotations
 from typing import Any
 
 from kvops.calibration import Calibration, Comparison, predicted_figures
-from kvops.engines import common
+from kvops.engines.device_total import device_total, engine_total
 from kvops.engines.vllm import budget
+from kvops.engines.vllm.capacity import VllmCapacity
 from kvops.engines.vllm.logs import VllmLog
 from kvops.engines.vllm.metrics import CacheConfig
-from kvops.engines.vllm.plan import VllmCapacity
 from kvops.engines.vllm.releases import VllmRelease, release
+from kvops.engines.weights import weight_format
 from kvops.gpus import find_gpu, gpu_catalog
 from kvops.overheads import Observation
 from kvops.plan import Plan
@@ -142,14 +143,14 @@ def observation(log: VllmLog, plan: Plan, source: str) -> Observation | None:
         # the extensible KV cache prints no profile terms, only its measurement after warmup: its family plans with
         # the profiler family's terms (releases.FALLBACKS) until its logs' own terms are read
         return None
-    scope = common.weight_format(inputs.spec, inputs.quantization).scope
+    scope = weight_format(inputs.spec, inputs.quantization).scope
     forward, logits, workspace = budget.profile_run(
         inputs.spec, capacity.max_num_batched_tokens, capacity.sampler_sequences, inputs.tp, scope, inputs.text_only
     )
     facts = log.facts
     graphs_applied = run_release.cudagraphs_before_kv and not inputs.enforce_eager
     graphs = log.cudagraph_estimate_applied if graphs_applied else log.get("cudagraph_bytes")
-    total = facts.get("total_memory_bytes") or common.device_total(inputs)
+    total = facts.get("total_memory_bytes") or device_total(inputs)
     # An overhead read as budget - weights - KV is a measurement only on a known device total: on kvops' estimate
     # (a GPU no log has shown torch's total for) it carries the estimate's error, which is the total's, not the terms'.
     known_total = facts.get("total_memory_bytes") is not None or _total_basis(plan) != "estimate"
@@ -201,7 +202,7 @@ def _other_gpu(total: int, plan: Plan) -> list[str]:
     assert gpu is not None
     if gpu.id == "custom":
         return []
-    seen = common.engine_total(gpu.id)
+    seen = engine_total(gpu.id)
     expected = seen.bytes if seen else find_gpu(gpu.id).memory_bytes
     if abs(total - expected) <= OTHER_GPU_SHARE * expected:
         return []
@@ -215,7 +216,7 @@ def _other_gpu(total: int, plan: Plan) -> list[str]:
 def gpu_of_total(total: int) -> str | None:
     """The catalog GPU whose engine-side total this is (within the driver's share), or None when none is."""
     for gpu in gpu_catalog():
-        seen = common.engine_total(gpu.id)
+        seen = engine_total(gpu.id)
         expected = seen.bytes if seen else gpu.memory_bytes
         if abs(total - expected) <= OTHER_GPU_SHARE * expected:
             return gpu.id

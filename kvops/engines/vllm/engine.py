@@ -62,19 +62,19 @@ class VllmEngine:
         return targets.with_note(offload.with_tier(inputs, plan.plan_once(inputs)), self.memory_fraction_flag)
 
     def kv_dtype_ways(self, inputs: PlanInputs) -> list[str]:
-        from kvops.engines.vllm import plan
+        from kvops.engines.vllm import ways_out
 
-        return plan.kv_dtype_ways(inputs)
+        return ways_out.kv_dtype_ways(inputs)
 
     def kv_dtype_spelling(self, inputs: PlanInputs, name: str) -> str:
-        from kvops.engines.vllm import plan
+        from kvops.engines.vllm import ways_out
 
-        return plan.kv_dtype_spelling(inputs, name)
+        return ways_out.kv_dtype_spelling(inputs, name)
 
     def offload_ways(self, inputs: PlanInputs, failed: Plan) -> list[WayOut]:
-        from kvops.engines.vllm import plan
+        from kvops.engines.vllm import ways_out
 
-        return plan.offload_ways(inputs, failed)
+        return ways_out.offload_ways(inputs, failed)
 
     def kv_bytes_per_token(self, spec: ModelSpec, dtype: KvDtype, tp: int) -> int:
         from kvops.formula import kv_cost

@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from kvops.engines.vllm import flags
-from kvops.engines.vllm.plan import VllmCapacity
+from kvops.engines.vllm.capacity import VllmCapacity
 from kvops.errors import UsageError
 from kvops.plan import Plan, PlanInputs
 from kvops.units import GiB, format_bytes

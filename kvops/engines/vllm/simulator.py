@@ -405,7 +405,7 @@ def _number(value: str, kind, text: str):
 
 def core_settings(plan, arm: Arm, options: SchedulerOptions) -> CoreSettings:
     """The scheduler `vllm serve` would build for this plan's pool and flags, with the arm's change."""
-    from kvops.engines import common
+    from kvops.engines.device_total import device_total
     from kvops.engines.vllm import budget
 
     inputs, capacity = plan.inputs, plan.capacity
@@ -415,7 +415,7 @@ def core_settings(plan, arm: Arm, options: SchedulerOptions) -> CoreSettings:
     if arm.name == "plan":
         seqs, batched = int(plan.flags["max-num-seqs"]), int(plan.flags["max-num-batched-tokens"])
     else:
-        total = common.device_total(inputs) if inputs.gpu else None
+        total = device_total(inputs) if inputs.gpu else None
         defaults = budget.batch_defaults(
             inputs.device, total, inputs.gpu.name if inputs.gpu else "", inputs.tp, plan.release, length
         )

@@ -10,7 +10,7 @@ import sys
 import pytest
 import yaml
 
-from kvops.engines.common import engine_total
+from kvops.engines.device_total import engine_total
 from kvops.gpus import find_gpu
 from kvops.units import format_bytes
 

@@ -6,12 +6,8 @@ from math import ceil
 
 import pytest
 
-from kvops.engines.common import (
-    forward_activation_peak,
-    sampler_peak,
-    weight_bytes,
-    weight_format,
-)
+from kvops.engines.common import forward_activation_peak, sampler_peak
+from kvops.engines.weights import weight_bytes, weight_format
 from kvops.errors import UsageError
 from kvops.model import load_model
 

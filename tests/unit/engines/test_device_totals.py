@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from importlib import resources
 
-from kvops.engines.common import device_total_term, engine_total, largest_reserved_fraction
+from kvops.engines.device_total import device_total_term, engine_total, largest_reserved_fraction
 from kvops.gpus import find_gpu, gpu_catalog
 from kvops.model import load_model
 from kvops.plan import PlanInputs

@@ -8,8 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from kvops.engines import common
-from kvops.engines.common import fit_overheads
+from kvops.engines.overhead_fit import _median, fit_overheads
 from kvops.overheads import POOLED, Observation, shipped_fit
 from kvops.units import GiB
 from tests.support.corpus import fit_corpus, observations
@@ -68,9 +67,7 @@ def test_margin_is_the_90th_percentile_of_leave_one_out_residuals_and_the_band_t
     fit = fit_overheads("vllm", items, FAMILIES).family("V0")
     assert fit.bounded and fit.residuals == 10
     # each residual is the log's own excess less the median of the other nine
-    residuals = sorted(
-        extra * MiB - common._median([other * MiB for other in extras if other != extra]) for extra in extras
-    )
+    residuals = sorted(extra * MiB - _median([other * MiB for other in extras if other != extra]) for extra in extras)
     assert fit.margin == residuals[8]  # nearest rank: 9 of 10 at or below
     assert fit.spread == (residuals[-1] - residuals[8], residuals[8] - residuals[0])
 

@@ -12,7 +12,7 @@ from math import ceil
 
 import pytest
 
-from kvops.engines.common import engine_total
+from kvops.engines.device_total import engine_total
 from kvops.engines.oom import size_bytes
 from kvops.engines.vllm.logs import parse_vllm_log
 from kvops.nvidia_smi import parse_nvidia_smi

@@ -1,0 +1,76 @@
+"""What a vLLM plan says beside its figures: the KV guard (named or not, and why), speculative decoding, sliding
+windows, replicated KV heads, quantized KV."""
+
+from __future__ import annotations
+
+from kvops.dtypes import KvDtype
+from kvops.engines import common
+from kvops.engines.vllm import flags, layout
+from kvops.engines.vllm.capacity import Draft, VllmCapacity
+from kvops.engines.vllm.launch import guard_named
+from kvops.plan import PlanInputs
+
+
+def guard_note(inputs: PlanInputs, capacity: VllmCapacity) -> str:
+    if guard_named(inputs):
+        return (
+            f"KV guard: --scheduler-cls {flags.GUARD_SCHEDULER} loads a plugin from vLLM's own Python: pip install "
+            "kvops into the environment that runs vLLM (check there: python -c 'import kvops_vllm.scheduler'). The "
+            "official image has none: --format docker/k8s leave the flag out; `kvops manifests` adds the plugin. "
+            f"{_refusal_route(inputs)}"
+        )
+    if inputs.guard is False:
+        return "KV guard: not named (--no-guard)"
+    held = capacity.requests_at_full
+    measured = flags.GUARD_LARGE_POOL if held >= flags.GUARD_POOL_REQUESTS else flags.GUARD_SMALL_POOL
+    return (
+        f"KV guard: not named by default; this pool holds {held} requests of the planned size at once, {measured}; "
+        "your traffic decides: kvops simulate with this plan's options and --compare stock,guard; --guard names it "
+        "(kvops installed in vLLM's own Python)"
+    )
+
+
+def _refusal_route(inputs: PlanInputs) -> str:
+    """Where a client of this deployment gets a refusal it can retry: the guard itself only holds requests."""
+    held = "At a level that refuses, the guard keeps new requests waiting in vLLM's queue (never an empty answer)"
+    retry = (
+        f"for 429/503 with Retry-After add --middleware {flags.MIDDLEWARE} (inside vLLM's API server; "
+        "kvops manifests adds it)"
+        if flags.middleware(True, inputs.replicas)
+        else "for 429/503 with Retry-After put `kvops watch --proxy` in front (kvops manifests does)"
+    )
+    if inputs.max_queued is not None:
+        return (
+            f"{held}; beyond {inputs.max_queued} requests in flight (waiting + running) vLLM refuses with 503 (an error event in a stream, no "
+            f"Retry-After); {retry}"
+        )
+    return f"{held}; {retry}, or bound the queue with --max-queued"
+
+
+def add_notes(draft: Draft, kv_layout: layout.KVCacheLayout, dtype: KvDtype, capacity: VllmCapacity) -> None:
+    inputs = draft.inputs
+    draft.notes.append(guard_note(inputs, capacity))
+    spec, length = inputs.spec, capacity.max_model_len
+    if spec.max_position_embeddings and length > spec.max_position_embeddings:
+        draft.warnings.append(
+            f"--max-model-len {length} exceeds {spec.name}'s max_position_embeddings {spec.max_position_embeddings}; vLLM refuses it unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1"
+        )
+    windows = sorted({group.window for group in kv_layout.groups if group.kind == "sliding" and group.window})
+    if windows:
+        draft.notes.append(
+            f"sliding-window layers (window {', '.join(map(str, windows))}) hold about window + {capacity.max_in_flight_tokens} tokens in flight per request, not the whole context"
+        )
+    if dtype.is_quantized and dtype.scales == "per_token_head":
+        draft.warnings.append(f"--kv-dtype {dtype.name}: {common.QUALITY_WARNING}")
+    if spec.num_kv_heads < inputs.tp and not spec.is_mla:
+        draft.notes.append(
+            f"tp {inputs.tp} > {spec.num_kv_heads} KV heads: each KV head is replicated on {inputs.tp // spec.num_kv_heads} ranks, per-GPU KV does not shrink further"
+        )
+    if inputs.guard is None and spec.has_state:
+        draft.notes.append(
+            "the KV guard scheduler is not named: it does not yet model the state groups of hybrid models (--guard names it anyway)"
+        )
+    if inputs.workload.sequences > 1:
+        draft.notes.append(
+            f"{inputs.workload.sequences} sequences per request (n x beams): vLLM runs each as its own request; with prefix caching the prompt's full blocks are shared"
+        )
