@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import gzip
 import json
+import re
+import time
+from urllib.parse import urlsplit
 
 import pytest
 import requests
 
 from kvops.policy import Level
 from tests.support.aio import ServerThread
+from tests.support.raw_http import exchange, status_of
+from tests.unit.watch.test_hostile_proxy import guarded_proxy
 from tests.unit.watch.test_proxy import LevelHolder, make_proxy_app
+from tests.unit.watch.test_proxy_holes import completions_request, send, smuggling_gzip
 
 
 @pytest.mark.vllm
@@ -57,3 +64,56 @@ def test_sheddable_are_refused_first_and_critical_answers_a_retryable_refusal(vl
         assert error["code"] == status and "KV cache pressure" in error["message"]
     for response in (standard, protected):
         assert response.status_code == 200 and response.json()["usage"]["completion_tokens"] == 6
+
+
+def completions_received(metrics_text: str) -> float:
+    """POSTs the engine's API server answered on /v1/completions, any status (vLLM's http_requests_total)."""
+    pattern = r'^http_requests_total\{[^}]*handler="/v1/completions"[^}]*\} (\S+)$'
+    return sum(float(value) for value in re.findall(pattern, metrics_text, re.MULTILINE))
+
+
+@pytest.mark.vllm
+def test_a_gzip_body_smuggles_no_request_into_the_real_engine(vllm_engine):
+    """The proxy's worst hole (issue 20), against the real engine at critical: a gzip body on a path the proxy does
+    not guard, exactly as long as the first part of what it inflates to. The proxy once forwarded it inflated under
+    the compressed Content-Length, and vLLM's HTTP server read the rest as a second request, a completion the
+    critical level refuses. Now the engine gets the compressed bytes under their own length: one request. First,
+    the control: those inflated bytes under the compressed length, sent to the engine directly, do run a second
+    request there."""
+    model = requests.get(vllm_engine.url + "/v1/models").json()["data"][0]["id"]
+    smuggled = json.dumps({"model": model, "prompt": "x", "max_tokens": 4, "n": 2, "ignore_eos": True}).encode()
+    packed = smuggling_gzip(completions_request(smuggled))
+    before = completions_received(vllm_engine.metrics())
+    head = (
+        "POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(packed)}\r\n\r\n"
+    )
+    exchange(urlsplit(vllm_engine.url).port, head.encode() + gzip.decompress(packed), timeout=5)
+    assert completions_received(vllm_engine.metrics()) == before + 1  # the hole, as the old proxy opened it
+
+    before = completions_received(vllm_engine.metrics())
+    with guarded_proxy(vllm_engine.url, Level.CRITICAL) as proxy:
+        answer = send(proxy.port, "/v1/embeddings", packed, {"Content-Encoding": "gzip"})
+        time.sleep(2)  # a smuggled completion of 4 tokens would have been answered by now
+        refused = send(proxy.port, "/v1/completions", smuggled, {})
+    assert status_of(answer) != 0 and status_of(refused) == 503
+    assert completions_received(vllm_engine.metrics()) == before
+
+
+@pytest.mark.vllm
+def test_max_completion_tokens_beside_max_tokens_is_capped_on_the_real_engine(vllm_engine):
+    """vLLM's chat generates max_completion_tokens where it is set, max_tokens otherwise: at warn the proxy caps the
+    field the engine reads (issue 20: it once capped max_tokens alone and 600 tokens ran)."""
+    holder = LevelHolder(Level.WARN)
+    with ServerThread(make_proxy_app(vllm_engine.url, holder)) as proxy:
+        model = requests.get(proxy.url + "/v1/models").json()["data"][0]["id"]
+        body = {
+            "model": model,
+            "messages": [{"role": "user", "content": "the cache"}],
+            "max_tokens": 10,
+            "max_completion_tokens": 600,
+            "ignore_eos": True,
+        }
+        response = requests.post(proxy.url + "/v1/chat/completions", json=body, timeout=300)
+    assert response.status_code == 200 and response.headers["X-KVops-Clamped"] == "max_tokens 600->512"
+    assert response.json()["usage"]["completion_tokens"] == 512

@@ -25,19 +25,23 @@ from tests.unit.watch.test_hostile_proxy import guarded_proxy
 from tests.unit.watch.test_proxy import LevelHolder, make_proxy_app
 
 SMUGGLED_BODY = b'{"prompt": "x", "max_tokens": 100000, "n": 8}'
-SMUGGLED = (
-    b"POST /v1/completions HTTP/1.1\r\nHost: engine\r\nContent-Type: application/json\r\n"
-    b"Content-Length: %d\r\n\r\n%b" % (len(SMUGGLED_BODY), SMUGGLED_BODY)
-)
 
 
-def smuggling_gzip() -> bytes:
+def completions_request(body: bytes) -> bytes:
+    """A whole HTTP/1.1 POST /v1/completions, as a smuggled second request would arrive."""
+    return (
+        b"POST /v1/completions HTTP/1.1\r\nHost: engine\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%b" % (len(body), body)
+    )
+
+
+def smuggling_gzip(smuggled: bytes = completions_request(SMUGGLED_BODY)) -> bytes:
     """A gzip body exactly as long as the first part of what it inflates to: an upstream that reads the inflated
-    body under the compressed Content-Length takes the rest, SMUGGLED, for a second request."""
+    body under the compressed Content-Length takes the rest, `smuggled`, for a second request."""
     for filler in (b" ", b"x", b"{}"):
         for count in range(1, 2000):
             padding = filler * count
-            packed = gzip.compress(padding + SMUGGLED, mtime=0)
+            packed = gzip.compress(padding + smuggled, mtime=0)
             if len(packed) == len(padding):
                 return packed
     raise AssertionError("no padding makes the compressed length equal the padding's")
