@@ -328,24 +328,28 @@ class RequestParams:
 
 
 def clamp(params: RequestParams, limits: Limits) -> tuple[RequestParams, list[str]]:
-    """The request as the level allows it, and what changed ('max_tokens 1024->512', 'n 4->1', ...)."""
+    """The request as the level allows it, and what changed ('max_tokens 1024->512', 'n 4->1', ...). Unchanged,
+    `params` itself; else one new RequestParams (no dataclasses.replace per field: this runs on every guarded
+    request)."""
     changes: list[str] = []
-    result = params
+    max_tokens, n, best_of, beam_width = params.max_tokens, params.n, params.best_of, params.beam_width
     cap = limits.max_tokens_cap
-    if cap is not None and (params.max_tokens is None or params.max_tokens > cap):
-        changes.append(f"max_tokens {'unset' if params.max_tokens is None else params.max_tokens}->{cap}")
-        result = replace(result, max_tokens=cap)
+    if cap is not None and (max_tokens is None or max_tokens > cap):
+        changes.append(f"max_tokens {'unset' if max_tokens is None else max_tokens}->{cap}")
+        max_tokens = cap
     if limits.single_sequence:
-        if params.n > 1:
-            changes.append(f"n {params.n}->1")
-            result = replace(result, n=1)
-        if params.best_of is not None and params.best_of > 1:
-            changes.append(f"best_of {params.best_of}->1")
-            result = replace(result, best_of=1)
-        if params.beam_width is not None and params.beam_width > 1:
-            changes.append(f"beam_width {params.beam_width}->1")
-            result = replace(result, beam_width=1)
-    return result, changes
+        if n > 1:
+            changes.append(f"n {n}->1")
+            n = 1
+        if best_of is not None and best_of > 1:
+            changes.append(f"best_of {best_of}->1")
+            best_of = 1
+        if beam_width is not None and beam_width > 1:
+            changes.append(f"beam_width {beam_width}->1")
+            beam_width = 1
+    if not changes:
+        return params, changes
+    return RequestParams(max_tokens, n, best_of, beam_width), changes
 
 
 # --- loading -------------------------------------------------------------------------------------------

@@ -220,18 +220,30 @@ class Site:
 
 def sites(route: Route, body: dict[str, Any]) -> list[Site]:
     """The generations a body asks for, each validated; BodyError names the first malformed field."""
-    items = [body] if route.each is None else body.get(route.each)
-    if not (isinstance(items, list) and all(isinstance(i, dict) for i in items)):
-        raise BodyError(f'"{route.each}" must be a list of JSON objects')
+    if route.each is None:
+        items = [body]  # a JSON object already (parse_body): nothing to check
+    else:
+        listed = body.get(route.each)
+        if not (isinstance(listed, list) and all(isinstance(i, dict) for i in listed)):
+            raise BodyError(f'"{route.each}" must be a list of JSON objects')
+        items = listed
     found = []
     for item in items:
-        variant = next((v for v in route.variants if v.when is None or v.when in item), None)
-        if variant is None:
+        fields = _fields(route, item)
+        if fields is None:
             continue  # no request type of this route: the engine refuses it, nothing to clamp
-        site = Site(item, variant.fields)
+        site = Site(item, fields)
         _validate(site)
         found.append(site)
     return found
+
+
+def _fields(route: Route, item: dict[str, Any]) -> Fields | None:
+    """The fields of the route's first request type that `item` reads as, or None."""
+    for variant in route.variants:
+        if variant.when is None or variant.when in item:
+            return variant.fields
+    return None
 
 
 def _validate(site: Site) -> None:
@@ -342,6 +354,10 @@ def _lower_dependents(item: dict, holder: dict, fields: Fields, limit: int) -> l
     return changes
 
 
+# json.dumps builds a new encoder per call when given separators; this one is built once.
+_COMPACT = json.JSONEncoder(separators=(",", ":"))
+
+
 def encode_body(body: dict[str, Any]) -> bytes:
     """A clamped body for the upstream: compact, ASCII (any lone surrogate a client sent stays an escape)."""
-    return json.dumps(body, separators=(",", ":")).encode()
+    return _COMPACT.encode(body).encode()

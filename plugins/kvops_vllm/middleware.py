@@ -69,6 +69,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 LEVEL_HEADER = b"x-kvops-level"
 CLAMPED_HEADER = b"x-kvops-clamped"
 _PRIORITY = PRIORITY_HEADER.lower().encode()  # ASGI servers hand header names over in lower case
+_LEVELS = {level: level.label.encode() for level in Level}  # X-KVops-Level values, encoded once
 
 # Under vLLM's logger tree, so the lines come out in the API server's own log format.
 logger = logging.getLogger("vllm.kvops_middleware")
@@ -215,7 +216,7 @@ class KVOpsMiddleware:
         refusal = limits.refusal(klass)
         if refusal is not None:  # before reading the body: under pressure, spend as little as possible
             return await self._reject(send, refusal, route.errors, limits)
-        level = [(LEVEL_HEADER, limits.level.label.encode())]
+        level = [(LEVEL_HEADER, _LEVELS[limits.level])]
         if not route.json or (limits.max_tokens_cap is None and not limits.single_sequence):
             return await self.app(scope, receive, _with_headers(send, level))
         raw = await _read_body(receive)
@@ -226,9 +227,10 @@ class KVOpsMiddleware:
             found = sites(route, body)
         except BodyError as problem:
             return await self._refuse(send, problem, route.errors, limits)
-        refusal = limits.batch_refusal(sum(prompt_count(site.item) for site in found), klass)
-        if refusal is not None:  # a list of prompts where the level runs one sequence per request
-            return await self._reject(send, refusal, route.errors, limits)
+        if limits.single_sequence:  # only then does a list of prompts count as several requests (batch_refusal)
+            refusal = limits.batch_refusal(sum(prompt_count(site.item) for site in found), klass)
+            if refusal is not None:
+                return await self._reject(send, refusal, route.errors, limits)
         changes = apply_limits(found, limits)
         if changes:
             raw = encode_body(body)
@@ -334,7 +336,7 @@ async def _answer(
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(payload)).encode()),
-        (LEVEL_HEADER, limits.level.label.encode()),
+        (LEVEL_HEADER, _LEVELS[limits.level]),
         *(extra or []),
     ]
     await send({"type": "http.response.start", "status": status.value, "headers": headers})

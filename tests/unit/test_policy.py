@@ -84,6 +84,10 @@ def test_clamp():
     assert warn == RequestParams(512, 4, 5, 3) and changes == ["max_tokens 1024->512"]
     degraded, changes = clamp(RequestParams(max_tokens=None, n=2), policy.limits(Level.DEGRADE))
     assert degraded == RequestParams(512, 1) and changes == ["max_tokens unset->512", "n 2->1"]
+    single, changes = clamp(RequestParams(100, 1, best_of=3, beam_width=2), policy.limits(Level.DEGRADE))
+    assert single == RequestParams(100, 1, 1, 1) and changes == ["best_of 3->1", "beam_width 2->1"]
+    small = RequestParams(max_tokens=100)
+    assert clamp(small, policy.limits(Level.DEGRADE))[0] is small  # unchanged: the same params, no copy
 
 
 @pytest.mark.parametrize(
