@@ -84,3 +84,21 @@ def test_a_tgi_pool_resting_on_too_few_logs_says_it_has_no_band(run_kvops):
     kv = {term["name"]: term for term in doc["memory"]["terms"]}["kv_cache"]
     assert "no band and no margin" in kv["formula"] and "fewer than the 5 that bound them" in kv["formula"]
     assert kv.get("band") is None and "margin" not in {term["name"] for term in doc["memory"]["terms"]}
+
+
+def test_without_a_workload_the_router_keeps_tgi_s_in_flight_limit(run_kvops):
+    """Sized for requests that fill the context, --max-concurrent-requests 52 would answer 429 to the 53rd short
+    request the pool could run, where stock TGI (128) queues it: no workload stated, the plan leaves TGI's default
+    and says what a stated one would size."""
+    unstated = plan(run_kvops, "-m", "llama-3.1-8b", "--gpu", "h100", "--max-model-len", "8192")
+    assert "max-concurrent-requests" not in unstated["flags"]
+    assert unstated["capacity"]["requests_at_full"] < 128
+    assert any(
+        note.startswith("max-concurrent-requests: TGI's default (128): no workload stated")
+        for note in unstated["notes"]
+    )
+    stated = plan(run_kvops, "-m", "llama-3.1-8b", "--gpu", "h100", "--max-model-len", "8192",
+                  "--prompt-tokens", "1000", "--gen-tokens", "500")  # fmt: skip
+    assert stated["flags"]["max-concurrent-requests"] == stated["capacity"]["requests_at_full"]
+    pinned = plan(run_kvops, "-m", "llama-3.1-8b", "--gpu", "h100", "--max-model-len", "8192", "--max-num-seqs", "40")
+    assert pinned["flags"]["max-concurrent-requests"] == 40
