@@ -20,6 +20,7 @@ def text(answer: Answer) -> str:
     lines = _header(answer)
     if answer.arms:
         lines += ["", *_arms_table(answer.arms)]
+        lines += _pools(answer.arms, answer.plan.capacity.num_blocks if answer.plan.capacity else None)
         lines += _ratios(answer.arms)
     if answer.rate_search is not None:
         lines += ["", *_rate_lines(answer.rate_search, answer)]
@@ -112,6 +113,20 @@ def _arms_table(arms: tuple[ArmResult, ...]) -> list[str]:
             lines.append(f"  {arm.arm}: {arm.change}")
     lines.append(f"  scheduler: {arms[0].label}")
     return lines
+
+
+def _pools(arms: tuple[ArmResult, ...], planned_blocks: int | None) -> list[str]:
+    """Each arm's pool where one is not the plan's: vLLM sizes its KV cache after its sampler and CUDA graphs, which
+    follow --max-num-seqs, so an arm at vLLM's default runs on the pool stock vLLM would size."""
+    runs: dict[tuple[int, int], list[str]] = {}
+    for arm in arms:
+        runs.setdefault((arm.settings["num_blocks"], arm.settings["max_num_seqs"]), []).append(arm.arm)
+    if all(blocks == planned_blocks for blocks, _ in runs):
+        return []
+    each = "; ".join(
+        f"{', '.join(names)} {blocks:,} blocks at --max-num-seqs {seqs}" for (blocks, seqs), names in runs.items()
+    )
+    return [f"  pool per arm: {each} (KV is sized after the sampler and CUDA graphs, which follow --max-num-seqs)"]
 
 
 def _ratios(arms: tuple[ArmResult, ...]) -> list[str]:

@@ -434,7 +434,7 @@ def core_settings(plan, arm: Arm, options: SchedulerOptions) -> CoreSettings:
     elif arm.name.startswith("active"):
         active = int(arm.change.split()[-1])
     return CoreSettings(
-        num_blocks=options.num_gpu_blocks_override or capacity.num_blocks,
+        num_blocks=options.num_gpu_blocks_override or _pool_at(plan, seqs),
         block_size=capacity.block_size,
         groups=tuple(CacheGroup(kind, window, size) for kind, window, size in capacity.cache_groups),
         max_model_len=length,
@@ -450,6 +450,23 @@ def core_settings(plan, arm: Arm, options: SchedulerOptions) -> CoreSettings:
         scheduler_cls=scheduler_cls,
         environment=environment,
     )
+
+
+def _pool_at(plan, seqs: int) -> int:
+    """The blocks vLLM sizes at `seqs` sequences: its sampler's profile and its CUDA graphs follow --max-num-seqs, so
+    an arm at vLLM's default (stock) has the pool stock vLLM would size, not the plan's (8B on an L4: 1,440 blocks
+    at vLLM's 256 where a plan for ShareGPT-like traffic runs 64 and gets 1,568)."""
+    from dataclasses import replace
+
+    from kvops.engines.vllm.plan import plan_once
+
+    capacity = plan.capacity
+    if seqs == plan.flags.get("max-num-seqs"):
+        return capacity.num_blocks
+    other = plan_once(replace(plan.inputs, max_num_seqs=seqs)).capacity
+    if other is None or other.num_blocks <= 1:
+        raise KvopsError(f"at vLLM's --max-num-seqs {seqs} this deployment has no KV pool left: nothing to simulate")
+    return other.num_blocks
 
 
 def simulation_core(plan, arm_text: str, scheduler_flags) -> tuple[VllmCore, str, dict[str, Any]]:

@@ -34,6 +34,22 @@ def test_compare_runs_the_arms_on_the_same_trace_and_says_the_ratio(run_kvops):
     assert "watermark:0.02: --watermark 0.02" in out
 
 
+def test_each_arm_runs_on_the_pool_vllm_sizes_at_its_own_max_num_seqs(run_kvops):
+    """vLLM sizes KV after its sampler and CUDA graphs, which follow --max-num-seqs: stock at vLLM's default (256 on
+    an L4) gets the pool `kvops plan --max-num-seqs 256` plans, the plan's arm the plan's own."""
+    deployment = ("-m", "llama-3.1-8b-instruct", "--gpu", "L4", "--max-model-len", "8192")
+    doc = json.loads(run_kvops("simulate", *deployment, "--requests", "20", "--rate", "2", "--compare", "stock,plan",
+                               "--json").stdout)  # fmt: skip
+    stock, planned = (arm["engine_settings"] for arm in doc["arms"])
+    at_default = json.loads(
+        run_kvops("plan", *deployment, "--max-num-seqs", str(stock["max_num_seqs"]), "--json").stdout
+    )
+    assert stock["max_num_seqs"] == 256 and stock["num_blocks"] == at_default["capacity"]["num_blocks"]
+    assert planned["max_num_seqs"] < 256 and planned["num_blocks"] == doc["pool"]["num_blocks"] > stock["num_blocks"]
+    text = run_kvops("simulate", *deployment, "--requests", "20", "--rate", "2", "--compare", "stock,plan").stdout
+    assert f"pool per arm: stock {stock['num_blocks']:,} blocks at --max-num-seqs 256; plan " in text
+
+
 def test_csv_has_a_row_per_request_of_every_arm(run_kvops, tmp_path):
     path = tmp_path / "requests.csv"
     run_kvops("simulate", *SMALL, "--compare", "stock,guard", "--csv", str(path))
