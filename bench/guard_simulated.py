@@ -74,11 +74,12 @@ def main() -> None:
         for traffic in options.traffic.split(","):
             started = time.monotonic()
             setup = setup_for(name, traffic, options.requests, options.max_tokens, options.seed)
-            saturated = run_arm(setup, "stock", all_at_once(setup.trace)).summary.throughput_rps
-            capacity = setup.plan.capacity
+            at_once = run_arm(setup, "stock", all_at_once(setup.trace))
+            saturated, stock = at_once.summary.throughput_rps, at_once.settings
             print(
-                f"\n{name}, {traffic} ({options.requests} requests, max_tokens {options.max_tokens}): pool "
-                f"{capacity.num_blocks:,} blocks of {capacity.block_size}; stock saturates at {saturated:.3g} req/s; "
+                f"\n{name}, {traffic} ({options.requests} requests, max_tokens {options.max_tokens}): stock's pool "
+                f"{stock['num_blocks']:,} blocks of {stock['block_size']} (at vLLM's --max-num-seqs "
+                f"{stock['max_num_seqs']}); stock saturates at {saturated:.3g} req/s; "
                 f"SLO TTFT <= {setup.slo.ttft_s:g} s, TPOT <= {setup.slo.tpot_s * 1000:.3g} ms",
                 flush=True,
             )
