@@ -206,14 +206,13 @@ def kvops_step_seconds(model: str, gpu: str) -> Any:
 
 
 def compare(path: Path, gpu: str) -> None:
-    from importlib import resources
-
     from kvops.gpus import find_gpu, gpu_performance
+    from kvops.packaged import packaged_text
 
     measured = json.loads(path.read_text())
     smi, torch_view = measured["nvidia_smi"], measured["torch"]
     card = find_gpu(gpu)
-    totals = json.loads(resources.files("kvops.catalog").joinpath("device_totals.json").read_text())["devices"]
+    totals = json.loads(packaged_text("kvops.catalog", "device_totals.json"))["devices"]
     print(f"{torch_view['device']} (driver {smi['driver']}, PyTorch {torch_view['version']}) against kvops' {card.id}")
     print(
         f"  nvidia-smi total   {smi['total_mib']} MiB        kvops: {card.memory_mib:.0f} MiB (kvops/catalog/gpus.json)"

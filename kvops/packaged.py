@@ -16,7 +16,7 @@ def packaged_path(package: str, name: str = "") -> Path:
     top, *inner = package.split(".")
     if top != "kvops":
         raise ValueError(f"{package} is not a kvops package")
-    return ROOT.joinpath(*inner, name) if name else ROOT.joinpath(*inner)
+    return ROOT.joinpath(*inner, name)
 
 
 def packaged_text(package: str, name: str) -> str:

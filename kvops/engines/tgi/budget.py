@@ -35,7 +35,7 @@ from kvops.plan import PlanInputs, Term
 
 DEFAULT_CUDA_MEMORY_FRACTION = 1.0  # launcher --cuda-memory-fraction
 DEFAULT_MAX_BATCH_PREFILL_TOKENS = 4096  # launcher fallback when no FLOPs-based value applies
-DEFAULT_MAX_CONCURRENT_REQUESTS = 128
+DEFAULT_MAX_CONCURRENT_REQUESTS = 128  # launcher --max-concurrent-requests (launcher/src/main.rs)
 DEFAULT_GENERATION_LENGTH = 1024  # router/src/validation.rs
 BLOCK_SIZES = {"flashinfer": 1, "flashdecoding": 256, "paged": 16}
 CHUNKING_ATTENTION = ("flashinfer", "flashdecoding")  # Model.__init__: prefill chunking only with these

@@ -22,9 +22,6 @@ NUM_BLOCKS_NOTE = "TGI's max batch total tokens = num_blocks x block size; block
 # CUDA graphs TGI captures after sizing its pool (batch sizes 1-32): public vLLM logs show 0.17 GiB (TP4,
 # noonghunna/club-3090#127) to 0.5 GiB (TP2, club-3090#104) for theirs; no TGI log in the corpus states it.
 CUDA_GRAPHS_ESTIMATE = 512 * (1 << 20)
-# The router's in-flight limit when the launcher is not told one (launcher/src/main.rs: `max_concurrent_requests`,
-# default_value = "128"; the same in the early launcher and in the 3.x routers read)
-DEFAULT_MAX_CONCURRENT_REQUESTS = 128
 
 
 @dataclass(frozen=True)
@@ -196,14 +193,17 @@ def _max_concurrent_requests(inputs: PlanInputs, at_full: int, target: int, note
     """The router's in-flight limit: what the stated requests fit at once (those beyond get TGI's 429 "Model is
     overloaded" instead of waiting); None, TGI's own default, when no workload is stated. Sized for requests that
     fill the context it would refuse short requests the pool could run, where stock TGI queues them."""
-    sequences = inputs.workload.sequences
     if inputs.max_num_seqs is not None:
         return inputs.max_num_seqs
-    sized = max(1, at_full, target) * sequences
-    if inputs.workload.total_tokens is None and inputs.concurrency is None and sized < DEFAULT_MAX_CONCURRENT_REQUESTS:
+    sized = max(1, at_full, target) * inputs.workload.sequences
+    if (
+        inputs.workload.total_tokens is None
+        and inputs.concurrency is None
+        and sized < budget.DEFAULT_MAX_CONCURRENT_REQUESTS
+    ):
         notes.append(
-            f"max-concurrent-requests: TGI's default ({DEFAULT_MAX_CONCURRENT_REQUESTS}): no workload stated; at the "
-            f"whole context {sized} requests fit at once (--prompt-tokens/--gen-tokens size it)"
+            f"max-concurrent-requests: TGI's default ({budget.DEFAULT_MAX_CONCURRENT_REQUESTS}): no workload stated; "
+            f"at the whole context {sized} requests fit at once (--prompt-tokens/--gen-tokens size it)"
         )
         return None
     return sized

@@ -455,14 +455,13 @@ def core_settings(plan, arm: Arm, options: SchedulerOptions) -> CoreSettings:
 def _pool_at(plan, seqs: int) -> int:
     """The blocks vLLM sizes at `seqs` sequences: its sampler's profile and its CUDA graphs follow --max-num-seqs, so
     an arm at vLLM's default (stock) has the pool stock vLLM would size, not the plan's (8B on an L4: 1,440 blocks
-    at vLLM's 256 where a plan for ShareGPT-like traffic runs 64 and gets 1,568)."""
+    at vLLM's 256, where a plan sized for ShareGPT-like traffic runs fewer sequences and gets 1,568)."""
     from dataclasses import replace
 
     from kvops.engines.vllm.plan import plan_once
 
-    capacity = plan.capacity
     if seqs == plan.flags.get("max-num-seqs"):
-        return capacity.num_blocks
+        return plan.capacity.num_blocks
     other = plan_once(replace(plan.inputs, max_num_seqs=seqs)).capacity
     if other is None or other.num_blocks <= 1:
         raise KvopsError(f"at vLLM's --max-num-seqs {seqs} this deployment has no KV pool left: nothing to simulate")
