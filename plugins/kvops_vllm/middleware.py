@@ -227,10 +227,9 @@ class KVOpsMiddleware:
             found = sites(route, body)
         except BodyError as problem:
             return await self._refuse(send, problem, route.errors, limits)
-        if limits.single_sequence:  # only then does a list of prompts count as several requests (batch_refusal)
-            refusal = limits.batch_refusal(sum(prompt_count(site.item) for site in found), klass)
-            if refusal is not None:
-                return await self._reject(send, refusal, route.errors, limits)
+        refusal = limits.batch_refusal(sum(prompt_count(site.item) for site in found), klass)
+        if refusal is not None:  # a list of prompts where the level runs one sequence per request
+            return await self._reject(send, refusal, route.errors, limits)
         changes = apply_limits(found, limits)
         if changes:
             raw = encode_body(body)
