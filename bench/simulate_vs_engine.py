@@ -1,7 +1,7 @@
 """kvops simulate against the real vLLM engine on this machine: the same traces through the vLLM CPU engine and
 through the simulator with the CPU step time fitted for the test model.
 
-    python bench/simulate_vs_engine.py [--fit] [--reps 2]
+    python bench/simulate_vs_engine.py [--fit] [--reps 3]
 
 The engine is vLLM's CPU build serving the test model (tests/support/tiny_model.py, dummy weights) on a 4 MiB KV
 pool (31 usable blocks of 128 tokens, so a burst preempts). Three traces of exact-length streamed requests:
@@ -11,8 +11,9 @@ pool (31 usable blocks of 128 tokens, so a burst preempts). Three traces of exac
 With --fit, the CPU profile's coefficients (kvops/catalog/step_time.json, profile "cpu") are fitted on burst and
 steady as bench/fit_steptime.py fits the GPU ones, and written; overload is scored with them either way. Printed
 per trace: preemptions (engine, simulated), how alike the completion orders are (Kendall's tau over the requests
-both completed), and the mean TTFT, TPOT and E2E of each, with the ratio. The machine's noise is in the engine's
-figures: the engine runs alone, but its 2 cores are shared with whatever else runs.
+both completed, the median over the repetitions), and the mean TTFT, TPOT and E2E of each: the engine's median over
+the repetitions [its range], the simulator's, and their ratio. The range is the machine's noise: the engine runs
+alone, but its 2 cores are shared with whatever else runs.
 """
 
 from __future__ import annotations
@@ -71,27 +72,43 @@ def as_trace(name: str, jobs: list[Job]) -> Trace:
     return Trace(tuple(requests), name)
 
 
-def engine_runs(model: Path, folder: Path, chosen: dict[str, list[Job]]) -> dict[str, dict]:
+METRICS = ("preemptions", "ttft_mean_ms", "tpot_mean_ms", "e2e_mean_ms", "completed")
+
+
+def measure(result) -> dict:
+    outcomes = result.outcomes
+    return {
+        "preemptions": result.preemptions,
+        "order": [index for index, _ in sorted(enumerate(outcomes), key=lambda item: item[1].done or 1e9)],
+        "ttft_mean_ms": 1000 * statistics.mean(o.ttft for o in outcomes if o.complete),
+        "tpot_mean_ms": 1000 * statistics.mean(o.tpot for o in outcomes if o.complete and o.tokens > 1),
+        "e2e_mean_ms": 1000 * statistics.mean(o.e2e for o in outcomes if o.complete),
+        "completed": sum(o.complete for o in outcomes),
+    }
+
+
+def engine_runs(model: Path, folder: Path, chosen: dict[str, list[Job]], reps: int) -> dict[str, dict]:
+    """Each trace `reps` times through one engine, the traces taken in turn so that a busy spell of the shared
+    machine slows them alike; per trace the median of each figure, its range over the repetitions, and each
+    repetition's completion order."""
     from tests.support.vllm_server import VllmServer
 
-    measured = {}
+    runs: dict[str, list[dict]] = {name: [] for name in chosen}
     args = ["--max-model-len", str(MAX_MODEL_LEN), "--kv-cache-memory-bytes", str(KV_BYTES)]
     with VllmServer(model, folder / "vllm.log", args=args) as server:
         run(server, "warm-up", [Job(0, [5, 6, 7], 4, stream=True)])
-        for name, jobs in chosen.items():
-            result = run(server, name, jobs)
-            outcomes = result.outcomes
-            measured[name] = {
-                "preemptions": result.preemptions,
-                "order": [index for index, _ in sorted(enumerate(outcomes), key=lambda item: item[1].done or 1e9)],
-                "ttft_mean_ms": 1000 * statistics.mean(o.ttft for o in outcomes if o.complete),
-                "tpot_mean_ms": 1000 * statistics.mean(o.tpot for o in outcomes if o.complete and o.tokens > 1),
-                "e2e_mean_ms": 1000 * statistics.mean(o.e2e for o in outcomes if o.complete),
-                "completed": sum(o.complete for o in outcomes),
-            }
-            print(
-                f"  engine {name}: {json.dumps({k: v for k, v in measured[name].items() if k != 'order'})}", flush=True
-            )
+        for rep in range(reps):
+            for name, jobs in chosen.items():
+                runs[name].append(measure(run(server, name, jobs)))
+                shown = {key: round(runs[name][-1][key], 2) for key in METRICS}
+                print(f"  engine {name} #{rep + 1}: {json.dumps(shown)}", flush=True)
+    measured = {}
+    for name, each in runs.items():
+        measured[name] = {key: statistics.median(run[key] for run in each) for key in METRICS}
+        measured[name]["range"] = {
+            key: (min(run[key] for run in each), max(run[key] for run in each)) for key in METRICS
+        }
+        measured[name]["orders"] = [run["order"] for run in each]
     return measured
 
 
@@ -155,7 +172,7 @@ def compare(name: str, engine: dict, log) -> dict:
         "tpot_mean_ms": summary.tpot.mean * 1000,
         "e2e_mean_ms": summary.e2e.mean * 1000,
     }
-    row = {"trace": name, "tau": kendall_tau(engine["order"], order)}
+    row = {"trace": name, "tau": statistics.median(kendall_tau(each, order) for each in engine["orders"])}
     for key, value in simulated.items():
         row[key] = (engine[key], value)
     return row
@@ -174,6 +191,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fit", action="store_true", help="fit the CPU profile on burst and steady, and write it")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--reps", type=int, default=3, help="runs of each trace through the engine (default 3)")
     options = parser.parse_args()
     from tests.support.tiny_model import build_model
 
@@ -182,7 +200,7 @@ def main() -> None:
         folder = Path(scratch)
         model = build_model(folder / "model")
         started = time.monotonic()
-        measured = engine_runs(model, folder, chosen)
+        measured = engine_runs(model, folder, chosen, options.reps)
         print(f"engine runs: {time.monotonic() - started:.0f} s", flush=True)
         plan = cpu_plan(model)
         sim_traces = {name: as_trace(name, jobs) for name, jobs in chosen.items()}
@@ -197,13 +215,14 @@ def main() -> None:
             write_profile(profile)
         else:
             profile = steptime.coefficients("cpu")
-        print(f"{'trace':<9} {'tau':>5} {'preempted':>14} {'TTFT ms':>22} {'TPOT ms':>20} {'E2E ms':>24}")
+        print(f"{'trace':<9} {'tau':>5} {'preempted':>14} {'TTFT ms':>32} {'TPOT ms':>30} {'E2E ms':>34}")
         for name, trace in sim_traces.items():
             row = compare(name, measured[name], recorded_run(plan, trace, profile, {})[0])
-            cells = [f"{row['preemptions'][0]:>6} {row['preemptions'][1]:>6}"]
+            cells = [f"{row['preemptions'][0]:>6g} {row['preemptions'][1]:>6}"]
             for key in ("ttft_mean_ms", "tpot_mean_ms", "e2e_mean_ms"):
                 engine, simulated = row[key]
-                cells.append(f"{engine:>7.1f} {simulated:>7.1f} {simulated / engine:>5.2f}x")
+                low, high = measured[name]["range"][key]
+                cells.append(f"{engine:>7.1f} [{low:.1f}-{high:.1f}] {simulated:>7.1f} {simulated / engine:>5.2f}x")
             held = "" if name in FITTED or not options.fit else " (held out)"
             print(f"{name:<9} {row['tau']:>5.2f} " + " ".join(cells) + held)
 
