@@ -13,6 +13,7 @@ The timing is not here: `kvops.simulate` asks a step-time model what each schedu
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import tempfile
@@ -456,16 +457,24 @@ def _pool_at(plan, seqs: int) -> int:
     """The blocks vLLM sizes at `seqs` sequences: its sampler's profile and its CUDA graphs follow --max-num-seqs, so
     an arm at vLLM's default (stock) has the pool stock vLLM would size, not the plan's (8B on an L4: 1,440 blocks
     at vLLM's 256, where a plan sized for ShareGPT-like traffic runs fewer sequences and gets 1,568)."""
+    if seqs == plan.flags.get("max-num-seqs"):
+        return plan.capacity.num_blocks
+    blocks = _blocks_at(plan.inputs, seqs)
+    if blocks <= 1:
+        raise KvopsError(f"at vLLM's --max-num-seqs {seqs} this deployment has no KV pool left: nothing to simulate")
+    return blocks
+
+
+@functools.lru_cache(maxsize=16)
+def _blocks_at(inputs, seqs: int) -> int:
+    """The pool of the same deployment planned at `seqs` sequences (0 where none is left); kept, since every arm
+    of every run (a --max-rate search makes dozens) asks for it again."""
     from dataclasses import replace
 
     from kvops.engines.vllm.plan import plan_once
 
-    if seqs == plan.flags.get("max-num-seqs"):
-        return plan.capacity.num_blocks
-    other = plan_once(replace(plan.inputs, max_num_seqs=seqs)).capacity
-    if other is None or other.num_blocks <= 1:
-        raise KvopsError(f"at vLLM's --max-num-seqs {seqs} this deployment has no KV pool left: nothing to simulate")
-    return other.num_blocks
+    capacity = plan_once(replace(inputs, max_num_seqs=seqs)).capacity
+    return 0 if capacity is None else capacity.num_blocks
 
 
 def simulation_core(plan, arm_text: str, scheduler_flags) -> tuple[VllmCore, str, dict[str, Any]]:
