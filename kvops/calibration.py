@@ -12,9 +12,10 @@ from typing import Any
 
 from kvops.plan import Plan
 from kvops.profile import Profile
+from kvops.record import record
 
 
-@dataclass(frozen=True)
+@record
 class Comparison:
     term: str
     unit: str  # "bytes", "tokens", "blocks", "x"

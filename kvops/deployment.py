@@ -7,16 +7,17 @@ What the user typed wins over what a run states (`under`); what neither states k
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import fields, replace
 from typing import Any
 
 from kvops.errors import ConfigError
 from kvops.plan import PlanInputs, Speculative
 from kvops.profile import Profile
+from kvops.record import record
 from kvops.workload import Workload, parse_workload
 
 
-@dataclass(frozen=True)
+@record
 class DeploymentOptions:
     model: str | None = None
     engine: str = "vllm"

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from math import ceil
 
 from kvops.errors import UsageError
+from kvops.record import record
 
 SCALE_BYTES = 4  # quantized caches keep their scales in fp32
 
 
-@dataclass(frozen=True)
+@record
 class KvDtype:
     """One KV element type.
 

@@ -9,17 +9,18 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from functools import lru_cache
 from types import MappingProxyType
 
 from kvops.errors import MissingDevice, UsageError
 from kvops.packaged import packaged_text
+from kvops.record import record
 
 MiB = 1 << 20
 
 
-@dataclass(frozen=True)
+@record
 class Gpu:
     id: str
     name: str  # the product name nvidia-smi / rocm-smi prints
@@ -151,7 +152,7 @@ _FLOPS_KEYS = {
 }
 
 
-@dataclass(frozen=True)
+@record
 class GpuPerformance:
     """A GPU's vendor-published peaks (gpu_performance.json): dense Tensor-core FLOP/s per dtype, memory and
     GPU-to-GPU bandwidth in bytes/s. None where the vendor publishes no figure (the json says why)."""

@@ -11,16 +11,16 @@ nvidia-smi prints MiB (binary): every figure here is an exact number of MiB. Pur
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 from kvops.errors import KvopsError
+from kvops.record import record
 
 MiB = 1 << 20
 _MEMORY_CELL = re.compile(r"\|\s*(\d{1,12})MiB\s*/\s*(\d{1,12})MiB\s*\|")  # 12 digits of MiB: past any device
 _CSV_FIELD = re.compile(r"^\s*([a-z_.]+)(?:\s*\[([^\]]+)\])?\s*$")
 
 
-@dataclass(frozen=True)
+@record
 class SmiDevice:
     index: int
     used_bytes: int

@@ -9,10 +9,12 @@ holds one, each engine's budget reads it.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from functools import lru_cache
 from math import ceil
 from typing import Any
+
+from kvops.record import record
 
 OVERHEADS_FILE = "overheads.json"
 IMPLAUSIBLE_OVERHEAD_SHARE = 0.25  # an overhead beyond this share of the budget is not the launch's
@@ -20,7 +22,7 @@ MIN_MARGIN_LOGS = 5  # fewer residuals than this bound nothing: no margin, no ba
 POOLED = "all releases"  # the fit over every family, for a family without logs of its own or of its fallback
 
 
-@dataclass(frozen=True)
+@record
 class Observation:
     """What one engine log measured of the terms kvops estimates, beside kvops' own model of that launch."""
 
@@ -67,7 +69,7 @@ class Observation:
         return {key: value for key, value in asdict(self).items() if value is not None}
 
 
-@dataclass(frozen=True)
+@record
 class FamilyFit:
     """One release family's fitted overhead terms, and how far its logs fell from them."""
 
@@ -162,7 +164,7 @@ class FamilyFit:
         )
 
 
-@dataclass(frozen=True)
+@record
 class OverheadFit:
     engine: str
     families: dict[str, FamilyFit]

@@ -7,7 +7,7 @@ supports (quantized KV dtypes, data-parallel replicas, offloading); the search o
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from math import ceil
 
 from kvops import engines
@@ -18,6 +18,7 @@ from kvops.formula import check_tp
 from kvops.gpus import Gpu, gpu_catalog
 from kvops.model.spec import ModelSpec
 from kvops.plan import Plan, PlanInputs, WayOut
+from kvops.record import record
 from kvops.units import format_bytes
 
 TENSOR_PARALLEL_SIZES = (2, 4, 8)
@@ -162,7 +163,7 @@ def _larger_gpu(inputs: PlanInputs) -> list[WayOut]:
     return []
 
 
-@dataclass(frozen=True)
+@record
 class KvBudget:
     """The KV memory an engine's plan leaves for one model on one device: what `kvops plot` draws."""
 

@@ -8,13 +8,14 @@ reading the YAML file in `load_policy`.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from enum import IntEnum
 from pathlib import Path
 from typing import Any
 
 from kvops.errors import KvopsError
 from kvops.packaged import packaged_text
+from kvops.record import record
 
 
 class Level(IntEnum):
@@ -54,7 +55,7 @@ class RequestClass(IntEnum):
         return self.name.lower()
 
 
-@dataclass(frozen=True)
+@record
 class Priorities:
     """Request classes by the request's `priority`, in vLLM's convention (`--scheduling-policy priority`: a lower
     value is served first; unset is 0). llm-d's InferenceObjective counts the other way (higher is more
@@ -72,7 +73,7 @@ class Priorities:
         return RequestClass.STANDARD
 
 
-@dataclass(frozen=True)
+@record
 class Refusal:
     """A request a level will not serve now: what the admission proxy answers, in the engine's error shape, with
     `Retry-After: retry_after_seconds`. 429 for a sheddable request (llm-d sheds those with 429), 503 for others."""
@@ -82,7 +83,7 @@ class Refusal:
     message: str
 
 
-@dataclass(frozen=True)
+@record
 class Limits:
     """What a level does to each new request."""
 
@@ -188,7 +189,7 @@ class Limits:
         return _limits(level, {key: value for key, value in data.items() if key != "level"}, where)
 
 
-@dataclass(frozen=True)
+@record
 class SignalRule:
     """A saturation signal beyond KV %: when it fires, the level is at least `raise_to` (None: alert only)."""
 
@@ -202,7 +203,7 @@ class SignalRule:
     above_ms: float = 0.0  # offload_load_latency: alert when loads from host memory take longer on average (ms each)
 
 
-@dataclass(frozen=True)
+@record
 class Policy:
     thresholds: dict[Level, float]
     hysteresis: float
@@ -317,7 +318,7 @@ class LevelTracker:
         return self.policy.limits(self.level, self.last_known)
 
 
-@dataclass(frozen=True)
+@record
 class RequestParams:
     """The request fields a level may change, engine-neutral (OpenAI max_tokens/n/best_of/use_beam_search, TGI max_new_tokens/best_of)."""
 

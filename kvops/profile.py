@@ -7,15 +7,16 @@ the engine release it came from; a plan for another says so.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, fields
 from typing import Any
 
 from kvops.errors import ConfigError
+from kvops.record import record
 
 PROFILE_VERSION = 1
 
 
-@dataclass(frozen=True)
+@record
 class Profile:
     engine: str
     source: str  # the log file or metrics URL it came from

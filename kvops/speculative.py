@@ -9,17 +9,17 @@ says so ("eagle-", "eagle3"), else a draft model.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Any, TypeGuard
 
 from kvops.errors import UsageError
+from kvops.record import record
 
 MTP_NAMES = ("deepseek_mtp", "mimo_mtp", "glm4_moe_mtp", "qwen3_next_mtp", "qwen3_5_mtp", "nemotron_h_mtp", "ernie_mtp")
 DRAFTED = ("eagle", "eagle3", "draft_model", "medusa", "mlp_speculator")  # a draft "model" of their own
 EXAMPLE = '{"method": "eagle3", "model": "ORG/EAGLE3-HEAD", "num_speculative_tokens": 3}'
 
 
-@dataclass(frozen=True)
+@record
 class SpeculativeSettings:
     method: str
     tokens: int

@@ -11,17 +11,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 from kvops.errors import ConfigError, UsageError
 from kvops.files import DOCUMENT_LIMIT, LOG_LIMIT, load_json, read_json, read_text
+from kvops.record import record
 from kvops.workload import percentile
 
 
-@dataclass(frozen=True)
+@record
 class Prompt:
     """One request's prompt: where it came from and its chat messages (a bare text is one user message)."""
 

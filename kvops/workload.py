@@ -7,15 +7,15 @@ caller reads the file.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from math import ceil
 from typing import Any
 
 from kvops.errors import UsageError
 from kvops.files import load_json
+from kvops.record import record
 
 
-@dataclass(frozen=True)
+@record
 class Workload:
     """What requests look like: tokens in and out (p95 when read from a file), and parallel sequences per request."""
 

@@ -14,12 +14,12 @@ into a shared volume that the engine puts on PYTHONPATH (the engine image stays 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from kvops import engines
 from kvops.plan import Plan
 from kvops.policy import Policy
+from kvops.record import record
 from kvops.render.quote import comment
 from kvops.watch.rules import PlanFigures
 
@@ -36,7 +36,7 @@ print("kvops: copied kvops and kvops_vllm", kvops.__version__, "to {PLUGIN_DIR}"
 """
 
 
-@dataclass(frozen=True)
+@record
 class Stack:
     plan: Plan
     rules: str  # `kvops alerts` output, in the target's format

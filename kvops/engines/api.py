@@ -8,9 +8,10 @@ table and clamps what the route's `Fields` name. Nothing here knows an engine.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any, Protocol
+
+from kvops.record import record
 
 
 class ErrorShape(Protocol):
@@ -23,7 +24,7 @@ class ErrorShape(Protocol):
         ...
 
 
-@dataclass(frozen=True)
+@record
 class Fields:
     """Where one generation's limits sit in a request body, and what the engine calls them."""
 
@@ -38,7 +39,7 @@ class Fields:
     below: tuple[tuple[str, int], ...] = ()
 
 
-@dataclass(frozen=True)
+@record
 class Variant:
     """One reading of a body that may be one of several request types (an untagged union, tried in order)."""
 
@@ -46,7 +47,7 @@ class Variant:
     when: str | None = None  # the key whose presence selects this reading; None: always
 
 
-@dataclass(frozen=True)
+@record
 class Route:
     """A generation route: POST to `path` (canonical; a `*` segment matches any one segment)."""
 

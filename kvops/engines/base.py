@@ -4,9 +4,10 @@ implements. Nothing outside `kvops/engines/` asks which engine it is; it asks th
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol
+
+from kvops.record import record
 
 if TYPE_CHECKING:
     from kvops.calibration import Calibration
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
     from kvops.plan import Plan, PlanInputs, WayOut
 
 
-@dataclass(frozen=True)
+@record
 class Container:
     """How the engine's official image runs: its container, the port it serves and where it keeps models."""
 

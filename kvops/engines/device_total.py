@@ -3,7 +3,6 @@ kvops/catalog/device_totals.json), else nvidia-smi's total less what drivers are
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import lru_cache
 from math import floor
 
@@ -11,12 +10,13 @@ from kvops.engines.common import CALIBRATE_HINT
 from kvops.errors import MissingDevice
 from kvops.gpus import gpu_catalog
 from kvops.plan import PlanInputs, Term
+from kvops.record import record
 from kvops.units import GiB
 
 MiB = 1 << 20
 
 
-@dataclass(frozen=True)
+@record
 class EngineTotal:
     """A GPU's total as torch reports it to the engine (kvops/catalog/device_totals.json): the bytes measured on the
     GPU where kvops has them, else a public engine log's GiB with the log's own decimals."""

@@ -10,8 +10,10 @@ import math
 import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import NamedTuple
+
+from kvops.record import record
 
 
 class MetricsError(Exception):
@@ -80,7 +82,7 @@ class Samples:
         return _finite(name, max(s.value for s in found)) if found else None
 
 
-@dataclass(frozen=True)
+@record
 class Reading:
     """One replica at one instant: KV usage and the saturation counters, engine-neutral."""
 
@@ -229,7 +231,7 @@ def series(name: str, matchers: list[str], **labels: str) -> str:
     return f"{name}{{{','.join(every)}}}" if every else name
 
 
-@dataclass(frozen=True)
+@record
 class PromQL:
     """An engine's saturation signals as PromQL, for the alert rules. `$window` stands for a range like 60s."""
 
@@ -265,7 +267,7 @@ def release_key(release: str) -> tuple[int, ...]:
     return tuple(int(part) for part in release.split("."))
 
 
-@dataclass(frozen=True)
+@record
 class Retired:
     """A metric the engine stopped exporting, or will: its replacement and the releases of each step."""
 
@@ -284,7 +286,7 @@ class Retired:
         return None
 
 
-@dataclass(frozen=True)
+@record
 class Catalogue:
     """An engine's metric families (names as registered, without `_total`/`_bucket`/... suffixes) at a release."""
 

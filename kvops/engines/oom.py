@@ -4,7 +4,8 @@ device, this process and the others, whichever engine raised it."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+
+from kvops.record import record
 
 _SIZE_UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
 # a size where a number starts (the lookbehind): searched along a line, a run of digits is tried once, not at each of
@@ -36,7 +37,7 @@ def size_bytes(text: str) -> int:
     return round(float(number) * _SIZE_UNITS[unit])
 
 
-@dataclass(frozen=True)
+@record
 class OutOfMemory:
     """The figures of one torch out-of-memory message (per device, at the moment of the failed allocation)."""
 

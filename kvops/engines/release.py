@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from kvops.errors import UsageError
+from kvops.record import record
 
 _VERSION = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?")
 
@@ -45,7 +46,7 @@ def newest_read(read: Iterable[str], version: Version) -> Version:
     return next((item for item in reversed(ordered) if item <= version), ordered[0])
 
 
-@dataclass(frozen=True)
+@record
 class Rule:
     """One rule a release follows, and where it comes from (the engine's source, a PR, a changelog)."""
 

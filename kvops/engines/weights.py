@@ -5,7 +5,7 @@ obtained."""
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import field
 from math import ceil
 
 from kvops.dtypes import KV_DTYPES, serving_dtype
@@ -13,10 +13,11 @@ from kvops.errors import UsageError
 from kvops.model.checkpoint import LoadedWeights, Loading, Parallel, loaded_weights, pipeline_partition
 from kvops.model.spec import ModelSpec
 from kvops.plan import Term
+from kvops.record import record
 from kvops.units import format_bytes
 
 
-@dataclass(frozen=True)
+@record
 class WeightFormat:
     """How a checkpoint's weights are stored: bits per quantized weight (scales included) and what is quantized."""
 
@@ -156,7 +157,7 @@ def _mixed_precision(quant: dict, spec: ModelSpec) -> WeightFormat:
     return WeightFormat("fp8", 8, "linear", f"ModelOpt mixed precision ({mix} layers), all counted as fp8, {exact}")
 
 
-@dataclass(frozen=True)
+@record
 class WeightOptions:
     """What the engine loads besides the format: the parallel split and what it leaves out or converts."""
 

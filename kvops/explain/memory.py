@@ -3,19 +3,20 @@ each marked with where it came from, and the totals they add up to."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from math import ceil
 from typing import Any
 
 from kvops.engines.vllm.logs import EngineOutOfMemory, KvTooSmall, StartupFreeMemory
 from kvops.explain.run import TERMS, Run, planned_capacity
 from kvops.plan import Plan, PlanInputs
+from kvops.record import record
 from kvops.units import format_bytes
 
 LOG_ROUNDING = "vLLM logs GiB with two decimals: +-5 MiB"
 
 
-@dataclass(frozen=True)
+@record
 class Figure:
     """One memory figure per GPU and where it came from."""
 

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
 
 from kvops.model.params import PublishedCount
 from kvops.packaged import packaged_path, packaged_text
+from kvops.record import record
 
 
-@dataclass(frozen=True)
+@record
 class CatalogEntry:
     """One catalog file: the config.json, its source, and the published parameter count of the checkpoint."""
 

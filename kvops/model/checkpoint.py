@@ -26,13 +26,14 @@ from __future__ import annotations
 import re
 import struct
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import field
 from math import ceil, prod
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from kvops.errors import ConfigError
 from kvops.files import DOCUMENT_LIMIT, load_json, open_regular, read_json
+from kvops.record import record
 
 HEADER_PREFIX = 8  # the u64 header length
 MAX_BYTES = 1 << 50  # data offsets and dimensions past a PiB are not a checkpoint's
@@ -64,7 +65,7 @@ _REPLICATED = re.compile(
 _KV_PROJ = re.compile(r"\.(k_proj|v_proj)\.")
 
 
-@dataclass(frozen=True)
+@record
 class Tensor:
     name: str
     dtype: str  # as safetensors names it: BF16, F8_E4M3, U8, I32, ...
@@ -76,7 +77,7 @@ class Tensor:
         return prod(self.shape)
 
 
-@dataclass(frozen=True)
+@record
 class Checkpoint:
     """Every tensor of a checkpoint's safetensors files, and where they were read."""
 
@@ -194,7 +195,7 @@ def read_local(folder: Path) -> Checkpoint | None:
 # --- what one GPU loads -----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@record
 class Parallel:
     """How the engine splits the weights: tensor-parallel size, pipeline stages, the ranks routed experts are
     spread over (vLLM: tp x dp), and whether each rank holds whole experts (--enable-expert-parallel)."""
@@ -205,7 +206,7 @@ class Parallel:
     whole_experts: bool = False
 
 
-@dataclass(frozen=True)
+@record
 class Loading:
     """What the engine leaves out or converts."""
 
@@ -218,7 +219,7 @@ class Loading:
     num_experts: int = 0
 
 
-@dataclass(frozen=True)
+@record
 class LoadedWeights:
     """The weights one GPU holds (on the stage that holds the most), per dtype as loaded, and what was left out."""
 

@@ -17,7 +17,6 @@ import json
 import os
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Any, Literal
@@ -35,6 +34,7 @@ from kvops.model.checkpoint import (
     parse_header,
 )
 from kvops.model.refs import HubRef
+from kvops.record import record
 
 FIRST_READ = 100_000  # one range read holds the whole header for almost every file; a second read when not
 HEADER_READERS = 8  # shards whose headers are read at once
@@ -45,7 +45,7 @@ class HubError(ModelNotFound):
     """The Hub could not give a model's files: one line saying what failed and what to do."""
 
 
-@dataclass(frozen=True)
+@record
 class HubModel:
     ref: HubRef
     config: dict[str, Any]

@@ -10,14 +10,14 @@ model's count for the weights; the parts are kept apart so an engine can leave o
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from kvops.errors import ConfigError
 from kvops.model.spec import CacheKind, MambaState, ParameterCount
+from kvops.record import record
 
 
-@dataclass(frozen=True)
+@record
 class PublishedCount:
     """A checkpoint's published parameter count, and what it holds besides (or without) the counted parts."""
 

@@ -6,15 +6,15 @@ Names only: `kvops.model.locate` decides where a model comes from, `kvops.model.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 from kvops.errors import ModelNotFound
+from kvops.record import record
 
 HUB_PREFIX = "hf://"
 _REPO = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
-@dataclass(frozen=True)
+@record
 class HubRef:
     repo: str
     revision: str | None = None  # a branch, tag or commit; None: the repository's default branch

@@ -11,12 +11,13 @@ DeltaNet) caches no tokens: one fixed-size recurrent state (a convolution window
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import field
 from math import ceil, prod
 from typing import TYPE_CHECKING, ClassVar
 
 from kvops.dtypes import SCALE_BYTES, KvDtype
 from kvops.errors import UsageError
+from kvops.record import record
 
 if TYPE_CHECKING:
     from kvops.model.checkpoint import Checkpoint
@@ -29,7 +30,7 @@ def kv_heads_per_gpu(num_kv_heads: int, tp: int) -> int:
     return max(1, num_kv_heads // tp)
 
 
-@dataclass(frozen=True)
+@record
 class FullAttention:
     """A layer that caches K and V of every token."""
 
@@ -78,7 +79,7 @@ class FullAttention:
         return self.kind
 
 
-@dataclass(frozen=True)
+@record
 class SlidingWindow(FullAttention):
     """A layer that attends to (and needs to cache) only the last `window` tokens."""
 
@@ -92,7 +93,7 @@ class SlidingWindow(FullAttention):
         return f"sliding {self.window}"
 
 
-@dataclass(frozen=True)
+@record
 class ChunkedLocal(FullAttention):
     """Llama 4's chunked local attention: a token attends only within its chunk of `chunk` tokens, so the layer
     holds at most the current chunk (vLLM's ChunkedLocalAttentionSpec)."""
@@ -107,7 +108,7 @@ class ChunkedLocal(FullAttention):
         return f"chunked {self.chunk}"
 
 
-@dataclass(frozen=True)
+@record
 class MultiLatentAttention:
     """DeepSeek's MLA: one compressed latent plus the rotary key part per token, shared by all heads.
 
@@ -162,7 +163,7 @@ class MultiLatentAttention:
 INDEXER_QUANT_BLOCK = 128  # vLLM's indexer stores fp8 keys with one fp32 scale per 128 values
 
 
-@dataclass(frozen=True)
+@record
 class SparseIndexer:
     """DeepSeek-V3.2's lightning indexer (also GLM-5): per token one fp8 key of index_head_dim values and one fp32
     scale per 128 of them, whatever the KV dtype; one per MLA layer, not split by tp (vLLM's
@@ -199,7 +200,7 @@ class SparseIndexer:
         return "indexer"
 
 
-@dataclass(frozen=True)
+@record
 class MambaState:
     """A recurrent layer's per-sequence state, as vLLM shapes it (MambaStateShapeCalculator): a convolution
     window of (conv_kernel - 1) x conv_dim values and an SSM state; both split by tp. No per-token cost.
@@ -260,7 +261,7 @@ class MambaState:
         return f"{self.variant} state"
 
 
-@dataclass(frozen=True)
+@record
 class NoCache:
     """A layer that keeps nothing per sequence: an MLP or MoE-only block (Nemotron-H), an attention that is a
     no-op or a linear map (Nemotron NAS), or one that reads another layer's KV (shared KV layers)."""
@@ -274,7 +275,7 @@ LayerKind = FullAttention | SlidingWindow | ChunkedLocal | MultiLatentAttention 
 CacheKind = LayerKind | NoCache
 
 
-@dataclass(frozen=True)
+@record
 class LayerGroup:
     """Layers of one identical kind, with their indices in the model."""
 
@@ -286,7 +287,7 @@ class LayerGroup:
         return len(self.indices)
 
 
-@dataclass(frozen=True)
+@record
 class ParameterCount:
     total: int  # the language model an engine loads for text generation (MTP and vision towers apart)
     experts: int  # inside routed experts
@@ -304,7 +305,7 @@ class ParameterCount:
         return self.total + self.mtp + self.vision
 
 
-@dataclass(frozen=True)
+@record
 class EncoderShape:
     """A multimodal encoder as the profile run exercises it: its width, MLP size, and encoder positions (patches)
     per language-model token it yields (a spatial merge of 2 x 2 feeds 4 patches into one token)."""
@@ -314,7 +315,7 @@ class EncoderShape:
     patches_per_token: int = 1
 
 
-@dataclass(frozen=True)
+@record
 class ModelSpec:
     """A model reduced to the facts that decide its serving memory. Built once from a config.json."""
 

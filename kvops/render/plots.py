@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -12,6 +11,7 @@ from kvops.errors import KvopsError
 from kvops.formula import kv_cost
 from kvops.model.spec import ModelSpec
 from kvops.policy import GRADED, Level, Policy
+from kvops.record import record
 from kvops.units import format_bytes
 
 if TYPE_CHECKING:
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 MIN_POINTS = 8  # a short context axis still draws a line, not a dot
 
 
-@dataclass(frozen=True)
+@record
 class Budget:
     """A horizontal line: the KV memory a plan leaves for one model on the device, and what it is."""
 

@@ -39,11 +39,11 @@ import stat
 import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
 from typing import IO, Any, cast
 
+from kvops.record import record
 from kvops.simulate.trace import (
     MISSING,
     Segment,
@@ -68,14 +68,14 @@ Tokenizer = Callable[[str], int]
 """Counts a text's tokens as the engine would: vLLM's benchmark counts len(tokenizer(text).input_ids)."""
 
 
-@dataclass(frozen=True)
+@record
 class Options:
     tokenizer: Tokenizer | None = None
     model_filter: str | None = None
     limit: int | None = None
 
 
-@dataclass(frozen=True)
+@record
 class HashedLayout:
     """How a hash-id trace counts time and blocks."""
 

@@ -6,15 +6,15 @@ TPOT is a request's (E2E - TTFT) / (output tokens - 1); ITL is every gap between
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
+from kvops.record import record
 from kvops.simulate.run import RequestLog, RunLog
 
 QUANTILES = (50, 90, 99)
 
 
-@dataclass(frozen=True)
+@record
 class Slo:
     """Targets a request must meet to count toward goodput, in seconds."""
 
@@ -28,7 +28,7 @@ class Slo:
         return {"ttft_ms": self.ttft_s * 1000, "tpot_ms": self.tpot_s * 1000}
 
 
-@dataclass(frozen=True)
+@record
 class Distribution:
     mean: float
     p50: float
@@ -39,7 +39,7 @@ class Distribution:
         return {name: round(getattr(self, name) * scale, 3) for name in ("mean", "p50", "p90", "p99")}
 
 
-@dataclass(frozen=True)
+@record
 class Summary:
     requests: int
     completed: int

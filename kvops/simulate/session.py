@@ -3,13 +3,14 @@ everything they produced kept for the renderers."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from kvops import engines
 from kvops.deployment import DeploymentOptions
 from kvops.errors import UsageError
 from kvops.plan import Plan, PlanError
+from kvops.record import record
 from kvops.simulate import cost, steptime
 from kvops.simulate.results import Slo
 from kvops.simulate.run import ClientSettings
@@ -19,7 +20,7 @@ from kvops.simulate.traffic import Traffic, build_trace
 from kvops.workload import Workload, percentile
 
 
-@dataclass(frozen=True)
+@record
 class Request:
     """What the user asked of the simulation, beside the deployment."""
 
@@ -36,7 +37,7 @@ class Request:
     tokenizer: str | None = None  # a local tokenizer folder for ShareGPT's texts
 
 
-@dataclass(frozen=True)
+@record
 class Answer:
     setup: Setup
     arms: tuple[ArmResult, ...] = ()

@@ -33,18 +33,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
 from kvops.errors import KvopsError
 from kvops.packaged import packaged_text
+from kvops.record import record
 
 TERMS = ("step_s", "layer_s", "tp_step_s", "linear", "experts", "compute", "kv", "attention", "comm", "comm_latency_s")
 ACTIVATION_BYTES = 2  # all-reduces move 16-bit activations
 
 
-@dataclass(frozen=True)
+@record
 class CacheRead:
     """One cache kind's reads: bytes per cached token per GPU over all its layers, the tokens it keeps (None:
     all), its layers and their query heads per GPU; a recurrent state instead reads `state_bytes` per request."""
@@ -57,7 +57,7 @@ class CacheRead:
     state_bytes: int = 0
 
 
-@dataclass(frozen=True)
+@record
 class ModelCost:
     """One model's per-GPU costs at a tensor-parallel size: what the roofline terms are computed from."""
 
@@ -91,7 +91,7 @@ class ModelCost:
         }
 
 
-@dataclass(frozen=True)
+@record
 class Hardware:
     """The datasheet figures the terms divide by."""
 
@@ -102,13 +102,13 @@ class Hardware:
     source: str
 
 
-@dataclass(frozen=True)
+@record
 class Coefficient:
     value: float
     source: str
 
 
-@dataclass(frozen=True)
+@record
 class Coefficients:
     """A fitted set: each term's coefficient and where it came from, and the API server's time per request."""
 
@@ -131,7 +131,7 @@ class StepTimeError(KvopsError):
     """The step-time data cannot be used for this device."""
 
 
-@dataclass(frozen=True)
+@record
 class StepTime:
     """A model on a device: seconds per step from the batch."""
 

@@ -3,9 +3,8 @@ file, or by a rate, or sent as fast as a number of clients allows."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from kvops.errors import UsageError
+from kvops.record import record
 from kvops.simulate.formats import read_trace
 from kvops.simulate.synthetic import arrivals, synthetic_trace
 from kvops.simulate.trace import Trace
@@ -13,7 +12,7 @@ from kvops.simulate.trace import Trace
 SYNTHETIC_REQUESTS = 1000
 
 
-@dataclass(frozen=True)
+@record
 class Traffic:
     """What the user asked for: a `trace` file or synthetic lengths, and how requests arrive."""
 

@@ -15,12 +15,11 @@ per replica in PromQL (`kvops:kv_demand_tokens`, `kvops:kv_headroom_tokens`); th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from kvops.engines.metrics import Reading
+from kvops.record import record
 
 
-@dataclass(frozen=True)
+@record
 class Headroom:
     usable_tokens: int
     used_tokens: float

@@ -15,18 +15,19 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 from kvops import engines
 from kvops.engines.metrics import Catalogue
+from kvops.record import record
 
 SUFFIXES = (".yaml", ".yml", ".json", ".rules", ".txt", ".prom", ".py", ".jsonnet", ".libsonnet")
 RANGE = re.compile(r"\[(\d+)(ms|s|m|h|d)(?::[^\]]*)?\]")
 SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
-@dataclass(frozen=True)
+@record
 class Finding:
     path: str
     line: int

@@ -3,15 +3,15 @@ changes, peak usage); `kvops.render.plots.plot_report` draws it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 from kvops.errors import UsageError
 from kvops.policy import Level
+from kvops.record import record
 from kvops.watch.record import COLUMNS
 
 
-@dataclass(frozen=True)
+@record
 class ReplicaSummary:
     replica: str
     polls: int

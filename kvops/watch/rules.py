@@ -18,12 +18,13 @@ per replica (kvops/watch/headroom.py: `kvops:kv_usable_tokens`, `kvops:kv_demand
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from kvops.engines.metrics import PromQL, duration
 from kvops.errors import UsageError
 from kvops.policy import GRADED, Level, Policy, SignalRule
+from kvops.record import record
 from kvops.watch.alerts import (
     LEVEL_ALERTS,
     REFUSAL_ALERT,
@@ -44,7 +45,7 @@ DEMAND_RATIO = "kvops:kv_demand_ratio"
 GPU_MEMORY = "kvops:gpu_memory_in_use_ratio"
 
 
-@dataclass(frozen=True)
+@record
 class PlanFigures:
     """What the recording rules take from a plan: one replica's pool and request, and its memory split."""
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
-from dataclasses import dataclass
 
 from kvops.engines.metrics import Reading
 from kvops.policy import Level, SignalRule
+from kvops.record import record
 
 
-@dataclass(frozen=True)
+@record
 class SignalState:
     name: str
     firing: bool

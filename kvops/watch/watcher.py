@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, TextIO
 
 from kvops.engines.metrics import MAX_SAMPLE, Reading
 from kvops.policy import GRADED, Level, LevelTracker, Limits, Policy
+from kvops.record import record
 from kvops.watch.alerts import (
     LEVEL_ALERTS,
     SIGNAL_ALERTS,
@@ -83,7 +84,7 @@ class Replica:
         }
 
 
-@dataclass(frozen=True)
+@record
 class Snapshot:
     """The watcher's view after a poll: what /kvops/policy serves and `--once` prints."""
 

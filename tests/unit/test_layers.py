@@ -28,6 +28,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "kvops.dtypes",
             "kvops.files",
             "kvops.packaged",
+            "kvops.record",
             "kvops.gpus",
             "kvops.workload",
             "kvops.speculative",

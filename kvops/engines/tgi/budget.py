@@ -18,7 +18,6 @@ From the source (huggingface/text-generation-inference @ db931fcf, one commit af
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from math import ceil, floor
 
 from kvops.dtypes import KvDtype
@@ -32,6 +31,7 @@ from kvops.model.checkpoint import Parallel
 from kvops.model.spec import ModelSpec, MultiLatentAttention
 from kvops.overheads import POOLED, FamilyFit, shipped_fit
 from kvops.plan import PlanInputs, Term
+from kvops.record import record
 
 DEFAULT_CUDA_MEMORY_FRACTION = 1.0  # launcher --cuda-memory-fraction
 DEFAULT_MAX_BATCH_PREFILL_TOKENS = 4096  # launcher fallback when no FLOPs-based value applies
@@ -42,7 +42,7 @@ CHUNKING_ATTENTION = ("flashinfer", "flashdecoding")  # Model.__init__: prefill 
 KV_CACHE_DTYPES = ("fp8_e4m3fn", "fp8_e5m2")  # launcher enum KVCacheDtype
 
 
-@dataclass(frozen=True)
+@record
 class Attention:
     backend: str  # flashinfer | flashdecoding | paged
     prefix_caching: bool
@@ -165,7 +165,7 @@ def reservation_tokens(input_tokens: int, max_new_tokens: int, speculate: int = 
     return input_tokens + min(max_new_tokens, DEFAULT_GENERATION_LENGTH) + speculate - 1
 
 
-@dataclass(frozen=True)
+@record
 class TgiPool:
     """The KV pool TGI sizes at warmup: whole blocks, block 0 kept back."""
 

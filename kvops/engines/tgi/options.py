@@ -9,13 +9,13 @@ read there follows the newest tag read at or before it.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
 from kvops.engines.release import Version, newest_read
 from kvops.errors import UsageError
 from kvops.packaged import packaged_text
+from kvops.record import record
 
 OPTIONS_FILE = "release_options.json"
 IMAGE = "ghcr.io/huggingface/text-generation-inference:{version}"
@@ -27,7 +27,7 @@ ROCM_1_2 = "ghcr.io/huggingface/text-generation-inference:1.2+rocm"
 EARLIER_NAMES = {"--max-input-tokens": "--max-input-length"}
 
 
-@dataclass(frozen=True)
+@record
 class LauncherOptions:
     read: Version
     options: dict[str, str]  # option -> launcher/src/main.rs:line at the tag

@@ -3,7 +3,7 @@ the `text-generation-launcher` flags, and whether TGI would start and serve the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from math import ceil, floor
 from typing import Any
 
@@ -15,6 +15,7 @@ from kvops.engines.tgi import budget, flags, options, releases
 from kvops.engines.tgi.releases import TgiRelease
 from kvops.errors import MissingDevice, UsageError
 from kvops.plan import Plan, PlanInputs, Verdict, model_argument
+from kvops.record import record
 from kvops.units import format_bytes
 from kvops.workload import Workload
 
@@ -24,7 +25,7 @@ NUM_BLOCKS_NOTE = "TGI's max batch total tokens = num_blocks x block size; block
 CUDA_GRAPHS_ESTIMATE = 512 * (1 << 20)
 
 
-@dataclass(frozen=True)
+@record
 class TgiCapacity:
     """The plan's KV pool as TGI sizes it at warmup, and what the planned requests reserve in it."""
 

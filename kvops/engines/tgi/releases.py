@@ -14,18 +14,18 @@ The warmup batch's own blocks are added back (they were allocated when `free` wa
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from math import floor
 
 from kvops.engines.release import Rule, Version
 from kvops.errors import UsageError
+from kvops.record import record
 
 NEWEST = "3.3.7"  # the last release (the project is in maintenance mode since 2025-12-11)
 FAMILIES = ("TGI 1.x/2.x", "TGI 3.x")
 SOURCE = "huggingface/text-generation-inference"
 
 
-@dataclass(frozen=True)
+@record
 class TgiRelease:
     version: Version
     how: str

@@ -14,7 +14,7 @@ measured figures replace them.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from math import ceil, floor
 
 from kvops.dtypes import serving_dtype
@@ -28,6 +28,7 @@ from kvops.model.checkpoint import Parallel
 from kvops.model.spec import ModelSpec
 from kvops.overheads import POOLED, FamilyFit, shipped_fit
 from kvops.plan import PlanInputs, Term
+from kvops.record import record
 from kvops.units import GiB, format_bytes
 
 DEFAULT_GPU_MEMORY_UTILIZATION = release(None).default_gpu_memory_utilization  # the newest release's
@@ -111,7 +112,7 @@ def profile_run(
 # --- the memory terms -----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@record
 class KvSizing:
     """How this launch's vLLM sizes its KV cache, and why (`VllmConfig._resolve_extensible_kv_cache`, 0.34.0)."""
 
@@ -598,7 +599,7 @@ def _cuda_graphs(inputs: PlanInputs, release_: VllmRelease) -> Term:
     )
 
 
-@dataclass(frozen=True)
+@record
 class CompiledGraphs:
     """The CUDA graphs a --compilation-config asks for: the mode, and how many batch sizes are captured."""
 

@@ -8,10 +8,11 @@ from typing import Any
 
 from kvops.engines.vllm import flags, options, releases
 from kvops.plan import Plan, PlanInputs, Term, Verdict
+from kvops.record import record
 from kvops.units import format_bytes
 
 
-@dataclass(frozen=True)
+@record
 class VllmCapacity:
     """The plan's KV pool as vLLM sizes it, and the planned workload in it."""
 

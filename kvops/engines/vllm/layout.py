@@ -26,12 +26,13 @@ The per-layer, per-token cost comes from the ModelSpec's layer kinds (kvops.mode
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from kvops.dtypes import KV_DTYPES, KvDtype, canonical_dtype_name
 from kvops.errors import KvopsError
 from kvops.formula import check_tp
 from kvops.model.spec import LayerKind, MambaState, ModelSpec, MultiLatentAttention
+from kvops.record import record
 
 GPU_BLOCK_SIZE = 16  # CacheConfig.DEFAULT_BLOCK_SIZE (FlashAttention, FlashInfer, Triton)
 GPU_MLA_BLOCK_SIZE = 64  # FlashMLA's only kernel block size
@@ -54,7 +55,7 @@ def default_block_size(spec: ModelSpec, device: str) -> int:
     return GPU_MLA_BLOCK_SIZE if spec.is_mla else GPU_BLOCK_SIZE
 
 
-@dataclass(frozen=True)
+@record
 class LayoutOptions:
     """The engine settings that change the layout besides dtype, tp and block size."""
 
@@ -72,7 +73,7 @@ class LayoutOptions:
 # --- one layer's spec --------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@record
 class CacheSpec:
     """One layer's KV cache spec as vLLM builds it (the page of one block, and how many blocks a request needs)."""
 
@@ -127,7 +128,7 @@ class CacheSpec:
 # --- KV cache groups ------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@record
 class KVCacheGroup:
     """One vLLM KV cache group: layers sharing a block table (of one spec, or of one uniform type)."""
 
@@ -168,7 +169,7 @@ class KVCacheGroup:
         return self.spec.held_blocks(tokens)
 
 
-@dataclass(frozen=True)
+@record
 class KVCacheLayout:
     groups: tuple[KVCacheGroup, ...]
     group_size: int
@@ -418,7 +419,7 @@ def mtp_caches(spec: ModelSpec) -> list[LayerKind]:
 # --- the block pool -------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@record
 class Pool:
     """What vLLM reports after sizing: `num_gpu_blocks`, `kv_cache_size_tokens`, the concurrency at max_model_len.
 

@@ -26,12 +26,13 @@ CPU build started with `--kv-offloading-size 1` exits 1 with that error from its
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from kvops.engines.vllm import flags
 from kvops.engines.vllm.capacity import VllmCapacity
 from kvops.errors import UsageError
 from kvops.plan import Plan, PlanInputs
+from kvops.record import record
 from kvops.units import GiB, format_bytes
 
 BACKENDS = ("native", "lmcache")
@@ -57,7 +58,7 @@ PCIE_GENERATION = {  # the GPU's host link, from each vendor's datasheet
 UNKNOWN_GENERATION = 4  # a device the catalog lacks: the slower link, so the reload cost errs long
 
 
-@dataclass(frozen=True)
+@record
 class HostTier:
     """The tier of one replica, as the native backend sizes it."""
 

@@ -9,7 +9,6 @@ before it. Nothing here is vLLM 0.32-specific: a plan for 0.10.1 emits and sugge
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -17,6 +16,7 @@ from kvops.dtypes import KvDtype
 from kvops.engines.release import Version, newest_read
 from kvops.errors import UsageError
 from kvops.packaged import packaged_text
+from kvops.record import record
 
 OPTIONS_FILE = "release_options.json"
 # docs.vllm.ai deployment/docker: the official image, entrypoint `vllm serve`, tagged v<release>
@@ -42,7 +42,7 @@ ROCM_ONLY = ("octave_k3v4", "octave_k3v3", "octave_k3v3_compact")
 KV_WAYS = ("int8", "fp8", "int4")
 
 
-@dataclass(frozen=True)
+@record
 class Choices:
     """An option's accepted values in one release, and the wheel file:line that lists them."""
 
@@ -50,7 +50,7 @@ class Choices:
     source: str
 
 
-@dataclass(frozen=True)
+@record
 class ReleaseOptions:
     """What one release's `vllm serve` takes, as read from its wheel (`read`: the release whose wheel was read)."""
 

@@ -4,7 +4,7 @@ figures (notes.py, drafting.py) and, through the engine's interface, its ways ou
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from math import floor
 
 from kvops.dtypes import KvDtype, resolve_kv_dtype, serving_dtype
@@ -21,6 +21,7 @@ from kvops.errors import UsageError
 from kvops.model.checkpoint import pipeline_partition
 from kvops.model.spec import ModelSpec
 from kvops.plan import Plan, PlanInputs, Term, Verdict
+from kvops.record import record
 from kvops.units import format_bytes
 from kvops.workload import Workload
 
@@ -207,7 +208,7 @@ def _budget(
     return draft, binding.blocks, binding.page
 
 
-@dataclass(frozen=True)
+@record
 class _Stage:
     stage: int
     memory: list[Term]
