@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.extras import INSTALL
 from tests.support.policy_endpoint import PolicyEndpoint
 from tests.support.tiny_model import build_model
 from tests.support.vllm_server import DEFAULT_KV_BYTES, VllmServer, vllm_available
@@ -28,6 +29,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
     """A 2-layer llama (4 heads, 2 KV heads, head_dim 64) with an offline-trained tokenizer."""
+    pytest.importorskip("tokenizers", reason=f"tokenizers not installed ({INSTALL})")
     return build_model(tmp_path_factory.mktemp("models") / "tiny-llama")
 
 

@@ -71,12 +71,12 @@ def plot(
     model, compare, batches, max_tokens, gpu_name, gpu_memory, engine, memory_fraction, tp, kv_dtype, out, as_json
 ):
     """Plot KV bytes against context length: windows as plateaus, GQA against MHA, and the KV budget per model."""
-    needs("plot", "matplotlib")
+    batch_values = int_list(batches, "--batches")
+    memory = parse_bytes(gpu_memory, "--gpu-memory") if gpu_memory else None
+    needs("plot", "matplotlib")  # after the arguments: a mistyped one is said first, whatever is installed
     from kvops.planner import kv_budget
     from kvops.render.plots import Budget, plot_kv
 
-    batch_values = int_list(batches, "--batches")
-    memory = parse_bytes(gpu_memory, "--gpu-memory") if gpu_memory else None
     specs = [load_model(name) for name in (model, *compare)]
     dtypes = {spec.name: resolve_kv_dtype(kv_dtype, spec.dtype) for spec in specs}
     longest = max_tokens or min(131072, max(spec.max_position_embeddings or 32768 for spec in specs))

@@ -8,9 +8,10 @@ from __future__ import annotations
 import time
 
 import pytest
-import requests
 
 from tests.support.kv_load import CRITICAL, DEGRADE, WARN, KvLoad
+
+requests = pytest.importorskip("requests", reason="requests is not installed (pip install -e '.[test]'; .ci/run does)")
 
 pytestmark = pytest.mark.vllm
 

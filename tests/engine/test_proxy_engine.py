@@ -9,7 +9,6 @@ import time
 from urllib.parse import urlsplit
 
 import pytest
-import requests
 
 from kvops.policy import Level
 from tests.support.aio import ServerThread
@@ -17,6 +16,8 @@ from tests.support.raw_http import exchange, status_of
 from tests.unit.watch.test_hostile_proxy import guarded_proxy
 from tests.unit.watch.test_proxy import LevelHolder, make_proxy_app
 from tests.unit.watch.test_proxy_holes import completions_request, send, smuggling_gzip
+
+requests = pytest.importorskip("requests", reason="requests is not installed (pip install -e '.[test]'; .ci/run does)")
 
 
 @pytest.mark.vllm

@@ -8,12 +8,13 @@ and the engine keeps exactly what the proxy sent.
 import json
 
 import pytest
-import requests
 
 from tests.support.aio import ServerThread
 from tests.support.kv_load import CRITICAL, DEGRADE, STAGED_POLICY, WARN, KvLoad
 from tests.support.upstream import RecordingUpstream
 from tests.support.watch_process import WatchProcess
+
+requests = pytest.importorskip("requests", reason="requests is not installed (pip install -e '.[test]'; .ci/run does)")
 
 pytestmark = pytest.mark.vllm
 

@@ -12,6 +12,7 @@ from kvops.engines.tgi.logs import parse_tgi_log
 from kvops.engines.vllm.logs import parse_vllm_log
 from kvops.units import GiB
 from tests.support.corpus import CORPUS
+from tests.support.extras import needs
 from tests.support.paths import LOGS
 from tests.support.tiny_model import TINY_LLAMA, build_model
 
@@ -101,6 +102,7 @@ def test_tgi_plain_and_json_output_lines():
     assert parse_tgi_log(read("tgi-json-output.log")).get("max_batch_total_tokens") == 133696
 
 
+@needs("tokenizers")
 def test_calibrating_the_cpu_capture_predicts_it_exactly(run_kvops, tmp_path):
     """The captured run's own shape, rebuilt here: the log states every flag, the planner predicts every figure."""
     shape = dict(

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.extras import INSTALL
 from tests.support.paths import REPO
 
 PACKAGES = (REPO / "kvops", REPO / "plugins" / "kvops_vllm")
@@ -22,6 +23,7 @@ PACKAGES = (REPO / "kvops", REPO / "plugins" / "kvops_vllm")
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     """The wheel built from a copy of the sources alone (a build/ folder left in the checkout would lend it files)."""
+    pytest.importorskip("setuptools", minversion="68", reason=f"setuptools>=68 not installed ({INSTALL})")
     source, out = tmp_path_factory.mktemp("source"), tmp_path_factory.mktemp("wheel")
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, source / name)

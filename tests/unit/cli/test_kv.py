@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from tests.support.extras import needs
+
 KV_KEYS = {
     "model",
     "kv_dtype",
@@ -85,6 +87,7 @@ def test_broken_json_config(run_kvops, tmp_path):
     assert "not valid JSON" in run_kvops("kv", "-m", str(tmp_path), "-t", "1", expect=1).stderr
 
 
+@needs("huggingface_hub")
 def test_model_from_local_hf_cache_without_network(run_kvops, tmp_path, monkeypatch):
     """A model id found in the HF cache layout (models--org--name/snapshots/<rev>/config.json)."""
     snapshot = tmp_path / "hub" / "models--acme--tiny" / "snapshots" / "abc123"
@@ -108,6 +111,7 @@ def test_catalog_lookup_is_case_insensitive_and_takes_aliases(run_kvops):
     assert ids == {"meta-llama/Llama-2-7b-hf"}
 
 
+@needs("pandas")
 @pytest.mark.parametrize("table_format", ["text", "csv", "json", "markdown"])
 def test_table_formats(run_kvops, table_format):
     out = run_kvops("table", "-m", "mistral-7b-v0.1", "--format", table_format).stdout
@@ -131,6 +135,7 @@ def test_table_formats(run_kvops, table_format):
         assert "512 MiB" in out and "sliding 4096 on all 32 layers" in out
 
 
+@needs("matplotlib")
 def test_plot_writes_a_png(run_kvops, tmp_path):
     out = tmp_path / "kv.png"
     document = json.loads(

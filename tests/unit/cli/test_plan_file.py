@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from tests.support.extras import needs
 from tests.support.paths import REPO
 
 SEED = REPO / "tests" / "fixtures" / "kvops-yaml" / "seed.yaml"
@@ -68,6 +69,7 @@ def test_file_mistakes_are_one_line(run_kvops, tmp_path, text, message):
     assert message in result.stderr and "Traceback" not in result.stderr and len(result.stderr.splitlines()) == 1
 
 
+@needs("jsonschema")
 def test_the_files_json_schema_takes_the_seed_and_refuses_a_typo(run_kvops, tmp_path):
     import jsonschema
     import yaml

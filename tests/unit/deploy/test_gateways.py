@@ -8,12 +8,19 @@ from __future__ import annotations
 import json
 import math
 
-import jsonschema
 import pytest
 import yaml
 
 from tests.support.paths import REPO
 from tests.unit.deploy.test_deploy import EXAMPLE, K8S_VERSIONS, k8s_objects, validate_with_kubernetes_models
+
+
+@pytest.fixture
+def jsonschema():
+    return pytest.importorskip(
+        "jsonschema", reason="jsonschema is not installed (pip install -e '.[test]'; .ci/run does)"
+    )
+
 
 FIXTURES = REPO / "tests" / "fixtures" / "gateways"
 UPSTREAM = json.loads((FIXTURES / "upstream.json").read_text())
@@ -94,7 +101,7 @@ def test_the_cool_down_is_the_engine_containers_readiness_budget(run_kvops, tmp_
     )
 
 
-def test_llm_d_settings_match_its_source_and_the_policy(run_kvops, tmp_path):
+def test_llm_d_settings_match_its_source_and_the_policy(run_kvops, tmp_path, jsonschema):
     files = written(run_kvops, tmp_path, "--target", "llm-d")
     assert {"deployment.yaml", "epp-config.yaml", "inferenceobjectives.yaml"} <= set(files)
     config = yaml.safe_load(files["epp-config.yaml"])
@@ -134,7 +141,7 @@ def test_llm_d_settings_match_its_source_and_the_policy(run_kvops, tmp_path):
     }
 
 
-def test_the_inference_objective_schema_catches_a_wrong_type():
+def test_the_inference_objective_schema_catches_a_wrong_type(jsonschema):
     schema = yaml.safe_load((FIXTURES / "llm-d.ai_inferenceobjectives.yaml").read_text())
     version = next(v for v in schema["spec"]["versions"] if v["name"] == "v1alpha2")["schema"]["openAPIV3Schema"]
     with pytest.raises(jsonschema.ValidationError, match="'high' is not of type 'integer'"):
@@ -160,7 +167,7 @@ def test_dynamo_thresholds_are_its_own_flags_at_the_critical_level(run_kvops, tm
     assert env["DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD"] == str(int(0.95 * pool))
 
 
-def test_production_stack_values_pass_the_charts_schema_and_keda_is_ours(run_kvops, tmp_path):
+def test_production_stack_values_pass_the_charts_schema_and_keda_is_ours(run_kvops, tmp_path, jsonschema):
     files = written(run_kvops, tmp_path, "--target", "production-stack", "--release", "prod")
     schema = json.loads((FIXTURES / "production-stack-values.schema.json").read_text())
     values = yaml.safe_load(files["values.yaml"])

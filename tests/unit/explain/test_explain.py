@@ -17,6 +17,7 @@ from kvops.engines.oom import size_bytes
 from kvops.engines.vllm.logs import parse_vllm_log
 from kvops.nvidia_smi import parse_nvidia_smi
 from kvops.units import GiB
+from tests.support.extras import needs
 from tests.support.paths import FIXTURES
 from tests.support.tiny_model import TINY_LLAMA, build_model
 
@@ -49,6 +50,7 @@ def basis(doc: dict, name: str) -> str:
 # --- the CPU engine's own logs ------------------------------------------------------------------------------
 
 
+@needs("tokenizers")
 def test_cpu_engine_refusing_a_kv_pool_too_small_for_max_model_len(run_kvops, tmp_path):
     """Captured here: --kv-cache-memory-bytes 64 MiB (512 blocks of 128 KiB) for --max-model-len 131072 (1024 blocks)."""
     model = build_model(tmp_path / "tiny-long", dict(TINY_LLAMA, max_position_embeddings=131072))
@@ -88,6 +90,7 @@ def test_cpu_engine_refusing_a_kv_pool_too_small_for_max_model_len(run_kvops, tm
     assert "--kv-cache-memory-bytes 134348800  (planner)" in text
 
 
+@needs("tokenizers")
 def test_cpu_engine_startup_log_split(run_kvops, tmp_path):
     shape = dict(
         TINY_LLAMA,

@@ -15,6 +15,7 @@ from kvops.policy import load_policy
 from kvops.watch.guard import parse_networks
 from kvops_vllm.middleware import KVOpsMiddleware, MiddlewareConfigError, MiddlewareSettings
 from kvops_vllm.stats import KV_USAGE, GaugeUsage
+from tests.support.extras import needs
 from tests.support.servers import captured_log
 
 OK, WARN, DEGRADE, CRITICAL = 0.10, 0.75, 0.90, 0.97
@@ -371,6 +372,7 @@ def test_the_usage_is_vllms_gauge_the_highest_engine_and_follows_a_new_gauge():
     assert usage() == 0.2
 
 
+@needs("starlette")
 def test_added_as_vllm_adds_it(monkeypatch):
     """`vllm serve --middleware kvops_vllm.middleware.KVOpsMiddleware` is `app.add_middleware(KVOpsMiddleware)` on
     vLLM's FastAPI app, a Starlette app (vllm/entrypoints/serve/middleware/register.py): built with the app alone, settings from the environment, the

@@ -10,13 +10,14 @@ import socket
 import time
 
 import pytest
-import requests
 
 from kvops import engines
 from kvops.policy import Level
 from tests.support.aio import ServerThread
 from tests.support.raw_http import RawUpstream, exchange, read_all, request_bytes, status_of
 from tests.unit.watch.test_proxy import LevelHolder, make_proxy_app
+
+requests = pytest.importorskip("requests", reason="requests is not installed (pip install -e '.[test]'; .ci/run does)")
 
 
 def guarded_proxy(upstream_url: str, level: Level = Level.OK, *, header_timeout: float = 20, **settings):

@@ -7,13 +7,14 @@ import time
 from ipaddress import ip_network
 
 import pytest
-import requests
 from aiohttp import web
 
 from kvops.policy import Level, load_policy
 from kvops.watch.proxy import AdmissionProxy, ProxyMetrics, ProxySettings
 from tests.support.aio import ServerThread
 from tests.support.vllm_server import free_port
+
+requests = pytest.importorskip("requests", reason="requests is not installed (pip install -e '.[test]'; .ci/run does)")
 
 POLICY = load_policy()
 REGISTRY = web.AppKey("registry", object)

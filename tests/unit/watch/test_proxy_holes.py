@@ -11,7 +11,6 @@ import time
 import zlib
 
 import pytest
-import requests
 
 from kvops.policy import Level, load_policy
 from kvops.watch.sources import ScrapeSource
@@ -23,6 +22,8 @@ from tests.support.upstream import RecordingUpstream
 from tests.support.watch_process import WatchProcess
 from tests.unit.watch.test_hostile_proxy import guarded_proxy
 from tests.unit.watch.test_proxy import LevelHolder, make_proxy_app
+
+requests = pytest.importorskip("requests", reason="requests is not installed (pip install -e '.[test]'; .ci/run does)")
 
 SMUGGLED_BODY = b'{"prompt": "x", "max_tokens": 100000, "n": 8}'
 

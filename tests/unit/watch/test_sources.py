@@ -11,6 +11,7 @@ from kvops.engines.tgi import metrics as tgi
 from kvops.engines.vllm import metrics as vllm
 from kvops.errors import UsageError
 from kvops.watch.sources import PrometheusSource, ScrapeSource
+from tests.support.extras import needs
 from tests.support.metrics_server import VLLM_RECORDED, MetricsServer, vllm_exposition
 from tests.support.tgi_fake import TgiFake, TgiMetrics, write_startup_log
 
@@ -261,6 +262,7 @@ def test_prometheus_rows_group_into_replicas():
     }
 
 
+@needs("prometheus_api_client")
 def test_prometheus_unreachable_is_a_source_error():
     with MetricsServer() as server:
         url = server.url.removesuffix("/metrics")

@@ -8,11 +8,12 @@ import socket
 import time
 
 import pytest
-import requests
 
 from tests.support.aio import ServerThread
 from tests.support.raw_http import RawUpstream, exchange, status_of
 from tests.unit.watch.test_proxy import LevelHolder, make_proxy_app
+
+requests = pytest.importorskip("requests", reason="requests is not installed (pip install -e '.[test]'; .ci/run does)")
 
 
 @pytest.fixture

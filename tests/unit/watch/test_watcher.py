@@ -14,6 +14,7 @@ from kvops.watch.connection import serve
 from kvops.watch.server import REGISTRY, WATCHER, create_app
 from kvops.watch.sources import ScrapeSource
 from kvops.watch.watcher import EventLog, Watcher
+from tests.support.extras import needs
 from tests.support.metrics_server import MetricsServer, vllm_exposition
 from tests.support.receiver import WebhookReceiver
 from tests.support.vllm_server import free_port
@@ -267,6 +268,7 @@ def test_alerts_wait_in_the_outbox_while_the_webhook_fails(tmp_path):
     assert sorted(delivered) == ["KVCacheCritical", "KVCacheDegrade", "KVCacheWarn"] and watcher.webhook_failures >= 1
 
 
+@needs("pandas")
 def test_record_and_report(tmp_path, run_kvops):
     from kvops.watch.record import Recorder
 
@@ -307,6 +309,7 @@ def test_record_and_report(tmp_path, run_kvops):
     assert f"{server.target}: 8 polls (1 unknown), peak KV usage 97.0%" in text and "degrade -> critical" in text
 
 
+@needs("pandas")
 def test_record_refuses_a_foreign_csv(tmp_path, run_kvops):
     path = tmp_path / "other.csv"
     path.write_text("a,b\n1,2\n")
