@@ -10,12 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvops.frozen import frozen
 from kvops.plan import Plan
 from kvops.profile import Profile
-from kvops.record import record
 
 
-@record
+@frozen
 class Comparison:
     term: str
     unit: str  # "bytes", "tokens", "blocks", "x"

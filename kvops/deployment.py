@@ -11,13 +11,13 @@ from dataclasses import fields, replace
 from typing import Any
 
 from kvops.errors import ConfigError
+from kvops.frozen import frozen
 from kvops.plan import PlanInputs, Speculative
 from kvops.profile import Profile
-from kvops.record import record
 from kvops.workload import Workload, parse_workload
 
 
-@record
+@frozen
 class DeploymentOptions:
     model: str | None = None
     engine: str = "vllm"

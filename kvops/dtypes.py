@@ -5,12 +5,12 @@ from __future__ import annotations
 from math import ceil
 
 from kvops.errors import UsageError
-from kvops.record import record
+from kvops.frozen import frozen
 
 SCALE_BYTES = 4  # quantized caches keep their scales in fp32
 
 
-@record
+@frozen
 class KvDtype:
     """One KV element type.
 

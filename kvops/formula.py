@@ -16,8 +16,8 @@ from math import ceil
 
 from kvops.dtypes import KV_DTYPES, KvDtype, canonical_dtype_name
 from kvops.errors import UsageError
+from kvops.frozen import frozen
 from kvops.model.spec import LayerGroup, MambaState, ModelSpec
-from kvops.record import record
 
 # Beam search is reported to cost 20-30% more than batch x beams; an estimate, never in the formula's figures.
 BEAM_SEARCH_OVERHEAD_ESTIMATE = (0.20, 0.30)
@@ -30,7 +30,7 @@ def token_slots(tokens: int, block_size: int | None) -> int:
     return ceil(tokens / block_size) * block_size
 
 
-@record
+@frozen
 class GroupCost:
     """One layer group's share of one sequence's cache, on one GPU."""
 
@@ -51,7 +51,7 @@ class GroupCost:
         return self.bytes_per_token * self.token_slots + self.state_bytes
 
 
-@record
+@frozen
 class KVCost:
     """The cache of `batch x beams` sequences of `tokens` tokens each, per GPU."""
 
@@ -208,7 +208,7 @@ def context_warnings(spec: ModelSpec, tokens: int) -> list[str]:
     return []
 
 
-@record
+@frozen
 class MemoryFit:
     """How much cache a memory size holds."""
 

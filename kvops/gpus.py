@@ -14,13 +14,13 @@ from functools import lru_cache
 from types import MappingProxyType
 
 from kvops.errors import MissingDevice, UsageError
+from kvops.frozen import frozen
 from kvops.packaged import packaged_text
-from kvops.record import record
 
 MiB = 1 << 20
 
 
-@record
+@frozen
 class Gpu:
     id: str
     name: str  # the product name nvidia-smi / rocm-smi prints
@@ -152,7 +152,7 @@ _FLOPS_KEYS = {
 }
 
 
-@record
+@frozen
 class GpuPerformance:
     """A GPU's vendor-published peaks (gpu_performance.json): dense Tensor-core FLOP/s per dtype, memory and
     GPU-to-GPU bandwidth in bytes/s. None where the vendor publishes no figure (the json says why)."""

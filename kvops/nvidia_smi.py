@@ -13,14 +13,14 @@ from __future__ import annotations
 import re
 
 from kvops.errors import KvopsError
-from kvops.record import record
+from kvops.frozen import frozen
 
 MiB = 1 << 20
 _MEMORY_CELL = re.compile(r"\|\s*(\d{1,12})MiB\s*/\s*(\d{1,12})MiB\s*\|")  # 12 digits of MiB: past any device
 _CSV_FIELD = re.compile(r"^\s*([a-z_.]+)(?:\s*\[([^\]]+)\])?\s*$")
 
 
-@record
+@frozen
 class SmiDevice:
     index: int
     used_bytes: int

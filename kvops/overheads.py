@@ -14,7 +14,7 @@ from functools import lru_cache
 from math import ceil
 from typing import Any
 
-from kvops.record import record
+from kvops.frozen import frozen
 
 OVERHEADS_FILE = "overheads.json"
 IMPLAUSIBLE_OVERHEAD_SHARE = 0.25  # an overhead beyond this share of the budget is not the launch's
@@ -22,7 +22,7 @@ MIN_MARGIN_LOGS = 5  # fewer residuals than this bound nothing: no margin, no ba
 POOLED = "all releases"  # the fit over every family, for a family without logs of its own or of its fallback
 
 
-@record
+@frozen
 class Observation:
     """What one engine log measured of the terms kvops estimates, beside kvops' own model of that launch."""
 
@@ -69,7 +69,7 @@ class Observation:
         return {key: value for key, value in asdict(self).items() if value is not None}
 
 
-@record
+@frozen
 class FamilyFit:
     """One release family's fitted overhead terms, and how far its logs fell from them."""
 
@@ -164,7 +164,7 @@ class FamilyFit:
         )
 
 
-@record
+@frozen
 class OverheadFit:
     engine: str
     families: dict[str, FamilyFit]

@@ -12,10 +12,10 @@ from dataclasses import field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from kvops.errors import KvopsError
+from kvops.frozen import frozen
 from kvops.gpus import Gpu
 from kvops.model.spec import ModelSpec
 from kvops.profile import Profile
-from kvops.record import record
 from kvops.units import format_bytes
 from kvops.workload import Workload
 
@@ -29,7 +29,7 @@ class PlanError(KvopsError):
     exit_code = 3
 
 
-@record
+@frozen
 class Term:
     """One line of a memory budget, in bytes per GPU, and how it was obtained: `computed` (from the parameter count
     and a dtype), `estimate` (a model of what only a run can measure, with the way to measure it), `measured` (from
@@ -59,7 +59,7 @@ class Term:
         return data
 
 
-@record
+@frozen
 class Speculative:
     """Speculative decoding as the engine is asked for it: the method, the tokens proposed per step, and the
     draft's own spec when it has one (an EAGLE head, a draft model); MTP uses the target's own layers."""
@@ -76,7 +76,7 @@ class Speculative:
         return self.method in ("eagle", "eagle3", "mtp")
 
 
-@record
+@frozen
 class PlanInputs:
     engine: str
     spec: ModelSpec
@@ -197,7 +197,7 @@ class Capacity(Protocol):
     def to_dict(self) -> dict[str, Any]: ...
 
 
-@record
+@frozen
 class Verdict:
     """Why a plan does not fit: the problem in words, and the KV memory needed against what there is."""
 
@@ -212,7 +212,7 @@ class Verdict:
         return f"{self.problem} (need {format_bytes(self.need_bytes)}, have {format_bytes(max(self.have_bytes, 0))} per GPU)"
 
 
-@record
+@frozen
 class WayOut:
     """One change a user can make to a plan that does not fit, and what the planner found it gives."""
 
@@ -239,7 +239,7 @@ class WayOut:
         return data
 
 
-@record
+@frozen
 class Plan:
     inputs: PlanInputs
     memory: tuple[Term, ...]

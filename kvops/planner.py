@@ -15,10 +15,10 @@ from kvops.dtypes import resolve_kv_dtype
 from kvops.engines import common
 from kvops.errors import KvopsError, UsageError
 from kvops.formula import check_tp
+from kvops.frozen import frozen
 from kvops.gpus import Gpu, gpu_catalog
 from kvops.model.spec import ModelSpec
 from kvops.plan import Plan, PlanInputs, WayOut
-from kvops.record import record
 from kvops.units import format_bytes
 
 TENSOR_PARALLEL_SIZES = (2, 4, 8)
@@ -163,7 +163,7 @@ def _larger_gpu(inputs: PlanInputs) -> list[WayOut]:
     return []
 
 
-@record
+@frozen
 class KvBudget:
     """The KV memory an engine's plan leaves for one model on one device: what `kvops plot` draws."""
 

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from kvops.errors import KvopsError
+from kvops.frozen import frozen
 from kvops.packaged import packaged_text
-from kvops.record import record
 
 
 class Level(IntEnum):
@@ -55,7 +55,7 @@ class RequestClass(IntEnum):
         return self.name.lower()
 
 
-@record
+@frozen
 class Priorities:
     """Request classes by the request's `priority`, in vLLM's convention (`--scheduling-policy priority`: a lower
     value is served first; unset is 0). llm-d's InferenceObjective counts the other way (higher is more
@@ -73,7 +73,7 @@ class Priorities:
         return RequestClass.STANDARD
 
 
-@record
+@frozen
 class Refusal:
     """A request a level will not serve now: what the admission proxy answers, in the engine's error shape, with
     `Retry-After: retry_after_seconds`. 429 for a sheddable request (llm-d sheds those with 429), 503 for others."""
@@ -83,7 +83,7 @@ class Refusal:
     message: str
 
 
-@record
+@frozen
 class Limits:
     """What a level does to each new request."""
 
@@ -189,7 +189,7 @@ class Limits:
         return _limits(level, {key: value for key, value in data.items() if key != "level"}, where)
 
 
-@record
+@frozen
 class SignalRule:
     """A saturation signal beyond KV %: when it fires, the level is at least `raise_to` (None: alert only)."""
 
@@ -203,7 +203,7 @@ class SignalRule:
     above_ms: float = 0.0  # offload_load_latency: alert when loads from host memory take longer on average (ms each)
 
 
-@record
+@frozen
 class Policy:
     thresholds: dict[Level, float]
     hysteresis: float
@@ -318,7 +318,7 @@ class LevelTracker:
         return self.policy.limits(self.level, self.last_known)
 
 
-@record
+@frozen
 class RequestParams:
     """The request fields a level may change, engine-neutral (OpenAI max_tokens/n/best_of/use_beam_search, TGI max_new_tokens/best_of)."""
 

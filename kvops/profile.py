@@ -11,12 +11,12 @@ from dataclasses import asdict, fields
 from typing import Any
 
 from kvops.errors import ConfigError
-from kvops.record import record
+from kvops.frozen import frozen
 
 PROFILE_VERSION = 1
 
 
-@record
+@frozen
 class Profile:
     engine: str
     source: str  # the log file or metrics URL it came from

@@ -12,14 +12,14 @@ import json
 from typing import Any, TypeGuard
 
 from kvops.errors import UsageError
-from kvops.record import record
+from kvops.frozen import frozen
 
 MTP_NAMES = ("deepseek_mtp", "mimo_mtp", "glm4_moe_mtp", "qwen3_next_mtp", "qwen3_5_mtp", "nemotron_h_mtp", "ernie_mtp")
 DRAFTED = ("eagle", "eagle3", "draft_model", "medusa", "mlp_speculator")  # a draft "model" of their own
 EXAMPLE = '{"method": "eagle3", "model": "ORG/EAGLE3-HEAD", "num_speculative_tokens": 3}'
 
 
-@record
+@frozen
 class SpeculativeSettings:
     method: str
     tokens: int

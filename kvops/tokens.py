@@ -17,11 +17,11 @@ from typing import Any
 
 from kvops.errors import ConfigError, UsageError
 from kvops.files import DOCUMENT_LIMIT, LOG_LIMIT, load_json, read_json, read_text
-from kvops.record import record
+from kvops.frozen import frozen
 from kvops.workload import percentile
 
 
-@record
+@frozen
 class Prompt:
     """One request's prompt: where it came from and its chat messages (a bare text is one user message)."""
 

@@ -12,10 +12,10 @@ from typing import Any
 
 from kvops.errors import UsageError
 from kvops.files import load_json
-from kvops.record import record
+from kvops.frozen import frozen
 
 
-@record
+@frozen
 class Workload:
     """What requests look like: tokens in and out (p95 when read from a file), and parallel sequences per request."""
 

@@ -14,8 +14,8 @@ from typing import Any
 
 from kvops.deploy.stack import Stack
 from kvops.errors import KvopsError
+from kvops.frozen import frozen
 from kvops.policy import Level
-from kvops.record import record
 from kvops.watch.rules import DEMAND
 
 KINDS = ("keda", "hpa")
@@ -23,7 +23,7 @@ METRIC = DEMAND.replace(":", "_")  # the custom-metrics API name (no colons)
 PROMETHEUS_URL = "http://prometheus-operated.monitoring.svc:9090"  # prometheus-operator's Service
 
 
-@record
+@frozen
 class Scaling:
     min_replicas: int
     max_replicas: int

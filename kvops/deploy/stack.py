@@ -17,9 +17,9 @@ from __future__ import annotations
 from typing import Any
 
 from kvops import engines
+from kvops.frozen import frozen
 from kvops.plan import Plan
 from kvops.policy import Policy
-from kvops.record import record
 from kvops.render.quote import comment
 from kvops.watch.rules import PlanFigures
 
@@ -36,7 +36,7 @@ print("kvops: copied kvops and kvops_vllm", kvops.__version__, "to {PLUGIN_DIR}"
 """
 
 
-@record
+@frozen
 class Stack:
     plan: Plan
     rules: str  # `kvops alerts` output, in the target's format

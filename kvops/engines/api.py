@@ -11,7 +11,7 @@ from __future__ import annotations
 from http import HTTPStatus
 from typing import Any, Protocol
 
-from kvops.record import record
+from kvops.frozen import frozen
 
 
 class ErrorShape(Protocol):
@@ -24,7 +24,7 @@ class ErrorShape(Protocol):
         ...
 
 
-@record
+@frozen
 class Fields:
     """Where one generation's limits sit in a request body, and what the engine calls them."""
 
@@ -39,7 +39,7 @@ class Fields:
     below: tuple[tuple[str, int], ...] = ()
 
 
-@record
+@frozen
 class Variant:
     """One reading of a body that may be one of several request types (an untagged union, tried in order)."""
 
@@ -47,7 +47,7 @@ class Variant:
     when: str | None = None  # the key whose presence selects this reading; None: always
 
 
-@record
+@frozen
 class Route:
     """A generation route: POST to `path` (canonical; a `*` segment matches any one segment)."""
 

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol
 
-from kvops.record import record
+from kvops.frozen import frozen
 
 if TYPE_CHECKING:
     from kvops.calibration import Calibration
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from kvops.plan import Plan, PlanInputs, WayOut
 
 
-@record
+@frozen
 class Container:
     """How the engine's official image runs: its container, the port it serves and where it keeps models."""
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvops.errors import UsageError
-from kvops.record import record
+from kvops.frozen import frozen
 
 IGNORED = "ignored: does not change memory"
 
@@ -22,7 +22,7 @@ IGNORED = "ignored: does not change memory"
 SWITCH, VALUE, OPTIONAL_VALUE, LIST = "switch", "value", "optional_value", "list"
 
 
-@record
+@frozen
 class Word:
     """One option of the command: as written, its canonical spelling, and its value (None for a switch)."""
 

@@ -8,15 +8,15 @@ from math import floor
 
 from kvops.engines.common import CALIBRATE_HINT
 from kvops.errors import MissingDevice
+from kvops.frozen import frozen
 from kvops.gpus import gpu_catalog
 from kvops.plan import PlanInputs, Term
-from kvops.record import record
 from kvops.units import GiB
 
 MiB = 1 << 20
 
 
-@record
+@frozen
 class EngineTotal:
     """A GPU's total as torch reports it to the engine (kvops/catalog/device_totals.json): the bytes measured on the
     GPU where kvops has them, else a public engine log's GiB with the log's own decimals."""

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import field
 from typing import NamedTuple
 
-from kvops.record import record
+from kvops.frozen import frozen
 
 
 class MetricsError(Exception):
@@ -82,7 +82,7 @@ class Samples:
         return _finite(name, max(s.value for s in found)) if found else None
 
 
-@record
+@frozen
 class Reading:
     """One replica at one instant: KV usage and the saturation counters, engine-neutral."""
 
@@ -231,7 +231,7 @@ def series(name: str, matchers: list[str], **labels: str) -> str:
     return f"{name}{{{','.join(every)}}}" if every else name
 
 
-@record
+@frozen
 class PromQL:
     """An engine's saturation signals as PromQL, for the alert rules. `$window` stands for a range like 60s."""
 
@@ -267,7 +267,7 @@ def release_key(release: str) -> tuple[int, ...]:
     return tuple(int(part) for part in release.split("."))
 
 
-@record
+@frozen
 class Retired:
     """A metric the engine stopped exporting, or will: its replacement and the releases of each step."""
 
@@ -286,7 +286,7 @@ class Retired:
         return None
 
 
-@record
+@frozen
 class Catalogue:
     """An engine's metric families (names as registered, without `_total`/`_bucket`/... suffixes) at a release."""
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from kvops.record import record
+from kvops.frozen import frozen
 
 _SIZE_UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
 # a size where a number starts (the lookbehind): searched along a line, a run of digits is tried once, not at each of
@@ -37,7 +37,7 @@ def size_bytes(text: str) -> int:
     return round(float(number) * _SIZE_UNITS[unit])
 
 
-@record
+@frozen
 class OutOfMemory:
     """The figures of one torch out-of-memory message (per device, at the moment of the failed allocation)."""
 

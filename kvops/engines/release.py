@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from kvops.errors import UsageError
-from kvops.record import record
+from kvops.frozen import frozen
 
 _VERSION = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?")
 
@@ -46,7 +46,7 @@ def newest_read(read: Iterable[str], version: Version) -> Version:
     return next((item for item in reversed(ordered) if item <= version), ordered[0])
 
 
-@record
+@frozen
 class Rule:
     """One rule a release follows, and where it comes from (the engine's source, a PR, a changelog)."""
 

@@ -10,14 +10,14 @@ from math import ceil
 
 from kvops.dtypes import KV_DTYPES, serving_dtype
 from kvops.errors import UsageError
+from kvops.frozen import frozen
 from kvops.model.checkpoint import LoadedWeights, Loading, Parallel, loaded_weights, pipeline_partition
 from kvops.model.spec import ModelSpec
 from kvops.plan import Term
-from kvops.record import record
 from kvops.units import format_bytes
 
 
-@record
+@frozen
 class WeightFormat:
     """How a checkpoint's weights are stored: bits per quantized weight (scales included) and what is quantized."""
 
@@ -157,7 +157,7 @@ def _mixed_precision(quant: dict, spec: ModelSpec) -> WeightFormat:
     return WeightFormat("fp8", 8, "linear", f"ModelOpt mixed precision ({mix} layers), all counted as fp8, {exact}")
 
 
-@record
+@frozen
 class WeightOptions:
     """What the engine loads besides the format: the parallel split and what it leaves out or converts."""
 

@@ -9,14 +9,14 @@ from typing import Any
 
 from kvops.engines.vllm.logs import EngineOutOfMemory, KvTooSmall, StartupFreeMemory
 from kvops.explain.run import TERMS, Run, planned_capacity
+from kvops.frozen import frozen
 from kvops.plan import Plan, PlanInputs
-from kvops.record import record
 from kvops.units import format_bytes
 
 LOG_ROUNDING = "vLLM logs GiB with two decimals: +-5 MiB"
 
 
-@record
+@frozen
 class Figure:
     """One memory figure per GPU and where it came from."""
 

@@ -7,12 +7,12 @@ from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
 
+from kvops.frozen import frozen
 from kvops.model.params import PublishedCount
 from kvops.packaged import packaged_path, packaged_text
-from kvops.record import record
 
 
-@record
+@frozen
 class CatalogEntry:
     """One catalog file: the config.json, its source, and the published parameter count of the checkpoint."""
 

@@ -33,7 +33,7 @@ from typing import Any
 
 from kvops.errors import ConfigError
 from kvops.files import DOCUMENT_LIMIT, load_json, open_regular, read_json
-from kvops.record import record
+from kvops.frozen import frozen
 
 HEADER_PREFIX = 8  # the u64 header length
 MAX_BYTES = 1 << 50  # data offsets and dimensions past a PiB are not a checkpoint's
@@ -65,7 +65,7 @@ _REPLICATED = re.compile(
 _KV_PROJ = re.compile(r"\.(k_proj|v_proj)\.")
 
 
-@record
+@frozen
 class Tensor:
     name: str
     dtype: str  # as safetensors names it: BF16, F8_E4M3, U8, I32, ...
@@ -77,7 +77,7 @@ class Tensor:
         return prod(self.shape)
 
 
-@record
+@frozen
 class Checkpoint:
     """Every tensor of a checkpoint's safetensors files, and where they were read."""
 
@@ -195,7 +195,7 @@ def read_local(folder: Path) -> Checkpoint | None:
 # --- what one GPU loads -----------------------------------------------------------------------------------
 
 
-@record
+@frozen
 class Parallel:
     """How the engine splits the weights: tensor-parallel size, pipeline stages, the ranks routed experts are
     spread over (vLLM: tp x dp), and whether each rank holds whole experts (--enable-expert-parallel)."""
@@ -206,7 +206,7 @@ class Parallel:
     whole_experts: bool = False
 
 
-@record
+@frozen
 class Loading:
     """What the engine leaves out or converts."""
 
@@ -219,7 +219,7 @@ class Loading:
     num_experts: int = 0
 
 
-@record
+@frozen
 class LoadedWeights:
     """The weights one GPU holds (on the stage that holds the most), per dtype as loaded, and what was left out."""
 

@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 from kvops.errors import ConfigError, KvopsError, ModelNotFound
 from kvops.files import DOCUMENT_LIMIT, load_json, read_text
+from kvops.frozen import frozen
 from kvops.model.checkpoint import (
     HEADER_PREFIX,
     SAFETENSORS_INDEX,
@@ -34,7 +35,6 @@ from kvops.model.checkpoint import (
     parse_header,
 )
 from kvops.model.refs import HubRef
-from kvops.record import record
 
 FIRST_READ = 100_000  # one range read holds the whole header for almost every file; a second read when not
 HEADER_READERS = 8  # shards whose headers are read at once
@@ -45,7 +45,7 @@ class HubError(ModelNotFound):
     """The Hub could not give a model's files: one line saying what failed and what to do."""
 
 
-@record
+@frozen
 class HubModel:
     ref: HubRef
     config: dict[str, Any]

@@ -13,11 +13,11 @@ from __future__ import annotations
 from typing import Any
 
 from kvops.errors import ConfigError
+from kvops.frozen import frozen
 from kvops.model.spec import CacheKind, MambaState, ParameterCount
-from kvops.record import record
 
 
-@record
+@frozen
 class PublishedCount:
     """A checkpoint's published parameter count, and what it holds besides (or without) the counted parts."""
 

@@ -8,13 +8,13 @@ from __future__ import annotations
 import re
 
 from kvops.errors import ModelNotFound
-from kvops.record import record
+from kvops.frozen import frozen
 
 HUB_PREFIX = "hf://"
 _REPO = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
-@record
+@frozen
 class HubRef:
     repo: str
     revision: str | None = None  # a branch, tag or commit; None: the repository's default branch

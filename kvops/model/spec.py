@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from kvops.dtypes import SCALE_BYTES, KvDtype
 from kvops.errors import UsageError
-from kvops.record import record
+from kvops.frozen import frozen
 
 if TYPE_CHECKING:
     from kvops.model.checkpoint import Checkpoint
@@ -30,7 +30,7 @@ def kv_heads_per_gpu(num_kv_heads: int, tp: int) -> int:
     return max(1, num_kv_heads // tp)
 
 
-@record
+@frozen
 class FullAttention:
     """A layer that caches K and V of every token."""
 
@@ -79,7 +79,7 @@ class FullAttention:
         return self.kind
 
 
-@record
+@frozen
 class SlidingWindow(FullAttention):
     """A layer that attends to (and needs to cache) only the last `window` tokens."""
 
@@ -93,7 +93,7 @@ class SlidingWindow(FullAttention):
         return f"sliding {self.window}"
 
 
-@record
+@frozen
 class ChunkedLocal(FullAttention):
     """Llama 4's chunked local attention: a token attends only within its chunk of `chunk` tokens, so the layer
     holds at most the current chunk (vLLM's ChunkedLocalAttentionSpec)."""
@@ -108,7 +108,7 @@ class ChunkedLocal(FullAttention):
         return f"chunked {self.chunk}"
 
 
-@record
+@frozen
 class MultiLatentAttention:
     """DeepSeek's MLA: one compressed latent plus the rotary key part per token, shared by all heads.
 
@@ -163,7 +163,7 @@ class MultiLatentAttention:
 INDEXER_QUANT_BLOCK = 128  # vLLM's indexer stores fp8 keys with one fp32 scale per 128 values
 
 
-@record
+@frozen
 class SparseIndexer:
     """DeepSeek-V3.2's lightning indexer (also GLM-5): per token one fp8 key of index_head_dim values and one fp32
     scale per 128 of them, whatever the KV dtype; one per MLA layer, not split by tp (vLLM's
@@ -200,7 +200,7 @@ class SparseIndexer:
         return "indexer"
 
 
-@record
+@frozen
 class MambaState:
     """A recurrent layer's per-sequence state, as vLLM shapes it (MambaStateShapeCalculator): a convolution
     window of (conv_kernel - 1) x conv_dim values and an SSM state; both split by tp. No per-token cost.
@@ -261,7 +261,7 @@ class MambaState:
         return f"{self.variant} state"
 
 
-@record
+@frozen
 class NoCache:
     """A layer that keeps nothing per sequence: an MLP or MoE-only block (Nemotron-H), an attention that is a
     no-op or a linear map (Nemotron NAS), or one that reads another layer's KV (shared KV layers)."""
@@ -275,7 +275,7 @@ LayerKind = FullAttention | SlidingWindow | ChunkedLocal | MultiLatentAttention 
 CacheKind = LayerKind | NoCache
 
 
-@record
+@frozen
 class LayerGroup:
     """Layers of one identical kind, with their indices in the model."""
 
@@ -287,7 +287,7 @@ class LayerGroup:
         return len(self.indices)
 
 
-@record
+@frozen
 class ParameterCount:
     total: int  # the language model an engine loads for text generation (MTP and vision towers apart)
     experts: int  # inside routed experts
@@ -305,7 +305,7 @@ class ParameterCount:
         return self.total + self.mtp + self.vision
 
 
-@record
+@frozen
 class EncoderShape:
     """A multimodal encoder as the profile run exercises it: its width, MLP size, and encoder positions (patches)
     per language-model token it yields (a spatial merge of 2 x 2 feeds 4 patches into one token)."""
@@ -315,7 +315,7 @@ class EncoderShape:
     patches_per_token: int = 1
 
 
-@record
+@frozen
 class ModelSpec:
     """A model reduced to the facts that decide its serving memory. Built once from a config.json."""
 

@@ -9,9 +9,9 @@ from kvops import engines
 from kvops.dtypes import KvDtype
 from kvops.errors import KvopsError
 from kvops.formula import kv_cost
+from kvops.frozen import frozen
 from kvops.model.spec import ModelSpec
 from kvops.policy import GRADED, Level, Policy
-from kvops.record import record
 from kvops.units import format_bytes
 
 if TYPE_CHECKING:
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 MIN_POINTS = 8  # a short context axis still draws a line, not a dot
 
 
-@record
+@frozen
 class Budget:
     """A horizontal line: the KV memory a plan leaves for one model on the device, and what it is."""
 

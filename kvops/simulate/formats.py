@@ -43,7 +43,7 @@ from datetime import datetime
 from functools import partial
 from typing import IO, Any, cast
 
-from kvops.record import record
+from kvops.frozen import frozen
 from kvops.simulate.trace import (
     MISSING,
     Segment,
@@ -68,14 +68,14 @@ Tokenizer = Callable[[str], int]
 """Counts a text's tokens as the engine would: vLLM's benchmark counts len(tokenizer(text).input_ids)."""
 
 
-@record
+@frozen
 class Options:
     tokenizer: Tokenizer | None = None
     model_filter: str | None = None
     limit: int | None = None
 
 
-@record
+@frozen
 class HashedLayout:
     """How a hash-id trace counts time and blocks."""
 

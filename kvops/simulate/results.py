@@ -8,13 +8,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from kvops.record import record
+from kvops.frozen import frozen
 from kvops.simulate.run import RequestLog, RunLog
 
 QUANTILES = (50, 90, 99)
 
 
-@record
+@frozen
 class Slo:
     """Targets a request must meet to count toward goodput, in seconds."""
 
@@ -28,7 +28,7 @@ class Slo:
         return {"ttft_ms": self.ttft_s * 1000, "tpot_ms": self.tpot_s * 1000}
 
 
-@record
+@frozen
 class Distribution:
     mean: float
     p50: float
@@ -39,7 +39,7 @@ class Distribution:
         return {name: round(getattr(self, name) * scale, 3) for name in ("mean", "p50", "p90", "p99")}
 
 
-@record
+@frozen
 class Summary:
     requests: int
     completed: int

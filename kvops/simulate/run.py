@@ -17,14 +17,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kvops.engines.scheduling import Batch, SchedulerCore
-from kvops.record import record
+from kvops.frozen import frozen
 from kvops.simulate.trace import Trace, TraceRequest
 
 StepSeconds = Callable[[Batch], float]
 STUCK_SCHEDULES = 8  # empty schedules in a row, nothing running and nothing to arrive: the rest cannot be served
 
 
-@record
+@frozen
 class ClientSettings:
     """How the clients send: at most `max_concurrency` requests in flight (None: as the trace's arrivals say), and
     what they ask for `max_tokens`: "trace" (each request's own; exact where the trace has none), "exact" (the

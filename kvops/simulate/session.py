@@ -9,8 +9,8 @@ from typing import Any
 from kvops import engines
 from kvops.deployment import DeploymentOptions
 from kvops.errors import UsageError
+from kvops.frozen import frozen
 from kvops.plan import Plan, PlanError
-from kvops.record import record
 from kvops.simulate import cost, steptime
 from kvops.simulate.results import Slo
 from kvops.simulate.run import ClientSettings
@@ -20,7 +20,7 @@ from kvops.simulate.traffic import Traffic, build_trace
 from kvops.workload import Workload, percentile
 
 
-@record
+@frozen
 class Request:
     """What the user asked of the simulation, beside the deployment."""
 
@@ -37,7 +37,7 @@ class Request:
     tokenizer: str | None = None  # a local tokenizer folder for ShareGPT's texts
 
 
-@record
+@frozen
 class Answer:
     setup: Setup
     arms: tuple[ArmResult, ...] = ()

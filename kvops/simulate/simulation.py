@@ -10,8 +10,8 @@ from typing import Any
 
 from kvops import engines
 from kvops.errors import KvopsError
+from kvops.frozen import frozen
 from kvops.plan import Plan
-from kvops.record import record
 from kvops.simulate.prompts import prompt_tokens
 from kvops.simulate.results import Slo, Summary, summarize
 from kvops.simulate.run import ClientSettings, RunLog, run_trace
@@ -23,7 +23,7 @@ RATE_TOLERANCE = 0.03  # the max-rate search stops when the bracket is this narr
 MAX_SEARCH_RUNS = 12
 
 
-@record
+@frozen
 class Setup:
     """What every run of one simulation shares."""
 
@@ -35,7 +35,7 @@ class Setup:
     scheduler_flags: Mapping[str, Any]  # the engine's scheduler flags beside the plan (policy, watermark, ...)
 
 
-@record
+@frozen
 class ArmResult:
     arm: str
     change: str  # what the arm adds to the stock command
@@ -87,7 +87,7 @@ def compare(setup: Setup, arms: list[str], progress: Progress | None = None) -> 
 # --- capacity questions -------------------------------------------------------------------------------------------
 
 
-@record
+@frozen
 class RatePoint:
     rate_rps: float
     attainment: float
@@ -105,7 +105,7 @@ class RatePoint:
         }
 
 
-@record
+@frozen
 class RateSearch:
     """The highest request rate one replica serves at the SLO attainment asked (0 when even the lowest tried
     misses), and every rate tried."""
@@ -167,7 +167,7 @@ def max_rate(setup: Setup, arm: str, attainment: float, progress: Progress | Non
     return RateSearch(arm, attainment, low, saturated, tuple(points))
 
 
-@record
+@frozen
 class Replicas:
     target_rps: float
     replicas: int

@@ -37,14 +37,14 @@ from functools import lru_cache
 from typing import Any
 
 from kvops.errors import KvopsError
+from kvops.frozen import frozen
 from kvops.packaged import packaged_text
-from kvops.record import record
 
 TERMS = ("step_s", "layer_s", "tp_step_s", "linear", "experts", "compute", "kv", "attention", "comm", "comm_latency_s")
 ACTIVATION_BYTES = 2  # all-reduces move 16-bit activations
 
 
-@record
+@frozen
 class CacheRead:
     """One cache kind's reads: bytes per cached token per GPU over all its layers, the tokens it keeps (None:
     all), its layers and their query heads per GPU; a recurrent state instead reads `state_bytes` per request."""
@@ -57,7 +57,7 @@ class CacheRead:
     state_bytes: int = 0
 
 
-@record
+@frozen
 class ModelCost:
     """One model's per-GPU costs at a tensor-parallel size: what the roofline terms are computed from."""
 
@@ -91,7 +91,7 @@ class ModelCost:
         }
 
 
-@record
+@frozen
 class Hardware:
     """The datasheet figures the terms divide by."""
 
@@ -102,13 +102,13 @@ class Hardware:
     source: str
 
 
-@record
+@frozen
 class Coefficient:
     value: float
     source: str
 
 
-@record
+@frozen
 class Coefficients:
     """A fitted set: each term's coefficient and where it came from, and the API server's time per request."""
 
@@ -131,7 +131,7 @@ class StepTimeError(KvopsError):
     """The step-time data cannot be used for this device."""
 
 
-@record
+@frozen
 class StepTime:
     """A model on a device: seconds per step from the batch."""
 

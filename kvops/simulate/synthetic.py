@@ -38,7 +38,7 @@ from collections.abc import Callable
 from itertools import accumulate
 
 from kvops.errors import UsageError
-from kvops.record import record
+from kvops.frozen import frozen
 from kvops.simulate.formats import vllm_valid_sequence
 from kvops.simulate.trace import Trace, TraceRequest
 
@@ -46,7 +46,7 @@ FORMS = "fixed:N, uniform:LOW-HIGH, normal:mean=M,std=S, lognormal:mean=M,sigma=
 MAX_TOKENS_MODES = "exact (max_tokens = the output), none (omitted) or cap:N (max_tokens N, outputs cut to it)"
 
 
-@record
+@frozen
 class Fixed:
     tokens: int
 
@@ -54,7 +54,7 @@ class Fixed:
         return self.tokens
 
 
-@record
+@frozen
 class Uniform:
     low: int
     high: int
@@ -63,7 +63,7 @@ class Uniform:
         return rng.randint(self.low, self.high)
 
 
-@record
+@frozen
 class Normal:
     mean: float
     std: float
@@ -72,7 +72,7 @@ class Normal:
         return max(1, round(rng.gauss(self.mean, self.std)))
 
 
-@record
+@frozen
 class LogNormal:
     """Parametrised by the arithmetic mean of the tokens and the sigma of their log."""
 
@@ -83,7 +83,7 @@ class LogNormal:
         return max(1, round(rng.lognormvariate(math.log(self.mean) - self.sigma**2 / 2, self.sigma)))
 
 
-@record
+@frozen
 class ShareGPTLike:
     """(prompt, output) pairs shaped like vLLM's ShareGPT sample: the module docstring has the model and sources."""
 

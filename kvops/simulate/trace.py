@@ -23,7 +23,7 @@ from itertools import pairwise
 from typing import Any, TypeGuard
 
 from kvops.errors import UsageError
-from kvops.record import record
+from kvops.frozen import frozen
 from kvops.workload import percentile
 
 Segment = tuple[str, int]
@@ -76,7 +76,7 @@ class TraceRequest:
         return sum(tokens for _, tokens in self.prefix)
 
 
-@record
+@frozen
 class Trace:
     """Requests in arrival order and where they came from. `timed` is False when the file had no arrival times (all
     arrive at 0: the caller gives a rate or a concurrency); `skipped` counts rows a reader's documented rule dropped."""

@@ -4,7 +4,7 @@ file, or by a rate, or sent as fast as a number of clients allows."""
 from __future__ import annotations
 
 from kvops.errors import UsageError
-from kvops.record import record
+from kvops.frozen import frozen
 from kvops.simulate.formats import read_trace
 from kvops.simulate.synthetic import arrivals, synthetic_trace
 from kvops.simulate.trace import Trace
@@ -12,7 +12,7 @@ from kvops.simulate.trace import Trace
 SYNTHETIC_REQUESTS = 1000
 
 
-@record
+@frozen
 class Traffic:
     """What the user asked for: a `trace` file or synthetic lengths, and how requests arrive."""
 

@@ -13,8 +13,8 @@ from datetime import datetime, timezone
 
 from kvops import engines
 from kvops.engines.metrics import duration
+from kvops.frozen import frozen
 from kvops.policy import GRADED, Level, Policy, SignalRule
-from kvops.record import record
 
 LEVEL_ALERTS = {Level.WARN: "KVCacheWarn", Level.DEGRADE: "KVCacheDegrade", Level.CRITICAL: "KVCacheCritical"}
 SIGNAL_ALERTS = {
@@ -32,7 +32,7 @@ REFUSAL_WINDOW = 300.0  # seconds
 SEVERITY = {Level.WARN: "warning", Level.DEGRADE: "warning", Level.CRITICAL: "critical", None: "info"}
 
 
-@record
+@frozen
 class AlertKind:
     """One alert: its name, severity, what kind of number `{value}` is, and the text around it."""
 

@@ -16,10 +16,10 @@ per replica in PromQL (`kvops:kv_demand_tokens`, `kvops:kv_headroom_tokens`); th
 from __future__ import annotations
 
 from kvops.engines.metrics import Reading
-from kvops.record import record
+from kvops.frozen import frozen
 
 
-@record
+@frozen
 class Headroom:
     usable_tokens: int
     used_tokens: float

@@ -20,14 +20,14 @@ from pathlib import Path
 
 from kvops import engines
 from kvops.engines.metrics import Catalogue
-from kvops.record import record
+from kvops.frozen import frozen
 
 SUFFIXES = (".yaml", ".yml", ".json", ".rules", ".txt", ".prom", ".py", ".jsonnet", ".libsonnet")
 RANGE = re.compile(r"\[(\d+)(ms|s|m|h|d)(?::[^\]]*)?\]")
 SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
-@record
+@frozen
 class Finding:
     path: str
     line: int

@@ -38,8 +38,8 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from kvops.engines.api import ErrorShape, Route
+from kvops.frozen import frozen
 from kvops.policy import Level, Limits, Priorities, Refusal
-from kvops.record import record
 from kvops.watch.guard import (
     PRIORITY_HEADER,
     BodyError,
@@ -92,7 +92,7 @@ CLAMPED_HEADER = "X-KVops-Clamped"
 WHOLE_BODY_BYTES = 1 << 20  # an upstream body of known length up to this size is read whole and sent in one write
 
 
-@record
+@frozen
 class ProxySettings:
     upstream: str  # e.g. http://127.0.0.1:8000
     engine: str = "vllm"  # whose API: the routes guarded, their fields and error shapes

@@ -6,12 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvops.errors import UsageError
+from kvops.frozen import frozen
 from kvops.policy import Level
-from kvops.record import record
 from kvops.watch.record import COLUMNS
 
 
-@record
+@frozen
 class ReplicaSummary:
     replica: str
     polls: int

@@ -23,8 +23,8 @@ from typing import Any
 
 from kvops.engines.metrics import PromQL, duration
 from kvops.errors import UsageError
+from kvops.frozen import frozen
 from kvops.policy import GRADED, Level, Policy, SignalRule
-from kvops.record import record
 from kvops.watch.alerts import (
     LEVEL_ALERTS,
     REFUSAL_ALERT,
@@ -45,7 +45,7 @@ DEMAND_RATIO = "kvops:kv_demand_ratio"
 GPU_MEMORY = "kvops:gpu_memory_in_use_ratio"
 
 
-@record
+@frozen
 class PlanFigures:
     """What the recording rules take from a plan: one replica's pool and request, and its memory split."""
 

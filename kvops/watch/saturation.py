@@ -19,13 +19,13 @@ Pure: the watcher computes the same score per replica, the deploy package writes
 
 from __future__ import annotations
 
+from kvops.frozen import frozen
 from kvops.policy import Level, Policy
-from kvops.record import record
 
 LLMD_DEFAULT_QUEUE_DEPTH = 5  # llm-d's DefaultQueueDepthThreshold, when the policy has no queue_growth signal
 
 
-@record
+@frozen
 class GatewayLevels:
     kv_cache_util_threshold: float  # sheddable traffic is shed from here on
     queue_depth_threshold: int

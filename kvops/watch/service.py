@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvops.errors import KvopsError, UsageError
+from kvops.frozen import frozen
 from kvops.policy import Policy
-from kvops.record import record
 from kvops.watch.sources import MetricsSource, PrometheusSource, ScrapeSource
 from kvops.watch.watcher import EventLog, Snapshot, Watcher
 
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 DEFAULT_HOST = "127.0.0.1"  # a --listen given as a port only: the endpoints stay on this machine unless asked
 
 
-@record
+@frozen
 class WatchOptions:
     engine: str
     policy: Policy

@@ -13,11 +13,11 @@ import itertools
 from collections import deque
 
 from kvops.engines.metrics import Reading
+from kvops.frozen import frozen
 from kvops.policy import Level, SignalRule
-from kvops.record import record
 
 
-@record
+@frozen
 class SignalState:
     name: str
     firing: bool

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, TextIO
 
 from kvops.engines.metrics import MAX_SAMPLE, Reading
+from kvops.frozen import frozen
 from kvops.policy import GRADED, Level, LevelTracker, Limits, Policy
-from kvops.record import record
 from kvops.watch.alerts import (
     LEVEL_ALERTS,
     SIGNAL_ALERTS,
@@ -84,7 +84,7 @@ class Replica:
         }
 
 
-@record
+@frozen
 class Snapshot:
     """The watcher's view after a poll: what /kvops/policy serves and `--once` prints."""
 

@@ -28,7 +28,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "kvops.dtypes",
             "kvops.files",
             "kvops.packaged",
-            "kvops.record",
+            "kvops.frozen",
             "kvops.gpus",
             "kvops.workload",
             "kvops.speculative",

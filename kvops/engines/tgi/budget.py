@@ -27,11 +27,11 @@ from kvops.engines.overhead_fit import OVERHEAD_QUANTILE
 from kvops.engines.tgi.releases import TgiRelease
 from kvops.engines.weights import WeightOptions, weight_bytes, weight_format
 from kvops.errors import UsageError
+from kvops.frozen import frozen
 from kvops.model.checkpoint import Parallel
 from kvops.model.spec import ModelSpec, MultiLatentAttention
 from kvops.overheads import POOLED, FamilyFit, shipped_fit
 from kvops.plan import PlanInputs, Term
-from kvops.record import record
 
 DEFAULT_CUDA_MEMORY_FRACTION = 1.0  # launcher --cuda-memory-fraction
 DEFAULT_MAX_BATCH_PREFILL_TOKENS = 4096  # launcher fallback when no FLOPs-based value applies
@@ -42,7 +42,7 @@ CHUNKING_ATTENTION = ("flashinfer", "flashdecoding")  # Model.__init__: prefill 
 KV_CACHE_DTYPES = ("fp8_e4m3fn", "fp8_e5m2")  # launcher enum KVCacheDtype
 
 
-@record
+@frozen
 class Attention:
     backend: str  # flashinfer | flashdecoding | paged
     prefix_caching: bool
@@ -165,7 +165,7 @@ def reservation_tokens(input_tokens: int, max_new_tokens: int, speculate: int = 
     return input_tokens + min(max_new_tokens, DEFAULT_GENERATION_LENGTH) + speculate - 1
 
 
-@record
+@frozen
 class TgiPool:
     """The KV pool TGI sizes at warmup: whole blocks, block 0 kept back."""
 

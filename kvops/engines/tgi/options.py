@@ -14,8 +14,8 @@ from typing import Any
 
 from kvops.engines.release import Version, newest_read
 from kvops.errors import UsageError
+from kvops.frozen import frozen
 from kvops.packaged import packaged_text
-from kvops.record import record
 
 OPTIONS_FILE = "release_options.json"
 IMAGE = "ghcr.io/huggingface/text-generation-inference:{version}"
@@ -27,7 +27,7 @@ ROCM_1_2 = "ghcr.io/huggingface/text-generation-inference:1.2+rocm"
 EARLIER_NAMES = {"--max-input-tokens": "--max-input-length"}
 
 
-@record
+@frozen
 class LauncherOptions:
     read: Version
     options: dict[str, str]  # option -> launcher/src/main.rs:line at the tag

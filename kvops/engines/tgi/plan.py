@@ -14,8 +14,8 @@ from kvops.engines.flags import flag_args
 from kvops.engines.tgi import budget, flags, options, releases
 from kvops.engines.tgi.releases import TgiRelease
 from kvops.errors import MissingDevice, UsageError
+from kvops.frozen import frozen
 from kvops.plan import Plan, PlanInputs, Verdict, model_argument
-from kvops.record import record
 from kvops.units import format_bytes
 from kvops.workload import Workload
 
@@ -25,7 +25,7 @@ NUM_BLOCKS_NOTE = "TGI's max batch total tokens = num_blocks x block size; block
 CUDA_GRAPHS_ESTIMATE = 512 * (1 << 20)
 
 
-@record
+@frozen
 class TgiCapacity:
     """The plan's KV pool as TGI sizes it at warmup, and what the planned requests reserve in it."""
 

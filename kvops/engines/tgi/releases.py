@@ -18,14 +18,14 @@ from math import floor
 
 from kvops.engines.release import Rule, Version
 from kvops.errors import UsageError
-from kvops.record import record
+from kvops.frozen import frozen
 
 NEWEST = "3.3.7"  # the last release (the project is in maintenance mode since 2025-12-11)
 FAMILIES = ("TGI 1.x/2.x", "TGI 3.x")
 SOURCE = "huggingface/text-generation-inference"
 
 
-@record
+@frozen
 class TgiRelease:
     version: Version
     how: str

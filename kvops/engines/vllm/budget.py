@@ -24,11 +24,11 @@ from kvops.engines.overhead_fit import OVERHEAD_QUANTILE
 from kvops.engines.vllm.releases import BatchDefaults, VllmRelease, release
 from kvops.engines.weights import WeightOptions, stage_weights, weight_bytes, weight_format
 from kvops.errors import MissingDevice, UsageError
+from kvops.frozen import frozen
 from kvops.model.checkpoint import Parallel
 from kvops.model.spec import ModelSpec
 from kvops.overheads import POOLED, FamilyFit, shipped_fit
 from kvops.plan import PlanInputs, Term
-from kvops.record import record
 from kvops.units import GiB, format_bytes
 
 DEFAULT_GPU_MEMORY_UTILIZATION = release(None).default_gpu_memory_utilization  # the newest release's
@@ -112,7 +112,7 @@ def profile_run(
 # --- the memory terms -----------------------------------------------------------------------------------
 
 
-@record
+@frozen
 class KvSizing:
     """How this launch's vLLM sizes its KV cache, and why (`VllmConfig._resolve_extensible_kv_cache`, 0.34.0)."""
 
@@ -599,7 +599,7 @@ def _cuda_graphs(inputs: PlanInputs, release_: VllmRelease) -> Term:
     )
 
 
-@record
+@frozen
 class CompiledGraphs:
     """The CUDA graphs a --compilation-config asks for: the mode, and how many batch sizes are captured."""
 

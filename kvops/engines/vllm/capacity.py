@@ -7,12 +7,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvops.engines.vllm import flags, options, releases
+from kvops.frozen import frozen
 from kvops.plan import Plan, PlanInputs, Term, Verdict
-from kvops.record import record
 from kvops.units import format_bytes
 
 
-@record
+@frozen
 class VllmCapacity:
     """The plan's KV pool as vLLM sizes it, and the planned workload in it."""
 

@@ -31,8 +31,8 @@ from dataclasses import replace
 from kvops.dtypes import KV_DTYPES, KvDtype, canonical_dtype_name
 from kvops.errors import KvopsError
 from kvops.formula import check_tp
+from kvops.frozen import frozen
 from kvops.model.spec import LayerKind, MambaState, ModelSpec, MultiLatentAttention
-from kvops.record import record
 
 GPU_BLOCK_SIZE = 16  # CacheConfig.DEFAULT_BLOCK_SIZE (FlashAttention, FlashInfer, Triton)
 GPU_MLA_BLOCK_SIZE = 64  # FlashMLA's only kernel block size
@@ -55,7 +55,7 @@ def default_block_size(spec: ModelSpec, device: str) -> int:
     return GPU_MLA_BLOCK_SIZE if spec.is_mla else GPU_BLOCK_SIZE
 
 
-@record
+@frozen
 class LayoutOptions:
     """The engine settings that change the layout besides dtype, tp and block size."""
 
@@ -73,7 +73,7 @@ class LayoutOptions:
 # --- one layer's spec --------------------------------------------------------------------------------------
 
 
-@record
+@frozen
 class CacheSpec:
     """One layer's KV cache spec as vLLM builds it (the page of one block, and how many blocks a request needs)."""
 
@@ -128,7 +128,7 @@ class CacheSpec:
 # --- KV cache groups ------------------------------------------------------------------------------------
 
 
-@record
+@frozen
 class KVCacheGroup:
     """One vLLM KV cache group: layers sharing a block table (of one spec, or of one uniform type)."""
 
@@ -169,7 +169,7 @@ class KVCacheGroup:
         return self.spec.held_blocks(tokens)
 
 
-@record
+@frozen
 class KVCacheLayout:
     groups: tuple[KVCacheGroup, ...]
     group_size: int
@@ -419,7 +419,7 @@ def mtp_caches(spec: ModelSpec) -> list[LayerKind]:
 # --- the block pool -------------------------------------------------------------------------------------------
 
 
-@record
+@frozen
 class Pool:
     """What vLLM reports after sizing: `num_gpu_blocks`, `kv_cache_size_tokens`, the concurrency at max_model_len.
 

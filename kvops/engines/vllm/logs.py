@@ -44,7 +44,7 @@ from typing import Any
 from kvops.engines.logs import LogFacts, LogPattern
 from kvops.engines.oom import TORCH_OOM, OutOfMemory, out_of_memory
 from kvops.engines.vllm.releases import VllmRelease, from_log
-from kvops.record import record
+from kvops.frozen import frozen
 from kvops.units import GiB
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m|\[[0-9;]*m(?=\()")
@@ -533,7 +533,7 @@ _NEGATIVE_KV = re.compile(
 )
 
 
-@record
+@frozen
 class KvTooSmall:
     """One request at max_model_len does not fit the KV cache (V1's message, in bytes)."""
 
@@ -544,7 +544,7 @@ class KvTooSmall:
     estimated_max_model_len: int | None = None  # vLLM's own estimate of the length that fits
 
 
-@record
+@frozen
 class KvTokensTooFew:
     """One request at max_model_len does not fit the KV cache (V0's message, in the pool's tokens)."""
 
@@ -553,7 +553,7 @@ class KvTokensTooFew:
     kv_tokens: int
 
 
-@record
+@frozen
 class NoKvMemory:
     """Nothing was left for the KV cache after the other terms (a zero or negative budget)."""
 
@@ -561,7 +561,7 @@ class NoKvMemory:
     available_bytes: int | None = None  # the negative budget, where the message states it
 
 
-@record
+@frozen
 class StartupFreeMemory:
     """Less was free at startup than gpu_memory_utilization x total: something else holds the device."""
 
@@ -572,7 +572,7 @@ class StartupFreeMemory:
     requested_bytes: int
 
 
-@record
+@frozen
 class EngineOutOfMemory:
     """An allocation failed: the torch or CUDA error, and the phase of startup or serving it hit."""
 

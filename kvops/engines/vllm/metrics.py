@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvops.engines.metrics import Catalogue, MetricsError, PromQL, Reading, Retired, Samples, series, usage_fraction
-from kvops.record import record
+from kvops.frozen import frozen
 
 KV_USAGE = "vllm:kv_cache_usage_perc"
 KV_USAGE_REMOVED = "vllm:gpu_cache_usage_perc"
@@ -179,7 +179,7 @@ def promql(matchers: list[str], capacity_tokens: int | None = None) -> PromQL:
     )
 
 
-@record
+@frozen
 class CacheConfig:
     """The labels of `vllm:cache_config_info`: every CacheConfig field of the running engine, as strings
     (absent before the engine is up)."""

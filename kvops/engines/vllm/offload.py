@@ -31,8 +31,8 @@ from dataclasses import replace
 from kvops.engines.vllm import flags
 from kvops.engines.vllm.capacity import VllmCapacity
 from kvops.errors import UsageError
+from kvops.frozen import frozen
 from kvops.plan import Plan, PlanInputs
-from kvops.record import record
 from kvops.units import GiB, format_bytes
 
 BACKENDS = ("native", "lmcache")
@@ -58,7 +58,7 @@ PCIE_GENERATION = {  # the GPU's host link, from each vendor's datasheet
 UNKNOWN_GENERATION = 4  # a device the catalog lacks: the slower link, so the reload cost errs long
 
 
-@record
+@frozen
 class HostTier:
     """The tier of one replica, as the native backend sizes it."""
 

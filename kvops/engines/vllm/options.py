@@ -15,8 +15,8 @@ from typing import Any
 from kvops.dtypes import KvDtype
 from kvops.engines.release import Version, newest_read
 from kvops.errors import UsageError
+from kvops.frozen import frozen
 from kvops.packaged import packaged_text
-from kvops.record import record
 
 OPTIONS_FILE = "release_options.json"
 # docs.vllm.ai deployment/docker: the official image, entrypoint `vllm serve`, tagged v<release>
@@ -42,7 +42,7 @@ ROCM_ONLY = ("octave_k3v4", "octave_k3v3", "octave_k3v3_compact")
 KV_WAYS = ("int8", "fp8", "int4")
 
 
-@record
+@frozen
 class Choices:
     """An option's accepted values in one release, and the wheel file:line that lists them."""
 
@@ -50,7 +50,7 @@ class Choices:
     source: str
 
 
-@record
+@frozen
 class ReleaseOptions:
     """What one release's `vllm serve` takes, as read from its wheel (`read`: the release whose wheel was read)."""
 

@@ -18,10 +18,10 @@ from kvops.engines.vllm.notes import add_notes
 from kvops.engines.vllm.verdict import verdict
 from kvops.engines.weights import weight_format
 from kvops.errors import UsageError
+from kvops.frozen import frozen
 from kvops.model.checkpoint import pipeline_partition
 from kvops.model.spec import ModelSpec
 from kvops.plan import Plan, PlanInputs, Term, Verdict
-from kvops.record import record
 from kvops.units import format_bytes
 from kvops.workload import Workload
 
@@ -208,7 +208,7 @@ def _budget(
     return draft, binding.blocks, binding.page
 
 
-@record
+@frozen
 class _Stage:
     stage: int
     memory: list[Term]

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from kvops.engines.release import Rule, Version
 from kvops.errors import UsageError
-from kvops.record import record
+from kvops.frozen import frozen
 from kvops.units import GiB
 
 NEWEST = "0.34.0"  # the newest vLLM on PyPI (its wheel read: kvops/engines/vllm/release_options.json)
@@ -160,14 +160,14 @@ _BATCH_160_GIB = Rule(
 )
 
 
-@record
+@frozen
 class BatchDefaults:
     max_num_batched_tokens: int
     max_num_seqs: int
     rule: str
 
 
-@record
+@frozen
 class VllmRelease:
     """One vLLM release and the rules it follows; `how` says where the version came from. `extensible` is set once
     the plan resolves the extensible KV cache for its launch (budget.kv_sizing), as vLLM does at startup."""

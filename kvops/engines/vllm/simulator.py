@@ -25,7 +25,7 @@ from typing import Any
 
 from kvops.engines.scheduling import Batch, StepResult
 from kvops.errors import KvopsError, UsageError
-from kvops.record import record
+from kvops.frozen import frozen
 
 STOP_TOKEN = 2  # the token an unknown-length request samples when it reaches its length
 FILL_TOKEN = 7  # every other sampled token
@@ -38,7 +38,7 @@ class SimulatorUnavailable(KvopsError):
     """vLLM is not importable in this Python."""
 
 
-@record
+@frozen
 class CacheGroup:
     """One KV cache group as the scheduler sees it: its kind and the tokens a sliding or chunked layer keeps."""
 
@@ -47,7 +47,7 @@ class CacheGroup:
     block_size: int = 16
 
 
-@record
+@frozen
 class CoreSettings:
     """What decides the scheduler's behaviour: the pool and the flags of one engine."""
 
@@ -339,7 +339,7 @@ def _quiet() -> Iterator[None]:
 # --- from a plan ------------------------------------------------------------------------------------------------
 
 
-@record
+@frozen
 class SchedulerOptions:
     """The `vllm serve` scheduler flags a deployment states beside what the plan holds."""
 
@@ -352,7 +352,7 @@ class SchedulerOptions:
     num_gpu_blocks_override: int | None = None  # --num-gpu-blocks-override: the pool a run logged
 
 
-@record
+@frozen
 class Arm:
     """One way of running the deployment: stock vLLM with its stated flags, or with one change."""
 
