@@ -1,18 +1,20 @@
 """kvops simulate against the real vLLM engine on this machine: the same traces through the vLLM CPU engine and
 through the simulator with the CPU step time fitted for the test model.
 
-    python bench/simulate_vs_engine.py [--fit] [--reps 3]
+    python bench/simulate_vs_engine.py [--fit] [--reps 3] [--measured bench/data/simulate_vs_engine.json]
 
 The engine is vLLM's CPU build serving the test model (tests/support/tiny_model.py, dummy weights) on a 4 MiB KV
 pool (31 usable blocks of 128 tokens, so a burst preempts). Three traces of exact-length streamed requests:
   burst      24 requests sent at once
   steady     60 requests, Poisson arrivals at 3/s
-  overload   60 requests, Poisson arrivals at 8/s (the held-out trace: never fitted on)
-With --fit, the CPU profile's coefficients (kvops/catalog/step_time.json, profile "cpu") are fitted on burst and
-steady as bench/fit_steptime.py fits the GPU ones, and written; overload is scored with them either way. Printed
-per trace: preemptions (engine, simulated), how alike the completion orders are (Kendall's tau over the requests
-both completed, the median over the repetitions), and the mean TTFT, TPOT and E2E of each: the engine's median over
-the repetitions [its range], the simulator's, and their ratio. The range is the machine's noise: the engine runs
+  overload   60 requests, Poisson arrivals at 8/s
+Each runs --reps times through one engine; its figures are saved to bench/data/simulate_vs_engine.json, which
+--measured reads back instead of running the engine. Without --fit each trace is simulated with the shipped CPU
+profile (kvops/catalog/step_time.json, profile "cpu"). With --fit, leave-one-out: each trace is simulated with
+coefficients fitted on the other two alone (bench/fit_steptime.py's method), and then the profile fitted on all
+three is written. Printed per trace: preemptions (engine, simulated), how alike the completion orders are
+(Kendall's tau over the requests both completed, the median over the repetitions), and the mean TTFT, TPOT and
+E2E of each: the engine's median over the repetitions [its range], the simulator's, and their ratio. The range is the machine's noise: the engine runs
 alone, but its 2 cores are shared with whatever else runs.
 """
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import sys
@@ -39,7 +42,7 @@ from kvops.simulate.trace import Trace, TraceRequest  # noqa: E402
 
 KV_BYTES = 4 * 1024 * 1024
 MAX_MODEL_LEN = 1024
-FITTED = ("burst", "steady")
+SAVED = REPO / "bench" / "data" / "simulate_vs_engine.json"
 CPU_HARDWARE = {
     "name": "cpu",
     "memory_bandwidth": 2.0e10,
@@ -187,11 +190,40 @@ def write_profile(profile: steptime.Coefficients) -> None:
     print(f"wrote the cpu profile to {path.relative_to(REPO)}")
 
 
+def print_rows(plan, sim_traces: dict[str, Trace], measured: dict[str, dict], profiles: dict, note: str) -> None:
+    """One row per trace, each simulated with its own profile (`profiles[name]`)."""
+    print(f"{'trace':<9} {'tau':>5} {'preempted':>14} {'TTFT ms':>32} {'TPOT ms':>30} {'E2E ms':>34}")
+    for name, trace in sim_traces.items():
+        row = compare(name, measured[name], recorded_run(plan, trace, profiles[name], {})[0])
+        cells = [f"{row['preemptions'][0]:>6g} {row['preemptions'][1]:>6}"]
+        for key in ("ttft_mean_ms", "tpot_mean_ms", "e2e_mean_ms"):
+            engine, simulated = row[key]
+            low, high = measured[name]["range"][key]
+            cells.append(f"{engine:>7.1f} [{low:.1f}-{high:.1f}] {simulated:>7.1f} {simulated / engine:>5.2f}x")
+        print(f"{name:<9} {row['tau']:>5.2f} " + " ".join(cells) + note)
+
+
+def leave_one_out(plan, sim_traces: dict[str, Trace], measured: dict[str, dict], start) -> dict:
+    """Each trace's profile fitted on the other traces alone."""
+    profiles = {}
+    for held in sim_traces:
+        others = {name: trace for name, trace in sim_traces.items() if name != held}
+        profiles[held] = profile_from(fit(plan, others, measured, start), f"fitted without {held}")
+    return profiles
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--fit", action="store_true", help="fit the CPU profile on burst and steady, and write it")
+    parser.add_argument(
+        "--fit", action="store_true", help="score each trace fitted without it, then fit on all and write the profile"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--reps", type=int, default=3, help="runs of each trace through the engine (default 3)")
+    parser.add_argument(
+        "--measured",
+        type=Path,
+        help=f"the engine's figures from an earlier run [run it; saved to {SAVED.relative_to(REPO)}]",
+    )
     options = parser.parse_args()
     from tests.support.tiny_model import build_model
 
@@ -199,32 +231,40 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="simulate-vs-engine-") as scratch:
         folder = Path(scratch)
         model = build_model(folder / "model")
-        started = time.monotonic()
-        measured = engine_runs(model, folder, chosen, options.reps)
-        print(f"engine runs: {time.monotonic() - started:.0f} s", flush=True)
+        if options.measured:
+            measured = json.loads(options.measured.read_text())["traces"]
+        else:
+            started = time.monotonic()
+            measured = engine_runs(model, folder, chosen, options.reps)
+            print(f"engine runs: {time.monotonic() - started:.0f} s", flush=True)
+            save(measured, options)
         plan = cpu_plan(model)
         sim_traces = {name: as_trace(name, jobs) for name, jobs in chosen.items()}
-        if options.fit:
-            start = steptime.coefficients("cpu") if "cpu" in steptime.profiles() else steptime.coefficients("gpu")
-            fitted_on = (
-                f"the test model on this machine's vLLM {__import__('vllm').__version__} CPU engine "
-                f"(bench/simulate_vs_engine.py --fit, traces {', '.join(FITTED)}, {time.strftime('%Y-%m-%d')})"
-            )
-            vector = fit(plan, {name: sim_traces[name] for name in FITTED}, measured, start)
-            profile = profile_from(vector, fitted_on)
-            write_profile(profile)
-        else:
-            profile = steptime.coefficients("cpu")
-        print(f"{'trace':<9} {'tau':>5} {'preempted':>14} {'TTFT ms':>32} {'TPOT ms':>30} {'E2E ms':>34}")
-        for name, trace in sim_traces.items():
-            row = compare(name, measured[name], recorded_run(plan, trace, profile, {})[0])
-            cells = [f"{row['preemptions'][0]:>6g} {row['preemptions'][1]:>6}"]
-            for key in ("ttft_mean_ms", "tpot_mean_ms", "e2e_mean_ms"):
-                engine, simulated = row[key]
-                low, high = measured[name]["range"][key]
-                cells.append(f"{engine:>7.1f} [{low:.1f}-{high:.1f}] {simulated:>7.1f} {simulated / engine:>5.2f}x")
-            held = "" if name in FITTED or not options.fit else " (held out)"
-            print(f"{name:<9} {row['tau']:>5.2f} " + " ".join(cells) + held)
+        if not options.fit:
+            shipped = steptime.coefficients("cpu")
+            print_rows(plan, sim_traces, measured, dict.fromkeys(sim_traces, shipped), "")
+            return
+        start = steptime.coefficients("cpu") if "cpu" in steptime.profiles() else steptime.coefficients("gpu")
+        print("leave-one-out: each trace simulated with the profile fitted on the other two")
+        print_rows(plan, sim_traces, measured, leave_one_out(plan, sim_traces, measured, start), " (held out)")
+        fitted_on = (
+            f"the test model on this machine's vLLM {__import__('vllm').__version__} CPU engine "
+            f"(bench/simulate_vs_engine.py --fit, traces {', '.join(sim_traces)}, {time.strftime('%Y-%m-%d')})"
+        )
+        write_profile(profile_from(fit(plan, sim_traces, measured, start), fitted_on))
+
+
+def save(measured: dict[str, dict], options) -> None:
+    """The engine's figures, with when and how they were taken, for --measured."""
+    about = {
+        "date": time.strftime("%Y-%m-%d"),
+        "vllm": __import__("vllm").__version__,
+        "seed": options.seed,
+        "reps": options.reps,
+        "machine": f"{os.cpu_count()} cores, shared",
+    }
+    SAVED.write_text(json.dumps({"about": about, "traces": measured}, indent=1) + "\n")
+    print(f"saved the engine's figures to {SAVED.relative_to(REPO)}")
 
 
 if __name__ == "__main__":
