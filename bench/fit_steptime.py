@@ -43,6 +43,7 @@ PRIORS = {
     "attention": (2.0, 1.0, 1.0, 10.0),
     "comm": (1.5, 1.0, 1.0, 10.0),
     "comm_latency_s": (5e-6, 1e-5, 0.0, 1e-3),
+    "expert_elements": (0.0, 0.5, 0.0, 5.0),
     "api_s": (0.01, 0.01, 0.0, 0.2),
 }
 RIDGE = 0.05  # weight of the priors against one relative error
@@ -65,7 +66,8 @@ class StageRun:
 
 
 def coefficient_vector(profile: steptime.Coefficients) -> np.ndarray:
-    return np.array([profile.terms[name].value for name in steptime.TERMS] + [profile.api_s.value])
+    terms = profile.terms  # a term the profile leaves out (steptime.OPTIONAL_TERMS) costs nothing
+    return np.array([terms[name].value if name in terms else 0.0 for name in steptime.TERMS] + [profile.api_s.value])
 
 
 def profile_from(vector: np.ndarray, source: str, fitted_on: str) -> steptime.Coefficients:
@@ -79,11 +81,12 @@ def recorded_run(plan, trace, profile: steptime.Coefficients, flags: dict) -> tu
     model = cost.step_time(plan, profile)
     core, _, settings = engines.get("vllm").simulation_core(plan, "stock", flags)
     features: list[tuple[float, ...]] = []
+    vector = coefficient_vector(profile)[:-1]
 
     def step_seconds(batch) -> float:
         values = model.features(batch.new_tokens, batch.context, sum(batch.samples))
         features.append(values)
-        return sum(model.coefficients.terms[name].value * value for name, value in zip(steptime.TERMS, values))
+        return sum(float(coefficient) * value for coefficient, value in zip(vector, values))
 
     log = run_trace(
         core,

@@ -11,6 +11,7 @@ them sampled), per GPU:
            + attention x F_attention / FLOPS                      QK^T and PV over the causal pairs
            + comm      x AR_bytes / LINK                          tensor parallel: two all-reduces per layer,
            + comm_latency_s x 2L x (tp - 1)                       each a hop to every other GPU
+           + expert_elements x N_experts / BW                    the routed experts' work per weight element
 
     W_dense     the weights outside the routed experts
     W_experts   of the routed experts, the share T tokens touch: 1 - (1 - k/E)^T of E experts at k per token
@@ -20,6 +21,10 @@ them sampled), per GPU:
     KV_read     sum over r and cache kinds of bytes per token x min(c_r + q_r, window)
     F_attention 4 x heads x head dim x the causal (query, key) pairs of each layer kind, windows applied
     AR_bytes    2 (tp - 1) / tp x T x hidden x 2 B per all-reduce (ring), 2 per layer
+    N_experts   the weight elements (parameters) of the routed experts W_experts counts, as if one byte each:
+                the MoE kernels' work per element whatever its width (loads, scales, dequantization), so that
+                8-bit experts do not run twice as fast as 16-bit ones (one per-byte efficiency cannot price both
+                Mixtral 8x7B in bf16 and Llama 4 Scout in FP8). Optional: a profile without it prices nothing
 
 BW, FLOPS and LINK are the datasheet's memory bandwidth, dense tensor throughput for the serving dtype and the
 GPU-to-GPU link per direction (kvops/catalog/gpu_performance.json). The coefficients are efficiencies (a value of
@@ -40,7 +45,20 @@ from kvops.errors import KvopsError
 from kvops.frozen import frozen
 from kvops.packaged import packaged_text
 
-TERMS = ("step_s", "layer_s", "tp_step_s", "linear", "experts", "compute", "kv", "attention", "comm", "comm_latency_s")
+TERMS = (
+    "step_s",
+    "layer_s",
+    "tp_step_s",
+    "linear",
+    "experts",
+    "compute",
+    "kv",
+    "attention",
+    "comm",
+    "comm_latency_s",
+    "expert_elements",
+)
+OPTIONAL_TERMS = ("expert_elements",)  # a profile may leave these out: they then cost nothing
 ACTIVATION_BYTES = 2  # all-reduces move 16-bit activations
 
 
@@ -142,7 +160,7 @@ class StepTime:
     def seconds(self, new_tokens: Sequence[int], context: Sequence[int], samples: int) -> float:
         values = self.features(new_tokens, context, samples)
         terms = self.coefficients.terms
-        return sum(terms[name].value * value for name, value in zip(TERMS, values))
+        return sum(terms[name].value * value for name, value in zip(TERMS, values) if name in terms)
 
     def features(self, new_tokens: Sequence[int], context: Sequence[int], samples: int) -> tuple[float, ...]:
         """Each term's basis for one batch, in TERMS order (seconds at 100% of the datasheet, or counts)."""
@@ -151,7 +169,8 @@ class StepTime:
         dense_s = 2.0 * (cost.dense_parameters * tokens + cost.head_parameters * samples) / hardware.flops
         experts_s = 2.0 * cost.expert_parameters * tokens / hardware.flops
         dense_read_s = (cost.weight_bytes - cost.expert_bytes) / hardware.memory_bandwidth
-        experts_read_s = cost.expert_bytes * _touched(cost, tokens) / hardware.memory_bandwidth
+        touched = _touched(cost, tokens)
+        experts_read_s = cost.expert_bytes * touched / hardware.memory_bandwidth
         kv_bytes, attention_flops = 0.0, 0.0
         for cache in cost.caches:
             kv_bytes += _cache_bytes(cache, new_tokens, context)
@@ -176,11 +195,13 @@ class StepTime:
             attention_flops / hardware.flops,
             comm_s,
             hops,
+            _expert_elements(cost) * touched / hardware.memory_bandwidth,
         )
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "formula": "t_step = " + " + ".join(f"{name} x f_{name}" for name in TERMS),
+            "formula": "t_step = "
+            + " + ".join(f"{name} x f_{name}" for name in TERMS if name in self.coefficients.terms),
             "model": self.cost.to_dict(),
             "hardware": vars(self.hardware),
             "coefficients": self.coefficients.to_dict(),
@@ -192,6 +213,13 @@ def _touched(cost: ModelCost, tokens: int) -> float:
     if not cost.num_experts:
         return 0.0
     return 1.0 - (1.0 - cost.experts_per_token / cost.num_experts) ** tokens
+
+
+def _expert_elements(cost: ModelCost) -> float:
+    """The routed experts' weight elements per GPU: k of E per token, all E of them."""
+    if not cost.num_experts or not cost.experts_per_token:
+        return 0.0
+    return float(cost.expert_parameters) * cost.num_experts / cost.experts_per_token
 
 
 def _cache_bytes(cache: CacheRead, new_tokens: Sequence[int], context: Sequence[int]) -> float:
@@ -252,12 +280,13 @@ def read_coefficients(text: str, where: str) -> Coefficients:
 
 def _parse(name: str, data: Mapping[str, Any]) -> Coefficients:
     terms = data["terms"]
-    missing = [term for term in TERMS if term not in terms]
+    missing = [term for term in TERMS if term not in terms and term not in OPTIONAL_TERMS]
     if missing:
         raise ValueError(f"missing terms: {', '.join(missing)}")
+    present = [term for term in TERMS if term in terms]
     return Coefficients(
         name=name,
-        terms={term: Coefficient(float(terms[term]["value"]), str(terms[term]["source"])) for term in TERMS},
+        terms={term: Coefficient(float(terms[term]["value"]), str(terms[term]["source"])) for term in present},
         api_s=Coefficient(float(data["api_s"]["value"]), str(data["api_s"]["source"])),
         fitted_on=str(data.get("fitted_on", "")),
         hardware=Hardware(**data["hardware"]) if data.get("hardware") else None,

@@ -19,8 +19,8 @@ GUARD_SCHEDULER = "kvops_vllm.scheduler.KVGuardScheduler"  # the KV-guard schedu
 # caps, degrade n=1, critical 503/429 with Retry-After, with no second process or hop (plugins/kvops_vllm/middleware.py)
 MIDDLEWARE = "kvops_vllm.middleware.KVOpsMiddleware"
 # A default must not cost goodput against stock vLLM. Where the KV pool binds, guard v2 ran below stock's goodput:
-# 0.92-1.15 x on the CPU engine's pool of about 8 requests (bench/guard_goodput.py) and 0.96-1.00 x its SLO goodput
-# in simulated time for an 8B model on one L4 (bench/guard_simulated.py), preempting 4-12% as often; where it does
+# 0.92-1.15 x on the CPU engine's pool of about 8 requests (bench/guard_goodput.py) and 0.95-0.99 x its SLO goodput
+# in simulated time for an 8B model on one L4 (bench/guard_simulated.py), preempting 5-8% as often; where it does
 # not bind (H100 pools under ShareGPT-like traffic) it schedules exactly as stock. And it loads from vLLM's own
 # Python, which the official image lacks. So the plan names it only when asked, and says which measured pool a plan's
 # pool is like.
@@ -32,7 +32,7 @@ GUARD_LARGE_POOL = (
 )
 GUARD_SMALL_POOL = (
     "like the CPU benchmark's pool of about 8 and an 8B model's on one L4, where guard v2 ran at 0.92 to 1.15 x and "
-    "0.96 to 1.00 x stock vLLM's goodput (bench/guard_goodput.py, bench/guard_simulated.py)"
+    "0.95 to 0.99 x stock vLLM's goodput (bench/guard_goodput.py, bench/guard_simulated.py)"
 )
 
 # kvops KV dtype -> `--kv-cache-dtype` (CacheDType in vllm/config/cache.py)

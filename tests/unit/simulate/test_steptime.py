@@ -106,8 +106,37 @@ def test_seconds_are_the_coefficients_times_the_features():
     coefficients = steptime.coefficients("gpu")
     model = StepTime(dense(), HARDWARE, coefficients)
     features = model.features([1, 64], [500, 0], 1)
-    expected = sum(coefficients.terms[name].value * value for name, value in zip(steptime.TERMS, features))
+    terms = coefficients.terms
+    expected = sum(terms[name].value * value for name, value in zip(steptime.TERMS, features) if name in terms)
     assert model.seconds([1, 64], [500, 0], 1) == pytest.approx(expected)
+
+
+def test_expert_elements_count_parameters_not_bytes_and_are_optional():
+    # 8-bit experts: 8e9 bytes for 8e9 elements, of which 2 of 8 per token are 2e9 a token passes through
+    moe = ModelCost(
+        name="moe",
+        layers=10,
+        hidden=1024,
+        tp=1,
+        weight_bytes=10_000_000_000,
+        expert_bytes=8_000_000_000,
+        num_experts=8,
+        experts_per_token=2,
+        dense_parameters=1,
+        expert_parameters=2_000_000_000,
+        head_parameters=0,
+        caches=(),
+    )
+    model = StepTime(moe, HARDWARE, unit_coefficients())
+    one = dict(zip(steptime.TERMS, model.features([1], [0], 1)))
+    assert one["expert_elements"] == pytest.approx(8e9 * 2 / 8 / 1000e9)
+    data = steptime.coefficients("gpu").to_dict()
+    data["terms"].pop("expert_elements", None)
+    without = steptime.read_coefficients(json.dumps(data), "fit.json")  # a profile may leave it out: it costs 0
+    data["terms"]["expert_elements"] = {"value": 0.5, "source": "test"}
+    priced = steptime.read_coefficients(json.dumps(data), "fit.json")
+    extra = StepTime(moe, HARDWARE, priced).seconds([1], [0], 1) - StepTime(moe, HARDWARE, without).seconds([1], [0], 1)
+    assert extra == pytest.approx(0.5 * one["expert_elements"])
 
 
 def test_every_shipped_coefficient_says_where_it_came_from():
