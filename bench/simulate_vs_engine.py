@@ -107,11 +107,11 @@ def engine_runs(model: Path, folder: Path, chosen: dict[str, list[Job]], reps: i
                 print(f"  engine {name} #{rep + 1}: {json.dumps(shown)}", flush=True)
     measured = {}
     for name, each in runs.items():
-        measured[name] = {key: statistics.median(run[key] for run in each) for key in METRICS}
+        measured[name] = {key: statistics.median(rep[key] for rep in each) for key in METRICS}
         measured[name]["range"] = {
-            key: (min(run[key] for run in each), max(run[key] for run in each)) for key in METRICS
+            key: (min(rep[key] for rep in each), max(rep[key] for rep in each)) for key in METRICS
         }
-        measured[name]["orders"] = [run["order"] for run in each]
+        measured[name]["orders"] = [rep["order"] for rep in each]
     return measured
 
 
