@@ -33,6 +33,24 @@ def dense(tp: int = 1, caches: tuple[CacheRead, ...] = (FULL,)) -> ModelCost:
     )
 
 
+def moe(expert_parameters: int = 1) -> ModelCost:
+    """8 experts, 2 a token, 8e9 bytes of them beside 2e9 of dense weights."""
+    return ModelCost(
+        name="moe",
+        layers=10,
+        hidden=1024,
+        tp=1,
+        weight_bytes=10_000_000_000,
+        expert_bytes=8_000_000_000,
+        num_experts=8,
+        experts_per_token=2,
+        dense_parameters=1,
+        expert_parameters=expert_parameters,
+        head_parameters=0,
+        caches=(),
+    )
+
+
 def unit_coefficients() -> Coefficients:
     terms = {name: Coefficient(1.0, "test") for name in steptime.TERMS}
     return Coefficients("unit", terms, Coefficient(0.0, "test"), "constructed")
@@ -72,21 +90,7 @@ def test_a_sliding_window_caps_reads_and_pairs():
 
 
 def test_routed_experts_are_read_as_the_tokens_touch_them():
-    moe = ModelCost(
-        name="moe",
-        layers=10,
-        hidden=1024,
-        tp=1,
-        weight_bytes=10_000_000_000,
-        expert_bytes=8_000_000_000,
-        num_experts=8,
-        experts_per_token=2,
-        dense_parameters=1,
-        expert_parameters=1,
-        head_parameters=0,
-        caches=(),
-    )
-    model = StepTime(moe, HARDWARE, unit_coefficients())
+    model = StepTime(moe(), HARDWARE, unit_coefficients())
     one = dict(zip(steptime.TERMS, model.features([1], [0], 1)))
     many = dict(zip(steptime.TERMS, model.features([1] * 64, [0] * 64, 64)))
     assert one["linear"] == pytest.approx(2e9 / 1000e9)  # the dense weights, read whatever the batch
@@ -113,21 +117,8 @@ def test_seconds_are_the_coefficients_times_the_features():
 
 def test_expert_elements_count_parameters_not_bytes_and_are_optional():
     # 8-bit experts: 8e9 bytes for 8e9 elements, of which 2 of 8 per token are 2e9 a token passes through
-    moe = ModelCost(
-        name="moe",
-        layers=10,
-        hidden=1024,
-        tp=1,
-        weight_bytes=10_000_000_000,
-        expert_bytes=8_000_000_000,
-        num_experts=8,
-        experts_per_token=2,
-        dense_parameters=1,
-        expert_parameters=2_000_000_000,
-        head_parameters=0,
-        caches=(),
-    )
-    model = StepTime(moe, HARDWARE, unit_coefficients())
+    eight_bit = moe(expert_parameters=2_000_000_000)
+    model = StepTime(eight_bit, HARDWARE, unit_coefficients())
     one = dict(zip(steptime.TERMS, model.features([1], [0], 1)))
     assert one["expert_elements"] == pytest.approx(8e9 * 2 / 8 / 1000e9)
     data = steptime.coefficients("gpu").to_dict()
@@ -135,7 +126,9 @@ def test_expert_elements_count_parameters_not_bytes_and_are_optional():
     without = steptime.read_coefficients(json.dumps(data), "fit.json")  # a profile may leave it out: it costs 0
     data["terms"]["expert_elements"] = {"value": 0.5, "source": "test"}
     priced = steptime.read_coefficients(json.dumps(data), "fit.json")
-    extra = StepTime(moe, HARDWARE, priced).seconds([1], [0], 1) - StepTime(moe, HARDWARE, without).seconds([1], [0], 1)
+    extra = StepTime(eight_bit, HARDWARE, priced).seconds([1], [0], 1) - StepTime(eight_bit, HARDWARE, without).seconds(
+        [1], [0], 1
+    )
     assert extra == pytest.approx(0.5 * one["expert_elements"])
 
 
