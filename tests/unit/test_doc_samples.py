@@ -1,5 +1,5 @@
-"""The manual's sample outputs are what the commands print now (issue 23): every `$ kvops plan` and `$ kvops kv` in
-a console block of README.md and docs/planning.md is run, and the lines under it must be its output, stdout and
+"""The manual's sample outputs are what the commands print now (issue 23): every `$ kvops plan`, `kv`, `lint` and
+`simulate` in a console block of DOCS is run, and the lines under it must be its output, stdout and
 stderr as a terminal shows them (stderr alone for a command whose stdout goes to a file). A `...` line stands for
 lines a sample leaves out; a sample without one is the whole output. A command with a `# comment` shows how to call
 it, not what it prints (its files come from the steps before it), and is not run.
@@ -19,10 +19,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from tests.support.extras import needs
 from tests.support.paths import REPO
 
-DOCS = ("README.md", "docs/planning.md")
-COMMANDS = (("kvops", "plan"), ("kvops", "kv"))
+DOCS = ("README.md", "docs/planning.md", "docs/formula.md", "docs/deploying.md", "docs/simulate.md")
+COMMANDS = (("kvops", "plan"), ("kvops", "kv"), ("kvops", "lint"), ("kvops", "simulate"))
 # models served by tests/support/hub_server.py, the stand-in for the Hub, whose address changes per run: their
 # samples are not run here (tests/unit/model/test_hub.py runs the same plans against the stand-in)
 HUB_STAND_IN = re.compile(r"(?:^|[\s/])acme/")
@@ -51,7 +52,7 @@ class Sample:
 
 
 def samples(doc: str) -> list[Sample]:
-    """The `$ kvops plan` / `$ kvops kv` commands of a document's console blocks, each with the lines under it."""
+    """The COMMANDS of a document's console blocks, each with the lines under it."""
     lines = (REPO / doc).read_text().splitlines()
     found: list[Sample] = []
     block = False
@@ -99,12 +100,18 @@ def shows(shown: tuple[str, ...], output: tuple[str, ...]) -> bool:
 ALL = [sample for doc in DOCS for sample in samples(doc)]
 
 
-def test_the_manual_has_plan_and_kv_samples_to_check():
+def test_the_manual_has_samples_to_check():
     assert {sample.doc for sample in ALL} == set(DOCS)
     assert sum(not sample.is_excerpt for sample in ALL) >= 2
 
 
-@pytest.mark.parametrize("sample", ALL, ids=[sample.id for sample in ALL])
+# `kvops simulate` drives the installed vLLM's scheduler
+RUNS = [
+    pytest.param(sample, id=sample.id, marks=needs("vllm") if sample.words[1] == "simulate" else ()) for sample in ALL
+]
+
+
+@pytest.mark.parametrize("sample", RUNS)
 def test_the_sample_is_what_the_command_prints_now(sample):
     output = printed(sample)
     how = "edit the excerpt" if sample.is_excerpt else "run python -m tests.unit.test_doc_samples"
