@@ -235,9 +235,14 @@ def test_headroom_scales_and_gateways_shed_at_kvops_levels(vllm_engine, tmp_path
                         # scrape, so on a busy machine one can lag the ratio read above: read again next turn
                         when = time.time()
                         stack = at(prometheus, stack_query, when)
-                        (total,) = at(prometheus, trigger["query"], when)
-                        if stack and stack[0] >= 0.70 * USABLE and desired(total, target, low, high) > low:
-                            crossed.update(scaled=now, stack=stack[0], total=total)
+                        totals = at(prometheus, trigger["query"], when)  # none yet where a rule has not run
+                        if (
+                            stack
+                            and totals
+                            and stack[0] >= 0.70 * USABLE
+                            and desired(totals[0], target, low, high) > low
+                        ):
+                            crossed.update(scaled=now, stack=stack[0], total=totals[0])
                             per_pod = at(prometheus, adapter_query(adapter, "default", list(pods)), when)
                             crossed["hpa"] = sum(per_pod) / len(per_pod)
                     time.sleep(0.25)
