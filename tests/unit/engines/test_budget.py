@@ -37,6 +37,16 @@ def test_mxfp4_quantizes_only_the_experts_of_gpt_oss():
     assert weight_bytes(spec, fmt).bytes == -(-spec.expert_parameters * 17 // 32) + rest * 2
 
 
+def test_mxfp4_on_a_dense_model_quantizes_its_linear_layers():
+    """A dense model has no experts to hold MXFP4: its MXFP4 checkpoints are W4A4 (every linear layer), as the
+    decodebench Qwen3-32B run of the corpus logged (vllm-0.31.0-b200-qwen3-32b-mxfp4-w4a4-tp1)."""
+    spec = load_model("Qwen/Qwen3-32B")
+    fmt = weight_format(spec, "mxfp4")
+    assert fmt.scope == "linear" and fmt.bits == 4.25
+    embeddings = 2 * spec.vocab_size * spec.hidden_size  # untied embeddings and LM head stay bf16
+    assert weight_bytes(spec, fmt).bytes == -(-(spec.parameters - embeddings) * 17 // 32) + embeddings * 2
+
+
 def test_awq_int4_with_group_scales_is_about_a_quarter_of_bf16():
     spec = load_model("llama-3-8b")
     awq = weight_bytes(spec, weight_format(spec, "awq")).bytes
