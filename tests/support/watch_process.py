@@ -107,6 +107,18 @@ class WatchProcess:
             f"level not {level} after {timeout:.0f} s: {self.policy()}; events: {json.dumps(self.events()[-6:])[:3000]}"
         )
 
+    def wait_replicas(self, expected: dict[str, str], timeout: float = 60) -> None:
+        """Until /kvops/status gives each replica its expected level. A replica whose scrape a busy machine missed
+        reads `unknown` for a poll or two (the watcher is right to say so): one reading is not the claim."""
+        deadline = time.monotonic() + timeout
+        while True:
+            replicas = {r["name"]: r["level"] for r in json.loads(self.get("/kvops/status")[1])["replicas"]}
+            if replicas == expected:
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"replicas {replicas}, not {expected}, after {timeout:.0f} s")
+            time.sleep(0.2)
+
     def metric(self, name: str, **labels: str) -> float | None:
         from prometheus_client.parser import text_string_to_metric_families
 
