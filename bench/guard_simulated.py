@@ -1,7 +1,7 @@
 """The KV guard at GPU scale, in simulated time: stock vLLM, vLLM's --watermark 0.05 and the KV guard on GPU-sized
 pools, on ShareGPT-like and bursty traffic, from half to twice stock's saturation rate.
 
-    python bench/guard_simulated.py [--deployments 8b-h100,8b-l4,70b-4xh100] [--requests 1500] [--arms stock,watermark,guard]
+    python bench/guard_simulated.py [--deployments 8b-h100,8b-l4,70b-4xh100] [--requests 1500] [--arms stock,watermark,guard] [--seeds 0,1,2]
 
 Every arm runs the same seeded trace through the installed vLLM's own scheduler (the guard: its plugin class) over
 the pool `kvops plan` sizes, each step priced by the fitted GPU step time (kvops simulate). Saturation is stock's
@@ -16,6 +16,7 @@ benchmark (bench/guard_goodput.py), which the 2-core machine could not read, at 
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 import time
 from pathlib import Path
@@ -66,39 +67,57 @@ def main() -> None:
     parser.add_argument("--arms", default="stock,watermark,guard")
     parser.add_argument("--factors", default=",".join(f"{factor:g}" for factor in FACTORS))
     parser.add_argument("--max-tokens", default="none", help="what clients send: none (default), exact, cap:N")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seeds", default="0", help="traces to run, e.g. 0,1,2: each seed draws another trace")
     options = parser.parse_args()
     arms = options.arms.split(",")
     factors = [float(factor) for factor in options.factors.split(",")]
-    for name in options.deployments.split(","):
-        for traffic in options.traffic.split(","):
-            started = time.monotonic()
-            setup = setup_for(name, traffic, options.requests, options.max_tokens, options.seed)
-            at_once = run_arm(setup, "stock", all_at_once(setup.trace))
-            saturated, stock = at_once.summary.throughput_rps, at_once.settings
-            print(
-                f"\n{name}, {traffic} ({options.requests} requests, max_tokens {options.max_tokens}): stock's pool "
-                f"{stock['num_blocks']:,} blocks of {stock['block_size']} (at vLLM's --max-num-seqs "
-                f"{stock['max_num_seqs']}); stock saturates at {saturated:.3g} req/s; "
-                f"SLO TTFT <= {setup.slo.ttft_s:g} s, TPOT <= {setup.slo.tpot_s * 1000:.3g} ms",
-                flush=True,
-            )
-            print(
-                f"  {'x sat':>5} {'arm':<10} {'goodput':>8} {'vs stock':>8} {'TTFT p99':>9} {'TPOT p99':>9} {'preempted':>9} {'recomputed':>10}"
-            )
-            for factor in factors:
-                trace = at_rate(setup.trace, factor * saturated)
-                results = {arm: run_arm(setup, arm, trace).summary for arm in arms}
-                stock = results[arms[0]].goodput_rps
-                for arm, summary in results.items():
-                    ratio = summary.goodput_rps / stock if stock else float("nan")
-                    print(
-                        f"  {factor:>5g} {arm:<10} {summary.goodput_rps:>8.3g} {ratio:>8.2f} "
-                        f"{summary.ttft.p99:>8.2f}s {summary.tpot.p99 * 1000:>7.1f}ms {summary.preemptions:>9,} "
-                        f"{summary.recomputed_tokens:>10,}",
-                        flush=True,
-                    )
-            print(f"  ({time.monotonic() - started:.0f} s)")
+    seeds = [int(seed) for seed in options.seeds.split(",")]
+    spread: dict[tuple[str, str, float, str], list[tuple[float, float]]] = {}  # per point and arm: (ratio, share)
+    for name, traffic, seed in itertools.product(options.deployments.split(","), options.traffic.split(","), seeds):
+        started = time.monotonic()
+        setup = setup_for(name, traffic, options.requests, options.max_tokens, seed)
+        at_once = run_arm(setup, "stock", all_at_once(setup.trace))
+        saturated, stock = at_once.summary.throughput_rps, at_once.settings
+        print(
+            f"\n{name}, {traffic}, seed {seed} ({options.requests} requests, max_tokens {options.max_tokens}): stock's pool "
+            f"{stock['num_blocks']:,} blocks of {stock['block_size']} (at vLLM's --max-num-seqs "
+            f"{stock['max_num_seqs']}); stock saturates at {saturated:.3g} req/s; "
+            f"SLO TTFT <= {setup.slo.ttft_s:g} s, TPOT <= {setup.slo.tpot_s * 1000:.3g} ms",
+            flush=True,
+        )
+        print(
+            f"  {'x sat':>5} {'arm':<10} {'goodput':>8} {'vs stock':>8} {'TTFT p99':>9} {'TPOT p99':>9} {'preempted':>9} {'recomputed':>10}"
+        )
+        for factor in factors:
+            trace = at_rate(setup.trace, factor * saturated)
+            results = {arm: run_arm(setup, arm, trace).summary for arm in arms}
+            stock = results[arms[0]].goodput_rps
+            for arm, summary in results.items():
+                ratio = summary.goodput_rps / stock if stock else float("nan")
+                stock_preempted = results[arms[0]].preemptions
+                share = summary.preemptions / stock_preempted if stock_preempted else float("nan")
+                spread.setdefault((name, traffic, factor, arm), []).append((ratio, share))
+                print(
+                    f"  {factor:>5g} {arm:<10} {summary.goodput_rps:>8.3g} {ratio:>8.2f} "
+                    f"{summary.ttft.p99:>8.2f}s {summary.tpot.p99 * 1000:>7.1f}ms {summary.preemptions:>9,} "
+                    f"{summary.recomputed_tokens:>10,}",
+                    flush=True,
+                )
+        print(f"  ({time.monotonic() - started:.0f} s)")
+    if len(seeds) > 1:
+        print_spread(spread, arms[1:], len(seeds))
+
+
+def print_spread(spread: dict[tuple[str, str, float, str], list[tuple[float, float]]], arms: list[str], n: int) -> None:
+    """Over the seeds, each arm's range of goodput against stock's and of preemptions as a share of stock's."""
+    print(f"\nover {n} seeds: goodput / stock (min-max), preemptions / stock's (min-max; - where stock preempted none)")
+    for (name, traffic, factor, arm), points in spread.items():
+        if arm not in arms:
+            continue
+        ratios = [ratio for ratio, _ in points]
+        shares = [share for _, share in points if share == share]  # NaN: stock preempted none
+        preempted = f"{min(shares):.0%}-{max(shares):.0%}" if shares else "-"
+        print(f"  {name} {traffic} {factor:g} x {arm}: {min(ratios):.2f}-{max(ratios):.2f}, preempted {preempted}")
 
 
 if __name__ == "__main__":
