@@ -1,14 +1,17 @@
 """Goodput of the KV guard against stock vLLM: the same seeded requests, on the real vLLM CPU engine, one run.
 
-    python bench/guard_goodput.py [--shapes tiny,8x] [--pools 32,128] [--workloads abc] [--arms stock,guard-v2]
+    python bench/guard_goodput.py [--shapes tiny,8x] [--pools 32,128] [--workloads abc] [--arms stock,guard-v3]
                                   [--quantiles 0.95] [--reps 5] [--seed 0] [--cold] [--json] [--step-cost-only]
 
 Arms (each a real engine, all of a shape started before the first measurement, so repetitions interleave
 A B C D E A B C D E ... and the machine's noise hits every arm alike):
   stock            vLLM's own scheduler
   guard-v1         the KV guard reserving every request's prompt + max_tokens (KVOPS_ADMISSION=reserve)
-  guard-v2         the KV guard admitting by the future peak of the whole batch (the default)
-  guard-v2 pQ      the same at KVOPS_OUTPUT_QUANTILE=Q instead of its default (--quantiles Q, more than one allowed)
+  guard-v2         the KV guard admitting by the future peak of the whole batch, short of blocks pausing up to 32
+                   steps, then preempting the request that computed least, which resumes first
+  guard-v3         the same admission, short of blocks pausing up to 4 steps, then preempting the request that
+                   computed most (never preempted before), which resumes after new requests (the default)
+  guard-v3 pQ      the same at KVOPS_OUTPUT_QUANTILE=Q instead of its default (--quantiles Q, more than one allowed)
   stock+caps       vLLM's own scheduler with its queue cap (--max-num-queued-reqs: overflow answered 503, retried)
   stock+watermark  vLLM's own scheduler keeping 5% of the blocks free when it admits (--watermark 0.05): the
                    engine's own knob against preemption, the nearest peer that runs here
@@ -97,15 +100,18 @@ class Arm:
     env: tuple[tuple[str, str], ...] = ()
 
 
-ARMS = ("stock", "guard-v1", "guard-v2", "stock+caps", "stock+watermark")
+ARMS = ("stock", "guard-v1", "guard-v2", "guard-v3", "stock+caps", "stock+watermark")
+# guard v2's fallback where the pool runs short (guard v3's is the plugin's default)
+V2_FALLBACK = (("KVOPS_PAUSE_STEPS", "32"), ("KVOPS_PREEMPT", "least-computed"), ("KVOPS_RESUME", "first"))
 
 
 def arms(queue_cap: int, quantiles: list[str]) -> list[Arm]:
-    """The arms, and guard v2 at each of `quantiles` (KVOPS_OUTPUT_QUANTILE) besides its default."""
+    """The arms, and guard v3 at each of `quantiles` (KVOPS_OUTPUT_QUANTILE) besides its default."""
     return [
         Arm("stock"),
-        Arm("guard-v1", ("--scheduler-cls", GUARD), (("KVOPS_ADMISSION", "reserve"),)),
-        Arm("guard-v2", ("--scheduler-cls", GUARD)),
+        Arm("guard-v1", ("--scheduler-cls", GUARD), (("KVOPS_ADMISSION", "reserve"), *V2_FALLBACK)),
+        Arm("guard-v2", ("--scheduler-cls", GUARD), V2_FALLBACK),
+        Arm("guard-v3", ("--scheduler-cls", GUARD)),
         *(Arm(quantile_arm(q), ("--scheduler-cls", GUARD), (("KVOPS_OUTPUT_QUANTILE", q),)) for q in quantiles),
         Arm("stock+caps", ("--max-num-queued-reqs", str(queue_cap))),
         Arm("stock+watermark", ("--watermark", "0.05")),
@@ -113,7 +119,7 @@ def arms(queue_cap: int, quantiles: list[str]) -> list[Arm]:
 
 
 def quantile_arm(quantile: str) -> str:
-    return f"guard-v2 p{float(quantile) * 100:g}"
+    return f"guard-v3 p{float(quantile) * 100:g}"
 
 
 # --- the requests ---------------------------------------------------------------------------------------------
@@ -455,7 +461,7 @@ def step_cost(model: Path, running: int = 256, steps: int = 200) -> dict:
     for name, cls, env in (
         ("stock", AsyncScheduler, {}),
         ("guard-v1", KVGuardScheduler, {"KVOPS_ADMISSION": "reserve"}),
-        ("guard-v2", KVGuardScheduler, {"KVOPS_ADMISSION": "peak"}),
+        ("guard-v2, v3", KVGuardScheduler, {"KVOPS_ADMISSION": "peak"}),
     ):
         seats = running if cls is AsyncScheduler else 2 * running  # stock: its seats keep the queue waiting
         with environment(KVOPS_LOG_SECONDS="3600", **env):
@@ -738,7 +744,7 @@ def main() -> None:
     )
     parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of: {', '.join(ARMS)} (default all)")
     parser.add_argument(
-        "--quantiles", default="", help="guard v2 also at these KVOPS_OUTPUT_QUANTILE values, as more arms, e.g. 0.95"
+        "--quantiles", default="", help="guard v3 also at these KVOPS_OUTPUT_QUANTILE values, as more arms, e.g. 0.95"
     )
     parser.add_argument(
         "--cold",

@@ -3,7 +3,7 @@
     python bench/guard_replay.py [--workloads abnh] [--seeds 0,1,2] [--scale 1] [--blocks 32] [--cold] [--burst N]
                                  [--quantiles 0.95] [--pause-steps 0,1000] [--cold-starts max_tokens]
 
-Each scheduler (stock vLLM's AsyncScheduler, the KV guard v1 and v2) is built as
+Each scheduler (stock vLLM's AsyncScheduler, the KV guard v1, v2 and v3) is built as
 tests/engine/test_kv_guard_scheduler.py builds it, over the benchmark's pool (32 blocks of 128 tokens) and vLLM's
 CPU defaults (2,048 batched tokens), and driven as the engine core drives it (two steps in flight); a stand-in
 model runner samples one token per step, and each (b) request stops at a seeded length. Arrivals are mapped to
@@ -44,6 +44,7 @@ sys.path[:0] = [str(REPO), str(REPO / "plugins"), str(REPO / "bench")]
 from guard_goodput import (  # noqa: E402
     BLOCKS,
     MAX_MODEL_LEN,
+    V2_FALLBACK,
     Job,
     environment,
     exact_jobs,
@@ -166,7 +167,7 @@ def stop_lengths(warmup: list[Job], jobs: list[Job]) -> dict[str, int]:
 
 
 def variants(options) -> list[tuple]:
-    """Guard v2 arms with one setting changed from its default: --quantiles, --pause-steps, --cold-starts."""
+    """Guard v3 arms with one setting changed from its default: --quantiles, --pause-steps, --cold-starts."""
     from kvops_vllm.scheduler import KVGuardScheduler
 
     def values(text: str) -> list[str]:
@@ -174,8 +175,8 @@ def variants(options) -> list[tuple]:
 
     return (
         [(quantile_arm(q), KVGuardScheduler, {"KVOPS_OUTPUT_QUANTILE": q}) for q in values(options.quantiles)]
-        + [(f"guard-v2 pause {p}", KVGuardScheduler, {"KVOPS_PAUSE_STEPS": p}) for p in values(options.pause_steps)]
-        + [(f"guard-v2 cold {c}", KVGuardScheduler, {"KVOPS_COLD_START": c}) for c in values(options.cold_starts)]
+        + [(f"guard-v3 pause {p}", KVGuardScheduler, {"KVOPS_PAUSE_STEPS": p}) for p in values(options.pause_steps)]
+        + [(f"guard-v3 cold {c}", KVGuardScheduler, {"KVOPS_COLD_START": c}) for c in values(options.cold_starts)]
     )
 
 
@@ -193,13 +194,13 @@ def main() -> None:
     parser.add_argument("--scale", type=int, default=1, help="pool and requests times this (default 1)")
     parser.add_argument("--blocks", type=int, default=BLOCKS, help=f"the pool before --scale (default {BLOCKS})")
     parser.add_argument(
-        "--quantiles", default="", help="guard v2 also at these KVOPS_OUTPUT_QUANTILE values (b, n, h), e.g. 0.95"
+        "--quantiles", default="", help="guard v3 also at these KVOPS_OUTPUT_QUANTILE values (b, n, h), e.g. 0.95"
     )
     parser.add_argument(
-        "--pause-steps", default="", help="guard v2 also with these KVOPS_PAUSE_STEPS values (b, n, h), e.g. 0,1000"
+        "--pause-steps", default="", help="guard v3 also with these KVOPS_PAUSE_STEPS values (b, n, h), e.g. 0,1000"
     )
     parser.add_argument(
-        "--cold-starts", default="", help="guard v2 also with these KVOPS_COLD_START values (b, n, h): max_tokens"
+        "--cold-starts", default="", help="guard v3 also with these KVOPS_COLD_START values (b, n, h): max_tokens"
     )
     options = parser.parse_args()
     warnings.simplefilter("ignore")
@@ -210,8 +211,9 @@ def main() -> None:
 
     arms = [
         ("stock", AsyncScheduler, {}),
-        ("guard-v1", KVGuardScheduler, {"KVOPS_ADMISSION": "reserve"}),
-        ("guard-v2", KVGuardScheduler, {"KVOPS_ADMISSION": "peak"}),
+        ("guard-v1", KVGuardScheduler, {"KVOPS_ADMISSION": "reserve", **dict(V2_FALLBACK)}),
+        ("guard-v2", KVGuardScheduler, {"KVOPS_ADMISSION": "peak", **dict(V2_FALLBACK)}),
+        ("guard-v3", KVGuardScheduler, {"KVOPS_ADMISSION": "peak"}),
     ]
     start = "every engine freshly started (no warm-up)" if options.cold else "(b), (n), (h) after a warm-up"
     sent = f"{options.burst * options.scale} requests at once" if options.burst else "on the workload's schedule"

@@ -11,8 +11,15 @@ KVOPS_COLD_START               how a cold engine serves requests of unknown leng
                                they hold now and preempted, as stock vLLM does) or max_tokens (each projected at its
                                max_tokens, as guard v2 did: no preemption, few at once)
 KVOPS_HEADROOM_BLOCKS          blocks kept free beyond every request's projected KV (default 0)
-KVOPS_PAUSE_STEPS              a request sits out at most this many steps in a row for blocks before vLLM preempts the
-                               one that computed least (default 32; 0: never pause, preempt at once)
+KVOPS_PAUSE_STEPS              a request sits out at most this many steps in a row for blocks before vLLM preempts
+                               (default 4; 0: never pause, preempt at once)
+KVOPS_PREEMPT                  which running request vLLM preempts then: most-computed (default: of those not preempted
+                               before, the one that computed most: it frees the most blocks, so the pool runs short,
+                               and preempts, least often) or least-computed (the least to compute again; guard v2)
+KVOPS_RESUME                   where a preempted request waits to run again: after-new (default: behind the requests
+                               that have not started, for at most KVOPS_RESUME_WAIT_STEPS steps: it already streamed
+                               its first tokens, they wait for theirs) or first (at the queue's head, as vLLM puts it)
+KVOPS_RESUME_WAIT_STEPS        after-new: the most steps a preempted request lets new ones go first (default 200)
 KVOPS_LEVELS                   where the policy level comes from: watcher (default: the watcher's, when
                                KVOPS_POLICY_URL is set, else none) or own (also the engine's own KV usage)
 KVOPS_POLICY_URL               the watcher's /kvops/policy; when set, its level is followed (default: unset)
@@ -38,6 +45,8 @@ POLICY_PATH = "/kvops/policy"
 ADMISSIONS = ("peak", "reserve")
 COLD_STARTS = ("stock", "max_tokens")
 LEVEL_SOURCES = ("watcher", "own")
+PREEMPT_VICTIMS = ("most-computed", "least-computed")
+RESUME_ORDERS = ("after-new", "first")
 
 
 class GuardConfigError(KvopsError):
@@ -54,7 +63,10 @@ class GuardConfig:
     output_history: int = 1000
     output_min_ends: int = 32
     cold_start: str = "stock"
-    pause_steps: int = 32
+    pause_steps: int = 4
+    preempt: str = "most-computed"
+    resume: str = "after-new"
+    resume_wait_steps: int = 200
     levels: str = "watcher"
     policy_url: str | None = None
     poll_seconds: float = 2.0
@@ -93,7 +105,12 @@ class GuardConfig:
             ),
             cold_start=_choice(env, "KVOPS_COLD_START", COLD_STARTS),
             pause_steps=_number(
-                env, "KVOPS_PAUSE_STEPS", 32, int, lambda value: value >= 0, "a whole number of steps, 0 or more"
+                env, "KVOPS_PAUSE_STEPS", 4, int, lambda value: value >= 0, "a whole number of steps, 0 or more"
+            ),
+            preempt=_choice(env, "KVOPS_PREEMPT", PREEMPT_VICTIMS),
+            resume=_choice(env, "KVOPS_RESUME", RESUME_ORDERS),
+            resume_wait_steps=_number(
+                env, "KVOPS_RESUME_WAIT_STEPS", 200, int, lambda value: value >= 0, "a whole number of steps, 0 or more"
             ),
             levels=_choice(env, "KVOPS_LEVELS", LEVEL_SOURCES),
             policy_url=_policy_url(url) if url else None,

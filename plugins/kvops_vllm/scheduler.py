@@ -17,8 +17,10 @@ show as vllm:num_requests_waiting.
 When a projection falls short and a step's new blocks exceed the free ones, the requests that would run short
 sit the step out holding their blocks (paused in place, no recompute) and resume as soon as a request ends; only
 when none of the running could go on, or one has sat out KVOPS_PAUSE_STEPS steps in a row, does vLLM preempt, and
-the guard makes the victim the running request that has computed least (FCFS policy) and counts the tokens to
-recompute. Under load the admission is weighed again only when a request frees blocks or every RECHECK_STEPS
+the guard picks the victim (FCFS policy; KVOPS_PREEMPT): the running request that has computed least, or the one
+that has computed most of those not preempted before, which frees the most blocks; it counts the tokens to
+recompute. A preempted request waits at the queue's head as vLLM puts it, or behind the requests not started yet
+for a while (KVOPS_RESUME=after-new): it has streamed its first tokens, they have not. Under load the admission is weighed again only when a request frees blocks or every RECHECK_STEPS
 steps, so most steps cost it nothing.
 
 It also applies the kvops degrade policy to each new request, by the watcher's level (KVOPS_POLICY_URL; with
@@ -144,6 +146,7 @@ class KVGuardScheduler(AsyncScheduler):
         self._frees = 0  # requests that freed their blocks (finished or preempted) since the engine started
         self._blocked: Blocked | None = None
         self._pause_streaks: dict[str, int] = {}  # paused requests: steps in a row they have sat out
+        self._preempted_at: weakref.WeakKeyDictionary[Request, int] = weakref.WeakKeyDictionary()  # step of it
         self._fixed_ends: dict[str, int] = {}  # known lengths: the end tokens, computed once per request
         self._waited_for_kv: weakref.WeakSet[Request] = weakref.WeakSet()
         self._held_once: weakref.WeakSet[Request] = weakref.WeakSet()
@@ -200,11 +203,14 @@ class KVGuardScheduler(AsyncScheduler):
             else:
                 candidates.append(request)
                 budget -= _prefill_tokens(request)
+        head = candidates[0] if candidates else None
+        if self.guard_config.resume == "after-new" and not self.cold():
+            candidates.sort(key=self._resumes_after_new)  # stable: queue order otherwise
         admitted = self._admissible(candidates) if candidates else 0
         if admitted < len(candidates) and candidates[admitted] not in self._waited_for_kv:
             self._waited_for_kv.add(candidates[admitted])
             self.guard_counts.queued_for_kv += 1
-        self._blocked = Blocked(candidates[0], self._frees, self.current_step) if candidates and not admitted else None
+        self._blocked = Blocked(head, self._frees, self.current_step) if head and not admitted else None
         picked = candidates[:admitted]
         chosen = set(picked)
         for request in picked:
@@ -214,6 +220,14 @@ class KVGuardScheduler(AsyncScheduler):
         for request in picked:
             self.waiting.add_request(request)
         return held
+
+    def _resumes_after_new(self, request: Request) -> bool:
+        """KVOPS_RESUME=after-new: a preempted request waits behind those not started yet, for a while. It streamed
+        its first tokens before it was preempted; they wait for theirs (time to first token), and it will not be
+        preempted again before they are. For at most KVOPS_RESUME_WAIT_STEPS steps, so that new requests arriving
+        without end cannot keep it waiting."""
+        preempted = self._preempted_at.get(request)
+        return preempted is not None and self.current_step - preempted < self.guard_config.resume_wait_steps
 
     def _hold_all(self):
         """Keep the whole queue from vLLM's admission pass this step; return it."""
@@ -415,8 +429,8 @@ class KVGuardScheduler(AsyncScheduler):
             return []
         if self.policy == SchedulingPolicy.PRIORITY:
             order = sorted(needs, key=lambda request: (request.priority, request.arrival_time))
-        else:  # vLLM's FCFS victim is the last running: the one that computed least
-            running.sort(key=lambda request: -request.num_computed_tokens)
+        else:  # vLLM's FCFS victim is the last running
+            running.sort(key=self._victim_last)
             order = [request for request in running if request in needs]
         paused: list[Request] = []
         for request in order:
@@ -434,6 +448,15 @@ class KVGuardScheduler(AsyncScheduler):
         gone = set(paused)
         self.running = [request for request in running if request not in gone]
         return paused
+
+    def _victim_last(self, request: Request) -> tuple[bool, int]:
+        """The sort key that puts vLLM's victim last: the request that computed least (KVOPS_PREEMPT=least-computed),
+        or the one that computed most of those never preempted (most-computed), which frees the most blocks: the
+        pool then runs short again later, so fewer requests are preempted, each recomputing more (on a GPU a short
+        prefill). A request preempted before goes first, so that it is not the victim again."""
+        if self.guard_config.preempt == "least-computed":
+            return False, -request.num_computed_tokens
+        return request.num_preemptions == 0, request.num_computed_tokens
 
     def cold(self) -> bool:
         """No lengths learned yet (fewer than KVOPS_OUTPUT_MIN_ENDS ended), and KVOPS_COLD_START=stock: requests of
@@ -463,6 +486,7 @@ class KVGuardScheduler(AsyncScheduler):
 
     def _preempt_request(self, request: Request, timestamp: float, drop_stale_output: bool = False) -> None:
         self._frees += 1
+        self._preempted_at[request] = self.current_step
         self.guard_counts.preempted += 1
         self.guard_counts.recomputed_tokens += request.num_computed_tokens - request.num_output_placeholders
         super()._preempt_request(request, timestamp, drop_stale_output)
@@ -620,9 +644,19 @@ class KVGuardScheduler(AsyncScheduler):
             levels = f"levels from own KV usage{', and ' + watcher if watcher else ''}"
         else:
             levels = f"levels from {watcher}" if watcher else "no levels (no watcher)"
+        pause = f"requests pause up to {config.pause_steps} steps, then " if config.pause_steps else ""
+        victim = (
+            "the least computed" if config.preempt == "least-computed" else "the most computed not preempted before"
+        )
+        resume = (
+            f"after new requests (for up to {config.resume_wait_steps} steps)"
+            if config.resume == "after-new"
+            else "at the queue's head"
+        )
         return (
             f"admitting by {how} over {self.usable_blocks} usable blocks, headroom {config.headroom_blocks}; "
-            f"groups: {groups}; policy {config.policy_source} ({thresholds}); {levels}"
+            f"groups: {groups}; policy {config.policy_source} ({thresholds}); {levels}; "
+            f"short of blocks, {pause}vLLM preempts {victim}, which waits {resume}"
         )
 
     def shutdown(self) -> None:

@@ -47,6 +47,9 @@ def guard(tiny_model, monkeypatch):
         "KVOPS_OUTPUT_MIN_ENDS",
         "KVOPS_COLD_START",
         "KVOPS_PAUSE_STEPS",
+        "KVOPS_PREEMPT",
+        "KVOPS_RESUME",
+        "KVOPS_RESUME_WAIT_STEPS",
     ):
         monkeypatch.delenv(name, raising=False)
     return build
@@ -440,25 +443,81 @@ def test_a_request_sits_out_at_most_kvops_pause_steps_in_a_row(guard, requests):
     assert preemptions[1000] < preemptions[3] <= preemptions[0]
 
 
-def test_the_fallback_preempts_the_request_that_computed_least(guard, stock, requests):
-    """vLLM's FCFS victim is the newest request; the guard makes it the one with the least work to recompute."""
+SHORT_PROMPT, LONG_PROMPT = ("short-prompt", 8, 150), ("long-prompt", 100, 100)  # 10 and 13 blocks at their ends
+
+
+def two_growing(scheduler, requests, first, then) -> Driver:
+    """`first` admitted, `then` two steps later: of 16 usable blocks, the pool runs out after about 75 steps, when
+    the long prompt has computed some 175 tokens and the short one some 85."""
+    driver = Driver(scheduler)
+    scheduler.add_request(requests.make(*first, stops=True))
+    driver.step()
+    driver.step()
+    scheduler.add_request(requests.make(*then, stops=True, first_token=100))  # the newest
+    return driver
+
+
+def first_victims(builds, requests, first, then) -> dict[str, str]:
+    """Each scheduler's first victim (the guards having learned that requests end after 4 tokens)."""
     victims = {}
-    for name, build in (("stock", stock), ("guard", guard)):
+    for name, build in builds:
         scheduler = build(num_blocks=17)  # 16 usable blocks
-        if name == "guard":
+        if name != "stock":
             learn(scheduler, requests, length=4)
-        driver = Driver(scheduler)
-        # 10 and 13 blocks at their ends, of 16: the pool runs out after about 75 steps, when "short-prompt" has
-        # computed some 85 tokens and "long-prompt" some 175
-        scheduler.add_request(requests.make("short-prompt", 8, 150, stops=True))  # admitted first
-        driver.step()
-        driver.step()
-        scheduler.add_request(requests.make("long-prompt", 100, 100, stops=True, first_token=100))  # the newest
-        run = driver.drain(max_steps=3000)
+        run = two_growing(scheduler, requests, first, then).drain(max_steps=3000)
         assert {run.finished[request].tokens for request in ("short-prompt", "long-prompt")} == {150, 100}
-        assert run.preemptions > 0
         victims[name] = run.preempted[0]
+    return victims
+
+
+def test_the_fallback_preempts_the_request_that_computed_least(guard, stock, requests):
+    """vLLM's FCFS victim is the newest request; KVOPS_PREEMPT=least-computed (guard v2) makes it the one with the
+    least work to recompute."""
+    builds = (("stock", stock), ("guard", lambda **o: guard({"KVOPS_PREEMPT": "least-computed"}, **o)))
+    victims = first_victims(builds, requests, SHORT_PROMPT, LONG_PROMPT)
     assert victims == {"stock": "long-prompt", "guard": "short-prompt"}
+
+
+def test_most_computed_preempts_the_request_that_computed_most(guard, stock, requests):
+    """KVOPS_PREEMPT=most-computed (the default): the victim frees the most blocks (here the older request, where
+    vLLM's FCFS victim and least-computed are the newest, which computed least)."""
+    builds = (
+        ("stock", stock),
+        ("least", lambda **o: guard({"KVOPS_PAUSE_STEPS": "0", "KVOPS_PREEMPT": "least-computed"}, **o)),
+        ("most", lambda **o: guard({"KVOPS_PAUSE_STEPS": "0", "KVOPS_PREEMPT": "most-computed"}, **o)),
+    )
+    victims = first_victims(builds, requests, LONG_PROMPT, SHORT_PROMPT)
+    assert victims == {"stock": "short-prompt", "least": "short-prompt", "most": "long-prompt"}
+
+
+def admission_order(scheduler, driver) -> list[str]:
+    """Drain, noting each request that starts to run from now on (again, after a preemption), in the order vLLM
+    admitted them (the order of its running list)."""
+    order, running = [], {request.request_id for request in scheduler.running}
+    while scheduler.has_requests() or driver.in_flight:
+        now = [request.request_id for request in scheduler.running]
+        order += [name for name in now if name not in running]
+        running = set(now)
+        driver.step() if scheduler.has_requests() else driver.settle()
+    return order
+
+
+@pytest.mark.parametrize("resume, wait", [("first", "200"), ("after-new", "200"), ("after-new", "0")])
+def test_a_preempted_request_resumes_first_or_after_new_ones(guard, requests, resume, wait):
+    """KVOPS_RESUME=after-new (the default): a request preempted after its first tokens lets a request that has none go first,
+    for at most KVOPS_RESUME_WAIT_STEPS steps (0: never)."""
+    settings = {"KVOPS_PAUSE_STEPS": "0", "KVOPS_PREEMPT": "least-computed", "KVOPS_RESUME": resume}
+    scheduler = guard({**settings, "KVOPS_RESUME_WAIT_STEPS": wait}, num_blocks=17)
+    learn(scheduler, requests, length=4)
+    driver = two_growing(scheduler, requests, LONG_PROMPT, SHORT_PROMPT)
+    while not driver.run.preempted:
+        driver.step()
+    assert driver.run.preempted == ["short-prompt"]  # least-computed: the newest
+    scheduler.add_request(requests.make("new", 8, 8, stops=True, first_token=200))  # 1 block: it fits at once
+    order = admission_order(scheduler, driver)
+    new_first = resume == "after-new" and wait != "0"
+    assert order[:2] == (["new", "short-prompt"] if new_first else ["short-prompt", "new"])
+    assert {driver.run.finished[r].tokens for r in ("long-prompt", "short-prompt", "new")} == {100, 150, 8}
 
 
 # --- priorities ------------------------------------------------------------------------------------------------
@@ -668,6 +727,8 @@ def test_the_startup_line_and_a_summary_when_the_engine_drains(guard, watcher, r
         "headroom 0; "
         "groups: full attention (16-token blocks); policy shipped default (warn 70%, degrade 85%, critical 95%); "
         f"levels from the watcher at {watcher.url}"
+        "; short of blocks, requests pause up to 4 steps, then vLLM preempts the most computed not preempted before, "
+        "which waits after new requests (for up to 200 steps)"
     )
     summaries = [line for line in guard_log if " in the last " in line]
     assert len(summaries) == 1
@@ -692,6 +753,8 @@ def test_v1_says_how_it_admits_as_before(guard, watcher, requests, guard_log):
         "kvops guard: admitting by projected KV (prompt + max_tokens) over 13 usable blocks, headroom 0; "
         "groups: full attention (16-token blocks); policy shipped default (warn 70%, degrade 85%, critical 95%); "
         f"levels from own KV usage, and the watcher at {watcher.url}"
+        "; short of blocks, requests pause up to 4 steps, then vLLM preempts the most computed not preempted before, "
+        "which waits after new requests (for up to 200 steps)"
     )
     summaries = [line for line in guard_log if " in the last " in line]
     assert summaries[0].endswith("now 0 running, 0 waiting, 13 blocks free, 0 reserved for admitted requests")

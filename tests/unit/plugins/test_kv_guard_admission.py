@@ -93,6 +93,14 @@ def test_defaults_are_the_shipped_policy_and_no_headroom():
         30.0,
         10.0,
     )
+    # guard v3's fallback (bench/guard_simulated.py): a short pause, then the victim that frees the most blocks,
+    # which waits behind the requests that have not streamed a token yet
+    assert (config.pause_steps, config.preempt, config.resume, config.resume_wait_steps) == (
+        4,
+        "most-computed",
+        "after-new",
+        200,
+    )
 
 
 def test_settings_come_from_kvops_variables(tmp_path):
@@ -106,6 +114,9 @@ def test_settings_come_from_kvops_variables(tmp_path):
             "KVOPS_POLICY_POLL_SECONDS": "0.5",
             "KVOPS_LOG_SECONDS": "60",
             "KVOPS_PAUSE_STEPS": "0",
+            "KVOPS_PREEMPT": "least-computed",
+            "KVOPS_RESUME": "first",
+            "KVOPS_RESUME_WAIT_STEPS": "50",
         }
     )
     assert config.policy.thresholds[Level.CRITICAL] == 0.7
@@ -114,6 +125,7 @@ def test_settings_come_from_kvops_variables(tmp_path):
     assert config.policy_url == "http://127.0.0.1:9400/kvops/policy"
     assert (config.poll_seconds, config.log_seconds) == (0.5, 60.0)
     assert config.pause_steps == 0
+    assert (config.preempt, config.resume, config.resume_wait_steps) == ("least-computed", "first", 50)
     assert GuardConfig.from_env({"KVOPS_POLICY_URL": "http://w:1/custom/path"}).policy_url == "http://w:1/custom/path"
 
 
@@ -132,6 +144,13 @@ def test_a_cold_engine_admits_as_stock_unless_told_to_project_max_tokens():
         ("KVOPS_HEADROOM_BLOCKS", "2.5", "KVOPS_HEADROOM_BLOCKS='2.5': must be a whole number of blocks, 0 or more"),
         ("KVOPS_POLICY_POLL_SECONDS", "0", "KVOPS_POLICY_POLL_SECONDS='0': must be a number of seconds above 0"),
         ("KVOPS_PAUSE_STEPS", "-3", "KVOPS_PAUSE_STEPS='-3': must be a whole number of steps, 0 or more"),
+        (
+            "KVOPS_PREEMPT",
+            "newest",
+            "KVOPS_PREEMPT='newest': must be one of most-computed, least-computed",
+        ),
+        ("KVOPS_RESUME", "last", "KVOPS_RESUME='last': must be one of after-new, first"),
+        ("KVOPS_RESUME_WAIT_STEPS", "x", "KVOPS_RESUME_WAIT_STEPS='x': must be a whole number of steps, 0 or more"),
         (
             "KVOPS_POLICY_TIMEOUT_SECONDS",
             "soon",
