@@ -17,11 +17,12 @@ show as vllm:num_requests_waiting.
 When a projection falls short and a step's new blocks exceed the free ones, the requests that would run short
 sit the step out holding their blocks (paused in place, no recompute) and resume as soon as a request ends; only
 when none of the running could go on, or one has sat out KVOPS_PAUSE_STEPS steps in a row, does vLLM preempt, and
-the guard picks the victim (FCFS policy; KVOPS_PREEMPT): the running request that has computed least, or the one
-that has computed most of those not preempted before, which frees the most blocks; it counts the tokens to
-recompute. A preempted request waits at the queue's head as vLLM puts it, or behind the requests not started yet
-for a while (KVOPS_RESUME=after-new): it has streamed its first tokens, they have not. Under load the admission is weighed again only when a request frees blocks or every RECHECK_STEPS
-steps, so most steps cost it nothing.
+the guard picks the victim (FCFS policy; KVOPS_PREEMPT): the request that has computed most of those not
+preempted before, which frees the most blocks (guard v3, the default), or the one that has computed least (guard
+v2); it counts the tokens to recompute. A preempted request waits behind the requests not started yet, for a while
+(KVOPS_RESUME=after-new: it has streamed its first tokens, they have not), or at the queue's head, where vLLM puts
+it. Under load the admission is weighed again only when a request frees blocks or every RECHECK_STEPS steps, so
+most steps cost it nothing.
 
 It also applies the kvops degrade policy to each new request, by the watcher's level (KVOPS_POLICY_URL; with
 KVOPS_LEVELS=own, also by its own KV usage): warn caps max_tokens; a level that refuses a request's class
@@ -222,10 +223,9 @@ class KVGuardScheduler(AsyncScheduler):
         return held
 
     def _resumes_after_new(self, request: Request) -> bool:
-        """KVOPS_RESUME=after-new: a preempted request waits behind those not started yet, for a while. It streamed
-        its first tokens before it was preempted; they wait for theirs (time to first token), and it will not be
-        preempted again before they are. For at most KVOPS_RESUME_WAIT_STEPS steps, so that new requests arriving
-        without end cannot keep it waiting."""
+        """KVOPS_RESUME=after-new: a preempted request waits behind those not started yet. It streamed its first
+        tokens before it was preempted; they wait for theirs (time to first token, what a queue costs first). For at
+        most KVOPS_RESUME_WAIT_STEPS steps, so that new requests arriving without end cannot keep it waiting."""
         preempted = self._preempted_at.get(request)
         return preempted is not None and self.current_step - preempted < self.guard_config.resume_wait_steps
 
