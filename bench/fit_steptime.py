@@ -66,8 +66,7 @@ class StageRun:
 
 
 def coefficient_vector(profile: steptime.Coefficients) -> np.ndarray:
-    terms = profile.terms  # a term the profile leaves out (steptime.OPTIONAL_TERMS) costs nothing
-    return np.array([terms[name].value if name in terms else 0.0 for name in steptime.TERMS] + [profile.api_s.value])
+    return np.array([*profile.values(), profile.api_s.value])
 
 
 def profile_from(vector: np.ndarray, source: str, fitted_on: str) -> steptime.Coefficients:

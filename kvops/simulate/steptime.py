@@ -136,6 +136,10 @@ class Coefficients:
     fitted_on: str
     hardware: Hardware | None = None  # a profile fitted on one machine carries that machine's figures
 
+    def values(self) -> tuple[float, ...]:
+        """Each term's coefficient in TERMS order; a term the profile leaves out (OPTIONAL_TERMS) costs nothing."""
+        return tuple(self.terms[name].value if name in self.terms else 0.0 for name in TERMS)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "profile": self.name,
@@ -159,8 +163,7 @@ class StepTime:
 
     def seconds(self, new_tokens: Sequence[int], context: Sequence[int], samples: int) -> float:
         values = self.features(new_tokens, context, samples)
-        terms = self.coefficients.terms
-        return sum(terms[name].value * value for name, value in zip(TERMS, values) if name in terms)
+        return sum(coefficient * value for coefficient, value in zip(self.coefficients.values(), values))
 
     def features(self, new_tokens: Sequence[int], context: Sequence[int], samples: int) -> tuple[float, ...]:
         """Each term's basis for one batch, in TERMS order (seconds at 100% of the datasheet, or counts)."""
