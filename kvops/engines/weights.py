@@ -127,18 +127,16 @@ def weight_format(spec: ModelSpec, name: str = "auto") -> WeightFormat:
             f"NVFP4 weights: 4-bit values + one fp8 scale per {group}; embeddings and LM head 16-bit",
         )
     if key == "mxfp4":
+        values = "4-bit values + one 8-bit scale per 32"
         if not spec.num_experts:  # nothing to hold experts-only MXFP4: a W4A4 checkpoint (compressed-tensors, Quark)
             return WeightFormat(
                 "mxfp4",
                 4 + 8 / 32,
                 "linear",
-                "MXFP4 linear layers (a dense model: W4A4): 4-bit values + one 8-bit scale per 32; embeddings and LM head 16-bit",
+                f"MXFP4 linear layers (a dense model: W4A4): {values}; embeddings and LM head 16-bit",
             )
         return WeightFormat(
-            "mxfp4",
-            4 + 8 / 32,
-            "experts",
-            "MXFP4 experts: 4-bit values + one 8-bit scale per 32; attention, router, embeddings 16-bit",
+            "mxfp4", 4 + 8 / 32, "experts", f"MXFP4 experts: {values}; attention, router, embeddings 16-bit"
         )
     raise UsageError(
         f"--quantization {name!r} is not a weight format kvops models; valid: {', '.join(WEIGHT_FORMAT_CHOICES)}"
