@@ -91,10 +91,9 @@ def main() -> None:
         for factor in factors:
             trace = at_rate(setup.trace, factor * saturated)
             results = {arm: run_arm(setup, arm, trace).summary for arm in arms}
-            stock = results[arms[0]].goodput_rps
+            stock, stock_preempted = results[arms[0]].goodput_rps, results[arms[0]].preemptions
             for arm, summary in results.items():
                 ratio = summary.goodput_rps / stock if stock else float("nan")
-                stock_preempted = results[arms[0]].preemptions
                 share = summary.preemptions / stock_preempted if stock_preempted else float("nan")
                 spread.setdefault((name, traffic, factor, arm), []).append((ratio, share))
                 print(

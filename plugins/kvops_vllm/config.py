@@ -104,14 +104,10 @@ class GuardConfig:
                 env, "KVOPS_OUTPUT_MIN_ENDS", 32, int, lambda value: value >= 1, "a whole number of requests, 1 or more"
             ),
             cold_start=_choice(env, "KVOPS_COLD_START", COLD_STARTS),
-            pause_steps=_number(
-                env, "KVOPS_PAUSE_STEPS", 4, int, lambda value: value >= 0, "a whole number of steps, 0 or more"
-            ),
+            pause_steps=_whole(env, "KVOPS_PAUSE_STEPS", 4, "steps"),
             preempt=_choice(env, "KVOPS_PREEMPT", PREEMPT_VICTIMS),
             resume=_choice(env, "KVOPS_RESUME", RESUME_ORDERS),
-            resume_wait_steps=_number(
-                env, "KVOPS_RESUME_WAIT_STEPS", 200, int, lambda value: value >= 0, "a whole number of steps, 0 or more"
-            ),
+            resume_wait_steps=_whole(env, "KVOPS_RESUME_WAIT_STEPS", 200, "steps"),
             levels=_choice(env, "KVOPS_LEVELS", LEVEL_SOURCES),
             policy_url=_policy_url(url) if url else None,
             poll_seconds=_seconds(env, "KVOPS_POLICY_POLL_SECONDS", 2.0),
@@ -121,8 +117,8 @@ class GuardConfig:
         )
 
 
-def _whole(env: Mapping[str, str], name: str, default: int) -> int:
-    return _number(env, name, default, int, lambda value: value >= 0, "a whole number of blocks, 0 or more")
+def _whole(env: Mapping[str, str], name: str, default: int, unit: str = "blocks") -> int:
+    return _number(env, name, default, int, lambda value: value >= 0, f"a whole number of {unit}, 0 or more")
 
 
 def _choice(env: Mapping[str, str], name: str, valid: tuple[str, ...]) -> str:
