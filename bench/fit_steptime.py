@@ -111,14 +111,15 @@ def simulate_stage(
     return StageRun(experiment, stage_index, summarize(log, SLO), rows, measured, log)
 
 
-def linear_rows(log: RunLog, features: np.ndarray, vector: np.ndarray) -> dict[str, tuple[float, np.ndarray]]:
-    """Each target's mean over the completed requests as constant + row . parameters, in ms, around this
+def request_rows(log: RunLog, features: np.ndarray, vector: np.ndarray) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Each completed request's TTFT, E2E and TPOT as constant + row . parameters, in seconds, around this
     schedule: a request waits out the rest of the step running when it arrived (the same share of it, whatever
-    the step costs), then every step up to its first token and its last; idle time before a step is constant."""
+    the step costs), then every step up to its first token and its last; idle time before a step is constant.
+    The requests are those of `completed_requests(log)`, in its order."""
     ends = np.asarray(log.timeline.time)
     starts = ends - features @ vector[:-1]
     cumulative = np.vstack((np.zeros(features.shape[1]), np.cumsum(features, axis=0)))  # row k: steps before k
-    done = [entry for entry in log.requests if entry.finished >= 0 and entry.tokens > 1]
+    done = completed_requests(log)
     api = vector[-1]  # the clients see each step's tokens api_s after it ends
     sent = np.array([entry.sent for entry in done])
     first = np.searchsorted(ends, [entry.first_token - api - 1e-9 for entry in done])
@@ -139,9 +140,20 @@ def linear_rows(log: RunLog, features: np.ndarray, vector: np.ndarray) -> dict[s
         np.zeros(len(done)),
         np.hstack(((cumulative[last + 1] - cumulative[first + 1]) / (tokens - 1)[:, None], zeros)),
     )
+    return {"ttft": ttft, "e2e": e2e, "tpot": tpot}
+
+
+def completed_requests(log: RunLog) -> list:
+    """The requests a fit can price: those that completed with more than one token."""
+    return [entry for entry in log.requests if entry.finished >= 0 and entry.tokens > 1]
+
+
+def linear_rows(log: RunLog, features: np.ndarray, vector: np.ndarray) -> dict[str, tuple[float, np.ndarray]]:
+    """Each target's mean over the completed requests as constant + row . parameters, in ms (request_rows)."""
+    rows = request_rows(log, features, vector)
     return {
-        name: (float(constant.mean() * 1000), row.mean(axis=0) * 1000)
-        for name, (constant, row) in (("ttft_mean_ms", ttft), ("e2e_mean_ms", e2e), ("tpot_mean_ms", tpot))
+        f"{name}_mean_ms": (float(constant.mean() * 1000), row.mean(axis=0) * 1000)
+        for name, (constant, row) in rows.items()
     }
 
 

@@ -4,18 +4,26 @@ through the simulator with the CPU step time fitted for the test model.
     python bench/simulate_vs_engine.py [--fit] [--reps 3] [--measured bench/data/simulate_vs_engine.json]
 
 The engine is vLLM's CPU build serving the test model (tests/support/tiny_model.py, dummy weights) on a 4 MiB KV
-pool (31 usable blocks of 128 tokens, so a burst preempts). Three traces of exact-length streamed requests:
-  burst      24 requests sent at once
+pool (31 usable blocks of 128 tokens, so a burst preempts). Five traces of exact-length streamed requests:
+  burst      24 requests sent at once (they preempt)
+  burst-12   12 requests sent at once (they fit)
   steady     60 requests, Poisson arrivals at 3/s
+  busy       60 requests, Poisson arrivals at 5/s
   overload   60 requests, Poisson arrivals at 8/s
-Each runs --reps times through one engine; its figures are saved to bench/data/simulate_vs_engine.json, which
---measured reads back instead of running the engine. Without --fit each trace is simulated with the shipped CPU
-profile (kvops/catalog/step_time.json, profile "cpu"). With --fit, leave-one-out: each trace is simulated with
-coefficients fitted on the other two alone (bench/fit_steptime.py's method), and then the profile fitted on burst
-and steady (FITTED) is written: overload stays held out of what ships. Printed per trace: preemptions (engine, simulated), how alike the completion orders are
-(Kendall's tau over the requests both completed, the median over the repetitions), and the mean TTFT, TPOT and
-E2E of each: the engine's median over the repetitions [its range], the simulator's, and their ratio. The range is the machine's noise: the engine runs
-alone, but its 2 cores are shared with whatever else runs.
+Each runs --reps times through one engine; its figures, each request's among them, are saved to
+bench/data/simulate_vs_engine.json, which --measured reads back instead of running the engine. Each trace is
+simulated with the times the client really sent its requests (the median over the repetitions).
+
+Without --fit each trace is simulated with the shipped CPU profile (kvops/catalog/step_time.json, profile "cpu").
+With --fit, leave-one-out: each trace is simulated with coefficients fitted on the other four alone, and then the
+profile fitted on all but overload (FITTED) is written: overload stays held out of what ships. The fit is
+bench/fit_steptime.py's linearization around each schedule, on every request's TTFT, E2E and TPOT (each in units of
+its trace's mean, so that each trace weighs alike), not on three means per trace.
+
+Printed per trace: preemptions (engine, simulated), how alike the completion orders are (Kendall's tau over the
+requests both completed, the median over the repetitions), the mean TTFT, TPOT and E2E and the median TTFT and
+E2E of each: the engine's median over the repetitions [its range], the simulator's, and their ratio. The range is the machine's noise: the
+engine runs alone, but its 2 cores are shared with whatever else runs.
 """
 
 from __future__ import annotations
@@ -34,7 +42,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "plugins"), str(REPO / "bench")]
 
 import numpy as np  # noqa: E402
-from fit_steptime import coefficient_vector, linear_rows, recorded_run  # noqa: E402
+from fit_steptime import coefficient_vector, completed_requests, recorded_run, request_rows  # noqa: E402
 from guard_goodput import Job, run  # noqa: E402
 
 from kvops.simulate import steptime  # noqa: E402
@@ -43,7 +51,7 @@ from kvops.simulate.trace import Trace, TraceRequest  # noqa: E402
 KV_BYTES = 4 * 1024 * 1024
 MAX_MODEL_LEN = 1024
 SAVED = REPO / "bench" / "data" / "simulate_vs_engine.json"
-FITTED = ("burst", "steady")  # what the shipped CPU profile is fitted on; overload stays held out
+FITTED = ("burst", "burst-12", "steady", "busy")  # what the shipped CPU profile is fitted on; overload is held out
 CPU_HARDWARE = {
     "name": "cpu",
     "memory_bandwidth": 2.0e10,
@@ -53,6 +61,7 @@ CPU_HARDWARE = {
 }
 # what the fit may move on the CPU: a step's fixed cost, the matrix multiplies and attention (the rest stays 0)
 CPU_FREE = ("step_s", "linear", "compute", "kv", "attention", "api_s")
+ROBUST = 0.1  # relative errors up to this weigh as squares, larger ones about linearly (the fit's soft L1 loss)
 
 
 def traces(seed: int) -> dict[str, list[Job]]:
@@ -68,25 +77,48 @@ def traces(seed: int) -> dict[str, list[Job]]:
             at += rng.expovariate(rate)
         return jobs
 
-    return {"burst": [job(0.0) for _ in range(24)], "steady": poisson(60, 3.0), "overload": poisson(60, 8.0)}
+    return {
+        "burst": [job(0.0) for _ in range(24)],
+        "burst-12": [job(0.0) for _ in range(12)],
+        "steady": poisson(60, 3.0),
+        "busy": poisson(60, 5.0),
+        "overload": poisson(60, 8.0),
+    }
 
 
-def as_trace(name: str, jobs: list[Job]) -> Trace:
-    requests = [TraceRequest(job.at, len(job.prompt), job.max_tokens, max_tokens=job.max_tokens) for job in jobs]
+def as_trace(name: str, jobs: list[Job], sent: list[float]) -> Trace:
+    """The jobs as a trace sent when the client sent them (`sent`, seconds from the first; kept in job order)."""
+    arrivals = np.maximum.accumulate(np.asarray(sent, dtype=float))
+    requests = [
+        TraceRequest(float(at), len(job.prompt), job.max_tokens, max_tokens=job.max_tokens)
+        for at, job in zip(arrivals, jobs)
+    ]
     return Trace(tuple(requests), name)
 
 
-METRICS = ("preemptions", "ttft_mean_ms", "tpot_mean_ms", "e2e_mean_ms", "completed")
+METRICS = ("preemptions", "ttft_mean_ms", "ttft_p50_ms", "tpot_mean_ms", "e2e_mean_ms", "e2e_p50_ms", "completed")
+LATENCIES = ("ttft_mean_ms", "ttft_p50_ms", "tpot_mean_ms", "e2e_mean_ms", "e2e_p50_ms")
+PER_REQUEST = ("sent", "ttft", "e2e", "tpot")  # seconds; None where the request did not complete
 
 
 def measure(result) -> dict:
     outcomes = result.outcomes
+    origin = min(o.sent for o in outcomes)
+    each = {
+        "sent": [o.sent - origin for o in outcomes],
+        "ttft": [o.ttft if o.complete else None for o in outcomes],
+        "e2e": [o.e2e if o.complete else None for o in outcomes],
+        "tpot": [o.tpot if o.complete and o.tokens > 1 else None for o in outcomes],
+    }
     return {
+        "requests": each,
         "preemptions": result.preemptions,
         "order": [index for index, _ in sorted(enumerate(outcomes), key=lambda item: item[1].done or 1e9)],
         "ttft_mean_ms": 1000 * statistics.mean(o.ttft for o in outcomes if o.complete),
+        "ttft_p50_ms": 1000 * statistics.median(o.ttft for o in outcomes if o.complete),
         "tpot_mean_ms": 1000 * statistics.mean(o.tpot for o in outcomes if o.complete and o.tokens > 1),
         "e2e_mean_ms": 1000 * statistics.mean(o.e2e for o in outcomes if o.complete),
+        "e2e_p50_ms": 1000 * statistics.median(o.e2e for o in outcomes if o.complete),
         "completed": sum(o.complete for o in outcomes),
     }
 
@@ -113,7 +145,17 @@ def engine_runs(model: Path, folder: Path, chosen: dict[str, list[Job]], reps: i
             key: (min(rep[key] for rep in each), max(rep[key] for rep in each)) for key in METRICS
         }
         measured[name]["orders"] = [rep["order"] for rep in each]
+        measured[name]["requests"] = {
+            key: per_request_medians([rep["requests"][key] for rep in each]) for key in PER_REQUEST
+        }
     return measured
+
+
+def per_request_medians(reps: list[list[float | None]]) -> list[float | None]:
+    """Each request's median over the repetitions it completed in (None if it completed in none)."""
+    return [
+        statistics.median(known) if (known := [v for v in values if v is not None]) else None for values in zip(*reps)
+    ]
 
 
 def cpu_plan(model: Path):
@@ -134,24 +176,47 @@ def profile_from(vector, fitted_on: str) -> steptime.Coefficients:
 
 
 def fit(plan, chosen: dict[str, Trace], measured: dict[str, dict], start: steptime.Coefficients, iterations: int = 4):
-    """The CPU coefficients by bench/fit_steptime.py's method: linear around each trace's schedule, iterated."""
-    from scipy.optimize import lsq_linear
-
+    """The CPU coefficients by bench/fit_steptime.py's method, linear around each trace's schedule and iterated,
+    on every request the engine and the simulator both completed: its TTFT, E2E and TPOT as a share of the trace's
+    median of it, each trace weighing alike whatever its length. The loss is robust (soft L1 past ROBUST of the
+    median): on 2 shared cores some requests wait hundreds of ms for a core, which no step time explains."""
     names = [*steptime.TERMS, "api_s"]
     free = [names.index(name) for name in CPU_FREE]
     vector = coefficient_vector(start)
     for _ in range(iterations):
-        matrix, target = [], []
+        matrix, target, weights = [], [], []
         for name, trace in chosen.items():
             log, features = recorded_run(plan, trace, profile_from(vector, ""), {})
-            for metric, (constant, row) in linear_rows(log, features, vector).items():
-                wanted = measured[name][metric]
-                matrix.append(row[free] / wanted)
-                target.append((wanted - constant) / wanted)
-        solution = lsq_linear(np.array(matrix), np.array(target), bounds=(0.0, np.inf), method="bvls")
+            index = {id(entry): position for position, entry in enumerate(log.requests)}
+            positions = [index[id(entry)] for entry in completed_requests(log)]
+            for metric, (constants, rows) in request_rows(log, features, vector).items():
+                engine = measured[name]["requests"][metric]
+                known = [(k, engine[p]) for k, p in enumerate(positions) if engine[p] is not None]
+                scale = statistics.median(value for _, value in known)
+                for k, value in known:
+                    matrix.append(rows[k][free] / scale)
+                    target.append((value - constants[k]) / scale)
+                    weights.append(1 / np.sqrt(len(known)))
+        scaled = np.array(weights)
+        solution = robust_solve(np.array(matrix) * scaled[:, None], np.array(target) * scaled, vector[free], scaled)
         vector = np.zeros(len(names))
-        vector[free] = solution.x
+        vector[free] = solution
     return vector
+
+
+def robust_solve(matrix: np.ndarray, target: np.ndarray, start: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """x >= 0 minimizing the soft L1 loss of matrix @ x - target, inliers within ROBUST (in the rows' weights)."""
+    from scipy.optimize import least_squares
+
+    return least_squares(
+        lambda x: matrix @ x - target,
+        np.maximum(start, 1e-9),
+        jac=lambda _: matrix,
+        bounds=(0.0, np.inf),
+        loss="soft_l1",
+        f_scale=ROBUST * float(np.median(weights)),
+        x_scale="jac",
+    ).x
 
 
 def kendall_tau(first: list[int], second: list[int]) -> float:
@@ -173,8 +238,10 @@ def compare(name: str, engine: dict, log) -> dict:
     simulated = {
         "preemptions": summary.preemptions,
         "ttft_mean_ms": summary.ttft.mean * 1000,
+        "ttft_p50_ms": summary.ttft.p50 * 1000,
         "tpot_mean_ms": summary.tpot.mean * 1000,
         "e2e_mean_ms": summary.e2e.mean * 1000,
+        "e2e_p50_ms": summary.e2e.p50 * 1000,
     }
     row = {"trace": name, "tau": statistics.median(kendall_tau(each, order) for each in engine["orders"])}
     for key, value in simulated.items():
@@ -193,14 +260,16 @@ def write_profile(profile: steptime.Coefficients) -> None:
 
 def print_rows(plan, sim_traces: dict[str, Trace], measured: dict[str, dict], profiles: dict, note: str) -> None:
     """One row per trace, each simulated with its own profile (`profiles[name]`)."""
-    print(f"{'trace':<9} {'tau':>5} {'preempted':>14} {'TTFT ms':>32} {'TPOT ms':>30} {'E2E ms':>34}")
+    heads = {"ttft_mean_ms": "TTFT mean", "ttft_p50_ms": "TTFT p50", "tpot_mean_ms": "TPOT mean"}
+    heads |= {"e2e_mean_ms": "E2E mean", "e2e_p50_ms": "E2E p50"}
+    print(f"{'trace':<9} {'tau':>5} {'preempted':>13} " + " ".join(f"{heads[key] + ' ms':>33}" for key in LATENCIES))
     for name, trace in sim_traces.items():
         row = compare(name, measured[name], recorded_run(plan, trace, profiles[name], {})[0])
         cells = [f"{row['preemptions'][0]:>6g} {row['preemptions'][1]:>6}"]
-        for key in ("ttft_mean_ms", "tpot_mean_ms", "e2e_mean_ms"):
+        for key in LATENCIES:
             engine, simulated = row[key]
             low, high = measured[name]["range"][key]
-            cells.append(f"{engine:>7.1f} [{low:.1f}-{high:.1f}] {simulated:>7.1f} {simulated / engine:>5.2f}x")
+            cells.append(f"{engine:>6.1f} [{low:.1f}-{high:.1f}] {simulated:>6.1f} {simulated / engine:>4.2f}x")
         print(f"{name:<9} {row['tau']:>5.2f} " + " ".join(cells) + note)
 
 
@@ -218,7 +287,7 @@ def main() -> None:
     parser.add_argument(
         "--fit",
         action="store_true",
-        help="score each trace fitted without it, then fit on burst and steady and write the profile",
+        help=f"score each trace fitted without it, then fit on {', '.join(FITTED)} and write the profile",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--reps", type=int, default=3, help="runs of each trace through the engine (default 3)")
@@ -242,13 +311,13 @@ def main() -> None:
             print(f"engine runs: {time.monotonic() - started:.0f} s", flush=True)
             save(measured, options)
         plan = cpu_plan(model)
-        sim_traces = {name: as_trace(name, jobs) for name, jobs in chosen.items()}
+        sim_traces = {name: as_trace(name, jobs, measured[name]["requests"]["sent"]) for name, jobs in chosen.items()}
         if not options.fit:
             shipped = steptime.coefficients("cpu")
             print_rows(plan, sim_traces, measured, dict.fromkeys(sim_traces, shipped), "")
             return
         start = steptime.coefficients("cpu") if "cpu" in steptime.profiles() else steptime.coefficients("gpu")
-        print("leave-one-out: each trace simulated with the profile fitted on the other two")
+        print("leave-one-out: each trace simulated with the profile fitted on the other traces")
         print_rows(plan, sim_traces, measured, leave_one_out(plan, sim_traces, measured, start), " (held out)")
         fitted_on = (
             f"the test model on this machine's vLLM {__import__('vllm').__version__} CPU engine "
