@@ -19,6 +19,7 @@ import argparse
 import itertools
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -43,20 +44,16 @@ TTFT_TARGET_S = 2.0
 TPOT_TARGET_FACTOR = 3.0
 
 
-def setup_for(name: str, traffic: str, requests: int, max_tokens: str, seed: int) -> Setup:
+def setup_for(name: str, traffic: str, seed: int, arms: list[str], options: argparse.Namespace) -> Setup:
     request = session.Request(
-        traffic=Traffic(requests=requests, rate=1.0, burstiness=TRAFFIC[traffic], seed=seed), max_tokens=max_tokens
+        traffic=Traffic(requests=options.requests, rate=1.0, burstiness=TRAFFIC[traffic], seed=seed),
+        max_tokens=options.max_tokens,
+        arms=tuple(arms),
+        policy_path=options.policy,
     )
     answer_setup = session.prepare(request, DEPLOYMENTS[name])
     lone = run_arm(answer_setup, "stock", all_at_once(answer_setup.trace.head(1))).summary.tpot.mean
-    return Setup(
-        answer_setup.plan,
-        answer_setup.trace,
-        answer_setup.step_time,
-        answer_setup.clients,
-        Slo(TTFT_TARGET_S, TPOT_TARGET_FACTOR * lone),
-        answer_setup.scheduler_flags,
-    )
+    return replace(answer_setup, slo=Slo(TTFT_TARGET_S, TPOT_TARGET_FACTOR * lone))
 
 
 def main() -> None:
@@ -68,6 +65,7 @@ def main() -> None:
     parser.add_argument("--factors", default=",".join(f"{factor:g}" for factor in FACTORS))
     parser.add_argument("--max-tokens", default="none", help="what clients send: none (default), exact, cap:N")
     parser.add_argument("--seeds", default="0", help="traces to run, e.g. 0,1,2: each seed draws another trace")
+    parser.add_argument("--policy", help="the degrade policy YAML of ARM+degrade arms [default: the shipped one]")
     options = parser.parse_args()
     arms = options.arms.split(",")
     factors = [float(factor) for factor in options.factors.split(",")]
@@ -75,7 +73,7 @@ def main() -> None:
     spread: dict[tuple[str, str, float, str], list[tuple[float, float]]] = {}  # per point and arm: (ratio, share)
     for name, traffic, seed in itertools.product(options.deployments.split(","), options.traffic.split(","), seeds):
         started = time.monotonic()
-        setup = setup_for(name, traffic, options.requests, options.max_tokens, seed)
+        setup = setup_for(name, traffic, seed, arms, options)
         at_once = run_arm(setup, "stock", all_at_once(setup.trace))
         saturated, stock = at_once.summary.throughput_rps, at_once.settings
         print(
@@ -86,7 +84,8 @@ def main() -> None:
             flush=True,
         )
         print(
-            f"  {'x sat':>5} {'arm':<10} {'goodput':>8} {'vs stock':>8} {'TTFT p99':>9} {'TPOT p99':>9} {'preempted':>9} {'recomputed':>10}"
+            f"  {'x sat':>5} {'arm':<13} {'goodput':>8} {'vs stock':>8} {'TTFT p99':>9} {'TPOT p99':>9} {'preempted':>9} "
+            f"{'recomputed':>10} {'refused':>7} {'capped':>6}"
         )
         for factor in factors:
             trace = at_rate(setup.trace, factor * saturated)
@@ -97,9 +96,9 @@ def main() -> None:
                 share = summary.preemptions / stock_preempted if stock_preempted else float("nan")
                 spread.setdefault((name, traffic, factor, arm), []).append((ratio, share))
                 print(
-                    f"  {factor:>5g} {arm:<10} {summary.goodput_rps:>8.3g} {ratio:>8.2f} "
+                    f"  {factor:>5g} {arm:<13} {summary.goodput_rps:>8.3g} {ratio:>8.2f} "
                     f"{summary.ttft.p99:>8.2f}s {summary.tpot.p99 * 1000:>7.1f}ms {summary.preemptions:>9,} "
-                    f"{summary.recomputed_tokens:>10,}",
+                    f"{summary.recomputed_tokens:>10,} {summary.refused:>7,} {summary.capped:>6,}",
                     flush=True,
                 )
         print(f"  ({time.monotonic() - started:.0f} s)")

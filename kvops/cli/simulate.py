@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from kvops.cli.config_file import file_option
-from kvops.cli.options import POSITIVE, Finite, engine_options, json_option, names, print_json, warn
+from kvops.cli.options import POSITIVE, Finite, engine_options, json_option, names, policy_option, print_json, warn
 from kvops.units import parse_duration
 
 FORMATS = ("kvops", "timed_trace", "mooncake", "burstgpt", "azure", "sharegpt")
@@ -107,7 +107,8 @@ FORMATS = ("kvops", "timed_trace", "mooncake", "burstgpt", "azure", "sharegpt")
     "--compare",
     "arms_text",
     metavar="ARMS",
-    help="Arms side by side on the same trace: stock, plan, guard, guard-v1, watermark[:F], active:N [default: stock].",
+    help="Arms side by side on the same trace: stock, plan, guard, guard-v1, watermark[:F], active:N; ARM+degrade runs "
+    "ARM behind kvops' degrade policy in vLLM's API server (--policy) [default: stock].",
 )
 @click.option(
     "--max-rate",
@@ -148,6 +149,7 @@ FORMATS = ("kvops", "timed_trace", "mooncake", "burstgpt", "azure", "sharegpt")
 @click.option(
     "--progress/--no-progress", default=None, help="A progress line on stderr [default: when stderr is a terminal]."
 )
+@policy_option
 @json_option
 @click.pass_context
 def simulate(ctx: click.Context, as_json: bool, **params: Any) -> None:
@@ -185,6 +187,7 @@ def simulate(ctx: click.Context, as_json: bool, **params: Any) -> None:
         target_rate=params.pop("target_rate"),
         attainment=params.pop("attainment"),
         tokenizer=params.pop("tokenizer"),
+        policy_path=params.pop("policy_path"),
     )
     csv_path, plot_path = params.pop("csv_path"), params.pop("plot_path")
     progress = _Progress() if _show_progress(params.pop("progress"), as_json) else None

@@ -111,8 +111,18 @@ def _arms_table(arms: tuple[ArmResult, ...]) -> list[str]:
     for arm in arms:
         if arm.change:
             lines.append(f"  {arm.arm}: {arm.change}")
+        if arm.summary.refusals or arm.summary.capped:
+            lines.append(f"  {arm.arm}: {_degraded(arm.summary)}")
     lines.append(f"  scheduler: {arms[0].label}")
     return lines
+
+
+def _degraded(summary) -> str:
+    """What a degrade policy did to the requests: refusals (each sent again after its Retry-After) and caps."""
+    return (
+        f"{summary.refusals:,} refusals with Retry-After, {summary.refused:,} requests given up after their "
+        f"retries; {summary.capped:,} served with their new tokens capped"
+    )
 
 
 def _pools(arms: tuple[ArmResult, ...], planned_blocks: int | None) -> list[str]:

@@ -45,6 +45,9 @@ class Summary:
     completed: int
     rejected: int
     unserved: int
+    refused: int  # given up by their clients after the API server refused every send (a degrade policy)
+    refusals: int  # the API server's refusals (429/503 with Retry-After), sends again included
+    capped: int  # served with their new tokens capped below what they would have generated
     duration_s: float
     ttft: Distribution
     tpot: Distribution
@@ -70,7 +73,7 @@ class Summary:
 
     @property
     def attainment(self) -> float:
-        """The share of all requests (rejected and unserved ones included) that met the SLO."""
+        """The share of all requests (rejected, refused and unserved ones included) that met the SLO."""
         return self.slo_met / self.requests if self.requests else 0.0
 
     def to_dict(self) -> dict[str, Any]:
@@ -79,6 +82,9 @@ class Summary:
             "completed": self.completed,
             "rejected": self.rejected,
             "unserved": self.unserved,
+            "refused": self.refused,
+            "refusals": self.refusals,
+            "capped": self.capped,
             "duration_s": round(self.duration_s, 3),
             "ttft_ms": self.ttft.to_dict(),
             "tpot_ms": self.tpot.to_dict(),
@@ -131,6 +137,9 @@ def summarize(log: RunLog, slo: Slo) -> Summary:
         completed=len(done),
         rejected=sum(1 for entry in entries if entry.outcome.startswith("rejected")),
         unserved=sum(1 for entry in entries if entry.outcome == "unserved"),
+        refused=sum(1 for entry in entries if entry.outcome.startswith("refused")),
+        refusals=sum(entry.refusals for entry in entries),
+        capped=sum(1 for entry in entries if entry.capped),
         duration_s=duration,
         ttft=distribution([ttft(entry) for entry in done]),
         tpot=distribution([tpot(entry) for entry in done if entry.tokens > 1]),

@@ -5,12 +5,16 @@ The clock follows the engine core (vllm/v1/engine/core.py): with one batch in fl
 previous one has finished; with two (async scheduling) the next batch is scheduled when the one before the running
 one has finished, and runs when the device is free. A request is visible to the scheduler from the first schedule
 after it is sent; its tokens reach the client when their step ends plus the API server's time (`api_s`: parsing,
-tokenizing, detokenizing and streaming, which the client sees in TTFT and E2E). Nothing here knows an engine or a
-device: the core and the step time are given.
+tokenizing, detokenizing and streaming, which the client sees in TTFT and E2E). An API server that applies an
+admission policy (kvops' degrade: `door`) answers each request as it is sent, from the engine's KV usage then: it
+serves it, its new tokens capped, or refuses it, and the client sends it again after the answer's Retry-After, up
+to `ClientSettings.retries` times. Nothing here knows an engine or a device: the core and the step time are given.
 """
 
 from __future__ import annotations
 
+import heapq
+import math
 from array import array
 from collections import deque
 from collections.abc import Callable
@@ -33,6 +37,21 @@ class ClientSettings:
 
     max_concurrency: int | None = None
     max_tokens: str = "trace"
+    # sends of a refused request after the first, each after the answer's Retry-After: the OpenAI Python client's
+    # default (DEFAULT_MAX_RETRIES = 2 in openai/_constants.py; _base_client.py honors Retry-After)
+    retries: int = 2
+
+
+@frozen
+class Admission:
+    """The API server's answer to a request sent now: serve it, its new tokens capped at `max_tokens` (None: as it
+    asks), or refuse it (`retry_after_s` set: the client may send it again that much later)."""
+
+    max_tokens: int | None = None
+    retry_after_s: float | None = None
+
+
+Door = Callable[[float, float], Admission]  # (now, the engine's KV usage as a 0-1 fraction) -> the answer
 
 
 @dataclass
@@ -48,9 +67,11 @@ class RequestLog:
     preemptions: int = 0
     recomputed_tokens: int = 0
     cached_tokens: int = 0  # prompt tokens found in the prefix cache at its first schedule
-    outcome: str = "pending"  # "stop", "length", "rejected: ...", "unserved"
+    outcome: str = "pending"  # "stop", "length", "rejected: ...", "refused: ...", "unserved"
     last_token: float = -1.0
     reach: int = 0  # the furthest its cache has been computed; anything below it computed again is recompute
+    refusals: int = 0  # times the API server refused it (door)
+    capped: bool = False  # the API server capped its new tokens below what it would have generated (door)
 
 
 @dataclass
@@ -87,12 +108,22 @@ class _Clients:
         self.next = 0
         self.in_flight = 0
         self.freed_at = 0.0  # when the last slot freed (a held-back request is sent then)
+        # (when, index) of refused requests to send again; each keeps its slot while its client waits
+        self.retries: list[tuple[float, int]] = []
 
     def due(self) -> float | None:
-        """When the next request is sent (None: none left, or every slot taken)."""
+        """When the next request is sent, a new one or one sent again (None: none left, or every slot taken)."""
+        when = min(self.due_new(), self.retries[0][0] if self.retries else math.inf)
+        return None if when == math.inf else when
+
+    def due_new(self) -> float:
+        """When the trace's next request is sent (inf: none left, or every slot taken)."""
         if self.next >= len(self.requests) or (self.limit is not None and self.in_flight >= self.limit):
-            return None
+            return math.inf
         return max(self.requests[self.next].arrival_s, self.freed_at)
+
+    def retry(self, when: float, index: int) -> None:
+        heapq.heappush(self.retries, (when, index))
 
     def release(self, now: float) -> None:
         self.in_flight -= 1
@@ -109,8 +140,10 @@ def run_trace(
     clients: ClientSettings | None = None,
     prompt: Callable[[int, TraceRequest], list[int]],
     progress: Callable[[int], None] | None = None,
+    door: Door | None = None,
 ) -> RunLog:
-    """Replay `trace` through `core`; `prompt(index, request)` builds a request's token ids (shared prefixes)."""
+    """Replay `trace` through `core`; `prompt(index, request)` builds a request's token ids (shared prefixes);
+    `door` answers each send (None: every request is served as it asks)."""
     settings = clients or ClientSettings()
     senders = _Clients(trace, settings.max_concurrency)
     logs: list[RequestLog] = []
@@ -121,7 +154,7 @@ def run_trace(
     done = 0
     while True:
         while (due := senders.due()) is not None and due <= now:
-            _send(core, senders, logs, settings, max_model_len, prompt)
+            _send(core, senders, logs, settings, max_model_len, prompt, door)
         if core.has_requests() and len(in_flight) < core.batches_in_flight:
             batch = core.schedule()
             if batch.request_ids:
@@ -166,23 +199,59 @@ def _send(
     settings: ClientSettings,
     max_model_len: int,
     prompt: Callable[[int, TraceRequest], list[int]],
+    door: Door | None,
 ) -> None:
+    """Send the request that is due: a refused one again if its time has come first, else the trace's next."""
+    if senders.retries and senders.retries[0][0] <= senders.due_new():
+        when, index = heapq.heappop(senders.retries)
+        _offer(core, senders, logs[index], index, when, settings, max_model_len, prompt, door)
+        return
     index = senders.next
     request = senders.requests[index]
     sent = max(request.arrival_s, senders.freed_at)
     senders.next += 1
     senders.in_flight += 1
-    room = max_model_len - request.prompt_tokens
-    asked = _asked_max_tokens(request, settings.max_tokens)
-    cap = room if asked is None else min(asked, room)
-    entry = RequestLog(sent, request.prompt_tokens, min(request.output_tokens, max(cap, 0)))
+    entry = RequestLog(sent, request.prompt_tokens, 0)  # its output length is set when it is served
     logs.append(entry)
-    if room < 1:
+    if max_model_len - request.prompt_tokens < 1:
         entry.outcome = (
             f"rejected: a prompt of {request.prompt_tokens} tokens leaves no room in max-model-len {max_model_len}"
         )
         senders.release(sent)
         return
+    _offer(core, senders, entry, index, sent, settings, max_model_len, prompt, door)
+
+
+def _offer(
+    core: SchedulerCore,
+    senders: _Clients,
+    entry: RequestLog,
+    index: int,
+    now: float,
+    settings: ClientSettings,
+    max_model_len: int,
+    prompt: Callable[[int, TraceRequest], list[int]],
+    door: Door | None,
+) -> None:
+    """The request at the API server: refused (sent again later, or given up), or handed to the scheduler."""
+    request = senders.requests[index]
+    admission = door(now, core.usage) if door is not None else Admission()
+    if admission.retry_after_s is not None:
+        entry.refusals += 1
+        if entry.refusals <= settings.retries:
+            senders.retry(now + admission.retry_after_s, index)
+        else:
+            entry.outcome = f"refused: {entry.refusals} times, with Retry-After"
+            senders.release(now)
+        return
+    room = max_model_len - request.prompt_tokens
+    asked = _asked_max_tokens(request, settings.max_tokens)
+    cap = room if asked is None else min(asked, room)
+    wanted = min(request.output_tokens, max(cap, 0))  # what it generates when served as it asks
+    if admission.max_tokens is not None and admission.max_tokens < cap:
+        cap = asked = admission.max_tokens
+    entry.output_tokens = min(request.output_tokens, max(cap, 0))
+    entry.capped = entry.output_tokens < wanted
     exact = asked is not None and asked <= request.output_tokens
     core.add(
         str(index),
@@ -191,7 +260,7 @@ def _send(
         max_tokens=cap,
         exact=exact,
         priority=request.priority,
-        arrival=sent,
+        arrival=now,
     )
 
 

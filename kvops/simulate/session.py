@@ -11,7 +11,8 @@ from kvops.deployment import DeploymentOptions
 from kvops.errors import UsageError
 from kvops.frozen import frozen
 from kvops.plan import Plan, PlanError
-from kvops.simulate import cost, steptime
+from kvops.policy import load_policy
+from kvops.simulate import cost, degrade, steptime
 from kvops.simulate.results import Slo
 from kvops.simulate.run import ClientSettings
 from kvops.simulate.simulation import ArmResult, Progress, RateSearch, Replicas, Setup, compare, max_rate, replicas_for
@@ -35,6 +36,7 @@ class Request:
     target_rate: float | None = None
     attainment: float = 0.9
     tokenizer: str | None = None  # a local tokenizer folder for ShareGPT's texts
+    policy_path: str | None = None  # the degrade policy of `ARM+degrade` arms (None: the shipped one)
 
 
 @frozen
@@ -72,7 +74,9 @@ class Answer:
 
 def prepare(request: Request, options: DeploymentOptions) -> Setup:
     """The traffic built and the deployment planned for it, with its step time: what every run shares."""
-    engines.get(options.engine).simulation_arms(request.arms)  # fails at once where the engine cannot be simulated
+    split = [degrade.split_arm(arm) for arm in request.arms]
+    engines.get(options.engine).simulation_arms([arm for arm, _ in split])  # fails at once where it cannot simulate
+    policy = load_policy(request.policy_path) if any(degraded for _, degraded in split) else None
     trace = build_trace(request.traffic, _tokenizer(request))
     plan = _plan(options, trace)
     return Setup(
@@ -82,6 +86,7 @@ def prepare(request: Request, options: DeploymentOptions) -> Setup:
         clients=ClientSettings(request.traffic.concurrency, request.max_tokens),
         slo=Slo(request.slo_ttft_s, request.slo_tpot_s),
         scheduler_flags=request.scheduler_flags,
+        policy=policy,
     )
 
 

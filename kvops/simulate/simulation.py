@@ -12,6 +12,8 @@ from kvops import engines
 from kvops.errors import KvopsError
 from kvops.frozen import frozen
 from kvops.plan import Plan
+from kvops.policy import Policy
+from kvops.simulate import degrade
 from kvops.simulate.prompts import prompt_tokens
 from kvops.simulate.results import Slo, Summary, summarize
 from kvops.simulate.run import ClientSettings, RunLog, run_trace
@@ -33,6 +35,7 @@ class Setup:
     clients: ClientSettings
     slo: Slo
     scheduler_flags: Mapping[str, Any]  # the engine's scheduler flags beside the plan (policy, watermark, ...)
+    policy: Policy | None = None  # the degrade policy of `ARM+degrade` arms (None: none is run)
 
 
 @frozen
@@ -55,10 +58,18 @@ class ArmResult:
 
 
 def run_arm(setup: Setup, arm: str, trace: Trace | None = None, progress: Progress | None = None) -> ArmResult:
-    """`trace` (default: the setup's) through the engine's scheduler as `arm` runs it."""
+    """`trace` (default: the setup's) through the engine's scheduler as `arm` runs it; `ARM+degrade` runs ARM behind
+    the setup's degrade policy at the API server."""
     trace = trace or setup.trace
     engine = engines.get(setup.plan.engine)
-    core, change, settings = engine.simulation_core(setup.plan, arm, setup.scheduler_flags)
+    scheduler_arm, degraded = degrade.split_arm(arm)
+    core, change, settings = engine.simulation_core(setup.plan, scheduler_arm, setup.scheduler_flags)
+    door = None
+    if degraded:
+        if setup.policy is None:
+            raise KvopsError(f"--compare {arm}: no degrade policy was given to run")
+        door = degrade.door(setup.policy)
+        change = " ".join(part for part in (change, f"--middleware {engine.admission_middleware}") if part)
     step_time = setup.step_time
     total = len(trace.requests)
 
@@ -75,6 +86,7 @@ def run_arm(setup: Setup, arm: str, trace: Trace | None = None, progress: Progre
         clients=setup.clients,
         prompt=prompt_tokens,
         progress=report,
+        door=door,
     )
     return ArmResult(arm, change, core.label, summarize(log, setup.slo), log, settings)
 

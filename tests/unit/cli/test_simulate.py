@@ -34,6 +34,19 @@ def test_compare_runs_the_arms_on_the_same_trace_and_says_the_ratio(run_kvops):
     assert "watermark:0.02: --watermark 0.02" in out
 
 
+def test_a_degrade_arm_runs_the_policy_at_the_api_server(run_kvops, tmp_path):
+    policy = tmp_path / "policy.yaml"  # critical from the first request running on: every later one is refused
+    policy.write_text("levels: {warn: 0.001, degrade: 0.002, critical: 0.003}\n")
+    ran = run_kvops("simulate", *SMALL, "--compare", "stock,stock+degrade", "--policy", str(policy), "--json")
+    stock, degraded = json.loads(ran.stdout)["arms"]
+    assert degraded["engine_settings"] == stock["engine_settings"]
+    assert (stock["refusals"], stock["refused"]) == (0, 0)
+    assert degraded["refusals"] > 0 and degraded["completed"] + degraded["refused"] == 40
+    text = run_kvops("simulate", *SMALL, "--compare", "stock+degrade", "--policy", str(policy)).stdout
+    assert "stock+degrade: --middleware kvops_vllm.middleware.KVOpsMiddleware" in text
+    assert "refusals with Retry-After" in text
+
+
 def test_each_arm_runs_on_the_pool_vllm_sizes_at_its_own_max_num_seqs(run_kvops):
     """vLLM sizes KV after its sampler and CUDA graphs, which follow --max-num-seqs: stock at vLLM's default (256 on
     an L4) gets the pool `kvops plan --max-num-seqs 256` plans, the plan's arm the plan's own."""
@@ -88,6 +101,7 @@ def test_max_rate_finds_a_rate_that_meets_the_attainment(run_kvops):
     [
         (("--compare", "stock,magic"), "--compare 'magic'; valid: stock, plan, guard"),
         (("--compare", "watermark:2"), "--compare 'watermark:2': the watermark is a fraction between 0 and 1"),
+        (("--compare", "stock+proxy"), "--compare 'stock+proxy': the one suffix an arm takes is +degrade"),
         (("--slo-ttft", "200"), "--slo-ttft '200' is not a duration; write it with its unit, e.g. 200ms or 2s"),
         (("--engine", "tgi"), "--engine tgi: kvops simulate runs the engine's own scheduler in Python"),
     ],

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from kvops.simulate.prompts import prompt_tokens
-from kvops.simulate.run import ClientSettings, run_trace
+from kvops.simulate.results import Slo, summarize
+from kvops.simulate.run import Admission, ClientSettings, run_trace
 from kvops.simulate.trace import Trace, TraceRequest
 
 pytestmark = pytest.mark.vllm
@@ -30,10 +31,17 @@ def core(num_blocks: int = 64, *, async_scheduling: bool = False, scheduler_cls:
     return VllmCore(settings)
 
 
-def replay(scheduler, requests, *, api_s: float = 0.0, clients: ClientSettings | None = None):
+def replay(scheduler, requests, *, api_s: float = 0.0, clients: ClientSettings | None = None, door=None):
     trace = Trace(tuple(requests), "test")
     return run_trace(
-        scheduler, trace, lambda batch: STEP, max_model_len=1024, api_s=api_s, clients=clients, prompt=prompt_tokens
+        scheduler,
+        trace,
+        lambda batch: STEP,
+        max_model_len=1024,
+        api_s=api_s,
+        clients=clients,
+        prompt=prompt_tokens,
+        door=door,
     )
 
 
@@ -101,3 +109,50 @@ def test_a_prompt_the_context_cannot_hold_is_rejected_as_vllm_rejects_it():
     log = replay(core(), [TraceRequest(0.0, 1024, 4, max_tokens=4), TraceRequest(0.0, 16, 2, max_tokens=2)])
     assert log.requests[0].outcome.startswith("rejected: a prompt of 1024 tokens leaves no room")
     assert log.requests[1].tokens == 2
+
+
+def answers(*given: Admission):
+    """A door that answers the sends in turn with `given` (the last one from then on), recording each send's time."""
+    sends: list[float] = []
+
+    def door(now: float, usage: float) -> Admission:
+        sends.append(now)
+        return given[min(len(sends), len(given)) - 1]
+
+    door.sends = sends  # type: ignore[attr-defined]
+    return door
+
+
+def test_a_refused_request_is_sent_again_after_its_retry_after_and_its_ttft_counts_from_the_first_send():
+    door = answers(Admission(retry_after_s=2.0), Admission())
+    log = replay(core(), [TraceRequest(0.5, 32, 4, max_tokens=4)], door=door)
+    entry = log.requests[0]
+    assert door.sends == pytest.approx([0.5, 2.5])
+    assert entry.refusals == 1 and entry.tokens == 4 and entry.outcome == "length"
+    assert entry.sent == 0.5 and entry.first_token == pytest.approx(2.5 + STEP)
+
+
+def test_a_request_refused_at_every_send_is_given_up_after_the_clients_retries():
+    door = answers(Admission(retry_after_s=1.0))
+    log = replay(core(), [TraceRequest(0.0, 32, 4, max_tokens=4)], clients=ClientSettings(retries=2), door=door)
+    summary = summarize(log, Slo(1.0, 1.0))
+    assert door.sends == pytest.approx([0.0, 1.0, 2.0])
+    assert log.requests[0].outcome == "refused: 3 times, with Retry-After"
+    assert (summary.refused, summary.refusals, summary.completed, summary.slo_met) == (1, 3, 0, 0)
+
+
+def test_a_refused_request_keeps_its_clients_slot_while_it_waits_to_send_again():
+    door = answers(Admission(retry_after_s=1.0), Admission())
+    requests = [TraceRequest(0.0, 16, 2, max_tokens=2), TraceRequest(0.0, 16, 2, max_tokens=2)]
+    log = replay(core(), requests, clients=ClientSettings(max_concurrency=1), door=door)
+    assert log.requests[0].first_token > 1.0  # sent again at 1 s
+    assert log.requests[1].sent == pytest.approx(log.requests[0].finished)  # the slot freed only when it finished
+
+
+def test_a_capped_request_stops_at_the_cap_and_counts_as_capped():
+    door = answers(Admission(max_tokens=3))
+    requests = [TraceRequest(0.0, 16, 8, max_tokens=8), TraceRequest(0.0, 16, 2, max_tokens=2)]
+    log = replay(core(), requests, door=door)
+    assert [(entry.tokens, entry.capped) for entry in log.requests] == [(3, True), (2, False)]
+    assert log.requests[0].outcome == "length"
+    assert summarize(log, Slo(1.0, 1.0)).capped == 1
