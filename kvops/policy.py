@@ -217,6 +217,16 @@ class Policy:
     request_tokens: int | None = None  # headroom: KV tokens one request holds at its peak (None: the engine's context)
     gpu_memory_below: float = 0.80  # the share of the device weights, overheads and the KV blocks in use stay under
     priorities: Priorities = field(default_factory=Priorities)
+    admission_dwell_seconds: float | None = None  # the in-process admission's dwell (None: min_dwell_seconds)
+
+    def for_admission(self) -> Policy:
+        """The policy as the in-process admission (vLLM's `--middleware`) levels each request: with its own dwell.
+
+        The watcher's level feeds alerts and autoscalers, which must not flap; the admission judges each request on
+        the KV usage it meets, and a dwell there only keeps refusing after the pressure is gone."""
+        if self.admission_dwell_seconds is None:
+            return self
+        return replace(self, min_dwell_seconds=self.admission_dwell_seconds)
 
     def raw_level(self, usage: float) -> Level:
         """The level usage alone implies, without hysteresis."""
@@ -258,6 +268,7 @@ class Policy:
                 "sheddable_above": self.priorities.sheddable_above,
                 "protected_below": self.priorities.protected_below,
             },
+            "admission": {"min_dwell_seconds": self.for_admission().min_dwell_seconds},
         }
 
     def in_grace(self, failures: int, since_good: float | None) -> bool:
@@ -406,6 +417,7 @@ def policy_from_dict(data: dict[str, Any], where: str) -> Policy:
         "headroom",
         "gpu_memory",
         "priorities",
+        "admission",
     }
     unknown_keys = sorted(set(data) - known)
     if unknown_keys:
@@ -459,7 +471,17 @@ def policy_from_dict(data: dict[str, Any], where: str) -> Policy:
         _request_tokens(data.get("headroom") or {}, where),
         _fraction(data.get("gpu_memory") or {}, "below", f"{where}: gpu_memory"),
         _priorities(data, where),
+        _admission_dwell(data.get("admission") or {}, where),
     )
+
+
+def _admission_dwell(admission: dict, where: str) -> float | None:
+    extra = sorted(set(admission) - {"min_dwell_seconds"})
+    if extra:
+        raise PolicyError(f"{where}: unknown key 'admission.{extra[0]}'; valid: min_dwell_seconds")
+    if admission.get("min_dwell_seconds") is None:
+        return None
+    return _number(admission, "min_dwell_seconds", f"{where}: admission", low=0.0, high=86400.0)
 
 
 def _request_tokens(headroom: dict, where: str) -> int | None:
@@ -475,7 +497,7 @@ def _request_tokens(headroom: dict, where: str) -> int | None:
 
 
 _UNKNOWN_KEYS = {"mode", "grace_polls", "grace_seconds", "stale_after_failures"}
-_SECTIONS = ("levels", "actions", "signals", "unknown", "headroom", "gpu_memory", "priorities")
+_SECTIONS = ("levels", "actions", "signals", "unknown", "headroom", "gpu_memory", "priorities", "admission")
 MAX_POLLS = 1_000_000
 MAX_TOKENS = 1 << 32  # a request's tokens, a max_tokens cap
 MAX_PRIORITY = 1 << 62  # vLLM priorities are Python ints; a policy's bounds past this are no request's

@@ -165,7 +165,7 @@ class KVOpsMiddleware:
             logger.error("kvops middleware: %s", exc)  # one line above the traceback that stops vLLM's startup
             raise
         self.clock = clock
-        self.tracker = LevelTracker(self.settings.policy)
+        self.tracker = LevelTracker(self.settings.policy.for_admission())
         self.priorities: Priorities = self.settings.policy.priorities
         self.counters = Counters(registry if registry is not None else _default_registry())
         self._limits = self.tracker.limits()
@@ -178,7 +178,7 @@ class KVOpsMiddleware:
         classes = f"classes from {PRIORITY_HEADER} sent from {trusted}" if trusted else "every request standard"
         return (
             f"levels from this API server's KV usage, policy {settings.policy_source} ({levels}, hysteresis "
-            f"{policy.hysteresis:.0%}, dwell {policy.min_dwell_seconds:g} s); {classes}"
+            f"{policy.hysteresis:.0%}, dwell {policy.for_admission().min_dwell_seconds:g} s); {classes}"
         )
 
     def __call__(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:

@@ -56,6 +56,20 @@ def test_up_is_immediate_down_needs_hysteresis_and_dwell():
     assert tracker.update(0.10, now=75) == Level.OK
 
 
+def test_the_in_process_admission_levels_with_its_own_dwell(tmp_path):
+    path = tmp_path / "policy.yaml"
+    path.write_text("min_dwell_seconds: 30\nadmission:\n  min_dwell_seconds: 2\n")
+    policy = load_policy(path)
+    assert policy.min_dwell_seconds == 30 and policy.for_admission().min_dwell_seconds == 2
+    assert policy.to_dict()["admission"] == {"min_dwell_seconds": 2}
+    tracker = LevelTracker(policy.for_admission())
+    assert tracker.update(0.96, now=0) == Level.CRITICAL
+    assert tracker.update(0.10, now=1) == Level.CRITICAL
+    assert tracker.update(0.10, now=3) == Level.OK
+    path.write_text("admission:\n  min_dwell_seconds: null\n")  # none of its own: the watcher's
+    assert load_policy(path).for_admission() == load_policy(path)
+
+
 def test_signal_floor_holds_the_level():
     tracker = LevelTracker(load_policy())
     assert tracker.update(0.2, now=0, floor=Level.DEGRADE) == Level.DEGRADE
@@ -102,6 +116,8 @@ def test_clamp():
         ("unknown:\n  mode: maybe\n", "unknown.mode 'maybe'; valid: fail-open, fail-closed"),
         ("levels: [\n", "not valid YAML at line"),
         ("surprise: 1\n", "unknown key 'surprise'"),
+        ("admission:\n  min_dwell_seconds: -1\n", "admission.min_dwell_seconds -1 must be a number in [0, 86400]"),
+        ("admission:\n  hysteresis: 0\n", "unknown key 'admission.hysteresis'; valid: min_dwell_seconds"),
     ],
 )
 def test_bad_policy_is_one_line_naming_the_key(tmp_path, text, message):
