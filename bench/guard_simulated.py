@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import statistics
 import sys
 import time
 from dataclasses import replace
@@ -107,15 +108,18 @@ def main() -> None:
 
 
 def print_spread(spread: dict[tuple[str, str, float, str], list[tuple[float, float]]], arms: list[str], n: int) -> None:
-    """Over the seeds, each arm's range of goodput against stock's and of preemptions as a share of stock's."""
-    print(f"\nover {n} seeds: goodput / stock (min-max), preemptions / stock's (min-max; - where stock preempted none)")
+    """Over the seeds, each arm's goodput against stock's and its preemptions as a share of stock's: median (range)."""
+    print(f"\nover {n} seeds: goodput / stock, preemptions / stock's: median (min-max; - where stock preempted none)")
     for (name, traffic, factor, arm), points in spread.items():
         if arm not in arms:
             continue
         ratios = [ratio for ratio, _ in points]
         shares = [share for _, share in points if share == share]  # NaN: stock preempted none
-        preempted = f"{min(shares):.0%}-{max(shares):.0%}" if shares else "-"
-        print(f"  {name} {traffic} {factor:g} x {arm}: {min(ratios):.2f}-{max(ratios):.2f}, preempted {preempted}")
+        preempted = f"{statistics.median(shares):.0%} ({min(shares):.0%}-{max(shares):.0%})" if shares else "-"
+        print(
+            f"  {name} {traffic} {factor:g} x {arm}: {statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f}),"
+            f" preempted {preempted}"
+        )
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ after the engine client (and so the stat loggers) exists (`vllm/entrypoints/laun
 
 Per request on a generation route (`kvops.engines.vllm.api.ROUTES`, matched on `kvops.watch.guard.canonical_path`
 of the path Starlette routes on), the level comes from the engine's KV usage this process already holds
-(`stats.GaugeUsage`) through the shared policy's `LevelTracker` (thresholds, hysteresis, dwell); then, as the
+(`stats.GaugeUsage`) through the shared policy's `LevelTracker` (thresholds, hysteresis and the admission's own
+dwell, `Policy.for_admission`); then, as the
 admission proxy does, with the same pure functions (`kvops.watch.guard`): a level that refuses the request's class
 answers 429 (sheddable) or 503 with `Retry-After` in the route's own error shape, before the body is read; a level
 that clamps reads the body, parses it within the proxy's limits (a body it cannot read is 400) and hands vLLM the

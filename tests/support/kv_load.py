@@ -25,10 +25,12 @@ class Stage:
     max_tokens: int
 
 
-# For a watcher driven by these stages: the shipped levels and actions with short signal windows. The dwell (15 s)
-# outlasts the load's dips between requests, so each stage holds its level until the next stage raises it.
+# For a watcher driven by these stages: the shipped levels and actions with short signal windows. The dwell (15 s,
+# the middleware's too) outlasts the load's dips between requests, so each stage holds its level until the next
+# stage raises it.
 STAGED_POLICY = """\
 min_dwell_seconds: 15
+admission: {min_dwell_seconds: 15}
 signals:
   queue_growth: {window_seconds: 2, min_growth: 3, raise_to: warn}
   preemptions: {window_seconds: 2, raise_to: degrade}

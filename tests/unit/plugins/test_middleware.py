@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, Gauge
 
-from kvops.policy import load_policy
+from kvops.policy import Policy, load_policy
 from kvops.watch.guard import parse_networks
 from kvops_vllm.middleware import KVOpsMiddleware, MiddlewareConfigError, MiddlewareSettings
 from kvops_vllm.stats import KV_USAGE, GaugeUsage
@@ -71,13 +71,19 @@ class Clock:
 
 
 def middleware(
-    app, usage: float | Usage | None = OK, *, trust: str = "", clock: Clock | None = None, registry=None
+    app,
+    usage: float | Usage | None = OK,
+    *,
+    trust: str = "",
+    clock: Clock | None = None,
+    registry=None,
+    policy: Policy | None = None,
 ) -> KVOpsMiddleware:
-    """The middleware on `app` with the shipped policy, reading `usage` (a Usage a test changes, or a fixed value),
-    X-KVops-Priority read from the networks in `trust`."""
+    """The middleware on `app` with `policy` (default: the shipped one), reading `usage` (a Usage a test changes, or
+    a fixed value), X-KVops-Priority read from the networks in `trust`."""
     return KVOpsMiddleware(
         app,
-        settings=MiddlewareSettings(load_policy(), "test", parse_networks(trust)),
+        settings=MiddlewareSettings(policy or load_policy(), "test", parse_networks(trust)),
         usage=usage if isinstance(usage, Usage) else Usage(usage),
         clock=clock or Clock(),
         registry=registry if registry is not None else CollectorRegistry(),
@@ -292,15 +298,13 @@ def test_after_the_replayed_body_vllm_still_hears_the_client_leave():
     assert app.after_body == [{"type": "http.disconnect"}]
 
 
-def test_levels_rise_at_once_and_fall_after_the_dwell_with_hysteresis_and_a_log_line():
+def test_levels_rise_at_once_and_fall_with_hysteresis_and_a_log_line():
     usage, clock = Usage(OK), Clock()
-    guard = middleware(Stub(), usage, clock=clock)
+    guard = middleware(Stub(), usage, clock=clock)  # the shipped policy: the admission steps down with no dwell
     with captured_log("vllm.kvops_middleware") as (_, lines):
         usage.value = CRITICAL
         assert call(guard).status == 503
-        usage.value, clock.now = 0.50, clock.now + 10  # far below, but within the dwell (30 s)
-        assert call(guard).status == 503
-        usage.value, clock.now = 0.92, clock.now + 21  # past the dwell, but 0.92 + the hysteresis (0.05) is critical
+        usage.value, clock.now = 0.92, clock.now + 1  # 0.92 + the hysteresis (0.05) is still critical
         assert call(guard).status == 503
         usage.value = 0.78  # 0.78 + 0.05 is under degrade's 0.85: down to warn in one step
         assert call(guard).headers["x-kvops-level"] == "warn"
@@ -308,6 +312,18 @@ def test_levels_rise_at_once_and_fall_after_the_dwell_with_hysteresis_and_a_log_
         "kvops middleware: level ok -> critical (KV 97.0%): rejected with 503 and Retry-After: 10",
         "kvops middleware: level critical -> warn (KV 78.0%): capped at 512 new tokens",
     ]
+
+
+def test_a_policy_with_an_admission_dwell_keeps_refusing_through_it(tmp_path):
+    path = tmp_path / "policy.yaml"
+    path.write_text("admission:\n  min_dwell_seconds: 30\n")
+    usage, clock = Usage(CRITICAL), Clock()
+    guard = middleware(Stub(), usage, clock=clock, policy=load_policy(path))
+    assert call(guard).status == 503
+    usage.value, clock.now = 0.50, clock.now + 10  # far below, but within the dwell
+    assert call(guard).status == 503
+    clock.now += 21
+    assert call(guard).headers["x-kvops-level"] == "ok"
 
 
 def test_no_reading_keeps_the_last_level_through_the_grace_then_fails_closed():

@@ -17,12 +17,20 @@ def test_each_level_answers_as_the_middleware_does():
     assert answer(2.0, 0.96) == Admission(retry_after_s=10.0)  # critical: 503 with Retry-After 10
 
 
-def test_the_level_steps_down_only_after_the_dwell_in_simulated_seconds():
-    policy = load_policy()
-    answer = door(policy)
+def test_the_shipped_admission_steps_down_as_soon_as_usage_allows():
+    answer = door(load_policy())
     answer(0.0, 0.96)
-    assert answer(policy.min_dwell_seconds - 1, 0.10) == Admission(retry_after_s=10.0)
-    assert answer(policy.min_dwell_seconds + 1, 0.10) == Admission()
+    assert answer(0.1, 0.92) == Admission(retry_after_s=10.0)  # within the hysteresis
+    assert answer(0.2, 0.10) == Admission()
+
+
+def test_an_admission_dwell_holds_the_level_in_simulated_seconds(tmp_path):
+    path = tmp_path / "policy.yaml"
+    path.write_text("admission: {min_dwell_seconds: 30}\n")
+    answer = door(load_policy(path))
+    answer(0.0, 0.96)
+    assert answer(29.0, 0.10) == Admission(retry_after_s=10.0)
+    assert answer(31.0, 0.10) == Admission()
 
 
 def test_each_arm_has_its_own_level():
