@@ -1,15 +1,19 @@
 """The KV guard at GPU scale, in simulated time: stock vLLM, vLLM's --watermark 0.05 and the KV guard on GPU-sized
 pools, on ShareGPT-like and bursty traffic, from half to twice stock's saturation rate.
 
-    python bench/guard_simulated.py [--deployments 8b-h100,8b-l4,70b-4xh100] [--requests 1500] [--arms stock,watermark,guard] [--seeds 0,1,2]
+    python bench/guard_simulated.py [--deployments 8b-h100,8b-l4,70b-4xh100] [--requests 1500] [--arms stock,watermark,guard]
+                                    [--seeds 0,1,2] [--policy FILE]
 
 Every arm runs the same seeded trace through the installed vLLM's own scheduler (the guard: its plugin class) over
 the pool `kvops plan` sizes, each step priced by the fitted GPU step time (kvops simulate). Saturation is stock's
 throughput with every request of the trace sent at once; each rate scales the trace's arrival gaps. The SLO:
 TTFT <= 2 s and TPOT <= 3 x a lone request's TPOT on that deployment. Clients send no max_tokens ("none"): the
 requests stop by themselves and no scheduler knows their lengths, the case the guard is for; --max-tokens exact
-runs the benchmark style (every length known). Printed per point: SLO goodput (requests/s meeting both targets)
-and its ratio to stock, p99 TTFT and TPOT, preemptions, recomputed tokens. This is workload (c) of the guard's
+runs the benchmark style (every length known). An arm `ARM+degrade` (e.g. stock+degrade) runs ARM behind the
+degrade policy in vLLM's API server (the middleware; --policy, default the shipped one), as `kvops simulate` does.
+Printed per point: SLO goodput (requests/s meeting both targets) and its ratio to stock, p99 TTFT and TPOT,
+preemptions, recomputed tokens, requests given up after refusals and answers capped; with several seeds, each
+arm's median and range over them. This is workload (c) of the guard's
 benchmark (bench/guard_goodput.py), which the 2-core machine could not read, at the scale users run.
 """
 
