@@ -15,6 +15,10 @@ A B C D E A B C D E ... and the machine's noise hits every arm alike):
   stock+caps       vLLM's own scheduler with its queue cap (--max-num-queued-reqs: overflow answered 503, retried)
   stock+watermark  vLLM's own scheduler keeping 5% of the blocks free when it admits (--watermark 0.05): the
                    engine's own knob against preemption, the nearest peer that runs here
+  stock+degrade    vLLM's own scheduler behind kvops' degrade in its API server (--middleware, the shipped policy:
+                   warn caps new tokens at 512, critical answers 503 with Retry-After 10)
+  stock+degrade-dwell30  the same levelling with a 30 s dwell (bench/data/policy-admission-dwell-30.yaml), as the
+                   shipped policy had it before admission.min_dwell_seconds
 
 Workloads (prompts, max_tokens, lengths and arrivals seeded by --seed and the repetition; the same for every arm),
 with a pool of P blocks each P/32 times as many requests:
@@ -100,7 +104,18 @@ class Arm:
     env: tuple[tuple[str, str], ...] = ()
 
 
-ARMS = ("stock", "guard-v1", "guard-v2", "guard-v3", "stock+caps", "stock+watermark")
+ARMS = (
+    "stock",
+    "guard-v1",
+    "guard-v2",
+    "guard-v3",
+    "stock+caps",
+    "stock+watermark",
+    "stock+degrade",
+    "stock+degrade-dwell30",
+)
+MIDDLEWARE = "kvops_vllm.middleware.KVOpsMiddleware"
+DWELL_30 = REPO / "bench" / "data" / "policy-admission-dwell-30.yaml"
 # guard v2's fallback where the pool runs short (guard v3's is the plugin's default)
 V2_FALLBACK = (("KVOPS_PAUSE_STEPS", "32"), ("KVOPS_PREEMPT", "least-computed"), ("KVOPS_RESUME", "first"))
 
@@ -115,6 +130,8 @@ def arms(queue_cap: int, quantiles: list[str]) -> list[Arm]:
         *(Arm(quantile_arm(q), ("--scheduler-cls", GUARD), (("KVOPS_OUTPUT_QUANTILE", q),)) for q in quantiles),
         Arm("stock+caps", ("--max-num-queued-reqs", str(queue_cap))),
         Arm("stock+watermark", ("--watermark", "0.05")),
+        Arm("stock+degrade", ("--middleware", MIDDLEWARE)),
+        Arm("stock+degrade-dwell30", ("--middleware", MIDDLEWARE), (("KVOPS_POLICY", str(DWELL_30)),)),
     ]
 
 
