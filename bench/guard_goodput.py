@@ -2,6 +2,7 @@
 
     python bench/guard_goodput.py [--shapes tiny,8x] [--pools 32,128] [--workloads abc] [--arms stock,guard-v3]
                                   [--quantiles 0.95] [--reps 5] [--seed 0] [--cold] [--json] [--step-cost-only]
+                                  [--degrade-policy FILE]
 
 Arms (each a real engine, all of a shape started before the first measurement, so repetitions interleave
 A B C D E A B C D E ... and the machine's noise hits every arm alike):
@@ -15,8 +16,9 @@ A B C D E A B C D E ... and the machine's noise hits every arm alike):
   stock+caps       vLLM's own scheduler with its queue cap (--max-num-queued-reqs: overflow answered 503, retried)
   stock+watermark  vLLM's own scheduler keeping 5% of the blocks free when it admits (--watermark 0.05): the
                    engine's own knob against preemption, the nearest peer that runs here
-  stock+degrade    vLLM's own scheduler behind kvops' degrade in its API server (--middleware, the shipped policy:
-                   warn caps new tokens at 512, critical answers 503 with Retry-After 10)
+  stock+degrade    vLLM's own scheduler behind kvops' degrade in its API server (--middleware; the shipped policy,
+                   where warn caps new tokens at 512 and critical answers 503 with Retry-After 10, or
+                   --degrade-policy FILE)
   stock+degrade-dwell30  the same levelling with a 30 s dwell (bench/data/policy-admission-dwell-30.yaml), as the
                    shipped policy had it before admission.min_dwell_seconds
 
@@ -120,7 +122,7 @@ DWELL_30 = REPO / "bench" / "data" / "policy-admission-dwell-30.yaml"
 V2_FALLBACK = (("KVOPS_PAUSE_STEPS", "32"), ("KVOPS_PREEMPT", "least-computed"), ("KVOPS_RESUME", "first"))
 
 
-def arms(queue_cap: int, quantiles: list[str]) -> list[Arm]:
+def arms(queue_cap: int, quantiles: list[str], degrade_policy: str | None = None) -> list[Arm]:
     """The arms, and guard v3 at each of `quantiles` (KVOPS_OUTPUT_QUANTILE) besides its default."""
     return [
         Arm("stock"),
@@ -130,7 +132,9 @@ def arms(queue_cap: int, quantiles: list[str]) -> list[Arm]:
         *(Arm(quantile_arm(q), ("--scheduler-cls", GUARD), (("KVOPS_OUTPUT_QUANTILE", q),)) for q in quantiles),
         Arm("stock+caps", ("--max-num-queued-reqs", str(queue_cap))),
         Arm("stock+watermark", ("--watermark", "0.05")),
-        Arm("stock+degrade", ("--middleware", MIDDLEWARE)),
+        Arm(
+            "stock+degrade", ("--middleware", MIDDLEWARE), (("KVOPS_POLICY", degrade_policy),) if degrade_policy else ()
+        ),
         Arm("stock+degrade-dwell30", ("--middleware", MIDDLEWARE), (("KVOPS_POLICY", str(DWELL_30)),)),
     ]
 
@@ -629,7 +633,7 @@ def bench_shape(name: str, shape: dict, pool: int, folder: Path, options) -> dic
     scale = pool // BLOCKS  # requests in proportion to the pool: the same overload on a larger engine
     quantiles = [q for q in options.quantiles.split(",") if q]
     chosen = set(options.arms.split(",")) | {quantile_arm(q) for q in quantiles}
-    arm_list = [arm for arm in arms(options.queue_cap * scale, quantiles) if arm.name in chosen]
+    arm_list = [arm for arm in arms(options.queue_cap * scale, quantiles, options.degrade_policy) if arm.name in chosen]
     label, rows = f"{name} pool {pool}", {}  # type: tuple[str, dict[str, list[dict]]]
     warm: dict[str, Result] = {}
     rate, slo = 0.0, {}
@@ -763,6 +767,7 @@ def main() -> None:
     parser.add_argument(
         "--quantiles", default="", help="guard v3 also at these KVOPS_OUTPUT_QUANTILE values, as more arms, e.g. 0.95"
     )
+    parser.add_argument("--degrade-policy", help="the policy YAML of the stock+degrade arm [default: the shipped one]")
     parser.add_argument(
         "--cold",
         action="store_true",
