@@ -207,6 +207,8 @@ def request_rows(log: RunLog, slo: Slo) -> list[dict[str, Any]]:
                 "recomputed_tokens": entry.recomputed_tokens,
                 "prefix_cached_tokens": entry.cached_tokens,
                 "slo_met": slo.met(entry),
+                "refusals": entry.refusals,
+                "capped": entry.capped,
                 "outcome": entry.outcome,
             }
         )

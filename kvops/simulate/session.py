@@ -62,7 +62,11 @@ class Answer:
             "pool": capacity.to_dict() if capacity else None,
             "command": plan.argv,
             "traffic": setup.trace.summary(),
-            "clients": {"max_concurrency": setup.clients.max_concurrency, "max_tokens": setup.clients.max_tokens},
+            "clients": {
+                "max_concurrency": setup.clients.max_concurrency,
+                "max_tokens": setup.clients.max_tokens,
+                "retries_after_refusal": setup.clients.retries,
+            },
             "slo": setup.slo.to_dict(),
             "step_time": setup.step_time.to_dict(),
             "arms": [arm.to_dict() for arm in self.arms],

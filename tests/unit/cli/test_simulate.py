@@ -42,6 +42,14 @@ def test_a_degrade_arm_runs_the_policy_at_the_api_server(run_kvops, tmp_path):
     assert degraded["engine_settings"] == stock["engine_settings"]
     assert (stock["refusals"], stock["refused"]) == (0, 0)
     assert degraded["refusals"] > 0 and degraded["completed"] + degraded["refused"] == 40
+    assert json.loads(ran.stdout)["clients"]["retries_after_refusal"] == 2
+    table = tmp_path / "requests.csv"
+    run_kvops("simulate", *SMALL, "--compare", "stock+degrade", "--policy", str(policy), "--csv", str(table))
+    rows = list(csv.DictReader(table.open()))
+    assert sum(int(row["refusals"]) for row in rows) == degraded["refusals"]
+    assert {row["outcome"] for row in rows if row["outcome"].startswith("refused")} == {
+        "refused: 3 times, with Retry-After"
+    }
     text = run_kvops("simulate", *SMALL, "--compare", "stock+degrade", "--policy", str(policy)).stdout
     assert "stock+degrade: --middleware kvops_vllm.middleware.KVOpsMiddleware" in text
     assert "refusals with Retry-After" in text
