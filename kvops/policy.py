@@ -439,9 +439,7 @@ def policy_from_dict(data: dict[str, Any], where: str) -> Policy:
         for name, rule in (data.get("signals") or {}).items()
     }
     unknown = data.get("unknown") or {}
-    extra = sorted(set(unknown) - _UNKNOWN_KEYS)
-    if extra:
-        raise PolicyError(f"{where}: unknown key 'unknown.{extra[0]}'; valid: {', '.join(sorted(_UNKNOWN_KEYS))}")
+    _only_keys(unknown, "unknown", _UNKNOWN_KEYS, where)
     mode = unknown.get("mode", "fail-closed")
     if mode not in ("fail-open", "fail-closed"):
         raise PolicyError(f"{where}: unknown.mode {mode!r}; valid: fail-open, fail-closed")
@@ -475,19 +473,22 @@ def policy_from_dict(data: dict[str, Any], where: str) -> Policy:
     )
 
 
-def _admission_dwell(admission: dict, where: str) -> float | None:
-    extra = sorted(set(admission) - {"min_dwell_seconds"})
+def _only_keys(section: dict, name: str, valid: set[str], where: str) -> None:
+    """A section's keys are among `valid`: else one line naming the first other key and the valid ones."""
+    extra = sorted(set(section) - valid)
     if extra:
-        raise PolicyError(f"{where}: unknown key 'admission.{extra[0]}'; valid: min_dwell_seconds")
+        raise PolicyError(f"{where}: unknown key '{name}.{extra[0]}'; valid: {', '.join(sorted(valid))}")
+
+
+def _admission_dwell(admission: dict, where: str) -> float | None:
+    _only_keys(admission, "admission", {"min_dwell_seconds"}, where)
     if admission.get("min_dwell_seconds") is None:
         return None
     return _number(admission, "min_dwell_seconds", f"{where}: admission", low=0.0, high=86400.0)
 
 
 def _request_tokens(headroom: dict, where: str) -> int | None:
-    extra = sorted(set(headroom) - {"request_tokens"})
-    if extra:
-        raise PolicyError(f"{where}: unknown key 'headroom.{extra[0]}'; valid: request_tokens")
+    _only_keys(headroom, "headroom", {"request_tokens"}, where)
     tokens = headroom.get("request_tokens")
     if tokens is not None and not _whole(tokens, 1, MAX_TOKENS):
         raise PolicyError(

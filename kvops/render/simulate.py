@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvops.errors import KvopsError
-from kvops.simulate.results import request_rows
+from kvops.simulate.results import Summary, request_rows
 from kvops.units import format_bytes
 
 if TYPE_CHECKING:
@@ -117,7 +117,7 @@ def _arms_table(arms: tuple[ArmResult, ...]) -> list[str]:
     return lines
 
 
-def _degraded(summary) -> str:
+def _degraded(summary: Summary) -> str:
     """What a degrade policy did to the requests: refusals (each sent again after its Retry-After) and caps."""
     return (
         f"{summary.refusals:,} refusals with Retry-After, {summary.refused:,} requests given up after their "
