@@ -1,5 +1,6 @@
-"""An overload burst against a real OpenAI-compatible engine: the same requests every time (fixed seed), sent at
-once, with the engine's /metrics sampled while they run. Shared by the KV guard's tests and its benchmark."""
+"""An overload burst against a real OpenAI-compatible engine: the same requests every time (fixed seed), released
+to the scheduler at once and in the same order, with the engine's /metrics sampled while they run. Shared by the KV
+guard's tests, the simulator's engine test and their benchmarks."""
 
 from __future__ import annotations
 
@@ -11,8 +12,13 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
+import uuid
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TypeVar
+
+T = TypeVar("T")
 
 GAUGES = (
     "vllm:num_preemptions_total",
@@ -74,7 +80,10 @@ def burst(
     ]
 
 
-def complete(url: str, model: str, request: BurstRequest, timeout: float = 1800) -> Answer:
+def complete(
+    url: str, model: str, request: BurstRequest, request_id: str | None = None, timeout: float = 1800
+) -> Answer:
+    """`request` as a completion; `request_id`, when given, as its X-Request-Id header."""
     body = {
         "model": model,
         "prompt": request.prompt,
@@ -84,9 +93,8 @@ def complete(url: str, model: str, request: BurstRequest, timeout: float = 1800)
     }
     started = time.monotonic()
     try:
-        http = urllib.request.Request(
-            url + "/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
-        )
+        headers = {"Content-Type": "application/json", **({"X-Request-Id": request_id} if request_id else {})}
+        http = urllib.request.Request(url + "/v1/completions", json.dumps(body).encode(), headers)
         with urllib.request.urlopen(http, timeout=timeout) as response:
             answer = json.loads(response.read())
         choice = answer["choices"][0]
@@ -105,23 +113,54 @@ def gauges(metrics_text: str) -> dict[str, float]:
     return values
 
 
+def engine_call(server, path: str) -> None:
+    with urllib.request.urlopen(urllib.request.Request(server.url + path, b"", method="POST"), timeout=300):
+        pass
+
+
+def release_together(server, pool: ThreadPoolExecutor, count: int, send: Callable[[int, str], T]) -> list[Future[T]]:
+    """`send(index, request_id)` for `count` requests that reach vLLM's scheduler together and in index order,
+    however busy the machine: the scheduler paused (POST /pause?mode=keep), each request sent once the engine has
+    added the one before (it logs "Added request <id>"), then resumed (POST /resume) before this returns; `server` is
+    a VllmServer, which starts vLLM so (vllm/entrypoints/rl/online/api_router.py, vllm/v1/engine/async_llm.py).
+    `send` passes request_id as the X-Request-Id header, from which vLLM builds its own
+    (vllm/entrypoints/serve/engine/serving.py: `_base_request_id`)."""
+    tag, since = uuid.uuid4().hex[:8], server.log_size()
+    answers: list[Future[T]] = []
+    engine_call(server, "/pause?mode=keep")
+    try:
+        for index in range(count):
+            request_id = f"burst-{tag}-r{index}"
+            answers.append(pool.submit(send, index, request_id))
+            server.wait_logged(f"Added request cmpl-{request_id}-", since)
+    finally:
+        engine_call(server, "/resume")
+    return answers
+
+
 def run_burst(server, requests: list[BurstRequest], sample_every: float = 0.25) -> BurstRun:
-    """Send every request at once to `server` (a VllmServer) and wait for all answers."""
+    """Release every request at once to `server` (a VllmServer, `release_together`) and wait for all answers."""
     model = str(server.model)
     before = gauges(server.metrics())["vllm:num_preemptions_total"]
     samples: list[tuple[float, dict[str, float]]] = []
     done = threading.Event()
-    started = time.monotonic()
 
     def sample() -> None:
         while not done.is_set():
             samples.append((time.monotonic() - started, gauges(server.metrics())))
             done.wait(sample_every)
 
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
     with ThreadPoolExecutor(max_workers=len(requests)) as pool:
-        answers = list(pool.map(lambda request: complete(server.url, model, request), requests))
+        sent = release_together(
+            server,
+            pool,
+            len(requests),
+            lambda index, request_id: complete(server.url, model, requests[index], request_id),
+        )
+        started = time.monotonic()
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        answers = [answer.result() for answer in sent]
     seconds = time.monotonic() - started
     done.set()
     sampler.join()

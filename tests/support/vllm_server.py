@@ -34,7 +34,11 @@ def free_port() -> int:
 
 
 class VllmServer:
-    """`python -m vllm.entrypoints.openai.api_server` with dummy weights, on 127.0.0.1."""
+    """`python -m vllm.entrypoints.openai.api_server` with dummy weights, on 127.0.0.1.
+
+    It logs each request it adds to the engine (`--enable-log-requests`) and serves vLLM's dev-mode routes
+    (VLLM_SERVER_DEV_MODE=1: POST /pause and /resume, vllm/entrypoints/rl/online/api_router.py), so a test can queue a
+    burst in a known order and release it in one step (tests/support/burst.py: `release_together`)."""
 
     def __init__(
         self,
@@ -59,7 +63,7 @@ class VllmServer:
         return f"http://127.0.0.1:{self.port}"
 
     def command(self) -> list[str]:
-        return [*self.api_server(str(self.model), ["--dtype", "bfloat16"]), *self.args]
+        return [*self.api_server(str(self.model), ["--dtype", "bfloat16", "--enable-log-requests"]), *self.args]
 
     def api_server(self, model: str, flags: list[str]) -> list[str]:
         """vLLM's API server module on `model` with `flags`, dummy weights, on this server's port (the `vllm`
@@ -80,7 +84,9 @@ class VllmServer:
         ]
 
     def start(self) -> VllmServer:
-        env = checkout_env(HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", **self.env)
+        env = checkout_env(
+            HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", VLLM_SERVER_DEV_MODE="1", **self.env
+        )
         self.log_file = open(self.log_path, "w")
         self.process = subprocess.Popen(
             self.command(), stdout=self.log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True
@@ -106,6 +112,22 @@ class VllmServer:
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    def log_size(self) -> int:
+        return self.log_path.stat().st_size
+
+    def wait_logged(self, text: str, since: int = 0, timeout: float = STARTUP_TIMEOUT) -> None:
+        """Until the engine's log holds `text` after its first `since` bytes (it writes a line as it happens)."""
+        deadline = time.monotonic() + timeout
+        while text not in self.log_after(since):
+            if time.monotonic() > deadline or self.process.poll() is not None:
+                raise RuntimeError(f"vLLM did not log {text!r} within {timeout:.0f} s; log: {self.log_path}")
+            time.sleep(0.02)
+
+    def log_after(self, offset: int) -> str:
+        with self.log_path.open("rb") as log:
+            log.seek(offset)
+            return log.read().decode(errors="replace")
 
     def log_tail(self, lines: int = 30) -> str:
         return "\n".join(self.log_text().splitlines()[-lines:])
