@@ -17,10 +17,12 @@ A B C D E A B C D E ... and the machine's noise hits every arm alike):
   stock+watermark  vLLM's own scheduler keeping 5% of the blocks free when it admits (--watermark 0.05): the
                    engine's own knob against preemption, the nearest peer that runs here
   stock+degrade    vLLM's own scheduler behind kvops' degrade in its API server (--middleware; the shipped policy,
-                   where warn caps new tokens at 512 and critical answers 503 with Retry-After 10, or
+                   where warn caps new tokens at 512 and critical answers 503 with Retry-After 1, or
                    --degrade-policy FILE)
-  stock+degrade-dwell30  the same levelling with a 30 s dwell (bench/data/policy-admission-dwell-30.yaml), as the
-                   shipped policy had it before admission.min_dwell_seconds
+  stock+degrade-dwell30  the same levelling with a 30 s dwell and Retry-After 10
+                   (bench/data/policy-admission-dwell-30.yaml), as shipped before admission.min_dwell_seconds
+  stock+degrade-retry10  the shipped levelling with Retry-After 10 (bench/data/policy-admission-retry-10.yaml), as
+                   shipped before admission.retry_after_seconds
 
 Workloads (prompts, max_tokens, lengths and arrivals seeded by --seed and the repetition; the same for every arm),
 with a pool of P blocks each P/32 times as many requests:
@@ -115,9 +117,11 @@ ARMS = (
     "stock+watermark",
     "stock+degrade",
     "stock+degrade-dwell30",
+    "stock+degrade-retry10",
 )
 MIDDLEWARE = "kvops_vllm.middleware.KVOpsMiddleware"
 DWELL_30 = REPO / "bench" / "data" / "policy-admission-dwell-30.yaml"
+RETRY_10 = REPO / "bench" / "data" / "policy-admission-retry-10.yaml"
 # guard v2's fallback where the pool runs short (guard v3's is the plugin's default)
 V2_FALLBACK = (("KVOPS_PAUSE_STEPS", "32"), ("KVOPS_PREEMPT", "least-computed"), ("KVOPS_RESUME", "first"))
 
@@ -136,6 +140,7 @@ def arms(queue_cap: int, quantiles: list[str], degrade_policy: str | None = None
             "stock+degrade", ("--middleware", MIDDLEWARE), (("KVOPS_POLICY", degrade_policy),) if degrade_policy else ()
         ),
         Arm("stock+degrade-dwell30", ("--middleware", MIDDLEWARE), (("KVOPS_POLICY", str(DWELL_30)),)),
+        Arm("stock+degrade-retry10", ("--middleware", MIDDLEWARE), (("KVOPS_POLICY", str(RETRY_10)),)),
     ]
 
 

@@ -204,6 +204,17 @@ class SignalRule:
 
 
 @frozen
+class Admission:
+    """Where the in-process admission (vLLM's `--middleware`) departs from the watcher's levels; None: as they are."""
+
+    min_dwell_seconds: float | None = None
+    retry_after_seconds: int | None = None  # for every level that refuses
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"min_dwell_seconds": self.min_dwell_seconds, "retry_after_seconds": self.retry_after_seconds}
+
+
+@frozen
 class Policy:
     thresholds: dict[Level, float]
     hysteresis: float
@@ -217,16 +228,24 @@ class Policy:
     request_tokens: int | None = None  # headroom: KV tokens one request holds at its peak (None: the engine's context)
     gpu_memory_below: float = 0.80  # the share of the device weights, overheads and the KV blocks in use stay under
     priorities: Priorities = field(default_factory=Priorities)
-    admission_dwell_seconds: float | None = None  # the in-process admission's dwell (None: min_dwell_seconds)
+    admission: Admission = field(default_factory=Admission)
 
     def for_admission(self) -> Policy:
-        """The policy as the in-process admission (vLLM's `--middleware`) levels each request: with its own dwell.
+        """The policy as the in-process admission (vLLM's `--middleware`) levels each request: with its own dwell
+        and Retry-After where the `admission` section sets them.
 
         The watcher's level feeds alerts and autoscalers, which must not flap; the admission judges each request on
         the KV usage it meets, and a dwell there only keeps refusing after the pressure is gone."""
-        if self.admission_dwell_seconds is None:
-            return self
-        return replace(self, min_dwell_seconds=self.admission_dwell_seconds)
+        admission = self.admission
+        dwell = self.min_dwell_seconds if admission.min_dwell_seconds is None else admission.min_dwell_seconds
+        retry = admission.retry_after_seconds
+        actions = {
+            level: limits
+            if retry is None or limits.retry_after_seconds is None
+            else replace(limits, retry_after_seconds=retry)
+            for level, limits in self.actions.items()
+        }
+        return replace(self, min_dwell_seconds=dwell, actions=actions)
 
     def raw_level(self, usage: float) -> Level:
         """The level usage alone implies, without hysteresis."""
@@ -268,7 +287,7 @@ class Policy:
                 "sheddable_above": self.priorities.sheddable_above,
                 "protected_below": self.priorities.protected_below,
             },
-            "admission": {"min_dwell_seconds": self.for_admission().min_dwell_seconds},
+            "admission": self.admission.to_dict(),
         }
 
     def in_grace(self, failures: int, since_good: float | None) -> bool:
@@ -469,7 +488,7 @@ def policy_from_dict(data: dict[str, Any], where: str) -> Policy:
         _request_tokens(data.get("headroom") or {}, where),
         _fraction(data.get("gpu_memory") or {}, "below", f"{where}: gpu_memory"),
         _priorities(data, where),
-        _admission_dwell(data.get("admission") or {}, where),
+        _admission(data.get("admission") or {}, where),
     )
 
 
@@ -480,11 +499,17 @@ def _only_keys(section: dict, name: str, valid: set[str], where: str) -> None:
         raise PolicyError(f"{where}: unknown key '{name}.{extra[0]}'; valid: {', '.join(sorted(valid))}")
 
 
-def _admission_dwell(admission: dict, where: str) -> float | None:
-    _only_keys(admission, "admission", {"min_dwell_seconds"}, where)
-    if admission.get("min_dwell_seconds") is None:
-        return None
-    return _number(admission, "min_dwell_seconds", f"{where}: admission", low=0.0, high=86400.0)
+def _admission(admission: dict, where: str) -> Admission:
+    _only_keys(admission, "admission", {"min_dwell_seconds", "retry_after_seconds"}, where)
+    dwell = admission.get("min_dwell_seconds")
+    if dwell is not None:
+        dwell = _number(admission, "min_dwell_seconds", f"{where}: admission", low=0.0, high=86400.0)
+    retry = admission.get("retry_after_seconds")
+    if retry is not None and not _whole(retry, 1, 86400):
+        raise PolicyError(
+            f"{where}: admission.retry_after_seconds {retry!r} must be a whole number from 1 to 86,400, or null"
+        )
+    return Admission(dwell, retry)
 
 
 def _request_tokens(headroom: dict, where: str) -> int | None:

@@ -6,6 +6,7 @@ from kvops.policy import (
     Level,
     LevelTracker,
     PolicyError,
+    RequestClass,
     RequestParams,
     clamp,
     default_policy_text,
@@ -61,13 +62,28 @@ def test_the_in_process_admission_levels_with_its_own_dwell(tmp_path):
     path.write_text("min_dwell_seconds: 30\nadmission:\n  min_dwell_seconds: 2\n")
     policy = load_policy(path)
     assert policy.min_dwell_seconds == 30 and policy.for_admission().min_dwell_seconds == 2
-    assert policy.to_dict()["admission"] == {"min_dwell_seconds": 2}
+    assert policy.to_dict()["admission"] == {"min_dwell_seconds": 2, "retry_after_seconds": 1}
     tracker = LevelTracker(policy.for_admission())
     assert tracker.update(0.96, now=0) == Level.CRITICAL
     assert tracker.update(0.10, now=1) == Level.CRITICAL
     assert tracker.update(0.10, now=3) == Level.OK
-    path.write_text("admission:\n  min_dwell_seconds: null\n")  # none of its own: the watcher's
+    path.write_text("admission:\n  min_dwell_seconds: null\n  retry_after_seconds: null\n")  # the watcher's
     assert load_policy(path).for_admission() == load_policy(path)
+
+
+def test_the_in_process_admission_refuses_with_its_own_retry_after(tmp_path):
+    shipped = load_policy()
+    assert shipped.limits(Level.CRITICAL).retry_after_seconds == 10  # the watcher's proxy, alerts and runbooks
+    admission = shipped.for_admission()
+    assert admission.limits(Level.CRITICAL).refusal().retry_after_seconds == 1
+    assert admission.limits(Level.DEGRADE).refusal(RequestClass.SHEDDABLE).retry_after_seconds == 1
+    assert admission.limits(Level.WARN).retry_after_seconds is None  # a level that refuses nothing gets none
+    path = tmp_path / "policy.yaml"
+    path.write_text("admission:\n  retry_after_seconds: 0\n")
+    with pytest.raises(
+        PolicyError, match=r"admission.retry_after_seconds 0 must be a whole number from 1 to 86,400, or null"
+    ):
+        load_policy(path)
 
 
 def test_signal_floor_holds_the_level():
@@ -117,7 +133,10 @@ def test_clamp():
         ("levels: [\n", "not valid YAML at line"),
         ("surprise: 1\n", "unknown key 'surprise'"),
         ("admission:\n  min_dwell_seconds: -1\n", "admission.min_dwell_seconds -1 must be a number in [0, 86400]"),
-        ("admission:\n  hysteresis: 0\n", "unknown key 'admission.hysteresis'; valid: min_dwell_seconds"),
+        (
+            "admission:\n  hysteresis: 0\n",
+            "unknown key 'admission.hysteresis'; valid: min_dwell_seconds, retry_after_seconds",
+        ),
     ],
 )
 def test_bad_policy_is_one_line_naming_the_key(tmp_path, text, message):

@@ -190,7 +190,7 @@ def test_degrade_forces_one_sequence():
 def test_critical_answers_503_with_retry_after_in_vllms_shape_and_vllm_sees_nothing():
     app = Stub()
     answer = call(middleware(app, CRITICAL))
-    assert answer.status == 503 and answer.headers["retry-after"] == "10"
+    assert answer.status == 503 and answer.headers["retry-after"] == "1"
     assert answer.headers["x-kvops-level"] == "critical" and answer.headers["content-type"] == "application/json"
     error = answer.json()["error"]
     assert (
@@ -212,7 +212,7 @@ def test_the_priority_header_counts_only_from_the_gateways_networks():
     assert call(middleware(Stub(), CRITICAL), headers=protected).status == 503
     # from the gateway's network: degrade refuses the sheddable with 429, critical serves the protected, clamped
     answer = call(middleware(Stub(), DEGRADE, trust="10.0.0.0/8"), headers=shed)
-    assert answer.status == 429 and answer.headers["retry-after"] == "10"
+    assert answer.status == 429 and answer.headers["retry-after"] == "1"
     assert answer.json()["error"]["type"] == "Too Many Requests"
     app = Stub()
     answer = call(middleware(app, CRITICAL, trust="10.0.0.0/8"), headers=protected)
@@ -230,7 +230,7 @@ def test_a_list_of_prompts_counts_as_that_many_requests_where_the_level_runs_one
     answer = call(middleware(app, DEGRADE), body=body)
     assert (
         answer.status == 429
-        and answer.headers["retry-after"] == "10"
+        and answer.headers["retry-after"] == "1"
         and "3 prompts" in answer.json()["error"]["message"]
     )
     assert len(app.calls) == 1
@@ -309,7 +309,7 @@ def test_levels_rise_at_once_and_fall_with_hysteresis_and_a_log_line():
         usage.value = 0.78  # 0.78 + 0.05 is under degrade's 0.85: down to warn in one step
         assert call(guard).headers["x-kvops-level"] == "warn"
     assert lines == [
-        "kvops middleware: level ok -> critical (KV 97.0%): rejected with 503 and Retry-After: 10",
+        "kvops middleware: level ok -> critical (KV 97.0%): rejected with 503 and Retry-After: 1",
         "kvops middleware: level critical -> warn (KV 78.0%): capped at 512 new tokens",
     ]
 
@@ -414,7 +414,7 @@ def test_added_as_vllm_adds_it(monkeypatch):
             assert response.json() == {"max_tokens": 512} and response.headers["x-kvops-level"] == "warn"
             gauge.labels("m", "0").set(CRITICAL)
             response = client.post("/v1/completions", json={"model": "m", "prompt": "hi", "max_tokens": 900})
-            assert response.status_code == 503 and response.headers["retry-after"] == "10"
+            assert response.status_code == 503 and response.headers["retry-after"] == "1"
     finally:
         REGISTRY.unregister(gauge)
         for name in ("kvops_middleware_requests", "kvops_middleware_clamped", "kvops_middleware_rejected"):

@@ -14,13 +14,13 @@ def test_each_level_answers_as_the_middleware_does():
     answer = door(load_policy())
     assert answer(0.0, 0.50) == Admission()
     assert answer(1.0, 0.75) == Admission(max_tokens=512)  # warn: new tokens capped
-    assert answer(2.0, 0.96) == Admission(retry_after_s=10.0)  # critical: 503 with Retry-After 10
+    assert answer(2.0, 0.96) == Admission(retry_after_s=1.0)  # critical: 503 with the admission's Retry-After 1
 
 
 def test_the_shipped_admission_steps_down_as_soon_as_usage_allows():
     answer = door(load_policy())
     answer(0.0, 0.96)
-    assert answer(0.1, 0.92) == Admission(retry_after_s=10.0)  # within the hysteresis
+    assert answer(0.1, 0.92) == Admission(retry_after_s=1.0)  # within the hysteresis
     assert answer(0.2, 0.10) == Admission()
 
 
@@ -29,7 +29,7 @@ def test_an_admission_dwell_holds_the_level_in_simulated_seconds(tmp_path):
     path.write_text("admission: {min_dwell_seconds: 30}\n")
     answer = door(load_policy(path))
     answer(0.0, 0.96)
-    assert answer(29.0, 0.10) == Admission(retry_after_s=10.0)
+    assert answer(29.0, 0.10) == Admission(retry_after_s=1.0)
     assert answer(31.0, 0.10) == Admission()
 
 
