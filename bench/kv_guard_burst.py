@@ -3,8 +3,9 @@
     python bench/kv_guard_burst.py [--requests 32] [--seed 0] [--prompt-tokens 32-384] [--new-tokens 64-640] [--json]
 
 Both runs start the same engine (the locally built tiny llama, dummy weights, a 4 MiB KV pool: 31 usable blocks
-of 128 tokens) and send it the same requests at once: fixed seed, prompts of random token ids, ignore_eos so each
-request generates exactly its max_tokens. Figures: requests completed, vllm:num_preemptions_total, end-to-end
+of 128 tokens) and release the same requests to its scheduler at once, in one order (tests/support/burst.py:
+release_together): fixed seed, prompts of random token ids, ignore_eos so each request generates exactly its
+max_tokens. Figures: requests completed, vllm:num_preemptions_total, end-to-end
 latency p50/p99 as the client sees it, and the queue drain (burst start until vllm:num_requests_waiting was last
 seen above 0, sampled every 0.25 s, and until the last answer). 5-10 minutes on 2 cores, mostly engine startup.
 """

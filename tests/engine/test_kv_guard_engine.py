@@ -215,8 +215,9 @@ def test_unknown_lengths_end_where_the_engine_samples_the_stop_and_the_overflow_
     assert {answer["choices"][0]["finish_reason"] for answer in answers} == {"stop"}
 
 
-def completion_unknown(engine, prompt: str, body: dict, request_id: str) -> dict:
-    status, text = post(engine, "/v1/completions", {"prompt": prompt, **body}, {"X-Request-Id": request_id})
+def completion_unknown(engine, prompt: str, body: dict, request_id: str | None = None) -> dict:
+    headers = {"X-Request-Id": request_id} if request_id else {}
+    status, text = post(engine, "/v1/completions", {"prompt": prompt, **body}, headers)
     assert status == 200, text
     return json.loads(text)
 
