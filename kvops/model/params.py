@@ -62,6 +62,8 @@ def count_parameters(
     if shape.model_type == "opt":
         embeddings += (int(text.get("max_position_embeddings") or 0) + 2) * hidden  # learned positions, offset 2
     lm_head = 0 if text.get("tie_word_embeddings", shape.model_type in _TIED_BY_DEFAULT) else vocab * embed_dim
+    if lm_head and shape.model_type in _LM_HEAD_BIAS:
+        lm_head += vocab
 
     kinds = layers or (None,) * num_layers
     per_layer = tuple(shape.decoder_layer(index, kind) for index, kind in enumerate(kinds))
@@ -69,7 +71,7 @@ def count_parameters(
         shape.routed_experts() if shape.mlp_kind(index) == "moe" else 0 for index in range(num_layers)
     )
     blocks, experts = sum(per_layer), sum(layer_experts)
-    final_norm = 2 * hidden if shape.model_type == "opt" else hidden  # OPT's LayerNorm has a bias
+    final_norm = 2 * hidden if shape.model_type in _LAYER_NORM else hidden  # a LayerNorm has a bias
     total = embeddings + lm_head + blocks + final_norm + _per_layer_embeddings(text, hidden, num_layers)
     return ParameterCount(
         total=total,
@@ -125,6 +127,16 @@ def _mtp(shape: _Shape, vocab: int, kinds: tuple) -> int:
 
 
 _TIED_BY_DEFAULT = {"opt", "gemma", "gemma2", "gemma3", "gemma3_text", "gemma4_text"}
+# Families whose modules carry biases the config does not flag (attention_bias / mlp_bias absent or false):
+_QKV_BIAS = {"qwen2", "qwen2_moe", "opt", "gpt_oss", "phi"}  # q, k and v projections
+_OUT_BIAS = {"opt", "gpt_oss", "phi"}  # the attention output projection
+_LM_HEAD_BIAS = {"phi"}  # an untied head with a bias per vocabulary entry
+# LayerNorm (weight and bias) instead of RMSNorm; a plain two-matrix MLP (fc1, fc2) with biases instead of SwiGLU
+_LAYER_NORM = {"opt", "phi"}
+_PLAIN_MLP = {"opt", "phi"}
+# One norm per block: Cohere and Phi-2 run attention and MLP in parallel on the same normed input, Nemotron-H's
+# blocks hold one mixer each
+_ONE_NORM_PER_BLOCK = {"cohere", "nemotron_h", "phi"}
 # one head_dim-wide norm for q and one for k
 _QK_NORM_PER_HEAD = {"qwen3", "qwen3_moe", "gemma3", "gemma3_text", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"}
 _MTP_SHARES_EMBEDDINGS = {"glm_moe_dsa"}
@@ -185,13 +197,12 @@ class _Shape:
         return 0
 
     def norms(self, kind: CacheKind | None, mlp: str) -> int:
-        if self.model_type == "opt":
-            return 4 * self.hidden  # two LayerNorms with bias
+        per_norm = 2 * self.hidden if self.model_type in _LAYER_NORM else self.hidden  # a LayerNorm has a bias
         if self.model_type in {"gemma2", "gemma3", "gemma3_text"}:
             return 4 * self.hidden  # pre and post norms around attention and MLP
-        if self.model_type in {"cohere", "nemotron_h"}:
-            return self.hidden  # one norm per block
-        return 2 * self.hidden
+        if self.model_type in _ONE_NORM_PER_BLOCK:
+            return per_norm
+        return 2 * per_norm
 
     def mlp_kind(self, index: int) -> str:
         """ "dense", "moe" or "none" for layer `index`, by the family's rule."""
@@ -221,8 +232,8 @@ class _Shape:
         return self.text.get("mlp_hidden_act") != "relu2"
 
     def dense_mlp(self) -> int:
-        if self.model_type == "opt":
-            ffn = _field(self.text, "ffn_dim")
+        if self.model_type in _PLAIN_MLP:  # fc1 and fc2 with their biases
+            ffn = _field(self.text, "ffn_dim" if "ffn_dim" in self.text else "intermediate_size")
             return 2 * self.hidden * ffn + ffn + self.hidden
         if self.model_type == "granitemoehybrid":  # no dense MLP: the shared MLP beside (or without) the experts
             return 3 * self.hidden * int(self.text.get("shared_intermediate_size") or 0)
@@ -327,9 +338,9 @@ def _gqa_attention(text: dict, hidden: int, num_heads: int, kv_heads: int, head_
     kv = 2 * hidden * kv_heads * head_dim
     out = num_heads * head_dim * hidden
     bias = 0
-    if text.get("attention_bias") or text.get("model_type") in {"qwen2", "opt", "gpt_oss"}:
+    if text.get("attention_bias") or text.get("model_type") in _QKV_BIAS:
         bias = num_heads * head_dim + 2 * kv_heads * head_dim
-        if text.get("model_type") in {"opt", "gpt_oss"}:
+        if text.get("model_type") in _OUT_BIAS:
             bias += hidden  # output projection bias
     sinks = num_heads if text.get("model_type") == "gpt_oss" else 0
     return q + kv + out + bias + sinks

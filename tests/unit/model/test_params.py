@@ -53,3 +53,56 @@ def test_what_the_engine_does_not_load_is_left_out():
     small = by_id["Qwen/Qwen3-0.6B"]
     spec = catalog_spec(small)
     assert spec.parameters == small.parameters - spec.vocab_size * spec.hidden_size
+
+
+def _count(config: dict) -> int:
+    from kvops.model.config import spec_from_config
+
+    return spec_from_config(config, name="tiny", source="catalog", where="tiny").count.checkpoint
+
+
+def test_phi_counts_its_biases_plain_mlp_and_one_layernorm_per_block():
+    """Phi (PhiForCausalLM): q/k/v and dense with biases, fc1/fc2 with biases (no gate), one LayerNorm with bias
+    per block (attention and MLP in parallel), a final LayerNorm and an untied head with a bias."""
+    hidden, inter, vocab, layers = 8, 32, 50, 2
+    config = {
+        "architectures": ["PhiForCausalLM"],
+        "model_type": "phi",
+        "hidden_size": hidden,
+        "intermediate_size": inter,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 2,
+        "num_hidden_layers": layers,
+        "partial_rotary_factor": 0.4,
+        "tie_word_embeddings": False,
+        "vocab_size": vocab,
+    }
+    attention = 4 * (hidden * hidden + hidden)
+    mlp = hidden * inter + inter + inter * hidden + hidden
+    block = attention + mlp + 2 * hidden
+    assert _count(config) == vocab * hidden + layers * block + 2 * hidden + (vocab * hidden + vocab)
+
+
+def test_qwen2_moe_counts_its_qkv_biases():
+    """Qwen2-MoE's q/k/v projections carry biases, as Qwen2's do, though its config has no attention_bias."""
+    config = {
+        "architectures": ["Qwen2MoeForCausalLM"],
+        "model_type": "qwen2_moe",
+        "hidden_size": 8,
+        "intermediate_size": 16,
+        "moe_intermediate_size": 4,
+        "shared_expert_intermediate_size": 16,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "num_hidden_layers": 2,
+        "tie_word_embeddings": False,
+        "vocab_size": 50,
+    }
+    hidden, heads, kv_heads, head_dim, layers, vocab = 8, 2, 1, 4, 2, 50
+    attention = hidden * heads * head_dim * 2 + 2 * hidden * kv_heads * head_dim
+    qkv_bias = heads * head_dim + 2 * kv_heads * head_dim
+    moe = 4 * 3 * hidden * 4 + hidden * 4 + (3 * hidden * 16 + hidden)  # experts, router, shared expert and its gate
+    block = attention + qkv_bias + moe + 2 * hidden
+    assert _count(config) == 2 * vocab * hidden + layers * block + hidden
