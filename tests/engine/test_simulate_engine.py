@@ -1,7 +1,8 @@
 """`kvops simulate` against the real vLLM CPU engine: the same burst of exact-length requests through the stock engine
 (the session's 4 MiB pool) and through `kvops simulate` planned for that engine. The burst reaches the engine's
 scheduler at once and in a known order (`release_together`), and the simulator gets it at time 0 in that order, so
-the machine's load cannot reorder it. Together the requests need several times the pool: preemptions and the order
+the machine's load cannot reorder it; the engine's completion order is the order its API server answered
+(`served_order`), which the load cannot reorder either. Together the requests need several times the pool: preemptions and the order
 requests complete in are then the scheduler's and the KV pool's alone, and must agree. How long steps take is
 scored elsewhere (bench/simulate_vs_engine.py)."""
 
@@ -9,12 +10,11 @@ from __future__ import annotations
 
 import csv
 import json
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.support.burst import burst, complete, gauges, release_together
+from tests.support.burst import Answer, burst, complete, gauges, release_together, served_order
 from tests.support.vllm_server import DEFAULT_KV_BYTES
 
 pytestmark = [pytest.mark.engine, pytest.mark.vllm]
@@ -34,15 +34,15 @@ def kendall_tau(first: list[int], second: list[int]) -> float:
 
 def test_a_burst_preempts_and_completes_in_the_simulator_as_on_the_engine(vllm_engine, tiny_model, run_kvops, tmp_path):
     requests = burst(16, seed=21)
-    before = gauges(vllm_engine.metrics())[PREEMPTIONS]
+    before, since = gauges(vllm_engine.metrics())[PREEMPTIONS], vllm_engine.log_size()
 
-    def send(index: int, request_id: str) -> float:
+    def send(index: int, request_id: str) -> Answer:
         answer = complete(vllm_engine.url, str(vllm_engine.model), requests[index], request_id)
         assert answer.finish_reason == "length" and answer.completion_tokens == requests[index].max_tokens
-        return time.monotonic()
+        return answer
 
     with ThreadPoolExecutor(len(requests)) as pool:
-        finished = [answer.result() for answer in release_together(vllm_engine, pool, len(requests), send)]
+        answers = [answer.result() for answer in release_together(vllm_engine, pool, len(requests), send)]
     preempted = gauges(vllm_engine.metrics())[PREEMPTIONS] - before
     assert preempted > 0
 
@@ -57,7 +57,8 @@ def test_a_burst_preempts_and_completes_in_the_simulator_as_on_the_engine(vllm_e
     simulated = [float(row["sent_ms"]) + float(row["e2e_ms"]) for row in csv.DictReader(table.open())]
 
     assert arm["preemptions"] == preempted  # 12 on both, every run
-    engine_order = sorted(range(len(requests)), key=finished.__getitem__)
+    engine_order = served_order(vllm_engine, answers, since)
     simulated_order = sorted(range(len(requests)), key=simulated.__getitem__)
-    # 0.98-1.0 here: requests that end in the same step reach their clients in either order
+    assert sorted(engine_order) == list(range(len(requests)))
+    # 0.98-1.0 here: requests that end in the same step are answered in either order
     assert kendall_tau(engine_order, simulated_order) >= 0.8

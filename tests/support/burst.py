@@ -4,13 +4,14 @@ guard's tests, the simulator's engine test and their benchmarks."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import math
 import random
 import re
 import threading
 import time
-import urllib.error
+import urllib.parse
 import urllib.request
 import uuid
 from collections.abc import Callable
@@ -41,6 +42,7 @@ class Answer:
     completion_tokens: int
     seconds: float  # end to end, as the client sees it
     error: str | None = None
+    client_port: int = 0  # the client's end of the connection, as the engine's access log names it
 
 
 @dataclass
@@ -83,7 +85,7 @@ def burst(
 def complete(
     url: str, model: str, request: BurstRequest, request_id: str | None = None, timeout: float = 1800
 ) -> Answer:
-    """`request` as a completion; `request_id`, when given, as its X-Request-Id header."""
+    """`request` as a completion on a connection of its own; `request_id`, when given, as its X-Request-Id header."""
     body = {
         "model": model,
         "prompt": request.prompt,
@@ -91,18 +93,34 @@ def complete(
         "ignore_eos": True,
         "temperature": 0,
     }
+    headers = {"Content-Type": "application/json", **({"X-Request-Id": request_id} if request_id else {})}
+    address = urllib.parse.urlsplit(url)
+    connection = http.client.HTTPConnection(address.hostname, address.port, timeout=timeout)
     started = time.monotonic()
     try:
-        headers = {"Content-Type": "application/json", **({"X-Request-Id": request_id} if request_id else {})}
-        http = urllib.request.Request(url + "/v1/completions", json.dumps(body).encode(), headers)
-        with urllib.request.urlopen(http, timeout=timeout) as response:
-            answer = json.loads(response.read())
-        choice = answer["choices"][0]
-        return Answer(
-            response.status, choice["finish_reason"], answer["usage"]["completion_tokens"], time.monotonic() - started
-        )
-    except urllib.error.HTTPError as exc:
-        return Answer(exc.code, None, 0, time.monotonic() - started, exc.read().decode(errors="replace")[:300])
+        connection.connect()
+        port = connection.sock.getsockname()[1]
+        connection.request("POST", "/v1/completions", json.dumps(body), headers)
+        response = connection.getresponse()
+        payload = response.read()
+    finally:
+        connection.close()
+    seconds = time.monotonic() - started
+    if response.status != 200:
+        return Answer(response.status, None, 0, seconds, payload.decode(errors="replace")[:300], port)
+    answer = json.loads(payload)
+    choice = answer["choices"][0]
+    return Answer(response.status, choice["finish_reason"], answer["usage"]["completion_tokens"], seconds, None, port)
+
+
+def served_order(server, answers: list[Answer], since: int) -> list[int]:
+    """The indices of `answers` in the order vLLM's API server answered them, from its access log after byte
+    `since` (uvicorn logs each response as it starts it, `INFO: 127.0.0.1:PORT - "POST ..." 200 OK`, and the API
+    server answers in the order the engine finished them): unlike the time an answer reaches its client, this order
+    holds however long the machine keeps the client from running."""
+    where = {answer.client_port: index for index, answer in enumerate(answers)}
+    ports = re.findall(r'127\.0\.0\.1:(\d+) - "POST /v1/completions', server.log_after(since))
+    return [where[int(port)] for port in ports if int(port) in where]
 
 
 def gauges(metrics_text: str) -> dict[str, float]:
