@@ -194,13 +194,31 @@ def pool(kv_budget: int, bytes_per_token: int, block_size: int) -> TgiPool:
 CALIBRATE_HINT = common.CALIBRATE_HINT.replace("--vllm-log", "--tgi-log")
 
 
-def activation_model(spec: ModelSpec, prefill: int, tp: int) -> tuple[int, str]:
-    """kvops' physical model of the warmup prefill's peak: the forward pass and the prefill logprobs' logits (the
-    warmup batch asks for `prefill_logprobs`), 16-bit logits and their log-softmax, kept in PyTorch's cache when TGI
-    reads the free memory."""
-    forward = common.forward_activation_peak(spec, prefill, tp)
-    logits = prefill * spec.vocab_size * (2 + 2)
-    return forward + logits, f"warmup prefill of {prefill} tokens: forward {forward} B + prefill logits {logits} B"
+def activation_model(inputs: PlanInputs, release: TgiRelease, prefill: int) -> tuple[int, str]:
+    """kvops' physical model of the warmup prefill's peak, kept in PyTorch's cache when TGI reads the free memory:
+    the forward pass and the logits of the prefill (warmup_logits)."""
+    forward = common.forward_activation_peak(inputs.spec, prefill, inputs.tp)
+    logits, which = warmup_logits(inputs, release, prefill)
+    return forward + logits, f"warmup prefill of {prefill} tokens: forward {forward} B + {which}"
+
+
+def warmup_logits(inputs: PlanInputs, release: TgiRelease, prefill: int) -> tuple[int, str]:
+    """The warmup prefill's logits at their peak. The router's warmup batch asks for prefill logprobs
+    (`backends/v3/src/client/grpc_client.rs`, `warmup`). Before 3.0 they are computed over every prefill token: 16-bit
+    logits and, before 2.4, their log-softmax as a copy (2.4 takes it in place: #2661, `flash_causal_lm.py`); with tp
+    > 1 the LM head also holds the shard's own slice beside the gathered logits (`layers/tensor_parallel.py`,
+    `TensorParallelHead`). From 3.0 the server drops prefill logprobs unless REQUEST_LOGPROBS=1 (#2797,
+    `models/globals.py`): each warmup request's last token alone."""
+    spec, tp = inputs.spec, inputs.tp
+    per_logit = 2 + (2 / tp if tp > 1 else 0)
+    if release.version.at_least(3, 0):
+        requests = -(-prefill // inputs.max_input_tokens) if inputs.max_input_tokens else 1
+        logits = ceil(requests * spec.vocab_size * per_logit)
+        return logits, f"last-token logits of {requests} warmup request(s) {logits} B (no prefill logprobs from 3.0)"
+    if not release.version.at_least(2, 4):
+        per_logit = max(per_logit, 4)  # the log-softmax copy beside the logits
+    logits = ceil(prefill * spec.vocab_size * per_logit)
+    return logits, f"prefill logits {logits} B ({per_logit:g} B per logit: the warmup's prefill logprobs)"
 
 
 def memory_terms(inputs: PlanInputs, release: TgiRelease, prefill: int) -> tuple[list[Term], int]:
@@ -269,7 +287,7 @@ def _fit(inputs: PlanInputs, release: TgiRelease) -> FamilyFit:
 
 def _estimated_overheads(inputs: PlanInputs, release: TgiRelease, prefill: int) -> list[Term]:
     fit = _fit(inputs, release)
-    model, which = activation_model(inputs.spec, prefill, inputs.tp)
+    model, which = activation_model(inputs, release, prefill)
     logs = (
         f"{fit.logs} public {fit.family} startup logs"
         if fit.family != POOLED

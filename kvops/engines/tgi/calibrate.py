@@ -114,7 +114,7 @@ def observation(log: TgiLog, plan: Plan, source: str) -> Observation | None:
     if not total_tokens or log.get("no_automatic_total") or not isinstance(capacity, TgiCapacity):
         return None
     assert isinstance(release, TgiRelease)
-    model, _ = budget.activation_model(plan.inputs.spec, capacity.max_batch_prefill_tokens, plan.inputs.tp)
+    model, _ = budget.activation_model(plan.inputs, release, capacity.max_batch_prefill_tokens)
     budget_term = next(term.bytes for term in plan.memory if term.name == "budget")
     return Observation(
         source,

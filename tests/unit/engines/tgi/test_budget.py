@@ -12,10 +12,14 @@ from kvops.engines.tgi.budget import (
     reservation_tokens,
     resolve_attention,
     tgi_kv_dtype,
+    warmup_logits,
 )
 from kvops.engines.tgi.flags import validation_errors
+from kvops.engines.tgi.releases import release
 from kvops.errors import UsageError
+from kvops.gpus import find_gpu
 from kvops.model import load_model
+from kvops.plan import PlanInputs
 
 
 def test_attention_backend_and_block_size_follow_resolve_attention():
@@ -91,3 +95,27 @@ def test_deepseek_in_tgi_caches_full_heads_of_nope_plus_rope():
     assert (
         head_size(load_model("deepseek-v3")) == 128 + 64
     )  # max(qk_nope + qk_rope, v_head_dim 128), not the 576 latent
+
+
+@pytest.mark.parametrize(
+    ("version", "tp", "per_logit"),
+    [
+        ("2.3.1", 1, 4),  # 16-bit logits and their log-softmax copy
+        ("2.3.1", 2, 4),  # the LM head's gather (2 + 1 B) stays below the copy's peak
+        ("2.4.1", 1, 2),  # log_softmax in place (#2661)
+        ("2.4.1", 2, 3),  # the gathered logits beside the shard's own half
+    ],
+)
+def test_warmup_logits_before_3_0_cover_every_prefill_token(version, tp, per_logit):
+    inputs = PlanInputs("tgi", load_model("llama-3-8b"), find_gpu("H100-80GB"), tp=tp)
+    logits, _ = warmup_logits(inputs, release(version), 4096)
+    assert logits == 4096 * 128256 * per_logit
+
+
+def test_warmup_logits_from_3_0_are_each_warmup_requests_last_token():
+    """3.0 drops prefill logprobs unless REQUEST_LOGPROBS=1: the router's warmup requests each sample one token."""
+    spec, gpu = load_model("llama-3-8b"), find_gpu("H100-80GB")
+    one, _ = warmup_logits(PlanInputs("tgi", spec, gpu), release("3.0.1"), 4096)  # max input unset: one request
+    assert one == 128256 * 2
+    split, _ = warmup_logits(PlanInputs("tgi", spec, gpu, tp=2, max_input_tokens=1000), release("3.3.7"), 4096)
+    assert split == 5 * 128256 * 3  # 4096 prefill tokens in requests of at most 1000
