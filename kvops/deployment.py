@@ -95,6 +95,7 @@ class DeploymentOptions:
 
     def plan_inputs(self, workload: Workload | None = None) -> PlanInputs:
         """The planner's inputs: the model loaded, the GPU resolved, the files read."""
+        from kvops.cpu_features import has_amx_tiles
         from kvops.gpus import resolve_gpu
         from kvops.model import load_model
 
@@ -125,6 +126,7 @@ class DeploymentOptions:
             cpu_offload_bytes=self.cpu_offload_bytes,
             command_lines=self.command_lines,
             device=self.device,
+            cpu_amx=self.device == "cpu" and has_amx_tiles(),
             max_model_len=self.max_model_len,
             workload=workload if workload is not None else self.request_workload(),
             concurrency=self.concurrency,

@@ -89,6 +89,7 @@ class PlanInputs:
     text_only: bool = False  # vLLM --language-model-only: the vision tower is not loaded
     speculative: Speculative | None = None
     device: str = "gpu"  # "cpu" plans vLLM's CPU build (block size 128, no async scheduling)
+    cpu_amx: bool = False  # the CPU build's host has AMX tiles: vLLM's AMX MLA kernel (MLA blocks of 128, not 16)
     max_model_len: int | str | None = None  # tokens, "auto", or None for the model's max_position_embeddings
     workload: Workload = field(default_factory=Workload)
     concurrency: int | str | None = None  # requests, "auto", or None

@@ -34,6 +34,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "kvops.speculative",
             "kvops.tokens",
             "kvops.nvidia_smi",
+            "kvops.cpu_features",
             "kvops.catalog",
             "kvops.data",
         ),

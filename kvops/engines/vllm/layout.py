@@ -37,7 +37,7 @@ from kvops.model.spec import LayerKind, MambaState, ModelSpec, MultiLatentAttent
 GPU_BLOCK_SIZE = 16  # CacheConfig.DEFAULT_BLOCK_SIZE (FlashAttention, FlashInfer, Triton)
 GPU_MLA_BLOCK_SIZE = 64  # FlashMLA's only kernel block size
 CPU_BLOCK_SIZE = 128  # platforms/cpu.py when the user gives none
-CPU_MLA_BLOCK_SIZE = 16  # the reference CPU MLA kernel
+CPU_MLA_BLOCK_SIZE = 16  # the reference CPU MLA kernel (a host without AMX tiles)
 KERNEL_BLOCK_ALIGNMENT = {"gpu": 16, "cpu": 32}  # FlashAttention MultipleOf(16); CPU_ATTN MultipleOf(32)
 HYBRID_MLA_BLOCK_ALIGNMENT = 128  # hybrid MLA/Mamba models: a multiple of 128 (`_align_hybrid_block_size`)
 MAMBA_STATE_PAGES = {"align": 2, "none": 1}  # MambaSpec.max_memory_usage_bytes per mamba_cache_mode
@@ -49,9 +49,12 @@ FULL_TYPE = ("full", "mla", "indexer")
 FP8_DS_MLA_BYTES = 656  # FullAttentionSpec and its subclasses: one uniform type
 
 
-def default_block_size(spec: ModelSpec, device: str) -> int:
+def default_block_size(spec: ModelSpec, device: str, cpu_amx: bool = False) -> int:
+    """vLLM's block size when the user gives none. On the CPU build an MLA model takes the reference MLA kernel's 16
+    unless the host has AMX tiles, where vLLM runs its AMX MLA kernel at the default 128 (`CpuPlatform.
+    check_and_update_config`, vllm/platforms/cpu.py: `torch.cpu._is_amx_tile_supported()` on x86)."""
     if device == "cpu":
-        return CPU_MLA_BLOCK_SIZE if spec.is_mla else CPU_BLOCK_SIZE
+        return CPU_MLA_BLOCK_SIZE if spec.is_mla and not cpu_amx else CPU_BLOCK_SIZE
     return GPU_MLA_BLOCK_SIZE if spec.is_mla else GPU_BLOCK_SIZE
 
 

@@ -47,6 +47,15 @@ def _refusal_route(inputs: PlanInputs) -> str:
     return f"{held}; {retry}, or bound the queue with --max-queued"
 
 
+def cpu_mla_note(amx: bool, block_size: int) -> str:
+    """vLLM's CPU build picks its MLA kernel, and so the block size, by the host's AMX tiles (kvops.cpu_features)."""
+    if amx:
+        kernel, other = "AMX tiles on this host: vLLM's AMX MLA kernel", "a host without them runs 16-token blocks"
+    else:
+        kernel, other = "no AMX tiles on this host: vLLM's reference MLA kernel", "a host with them runs 128"
+    return f"CPU MLA: {kernel}, {block_size}-token blocks (vllm/platforms/cpu.py); {other} (--block-size plans it)"
+
+
 def add_notes(draft: Draft, kv_layout: layout.KVCacheLayout, dtype: KvDtype, capacity: VllmCapacity) -> None:
     inputs = draft.inputs
     draft.notes.append(guard_note(inputs, capacity))
@@ -60,6 +69,8 @@ def add_notes(draft: Draft, kv_layout: layout.KVCacheLayout, dtype: KvDtype, cap
         draft.notes.append(
             f"sliding-window layers (window {', '.join(map(str, windows))}) hold about window + {capacity.max_in_flight_tokens} tokens in flight per request, not the whole context"
         )
+    if inputs.device == "cpu" and spec.is_mla and inputs.block_size is None:
+        draft.notes.append(cpu_mla_note(inputs.cpu_amx, kv_layout.block_size))
     if dtype.is_quantized and dtype.scales == "per_token_head":
         draft.warnings.append(f"--kv-dtype {dtype.name}: {common.QUALITY_WARNING}")
     if spec.num_kv_heads < inputs.tp and not spec.is_mla:

@@ -64,7 +64,7 @@ def _plan_pass(
     served = spec.dtype if inputs.dtype == "auto" else serving_dtype(inputs.dtype)  # kv dtype auto follows --dtype
     dtype = resolve_kv_dtype(inputs.kv_dtype, served)
     kv_flag = options.kv_cache_dtype(release_options, dtype, served, device, release.label)
-    block_size = inputs.block_size or layout.default_block_size(spec, device)
+    block_size = inputs.block_size or layout.default_block_size(spec, device, inputs.cpu_amx)
     cached = cached_spec(inputs)
     kv_layout = layout.kv_layout(cached, dtype, tp, block_size, options=layout_options(inputs, release, dtype))
     if inputs.num_gpu_blocks_override is not None:  # the profile's KV memory is replaced by blocks x block bytes
