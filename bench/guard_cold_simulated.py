@@ -36,7 +36,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "plugins"), str(REPO / "bench")]
 
-from guard_goodput import MAX_MODEL_LEN, V2_FALLBACK, Job, environment, exact_jobs, unknown_jobs  # noqa: E402
+from guard_goodput import V2_FALLBACK, Job, environment, exact_jobs, unknown_jobs  # noqa: E402
+from simulate_vs_engine import KV_BYTES, cpu_plan  # noqa: E402
 
 from kvops.simulate import cost, steptime  # noqa: E402
 from kvops.simulate.results import Slo  # noqa: E402
@@ -44,20 +45,14 @@ from kvops.simulate.run import ClientSettings, RunLog  # noqa: E402
 from kvops.simulate.simulation import Setup, all_at_once, run_arm  # noqa: E402
 from kvops.simulate.trace import Trace, TraceRequest  # noqa: E402
 
-BLOCK_BYTES = 128 * 1024  # one block of 128 tokens of the test model: 4 MiB hold the benchmark's 32 blocks
+BLOCK_BYTES = KV_BYTES // 32  # one block of 128 tokens of the test model: 4 MiB hold the benchmark's 32 blocks
 ARMS = {"stock": ("stock", ()), "guard": ("guard", ()), "guard-v2": ("guard", V2_FALLBACK)}
 NO_SLO = Slo(1e9, 1e9)  # (a), (b) and (n) count tokens, not an SLO
 
 
 def setup_for(model: Path, blocks: int) -> Setup:
     """The test model on the CPU over `blocks` blocks of KV (block 0 is vLLM's null block), as the benchmark runs it."""
-    from kvops.deployment import DeploymentOptions
-    from kvops.planner import plan as make_plan
-
-    options = DeploymentOptions(
-        model=str(model), device="cpu", max_model_len=MAX_MODEL_LEN, kv_cache_memory_bytes=blocks * BLOCK_BYTES
-    )
-    plan = make_plan(options.plan_inputs())
+    plan = cpu_plan(model, blocks * BLOCK_BYTES)
     empty = Trace((), "none")
     step_time = cost.step_time(plan, steptime.coefficients("cpu"))
     return Setup(plan, empty, step_time, ClientSettings(None, "trace"), NO_SLO, {})

@@ -158,12 +158,13 @@ def per_request_medians(reps: list[list[float | None]]) -> list[float | None]:
     ]
 
 
-def cpu_plan(model: Path):
+def cpu_plan(model: Path, kv_bytes: int = KV_BYTES):
+    """The test model on vLLM's CPU build over `kv_bytes` of KV cache, as the benchmarks run the engine."""
     from kvops.deployment import DeploymentOptions
     from kvops.planner import plan
 
     options = DeploymentOptions(
-        model=str(model), device="cpu", max_model_len=MAX_MODEL_LEN, kv_cache_memory_bytes=KV_BYTES
+        model=str(model), device="cpu", max_model_len=MAX_MODEL_LEN, kv_cache_memory_bytes=kv_bytes
     )
     return plan(options.plan_inputs())
 
