@@ -134,11 +134,15 @@ def run_utilization(
 
 def observation(log: VllmLog, plan: Plan, source: str) -> Observation | None:
     """What the log measured of the terms kvops estimates, beside kvops' own model of the same launch; None when it
-    measured none of them (or the launch pinned its KV cache, which skips the profile)."""
+    measured none of them (or the launch pinned its KV cache, which skips the profile). With pipeline parallelism
+    the memory lines are the first worker's, one stage's (its layers, no logits), while kvops models the stage that
+    binds the pool: only the CUDA-graph estimate is taken from such a log."""
     inputs, capacity = plan.inputs, plan.capacity
     if not isinstance(capacity, VllmCapacity) or plan.release is None or inputs.kv_cache_memory_bytes is not None:
         return None
     run_release: VllmRelease = plan.release  # type: ignore[assignment]
+    if inputs.pp > 1:
+        return graph_observation(log, source, run_release)
     if run_release.extensible or log.extensible:
         # the extensible KV cache prints no profile terms, only its measurement after warmup: its family plans with
         # the profiler family's terms (releases.FALLBACKS) until its logs' own terms are read

@@ -149,3 +149,18 @@ def test_an_overhead_read_on_an_estimated_device_total_is_no_measurement():
     assert observation(item.log, replace(plan, memory=estimated), item.id) is None
     known = entry("vllm-0.19.0-h100-llama-3.1-8b-instruct-tp1-8192-llmd")  # the H100's total is known
     assert observation(known.log, plan_entry(known), known.id) is not None
+
+
+def test_a_pipeline_parallel_log_gives_no_stage_terms_to_fit():
+    """A pipeline-parallel log quotes the first worker's memory lines: one stage's layers and no logits, where kvops
+    models the stage that binds the pool. At most its CUDA-graph estimate is an observation (none on 0.19, which
+    does not take it before KV); the plan still matches the engine's pool (the smallest stage's KV tokens)."""
+    from kvops.engines.vllm.calibrate import observation
+    from tests.support.corpus import entry, plan_entry
+
+    item = entry("vllm-0.19.0-h100-llama-3.1-8b-instruct-tp1pp2-8192-llmd")
+    plan = plan_entry(item)
+    assert plan.inputs.pp == 2
+    assert observation(item.log, plan, item.id) is None
+    tokens = plan.capacity.to_dict()["kv_tokens"]
+    assert abs(tokens - item.log.kv_cache_size_tokens) / item.log.kv_cache_size_tokens < 0.01

@@ -240,6 +240,8 @@ def _capacity_logs(family: str):
             continue
         if vllm.release(inputs.engine_version).family != family or item.log.get("kv_cache_bytes") <= 0:
             continue
+        if inputs.pp > 1:  # its KV line is the first stage's; the pool is the smallest stage's
+            continue
         if item.log.kv_cache_size_tokens or item.log.get("num_gpu_blocks") or item.log.max_concurrency:
             found.append(item)
     return found
