@@ -331,3 +331,14 @@ def test_a_log_from_another_gpu_is_warned_recorded_and_not_planned_with_its_tota
     assert "--profile was measured on RTX-3090, the plan is for H100-80GB" in " ".join(doc["warnings"])
     total = next(term for term in doc["memory"]["terms"] if term["name"] == "total")
     assert total["bytes"] == engine_total("H100-80GB").bytes and total["basis"] != "measured"  # the plan's own GPU
+
+
+def test_a_pipeline_parallel_log_says_whose_stage_its_memory_lines_are(run_kvops):
+    """Each stage's worker prints its own memory lines and the log kept Worker_PP0's; the plan's terms are the
+    binding stage's, so the comparison says so and points at the pool's own lines (tokens, concurrency)."""
+    log = CORPUS_VLLM / "vllm-0.19.0-h100-llama-3.1-8b-instruct-tp1pp2-8192-llmd.log"
+    ran = run_kvops("calibrate", "--vllm-log", str(log), "--gpu", "H100-80GB", "--pp", "2", "--json")
+    assert "pipeline parallel 2: the log's memory lines are one stage's (Worker_PP0)" in ran.stderr
+    rows = {row["term"]: row for row in json.loads(ran.stdout)["comparisons"]}
+    tokens = rows["kv_cache_size_tokens"]
+    assert tokens["actual"] == 1_075_312 and abs(tokens["predicted"] - tokens["actual"]) / tokens["actual"] < 0.01

@@ -3,6 +3,7 @@ term; the profile that replaces the planner's estimates; and the observation the
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from kvops.calibration import Calibration, Comparison, predicted_figures
@@ -90,6 +91,8 @@ def calibrate(log: VllmLog | None, config: CacheConfig | None, plan: Plan | None
     if log and "kv_cache_bytes" in facts:
         notes.append("memory figures in vLLM logs have two decimals of GiB: exact to +-5 MiB")
     notes.append(f"the run's release: {run_release.label} ({run_release.how})")
+    if plan is not None and plan.inputs.pp > 1:
+        warnings.append(_stage_warning(plan.inputs.pp, kv_where or lines.get("weights_bytes", "")))
     if plan is None:
         notes.append("no prediction: give --model (and --gpu) for the run to compare against the planner")
 
@@ -179,6 +182,17 @@ def observation(log: VllmLog, plan: Plan, source: str) -> Observation | None:
         custom_all_reduce=budget.custom_all_reduce(inputs)[0],
     )
     return found if found.total is not None or found.activation is not None or found.non_torch is not None else None
+
+
+def _stage_warning(pp: int, line: str) -> str:
+    """Each pipeline stage's worker prints its own memory lines; a log keeps whichever came first."""
+    worker = re.search(r"Worker_PP\d+", line)
+    printed = worker.group(0) if worker else "one worker"
+    return (
+        f"pipeline parallel {pp}: the log's memory lines are one stage's ({printed}), kvops' terms those of the "
+        "stage that binds the pool (`kvops plan --explain` names it): compare the KV tokens and concurrency lines, "
+        "which are the engine's pool, or calibrate on the binding stage's own lines"
+    )
 
 
 def _total_basis(plan: Plan) -> str | None:
