@@ -18,7 +18,7 @@ from kvops.dtypes import canonical_dtype_name
 from kvops.errors import ConfigError
 from kvops.model.defaults import with_defaults
 from kvops.model.fields import check_config
-from kvops.model.params import PublishedCount, count_parameters
+from kvops.model.params import PublishedCount, count_parameters, merge_kernel
 from kvops.model.spec import (
     CacheKind,
     ChunkedLocal,
@@ -240,14 +240,16 @@ def _attention_layers(
 
 def _encoder(config: dict) -> EncoderShape | None:
     """The vision encoder the engine's profile run exercises: width and MLP size of its vision_config, and how many
-    patches feed one language-model token (Qwen-VL's spatial_merge_size squared; SigLIP's patches per image over
-    Gemma 3's mm_tokens_per_image)."""
+    patches feed one language-model token (Qwen-VL's spatial_merge_size squared; MoonViT's merge_kernel_size;
+    SigLIP's patches per image over Gemma 3's mm_tokens_per_image)."""
     vision = config.get("vision_config")
     if not isinstance(vision, dict) or not vision.get("hidden_size"):
         return None
     width = int(vision["hidden_size"])
     inter = int(vision.get("intermediate_size") or 4 * width)
     merge = int(vision.get("spatial_merge_size") or config.get("spatial_merge_size") or 1) ** 2
+    if vision.get("model_type") == "moonvit":  # Kimi-VL merges merge_kernel_size patches into one token
+        merge = merge_kernel(vision)
     tokens = config.get("mm_tokens_per_image")
     if tokens and vision.get("image_size") and vision.get("patch_size"):
         merge = max(1, (int(vision["image_size"]) // int(vision["patch_size"])) ** 2 // int(tokens))

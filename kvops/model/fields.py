@@ -98,6 +98,8 @@ _RANGES: dict[tuple[str, ...], tuple[int, int]] = {
         "temporal_patch_size",
         "spatial_merge_size",
         "num_position_embeddings",
+        "init_pos_emb_height",
+        "init_pos_emb_width",
         "mm_tokens_per_image",
     ): (0, MAX_WIDTH),
     ("vocab_size",): (0, MAX_VOCAB),
@@ -137,6 +139,7 @@ LISTS: dict[str, tuple[type, ...]] = {
     "hybrid_layer_pattern": (int,),
     "mlp_only_layers": (int,),
     "deepstack_visual_indexes": (int,),
+    "merge_kernel_size": (int,),
     "block_configs": (dict,),
 }
 # quantization_config fields the engines read, by the same rules

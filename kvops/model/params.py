@@ -418,14 +418,25 @@ def _conformer_audio(audio: dict, text_hidden: int) -> int:
 
 
 def _siglip(wrapper: dict, vision: dict, text_hidden: int) -> int:
-    """SigLIP encoder (Gemma 3): patch convolution, learned positions, pre-norm layers with biased projections,
-    a post-norm; Gemma 3's projector is one matrix to the text width and a soft-embedding norm."""
+    """SigLIP encoder (Gemma 3, LLaVA-NeXT's Granite Vision): patch convolution, learned positions, pre-norm layers
+    with biased projections, a post-norm, and the attention-pooling head unless vision_use_head is false (Gemma 3
+    sets it false; transformers and vLLM build it when the field is absent). Gemma 3's projector is one matrix to
+    the text width and a soft-embedding norm; LLaVA-NeXT's two layers from the concatenated vision_feature_layer
+    outputs to the text width, and its image_newline vector."""
     width, inter = _field(vision, "hidden_size"), _field(vision, "intermediate_size")
     patch, channels = _field(vision, "patch_size"), int(vision.get("num_channels") or 3)
     positions = (_field(vision, "image_size") // patch) ** 2
     embeddings = channels * patch * patch * width + width + positions * width
     layer = 2 * 2 * width + 4 * (width * width + width) + (width * inter + inter) + (inter * width + width)
     tower = embeddings + _field(vision, "num_hidden_layers") * layer + 2 * width
+    if vision.get("vision_use_head", True):  # a probe, attention (fused in-projection), a LayerNorm and an MLP
+        tower += width + (3 * width * width + 3 * width) + (width * width + width) + 2 * width
+        tower += (width * inter + inter) + (inter * width + width)
+    if wrapper.get("model_type") == "llava_next":
+        features = wrapper.get("vision_feature_layer")
+        merged = width * (len(features) if isinstance(features, list) else 1)
+        bias = 2 * text_hidden if wrapper.get("multimodal_projector_bias", True) else 0
+        return tower + merged * text_hidden + text_hidden * text_hidden + bias + text_hidden
     return tower + width * text_hidden + width
 
 
@@ -461,8 +472,35 @@ def _qwen3_vl(wrapper: dict, vision: dict, text_hidden: int) -> int:
     return embeddings + _field(vision, "depth") * block + merger + deepstack
 
 
+def merge_kernel(vision: dict) -> int:
+    """Patches one MoonViT token merges: the product of merge_kernel_size (Kimi-VL's [2, 2], its config class's
+    default)."""
+    kernel = vision.get("merge_kernel_size") or (2, 2)
+    merged = 1
+    for side in kernel:
+        merged *= max(1, int(side))
+    return merged
+
+
+def _moonvit(wrapper: dict, vision: dict, text_hidden: int) -> int:
+    """MoonViT (Kimi-VL): a biased patch convolution, learned init_pos_emb_height x init_pos_emb_width positions,
+    pre-norm blocks of a biased fused qkv, output and two-layer MLP with two LayerNorms, a final LayerNorm; Kimi-VL's
+    projector: a LayerNorm, then two biased layers from the merged patches (merge_kernel_size) to the text width."""
+    width, inter = _field(vision, "hidden_size"), _field(vision, "intermediate_size")
+    patch, channels = _field(vision, "patch_size"), int(vision.get("num_channels") or 3)
+    positions = _field(vision, "init_pos_emb_height") * _field(vision, "init_pos_emb_width")
+    embeddings = channels * patch * patch * width + width + positions * width
+    block = 2 * 2 * width + (width * 3 * width + 3 * width) + (width * width + width) + (width * inter + inter)
+    block += inter * width + width
+    tower = embeddings + _field(vision, "num_hidden_layers") * block + 2 * width
+    merged = width * merge_kernel(vision)
+    projector = 2 * width + (merged * merged + merged) + (merged * text_hidden + text_hidden)
+    return tower + projector
+
+
 _VISION_TOWERS = {
     "siglip_vision_model": _siglip,
+    "moonvit": _moonvit,
     "gemma4_vision": _gemma4_vision,
     "pixtral": _pixtral,
     **dict.fromkeys(("qwen3_5", "qwen3_5_moe", "qwen3_5_vision", "qwen3_5_moe_vision"), _qwen3_vl),

@@ -106,3 +106,46 @@ def test_qwen2_moe_counts_its_qkv_biases():
     moe = 4 * 3 * hidden * 4 + hidden * 4 + (3 * hidden * 16 + hidden)  # experts, router, shared expert and its gate
     block = attention + qkv_bias + moe + 2 * hidden
     assert _count(config) == 2 * vocab * hidden + layers * block + hidden
+
+
+def _vision(config: dict) -> int:
+    from kvops.model.config import spec_from_config
+
+    return spec_from_config(config, name="tiny", source="catalog", where="tiny").count.vision
+
+
+def test_moonvit_counts_its_tower_and_kimi_vl_projector():
+    """MoonViT (Kimi-VL): biased patch convolution, init_pos_emb_height x width learned positions, blocks of biased
+    wqkv / wo / fc0 / fc1 and two LayerNorms, a final LayerNorm; the projector a LayerNorm and two biased layers
+    from merge_kernel_size patches to the text width. Its patches per token are the merge kernel's."""
+    from kvops.model.config import spec_from_config
+
+    text = {"model_type": "llama", "hidden_size": 16, "intermediate_size": 32, "num_attention_heads": 2}
+    text |= {"num_hidden_layers": 1, "vocab_size": 10}
+    vision = {"model_type": "moonvit", "hidden_size": 8, "intermediate_size": 12, "patch_size": 2}
+    vision |= {"init_pos_emb_height": 3, "init_pos_emb_width": 4, "num_hidden_layers": 2, "merge_kernel_size": [2, 2]}
+    config = {"model_type": "kimi_vl", "text_config": text, "vision_config": vision}
+    w, i, t = 8, 12, 16
+    block = 2 * 2 * w + (w * 3 * w + 3 * w) + (w * w + w) + (w * i + i) + (i * w + w)
+    tower = 3 * 2 * 2 * w + w + 3 * 4 * w + 2 * block + 2 * w
+    projector = 2 * w + (4 * w * 4 * w + 4 * w) + (4 * w * t + t)
+    assert _vision(config) == tower + projector
+    spec = spec_from_config(config, name="tiny", source="catalog", where="tiny")
+    assert spec.encoder is not None and spec.encoder.patches_per_token == 4
+
+
+def test_siglip_counts_the_pooling_head_and_llava_next_projector():
+    """A SigLIP tower without vision_use_head builds its attention-pooling head (Gemma 3 sets it false); LLaVA-NeXT
+    projects the concatenated vision_feature_layer outputs through two biased layers and adds image_newline."""
+    text = {"model_type": "granite", "hidden_size": 16, "intermediate_size": 32, "num_attention_heads": 2}
+    text |= {"num_hidden_layers": 1, "vocab_size": 10}
+    vision = {"model_type": "siglip_vision_model", "hidden_size": 8, "intermediate_size": 12, "patch_size": 2}
+    vision |= {"image_size": 4, "num_hidden_layers": 1}
+    w, i, t = 8, 12, 16
+    layer = 2 * 2 * w + 4 * (w * w + w) + (w * i + i) + (i * w + w)
+    tower = 3 * 2 * 2 * w + w + 4 * w + layer + 2 * w
+    head = w + (3 * w * w + 3 * w) + (w * w + w) + 2 * w + (w * i + i) + (i * w + w)
+    gemma = {"model_type": "gemma3", "text_config": text, "vision_config": {**vision, "vision_use_head": False}}
+    assert _vision(gemma) == tower + w * t + w
+    llava = {"model_type": "llava_next", "vision_feature_layer": [-2, -1], "text_config": text, "vision_config": vision}
+    assert _vision(llava) == tower + head + (2 * w * t + t) + (t * t + t) + t
