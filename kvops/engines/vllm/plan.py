@@ -38,6 +38,7 @@ def plan_once(inputs: PlanInputs) -> Plan:
     sizing = budget.kv_sizing(inputs, release)
     release = replace(release, extensible=sizing.extensible)
     chosen: int | None = None
+    seen: list[int] = []
     for _ in range(MAX_SEQS_PASSES):
         plan = _plan_pass(inputs, release, sizing, chosen)
         seqs = plan.flags.get("max-num-seqs")
@@ -46,7 +47,24 @@ def plan_once(inputs: PlanInputs) -> Plan:
         if plan.capacity is not None and plan.capacity.sampler_sequences == seqs:  # type: ignore[attr-defined]
             return plan
         chosen = seqs
-    return _plan_pass(inputs, release, sizing, chosen, forced=True)
+        seen.append(seqs)
+    return _plan_pass(inputs, release, sizing, _settled_seqs(inputs, release, sizing, max(seen)), forced=True)
+
+
+def _settled_seqs(inputs: PlanInputs, release: releases.VllmRelease, sizing: budget.KvSizing, high: int) -> int:
+    """The most sequences a plan can both size the profile's sampler for and choose. The more the sampler runs,
+    the less KV is left and the fewer sequences a plan chooses, so re-planning with each pass's choice can swing
+    (a hybrid model's state blocks: 23 sequences leave 15 blocks, 15 leave 34); bisect for the largest count whose
+    pass chooses at least as many. More memory never lowers it."""
+    low = 1
+    while low < high:
+        middle = (low + high + 1) // 2
+        chosen = _plan_pass(inputs, release, sizing, middle).flags.get("max-num-seqs")
+        if isinstance(chosen, int) and chosen >= middle:
+            low = middle
+        else:
+            high = middle - 1
+    return low
 
 
 def _plan_pass(

@@ -267,6 +267,33 @@ def test_defect7_a_launch_vllm_refuses_does_not_fit_and_the_sampler_is_sized_for
     assert plan["capacity"]["sampler_sequences"] == plan["flags"]["max-num-seqs"] < 1024
 
 
+def test_defect7_the_seqs_kvops_chooses_for_a_hybrid_model_settle_within_its_state_blocks(run_kvops):
+    """The plan holds --max-num-seqs to the state blocks and sizes the profile's sampler for the seqs it emits;
+    re-planning with each pass's choice can swing (the sampler for 700 sequences leaves 699 blocks on a GB300,
+    for 23 leaves 15 on four RTX 3090s and for 15 more): the plan settles on the most sequences it can size for
+    and still choose, so the emitted line starts, and a larger card never plans less."""
+    plan = doc(run_kvops, "-m", "Qwen/Qwen3.5-122B-A10B", "--gpu", "GB300", "--kv-dtype", "fp8")
+    assert plan["fits"] is True
+    assert plan["flags"]["max-num-seqs"] == plan["capacity"]["sampler_sequences"] <= plan["capacity"]["num_blocks"]
+    small, large = (
+        doc(
+            run_kvops,
+            "-m",
+            "Qwen/Qwen3.5-35B-A3B",
+            "--gpu",
+            gpu,
+            "--tp",
+            "4",
+            "--kv-dtype",
+            "fp8",
+            "--max-model-len",
+            "2048",
+        )
+        for gpu in ("RTX-3090", "RTX-4090")  # 23.58 and 23.63 GiB as torch sees them
+    )
+    assert 0 < small["capacity"]["kv_cache_size_tokens"] <= large["capacity"]["kv_cache_size_tokens"]
+
+
 def test_defect8_the_engines_kv_and_kvops_margin_are_apart(run_kvops):
     memory = doc(run_kvops, "-m", "llama-3-8b", "--gpu", "h100", "--max-model-len", "8192")["memory"]
     assert memory["kv_cache_bytes"] == term({"memory": memory}, "kv_cache")["bytes"]
