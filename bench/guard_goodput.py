@@ -325,6 +325,7 @@ class Result:
     mean_running: float
     guard: dict[str, float] = field(default_factory=dict)
     steps: int = 0  # the engine's scheduling steps (vllm:iteration_tokens_total's count): free of the machine's noise
+    engine_means: dict[str, float] = field(default_factory=dict)  # ENGINE_LATENCIES' means over the run, in seconds
 
     @property
     def goodput(self) -> float:
@@ -411,7 +412,7 @@ async def run_jobs(server: VllmServer, name: str, jobs: list[Job]) -> Result:
 
     log_start = len(server.log_text())
     before = gauges(server.metrics())
-    steps_before = engine_steps(server.metrics())
+    histograms_before = server.metrics()
     sampler = Sampler(server.url)
     timeout = aiohttp.ClientTimeout(total=1800)
     # a connection per request: uvicorn closes idle keep-alive connections after 5 s, and a POST that aiohttp
@@ -423,7 +424,7 @@ async def run_jobs(server: VllmServer, name: str, jobs: list[Job]) -> Result:
         outcomes = await asyncio.gather(*(send(session, server.url, str(server.model), job, start) for job in jobs))
         seconds = max(o.done or time.monotonic() for o in outcomes) - start
         sampler.stop.set()
-        steps = engine_steps(await asyncio.to_thread(server.metrics)) - steps_before
+        histograms_after = await asyncio.to_thread(server.metrics)
         # one small request after the run: the guard logs its summary when it drains
         await send(session, server.url, str(server.model), Job(0, [5, 6, 7], 2), time.monotonic())
     sampler.join()
@@ -439,14 +440,36 @@ async def run_jobs(server: VllmServer, name: str, jobs: list[Job]) -> Result:
         sampler.sum_kv / max(1, sampler.scrapes),
         sampler.sum_running / max(1, sampler.scrapes),
         guard_counts(server.log_text()[log_start:]) if "scheduler-cls" in " ".join(server.args) else {},
-        int(steps),
+        int(histogram_total(histograms_after, STEPS, "count") - histogram_total(histograms_before, STEPS, "count")),
+        engine_means(histograms_before, histograms_after),
     )
 
 
-def engine_steps(metrics: str) -> float:
-    """The engine's scheduling steps so far: the count of vLLM's histogram of tokens per step."""
-    match = re.search(r"^vllm:iteration_tokens_total_count(?:\{[^}]*\})? (\S+)$", metrics, re.MULTILINE)
+STEPS = "vllm:iteration_tokens_total"  # a histogram of tokens per step: its count is the engine's scheduling steps
+# vLLM's own latency histograms (vllm/v1/metrics/loggers.py, stats.py): TTFT and E2E from the API server's arrival
+# stamp to the iteration that carried the token (the frontend's clock); TPOT between the engine core's stamps of a
+# request's first and last token. None of them sees the client's read of the stream.
+ENGINE_LATENCIES = {
+    "ttft": "vllm:time_to_first_token_seconds",
+    "tpot": "vllm:request_time_per_output_token_seconds",
+    "e2e": "vllm:e2e_request_latency_seconds",
+}
+
+
+def histogram_total(metrics: str, name: str, part: str) -> float:
+    """A histogram's _sum or _count so far (0 when the engine does not export it)."""
+    match = re.search(rf"^{re.escape(name)}_{part}(?:\{{[^}}]*\}})? (\S+)$", metrics, re.MULTILINE)
     return float(match.group(1)) if match else 0.0
+
+
+def engine_means(before: str, after: str) -> dict[str, float]:
+    """The mean of each of vLLM's latency histograms over the requests that finished between two scrapes."""
+    means = {}
+    for key, name in ENGINE_LATENCIES.items():
+        count = histogram_total(after, name, "count") - histogram_total(before, name, "count")
+        if count > 0:
+            means[key] = (histogram_total(after, name, "sum") - histogram_total(before, name, "sum")) / count
+    return means
 
 
 def run(server: VllmServer, name: str, jobs: list[Job]) -> Result:

@@ -17,13 +17,17 @@ simulated with the times the client really sent its requests (the median over th
 Without --fit each trace is simulated with the shipped CPU profile (kvops/catalog/step_time.json, profile "cpu").
 With --fit, leave-one-out: each trace is simulated with coefficients fitted on the other four alone, and then the
 profile fitted on all but overload (FITTED) is written: overload stays held out of what ships. The fit is
-bench/fit_steptime.py's linearization around each schedule, on every request's TTFT, E2E and TPOT (each in units of
-its trace's mean, so that each trace weighs alike), not on three means per trace.
+bench/fit_steptime.py's linearization around each schedule: the step's terms on the engine's own mean TTFT, TPOT
+and E2E of each trace (vLLM's latency histograms, read from /metrics before and after each run: the API server's
+arrival stamp and the engine core's token stamps), the API server's time on the clients' TTFT (the median gap).
 
 Printed per trace: preemptions (engine, simulated), how alike the completion orders are (Kendall's tau over the
 requests both completed, the median over the repetitions), the mean TTFT, TPOT and E2E and the median TTFT and
-E2E of each: the engine's median over the repetitions [its range], the simulator's, and their ratio. The range is the machine's noise: the
-engine runs alone, but its 2 cores are shared with whatever else runs.
+E2E of each as the client saw them: the engine's median over the repetitions [its range], the simulator's, and
+their ratio; then the engine's own means beside the simulated engine's (its TTFT and E2E less the API server's
+time). The range is the machine's noise: the engine runs alone, but its 2 cores are shared with the client, which
+at times reads a stream hundreds of ms late (a long TTFT, then the whole answer at once): the engine's own stamps
+do not see that.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "plugins"), str(REPO / "bench")]
 
 import numpy as np  # noqa: E402
-from fit_steptime import coefficient_vector, completed_requests, recorded_run, request_rows  # noqa: E402
+from fit_steptime import coefficient_vector, recorded_run, request_rows  # noqa: E402
 from guard_goodput import Job, run  # noqa: E402
 
 from kvops.simulate import steptime  # noqa: E402
@@ -96,7 +100,19 @@ def as_trace(name: str, jobs: list[Job], sent: list[float]) -> Trace:
     return Trace(tuple(requests), name)
 
 
-METRICS = ("preemptions", "ttft_mean_ms", "ttft_p50_ms", "tpot_mean_ms", "e2e_mean_ms", "e2e_p50_ms", "completed")
+# the engine's own means (vLLM's latency histograms, guard_goodput.ENGINE_LATENCIES): what the client's read of the
+# stream adds is not in them
+ENGINE_SIDE = ("ttft_engine_mean_ms", "tpot_engine_mean_ms", "e2e_engine_mean_ms")
+METRICS = (
+    "preemptions",
+    "ttft_mean_ms",
+    "ttft_p50_ms",
+    "tpot_mean_ms",
+    "e2e_mean_ms",
+    "e2e_p50_ms",
+    "completed",
+    *ENGINE_SIDE,
+)
 LATENCIES = ("ttft_mean_ms", "ttft_p50_ms", "tpot_mean_ms", "e2e_mean_ms", "e2e_p50_ms")
 PER_REQUEST = ("sent", "ttft", "e2e", "tpot")  # seconds; None where the request did not complete
 
@@ -120,6 +136,7 @@ def measure(result) -> dict:
         "e2e_mean_ms": 1000 * statistics.mean(o.e2e for o in outcomes if o.complete),
         "e2e_p50_ms": 1000 * statistics.median(o.e2e for o in outcomes if o.complete),
         "completed": sum(o.complete for o in outcomes),
+        **{f"{key}_engine_mean_ms": 1000 * value for key, value in result.engine_means.items()},
     }
 
 
@@ -177,32 +194,40 @@ def profile_from(vector, fitted_on: str) -> steptime.Coefficients:
 
 
 def fit(plan, chosen: dict[str, Trace], measured: dict[str, dict], start: steptime.Coefficients, iterations: int = 4):
-    """The CPU coefficients by bench/fit_steptime.py's method, linear around each trace's schedule and iterated,
-    on every request the engine and the simulator both completed: its TTFT, E2E and TPOT as a share of the trace's
-    median of it, each trace weighing alike whatever its length. The loss is robust (soft L1 past ROBUST of the
-    median): on 2 shared cores some requests wait hundreds of ms for a core, which no step time explains."""
+    """The CPU coefficients by bench/fit_steptime.py's method, linear around each trace's schedule and iterated.
+    The step's terms are fitted on the engine's own means (ENGINE_SIDE: vLLM's latency histograms, stamped as the
+    engine core made each token), each as a relative error, each trace alike: on 2 shared cores the client reads
+    some streams hundreds of ms late, which no step time explains and the engine's stamps do not see. The API
+    server's time (api_s) is then the median over every request of its client TTFT less the simulated engine's,
+    which those late reads do not move."""
     names = [*steptime.TERMS, "api_s"]
-    free = [names.index(name) for name in CPU_FREE]
+    api = names.index("api_s")
+    free = [names.index(name) for name in CPU_FREE if name != "api_s"]
     vector = coefficient_vector(start)
     for _ in range(iterations):
-        matrix, target, weights = [], [], []
+        matrix, target, runs = [], [], []
         for name, trace in chosen.items():
             log, features = recorded_run(plan, trace, profile_from(vector, ""), {})
-            index = {id(entry): position for position, entry in enumerate(log.requests)}
-            positions = [index[id(entry)] for entry in completed_requests(log)]
+            runs.append((name, log))
             for metric, (constants, rows) in request_rows(log, features, vector).items():
-                engine = measured[name]["requests"][metric]
-                known = [(k, engine[p]) for k, p in enumerate(positions) if engine[p] is not None]
-                scale = statistics.median(value for _, value in known)
-                for k, value in known:
-                    matrix.append(rows[k][free] / scale)
-                    target.append((value - constants[k]) / scale)
-                    weights.append(1 / np.sqrt(len(known)))
-        scaled = np.array(weights)
-        solution = robust_solve(np.array(matrix) * scaled[:, None], np.array(target) * scaled, vector[free], scaled)
-        vector = np.zeros(len(names))
-        vector[free] = solution
+                engine = measured[name][f"{metric}_engine_mean_ms"] / 1000
+                matrix.append(rows.mean(axis=0)[free] / engine)  # the engine's stamps: without api_s
+                target.append((engine - constants.mean()) / engine)
+        weights = np.ones(len(target))
+        vector[free] = robust_solve(np.array(matrix), np.array(target), vector[free], weights)
+        vector[api] = client_api_seconds(runs, measured, vector[api])
     return vector
+
+
+def client_api_seconds(runs: list, measured: dict[str, dict], api_s: float) -> float:
+    """The median over the requests of the client's TTFT less the simulated engine's (the log's, less api_s)."""
+    gaps = []
+    for name, log in runs:
+        client = measured[name]["requests"]["ttft"]
+        for position, entry in enumerate(log.requests):
+            if entry.finished >= 0 and client[position] is not None:
+                gaps.append(client[position] - (entry.first_token - api_s - entry.sent))
+    return max(0.0, statistics.median(gaps))
 
 
 def robust_solve(matrix: np.ndarray, target: np.ndarray, start: np.ndarray, weights: np.ndarray) -> np.ndarray:
@@ -264,14 +289,34 @@ def print_rows(plan, sim_traces: dict[str, Trace], measured: dict[str, dict], pr
     heads = {"ttft_mean_ms": "TTFT mean", "ttft_p50_ms": "TTFT p50", "tpot_mean_ms": "TPOT mean"}
     heads |= {"e2e_mean_ms": "E2E mean", "e2e_p50_ms": "E2E p50"}
     print(f"{'trace':<9} {'tau':>5} {'preempted':>13} " + " ".join(f"{heads[key] + ' ms':>33}" for key in LATENCIES))
+    rows = {}
     for name, trace in sim_traces.items():
-        row = compare(name, measured[name], recorded_run(plan, trace, profiles[name], {})[0])
+        row = rows[name] = compare(name, measured[name], recorded_run(plan, trace, profiles[name], {})[0])
         cells = [f"{row['preemptions'][0]:>6g} {row['preemptions'][1]:>6}"]
         for key in LATENCIES:
             engine, simulated = row[key]
             low, high = measured[name]["range"][key]
             cells.append(f"{engine:>6.1f} [{low:.1f}-{high:.1f}] {simulated:>6.1f} {simulated / engine:>4.2f}x")
         print(f"{name:<9} {row['tau']:>5.2f} " + " ".join(cells) + note)
+    if all(key in measured[name] for name in rows for key in ENGINE_SIDE):
+        print_engine_side(rows, measured, profiles, note)
+
+
+def print_engine_side(rows: dict[str, dict], measured: dict[str, dict], profiles: dict, note: str) -> None:
+    """The simulated engine beside the engine's own means (its latency histograms: the API server's arrival stamp
+    and the engine core's token stamps), which the client's read of the stream does not reach: on a shared 2-core
+    machine the client loses the cores for 0.2-0.5 s at times, and a stream read late shows a long TTFT and a
+    near-zero TPOT that no step time explains. The simulated TTFT and E2E are the engine's here: less api_s."""
+    print("\nthe engine's own means (vLLM's latency histograms: its arrival and token stamps, not the client's read)")
+    print(f"{'trace':<9} " + " ".join(f"{head + ' mean ms':>33}" for head in ("TTFT", "TPOT", "E2E")))
+    for name, row in rows.items():
+        api_ms = 1000 * profiles[name].api_s.value
+        cells = []
+        for key, simulated_key in zip(ENGINE_SIDE, ("ttft_mean_ms", "tpot_mean_ms", "e2e_mean_ms")):
+            engine, (low, high) = measured[name][key], measured[name]["range"][key]
+            simulated = row[simulated_key][1] - (0.0 if simulated_key == "tpot_mean_ms" else api_ms)
+            cells.append(f"{engine:>6.1f} [{low:.1f}-{high:.1f}] {simulated:>6.1f} {simulated / engine:>4.2f}x")
+        print(f"{name:<9} " + " ".join(cells) + note)
 
 
 def leave_one_out(plan, sim_traces: dict[str, Trace], measured: dict[str, dict], start) -> dict:
