@@ -25,6 +25,7 @@ TEXT_ARCHITECTURES = {
     "gemma3_text": "Gemma3ForCausalLM",
     "gemma4_text": "Gemma4ForCausalLM",
     "glm4_moe": "Glm4MoeForCausalLM",
+    "granite": "GraniteForCausalLM",
     "granitemoehybrid": "GraniteMoeHybridForCausalLM",
     "kimi_k2": "DeepseekV3ForCausalLM",
     "llama": "LlamaForCausalLM",
