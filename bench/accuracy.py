@@ -75,10 +75,8 @@ def logged(entry: Entry, plan: Plan) -> Logged:
         tokens = blocks * cap["block_size"]
     if tokens is None and getattr(failure, "kv_tokens", None):
         tokens = failure.kv_tokens
-    if plan.inputs.pp > 1 and tokens and cap.get("bytes_per_block"):
-        # the memory lines are the first worker's (one pipeline stage); the pool is the smallest stage's
-        kv, where = tokens // cap["block_size"] * cap["bytes_per_block"], "the log's KV tokens x bytes per block"
-    if kv is None and tokens and cap.get("bytes_per_block"):
+    # with pipeline parallelism the memory lines are the first worker's (one stage); the pool is the smallest stage's
+    if (kv is None or plan.inputs.pp > 1) and tokens and cap.get("bytes_per_block"):
         kv, where = tokens // cap["block_size"] * cap["bytes_per_block"], "the log's KV tokens x bytes per block"
     if kv is None and blocks and cap.get("bytes_per_block"):
         kv, where = blocks * cap["bytes_per_block"], "the log's blocks x bytes per block"
