@@ -65,7 +65,7 @@ class LayoutOptions:
     device: str = "gpu"
     hybrid_manager: bool = True  # False: --disable-hybrid-kv-cache-manager (or vLLM turned it off)
     block_size_given: bool = False  # the user passed --block-size
-    mamba_cache_mode: str = "align"  # vLLM's default with prefix caching on; "none" without
+    mamba_cache_mode: str = "align"  # with prefix caching on (hybrid models: default from 0.28.0); "none" without
     mamba_cache_dtype: str = "auto"  # --mamba-cache-dtype (the conv state)
     mamba_ssm_cache_dtype: str = "auto"  # --mamba-ssm-cache-dtype
     speculative_tokens: int = 0  # num_speculative_tokens: extra state pages and conv rows
@@ -427,7 +427,7 @@ class Pool:
     """What vLLM reports after sizing: `num_gpu_blocks`, `kv_cache_size_tokens`, the concurrency at max_model_len.
 
     The release decides three details (releases.py): V0 has no null block and counts tokens as blocks x block
-    size; V1 before 0.20 reports `num_blocks // groups x block_size` tokens, later `int(concurrency x max_model_len)`.
+    size; V1 through 0.20.0 reports `num_blocks // groups x block_size` tokens, later `int(concurrency x max_model_len)`.
     """
 
     num_blocks: int
@@ -439,7 +439,7 @@ class Pool:
     bytes_per_block: int = 0
     groups: int = 1
     null_block: bool = True  # V1's block pool keeps block 0 back
-    tokens_by_concurrency: bool = True  # 'GPU KV cache size' as concurrency x max_model_len (V1 0.20+)
+    tokens_by_concurrency: bool = True  # 'GPU KV cache size' as concurrency x max_model_len (V1 0.20.1+)
 
     @property
     def usable_blocks(self) -> int:

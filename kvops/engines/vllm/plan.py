@@ -106,7 +106,8 @@ def _plan_pass(
     per_stage = " on the binding pipeline stage" if inputs.pp > 1 else ""
     draft.notes.insert(
         1,
-        f"KV cache layout: {kv_layout.describe()}, {format_bytes(page)} per block of {kv_layout.block_size} tokens ({page} B){per_stage}",
+        f"KV cache layout: {kv_layout.describe()}, {format_bytes(page)} per block of {kv_layout.block_size} tokens "
+        f"({page} B){per_stage}{_state_pages(kv_layout, inputs, release)}",
     )
     speculative_notes(draft, cached)
     if kv_layout.padding_layers:
@@ -263,12 +264,35 @@ def layout_options(
         device=inputs.device,
         block_size_given=inputs.block_size is not None,
         hybrid_manager=inputs.hybrid_manager and release.hybrid_manager and not eagle_with_chunked(inputs),
-        mamba_cache_mode=inputs.mamba_cache_mode or ("none" if inputs.prefix_caching is False else "align"),
+        mamba_cache_mode=inputs.mamba_cache_mode or ("align" if _prefix_caching(inputs, release) else "none"),
         mamba_cache_dtype=inputs.mamba_cache_dtype,
         mamba_ssm_cache_dtype=inputs.mamba_ssm_cache_dtype,
         speculative_tokens=speculative.tokens if speculative else 0,
         unquantized_layers=boundary_layers(inputs.spec, dtype, release) if dtype is not None else frozenset(),
     )
+
+
+def _state_pages(kv_layout: layout.KVCacheLayout, inputs: PlanInputs, release: releases.VllmRelease) -> str:
+    """What a request holds in each state group, and the prefix-caching setting that decides it."""
+    pages = {group.spec.state_pages for group in kv_layout.groups if group.kind == "mamba"}
+    if not pages:
+        return ""
+    if inputs.mamba_cache_mode:
+        why = f"--mamba-cache-mode {inputs.mamba_cache_mode}"
+    elif inputs.prefix_caching is not None and release.version.at_least(0, 12):
+        why = f"prefix caching {'on' if inputs.prefix_caching else 'off'}, as asked"
+    else:
+        why = f"prefix caching {'on' if _prefix_caching(inputs, release) else 'off'}: vLLM {release.version}'s default for models with state layers"
+    count = "/".join(map(str, sorted(pages))) + (" page" if pages == {1} else " pages")
+    return f"; each request holds {count} in each state group ({why})"
+
+
+def _prefix_caching(inputs: PlanInputs, release: releases.VllmRelease) -> bool:
+    """Whether a model with state layers runs with prefix caching: as asked, else the release's default; V1 before
+    0.12 turns it off for them whatever was asked (model_executor/models/config.py, 0.11.0 wheel l.295)."""
+    if release.v0 or not release.version.at_least(0, 12):
+        return False
+    return inputs.prefix_caching if inputs.prefix_caching is not None else release.hybrid_prefix_caching
 
 
 def boundary_layers(spec: ModelSpec, dtype: KvDtype, release: releases.VllmRelease) -> frozenset[int]:

@@ -113,11 +113,25 @@ _V0_BLOCKS = Rule(
 _V1_NULL_BLOCK = Rule("block 0 is the null block", "v1/core/block_pool.py BlockPool.__init__")
 _KV_TOKENS_GROUPS = Rule(
     "'GPU KV cache size' = num_blocks // number of KV cache groups x block_size",
-    "v1/core/kv_cache_utils.py before 0.20 (vllm-project/vllm#40691: the size != concurrency x max_model_len on hybrids)",
+    "v1/core/kv_cache_utils.py _report_kv_cache_config through 0.20.0 (l.1694 in the 0.20.0 wheel; "
+    "vllm-project/vllm#40691: the size != concurrency x max_model_len on hybrids)",
 )
 _KV_TOKENS_CONCURRENCY = Rule(
     "'GPU KV cache size' = int(max concurrency x max_model_len)",
-    "v1/core/kv_cache_utils.py get_kv_cache_capacity (0.20 and later)",
+    "v1/core/kv_cache_utils.py (l.1706 in the 0.20.1 wheel; get_kv_cache_capacity later)",
+)
+_HYBRID_NO_PREFIX_CACHING = Rule(
+    "a model with state layers runs without prefix caching unless asked: mamba cache mode 'none', one state page "
+    "per request in each state group",
+    "before 0.28.0: config/model.py is_prefix_caching_supported is False for hybrid models through 0.23.0, "
+    "engine/arg_utils.py keeps it opt-in from 0.24.0 (l.2604 in the 0.27.0 wheel); 0.11.0 turns it off in "
+    "model_executor/models/config.py",
+)
+_HYBRID_PREFIX_CACHING = Rule(
+    "a model with state layers runs with prefix caching: mamba cache mode 'align', two state pages per request in "
+    "each state group (a Mamba-2 mixer three)",
+    "engine/arg_utils.py l.2650 in the 0.28.0 wheel (vllm-project/vllm#50991); model_executor/models/config.py "
+    "MambaModelConfig sets 'align'",
 )
 _SLIDING_BATCHED = Rule(
     "a sliding-window group holds cdiv(min(window - 1 + max_num_batched_tokens, L), block) + 1 blocks per request",
@@ -229,8 +243,14 @@ class VllmRelease:
 
     @property
     def kv_tokens_by_concurrency(self) -> bool:
-        """'GPU KV cache size' as concurrency x max_model_len (0.20+), else blocks per group x block size."""
-        return not self.v0 and self.version.at_least(0, 20)
+        """'GPU KV cache size' as concurrency x max_model_len (0.20.1+), else blocks per group x block size."""
+        return not self.v0 and self.version.at_least(0, 20, 1)
+
+    @property
+    def hybrid_prefix_caching(self) -> bool:
+        """Models with state layers run with prefix caching (mamba cache mode 'align') unless told not to, from
+        0.28.0; before, without it unless asked."""
+        return not self.v0 and self.version.at_least(0, 28)
 
     @property
     def hybrid_manager(self) -> bool:
@@ -295,6 +315,7 @@ class VllmRelease:
         rules += [_V1_NULL_BLOCK, _KV_TOKENS_CONCURRENCY if self.kv_tokens_by_concurrency else _KV_TOKENS_GROUPS]
         rules.append(_HYBRID_MANAGER if self.hybrid_manager else _NO_HYBRID_MANAGER)
         rules.append(_SLIDING_IN_FLIGHT if self.sliding_counts_in_flight else _SLIDING_BATCHED)
+        rules.append(_HYBRID_PREFIX_CACHING if self.hybrid_prefix_caching else _HYBRID_NO_PREFIX_CACHING)
         if self.version.at_least(0, 28):
             return [*rules, _BATCH_160_GIB]
         if self.version.at_least(0, 9):

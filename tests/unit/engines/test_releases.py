@@ -78,7 +78,12 @@ def test_defaults_that_moved_between_releases():
     assert not vllm.release("0.19.1").cudagraphs_before_kv and vllm.release("0.20.0").cudagraphs_before_kv
     assert replace(vllm.release("0.34.0"), extensible=True).default_gpu_memory_utilization == 1.0
     assert not vllm.release("0.6.4").null_block and vllm.release("0.8.0").null_block
-    assert not vllm.release("0.19.0").kv_tokens_by_concurrency and vllm.release("0.20.0").kv_tokens_by_concurrency
+    # 'GPU KV cache size' is blocks per group x block size through 0.20.0 (kv_cache_utils.py l.1694), concurrency x
+    # max_model_len from 0.20.1 (l.1706): the 0.20.0 hybrid launches of the corpus print the former
+    assert not vllm.release("0.20.0").kv_tokens_by_concurrency and vllm.release("0.20.1").kv_tokens_by_concurrency
+    # hybrid models run with prefix caching (mamba cache mode 'align') by default from 0.28.0 (arg_utils.py l.2650;
+    # 0.27.0 l.2604 keeps it opt-in)
+    assert not vllm.release("0.27.0").hybrid_prefix_caching and vllm.release("0.28.0").hybrid_prefix_caching
     # sliding windows hold the tokens in flight from 0.26.0 (config/vllm.py l.525), not 0.25 (0.25.1 counts batched)
     assert not vllm.release("0.25.1").sliding_counts_in_flight and vllm.release("0.26.0").sliding_counts_in_flight
 

@@ -203,6 +203,24 @@ def test_defect2_release_boundaries_are_the_wheels(run_kvops):
     assert doc(run_kvops, *sliding, "--engine-version", "0.26.0")["capacity"]["max_in_flight_tokens"] == 16384
 
 
+def test_hybrid_pools_follow_the_releases_prefix_caching_and_kv_size_line(run_kvops):
+    """Two public 0.20.0 launches of Qwen3.5-9B (a Gated DeltaNet hybrid) on RTX 5090s print 53,328 and 246,576 KV
+    tokens and 36.91x and 169.82x concurrency: 11 blocks per request (8 attention blocks, one state page in each of
+    the 3 state groups: hybrid models ran without prefix caching before 0.28.0) and blocks // groups x block size
+    tokens (through 0.20.0). kvops had planned 2 state pages per group from every release and concurrency x
+    max-model-len tokens from 0.20.0: 119,076 tokens and 29.07x with the same KV pinned."""
+    args = ("-m", "Qwen/Qwen3.5-9B", "--gpu", "RTX-5090", "--max-model-len", "4096", "--max-num-batched-tokens", "8192")
+    for tp, kv_gib, tokens, concurrency in ((1, 6.56, 53_328, 36.91), (2, 15.06, 246_576, 169.82)):
+        pinned = ("--tp", str(tp), "--kv-cache-memory-bytes", str(round(kv_gib * GiB)))
+        capacity = doc(run_kvops, *args, *pinned, "--engine-version", "0.20.0")["capacity"]
+        assert capacity["blocks_per_request_at_max_model_len"] == 11 and capacity["kv_tokens"] == tokens
+        assert capacity["max_concurrency"] == pytest.approx(concurrency, rel=0.005)  # the logged GiB's rounding
+    newer = doc(run_kvops, *args, "--kv-cache-memory-bytes", str(round(6.56 * GiB)), "--engine-version", "0.28.0")
+    assert newer["capacity"]["blocks_per_request_at_max_model_len"] == 14  # 'align': two state pages per group
+    asked = doc(run_kvops, *args, "--enable-prefix-caching", "--engine-version", "0.27.0")
+    assert asked["capacity"]["blocks_per_request_at_max_model_len"] == 14
+
+
 def test_defect3_v1_before_0111_plans_with_v1_overheads_and_a_sorting_sampler(run_kvops):
     """V1 0.8-0.11.0 borrowed V0's overheads (non-torch 0.35 GiB at tp 4); it falls back to the V1 family's, with
     V0's sorting sampler; 0.7.x with VLLM_USE_V1=1 is planned as V1 (--engine-version 0.7.3-v1)."""
