@@ -8,8 +8,8 @@ Mirrors the installed engine:
 - hybrid state models: before the specs are built, `Platform._align_hybrid_block_size` raises the attention block
   size until an attention page holds the largest state page, and pads the state page to the attention page
   (block sizes such as 528 on a GPU); the state pages a request holds follow the mamba cache mode ("align", the
-  default with prefix caching: 2, and one more for Mamba-2's prefill checkpoint; "none": 1), plus one per
-  speculative token.
+  default with prefix caching: 2, and from 0.32 one more for Mamba-2's prefill checkpoint; "none": 1; "all", 0.12
+  to 0.31: one per block of tokens), plus one per speculative token (the mode itself: plan.mamba_cache_mode).
 - grouping (`kv_cache_utils.get_kv_cache_groups`): identical specs form one group; specs of one type (all
   full-type: full, MLA, indexer, or all one sliding window, ...) with different page sizes form one group whose
   block is the sum of their pages; otherwise (hybrid) pages are unified (smaller attention pages get a larger
@@ -40,7 +40,8 @@ CPU_BLOCK_SIZE = 128  # platforms/cpu.py when the user gives none
 CPU_MLA_BLOCK_SIZE = 16  # the reference CPU MLA kernel (a host without AMX tiles)
 KERNEL_BLOCK_ALIGNMENT = {"gpu": 16, "cpu": 32}  # FlashAttention MultipleOf(16); CPU_ATTN MultipleOf(32)
 HYBRID_MLA_BLOCK_ALIGNMENT = 128  # hybrid MLA/Mamba models: a multiple of 128 (`_align_hybrid_block_size`)
-MAMBA_STATE_PAGES = {"align": 2, "none": 1}  # MambaSpec.max_memory_usage_bytes per mamba_cache_mode
+MAMBA_STATE_PAGES = {"align": 2, "none": 1, "all": 0}  # MambaSpec.max_memory_usage_bytes per mamba_cache_mode
+# ('all', V1 0.12-0.31: a state page per block of tokens, cdiv(max_model_len, block_size), beside these)
 # Mamba-2 mixers (MambaMixer2.get_kv_cache_spec) keep one more page in align mode: the prefill checkpoint
 MAMBA2_CHECKPOINT_PAGES = 1
 FULL_TYPE = ("full", "mla", "indexer")
@@ -69,6 +70,7 @@ class LayoutOptions:
     mamba_cache_dtype: str = "auto"  # --mamba-cache-dtype (the conv state)
     mamba_ssm_cache_dtype: str = "auto"  # --mamba-ssm-cache-dtype
     speculative_tokens: int = 0  # num_speculative_tokens: extra state pages and conv rows
+    mamba2_prefill_checkpoint: bool = True  # align mode: a Mamba-2 mixer's prefill checkpoint page (vLLM 0.32+)
     # layers that keep the model's own KV dtype (kv_cache_dtype_skip_layers: TurboQuant's boundary layers)
     unquantized_layers: frozenset[int] = frozenset()
 
@@ -84,7 +86,8 @@ class CacheSpec:
     page_bytes: int
     block_size: int
     window: int | None = None  # sliding window, or the attention chunk
-    state_pages: int = 0  # mamba: pages one request holds
+    state_pages: int = 0  # mamba: pages one request holds (beside one per block of tokens in 'all' mode)
+    state_per_block: bool = False  # mamba cache mode 'all': a state page per block of tokens
 
     @property
     def uniform_type(self) -> tuple:
@@ -96,6 +99,7 @@ class CacheSpec:
             self.block_size,
             self.window,
             self.state_pages,
+            self.state_per_block,
             self.page_bytes if self.kind == "mamba" else 0,
         )
 
@@ -109,7 +113,7 @@ class CacheSpec:
     def admission_blocks(self, max_model_len: int, in_flight: int) -> int:
         """Blocks one request at `max_model_len` may hold (`cdiv(max_memory_usage_bytes, page_size_bytes)`)."""
         if self.kind == "mamba":
-            return self.state_pages
+            return self.state_pages + (-(-max_model_len // self.block_size) if self.state_per_block else 0)
         if self.kind == "sliding":
             return -(-min(self.span - 1 + in_flight, max_model_len) // self.block_size) + 1
         if self.kind == "chunked":
@@ -119,7 +123,7 @@ class CacheSpec:
     def held_blocks(self, tokens: int) -> int:
         """Blocks a running sequence of `tokens` tokens holds in steady decode (blocks out of reach freed)."""
         if self.kind == "mamba":
-            return self.state_pages
+            return self.state_pages + (-(-tokens // self.block_size) if self.state_per_block else 0)
         full = -(-tokens // self.block_size)
         if self.kind == "sliding" and tokens > self.span:
             return min(full, -(-self.span // self.block_size) + 1)
@@ -280,10 +284,12 @@ def layer_spec(
     spec: ModelSpec, layer: LayerKind, dtype: KvDtype, tp: int, block_size: int, options: LayoutOptions
 ) -> CacheSpec:
     if isinstance(layer, MambaState):
-        pages = MAMBA_STATE_PAGES[options.mamba_cache_mode] + options.speculative_tokens
-        if options.mamba_cache_mode == "align" and layer.variant == "mamba2":
+        mode = options.mamba_cache_mode
+        pages = MAMBA_STATE_PAGES[mode] + options.speculative_tokens
+        if mode == "align" and layer.variant == "mamba2" and options.mamba2_prefill_checkpoint:
             pages += MAMBA2_CHECKPOINT_PAGES
-        return CacheSpec("mamba", state_page_bytes(spec, layer, tp, options), block_size, state_pages=pages)
+        page = state_page_bytes(spec, layer, tp, options)
+        return CacheSpec("mamba", page, block_size, state_pages=pages, state_per_block=mode == "all")
     window = getattr(layer, "window", None) or getattr(layer, "chunk", None)
     per_token = layer.bytes_per_token(dtype, tp)
     if isinstance(layer, MultiLatentAttention) and layer.sparse and dtype.bits == 8 and options.device == "gpu":

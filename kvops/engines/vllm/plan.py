@@ -264,7 +264,8 @@ def layout_options(
         device=inputs.device,
         block_size_given=inputs.block_size is not None,
         hybrid_manager=inputs.hybrid_manager and release.hybrid_manager and not eagle_with_chunked(inputs),
-        mamba_cache_mode=inputs.mamba_cache_mode or ("align" if _prefix_caching(inputs, release) else "none"),
+        mamba_cache_mode=mamba_cache_mode(inputs, release),
+        mamba2_prefill_checkpoint=release.mamba2_prefill_checkpoint,
         mamba_cache_dtype=inputs.mamba_cache_dtype,
         mamba_ssm_cache_dtype=inputs.mamba_ssm_cache_dtype,
         speculative_tokens=speculative.tokens if speculative else 0,
@@ -272,18 +273,51 @@ def layout_options(
     )
 
 
+# Models whose state vLLM caches per block of tokens with prefix caching (SupportsMambaPrefixCaching in
+# model_executor/models/: falcon_h1, granitemoehybrid, jamba, mamba, mamba2, nemotron_h, zamba2; 0.28.0 and 0.32.0)
+STATE_PER_BLOCK_MODELS = frozenset(
+    ("falcon_h1", "granitemoehybrid", "jamba", "mamba", "mamba2", "nemotron_h", "zamba2")
+)
+
+
+def mamba_cache_mode(inputs: PlanInputs, release: releases.VllmRelease) -> str:
+    """The mamba cache mode vLLM runs a model with state layers in (model_executor/models/config.py
+    MambaModelConfig.verify_and_update_config): 'none' without prefix caching; with it, 'all' (a state page per
+    block of tokens) for the models that support it through 0.27 and where asked through 0.31, else 'align'
+    ('all' falls back to it); 0.12-0.14 had no mode and turned prefix caching off for the other models."""
+    asked = inputs.mamba_cache_mode
+    if asked == "all" and not release.mamba_states_per_block:
+        raise UsageError(
+            f"--mamba-cache-mode all: vLLM {release.version} takes align or none (its config/cache.py MambaCacheMode; "
+            "'all' was taken by 0.15 to 0.31)"
+        )
+    per_block = release.mamba_states_per_block and inputs.spec.model_type in STATE_PER_BLOCK_MODELS
+    if asked is not None:
+        return "align" if asked == "all" and not per_block else asked
+    if not _prefix_caching(inputs, release):
+        return "none"
+    if not release.version.at_least(0, 15):
+        return "all" if per_block else "none"
+    return "all" if per_block and not release.hybrid_prefix_caching else "align"
+
+
 def _state_pages(kv_layout: layout.KVCacheLayout, inputs: PlanInputs, release: releases.VllmRelease) -> str:
-    """What a request holds in each state group, and the prefix-caching setting that decides it."""
-    pages = {group.spec.state_pages for group in kv_layout.groups if group.kind == "mamba"}
-    if not pages:
+    """What a request holds in each state group, and the setting that decides it."""
+    states = [group.spec for group in kv_layout.groups if group.kind == "mamba"]
+    if not states:
         return ""
+    mode = mamba_cache_mode(inputs, release)
     if inputs.mamba_cache_mode:
-        why = f"--mamba-cache-mode {inputs.mamba_cache_mode}"
+        why = f"mamba cache mode {mode}: --mamba-cache-mode {inputs.mamba_cache_mode}"
     elif inputs.prefix_caching is not None and release.version.at_least(0, 12):
-        why = f"prefix caching {'on' if inputs.prefix_caching else 'off'}, as asked"
+        why = f"mamba cache mode {mode}: prefix caching {'on' if inputs.prefix_caching else 'off'}, as asked"
     else:
-        why = f"prefix caching {'on' if _prefix_caching(inputs, release) else 'off'}: vLLM {release.version}'s default for models with state layers"
-    count = "/".join(map(str, sorted(pages))) + (" page" if pages == {1} else " pages")
+        default = "on" if _prefix_caching(inputs, release) else "off"
+        why = f"mamba cache mode {mode}: prefix caching {default}, vLLM {release.version}'s default for models with state layers"
+    pages = sorted({spec.state_pages for spec in states})
+    count = "/".join(map(str, pages)) + (" page" if pages == [1] else " pages")
+    if states[0].state_per_block:
+        count = f"one page per block of its tokens{f' and {count}' if pages != [0] else ''}"
     return f"; each request holds {count} in each state group ({why})"
 
 

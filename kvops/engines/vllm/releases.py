@@ -247,6 +247,18 @@ class VllmRelease:
         return not self.v0 and self.version.at_least(0, 20, 1)
 
     @property
+    def mamba_states_per_block(self) -> bool:
+        """Prefix caching keeps a state page per block of tokens (mamba cache mode 'all') for the models that support
+        it: V1 0.12-0.31 (the mode is gone from config/cache.py's MambaCacheMode in the 0.32.0 wheel)."""
+        return not self.v0 and self.version.at_least(0, 12) and not self.version.at_least(0, 32)
+
+    @property
+    def mamba2_prefill_checkpoint(self) -> bool:
+        """A Mamba-2 mixer keeps one more state page in align mode, its prefill checkpoint (mamba_mixer2.py
+        get_kv_cache_spec, l.1107 in the 0.32.0 wheel; not in 0.31.0)."""
+        return not self.v0 and self.version.at_least(0, 32)
+
+    @property
     def hybrid_prefix_caching(self) -> bool:
         """Models with state layers run with prefix caching (mamba cache mode 'align') unless told not to, from
         0.28.0; before, without it unless asked."""

@@ -221,6 +221,28 @@ def test_hybrid_pools_follow_the_releases_prefix_caching_and_kv_size_line(run_kv
     assert asked["capacity"]["blocks_per_request_at_max_model_len"] == 14
 
 
+def test_the_mamba_cache_mode_is_the_releases(run_kvops):
+    """State pages per request of Granite-4.0-H (Mamba-2, 9 state groups) at 32,768 tokens, 63 attention blocks of
+    528: 'none' (1 page) where prefix caching is off, 'align' (2; a Mamba-2 mixer's prefill checkpoint makes it 3
+    from 0.32.0), and 'all' (a page per block of tokens), which prefix caching chose for the models that support it
+    through 0.27 and which 0.32.0 no longer takes. `--mamba-cache-mode all` had raised a KeyError."""
+    args = ("-m", "ibm-granite/granite-4.0-h-small", "--gpu", "h100", "--max-model-len", "32768")
+
+    def blocks(*extra: str) -> int:
+        return doc(run_kvops, *args, *extra)["capacity"]["blocks_per_request_at_max_model_len"]
+
+    assert blocks("--engine-version", "0.27.0") == 63 + 9
+    assert blocks("--engine-version", "0.27.0", "--enable-prefix-caching") == 63 + 9 * 63
+    assert blocks("--engine-version", "0.31.0") == 63 + 9 * 2
+    assert blocks("--engine-version", "0.31.0", "--mamba-cache-mode", "all") == 63 + 9 * 63
+    assert blocks("--engine-version", "0.34.0") == 63 + 9 * 3
+    qwen = ("-m", "Qwen/Qwen3.5-9B", "--gpu", "h100", "--max-model-len", "4096", "--engine-version", "0.27.0")
+    asked_all = doc(run_kvops, *qwen, "--mamba-cache-mode", "all")  # Gated DeltaNet: vLLM falls back to align
+    assert asked_all["capacity"]["blocks_per_request_at_max_model_len"] == 8 + 3 * 2
+    err = run_kvops("plan", *args, "--mamba-cache-mode", "all", "--engine-version", "0.32.0", expect=2).stderr
+    assert "--mamba-cache-mode all: vLLM 0.32.0 takes align or none" in err and "Traceback" not in err
+
+
 def test_defect3_v1_before_0111_plans_with_v1_overheads_and_a_sorting_sampler(run_kvops):
     """V1 0.8-0.11.0 borrowed V0's overheads (non-torch 0.35 GiB at tp 4); it falls back to the V1 family's, with
     V0's sorting sampler; 0.7.x with VLLM_USE_V1=1 is planned as V1 (--engine-version 0.7.3-v1)."""
