@@ -145,11 +145,12 @@ _SLIDING_IN_FLIGHT = Rule(
 )
 _HYBRID_MANAGER = Rule(
     "sliding-window layers form their own KV cache groups and keep only their window (the hybrid KV cache manager)",
-    "v1/core/kv_cache_utils.py get_kv_cache_groups; on by default from v0.10.0 (vLLM release notes)",
+    "v1/core/kv_cache_utils.py get_kv_cache_groups; on by default from 0.9.1 (config.py l.2120 in the 0.9.1 wheel: "
+    "disable_hybrid_kv_cache_manager False; 0.9.0's unify_hybrid_kv_cache_specs turns sliding layers into full ones)",
 )
 _NO_HYBRID_MANAGER = Rule(
     "every layer, sliding-window ones included, holds the whole context in one KV cache group",
-    "V0 and V1 before the hybrid KV cache manager (v0.10.0)",
+    "V0 and V1 before the hybrid KV cache manager (0.9.1)",
 )
 _V0_BATCH = Rule(
     "256 sequences; max_num_batched_tokens = max(max_model_len, 2048), or 2048 (512 before 0.6.5) with chunked prefill, "
@@ -266,9 +267,9 @@ class VllmRelease:
 
     @property
     def hybrid_manager(self) -> bool:
-        """Sliding-window layers hold only their window (the hybrid KV cache manager, V1 from 0.10); before, every
+        """Sliding-window layers hold only their window (the hybrid KV cache manager, V1 from 0.9.1); before, every
         layer holds the whole context."""
-        return not self.v0 and self.version.at_least(0, 10)
+        return not self.v0 and self.version.at_least(0, 9, 1)
 
     @property
     def refuses_seqs_above_state_blocks(self) -> bool:

@@ -84,6 +84,12 @@ def test_defaults_that_moved_between_releases():
     # hybrid models run with prefix caching (mamba cache mode 'align') by default from 0.28.0 (arg_utils.py l.2650;
     # 0.27.0 l.2604 keeps it opt-in)
     assert not vllm.release("0.27.0").hybrid_prefix_caching and vllm.release("0.28.0").hybrid_prefix_caching
+    # the hybrid KV cache manager (sliding layers keep their window) is on by default from 0.9.1 (config.py l.2120);
+    # 0.9.0 turns sliding layers into full ones (kv_cache_utils.py unify_hybrid_kv_cache_specs)
+    assert not vllm.release("0.9.0").hybrid_manager and vllm.release("0.9.1").hybrid_manager
+    # mamba cache mode 'all' is taken through 0.31; a Mamba-2 mixer's prefill checkpoint page arrives in 0.32.0
+    assert vllm.release("0.31.0").mamba_states_per_block and not vllm.release("0.32.0").mamba_states_per_block
+    assert not vllm.release("0.31.0").mamba2_prefill_checkpoint and vllm.release("0.32.0").mamba2_prefill_checkpoint
     # sliding windows hold the tokens in flight from 0.26.0 (config/vllm.py l.525), not 0.25 (0.25.1 counts batched)
     assert not vllm.release("0.25.1").sliding_counts_in_flight and vllm.release("0.26.0").sliding_counts_in_flight
 
