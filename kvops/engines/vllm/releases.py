@@ -96,7 +96,8 @@ _SAMPLER_SORT = Rule(
 _SAMPLER_NO_SORT = Rule(
     "the profile run samples one decode step for max_num_seqs sequences without sorting the vocabulary (FlashInfer, "
     "a default dependency from 0.11.1, then vLLM's Triton top-k/top-p): about 15 bytes per logit",
-    "vllm-project/vllm PR #26443 (FlashInfer a default CUDA dependency, v0.11.1); v1/sample/ops/topk_topp_triton.py",
+    "vllm-project/vllm PR #26443: flashinfer-python a default dependency in the 0.11.1 wheel's METADATA (an extra "
+    "in 0.11.0); v1/sample/ops/topk_topp_triton.py",
 )
 _V0_BUDGET = Rule(
     "KV = total x gpu_memory_utilization - (weights + PyTorch activation peak + non-torch memory)",
@@ -159,19 +160,19 @@ _V0_BATCH = Rule(
 )
 _BATCH_BY_NAME = Rule(
     "API server: 8192 batched tokens on H100/H200 (by name), 2048 on other GPUs; 256 sequences",
-    "vllm-project/vllm PR #12369 (v0.7.1)",
+    "engine/arg_utils.py l.1281 in the 0.7.0 wheel (vllm-project/vllm PR #12369); to 0.8.4",
 )
 _BATCH_70_GIB = Rule(
     "API server: 8192 batched tokens and 1024 sequences on GPUs with >= 70 GiB, else 2048 and 256",
-    "vllm-project/vllm PR #17073 (v0.8.5)",
+    "engine/arg_utils.py l.1596 in the 0.8.5 wheel (vllm-project/vllm PR #17073)",
 )
 _BATCH_70_GIB_NOT_A100 = Rule(
     "API server: 8192 batched tokens and 1024 sequences on GPUs with >= 70 GiB except the A100, else 2048 and 256",
-    "vllm-project/vllm PR #17885 (v0.9.0); engine/arg_utils.py get_batch_defaults",
+    "engine/arg_utils.py l.1495 in the 0.9.0 wheel (vllm-project/vllm PR #17885), to 0.27.x",
 )
 _BATCH_160_GIB = Rule(
     "API server: 16384 batched tokens and 1024 sequences on GPUs with >= 160 GiB; 8192/1024 at >= 70 GiB except the A100; else 2048/256",
-    "engine/arg_utils.py get_batch_defaults (the >= 160 GiB tier since v0.28.0)",
+    "engine/arg_utils.py l.2582 in the 0.28.0 wheel (the >= 160 GiB tier; not in 0.27.0)",
 )
 
 
@@ -301,7 +302,7 @@ class VllmRelease:
         if not self.version.at_least(0, 9) and self.version.at_least(0, 8, 5) and memory >= 70 * GiB:
             return BatchDefaults(8192, 1024, "GPU >= 70 GiB: 8192 tokens, 1024 sequences (0.8.5)")
         if not self.version.at_least(0, 8, 5) and ("h100" in name or "h200" in name):
-            return BatchDefaults(8192, 256, "H100/H200: 8192 tokens, 256 sequences (0.7.1-0.8.4)")
+            return BatchDefaults(8192, 256, "H100/H200: 8192 tokens, 256 sequences (0.7.0-0.8.4)")
         return BatchDefaults(2048, 256, "other GPUs: 2048 tokens, 256 sequences")
 
     def _v0_batch(self, max_model_len: int) -> BatchDefaults:
