@@ -217,6 +217,14 @@ def test_hybrid_pools_follow_the_releases_prefix_caching_and_kv_size_line(run_kv
         assert capacity["max_concurrency"] == pytest.approx(concurrency, rel=0.005)  # the logged GiB's rounding
     newer = doc(run_kvops, *args, "--kv-cache-memory-bytes", str(round(6.56 * GiB)), "--engine-version", "0.28.0")
     assert newer["capacity"]["blocks_per_request_at_max_model_len"] == 14  # 'align': two state pages per group
+    # 0.30.0 (align), Qwen3.5-27B FP8 and AWQ on two RTX 4090s (Leroyyyyyyyyy/locnvda, the engine's figures tabulated):
+    # 6.1 and 11.25 GiB of KV, 122,398 and 226,484 tokens, 14.94x and 27.65x at 8,192 tokens
+    for quantization, kv_gib, tokens, concurrency in (("fp8", 6.1, 122_398, 14.94), ("awq", 11.25, 226_484, 27.65)):
+        launch = ("-m", "Qwen/Qwen3.5-27B", "--gpu", "RTX-4090", "--tp", "2", "--max-model-len", "8192")
+        flags = ("--max-num-seqs", "64", "--language-model-only", "--quantization", quantization)
+        pinned = ("--kv-cache-memory-bytes", str(round(kv_gib * GiB)), "--engine-version", "0.30.0")
+        capacity = doc(run_kvops, *launch, *flags, *pinned)["capacity"]
+        assert capacity["kv_tokens"] == tokens and round(capacity["max_concurrency"], 2) == concurrency
     asked = doc(run_kvops, *args, "--enable-prefix-caching", "--engine-version", "0.27.0")
     assert asked["capacity"]["blocks_per_request_at_max_model_len"] == 14
 
