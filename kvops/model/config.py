@@ -238,6 +238,9 @@ def _attention_layers(
     return _without_shared_kv(text, _attention_kinds(text, reader, num_layers, full, kv_heads, head_dim, notes), notes)
 
 
+QWEN_VL_MAX_IMAGE_TOKENS = 16384
+
+
 def _encoder(config: dict) -> EncoderShape | None:
     """The vision encoder the engine's profile run exercises: width and MLP size of its vision_config, and how many
     patches feed one language-model token (Qwen-VL's spatial_merge_size squared; MoonViT's merge_kernel_size;
@@ -253,7 +256,10 @@ def _encoder(config: dict) -> EncoderShape | None:
     tokens = config.get("mm_tokens_per_image")
     if tokens and vision.get("image_size") and vision.get("patch_size"):
         merge = max(1, (int(vision["image_size"]) // int(vision["patch_size"])) ** 2 // int(tokens))
-    return EncoderShape(width, inter, merge)
+    # Qwen-VL's towers (a temporal patch): their image processors' default ceiling is 16,384 merged tokens an image
+    # (Qwen2-VL max_pixels 12,845,056 = 16,384 x 28^2; Qwen3-VL longest_edge 16,777,216 = 16,384 x 32^2)
+    largest = QWEN_VL_MAX_IMAGE_TOKENS if vision.get("temporal_patch_size") else 0
+    return EncoderShape(width, inter, merge, largest)
 
 
 def _rope_dim(text: dict, head_dim: int) -> int:

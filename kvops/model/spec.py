@@ -307,12 +307,14 @@ class ParameterCount:
 
 @frozen
 class EncoderShape:
-    """A multimodal encoder as the profile run exercises it: its width, MLP size, and encoder positions (patches)
-    per language-model token it yields (a spatial merge of 2 x 2 feeds 4 patches into one token)."""
+    """A multimodal encoder as the profile run exercises it: its width, MLP size, encoder positions (patches) per
+    language-model token it yields (a spatial merge of 2 x 2 feeds 4 patches into one token), and the most
+    language-model tokens one image yields where that is known (0: not above the batched tokens)."""
 
     width: int
     intermediate: int
     patches_per_token: int = 1
+    max_item_tokens: int = 0
 
 
 @frozen

@@ -76,19 +76,28 @@ def requested_memory(total_bytes: int, utilization: float, release_: VllmRelease
     return floor(total_bytes * utilization) if release_.v0 else ceil(total_bytes * utilization)
 
 
-def encoder_pass(spec: ModelSpec, batched: int, text_only: bool = False) -> tuple[int, int]:
+def encoder_budget(spec: ModelSpec, batched: int) -> int:
+    """The language-model tokens the encoder's profile batch yields: max_num_batched_tokens, or the most one image
+    yields where that is more (v1/core/encoder_cache_manager.py compute_mm_encoder_budget: max(
+    max_num_encoder_input_tokens, max_tokens_per_mm_item); a 0.19.0 log of Qwen3.5-9B at 8,192 batched tokens:
+    'Encoder cache will be initialized with a budget of 16384 tokens')."""
+    return max(batched, spec.encoder.max_item_tokens) if spec.encoder else batched
+
+
+def encoder_pass(spec: ModelSpec, batched: int, tp: int = 1, text_only: bool = False) -> tuple[int, int]:
     """The multimodal encoder's share of the profile run (v1/worker/gpu/model_runner.py profile_run, 0.34.0:
-    `profile_encoder_cache` runs the encoder on a dummy batch of the encoder budget, max_num_batched_tokens of
-    language-model tokens, and keeps its outputs in the encoder cache through the decoder's dummy run): the
-    encoder's forward peak over that batch's patches (a ViT layer's widest activations, as the decoder's forward
-    pass is modelled), and the cached outputs (tokens x the text width, 2 B each). (0, 0) without an encoder or
-    with --language-model-only."""
+    `profile_encoder_cache` runs the encoder on a dummy batch of the encoder budget and keeps its outputs in the
+    encoder cache through the decoder's dummy run): the encoder's forward peak over that batch's patches per GPU (a
+    ViT layer's widest activations, as the decoder's forward pass is modelled: the residual stream whole, attention
+    and MLP split by tp, vLLM's default mm_encoder_tp_mode "weights"), and the cached outputs (tokens x the text
+    width, 2 B each). (0, 0) without an encoder or with --language-model-only."""
     encoder = spec.encoder
     if encoder is None or text_only:
         return 0, 0
-    patches = batched * encoder.patches_per_token
-    forward = patches * (3 * encoder.width + max(4 * encoder.width, 2 * encoder.intermediate)) * 2
-    return forward, batched * spec.hidden_size * 2
+    tokens = encoder_budget(spec, batched)
+    patches = tokens * encoder.patches_per_token
+    forward = ceil(patches * (3 * encoder.width + max(4 * encoder.width, 2 * encoder.intermediate) / tp) * 2)
+    return forward, tokens * spec.hidden_size * 2
 
 
 def profile_run(
@@ -105,7 +114,7 @@ def profile_run(
         topk = max(1, spec.experts_per_token)
         workspace = batched * topk * (max(inter, spec.hidden_size) + max(2 * inter, spec.hidden_size)) * 2
     forward = common.forward_activation_peak(spec, batched, tp)
-    encoder, cached = encoder_pass(spec, batched, text_only)
+    encoder, cached = encoder_pass(spec, batched, tp, text_only)
     return max(forward + cached, encoder), common.sampler_logits(spec, sampler_seqs), workspace
 
 
@@ -467,11 +476,12 @@ def _activation(inputs: PlanInputs, release_: VllmRelease, batched: int, sampler
     forward, logits, workspace = profile_run(inputs.spec, batched, sampler_seqs, inputs.tp, scope, inputs.text_only)
     fit = _fit(inputs, release_)
     sampler = fit.sampler(logits) + workspace
-    encoder, cached = encoder_pass(inputs.spec, batched, inputs.text_only)
+    encoder, cached = encoder_pass(inputs.spec, batched, inputs.tp, inputs.text_only)
     if forward >= sampler and encoder and encoder >= forward:
+        budget = encoder_budget(inputs.spec, batched)
         which = (
-            f"the multimodal encoder's profile pass over {batched} tokens' "
-            f"{batched * inputs.spec.encoder.patches_per_token:,} patches ({format_bytes(encoder)})"  # type: ignore[union-attr]
+            f"the multimodal encoder's profile pass over {budget} tokens' "
+            f"{budget * inputs.spec.encoder.patches_per_token:,} patches ({format_bytes(encoder)})"  # type: ignore[union-attr]
         )
     elif forward >= sampler:
         which = f"the forward pass over {batched} batched tokens ({format_bytes(forward - cached)})"

@@ -296,6 +296,19 @@ def test_defect6_the_multimodal_encoders_profile_pass_is_in_the_activation(run_k
     assert vl["bytes"] > text["bytes"] + 2 * GiB
 
 
+def test_the_encoder_budget_is_the_largest_image_where_that_is_more_and_splits_by_tp(run_kvops):
+    """vLLM's encoder budget is max(max-num-batched-tokens, the most tokens one image yields)
+    (compute_mm_encoder_budget): a public 0.19.0 log of Qwen3.5-9B on an L40S at 8,192 batched tokens prints 'Encoder
+    cache will be initialized with a budget of 16384 tokens' and logged 20.27 GiB of KV, where kvops had planned
+    21.16 (the sampler's 0.92 GiB the peak); now 20.40. The tower's attention and MLP split by tp."""
+    args = ("-m", "Qwen/Qwen3.5-9B", "--gpu", "L40S", "--engine-version", "0.19.0", "--max-num-batched-tokens", "8192")
+    plan = doc(run_kvops, *args)
+    assert "multimodal encoder's profile pass over 16384 tokens' 65,536 patches" in term(plan, "activation")["formula"]
+    assert 20.27 * GiB < term(plan, "kv_cache")["bytes"] < 20.27 * 1.02 * GiB
+    tp1, tp2 = (term(doc(run_kvops, *args, "--tp", tp), "activation")["bytes"] for tp in "12")
+    assert tp2 < tp1
+
+
 def test_defect7_a_launch_vllm_refuses_does_not_fit_and_the_sampler_is_sized_for_the_emitted_seqs(run_kvops):
     state = (
         "-m",
@@ -336,6 +349,7 @@ def test_defect7_the_seqs_kvops_chooses_for_a_hybrid_model_settle_within_its_sta
             "fp8",
             "--max-model-len",
             "2048",
+            "--language-model-only",  # the vision tower's profile pass over a 16,384-token image leaves no KV here
         )
         for gpu in ("RTX-3090", "RTX-4090")  # 23.58 and 23.63 GiB as torch sees them
     )
