@@ -180,30 +180,13 @@ def goals(rows: list[Row]) -> list[Goal]:
     """The issue's goals on the launches kvops has every input for, then a caveat row for those with LoRA adapters
     (the memory adapters take is in no term kvops plans: their error says nothing of the rules being judged)."""
     planned = [row for row in rows if row.planned and not row.entry.lora and not row.entry.post_fit]
-    recent = [
-        row
-        for row in planned
-        if row.entry.engine == "vllm" and row.family != "V0" and row.kind in ("dense", "MoE", "sliding", "MLA")
-    ]
-    # every log of the newest families was published after the fit: they are judged here out of sample
-    newest = [
-        row
-        for row in rows
-        if row.planned
-        and not row.entry.lora
-        and row.entry.engine == "vllm"
-        and row.family in NEWEST_FAMILIES
-        and row.kind in ("dense", "MoE", "sliding", "MLA")
-    ]
-    # hybrid launches are judged whenever they were published, as the newest families are: the corpus plans few
-    hybrid_v0 = [
-        row
-        for row in rows
-        if row.planned
-        and not row.entry.lora
-        and row.entry.engine == "vllm"
-        and (row.kind == "hybrid" or (row.family == "V0" and not row.entry.post_fit))
-    ]
+    attention = ("dense", "MoE", "sliding", "MLA")
+    recent = [row for row in planned if row.entry.engine == "vllm" and row.family != "V0" and row.kind in attention]
+    # vLLM launches whenever published: the newest families' logs all came after the fit, and the corpus plans few
+    # hybrid ones, so both are judged here out of sample too
+    vllm_any = [row for row in rows if row.planned and not row.entry.lora and row.entry.engine == "vllm"]
+    newest = [row for row in vllm_any if row.family in NEWEST_FAMILIES and row.kind in attention]
+    hybrid_v0 = [row for row in vllm_any if row.kind == "hybrid" or (row.family == "V0" and not row.entry.post_fit)]
     tgi = [row for row in planned if row.entry.engine == "tgi"]
 
     out = []

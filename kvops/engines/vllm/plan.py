@@ -296,7 +296,7 @@ def mamba_cache_mode(inputs: PlanInputs, release: releases.VllmRelease) -> str:
         return "align" if asked == "all" and not per_block else asked
     if not _prefix_caching(inputs, release):
         return "none"
-    if not release.version.at_least(0, 15):
+    if not release.has_mamba_cache_mode:
         return "all" if per_block else "none"
     return "all" if per_block and not release.hybrid_prefix_caching else "align"
 
@@ -309,7 +309,7 @@ def _state_pages(kv_layout: layout.KVCacheLayout, inputs: PlanInputs, release: r
     mode = mamba_cache_mode(inputs, release)
     if inputs.mamba_cache_mode:
         why = f"mamba cache mode {mode}: --mamba-cache-mode {inputs.mamba_cache_mode}"
-    elif inputs.prefix_caching is not None and release.version.at_least(0, 12):
+    elif inputs.prefix_caching is not None and release.hybrid_prefix_caching_allowed:
         why = f"mamba cache mode {mode}: prefix caching {'on' if inputs.prefix_caching else 'off'}, as asked"
     else:
         default = "on" if _prefix_caching(inputs, release) else "off"
@@ -322,9 +322,8 @@ def _state_pages(kv_layout: layout.KVCacheLayout, inputs: PlanInputs, release: r
 
 
 def _prefix_caching(inputs: PlanInputs, release: releases.VllmRelease) -> bool:
-    """Whether a model with state layers runs with prefix caching: as asked, else the release's default; V1 before
-    0.12 turns it off for them whatever was asked (model_executor/models/config.py, 0.11.0 wheel l.295)."""
-    if release.v0 or not release.version.at_least(0, 12):
+    """Whether a model with state layers runs with prefix caching: as asked, else the release's default."""
+    if not release.hybrid_prefix_caching_allowed:
         return False
     return inputs.prefix_caching if inputs.prefix_caching is not None else release.hybrid_prefix_caching
 

@@ -249,6 +249,18 @@ class VllmRelease:
         return not self.v0 and self.version.at_least(0, 20, 1)
 
     @property
+    def hybrid_prefix_caching_allowed(self) -> bool:
+        """Models with state layers may run with prefix caching: V1 from 0.12 (0.10-0.11 turn it off whatever was
+        asked: model_executor/models/config.py, l.295 in the 0.11.0 wheel)."""
+        return not self.v0 and self.version.at_least(0, 12)
+
+    @property
+    def has_mamba_cache_mode(self) -> bool:
+        """--mamba-cache-mode exists and prefix caching falls back to 'align' for models without per-block states:
+        from 0.15.0 (config/cache.py MambaCacheMode; 0.12-0.14 turn prefix caching off for those models)."""
+        return not self.v0 and self.version.at_least(0, 15)
+
+    @property
     def mamba_states_per_block(self) -> bool:
         """Prefix caching keeps a state page per block of tokens (mamba cache mode 'all') for the models that support
         it: V1 0.12-0.31 (the mode is gone from config/cache.py's MambaCacheMode in the 0.32.0 wheel)."""
