@@ -53,7 +53,18 @@ def test_mi300x_total_is_what_rocm_smi_reports_in_bytes():
 
 # Totals found only in files of the research code index, whose repository the index does not name: the source
 # quotes the tool's own line and gives the index ids (the quoted line can be re-read by them).
-INDEXED_ONLY = {"GH200", "H100-NVL", "H100-PCIe", "H200-NVL", "H20", "H20-3e", "H800", "RTX-6000-Ada", "MI325X"}
+INDEXED_ONLY = {
+    "GH200",
+    "H100-NVL",
+    "H100-PCIe",
+    "H200-NVL",
+    "H20",
+    "H20-3e",
+    "H800",
+    "RTX-5060-Ti",
+    "RTX-6000-Ada",
+    "MI325X",
+}
 
 
 # Totals found only as vLLM's own 'total_gpu_memory (X GiB)' line in a public notebook's output (named by its path)
