@@ -93,6 +93,7 @@ def recorded_run(plan, trace, profile: steptime.Coefficients, flags: dict) -> tu
         step_seconds,
         max_model_len=settings["max_model_len"],
         api_s=profile.api_s.value,
+        input_s=profile.input_seconds,
         prompt=prompt_tokens,
     )
     return log, np.array(features)

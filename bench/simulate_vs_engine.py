@@ -67,6 +67,8 @@ CPU_HARDWARE = {
 # (the rest stays 0); the API server's time (api_s) is fitted apart, on the clients' TTFT
 CPU_FREE = ("step_s", "linear", "compute", "kv", "attention")
 ROBUST = 0.1  # relative errors up to this weigh as squares, larger ones about linearly (the fit's soft L1 loss)
+# the API server's hand-off to the engine core the fit tries (seconds): from none to a few of the CPU engine's steps
+INPUT_GRID_S = (0.0, 0.001, 0.002, 0.003, 0.004, 0.006)
 
 
 def traces(seed: int) -> dict[str, list[Job]]:
@@ -187,11 +189,42 @@ def cpu_plan(model: Path, kv_bytes: int = KV_BYTES):
     return plan(options.plan_inputs())
 
 
-def profile_from(vector, fitted_on: str) -> steptime.Coefficients:
+def profile_from(vector, fitted_on: str, input_s: float = 0.0) -> steptime.Coefficients:
     source = "fitted: bench/simulate_vs_engine.py --fit (see fitted_on)"
     terms = {name: steptime.Coefficient(float(value), source) for name, value in zip(steptime.TERMS, vector)}
     hardware = steptime.Hardware(**CPU_HARDWARE)
-    return steptime.Coefficients("cpu", terms, steptime.Coefficient(float(vector[-1]), source), fitted_on, hardware)
+    api = steptime.Coefficient(float(vector[-1]), source)
+    handoff = steptime.Coefficient(input_s, source) if input_s else None
+    return steptime.Coefficients("cpu", terms, api, fitted_on, hardware, input_s=handoff)
+
+
+def fit_with_handoff(
+    plan, chosen: dict[str, Trace], measured: dict[str, dict], start: steptime.Coefficients, grid: tuple[float, ...]
+):
+    """The CPU coefficients (fit) at each candidate input_s of `grid`, and the one whose fit leaves the least loss on
+    these traces' engine means: the hand-off is not linear in the schedule, so it is searched, not solved."""
+    best = None
+    for input_s in grid:
+        begin = profile_from(coefficient_vector(start), "", input_s)
+        vector = fit(plan, chosen, measured, begin)
+        loss = engine_loss(plan, chosen, measured, profile_from(vector, "", input_s))
+        if best is None or loss < best[0]:
+            best = (loss, vector, input_s)
+    assert best is not None
+    return best[1], best[2]
+
+
+def engine_loss(plan, chosen: dict[str, Trace], measured: dict[str, dict], profile: steptime.Coefficients) -> float:
+    """The fit's soft L1 loss of the simulated engine's mean TTFT, TPOT and E2E against the engine's own."""
+    total = 0.0
+    for name, trace in chosen.items():
+        row = compare(name, measured[name], recorded_run(plan, trace, profile, {})[0])
+        api_ms = 1000 * profile.api_s.value
+        for key, simulated_key in zip(ENGINE_SIDE, ("ttft_mean_ms", "tpot_mean_ms", "e2e_mean_ms")):
+            simulated = row[simulated_key][1] - (0.0 if simulated_key == "tpot_mean_ms" else api_ms)
+            relative = (simulated - measured[name][key]) / measured[name][key] / ROBUST
+            total += 2.0 * ((1.0 + relative * relative) ** 0.5 - 1.0)
+    return total
 
 
 def fit(plan, chosen: dict[str, Trace], measured: dict[str, dict], start: steptime.Coefficients, iterations: int = 4):
@@ -208,7 +241,7 @@ def fit(plan, chosen: dict[str, Trace], measured: dict[str, dict], start: stepti
     for _ in range(iterations):
         matrix, target, runs = [], [], []
         for name, trace in chosen.items():
-            log, features = recorded_run(plan, trace, profile_from(vector, ""), {})
+            log, features = recorded_run(plan, trace, profile_from(vector, "", start.input_seconds), {})
             runs.append((name, log))
             for metric, (constants, rows) in request_rows(log, features, vector).items():
                 engine = measured[name][f"{metric}_engine_mean_ms"] / 1000
@@ -320,12 +353,15 @@ def print_engine_side(rows: dict[str, dict], measured: dict[str, dict], profiles
         print(f"{name:<9} " + " ".join(cells) + note)
 
 
-def leave_one_out(plan, sim_traces: dict[str, Trace], measured: dict[str, dict], start) -> dict:
+def leave_one_out(
+    plan, sim_traces: dict[str, Trace], measured: dict[str, dict], start, grid: tuple[float, ...]
+) -> dict:
     """Each trace's profile fitted on the other traces alone."""
     profiles = {}
     for held in sim_traces:
         others = {name: trace for name, trace in sim_traces.items() if name != held}
-        profiles[held] = profile_from(fit(plan, others, measured, start), f"fitted without {held}")
+        vector, input_s = fit_with_handoff(plan, others, measured, start, grid)
+        profiles[held] = profile_from(vector, f"fitted without {held}", input_s)
     return profiles
 
 
@@ -335,6 +371,11 @@ def main() -> None:
         "--fit",
         action="store_true",
         help=f"score each trace fitted without it, then fit on {', '.join(FITTED)} and write the profile",
+    )
+    parser.add_argument(
+        "--no-handoff",
+        action="store_true",
+        help="fit without the API server's hand-off to the engine core (input_s 0), as before it was priced",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--reps", type=int, default=3, help="runs of each trace through the engine (default 3)")
@@ -365,13 +406,21 @@ def main() -> None:
             return
         start = steptime.coefficients("cpu") if "cpu" in steptime.profiles() else steptime.coefficients("gpu")
         print("leave-one-out: each trace simulated with the profile fitted on the other traces")
-        print_rows(plan, sim_traces, measured, leave_one_out(plan, sim_traces, measured, start), " (held out)")
+        grid = (0.0,) if options.no_handoff else INPUT_GRID_S
+        held_out = leave_one_out(plan, sim_traces, measured, start, grid)
+        print_rows(plan, sim_traces, measured, held_out, " (held out)")
+        print(
+            "input_s fitted without each trace (ms): "
+            + ", ".join(f"{name} {1000 * p.input_seconds:g}" for name, p in held_out.items())
+        )
         fitted_on = (
             f"the test model on this machine's vLLM {__import__('vllm').__version__} CPU engine "
             f"(bench/simulate_vs_engine.py --fit, traces {', '.join(FITTED)}, {time.strftime('%Y-%m-%d')})"
         )
         fitted = {name: sim_traces[name] for name in FITTED}
-        write_profile(profile_from(fit(plan, fitted, measured, start), fitted_on))
+        vector, input_s = fit_with_handoff(plan, fitted, measured, start, grid)
+        print(f"fitted on {', '.join(FITTED)}: the API server's hand-off input_s = {1000 * input_s:g} ms")
+        write_profile(profile_from(vector, fitted_on, input_s))
 
 
 def save(measured: dict[str, dict], options) -> None:

@@ -4,7 +4,8 @@ place of the GPU.
 The clock follows the engine core (vllm/v1/engine/core.py): with one batch in flight a step is scheduled when the
 previous one has finished; with two (async scheduling) the next batch is scheduled when the one before the running
 one has finished, and runs when the device is free. A request is visible to the scheduler from the first schedule
-after it is sent; its tokens reach the client when their step ends plus the API server's time (`api_s`: parsing,
+`input_s` after it is sent (the API server's hand-off to the engine core's input thread: a busy core picks it up at
+its next step anyway, an idle one waits that long); its tokens reach the client when their step ends plus the API server's time (`api_s`: parsing,
 tokenizing, detokenizing and streaming, which the client sees in TTFT and E2E). An API server that applies an
 admission policy (kvops' degrade: `door`) answers each request as it is sent, from the engine's KV usage then: it
 serves it, its new tokens capped, or refuses it, and the client sends it again after the answer's Retry-After, up
@@ -137,6 +138,7 @@ def run_trace(
     *,
     max_model_len: int,
     api_s: float,
+    input_s: float = 0.0,
     clients: ClientSettings | None = None,
     prompt: Callable[[int, TraceRequest], list[int]],
     progress: Callable[[int], None] | None = None,
@@ -153,7 +155,7 @@ def run_trace(
     empty = 0
     done = 0
     while True:
-        while (due := senders.due()) is not None and due <= now:
+        while (due := senders.due()) is not None and due + input_s <= now:
             _send(core, senders, logs, settings, max_model_len, prompt, door)
         if core.has_requests() and len(in_flight) < core.batches_in_flight:
             batch = core.schedule()
@@ -180,7 +182,7 @@ def run_trace(
             continue
         due = senders.due()
         if due is not None:
-            now = max(now, due)
+            now = max(now, due + input_s)
             continue
         if not core.has_requests() or empty >= STUCK_SCHEDULES:
             break

@@ -83,6 +83,7 @@ def run_arm(setup: Setup, arm: str, trace: Trace | None = None, progress: Progre
         step_seconds,
         max_model_len=settings["max_model_len"],
         api_s=step_time.coefficients.api_s.value,
+        input_s=step_time.coefficients.input_seconds,
         clients=setup.clients,
         prompt=prompt_tokens,
         progress=report,

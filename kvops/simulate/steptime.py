@@ -31,7 +31,9 @@ GPU-to-GPU link per direction (kvops/catalog/gpu_performance.json). The coeffici
 1.25 on `linear` means 80% of the datasheet) and fixed costs in seconds (tp_step_s: what a step costs more when
 the engine drives several GPU workers), fitted by bench/fit_steptime.py on
 public measurements and kept with their provenance in kvops/catalog/step_time.json. A request also spends
-api_s in the API server (parsing, tokenizing, the first chunk out), which the client sees in TTFT and E2E.
+api_s in the API server (parsing, tokenizing, the first chunk out), which the client sees in TTFT and E2E, and
+input_s (optional) from the API server's arrival stamp until the engine core can schedule it, which an idle core
+waits out and a busy one hides behind the step it is running.
 """
 
 from __future__ import annotations
@@ -135,6 +137,11 @@ class Coefficients:
     api_s: Coefficient
     fitted_on: str
     hardware: Hardware | None = None  # a profile fitted on one machine carries that machine's figures
+    input_s: Coefficient | None = None  # the API server's hand-off to the engine core (None: none priced)
+
+    @property
+    def input_seconds(self) -> float:
+        return self.input_s.value if self.input_s is not None else 0.0
 
     def values(self) -> tuple[float, ...]:
         """Each term's coefficient in TERMS order; a term the profile leaves out (OPTIONAL_TERMS) costs nothing."""
@@ -146,6 +153,7 @@ class Coefficients:
             "fitted_on": self.fitted_on,
             "terms": {name: {"value": term.value, "source": term.source} for name, term in self.terms.items()},
             "api_s": {"value": self.api_s.value, "source": self.api_s.source},
+            **({"input_s": {"value": self.input_s.value, "source": self.input_s.source}} if self.input_s else {}),
         }
 
 
@@ -293,4 +301,7 @@ def _parse(name: str, data: Mapping[str, Any]) -> Coefficients:
         api_s=Coefficient(float(data["api_s"]["value"]), str(data["api_s"]["source"])),
         fitted_on=str(data.get("fitted_on", "")),
         hardware=Hardware(**data["hardware"]) if data.get("hardware") else None,
+        input_s=Coefficient(float(data["input_s"]["value"]), str(data["input_s"]["source"]))
+        if data.get("input_s")
+        else None,
     )

@@ -31,7 +31,15 @@ def core(num_blocks: int = 64, *, async_scheduling: bool = False, scheduler_cls:
     return VllmCore(settings)
 
 
-def replay(scheduler, requests, *, api_s: float = 0.0, clients: ClientSettings | None = None, door=None):
+def replay(
+    scheduler,
+    requests,
+    *,
+    api_s: float = 0.0,
+    input_s: float = 0.0,
+    clients: ClientSettings | None = None,
+    door=None,
+):
     trace = Trace(tuple(requests), "test")
     return run_trace(
         scheduler,
@@ -39,6 +47,7 @@ def replay(scheduler, requests, *, api_s: float = 0.0, clients: ClientSettings |
         lambda batch: STEP,
         max_model_len=1024,
         api_s=api_s,
+        input_s=input_s,
         clients=clients,
         prompt=prompt_tokens,
         door=door,
@@ -52,6 +61,20 @@ def test_a_lone_request_one_batch_at_a_time():
     assert entry.first_token == pytest.approx(STEP + 0.005)  # one prefill step, then the API server's time
     assert entry.finished == pytest.approx(4 * STEP + 0.005)
     assert log.steps == 4 and list(log.gaps) == pytest.approx([STEP] * 3)
+
+
+def test_the_hand_off_delays_a_request_to_an_idle_engine_but_not_one_that_arrives_during_a_step():
+    handoff = 0.004
+    alone = replay(core(), [TraceRequest(0.0, 32, 4, max_tokens=4)], input_s=handoff)
+    assert alone.requests[0].sent == 0.0
+    assert alone.requests[0].first_token == pytest.approx(handoff + STEP)  # the idle core waits the hand-off out
+    # the first request's steps end at 14, 24, ... ms; the second, sent at 15 ms, reaches the core at 19 ms and joins
+    # the step that starts at 24 ms, as it would have at 15: its first token at 34 ms, no later
+    busy = replay(
+        core(), [TraceRequest(0.0, 32, 40, max_tokens=40), TraceRequest(0.015, 32, 4, max_tokens=4)], input_s=handoff
+    )
+    assert busy.requests[1].sent == pytest.approx(0.015)
+    assert busy.requests[1].first_token == pytest.approx(handoff + 3 * STEP)
 
 
 def test_async_scheduling_keeps_two_steps_in_flight_on_one_device():
