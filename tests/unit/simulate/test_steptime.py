@@ -138,6 +138,16 @@ def test_every_shipped_coefficient_says_where_it_came_from():
         assert coefficients.fitted_on
         assert all(term.source for term in coefficients.terms.values())
         assert coefficients.api_s.source
+        assert coefficients.input_s is None or coefficients.input_s.source
+
+
+def test_the_hand_off_is_optional_and_round_trips():
+    cpu = steptime.coefficients("cpu")
+    assert cpu.input_seconds > 0  # fitted on the CPU engine (bench/simulate_vs_engine.py --fit)
+    read = steptime.read_coefficients(json.dumps(cpu.to_dict()), "fit.json")
+    assert read.input_s == cpu.input_s
+    gpu = steptime.coefficients("gpu")
+    assert gpu.input_s is None and gpu.input_seconds == 0.0 and "input_s" not in gpu.to_dict()
 
 
 def test_a_profile_file_round_trips_and_a_bad_one_is_one_line():
