@@ -19,7 +19,9 @@ With --fit, leave-one-out: each trace is simulated with coefficients fitted on t
 profile fitted on all but overload (FITTED) is written: overload stays held out of what ships. The fit is
 bench/fit_steptime.py's linearization around each schedule: the step's terms on the engine's own mean TTFT, TPOT
 and E2E of each trace (vLLM's latency histograms, read from /metrics before and after each run: the API server's
-arrival stamp and the engine core's token stamps), the API server's time on the clients' TTFT (the median gap).
+arrival stamp and the engine core's token stamps), the API server's time on the clients' TTFT (the median gap),
+and the API server's hand-off to the engine core (input_s) searched on a grid, the one whose fit leaves the least
+loss kept (--no-handoff: none, as before it was priced).
 
 Printed per trace: preemptions (engine, simulated), how alike the completion orders are (Kendall's tau over the
 requests both completed, the median over the repetitions), the mean TTFT, TPOT and E2E and the median TTFT and
@@ -219,12 +221,20 @@ def engine_loss(plan, chosen: dict[str, Trace], measured: dict[str, dict], profi
     total = 0.0
     for name, trace in chosen.items():
         row = compare(name, measured[name], recorded_run(plan, trace, profile, {})[0])
-        api_ms = 1000 * profile.api_s.value
-        for key, simulated_key in zip(ENGINE_SIDE, ("ttft_mean_ms", "tpot_mean_ms", "e2e_mean_ms")):
-            simulated = row[simulated_key][1] - (0.0 if simulated_key == "tpot_mean_ms" else api_ms)
+        for key, simulated in simulated_engine_means(row, profile).items():
             relative = (simulated - measured[name][key]) / measured[name][key] / ROBUST
             total += 2.0 * ((1.0 + relative * relative) ** 0.5 - 1.0)
     return total
+
+
+def simulated_engine_means(row: dict, profile: steptime.Coefficients) -> dict[str, float]:
+    """The simulated engine's mean TTFT, TPOT and E2E (ms, keyed as ENGINE_SIDE): what the simulated clients saw
+    less the API server's time, which the engine's own stamps do not include."""
+    api_ms = 1000 * profile.api_s.value
+    return {
+        key: row[client][1] - (0.0 if client == "tpot_mean_ms" else api_ms)
+        for key, client in zip(ENGINE_SIDE, ("ttft_mean_ms", "tpot_mean_ms", "e2e_mean_ms"))
+    }
 
 
 def fit(plan, chosen: dict[str, Trace], measured: dict[str, dict], start: steptime.Coefficients, iterations: int = 4):
@@ -344,11 +354,9 @@ def print_engine_side(rows: dict[str, dict], measured: dict[str, dict], profiles
     print("\nthe engine's own means (vLLM's latency histograms: its arrival and token stamps, not the client's read)")
     print(f"{'trace':<9} " + " ".join(f"{head + ' mean ms':>33}" for head in ("TTFT", "TPOT", "E2E")))
     for name, row in rows.items():
-        api_ms = 1000 * profiles[name].api_s.value
         cells = []
-        for key, simulated_key in zip(ENGINE_SIDE, ("ttft_mean_ms", "tpot_mean_ms", "e2e_mean_ms")):
+        for key, simulated in simulated_engine_means(row, profiles[name]).items():
             engine, (low, high) = measured[name][key], measured[name]["range"][key]
-            simulated = row[simulated_key][1] - (0.0 if simulated_key == "tpot_mean_ms" else api_ms)
             cells.append(f"{engine:>6.1f} [{low:.1f}-{high:.1f}] {simulated:>6.1f} {simulated / engine:>4.2f}x")
         print(f"{name:<9} " + " ".join(cells) + note)
 
