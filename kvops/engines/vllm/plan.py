@@ -85,7 +85,8 @@ def _plan_pass(
     kv_flag = options.kv_cache_dtype(release_options, dtype, served, device, release.label)
     block_size = inputs.block_size or layout.default_block_size(spec, device, inputs.cpu_amx)
     cached = cached_spec(inputs)
-    kv_layout = layout.kv_layout(cached, dtype, tp, block_size, options=layout_options(inputs, release, dtype))
+    layout_settings = layout_options(inputs, release, dtype)
+    kv_layout = layout.kv_layout(cached, dtype, tp, block_size, options=layout_settings)
     if inputs.num_gpu_blocks_override is not None:  # the profile's KV memory is replaced by blocks x block bytes
         inputs = replace(inputs, kv_cache_memory_bytes=inputs.num_gpu_blocks_override * kv_layout.bytes_per_block)
     model_limit = common.model_limit(spec)
@@ -107,7 +108,7 @@ def _plan_pass(
     draft.notes.insert(
         1,
         f"KV cache layout: {kv_layout.describe()}, {format_bytes(page)} per block of {kv_layout.block_size} tokens "
-        f"({page} B){per_stage}{_state_pages(kv_layout, inputs, release)}",
+        f"({page} B){per_stage}{_state_pages(kv_layout, layout_settings.mamba_cache_mode, inputs, release)}",
     )
     speculative_notes(draft, cached)
     if kv_layout.padding_layers:
@@ -301,12 +302,11 @@ def mamba_cache_mode(inputs: PlanInputs, release: releases.VllmRelease) -> str:
     return "all" if per_block and not release.hybrid_prefix_caching else "align"
 
 
-def _state_pages(kv_layout: layout.KVCacheLayout, inputs: PlanInputs, release: releases.VllmRelease) -> str:
-    """What a request holds in each state group, and the setting that decides it."""
+def _state_pages(kv_layout: layout.KVCacheLayout, mode: str, inputs: PlanInputs, release: releases.VllmRelease) -> str:
+    """What a request holds in each state group in mamba cache mode `mode`, and the setting that decides it."""
     states = [group.spec for group in kv_layout.groups if group.kind == "mamba"]
     if not states:
         return ""
-    mode = mamba_cache_mode(inputs, release)
     if inputs.mamba_cache_mode:
         why = f"mamba cache mode {mode}: --mamba-cache-mode {inputs.mamba_cache_mode}"
     elif inputs.prefix_caching is not None and release.hybrid_prefix_caching_allowed:
