@@ -193,7 +193,13 @@ def test_a_misprediction_falls_back_to_preemption_without_hanging(kv_guard_engin
         list(pool.map(lambda i: post(kv_guard_engine, "/v1/completions", {"prompt": f"past {i}", **short}), range(40)))
         long = {"max_tokens": 400, "temperature": 1.0, "ignore_eos": True, "stop": ["never in this text: 0x5eed"]}
         prompt = "the cache grows with every token " * 4
-        answers = list(pool.map(lambda i: completion_unknown(kv_guard_engine, prompt, long), range(12)))
+
+        def send(index: int, request_id: str) -> dict:
+            return completion_unknown(kv_guard_engine, prompt, long, request_id)
+
+        # released together: on the loaded 2-core machine, twelve sends spread by the client did not overlap enough
+        # to outgrow the pool once (peak 13%: nothing paused, nothing preempted)
+        answers = [answer.result() for answer in release_together(kv_guard_engine, pool, 12, send)]
     assert [answer["usage"]["completion_tokens"] for answer in answers] == [400] * 12
     log = kv_guard_engine.log_text()
     assert re.search(r"kvops guard: in the last .*, [1-9]\d* past their projected length", log)
