@@ -9,8 +9,10 @@ the two replicas; every query the objects hold runs against it, under staged loa
 start at 100 tokens and grow to 750 (the plan's request), 5 x 6 blocks = 97% of the pool. The demand counts each at
 750 from its admission (5 x 750 = 95% of the pool), so it passes the scaling target (warn, 70%) while the blocks
 still fill, which KV usage reaches only past 512 tokens (5 x 5 blocks = 81%): the signal leads the KV level.
-KV usage stays past 70% for the last third of every round, so Prometheus samples it even where the busy engine
-answers only one scrape a second.
+The lead is read inside each rule group, which records the engine's KV usage beside the demand from the same
+scrape: a signal past the warn level while KV usage reads below 70%. Every round of the load offers one; the test
+waits across rounds, since the busy engine can answer only one scrape a second. KV usage stays past 70% for the
+last third of every round, so Prometheus samples that too.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from kvops.watch.rules import REPLICA
 from tests.support.daemons import PROMETHEUS, PrometheusServer
 from tests.support.kv_load import KvLoad, Stage
 from tests.support.metrics_server import MetricsServer, vllm_exposition
@@ -57,6 +60,7 @@ PLAN = [
 ]
 GROWING = Stage(5, 100, 650)  # 5 x 1 block at admission (16%), growing to 5 x 6 blocks (97%) as they decode
 STAND_IN = {"kv_usage": 0.30, "running": 1, "waiting": 2}
+K8S_KV, STACK_KV = "test:kv_usage_k8s", "test:kv_usage_stack"  # the test's own records, beside the demand's
 STAND_IN_DEMAND = max(0.30 * USABLE, 1 * REQUEST) + 2 * REQUEST  # 1190.4 in use + 2 queued x 750
 
 
@@ -69,10 +73,25 @@ def documents(text: str) -> list[dict]:
     return [d for d in yaml.safe_load_all(text) if d]
 
 
-def rule_file(path: Path, prometheus_rule: str) -> Path:
+def rule_file(path: Path, prometheus_rule: str, kv_record: str) -> Path:
+    """The rules' groups, the demand's group recording the engine's KV usage too, as its last rule: each evaluation
+    reads the demand and the KV usage from the same scrape (or the KV from a later one), so a reading of the demand
+    past 70% while KV usage reads below is a lead, not two scrapes' timing."""
     (rule,) = documents(prometheus_rule)
-    path.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
+    groups = rule["spec"]["groups"]
+    (headroom,) = (g for g in groups if any(r.get("record") == "kvops:kv_demand_tokens" for r in g["rules"]))
+    headroom["rules"].append({"record": kv_record, "expr": f"max by ({REPLICA}) (vllm:kv_cache_usage_perc)"})
+    path.write_text(yaml.safe_dump({"groups": groups}))
     return path
+
+
+def lead_queries(keda_query: str, stack_query: str) -> dict[str, tuple[str, str]]:
+    """Each signal with the KV usage its own rule group recorded at the same evaluation."""
+    return {
+        "demand": ('kvops:kv_demand_ratio{job="vllm",pod="vllm-0"}', f'{K8S_KV}{{job="vllm",pod="vllm-0"}}'),
+        "keda": (keda_query, f'{K8S_KV}{{job="vllm",pod="vllm-0"}}'),
+        "stack": (stack_query, f'{STACK_KV}{{job="stack"}}'),
+    }
 
 
 def value(prometheus: PrometheusServer, expr: str) -> float:
@@ -147,8 +166,8 @@ def test_headroom_scales_and_gateways_shed_at_kvops_levels(vllm_engine, tmp_path
         config = {
             "global": {"scrape_interval": "250ms", "evaluation_interval": "250ms"},
             "rule_files": [
-                str(rule_file(tmp_path / "k8s-rules.yaml", keda["prometheusrule.yaml"])),
-                str(rule_file(tmp_path / "stack-rules.yaml", stack["prometheusrule.yaml"])),
+                str(rule_file(tmp_path / "k8s-rules.yaml", keda["prometheusrule.yaml"], K8S_KV)),
+                str(rule_file(tmp_path / "stack-rules.yaml", stack["prometheusrule.yaml"], STACK_KV)),
             ],
             "scrape_configs": [
                 {
@@ -213,61 +232,53 @@ def test_headroom_scales_and_gateways_shed_at_kvops_levels(vllm_engine, tmp_path
             assert value(prometheus, stack_query) == 0
 
             load = KvLoad(vllm_engine.url, str(vllm_engine.model)).start(GROWING)
-            crossed: dict[str, float] = {}
+            leads: dict[str, float] = {}
+            asked: dict[str, float] = {}
+            kv: float | None = None
             start = time.time()
             try:
-                while not {"kv", "total"} <= set(crossed) and time.time() - start < 240:
-                    # both crossings from the samples Prometheus holds, so a late turn of this loop (a busy
-                    # machine) delays neither; the triggers below are seen by the loop, so they are compared with
-                    # the turn that first saw KV usage past 70%
-                    demand = first_at_or_above(prometheus, 'kvops:kv_demand_ratio{pod="vllm-0"}', 0.70, start)
-                    usage = first_at_or_above(
-                        prometheus, 'vllm:kv_cache_usage_perc{job="vllm",pod="vllm-0"}', 0.70, start
-                    )
-                    now = time.time() - start
-                    if demand is not None:
-                        crossed.setdefault("demand", demand - start)
-                    if usage is not None and "kv" not in crossed:
-                        crossed.update(kv=usage - start, kv_seen=now)
-                        # the most the triggers asked from the load's start to KV's first sample past 70%, in
-                        # Prometheus' own timeline: the loop's turns lag it by seconds on a busy machine, and the
-                        # two jobs' scrapes of the engine fall at different moments of a round
-                        before = f"[{math.ceil(usage - start)}s:250ms]"
-                        at_kv = tuple(
-                            at(prometheus, f"max_over_time(({query}){before})", usage)
-                            for query in (stack_query, trigger["query"])
+                while not (len(leads) == 3 and asked and kv) and time.time() - start < 240:
+                    # the most each signal read while its own group's KV usage was below 70%, over the load so far
+                    window = f"[{math.ceil(time.time() - start)}s:50ms]"
+                    for name, (signal, usage) in lead_queries(trigger["query"], stack_query).items():
+                        reading = at(
+                            prometheus, f"max_over_time(({signal} and on() (max({usage}) < 0.70)){window})", time.time()
                         )
-                    if "demand" in crossed and "total" not in crossed:
+                        if reading:
+                            leads[name] = reading[0]
+                    if not asked:
                         # the queries compared at one instant; each replica's rules are evaluated on its own
-                        # scrape, so on a busy machine one can lag the ratio read above: read again next turn
+                        # scrape, so on a busy machine one can lag the other: read again next turn
                         when = time.time()
-                        stack = at(prometheus, stack_query, when)
+                        stack_total = at(prometheus, stack_query, when)
                         totals = at(prometheus, trigger["query"], when)  # none yet where a rule has not run
                         if (
-                            stack
+                            stack_total
                             and totals
-                            and stack[0] >= 0.70 * USABLE
+                            and stack_total[0] >= 0.70 * USABLE
                             and desired(totals[0], target, low, high) > low
                         ):
-                            crossed.update(scaled=now, stack=stack[0], total=totals[0])
                             per_pod = at(prometheus, adapter_query(adapter, "default", list(pods)), when)
-                            crossed["hpa"] = sum(per_pod) / len(per_pod)
+                            asked.update(at=when - start, total=totals[0], hpa=sum(per_pod) / len(per_pod))
+                    kv = kv or first_at_or_above(
+                        prometheus, 'vllm:kv_cache_usage_perc{job="vllm",pod="vllm-0"}', 0.70, start
+                    )
                     time.sleep(0.25)
             finally:
                 load.stop()
     assert not load.errors, load.errors[:3]
-    assert {"demand", "scaled", "kv"} <= set(crossed), crossed
+    assert asked and kv is not None, (asked, kv, leads)
     print(
-        f"demand passed 70% of the pool at {crossed['demand']:.1f} s, the triggers asked to scale at"
-        f" {crossed['scaled']:.1f} s, KV usage passed 70% at {crossed['kv']:.1f} s"
+        f"while KV usage read below 70% the demand read {leads.get('demand', 0):.0%} of the pool, KEDA's trigger"
+        f" {leads.get('keda', 0):.0f} tokens, production-stack's {leads.get('stack', 0):.0f}; KV usage passed 70%"
+        f" at {kv - start:.1f} s"
     )
-    assert crossed["demand"] < crossed["kv"]
-    # KEDA and the HPA (through the adapter) ask for more replicas than the minimum, and production-stack's
-    # trigger reads the same engine's demand past 70%, before KV usage reaches 70%
-    stack, totals = at_kv
-    assert stack and stack[0] >= 0.70 * USABLE, (stack, crossed)
-    assert totals and desired(totals[0], target, low, high) > low, (totals, crossed)
-    assert crossed["hpa"] * len(pods) == pytest.approx(crossed["total"])
+    # the demand, KEDA and the HPA (through the adapter), and production-stack's trigger all read past the warn
+    # level while the same engine's KV usage, from the same scrape, still read below 70%: the signal leads the KV
+    assert leads.get("demand", 0) >= 0.70, leads
+    assert desired(leads.get("keda", 0), target, low, high) > low, leads
+    assert leads.get("stack", 0) >= 0.70 * USABLE, leads
+    assert asked["hpa"] * len(pods) == pytest.approx(asked["total"])
 
     env = dict(
         line.split("=", 1) for line in dynamo["dynamo-frontend.env"].splitlines() if "=" in line and line[0] != "#"
