@@ -7,6 +7,7 @@ of 128 tokens (31 usable: vLLM keeps one null block), a request of P + G tokens 
     Stage(4, 650, 100)  4 x 6 blocks = 24/31 = 77%  (warn)
     Stage(4, 780, 100)  4 x 7 blocks = 28/31 = 90%  (degrade)
     Stage(8, 100, 900)  8 sequences growing to 8 blocks each: the pool fills, vLLM preempts  (critical)
+    Stage(5, 650, 100)  5 x 6 blocks = 30/31 = 97% from admission to the end, no preemption  (critical, held)
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ signals:
 WARN = Stage(4, 650, 100)
 DEGRADE = Stage(4, 780, 100)
 CRITICAL = Stage(8, 100, 900)
+FULL = Stage(5, 650, 100)
 
 
 class KvLoad:
