@@ -201,11 +201,21 @@ MARGIN_FRACTION = 0.75
 STARTUP_USED = round(0.49 * GiB)
 
 
+@frozen
+class Sequences:
+    """The max-num-seqs the overheads are sized for: the profile's sampler runs the launch's own (kvops' choice
+    included, as emitted); the CUDA-graph estimate takes the user's or vLLM's default, never kvops' smaller choice,
+    which would leave a smaller card's plan more KV than a larger one's (it errs toward the larger estimate)."""
+
+    sampler: int
+    captured: int
+
+
 def memory_terms(
     inputs: PlanInputs,
     release_: VllmRelease,
     batched: int,
-    sampler_seqs: int,
+    seqs: Sequences,
     stage: int | None = None,
     sizing: KvSizing | None = None,
 ) -> tuple[list[Term], int, list[str]]:
@@ -221,7 +231,7 @@ def memory_terms(
     if profile:
         warnings += _profile_mismatch(inputs, release_, batched)
     weights = _weights(inputs, stage)
-    overheads = _overheads(inputs, release_, batched, sampler_seqs)
+    overheads = _overheads(inputs, release_, batched, seqs)
     if inputs.kv_cache_memory_bytes is not None:
         return _pinned_terms(inputs, weights, overheads) + (warnings,)
     if gpu is None:
@@ -240,7 +250,7 @@ def memory_terms(
         + ("" if inputs.memory_fraction else f" ({release_.label}'s default)"),
     )
     if sizing is not None and sizing.extensible:
-        spent, engine_kv = _extensible(inputs, total, requested, weights, overheads, batched, sampler_seqs)
+        spent, engine_kv = _extensible(inputs, total, requested, weights, overheads, batched, seqs.sampler)
         kv_term = Term(
             "kv_cache",
             engine_kv,
@@ -450,7 +460,7 @@ def rotary_width(dtype: str) -> int:
     return 4 if dtype != "auto" and serving_dtype(dtype) == "fp32" else 2
 
 
-def _overheads(inputs: PlanInputs, release_: VllmRelease, batched: int, sampler_seqs: int) -> list[Term]:
+def _overheads(inputs: PlanInputs, release_: VllmRelease, batched: int, seqs: Sequences) -> list[Term]:
     profile = common.model_measurements(inputs)
     if profile and profile.overhead_bytes is not None and profile.activation_bytes is None:
         return [
@@ -462,9 +472,9 @@ def _overheads(inputs: PlanInputs, release_: VllmRelease, batched: int, sampler_
             )
         ]
     return [
-        _activation(inputs, release_, batched, sampler_seqs),
+        _activation(inputs, release_, batched, seqs.sampler),
         _non_torch(inputs, release_),
-        _cuda_graphs(inputs, release_),
+        _cuda_graphs(inputs, release_, batched, seqs.captured),
     ]
 
 
@@ -564,7 +574,7 @@ def interconnect(gpu_id: str) -> str | None:
     return found.interconnect if found is not None else None
 
 
-def _cuda_graphs(inputs: PlanInputs, release_: VllmRelease) -> Term:
+def _cuda_graphs(inputs: PlanInputs, release_: VllmRelease, batched: int, max_num_seqs: int) -> Term:
     profile = inputs.profile
     if inputs.enforce_eager or inputs.device == "cpu":
         return Term(
@@ -588,7 +598,7 @@ def _cuda_graphs(inputs: PlanInputs, release_: VllmRelease) -> Term:
             "measured",
             f"profile {profile.source}: 'Estimated CUDA graph memory'",
         )
-    graphs = compiled_graphs(inputs.compilation_config)
+    graphs = compiled_graphs(inputs.compilation_config, default_captures(inputs, release_, batched, max_num_seqs))
     if graphs.mode == "NONE":
         return Term("cuda_graphs", 0, "exact", f"--compilation-config cudagraph_mode NONE: {graphs.why}")
     fit = _fit(inputs, release_)
@@ -627,16 +637,34 @@ def capture_sizes(largest: int) -> list[int]:
     return sizes
 
 
-# the public logs the estimate is fitted on captured vLLM's default: sizes up to 512 (max_num_seqs 256 or 1024 x 2,
+# the public logs the estimate is fitted on captured vLLM's default on an H100: sizes up to 512 (max_num_seqs 1024 x 2,
 # capped at 512: config/vllm.py l.2400-2408), 51 of them
 DEFAULT_CAPTURES = len(capture_sizes(512))
+# data-center Blackwell (compute capability 10.x): from 0.28.0 vLLM's default capture ceiling there is 1024, not 512
+# (config/vllm.py `default_max_graph_size`, `is_device_capability_family(100)`)
+CAPABILITY_10 = frozenset({"B200", "GB200", "B300", "GB300"})
 
 
-def compiled_graphs(text: str | None) -> CompiledGraphs:
+def default_captures(inputs: PlanInputs, release_: VllmRelease, batched: int, max_num_seqs: int) -> CompiledGraphs:
+    """The batch sizes vLLM captures by default for this launch (config/vllm.py `_set_cudagraph_sizes`, 0.19-0.34):
+    up to min(max_num_batched_tokens, 2 x max_num_seqs, 512 or 1024 on data-center Blackwell), with
+    max_num_batched_tokens and max_num_seqs themselves where they are below that ceiling. The fitted estimate is
+    scaled by their number: the estimate vLLM logs grows with it (an H200 serving Llama-3.2-1B on vLLM 0.31.0
+    estimated 0.52 GiB for its default 51 sizes, 0.11 GiB for the 11 of --max-num-seqs 32)."""
+    blackwell = inputs.gpu is not None and inputs.gpu.id in CAPABILITY_10 and release_.version.at_least(0, 28)
+    ceiling = min(batched, 2 * max_num_seqs, 1024 if blackwell else 512)
+    sizes = set(capture_sizes(ceiling)) | {size for size in (batched, max_num_seqs) if size <= ceiling}
+    why = f"vLLM's default capture sizes up to {ceiling}"
+    if ceiling != 512:
+        why += f" (max_num_batched_tokens {batched}, max_num_seqs {max_num_seqs})"
+    return CompiledGraphs("default", len(sizes), why)
+
+
+def compiled_graphs(text: str | None, default: CompiledGraphs) -> CompiledGraphs:
     """What a --compilation-config (JSON) says of the CUDA graphs: cudagraph_mode NONE captures none; explicit
     cudagraph_capture_sizes or max_cudagraph_capture_size scale the fitted estimate by the number of sizes
-    captured (an estimate: vLLM's graph pool grows with the captures, vllm-project/vllm#45178); else the default."""
-    default = CompiledGraphs("default", DEFAULT_CAPTURES, "vLLM's default capture sizes")
+    captured (an estimate: vLLM's graph pool grows with the captures, vllm-project/vllm#45178); else the
+    launch's default sizes."""
     if not text:
         return default
     try:

@@ -97,10 +97,10 @@ def _plan_pass(
     batched, default_seqs = budget.resolve_batch(defaults, fixed_len, inputs.batched_tokens, inputs.max_num_seqs)
     in_flight = budget.max_in_flight_tokens(batched, device, release)
     requested_seqs = inputs.concurrency * inputs.workload.sequences if isinstance(inputs.concurrency, int) else 0
-    sampler_seqs = max(default_seqs, requested_seqs)
-    if chosen_seqs is not None and inputs.max_num_seqs is None:
-        sampler_seqs = chosen_seqs
-    draft, stage_blocks, page = _budget(inputs, release, kv_layout, batched, sampler_seqs, sizing)
+    engine_seqs = max(default_seqs, requested_seqs)
+    sampler_seqs = chosen_seqs if chosen_seqs is not None and inputs.max_num_seqs is None else engine_seqs
+    sequences = budget.Sequences(sampler_seqs, engine_seqs)
+    draft, stage_blocks, page = _budget(inputs, release, kv_layout, batched, sequences, sizing)
     if sizing.extensible and stage_blocks is None:
         stage_blocks = layout.committed_blocks(kv_layout, max(draft.kv_bytes, 0))
     draft.notes.insert(1, f"KV sizing: {sizing.path}: {sizing.why}")
@@ -195,7 +195,7 @@ def _budget(
     release: releases.VllmRelease,
     kv_layout: layout.KVCacheLayout,
     batched: int,
-    sampler_seqs: int,
+    seqs: budget.Sequences,
     sizing: budget.KvSizing,
 ) -> tuple[Draft, int | None, int]:
     """The memory terms and the KV bytes; with pipeline parallelism, of the stage with the fewest blocks (vLLM
@@ -203,11 +203,11 @@ def _budget(
     per GPU."""
     notes = [f"engine release: {release.label}, {release.how}"]
     if inputs.pp == 1:
-        memory, kv_bytes, warnings = budget.memory_terms(inputs, release, batched, sampler_seqs, sizing=sizing)
+        memory, kv_bytes, warnings = budget.memory_terms(inputs, release, batched, seqs, sizing=sizing)
         return Draft(inputs, memory, kv_bytes, warnings, notes, release), None, kv_layout.bytes_per_block
     stages = []
     for stage, layers in enumerate(stage_layers(inputs, kv_layout)):
-        memory, kv_bytes, warnings = budget.memory_terms(inputs, release, batched, sampler_seqs, stage, sizing)
+        memory, kv_bytes, warnings = budget.memory_terms(inputs, release, batched, seqs, stage, sizing)
         stage_layout = layout.project(kv_layout, layers)
         page = stage_layout.bytes_per_block
         blocks = None

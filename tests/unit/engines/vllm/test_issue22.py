@@ -286,6 +286,23 @@ def test_defect4_tensor_parallel_overheads_follow_the_interconnect_and_the_graph
     assert term(few, "cuda_graphs")["bytes"] * budget.DEFAULT_CAPTURES // 11 <= term(full, "cuda_graphs")["bytes"]
 
 
+def test_the_graph_estimate_follows_the_capture_sizes_vllm_picks_for_the_launch(run_kvops):
+    """vLLM captures sizes up to min(max-num-batched-tokens, 2 x max-num-seqs, 512; 1024 on data-center Blackwell
+    from 0.28): an H200 on vLLM 0.31.0 logged a 0.52 GiB estimate for the default 51 sizes and 0.11 GiB for the 11
+    of --max-num-seqs 32 (tests/fixtures/corpus: vllm-0.31.0-h200-llama-3.2-1b-instruct-fp16-*)."""
+    args = ("-m", "llama-3.2-1b-instruct", "--gpu", "H200", "--max-model-len", "16384", "--engine-version", "0.31.0")
+    full = term(doc(run_kvops, *args), "cuda_graphs")
+    few = term(doc(run_kvops, *args, "--max-num-seqs", "32"), "cuda_graphs")
+    assert few["bytes"] == full["bytes"] * 11 // budget.DEFAULT_CAPTURES
+    assert "x 11/51 capture sizes (vLLM's default capture sizes up to 64" in few["formula"]
+    assert "capture sizes" not in full["formula"]
+    inputs = plan_of(model="qwen3-8b", gpu="B200").inputs
+    assert budget.default_captures(inputs, releases.release("0.28.0"), 8192, 1024).captures == 83  # up to 1024
+    assert budget.default_captures(inputs, releases.release("0.27.0"), 8192, 1024).captures == 51
+    # max-num-batched-tokens and max-num-seqs below the ceiling are captured too
+    assert budget.default_captures(inputs, releases.release("0.31.0"), 100, 6).captures == len({1, 2, 4, 8, 6})
+
+
 def test_defect6_the_multimodal_encoders_profile_pass_is_in_the_activation(run_kvops):
     """A VL model's profile runs its encoder over the encoder budget (max-num-batched-tokens of tokens, here 16
     SigLIP patches each) before the decoder: the activation term takes it; --language-model-only does not."""
