@@ -647,16 +647,21 @@ CAPABILITY_10 = frozenset({"B200", "GB200", "B300", "GB300"})
 
 def default_captures(inputs: PlanInputs, release_: VllmRelease, batched: int, max_num_seqs: int) -> CompiledGraphs:
     """The batch sizes vLLM captures by default for this launch (config/vllm.py `_set_cudagraph_sizes`, 0.19-0.34):
-    up to min(max_num_batched_tokens, 2 x max_num_seqs, 512 or 1024 on data-center Blackwell), with
-    max_num_batched_tokens and max_num_seqs themselves where they are below that ceiling. The fitted estimate is
-    scaled by their number: the estimate vLLM logs grows with it (an H200 serving Llama-3.2-1B on vLLM 0.31.0
+    up to min(max_num_batched_tokens, 2 x max_num_seqs x the decode query length (1 + speculative tokens), 512 or
+    1024 on data-center Blackwell), with max_num_batched_tokens and the uniform decode sizes (max_num_seqs; with
+    speculative decoding each request count's decode width) where they are below that ceiling. The fitted estimate
+    is scaled by their number: the estimate vLLM logs grows with it (an H200 serving Llama-3.2-1B on vLLM 0.31.0
     estimated 0.52 GiB for its default 51 sizes, 0.11 GiB for the 11 of --max-num-seqs 32)."""
     blackwell = inputs.gpu is not None and inputs.gpu.id in CAPABILITY_10 and release_.version.at_least(0, 28)
-    ceiling = min(batched, 2 * max_num_seqs, 1024 if blackwell else 512)
-    sizes = set(capture_sizes(ceiling)) | {size for size in (batched, max_num_seqs) if size <= ceiling}
+    platform_ceiling = 1024 if blackwell else 512
+    query = 1 + (inputs.speculative.tokens if inputs.speculative else 0)
+    ceiling = min(batched, 2 * max_num_seqs * query, platform_ceiling)
+    counts = capture_sizes(min(max_num_seqs, platform_ceiling)) + [min(max_num_seqs, platform_ceiling)]
+    decode = {count * query for count in counts} if query > 1 else {max_num_seqs}
+    sizes = set(capture_sizes(ceiling)) | {size for size in (batched, *decode) if size <= ceiling}
     why = f"vLLM's default capture sizes up to {ceiling}"
     if ceiling != 512:
-        why += f" (max_num_batched_tokens {batched}, max_num_seqs {max_num_seqs})"
+        why += f" (max_num_batched_tokens {batched}, max_num_seqs {max_num_seqs}, decode query length {query})"
     return CompiledGraphs("default", len(sizes), why)
 
 

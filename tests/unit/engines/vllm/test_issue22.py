@@ -13,6 +13,7 @@ from kvops.deployment import DeploymentOptions
 from kvops.dtypes import KV_DTYPES
 from kvops.engines.vllm import budget, options, releases
 from kvops.errors import UsageError
+from kvops.plan import Speculative
 from kvops.planner import predict
 from kvops.units import GiB
 
@@ -301,6 +302,9 @@ def test_the_graph_estimate_follows_the_capture_sizes_vllm_picks_for_the_launch(
     assert budget.default_captures(inputs, releases.release("0.27.0"), 8192, 1024).captures == 51
     # max-num-batched-tokens and max-num-seqs below the ceiling are captured too
     assert budget.default_captures(inputs, releases.release("0.31.0"), 100, 6).captures == len({1, 2, 4, 8, 6})
+    # speculative decoding widens the decode query (1 + 3 tokens): sizes up to 2 x 32 x 4 = 256, not 64
+    drafted = replace(inputs, speculative=Speculative("mtp", 3))
+    assert budget.default_captures(drafted, releases.release("0.31.0"), 8192, 32).captures == 35
 
 
 def test_defect6_the_multimodal_encoders_profile_pass_is_in_the_activation(run_kvops):
