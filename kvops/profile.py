@@ -31,6 +31,7 @@ class Profile:
     activation_bytes: int | None = None
     non_torch_bytes: int | None = None
     cudagraph_bytes: int | None = None
+    cudagraph_captures: int | None = None  # the batch sizes the run captured, which cudagraph_bytes grows with
     overhead_bytes: int | None = None  # activation + non-torch + CUDA graphs, when the log gives only their sum
     kv_cache_bytes: int | None = None
     num_gpu_blocks: int | None = None
@@ -73,7 +74,13 @@ class Profile:
 _TEXTS = ("engine", "source", "model", "gpu", "engine_version")
 MAX_BYTES = 1 << 50  # a PiB: past any device's memory
 # the largest value each whole-number field may hold (bytes fields: MAX_BYTES)
-_HIGHEST = {"tp": 4096, "block_size": 1 << 20, "num_gpu_blocks": 1 << 40, "max_num_batched_tokens": 1 << 32}
+_HIGHEST = {
+    "tp": 4096,
+    "block_size": 1 << 20,
+    "num_gpu_blocks": 1 << 40,
+    "max_num_batched_tokens": 1 << 32,
+    "cudagraph_captures": 1 << 20,
+}
 
 
 def _checked(key: str, value: Any, where: str) -> Any:

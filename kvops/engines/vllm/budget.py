@@ -29,6 +29,7 @@ from kvops.model.checkpoint import Parallel
 from kvops.model.spec import ModelSpec
 from kvops.overheads import POOLED, FamilyFit, shipped_fit
 from kvops.plan import PlanInputs, Term
+from kvops.profile import Profile
 from kvops.units import GiB, format_bytes
 
 DEFAULT_GPU_MEMORY_UTILIZATION = release(None).default_gpu_memory_utilization  # the newest release's
@@ -591,16 +592,11 @@ def _cuda_graphs(inputs: PlanInputs, release_: VllmRelease, batched: int, max_nu
             f"{release_.label} captures CUDA graphs after sizing the KV cache: they come out of the memory "
             "--gpu-memory-utilization leaves, not the KV budget",
         )
-    if profile and profile.cudagraph_bytes is not None:
-        return Term(
-            "cuda_graphs",
-            profile.cudagraph_bytes,
-            "measured",
-            f"profile {profile.source}: 'Estimated CUDA graph memory'",
-        )
     graphs = compiled_graphs(inputs.compilation_config, default_captures(inputs, release_, batched, max_num_seqs))
     if graphs.mode == "NONE":
         return Term("cuda_graphs", 0, "exact", f"--compilation-config cudagraph_mode NONE: {graphs.why}")
+    if profile and profile.cudagraph_bytes is not None:
+        return _profiled_graphs(profile, graphs)
     fit = _fit(inputs, release_)
     median = fit.cuda_graph_bytes(inputs.tp)
     scaled = median * graphs.captures // DEFAULT_CAPTURES
@@ -615,6 +611,22 @@ def _cuda_graphs(inputs: PlanInputs, release_: VllmRelease, batched: int, max_nu
         "estimate",
         f"vLLM's CUDA-graph estimate, taken before sizing KV: the median of {_logs(fit)} at tp "
         f"{'1' if inputs.tp == 1 else '>= 2'} (0 with --enforce-eager){scale}",
+        common.CALIBRATE_HINT,
+    )
+
+
+def _profiled_graphs(profile: Profile, graphs: CompiledGraphs) -> Term:
+    """The run's own estimate; for another number of capture sizes (another --max-num-seqs, say), scaled by their
+    number, as the fitted estimate is."""
+    measured = f"profile {profile.source}: 'Estimated CUDA graph memory'"
+    runs = profile.cudagraph_captures
+    if not runs or runs == graphs.captures:
+        return Term("cuda_graphs", profile.cudagraph_bytes or 0, "measured", measured)
+    return Term(
+        "cuda_graphs",
+        (profile.cudagraph_bytes or 0) * graphs.captures // runs,
+        "estimate",
+        f"{measured} for its {runs} capture sizes, x {graphs.captures}/{runs} ({graphs.why})",
         common.CALIBRATE_HINT,
     )
 

@@ -111,6 +111,7 @@ def calibrate(log: VllmLog | None, config: CacheConfig | None, plan: Plan | None
         activation_bytes=log.activation_bytes if log else None,
         non_torch_bytes=log.non_torch_bytes if log else None,
         cudagraph_bytes=cudagraph,
+        cudagraph_captures=log.facts.get("cudagraph_captures") if log and cudagraph is not None else None,
         overhead_bytes=overhead if overhead is not None and overhead >= 0 else None,
         kv_cache_bytes=kv_actual,
         num_gpu_blocks=blocks,

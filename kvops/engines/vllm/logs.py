@@ -160,6 +160,12 @@ PATTERNS: list[LogPattern] = [
     ),
     ("peak_activation_bytes", re.compile(_LEAD_NUMBER + r" GiB for peak activation"), lambda m: gib(m.group(1))),
     ("cudagraph_bytes", re.compile(r"Estimated CUDA graph memory: " + _NUMBER + r" ?GiB"), lambda m: gib(m.group(1))),
+    # the batch sizes the run captured, from its config line (the list's length)
+    (
+        "cudagraph_captures",
+        re.compile(r"""["']cudagraph_capture_sizes["']: ?\[([\d, ]+)\]"""),
+        lambda m: len(m.group(1).split(",")),
+    ),
     (
         "cudagraph_bytes",
         re.compile(r"CUDA graph pool memory: [\d.]+ GiB \(actual\), " + _NUMBER + r" GiB \(estimated\)"),

@@ -8,6 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import yaml
 
 from kvops.deployment import DeploymentOptions
 from kvops.dtypes import KV_DTYPES
@@ -305,6 +306,25 @@ def test_the_graph_estimate_follows_the_capture_sizes_vllm_picks_for_the_launch(
     # speculative decoding widens the decode query (1 + 3 tokens): sizes up to 2 x 32 x 4 = 256, not 64
     drafted = replace(inputs, speculative=Speculative("mtp", 3))
     assert budget.default_captures(drafted, releases.release("0.31.0"), 8192, 32).captures == 35
+
+
+def test_a_profiles_graph_estimate_is_scaled_to_the_plans_capture_sizes(run_kvops, tmp_path):
+    """A profile keeps the capture sizes its run captured: calibrated on the H200 run at --max-num-seqs 32 (11 sizes,
+    0.11 GiB), a plan at vLLM's default (51 sizes) scales it to what the default run logged (0.52 GiB)."""
+    log = Path("tests/fixtures/corpus/vllm/vllm-0.31.0-h200-llama-3.2-1b-instruct-fp16-32seqs-tp1.log")
+    profile = tmp_path / "h200.yaml"
+    run_kvops(
+        "calibrate", "--vllm-log", str(log), "-m", "llama-3.2-1b-instruct", "--gpu", "H200", "--save", str(profile)
+    )
+    saved = yaml.safe_load(profile.read_text())
+    assert saved["cudagraph_captures"] == 11 and saved["cudagraph_bytes"] == round(0.11 * GiB)
+    args = ("-m", "llama-3.2-1b-instruct", "--gpu", "H200", "--max-model-len", "16384", "--engine-version", "0.31.0")
+    same = term(doc(run_kvops, *args, "--max-num-seqs", "32", "--profile", str(profile)), "cuda_graphs")
+    assert same["bytes"] == round(0.11 * GiB) and same["basis"] == "measured"
+    default = term(doc(run_kvops, *args, "--profile", str(profile)), "cuda_graphs")
+    assert default["bytes"] == round(0.11 * GiB) * 51 // 11 and default["basis"] == "estimate"
+    assert abs(default["bytes"] - 0.52 * GiB) < 0.02 * GiB  # the default run's own estimate
+    assert "for its 11 capture sizes, x 51/11" in default["formula"]
 
 
 def test_defect6_the_multimodal_encoders_profile_pass_is_in_the_activation(run_kvops):
