@@ -36,6 +36,7 @@ class Observation:
     non_torch: int | None = None
     cuda_graphs: int | None = None  # the engine's CUDA-graph estimate (taken from the KV budget when applied)
     cuda_graphs_applied: bool = False  # the release takes the CUDA-graph estimate from the KV budget
+    graph_share: float = 1.0  # the run's capture sizes over the default ones the fitted estimate stands for
     overhead: int | None = None  # activation + non-torch + CUDA graphs, when the log gives only their sum
     budget: int = 0  # the memory the engine sized from (requested memory), for the plausibility check
     gpu: str | None = None
@@ -52,6 +53,11 @@ class Observation:
             share = total / self.budget
             return f"its budget leaves {share:.0%} of the memory besides the weights and the KV cache: the stated launch does not match the log"
         return None
+
+    @property
+    def default_graphs(self) -> int | None:
+        """The run's CUDA-graph estimate at the default capture sizes (the estimate grows with their number)."""
+        return round(self.cuda_graphs / self.graph_share) if self.cuda_graphs else self.cuda_graphs
 
     @property
     def total(self) -> int | None:
@@ -114,7 +120,7 @@ class FamilyFit:
 
     def total(self, held: Observation) -> int:
         """The overheads this fit predicts for a logged launch."""
-        graphs = self.cuda_graph_bytes(held.tp) if held.cuda_graphs_applied else 0
+        graphs = round(self.cuda_graph_bytes(held.tp) * held.graph_share) if held.cuda_graphs_applied else 0
         non_torch = self.non_torch_bytes(held.tp, held.custom_all_reduce)
         return self.activation(held.forward, held.logits, held.persistent) + non_torch + graphs
 

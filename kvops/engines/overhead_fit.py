@@ -135,8 +135,8 @@ def _fit_terms(
     default_graphs = base.cuda_graphs if base else (0, 0)
 
     def graphs(multi: bool, default: int) -> int:
-        found = [item.cuda_graphs for item in observations if item.cuda_graphs and (item.tp > 1) == multi]
-        every = [item.cuda_graphs for item in observations if item.cuda_graphs]
+        found = [item.default_graphs for item in observations if item.default_graphs and (item.tp > 1) == multi]
+        every = [item.default_graphs for item in observations if item.default_graphs]
         return _median(found) if found else (_median(every) if every else default)
 
     cuda_graphs = (graphs(False, default_graphs[0]), graphs(True, default_graphs[1]))
@@ -169,7 +169,8 @@ def _activation_seen(
         return item.activation
     if item.overhead is None:
         return None
-    graphs = (item.cuda_graphs or cuda_graphs[0 if item.tp == 1 else 1]) if item.cuda_graphs_applied else 0
+    fitted = round(cuda_graphs[0 if item.tp == 1 else 1] * item.graph_share)
+    graphs = (item.cuda_graphs or fitted) if item.cuda_graphs_applied else 0
     spent = (
         non_torch[0] if item.tp == 1 else (nccl if not item.custom_all_reduce and nccl is not None else non_torch[1])
     )

@@ -177,6 +177,7 @@ def observation(log: VllmLog, plan: Plan, source: str) -> Observation | None:
         non_torch=log.non_torch_bytes,
         cuda_graphs=graphs,
         cuda_graphs_applied=graphs_applied,
+        graph_share=graph_share(log),
         overhead=overhead if log.activation_bytes is None or log.non_torch_bytes is None else None,
         budget=requested,
         gpu=inputs.gpu.id if inputs.gpu else None,
@@ -256,5 +257,18 @@ def graph_observation(log: VllmLog, source: str, run_release: VllmRelease) -> Ob
     if not run_release.cudagraphs_before_kv or log.cudagraph_estimate_applied is None:
         return None
     return Observation(
-        source, run_release.family, 1, 0, cuda_graphs=log.cudagraph_estimate_applied, cuda_graphs_applied=True
+        source,
+        run_release.family,
+        1,
+        0,
+        cuda_graphs=log.cudagraph_estimate_applied,
+        cuda_graphs_applied=True,
+        graph_share=graph_share(log),
     )
+
+
+def graph_share(log: VllmLog) -> float:
+    """The run's capture sizes over the default ones the fitted estimate stands for, where its config line lists
+    them (else taken as the default)."""
+    captures = log.facts.get("cudagraph_captures")
+    return captures / budget.DEFAULT_CAPTURES if captures else 1.0

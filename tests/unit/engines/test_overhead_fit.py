@@ -124,6 +124,31 @@ def test_a_release_that_takes_the_graph_estimate_borrows_logs_that_print_it():
     assert fit.family("V1 0.11.1-0.20").margin == 0  # its own launches did not take the estimate
 
 
+def test_the_graph_estimate_is_fitted_at_the_default_capture_sizes():
+    """A log that captured fewer sizes (its config line lists 11 where vLLM's default is 51) enters the median at
+    what it would have estimated at 51, and its own residual is taken at its 11."""
+    share = 11 / 51
+    items = [
+        Observation(f"v19-{i}", "V1 0.11.1-0.20", 1, GiB, activation=GiB, non_torch=0, cuda_graphs=graphs * MiB)
+        for i, graphs in enumerate((600, 800, 900, 1900))
+    ] + [
+        Observation(
+            "few",
+            "V1 0.11.1-0.20",
+            1,
+            GiB,
+            activation=GiB,
+            non_torch=0,
+            cuda_graphs=round(850 * MiB * share),
+            graph_share=share,
+        )
+    ]
+    newest = fit_overheads("vllm", items, FAMILIES, FALLBACKS, ("V1 >= 0.21",)).family("V1 >= 0.21")
+    assert abs(newest.cuda_graph_bytes(1) - 850 * MiB) < 8  # not 600 MiB: 183 MiB at 11 sizes is 850 at 51
+    few = replace(items[-1], family="V1 >= 0.21", cuda_graphs_applied=True)
+    assert abs(newest.total(few) - few.total) < 8  # planned at its own 11 sizes: no residual from the graphs
+
+
 def test_a_launch_with_lora_adapters_never_trains_the_fit():
     """Adapters take memory kvops has no input for (slots, the profile's dummy LoRA run): a LoRA launch's overheads
     would pass for the engine's own in every other plan, so they are neither observed nor in the shipped fit."""
