@@ -10,7 +10,7 @@ import json
 import pytest
 
 from tests.support.aio import ServerThread
-from tests.support.kv_load import CRITICAL, DEGRADE, STAGED_POLICY, WARN, KvLoad
+from tests.support.kv_load import DEGRADE, FULL, STAGED_POLICY, WARN, KvLoad
 from tests.support.upstream import RecordingUpstream
 from tests.support.watch_process import WatchProcess
 
@@ -70,7 +70,7 @@ def test_levels_from_real_usage_clamp_and_reject_what_reaches_the_engine(vllm_en
                 assert response.headers["X-KVops-Clamped"] == "n 3->1" and len(response.json()["choices"]) == 1
                 assert hop.received[-1].json()["n"] == 1
 
-            load.switch(CRITICAL)
+            load.switch(FULL)  # the pool held at 97%: critical lasts, where a preempting pool's 95% is a moment
             watch.wait_level("critical", timeout=180)
             reached = len(hop.received)
             response = probe(watch, model, max_tokens=4)
