@@ -342,3 +342,26 @@ def test_a_pipeline_parallel_log_says_whose_stage_its_memory_lines_are(run_kvops
     rows = {row["term"]: row for row in json.loads(ran.stdout)["comparisons"]}
     tokens = rows["kv_cache_size_tokens"]
     assert tokens["actual"] == 1_075_312 and abs(tokens["predicted"] - tokens["actual"]) / tokens["actual"] < 0.01
+
+
+def test_an_enum_in_the_non_default_args_is_read_by_its_members_name(run_kvops, tmp_path):
+    """vLLM prints `--compilation-config {"cudagraph_mode": "NONE"}` back as `<CUDAGraphMode.NONE: 0>`: read as
+    'NONE', the run is planned without CUDA graphs, as it ran (it was read as None: the default graphs)."""
+    log = parse_vllm_log((CORPUS / "vllm" / "vllm-0.31.0-h200-llama-3.2-1b-instruct-fp16-nograph-tp1.log").read_text())
+    config = log.args["compilation_config"]
+    assert config["cudagraph_mode"] == "NONE" and config["dynamic_shapes_config"]["type"] == "BACKED"
+    assert config["mode"] is None  # a plain None stays None
+    report = json.loads(
+        run_kvops(
+            "calibrate",
+            "--vllm-log",
+            str(CORPUS / "vllm" / "vllm-0.31.0-h200-llama-3.2-1b-instruct-fp16-nograph-tp1.log"),
+            "-m",
+            "llama-3.2-1b-instruct",
+            "--gpu",
+            "H200",
+            "--json",
+        ).stdout
+    )
+    predicted = {row["term"]: row["predicted"] for row in report["comparisons"]}
+    assert predicted["overhead"] == predicted["activation"] + predicted["non_torch"]  # no CUDA graphs planned

@@ -266,10 +266,12 @@ PATTERNS: list[LogPattern] = [
 ]
 
 
-# What vLLM's "non-default args" repr holds that is not a Python literal: torch dtypes, enum reprs, and the
-# compilation config printed as JSON (true/false/null)
+# What vLLM's "non-default args" repr holds that is not a Python literal: torch dtypes, enum reprs (their member's
+# name: <CUDAGraphMode.NONE: 0> is 'NONE'; other <...> reprs None), and the compilation config printed as JSON
+# (true/false/null)
 _NOT_LITERAL = (
     (re.compile(r"\btorch\.(\w+)"), r"'\1'"),
+    (re.compile(r"<\w+\.(\w+): [^<>]*>"), r"'\1'"),
     (re.compile(r"<[^<>]*>"), "None"),
     (re.compile(r"\btrue\b"), "True"),
     (re.compile(r"\bfalse\b"), "False"),
