@@ -596,7 +596,7 @@ def _cuda_graphs(inputs: PlanInputs, release_: VllmRelease, batched: int, max_nu
     if graphs.mode == "NONE":
         return Term("cuda_graphs", 0, "exact", f"--compilation-config cudagraph_mode NONE: {graphs.why}")
     if profile and profile.cudagraph_bytes is not None:
-        return _profiled_graphs(profile, graphs)
+        return _profiled_graphs(profile, profile.cudagraph_bytes, graphs)
     fit = _fit(inputs, release_)
     median = fit.cuda_graph_bytes(inputs.tp)
     scaled = median * graphs.captures // DEFAULT_CAPTURES
@@ -615,16 +615,16 @@ def _cuda_graphs(inputs: PlanInputs, release_: VllmRelease, batched: int, max_nu
     )
 
 
-def _profiled_graphs(profile: Profile, graphs: CompiledGraphs) -> Term:
+def _profiled_graphs(profile: Profile, measured_bytes: int, graphs: CompiledGraphs) -> Term:
     """The run's own estimate; for another number of capture sizes (another --max-num-seqs, say), scaled by their
     number, as the fitted estimate is."""
     measured = f"profile {profile.source}: 'Estimated CUDA graph memory'"
     runs = profile.cudagraph_captures
     if not runs or runs == graphs.captures:
-        return Term("cuda_graphs", profile.cudagraph_bytes or 0, "measured", measured)
+        return Term("cuda_graphs", measured_bytes, "measured", measured)
     return Term(
         "cuda_graphs",
-        (profile.cudagraph_bytes or 0) * graphs.captures // runs,
+        measured_bytes * graphs.captures // runs,
         "estimate",
         f"{measured} for its {runs} capture sizes, x {graphs.captures}/{runs} ({graphs.why})",
         common.CALIBRATE_HINT,
@@ -668,8 +668,10 @@ def default_captures(inputs: PlanInputs, release_: VllmRelease, batched: int, ma
     platform_ceiling = 1024 if blackwell else 512
     query = 1 + (inputs.speculative.tokens if inputs.speculative else 0)
     ceiling = min(batched, 2 * max_num_seqs * query, platform_ceiling)
-    counts = capture_sizes(min(max_num_seqs, platform_ceiling)) + [min(max_num_seqs, platform_ceiling)]
-    decode = {count * query for count in counts} if query > 1 else {max_num_seqs}
+    decode = {max_num_seqs}
+    if query > 1:  # each request count up to max_num_seqs, at its decode width
+        requests = min(max_num_seqs, platform_ceiling)
+        decode = {count * query for count in [*capture_sizes(requests), requests]}
     sizes = set(capture_sizes(ceiling)) | {size for size in (batched, *decode) if size <= ceiling}
     why = f"vLLM's default capture sizes up to {ceiling}"
     if ceiling != 512:
