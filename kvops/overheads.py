@@ -30,8 +30,9 @@ class Observation:
     family: str
     tp: int
     forward: int  # kvops' model of the profile's forward-pass peak for this launch (bytes)
-    logits: int = 0  # the logits the profile's sampler run holds (sequences x vocabulary); 0 where none is run
-    persistent: int = 0  # bytes kvops models as allocated through the sampler run (the fused-MoE workspace)
+    logits: int = 0  # the logits the profile's sampler run holds at the fitted bytes per logit; 0 where none is
+    # run or the runner sets their bytes (Model Runner V2: then in `persistent`)
+    persistent: int = 0  # bytes kvops models as held through the sampler run (the fused-MoE workspace, MRv2's logits)
     activation: int | None = None
     non_torch: int | None = None
     cuda_graphs: int | None = None  # the engine's CUDA-graph estimate (taken from the KV budget when applied)

@@ -21,6 +21,7 @@ from kvops.dtypes import serving_dtype
 from kvops.engines import common
 from kvops.engines.device_total import device_total_term
 from kvops.engines.overhead_fit import OVERHEAD_QUANTILE
+from kvops.engines.vllm.model_runner import ModelRunner, model_runner
 from kvops.engines.vllm.releases import BatchDefaults, VllmRelease, release
 from kvops.engines.weights import WeightOptions, stage_weights, weight_bytes, weight_format
 from kvops.errors import MissingDevice, UsageError
@@ -406,7 +407,7 @@ def _weights(inputs: PlanInputs, stage: int | None = None) -> Term:
             measured, scaled = ceil(profile.weights_bytes * profile.tp / tp), f", x {profile.tp}/{tp} for tp {tp}"
         return Term("weights", measured, "measured", f"profile {profile.source}: 'Model loading took'{scaled}", None)
     computed = _computed_weights(inputs, stage)
-    width = rotary_width(inputs.dtype)
+    width = serving_width(inputs.dtype)
     rotary = rotary_cache_bytes(spec, width)
     if not rotary:
         return computed
@@ -454,10 +455,11 @@ def rotary_cache_bytes(spec: ModelSpec, width: int = 2) -> int:
     return spec.max_position_embeddings * (rotary or spec.head_dim) * width
 
 
-def rotary_width(dtype: str) -> int:
-    """Bytes per cos/sin value: the cache is cast to torch's default dtype while vLLM builds the model, the serving
-    dtype (`get_rope(dtype=torch.get_default_dtype())`, model_executor/layers/rotary_embedding/__init__.py): 4 B under
-    --dtype float32, else 2 (--dtype auto serves a 16-bit dtype, float32 checkpoints included)."""
+def serving_width(dtype: str) -> int:
+    """Bytes per value of the serving dtype, in which vLLM builds the model: the rotary cos/sin cache is cast to it
+    (`get_rope(dtype=torch.get_default_dtype())`, model_executor/layers/rotary_embedding/__init__.py) and the logits
+    come out in it: 4 B under --dtype float32, else 2 (--dtype auto serves a 16-bit dtype, float32 checkpoints
+    included)."""
     return 4 if dtype != "auto" and serving_dtype(dtype) == "fp32" else 2
 
 
@@ -486,7 +488,9 @@ def _activation(inputs: PlanInputs, release_: VllmRelease, batched: int, sampler
     scope = weight_format(inputs.spec, inputs.quantization).scope
     forward, logits, workspace = profile_run(inputs.spec, batched, sampler_seqs, inputs.tp, scope, inputs.text_only)
     fit = _fit(inputs, release_)
-    sampler = fit.sampler(logits) + workspace
+    runner = model_runner_of(inputs, release_)
+    fitted, held = sampler_run(inputs, runner, logits, workspace)
+    sampler = fit.sampler(fitted) + held
     encoder, cached = encoder_pass(inputs.spec, batched, inputs.tp, inputs.text_only)
     if forward >= sampler and encoder and encoder >= forward:
         budget = encoder_budget(inputs.spec, batched)
@@ -499,20 +503,42 @@ def _activation(inputs: PlanInputs, release_: VllmRelease, batched: int, sampler
         if cached:
             which += f" + the encoder cache it holds ({format_bytes(cached)})"
     else:
+        per_logit = (
+            runner.sampler_bytes_per_logit(serving_width(inputs.dtype)) if runner.v2 else fit.sampler_bytes_per_logit
+        )
         which = (
             f"the sampler's decode step for {sampler_seqs} sequences x {inputs.spec.vocab_size:,} vocabulary at "
-            f"{fit.sampler_bytes_per_logit:.1f} B per logit ({format_bytes(fit.sampler(logits))})"
+            f"{per_logit:.1f} B per logit ({format_bytes(sampler - workspace)}"
+            f"{', Model Runner V2: the logits alone' + (' and their fp32 copy' if runner.fp32_copy else '') if runner.v2 else ''})"
         )
         if workspace:
             which += f" + the fused-MoE workspace over {batched} tokens ({format_bytes(workspace)})"
     return Term(
         "activation",
-        fit.activation(forward, logits, workspace),
+        fit.activation(forward, fitted, held),
         "estimate",
         f"profile-run peak: {which} {_signed(fit.activation_excess)}, the median excess of {_logs(fit)} over "
         "kvops' model",
         common.CALIBRATE_HINT,
     )
+
+
+def model_runner_of(inputs: PlanInputs, release_: VllmRelease, logged_v2: bool = False) -> ModelRunner:
+    """The GPU model runner this launch's engine uses (`model_runner.model_runner`)."""
+    if release_.v0:
+        return ModelRunner(False, f"{release_.label} runs the V0 engine")
+    method = inputs.speculative.method if inputs.speculative else None
+    return model_runner(release_.version, inputs.spec, _rocm(inputs), method, logged_v2)
+
+
+def sampler_run(inputs: PlanInputs, runner: ModelRunner, logits: int, workspace: int) -> tuple[int, int]:
+    """The profile sampler run as the overhead fit prices it: the logits priced at the family's fitted bytes per
+    logit (V1's runner), and the bytes held beside them (the fused-MoE workspace). Model Runner V2 holds its logits
+    at bytes set by the release (the model's dtype, and an fp32 copy before 0.26): they join what is held, and none
+    are fitted."""
+    if not runner.v2:
+        return logits, workspace
+    return 0, workspace + logits * runner.sampler_bytes_per_logit(serving_width(inputs.dtype))
 
 
 def _non_torch(inputs: PlanInputs, release_: VllmRelease) -> Term:

@@ -155,6 +155,8 @@ def observation(log: VllmLog, plan: Plan, source: str) -> Observation | None:
     forward, logits, workspace = budget.profile_run(
         inputs.spec, capacity.max_num_batched_tokens, capacity.sampler_sequences, inputs.tp, scope, inputs.text_only
     )
+    runner = budget.model_runner_of(inputs, run_release, bool(log.get("model_runner_v2")))
+    fitted, held = budget.sampler_run(inputs, runner, logits, workspace)
     facts = log.facts
     graphs_applied = run_release.cudagraphs_before_kv and not inputs.enforce_eager
     graphs = log.cudagraph_estimate_applied if graphs_applied else log.get("cudagraph_bytes")
@@ -171,8 +173,8 @@ def observation(log: VllmLog, plan: Plan, source: str) -> Observation | None:
         run_release.family,
         inputs.tp,
         forward,
-        logits,
-        workspace,
+        fitted,
+        held,
         activation=log.activation_bytes,
         non_torch=log.non_torch_bytes,
         cuda_graphs=graphs,

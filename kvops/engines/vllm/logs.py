@@ -194,6 +194,7 @@ PATTERNS: list[LogPattern] = [
         lambda m: gib(m.group(1)),
     ),
     ("cudagraph_captured_bytes", re.compile(_LEAD_NUMBER + r" GiB for CUDAGraph memory"), lambda m: gib(m.group(1))),
+    ("model_runner_v2", re.compile(r"Using V2 Model Runner"), lambda m: True),  # gpu_worker.py, 0.24.0 on
     ("num_gpu_blocks", re.compile(r"(?:GPU|cuda|CUDA) blocks: " + _INT), lambda m: integer(m.group(1))),
     # the CPU executor's own pool; on a GPU log the same line's "# CPU blocks" is the swap space, not the pool
     (

@@ -104,6 +104,9 @@ def _plan_pass(
     if sizing.extensible and stage_blocks is None:
         stage_blocks = layout.committed_blocks(kv_layout, max(draft.kv_bytes, 0))
     draft.notes.insert(1, f"KV sizing: {sizing.path}: {sizing.why}")
+    if device != "cpu" and not release.v0:
+        runner = budget.model_runner_of(inputs, release)
+        draft.notes.insert(2, f"model runner: {'V2' if runner.v2 else 'V1'}: {runner.why}")
     per_stage = " on the binding pipeline stage" if inputs.pp > 1 else ""
     draft.notes.insert(
         1,

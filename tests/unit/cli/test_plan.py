@@ -369,7 +369,7 @@ def test_the_default_plan_names_no_scheduler_and_the_text_says_where_the_guard_g
     doc = plan_doc(run_kvops, *args)
     assert "scheduler-cls" not in doc["flags"]
     [note] = [note for note in doc["notes"] if note.startswith("KV guard: ")]
-    assert note.startswith("KV guard: not named by default; this pool holds 20 requests of the planned size at once, ")
+    assert note.startswith("KV guard: not named by default; this pool holds 21 requests of the planned size at once, ")
     assert "like the CPU benchmark's pool of about 8" in note and "--compare stock,guard; --guard names it" in note
     large = plan_doc(run_kvops, "-m", "mistral-7b-v0.1", "--gpu", "H100-80GB", "--engine-version", "0.32.0")
     assert any("holds 109 requests of the planned size at once, like the CPU benchmark's larger pool" in note
