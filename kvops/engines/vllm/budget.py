@@ -258,8 +258,10 @@ def memory_terms(
             engine_kv,
             "computed",
             "min(requested - resident, total - startup_used - resident - vllm_margin) - transient, resident = "
-            "weights + non-torch + CUDA graphs + persistent, transient = activation - persistent + CUDA-graph "
-            "estimate (vLLM's measure_kv_cache_bytes, extensible_kv_cache.py l.592-618)",
+            "weights + non-torch + CUDA graphs + persistent, transient = activation - persistent (vLLM's "
+            "measure_kv_cache_bytes, extensible_kv_cache.py l.592-618; no CUDA-graph estimate is kept free: "
+            "profile_cudagraph_memory returns 0 under the extensible cache, whose measurement finds the captured "
+            "graphs resident, gpu/model_runner.py l.1123-1125)",
         )
     else:
         spent = overheads
@@ -308,20 +310,12 @@ def _extensible(
     graphs = named.get("cuda_graphs", Term("cuda_graphs", 0, "exact", ""))
     non_torch = named.get("non_torch", Term("non_torch", 0, "exact", ""))
     persistent = _persistent(inputs, batched, sampler_seqs) if "activation" in named else 0
-    transient = max(0, activation.bytes - persistent) + graphs.bytes
+    transient = max(0, activation.bytes - persistent)
     floor = MARGIN_FLOOR["amd" if _rocm(inputs) else "nvidia"]
     vllm_margin = max(floor, int(transient * MARGIN_FRACTION))
     resident = weights.bytes + non_torch.bytes + graphs.bytes + persistent
     startup = _startup_used(inputs)
     engine_kv = max(0, min(requested - resident, total.bytes - startup.bytes - resident - vllm_margin) - transient)
-    estimate = Term(
-        "cuda_graph_estimate",
-        graphs.bytes,
-        graphs.basis,
-        "vLLM's CUDA-graph estimate, kept free as transient headroom after capture (reserved_headroom_bytes = "
-        "peak_activation_memory, v1/worker/gpu_worker.py); the captured graphs themselves stay resident",
-        graphs.measure,
-    )
     margin_term = Term(
         "vllm_margin",
         vllm_margin,
@@ -329,7 +323,7 @@ def _extensible(
         f"max({format_bytes(floor)}, 0.75 x transient {format_bytes(transient)}) (KV_CACHE_MARGIN_FLOOR_BYTES"
         f"{', ROCm' if _rocm(inputs) else ''}, KV_CACHE_MARGIN_FRACTION, extensible_kv_cache.py)",
     )
-    return [*overheads, estimate, startup, margin_term], engine_kv
+    return [*overheads, startup, margin_term], engine_kv
 
 
 def _persistent(inputs: PlanInputs, batched: int, sampler_seqs: int) -> int:
@@ -503,14 +497,7 @@ def _activation(inputs: PlanInputs, release_: VllmRelease, batched: int, sampler
         if cached:
             which += f" + the encoder cache it holds ({format_bytes(cached)})"
     else:
-        per_logit = (
-            runner.sampler_bytes_per_logit(serving_width(inputs.dtype)) if runner.v2 else fit.sampler_bytes_per_logit
-        )
-        which = (
-            f"the sampler's decode step for {sampler_seqs} sequences x {inputs.spec.vocab_size:,} vocabulary at "
-            f"{per_logit:.1f} B per logit ({format_bytes(sampler - workspace)}"
-            f"{', Model Runner V2: the logits alone' + (' and their fp32 copy' if runner.fp32_copy else '') if runner.v2 else ''})"
-        )
+        which = _sampler_peak(inputs, runner, fit, sampler_seqs, sampler - workspace)
         if workspace:
             which += f" + the fused-MoE workspace over {batched} tokens ({format_bytes(workspace)})"
     return Term(
@@ -520,6 +507,22 @@ def _activation(inputs: PlanInputs, release_: VllmRelease, batched: int, sampler
         f"profile-run peak: {which} {_signed(fit.activation_excess)}, the median excess of {_logs(fit)} over "
         "kvops' model",
         common.CALIBRATE_HINT,
+    )
+
+
+def _sampler_peak(inputs: PlanInputs, runner: ModelRunner, fit: FamilyFit, sequences: int, logits_bytes: int) -> str:
+    """The profile's sampler run, as the activation term explains its peak."""
+    if runner.light_sampler:
+        per_logit = runner.sampler_bytes_per_logit(serving_width(inputs.dtype))
+        held = "the logits and their fp32 copy" if runner.fp32_copy else "the logits alone"
+        how = f"{per_logit} B per logit, Model Runner V2: {held}"
+    else:
+        how = f"{fit.sampler_bytes_per_logit:.1f} B per logit"
+        if runner.v2:
+            how += ", Model Runner V2 sampling again with its warmup's parameters"
+    return (
+        f"the sampler's decode step for {sequences} sequences x {inputs.spec.vocab_size:,} vocabulary at {how} "
+        f"({format_bytes(logits_bytes)})"
     )
 
 
@@ -533,10 +536,10 @@ def model_runner_of(inputs: PlanInputs, release_: VllmRelease, logged_v2: bool =
 
 def sampler_run(inputs: PlanInputs, runner: ModelRunner, logits: int, workspace: int) -> tuple[int, int]:
     """The profile sampler run as the overhead fit prices it: the logits priced at the family's fitted bytes per
-    logit (V1's runner), and the bytes held beside them (the fused-MoE workspace). Model Runner V2 holds its logits
-    at bytes set by the release (the model's dtype, and an fp32 copy before 0.26): they join what is held, and none
-    are fitted."""
-    if not runner.v2:
+    logit (the full sampling pipeline), and the bytes held beside them (the fused-MoE workspace). Model Runner V2's
+    light sampler run (0.22-0.32) holds its logits at bytes set by the release (the model's dtype, and an fp32 copy
+    before 0.26): they join what is held, and none are fitted."""
+    if not runner.light_sampler:
         return logits, workspace
     return 0, workspace + logits * runner.sampler_bytes_per_logit(serving_width(inputs.dtype))
 
@@ -601,6 +604,12 @@ def interconnect(gpu_id: str) -> str | None:
     return found.interconnect if found is not None else None
 
 
+_GRAPHS_ESTIMATE = "vLLM's CUDA-graph estimate, taken before sizing KV"
+_GRAPHS_EXTENSIBLE = (
+    "the captured CUDA graphs, resident when the extensible cache measures free memory (sized as vLLM's estimate)"
+)
+
+
 def _cuda_graphs(inputs: PlanInputs, release_: VllmRelease, batched: int, max_num_seqs: int) -> Term:
     profile = inputs.profile
     if inputs.enforce_eager or inputs.device == "cpu":
@@ -635,7 +644,7 @@ def _cuda_graphs(inputs: PlanInputs, release_: VllmRelease, batched: int, max_nu
         "cuda_graphs",
         scaled,
         "estimate",
-        f"vLLM's CUDA-graph estimate, taken before sizing KV: the median of {_logs(fit)} at tp "
+        f"{_GRAPHS_EXTENSIBLE if release_.extensible else _GRAPHS_ESTIMATE}: the median of {_logs(fit)} at tp "
         f"{'1' if inputs.tp == 1 else '>= 2'} (0 with --enforce-eager){scale}",
         common.CALIBRATE_HINT,
     )

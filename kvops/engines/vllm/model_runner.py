@@ -10,10 +10,11 @@ vLLM has two GPU model runners: V1's (`v1/worker/gpu_model_runner.py`) and Model
 - 0.25-0.28: every generation model that is neither MoE (unless allow-listed) nor hybrid (0.27 on: unless
   allow-listed) nor attention-free (`_is_default_v2_model_runner_model`, l.557-574 in the 0.25.0 wheel, l.691-712
   in 0.28.0; vllm-project/vllm#44443, "the default for all dense models");
-- 0.29 on: every model (vllm-project/vllm#53183; l.644-677 in the 0.29.0 wheel), but on ROCm DeepSeek-V3.2/V4
-  (and GLM-MoE-DSA from 0.30) stay on V1 through 0.31 (`ROCM_DEFAULT_MRV1_ARCHITECTURES`).
-A feature MRv2 does not support sends the model back to V1 (`_get_v2_model_runner_unsupported_features`); of those
-kvops plans, the speculative decoding methods.
+- 0.29-0.33: every model (vllm-project/vllm#53183; l.644-677 in the 0.29.0 wheel), but on ROCm DeepSeek-V3.2/V4
+  (and GLM-MoE-DSA from 0.30) stay on V1 through 0.31 (`ROCM_DEFAULT_MRV1_ARCHITECTURES`);
+- 0.34: every model, the only GPU runner (the wheel has neither V1's runner nor VLLM_USE_V2_MODEL_RUNNER).
+Before 0.34 a feature MRv2 does not support sends the model back to V1 (`_get_v2_model_runner_unsupported_features`,
+l.3053-3087 in the 0.33.0 wheel); of those kvops plans, the speculative decoding methods.
 
 The memory profile samples one decode step for min(max-num-batched-tokens, max-num-seqs) sequences. V1's sampler
 run forces top-k and top-p and holds about 14 B per logit (the logits, an fp32 copy, fp32 probabilities and fp32
@@ -21,7 +22,10 @@ noise: kvops fits it per release family). MRv2's dummy requests keep their slots
 or top-p, no logprobs), so its sampler holds the logits alone in the model's dtype (`_dummy_sampler_run`,
 sample/sampler.py `apply_sampling_params` returns them unless a request needs processing: l.238 in the 0.32.0
 wheel), plus an fp32 copy made every time before 0.26 (sampler.py l.133 in the 0.22.0 wheel, l.156-157 in the 0.24.0
-and 0.25.0 wheels).
+and 0.25.0 wheels). From 0.33 the profile samples a second time with the sampler warmup's parameters
+(`SamplingParams.for_sampler_warmup()`: temperature, top-k, top-p, penalties, logprobs; model_runner.py l.1008-1013
+in the 0.33.0 wheel, "the profiled peak must too"), which runs the full fp32 pipeline as V1's sampler does: kvops
+prices it at the fitted bytes per logit again.
 """
 
 from __future__ import annotations
@@ -52,6 +56,8 @@ FIRST_HYBRID_LISTED = Version(0, 27)  # a hybrid model on the allow-list runs on
 FIRST_ALL_DEFAULT = Version(0, 29)
 FIRST_WITHOUT_ROCM_LIST = Version(0, 32)
 FIRST_WITHOUT_COPY = Version(0, 26)
+FIRST_WARMUP_PASS = Version(0, 33)
+ONLY_RUNNER = Version(0, 34)  # the 0.34.0 wheel has no v1/worker/gpu_model_runner.py nor VLLM_USE_V2_MODEL_RUNNER
 FP32_COPY_BYTES = 4
 
 
@@ -63,10 +69,17 @@ class ModelRunner:
     v2: bool
     why: str
     fp32_copy: bool = False  # MRv2 before 0.26: the sampler copies the logits to fp32 every time
+    warmup_pass: bool = False  # MRv2 from 0.33: the profile samples again with the sampler warmup's parameters
+
+    @property
+    def light_sampler(self) -> bool:
+        """The profile's sampler holds the bytes the release sets (MRv2 0.22-0.32), not the fitted bytes per logit
+        of the full sampling pipeline (V1's runner; MRv2 from 0.33, whose second pass runs it)."""
+        return self.v2 and not self.warmup_pass
 
     def sampler_bytes_per_logit(self, logits_dtype_bytes: int) -> int:
-        """MRv2's profile sampler run: the logits in the model's dtype, and their fp32 copy where the release makes
-        one. V1's is fitted per release family, not set here."""
+        """MRv2's light profile sampler run: the logits in the model's dtype, and their fp32 copy where the release
+        makes one."""
         return logits_dtype_bytes + (FP32_COPY_BYTES if self.fp32_copy else 0)
 
 
@@ -80,20 +93,24 @@ def model_runner(
     """The GPU model runner vLLM `version` runs `spec` with: MRv2 where its log says "Using V2 Model Runner"
     (`logged_v2`), else as the release chooses when VLLM_USE_V2_MODEL_RUNNER is unset."""
     if logged_v2:
-        return ModelRunner(True, "the log says 'Using V2 Model Runner'", fp32_copy=version < FIRST_WITHOUT_COPY)
+        return _v2(version, "the log says 'Using V2 Model Runner'")
     if not version.at_least(0, 22):
         return ModelRunner(False, f"vLLM {version} has only the V1 model runner as its default")
     unsupported = _unsupported_method(version, speculative_method)
     if unsupported:
         return ModelRunner(False, f"Model Runner V2 does not support {unsupported} in vLLM {version}: V1 runs it")
     default, why = _default_for(version, spec, rocm)
-    if not default:
-        return ModelRunner(False, why)
-    return ModelRunner(True, why, fp32_copy=version < FIRST_WITHOUT_COPY)
+    return _v2(version, why) if default else ModelRunner(False, why)
+
+
+def _v2(version: Version, why: str) -> ModelRunner:
+    return ModelRunner(True, why, fp32_copy=version < FIRST_WITHOUT_COPY, warmup_pass=version >= FIRST_WARMUP_PASS)
 
 
 def _default_for(version: Version, spec: ModelSpec, rocm: bool) -> tuple[bool, str]:
     architecture = spec.architectures[0] if spec.architectures else spec.model_type
+    if version >= ONLY_RUNNER:
+        return True, f"Model Runner V2 is vLLM's only GPU model runner from {ONLY_RUNNER} (gpu_model_runner.py is gone)"
     if version >= FIRST_ALL_DEFAULT:
         if rocm and version < FIRST_WITHOUT_ROCM_LIST and architecture in _listed(ROCM_V1, version):
             return False, f"vLLM {version} keeps {architecture} on the V1 model runner on ROCm"
@@ -121,7 +138,11 @@ def _unsupported_method(version: Version, method: str | None) -> str | None:
     0.24.0-0.32.0 wheels; 0.33-0.34 taken as 0.32)."""
     if not method:
         return None
-    if version.at_least(0, 32):
+    if version >= ONLY_RUNNER:
+        return None
+    if version.at_least(0, 33):
+        unsupported = {"suffix", "custom_class"}
+    elif version.at_least(0, 32):
         unsupported = {"suffix", "medusa", "mlp_speculator", "custom_class"}
     elif version.at_least(0, 30):
         unsupported = {"ngram", "ngram_gpu", "suffix", "medusa", "mlp_speculator", "custom_class"}

@@ -70,10 +70,12 @@ _CUDAGRAPH_ESTIMATE = Rule(
 _EXTENSIBLE = Rule(
     "the extensible KV cache: KV = min(requested - resident, free at startup - resident - margin) - transient, "
     "measured after warmup and CUDA-graph capture; resident = weights + non-torch + CUDA graphs + persistent torch "
-    "allocations, transient = the profiled activation peak + the CUDA-graph estimate (or a larger warmup peak), "
+    "allocations, transient = the profiled activation peak (or a larger warmup peak; no CUDA-graph estimate: the "
+    "captured graphs are measured resident), "
     "margin = max(1 GiB (3 GiB on ROCm), 0.75 x transient); whole blocks of physical memory, each layer's segment "
     "rounded up to the 2 MiB VMM granule",
     "vllm/v1/worker/extensible_kv_cache.py measure_kv_cache_bytes (l.592-618), KV_CACHE_MARGIN_FLOOR_BYTES, "
+    "gpu/model_runner.py profile_cudagraph_memory (l.1123-1125: 0 under the extensible cache), "
     "KV_CACHE_MARGIN_FRACTION, ExtensibleKVCache.blocks_within; v1/worker/gpu_worker.py initialize_from_config "
     "(reserved_headroom_bytes = the profile's peak_activation_memory) (0.34.0 wheel)",
 )

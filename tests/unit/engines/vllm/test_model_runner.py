@@ -43,7 +43,7 @@ def runs_v2(version: str, spec, **given) -> bool:
         ("0.28.0", QWEN3_MOE, False),
         ("0.29.0", HYBRID, True),  # every model
         ("0.29.0", QWEN3_MOE, True),
-        ("0.34.0", QWEN3_MOE, True),
+        ("0.34.0", QWEN3_MOE, True),  # the only GPU runner
     ],
 )
 def test_the_release_chooses_the_runner_by_model_kind(version, spec, v2):
@@ -65,7 +65,16 @@ def test_rocm_keeps_deepseek_v32_on_v1_through_031():
 
 @pytest.mark.parametrize(
     ("version", "method", "v2"),
-    [("0.28.0", "ngram", False), ("0.28.0", "eagle3", True), ("0.31.0", "ngram", False), ("0.32.0", "ngram", True)],
+    [
+        ("0.28.0", "ngram", False),
+        ("0.28.0", "eagle3", True),
+        ("0.31.0", "ngram", False),
+        ("0.32.0", "ngram", True),
+        ("0.32.0", "medusa", False),
+        ("0.33.0", "medusa", True),
+        ("0.33.0", "suffix", False),
+        ("0.34.0", "suffix", True),  # V1's runner is gone from the wheel
+    ],
 )
 def test_a_speculative_method_mrv2_lacks_sends_the_model_to_v1(version, method, v2):
     assert runs_v2(version, QWEN3, speculative_method=method) is v2
@@ -74,6 +83,16 @@ def test_a_speculative_method_mrv2_lacks_sends_the_model_to_v1(version, method, 
 def test_mrv2_holds_the_logits_alone_from_026_and_an_fp32_copy_before():
     assert model_runner(Version.parse("0.25.0"), QWEN3).sampler_bytes_per_logit(2) == 6
     assert model_runner(Version.parse("0.26.0"), QWEN3).sampler_bytes_per_logit(2) == 2
+
+
+def test_from_033_mrv2_profiles_the_full_sampling_pipeline():
+    """0.33's `_dummy_sampler_run` samples a second time with SamplingParams.for_sampler_warmup() ("the profiled peak
+    must too"): the fp32 pipeline V1's sampler runs, priced at the fitted bytes per logit."""
+    assert model_runner(Version.parse("0.32.0"), QWEN3).light_sampler
+    assert not model_runner(Version.parse("0.33.0"), QWEN3).light_sampler
+    given = {"model": "meta-llama/Llama-3.2-1B-Instruct", "gpu": "H200", "max_model_len": 16384}
+    assert "sampling again with its warmup's parameters" in activation("0.33.0", **given)["formula"]
+    assert activation("0.33.0", **given)["bytes"] == activation("0.19.0", **given)["bytes"]
 
 
 def test_the_log_line_names_the_runner():
