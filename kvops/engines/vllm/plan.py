@@ -409,13 +409,21 @@ def _max_num_seqs(draft: Draft, under_warn: int, defaults: budget.BatchDefaults)
     wanted = max(1, under_warn) * seqs_per_request
     if isinstance(inputs.concurrency, int):
         return max(min(wanted, defaults.max_num_seqs), inputs.concurrency * seqs_per_request)
-    if inputs.workload.total_tokens is None and inputs.concurrency is None and wanted < defaults.max_num_seqs:
-        # No workload stated: sized for requests that fill the context, the cap would hold ShareGPT-like traffic on
-        # an 8B model on one H100 to 0.07 x stock vLLM's SLO goodput (kvops simulate, 50 requests/s). vLLM's default
-        # is what stock runs; the watcher and the guard handle the pressure.
+    if inputs.concurrency is None and wanted < defaults.max_num_seqs:
+        # A cap at the warn level leaves the pool's last 30% idle when traffic peaks: sized for requests that fill
+        # the context it held ShareGPT-like traffic on an 8B model on one H100 to 0.07 x stock vLLM's SLO goodput
+        # (kvops simulate, 50 requests/s), and sized for the stated requests (2,000 + 500 tokens, Llama-3-8B on an
+        # H100) to 0.67 x at stock's saturation rate and 0.47-0.58 x past it (docs/measured.md). vLLM's default is
+        # what stock runs; the watcher and the guard handle the pressure.
+        stated = (
+            "no workload stated; at the whole context"
+            if inputs.workload.total_tokens is None
+            else "of the stated requests,"
+        )
         draft.notes.append(
-            f"max-num-seqs: vLLM's default for this device ({defaults.max_num_seqs}): no workload stated; at the "
-            f"whole context {wanted} sequences stay under the warn level (--prompt-tokens/--gen-tokens size it)"
+            f"max-num-seqs: vLLM's default for this device ({defaults.max_num_seqs}), as stock runs: {stated} "
+            f"{wanted} sequences stay under the warn level; past them the watcher warns and the guard, where named, "
+            "admits by projected KV (a cap there left the pool's last 30% idle and cost goodput at saturation)"
         )
         return defaults.max_num_seqs
     if wanted > defaults.max_num_seqs:
