@@ -50,6 +50,7 @@ ROCM_V1 = (
     (Version(0, 29), ("DeepseekV32ForCausalLM", "DeepseekV4ForCausalLM")),
     (Version(0, 30), ("GlmMoeDsaForCausalLM",)),
 )
+FIRST_DEFAULT = Version(0, 22)  # the first release that runs any model on MRv2 without VLLM_USE_V2_MODEL_RUNNER=1
 FIRST_LIST_WITH_QUANTIZED = Version(0, 24)  # 0.22-0.23 also require a checkpoint without quantization_config
 FIRST_DENSE_DEFAULT = Version(0, 25)
 FIRST_HYBRID_LISTED = Version(0, 27)  # a hybrid model on the allow-list runs on MRv2
@@ -94,7 +95,7 @@ def model_runner(
     (`logged_v2`), else as the release chooses when VLLM_USE_V2_MODEL_RUNNER is unset."""
     if logged_v2:
         return _v2(version, "the log says 'Using V2 Model Runner'")
-    if not version.at_least(0, 22):
+    if version < FIRST_DEFAULT:
         return ModelRunner(False, f"vLLM {version} has only the V1 model runner as its default")
     unsupported = _unsupported_method(version, speculative_method)
     if unsupported:
@@ -134,8 +135,8 @@ def _default_for(version: Version, spec: ModelSpec, rocm: bool) -> tuple[bool, s
 
 
 def _unsupported_method(version: Version, method: str | None) -> str | None:
-    """A speculative decoding method that sends the model to V1 (`_get_v2_model_runner_unsupported_features`: the
-    0.24.0-0.32.0 wheels; 0.33-0.34 taken as 0.32)."""
+    """A speculative decoding method that sends the model to V1 (`_get_v2_model_runner_unsupported_features` in the
+    0.24.0-0.33.0 wheels; 0.22-0.23 taken as 0.24; 0.34 has no V1 runner to send it to)."""
     if not method:
         return None
     if version >= ONLY_RUNNER:

@@ -1,5 +1,5 @@
 """Which GPU model runner a vLLM release runs a model with (V1's or Model Runner V2), as config/vllm.py
-`use_v2_model_runner` decides in the 0.21.0-0.32.0 wheels, and what the memory profile's sampler run holds with each."""
+`use_v2_model_runner` decides in the 0.21.0-0.34.0 wheels, and what the memory profile's sampler run holds with each."""
 
 from __future__ import annotations
 
