@@ -527,9 +527,8 @@ def _sampler_peak(inputs: PlanInputs, runner: ModelRunner, fit: FamilyFit, seque
 
 
 def model_runner_of(inputs: PlanInputs, release_: VllmRelease, logged_v2: bool = False) -> ModelRunner:
-    """The GPU model runner this launch's engine uses (`model_runner.model_runner`)."""
-    if release_.v0:
-        return ModelRunner(False, f"{release_.label} runs the V0 engine")
+    """The GPU model runner this launch's engine uses (`model_runner.model_runner`; every release before 0.22, the
+    V0 engine's included, runs V1's)."""
     method = inputs.speculative.method if inputs.speculative else None
     return model_runner(release_.version, inputs.spec, _rocm(inputs), method, logged_v2)
 
