@@ -17,6 +17,7 @@ from __future__ import annotations
 import heapq
 import math
 from array import array
+from bisect import insort
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -101,14 +102,18 @@ class RunLog:
 
 
 class _Clients:
-    """Who sends next, and when: the trace's arrivals, held back while `max_concurrency` requests are in flight."""
+    """Who sends next, and when: the trace's arrivals, held back while `max_concurrency` requests are in flight.
+
+    The loop hands a finished step's tokens to their clients before it sends the requests that arrived during that
+    step, so a request's send time is worked out from when it arrived: at its arrival, unless every slot was taken
+    then, in which case when the first slot freed after it."""
 
     def __init__(self, trace: Trace, limit: int | None):
         self.requests = trace.requests
         self.limit = limit
         self.next = 0
         self.in_flight = 0
-        self.freed_at = 0.0  # when the last slot freed (a held-back request is sent then)
+        self.released: deque[float] = deque()  # when slots freed, after the next request's arrival (with a limit)
         # (when, index) of refused requests to send again; each keeps its slot while its client waits
         self.retries: list[tuple[float, int]] = []
 
@@ -121,14 +126,22 @@ class _Clients:
         """When the trace's next request is sent (inf: none left, or every slot taken)."""
         if self.next >= len(self.requests) or (self.limit is not None and self.in_flight >= self.limit):
             return math.inf
-        return max(self.requests[self.next].arrival_s, self.freed_at)
+        arrival = self.requests[self.next].arrival_s
+        if self.limit is None:
+            return arrival
+        while self.released and self.released[0] <= arrival:
+            self.released.popleft()
+        # the slots taken when it arrived: those in flight now and those freed since
+        excess = self.in_flight + len(self.released) - self.limit
+        return arrival if excess < 0 else self.released[excess]
 
     def retry(self, when: float, index: int) -> None:
         heapq.heappush(self.retries, (when, index))
 
     def release(self, now: float) -> None:
         self.in_flight -= 1
-        self.freed_at = now
+        if self.limit is not None:
+            insort(self.released, now)  # a request refused or rejected at its send frees its slot then
 
 
 def run_trace(
@@ -210,7 +223,7 @@ def _send(
         return
     index = senders.next
     request = senders.requests[index]
-    sent = max(request.arrival_s, senders.freed_at)
+    sent = senders.due_new()
     senders.next += 1
     senders.in_flight += 1
     entry = RequestLog(sent, request.prompt_tokens, 0)  # its output length is set when it is served

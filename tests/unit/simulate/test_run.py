@@ -179,3 +179,20 @@ def test_a_capped_request_stops_at_the_cap_and_counts_as_capped():
     assert [(entry.tokens, entry.capped) for entry in log.requests] == [(3, True), (2, False)]
     assert log.requests[0].outcome == "length"
     assert summarize(log, Slo(1.0, 1.0)).capped == 1
+
+
+def test_a_request_that_arrives_while_others_finish_is_sent_when_it_arrives():
+    """Open-loop traffic: no client waits for another's answer, so a request that arrives during a step in which a
+    request finishes is sent at its arrival (the loop hands the step's tokens out first)."""
+    requests = [TraceRequest(0.0, 16, 2, max_tokens=2), TraceRequest(0.015, 16, 2, max_tokens=2)]
+    log = replay(core(), requests, api_s=0.002)
+    assert log.requests[0].finished == pytest.approx(2 * STEP + 0.002)  # it ends after the second has arrived
+    assert [entry.sent for entry in log.requests] == [0.0, 0.015]
+
+
+def test_a_held_back_request_is_sent_when_a_slot_frees_and_not_before_it_arrives():
+    requests = [TraceRequest(0.0, 16, 2, max_tokens=2), TraceRequest(0.001, 16, 2, max_tokens=2),
+                TraceRequest(0.05, 16, 2, max_tokens=2)]  # fmt: skip
+    log = replay(core(), requests, clients=ClientSettings(max_concurrency=1))
+    assert log.requests[1].sent == pytest.approx(log.requests[0].finished)  # held back: its client's slot was taken
+    assert log.requests[2].sent == pytest.approx(0.05)  # a slot was free when it arrived
