@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
@@ -11,9 +12,11 @@ import click
 
 from kvops.cli.config_file import file_option
 from kvops.cli.options import POSITIVE, Finite, engine_options, json_option, names, policy_option, print_json, warn
+from kvops.errors import UsageError
+from kvops.files import write_text
 from kvops.units import parse_duration
 
-FORMATS = ("kvops", "timed_trace", "mooncake", "burstgpt", "azure", "sharegpt")
+FORMATS = ("kvops", "timed_trace", "mooncake", "burstgpt", "azure", "sharegpt", "vllm_bench")
 
 
 @click.command()
@@ -98,6 +101,21 @@ FORMATS = ("kvops", "timed_trace", "mooncake", "burstgpt", "azure", "sharegpt")
     "step_time_file",
     type=click.Path(exists=True, dir_okay=False),
     help="Step-time coefficients (bench/fit_steptime.py's format) [default: the shipped fit].",
+)
+@click.option(
+    "--calibrate",
+    "calibrate_path",
+    type=click.Path(exists=True, dir_okay=False),
+    metavar="RESULT",
+    help="Fit the step time to a `vllm bench serve --save-result --save-detailed` RESULT from this deployment: "
+    "its requests replayed, one factor on the step time fitted to the TPOT its clients measured.",
+)
+@click.option(
+    "--save-step-time",
+    "save_step_time",
+    type=click.Path(dir_okay=False),
+    metavar="FILE",
+    help="With --calibrate: write the fitted step time to FILE, for --step-time FILE.",
 )
 @click.option(
     "--slo-ttft", default="2s", show_default=True, help="The TTFT target a request must meet for goodput (e.g. 500ms)."
@@ -188,13 +206,21 @@ def simulate(ctx: click.Context, as_json: bool, **params: Any) -> None:
         attainment=params.pop("attainment"),
         tokenizer=params.pop("tokenizer"),
         policy_path=params.pop("policy_path"),
+        calibrate=params.pop("calibrate_path"),
     )
+    save_step_time = params.pop("save_step_time")
+    if save_step_time and not request.calibrate:
+        raise UsageError("--save-step-time writes what --calibrate fits: give --calibrate RESULT too")
     csv_path, plot_path = params.pop("csv_path"), params.pop("plot_path")
     progress = _Progress() if _show_progress(params.pop("progress"), as_json) else None
     answer = session.run(request, deployment_options(ctx, params), progress)
     if progress is not None:
         progress.close()
     _outputs(answer, as_json, csv_path, plot_path)
+    if save_step_time and answer.calibration is not None:
+        write_text(save_step_time, json.dumps(answer.calibration.profile(), indent=2) + "\n", "--save-step-time")
+        if not as_json:
+            click.echo(f"saved the step time to {save_step_time}: simulate with --step-time {save_step_time}")
 
 
 def _scheduler_flags(params: dict[str, Any]) -> dict[str, Any]:

@@ -8,10 +8,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvops.errors import KvopsError
+from kvops.simulate.measured import Figures
 from kvops.simulate.results import Summary, request_rows
 from kvops.units import format_bytes
 
 if TYPE_CHECKING:
+    from kvops.simulate.calibration import Calibration
     from kvops.simulate.session import Answer
     from kvops.simulate.simulation import ArmResult, RateSearch
 
@@ -22,8 +24,12 @@ def text(answer: Answer) -> str:
         lines += ["", *_arms_table(answer.arms)]
         lines += _pools(answer.arms, answer.plan.capacity.num_blocks if answer.plan.capacity else None)
         lines += _ratios(answer.arms)
+    if answer.measured is not None and answer.arms:
+        lines += ["", *_against_measured(answer.measured, answer.arms)]
     if answer.rate_search is not None:
         lines += ["", *_rate_lines(answer.rate_search, answer)]
+    if answer.calibration is not None:
+        lines += ["", *_calibration_lines(answer.calibration)]
     if answer.replicas is not None:
         replicas, point = answer.replicas, answer.replicas.per_replica
         lines.append(
@@ -59,6 +65,45 @@ def _header(answer: Answer) -> list[str]:
         f"device           {hardware.name}: {hardware.memory_bandwidth / 1e12:.3g} TB/s, {hardware.flops / 1e12:,.0f} TFLOP/s dense",
         f"SLO              TTFT <= {_ms(setup.slo.ttft_s)}, TPOT <= {_ms(setup.slo.tpot_s)}",
     ]
+
+
+def _calibration_lines(calibration: Calibration) -> list[str]:
+    """The benchmark's figures beside the simulation's, before and after the fit, and what was fitted."""
+    rows = [
+        _figure_row("measured", calibration.measured),
+        _figure_row("simulated, as shipped", calibration.before, calibration.measured),
+        _figure_row("simulated, calibrated", calibration.after, calibration.measured),
+    ]
+    base = calibration.base
+    return [
+        *table(("", "TTFT mean", "p90", "TPOT mean", "p90", "E2E mean", "p90"), rows),
+        "",
+        f"step time        x {calibration.scale:.4f} on every coefficient of the {base.name} profile (the mean TPOT, "
+        f"{calibration.rounds} rounds); the API server's {_ms(base.api_s.value)} a request kept",
+    ]
+
+
+def _against_measured(measured: Figures, arms: tuple[ArmResult, ...]) -> list[str]:
+    """A benchmark's own figures beside each arm's, where the trace is that benchmark's requests."""
+    rows = [_figure_row("measured", measured)]
+    rows += [_figure_row(f"simulated, {arm.arm}", Figures.of(arm.summary), measured) for arm in arms]
+    return table(("the benchmark", "TTFT mean", "p90", "TPOT mean", "p90", "E2E mean", "p90"), rows)
+
+
+def _figure_row(name: str, figures: Figures, measured: Figures | None = None) -> tuple[str, ...]:
+    cells = [name]
+    for mine, theirs in _pairs(figures, measured):
+        cells.append(_ms(mine) + (f" {mine / theirs:.2f}x" if theirs else ""))
+    return tuple(cells)
+
+
+def _pairs(figures: Figures, measured: Figures | None) -> list[tuple[float, float | None]]:
+    found = []
+    for name in ("ttft", "tpot", "e2e"):
+        mine = getattr(figures, name)
+        theirs = getattr(measured, name) if measured is not None else None
+        found += [(mine.mean, theirs.mean if theirs else None), (mine.p90, theirs.p90 if theirs else None)]
+    return found
 
 
 def _max_tokens_words(mode: str) -> str:

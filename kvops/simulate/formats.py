@@ -17,6 +17,8 @@
   (analysis/AzureLLMInferenceDataset2024.ipynb), parsed to every digit.
 - `sharegpt`: a JSON array of {"conversations": [{"from", "value"}, ...]} sampled as vLLM's benchmark samples it
   (vllm/benchmarks/datasets/datasets.py, `ShareGPTDataset` and `is_valid_sequence`); untimed.
+- `vllm_bench`: the JSON object `vllm bench serve --save-result --save-detailed` writes, its requests at the times
+  they were sent (kvops/simulate/measured.py).
 
 Public traces hold rows no engine serves: a row with no prompt or no output tokens (BurstGPT's failures have 0
 Response tokens; vLLM refuses max_tokens 0) is skipped and counted in `Trace.skipped`. Timed CSV traces start at 0:
@@ -39,11 +41,13 @@ import stat
 import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
+from dataclasses import replace
 from datetime import datetime
 from functools import partial
 from typing import IO, Any, cast
 
 from kvops.frozen import frozen
+from kvops.simulate.measured import Measured, parse_result
 from kvops.simulate.trace import (
     MISSING,
     Segment,
@@ -58,7 +62,7 @@ from kvops.simulate.trace import (
     shown,
 )
 
-FORMATS = ("kvops", "timed_trace", "mooncake", "burstgpt", "azure", "sharegpt")
+FORMATS = ("kvops", "timed_trace", "mooncake", "burstgpt", "azure", "sharegpt", "vllm_bench")
 MAX_FILE_BYTES = 4 << 30
 MAX_LINE_BYTES = 16 << 20
 CHUNK_BYTES = 1 << 20
@@ -166,14 +170,17 @@ def lines_of(stream: IO[bytes], where: str) -> Iterator[str]:
 
 
 def detect_format(where: str) -> str:
-    """The format the file's first bytes show: a JSON array is ShareGPT; a JSON line is kvops' or, with
-    input_length, a hash-id trace; a CSV header names BurstGPT's or Azure's columns."""
+    """The format the file's first bytes show: a JSON array is ShareGPT; a JSON object with input_lens a vLLM bench
+    serve result; a JSON line is kvops' or, with input_length, a hash-id trace; a CSV header names BurstGPT's or
+    Azure's columns."""
     with opened(where) as stream, _read_errors(where):
         head = stream.read(64 << 10)
         if b"\x00" in head:
             raise TraceError(f"{where}: not a text file (a trace is JSONL, CSV or JSON, gzipped or not)")
         if head.lstrip().startswith(b"["):
             return "sharegpt"
+        if head.lstrip().startswith(b"{") and b'"input_lens"' in head:
+            return "vllm_bench"  # one JSON object, on one line or indented; its lists come after a few fields
         if b"\n" not in head.lstrip():
             head += stream.readline(MAX_LINE_BYTES)
     first = head.decode("utf-8", errors="replace").removeprefix("\ufeff").strip().split("\n", 1)[0].strip()
@@ -181,6 +188,8 @@ def detect_format(where: str) -> str:
 
 
 def _format_of(first: str, where: str) -> str:
+    if first == "{":
+        return "vllm_bench"  # an indented JSON object: no JSONL line is a lone brace
     if first.startswith("{"):
         try:
             record = json.loads(first)
@@ -194,7 +203,7 @@ def _format_of(first: str, where: str) -> str:
         return "azure"
     raise TraceError(
         f"{where}: not a trace format kvops knows (line 1: {shown(first)}); formats: kvops JSONL, Mooncake or vLLM"
-        f" timed_trace JSONL, BurstGPT or Azure CSV, ShareGPT JSON ({', '.join(FORMATS)})"
+        f" timed_trace JSONL, BurstGPT or Azure CSV, ShareGPT JSON, a vLLM bench serve result ({', '.join(FORMATS)})"
     )
 
 
@@ -497,4 +506,27 @@ READERS: dict[str, Callable[[IO[bytes], str, Options], Trace]] = {
     "burstgpt": _read_burstgpt,
     "azure": _read_azure,
     "sharegpt": _read_sharegpt,
+    "vllm_bench": lambda stream, where, options: _bench_result(stream, where, options.limit).trace,
 }
+
+
+def read_bench_result(path: str | os.PathLike[str]) -> Measured:
+    """A `vllm bench serve --save-result --save-detailed` file: its requests as a trace, and what its clients
+    measured of each."""
+    where = os.fspath(path)
+    with opened(where) as stream, _read_errors(where):
+        return _bench_result(stream, where)
+
+
+def _bench_result(stream: IO[bytes], where: str, limit: int | None = None) -> Measured:
+    raw = stream.read(MAX_FILE_BYTES + 1)
+    if len(raw) > MAX_FILE_BYTES:
+        raise TraceError(f"{where}: over 4 GiB once decompressed, more than a trace file may hold")
+    try:
+        data = json.loads(raw.decode("utf-8", errors="replace").removeprefix("\ufeff"))
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise TraceError(f"{where}: not JSON ({getattr(exc, 'msg', exc)})") from None
+    measured = parse_result(data, where)
+    if limit is None:
+        return measured
+    return replace(measured, trace=measured.trace.head(limit), requests=measured.requests[:limit])

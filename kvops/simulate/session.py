@@ -13,6 +13,9 @@ from kvops.frozen import frozen
 from kvops.plan import Plan, PlanError
 from kvops.policy import load_policy
 from kvops.simulate import cost, degrade, steptime
+from kvops.simulate.calibration import Calibration, calibrate
+from kvops.simulate.formats import detect_format, read_bench_result
+from kvops.simulate.measured import Figures, Measured
 from kvops.simulate.results import Slo
 from kvops.simulate.run import ClientSettings
 from kvops.simulate.simulation import ArmResult, Progress, RateSearch, Replicas, Setup, compare, max_rate, replicas_for
@@ -37,6 +40,7 @@ class Request:
     attainment: float = 0.9
     tokenizer: str | None = None  # a local tokenizer folder for ShareGPT's texts
     policy_path: str | None = None  # the degrade policy of `ARM+degrade` arms (None: the shipped one)
+    calibrate: str | None = None  # a `vllm bench serve` result to fit the step time to (its requests are the traffic)
 
 
 @frozen
@@ -45,6 +49,8 @@ class Answer:
     arms: tuple[ArmResult, ...] = ()
     rate_search: RateSearch | None = None
     replicas: Replicas | None = None
+    calibration: Calibration | None = None
+    measured: Figures | None = None  # what the benchmark the trace came from measured (a vllm_bench trace)
     warnings: tuple[str, ...] = ()
 
     @property
@@ -72,16 +78,19 @@ class Answer:
             "arms": [arm.to_dict() for arm in self.arms],
             "max_rate": self.rate_search.to_dict() if self.rate_search else None,
             "replicas": self.replicas.to_dict() if self.replicas else None,
+            "calibration": self.calibration.to_dict() if self.calibration else None,
+            "measured": self.measured.to_dict() if self.measured else None,
             "warnings": list(self.warnings),
         }
 
 
-def prepare(request: Request, options: DeploymentOptions) -> Setup:
-    """The traffic built and the deployment planned for it, with its step time: what every run shares."""
+def prepare(request: Request, options: DeploymentOptions, trace: Trace | None = None) -> Setup:
+    """The traffic built (or `trace`, given) and the deployment planned for it, with its step time: what every run
+    shares."""
     split = [degrade.split_arm(arm) for arm in request.arms]
     engines.get(options.engine).simulation_arms([arm for arm, _ in split])  # fails at once where it cannot simulate
     policy = load_policy(request.policy_path) if any(degraded for _, degraded in split) else None
-    trace = build_trace(request.traffic, _tokenizer(request))
+    trace = trace or build_trace(request.traffic, _tokenizer(request))
     plan = _plan(options, trace)
     return Setup(
         plan=plan,
@@ -96,9 +105,17 @@ def prepare(request: Request, options: DeploymentOptions) -> Setup:
 
 def run(request: Request, options: DeploymentOptions, progress: Progress | None = None) -> Answer:
     """Plan the deployment for this traffic, then run what was asked."""
-    setup = prepare(request, options)
-    trace = setup.trace
+    measured = _measured(request)
+    setup = prepare(request, options, measured.trace if measured else None)
     warnings = _warnings(setup)
+    if measured and measured.model and not _same_model(measured.model, setup.plan.inputs.spec.name):
+        warnings.append(
+            f"the benchmark served {measured.model}, and this simulation plans {setup.plan.inputs.spec.name}: "
+            "its figures are another model's unless that is the same checkpoint"
+        )
+    if request.calibrate and measured:
+        return Answer(setup, calibration=calibrate(setup, measured, progress), warnings=tuple(warnings))
+    trace = setup.trace
     if request.max_rate or request.target_rate is not None:
         if not trace.timed:
             raise UsageError(
@@ -109,7 +126,53 @@ def run(request: Request, options: DeploymentOptions, progress: Progress | None 
             answer = replicas_for(setup, arm, request.target_rate, request.attainment, progress)
             return Answer(setup, replicas=answer, rate_search=answer.search, warnings=tuple(warnings))
         return Answer(setup, rate_search=max_rate(setup, arm, request.attainment, progress), warnings=tuple(warnings))
-    return Answer(setup, tuple(compare(setup, list(request.arms), progress)), warnings=tuple(warnings))
+    arms = tuple(compare(setup, list(request.arms), progress))
+    return Answer(setup, arms, measured=measured.figures() if measured else None, warnings=tuple(warnings))
+
+
+def _measured(request: Request) -> Measured | None:
+    """The benchmark result the traffic comes from, when it does: --calibrate's, or a --trace in vLLM's bench serve
+    format replayed as it ran (not scaled to another rate, cut short or sent by other clients)."""
+    if request.calibrate:
+        _check_calibration(request)
+        return read_bench_result(request.calibrate)
+    traffic = request.traffic
+    if traffic.trace is None or any(
+        given is not None for given in (traffic.rate, traffic.requests, traffic.concurrency)
+    ):
+        return None
+    if (traffic.trace_format or detect_format(traffic.trace)) != "vllm_bench":
+        return None
+    return read_bench_result(traffic.trace)
+
+
+def _same_model(served: str, planned: str) -> bool:
+    """A served model name is a Hub id, a local path or an alias (--served-model-name): the same when the ids agree,
+    or when one ends in the other's name."""
+    served, planned = served.rstrip("/").lower(), planned.lower()
+    return served == planned or served.endswith("/" + planned.split("/")[-1]) or planned.endswith("/" + served)
+
+
+def _check_calibration(request: Request) -> None:
+    """--calibrate replays the benchmark's own requests through stock vLLM: nothing else may shape the run."""
+    traffic = request.traffic
+    given = [
+        option
+        for option, value in (
+            ("--trace", traffic.trace),
+            ("--rate", traffic.rate),
+            ("--concurrency", traffic.concurrency),
+            ("--requests", traffic.requests),
+            ("--compare", request.arms != ("stock",) or None),
+            ("--max-rate", request.max_rate or None),
+            ("--replicas", request.target_rate),
+        )
+        if value is not None
+    ]
+    if given:
+        raise UsageError(
+            f"--calibrate replays the benchmark's own requests through stock vLLM; leave out {', '.join(given)}"
+        )
 
 
 def _plan(options: DeploymentOptions, trace: Trace) -> Plan:

@@ -131,3 +131,68 @@ def test_an_untimed_trace_needs_a_rate_or_clients(run_kvops, tmp_path):
     trace.write_text('{"prompt_tokens": 10, "gen_tokens": 5}\n')
     ran = run_kvops("simulate", "-m", "llama-3.1-8b", "--gpu", "H100", "--trace", str(trace), expect=2)
     assert "has no arrival times: give --rate (requests per second) or --concurrency (clients)" in ran.stderr
+
+
+def bench_result(path) -> str:
+    """Eight requests as `vllm bench serve --save-result --save-detailed` records them (the lists kvops reads)."""
+    outputs = [100, 120, 80, 100, 150, 90, 110, 100]
+    ttfts = [0.041, 0.044, 0.039, 0.043, 0.040, 0.042, 0.045, 0.041]
+    result = {
+        "input_lens": [300] * 8,
+        "output_lens": outputs,
+        "ttfts": ttfts,
+        "latencies": [ttft + 0.0125 * (tokens - 1) for ttft, tokens in zip(ttfts, outputs)],
+        "start_times": [7000 + 0.2 * index for index in range(8)],
+        "errors": [""] * 8,
+    }
+    path.write_text(json.dumps(result))
+    return str(path)
+
+
+def test_calibrate_fits_the_step_time_to_a_benchmark_and_saves_it_for_step_time(run_kvops, tmp_path):
+    result, saved = bench_result(tmp_path / "bench.json"), tmp_path / "h100.json"
+    deployment = ("-m", "llama-3.1-8b", "--gpu", "H100", "--max-model-len", "4096")
+    ran = run_kvops("simulate", *deployment, "--calibrate", result, "--save-step-time", str(saved), "--json")
+    calibration = json.loads(ran.stdout)["calibration"]
+    assert calibration["measured"]["tpot_ms"]["mean"] == pytest.approx(12.5)
+    assert calibration["simulated_after"]["tpot_ms"]["mean"] == pytest.approx(12.5, rel=0.005)
+    assert calibration["step_time_scale"] > 1  # an 8B model's decode on an H100 takes 12.5 ms only when slowed
+    assert json.loads(saved.read_text()) == calibration["profile"]
+
+    again = json.loads(
+        run_kvops("simulate", *deployment, "--trace", result, "--step-time", str(saved), "--json").stdout
+    )
+    (arm,) = again["arms"]
+    assert arm["tpot_ms"]["mean"] == pytest.approx(calibration["simulated_after"]["tpot_ms"]["mean"])
+    text = run_kvops("simulate", *deployment, "--calibrate", result).stdout
+    assert "simulated, calibrated" in text and "on every coefficient of the gpu profile" in text
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--rate", "4"), "--calibrate replays the benchmark's own requests through stock vLLM; leave out --rate"),
+        (("--compare", "stock,guard"), "leave out --compare"),
+        (("--max-rate",), "leave out --max-rate"),
+    ],
+)
+def test_calibrate_takes_the_benchmarks_requests_alone(run_kvops, tmp_path, args, message):
+    result = bench_result(tmp_path / "bench.json")
+    ran = run_kvops("simulate", "-m", "llama-3.1-8b", "--gpu", "H100", "--calibrate", result, *args, expect=2)
+    assert message in ran.stderr and len(ran.stderr.strip().splitlines()) == 1
+
+
+def test_save_step_time_needs_calibrate(run_kvops, tmp_path):
+    ran = run_kvops("simulate", *SMALL, "--save-step-time", str(tmp_path / "x.json"), expect=2)
+    assert "--save-step-time writes what --calibrate fits: give --calibrate RESULT too" in ran.stderr
+
+
+def test_a_benchmark_of_another_model_is_said_to_be_one(run_kvops, tmp_path):
+    result = tmp_path / "bench.json"
+    bench_result(result)
+    result.write_text(json.dumps({"model_id": "Qwen/Qwen2.5-7B-Instruct", **json.loads(result.read_text())}))
+    ran = run_kvops(
+        "simulate", "-m", "llama-3.1-8b", "--gpu", "H100", "--max-model-len", "4096", "--trace", str(result)
+    )
+    assert "the benchmark served Qwen/Qwen2.5-7B-Instruct, and this simulation plans meta-llama/" in ran.stderr
+    assert "the benchmark" in ran.stdout and "simulated, stock" in ran.stdout  # its figures beside the arm's

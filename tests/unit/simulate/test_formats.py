@@ -309,7 +309,7 @@ def test_what_is_not_a_trace(tmp_path):
     other = write(tmp_path, "other.csv", "a,b,c\n1,2,3\n")
     assert failure(other).startswith(f'{other}: not a trace format kvops knows (line 1: "a,b,c"); formats: kvops')
     assert failure(other, "parquet") == (
-        'trace format "parquet": expected one of kvops, timed_trace, mooncake, burstgpt, azure, sharegpt'
+        'trace format "parquet": expected one of kvops, timed_trace, mooncake, burstgpt, azure, sharegpt, vllm_bench'
     )
     mooncake = write(tmp_path, "m.jsonl", MOONCAKE)
     assert failure(mooncake, model_filter="GPT-4") == (
