@@ -67,6 +67,9 @@ def _header(answer: Answer) -> list[str]:
     ]
 
 
+FIGURE_COLUMNS = ("TTFT mean", "p90", "TPOT mean", "p90", "E2E mean", "p90")
+
+
 def _calibration_lines(calibration: Calibration) -> list[str]:
     """The benchmark's figures beside the simulation's, before and after the fit, and what was fitted."""
     rows = [
@@ -76,7 +79,7 @@ def _calibration_lines(calibration: Calibration) -> list[str]:
     ]
     base = calibration.base
     return [
-        *table(("", "TTFT mean", "p90", "TPOT mean", "p90", "E2E mean", "p90"), rows),
+        *table(("", *FIGURE_COLUMNS), rows),
         "",
         f"step time        x {calibration.scale:.4f} on every coefficient of the {base.name} profile (the mean TPOT, "
         f"{calibration.rounds} rounds); the API server's {_ms(base.api_s.value)} a request kept",
@@ -87,23 +90,18 @@ def _against_measured(measured: Figures, arms: tuple[ArmResult, ...]) -> list[st
     """A benchmark's own figures beside each arm's, where the trace is that benchmark's requests."""
     rows = [_figure_row("measured", measured)]
     rows += [_figure_row(f"simulated, {arm.arm}", Figures.of(arm.summary), measured) for arm in arms]
-    return table(("the benchmark", "TTFT mean", "p90", "TPOT mean", "p90", "E2E mean", "p90"), rows)
+    return table(("the benchmark", *FIGURE_COLUMNS), rows)
 
 
 def _figure_row(name: str, figures: Figures, measured: Figures | None = None) -> tuple[str, ...]:
+    """Mean and p90 of TTFT, TPOT and E2E, each with its ratio to the measured one where that is given."""
     cells = [name]
-    for mine, theirs in _pairs(figures, measured):
-        cells.append(_ms(mine) + (f" {mine / theirs:.2f}x" if theirs else ""))
+    for metric in ("ttft", "tpot", "e2e"):
+        for stat in ("mean", "p90"):
+            mine = getattr(getattr(figures, metric), stat)
+            theirs = getattr(getattr(measured, metric), stat) if measured is not None else 0.0
+            cells.append(_ms(mine) + (f" {mine / theirs:.2f}x" if theirs else ""))
     return tuple(cells)
-
-
-def _pairs(figures: Figures, measured: Figures | None) -> list[tuple[float, float | None]]:
-    found = []
-    for name in ("ttft", "tpot", "e2e"):
-        mine = getattr(figures, name)
-        theirs = getattr(measured, name) if measured is not None else None
-        found += [(mine.mean, theirs.mean if theirs else None), (mine.p90, theirs.p90 if theirs else None)]
-    return found
 
 
 def _max_tokens_words(mode: str) -> str:

@@ -41,7 +41,6 @@ import stat
 import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
-from dataclasses import replace
 from datetime import datetime
 from functools import partial
 from typing import IO, Any, cast
@@ -506,7 +505,7 @@ READERS: dict[str, Callable[[IO[bytes], str, Options], Trace]] = {
     "burstgpt": _read_burstgpt,
     "azure": _read_azure,
     "sharegpt": _read_sharegpt,
-    "vllm_bench": lambda stream, where, options: _bench_result(stream, where, options.limit).trace,
+    "vllm_bench": lambda stream, where, options: _head(_bench_result(stream, where).trace, options.limit),
 }
 
 
@@ -518,7 +517,7 @@ def read_bench_result(path: str | os.PathLike[str]) -> Measured:
         return _bench_result(stream, where)
 
 
-def _bench_result(stream: IO[bytes], where: str, limit: int | None = None) -> Measured:
+def _bench_result(stream: IO[bytes], where: str) -> Measured:
     raw = stream.read(MAX_FILE_BYTES + 1)
     if len(raw) > MAX_FILE_BYTES:
         raise TraceError(f"{where}: over 4 GiB once decompressed, more than a trace file may hold")
@@ -526,7 +525,8 @@ def _bench_result(stream: IO[bytes], where: str, limit: int | None = None) -> Me
         data = json.loads(raw.decode("utf-8", errors="replace").removeprefix("\ufeff"))
     except (json.JSONDecodeError, RecursionError) as exc:
         raise TraceError(f"{where}: not JSON ({getattr(exc, 'msg', exc)})") from None
-    measured = parse_result(data, where)
-    if limit is None:
-        return measured
-    return replace(measured, trace=measured.trace.head(limit), requests=measured.requests[:limit])
+    return parse_result(data, where)
+
+
+def _head(trace: Trace, limit: int | None) -> Trace:
+    return trace if limit is None else trace.head(limit)
