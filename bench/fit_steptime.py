@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import date
 
 import numpy as np
-from sim_experiments import REPO, Experiment, experiments, plan_for, scheduler_flags, stage_trace
+from sim_experiments import REPO, Experiment, experiments, plan_for, request_weights, scheduler_flags, stage_trace
 
 from kvops import engines
 from kvops.simulate import cost, steptime
@@ -63,6 +63,7 @@ class StageRun:
     rows: dict[str, tuple[float, np.ndarray]]
     measured: dict[str, float]
     log: RunLog
+    weights: list[float]  # of each of log.requests: how many of the real stage's requests it stands for
 
 
 def coefficient_vector(profile: steptime.Coefficients) -> np.ndarray:
@@ -107,9 +108,10 @@ def simulate_stage(
     stage = experiment.stages[stage_index]
     trace = stage_trace(experiment, stage, window_s)
     log, features = recorded_run(plan, trace, profile, scheduler_flags(experiment, plan))
-    rows = linear_rows(log, features, coefficient_vector(profile))
+    weights = request_weights(experiment, stage, len(log.requests))
+    rows = linear_rows(log, features, coefficient_vector(profile), weights)
     measured = {name: stage.measured[name] for name in TARGETS if stage.measured.get(name)}
-    return StageRun(experiment, stage_index, summarize(log, SLO), rows, measured, log)
+    return StageRun(experiment, stage_index, summarize(log, SLO), rows, measured, log, weights)
 
 
 def request_rows(log: RunLog, features: np.ndarray, vector: np.ndarray) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -146,16 +148,31 @@ def request_rows(log: RunLog, features: np.ndarray, vector: np.ndarray) -> dict[
 
 def completed_requests(log: RunLog) -> list:
     """The requests a fit can price: those that completed with more than one token."""
-    return [entry for entry in log.requests if entry.finished >= 0 and entry.tokens > 1]
+    return [entry for entry in log.requests if priced(entry)]
 
 
-def linear_rows(log: RunLog, features: np.ndarray, vector: np.ndarray) -> dict[str, tuple[float, np.ndarray]]:
-    """Each target's mean over the completed requests as constant + row . parameters, in ms (request_rows)."""
+def priced(entry) -> bool:
+    return entry.finished >= 0 and entry.tokens > 1
+
+
+def linear_rows(
+    log: RunLog, features: np.ndarray, vector: np.ndarray, weights: list[float]
+) -> dict[str, tuple[float, np.ndarray]]:
+    """Each target's mean over the completed requests, each weighed by the real requests it stands for, as
+    constant + row . parameters, in ms (request_rows)."""
     rows = request_rows(log, features, vector)
+    share = normalized([weight for entry, weight in zip(log.requests, weights) if priced(entry)])
     return {
-        f"{name}_mean_ms": (float(constant.mean() * 1000), row.mean(axis=0) * 1000)
+        f"{name}_mean_ms": (float(share @ constant * 1000), share @ row * 1000)
         for name, (constant, row) in rows.items()
     }
+
+
+def normalized(weights: list[float]) -> np.ndarray:
+    """Weights summing to 1 (equal ones where they sum to nothing)."""
+    array = np.asarray(weights, dtype=float)
+    total = array.sum()
+    return array / total if total > 0 else np.full(len(array), 1.0 / max(len(array), 1))
 
 
 def solve(runs: list[StageRun], around: np.ndarray, ridge: float = RIDGE) -> np.ndarray:
@@ -231,7 +248,8 @@ def write_profile(vector: np.ndarray, chosen: list[Experiment], window_s: float 
     models = sorted({experiment.model for experiment in chosen})
     fitted_on = (
         f"{len(chosen)} public vLLM 0.15.1 serving runs on H100-80GB (inference-perf, constant-rate stages; "
-        f"bench/data/sim_to_real.json, models: {', '.join(models)}), first {window_s:g} s of each stage, "
+        f"bench/data/sim_to_real.json, models: {', '.join(models)}), first {window_s:g} s of each stage, its "
+        "requests weighed as the whole stage's (the prefix cache's first cycle once), "
         f"by bench/fit_steptime.py on {date.today().isoformat()}; other GPUs through their datasheet figures"
     )
     source = "fitted: bench/fit_steptime.py (see fitted_on)"

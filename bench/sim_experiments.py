@@ -174,6 +174,23 @@ def stage_trace(experiment: Experiment, stage: Stage, window_s: float | None = N
     return Trace(tuple(requests), f"{experiment.short} stage {stage.index} ({stage.rate_rps:g} rps, {seconds:g} s)")
 
 
+def request_weights(experiment: Experiment, stage: Stage, sent: int) -> list[float]:
+    """How many of the real stage's requests each of the first `sent` simulated ones stands for.
+
+    A stage is simulated from an empty prefix cache. Until every distinct prompt (groups x prompts per group) has
+    been sent once, each is computed in full; afterwards each is found in the cache. The real run does that once:
+    in its first stage, for the first cycle of its requests, and later stages find the cache the earlier ones left.
+    So the first cycle counts once in the first stage and not at all in a later one, and the requests after it
+    stand for the rest of the stage. Weighted alike, a short window is not a run whose every prompt was new one
+    time in six (roleplay's 100 prompts at 6 requests/s over a 100 s window, against 1 in 72 over its 1,200 s)."""
+    cycle = min(sent, experiment.groups * experiment.prompts_per_group)
+    real = stage.rate_rps * stage.duration_s
+    if sent <= cycle:  # the window ends within the first cycle: every request as it came
+        return [real / max(sent, 1)] * sent
+    cold = 1.0 if stage.index == experiment.stages[0].index else 0.0
+    return [cold] * cycle + [(real - cold * cycle) / (sent - cycle)] * (sent - cycle)
+
+
 METRICS = ("ttft_mean_ms", "e2e_mean_ms", "tpot_mean_ms", "e2e_p90_ms", "throughput_rps")
 
 

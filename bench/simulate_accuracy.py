@@ -26,6 +26,7 @@ from fit_steptime import (
     PARAMETERS,
     StageRun,
     coefficient_vector,
+    normalized,
     plannable,
     profile_from,
     simulate_all,
@@ -34,7 +35,7 @@ from fit_steptime import (
 )
 from sim_experiments import Experiment, experiments
 
-from kvops.simulate import steptime
+from kvops.simulate import results, steptime
 
 METRICS = ("e2e_mean_ms", "e2e_p90_ms", "ttft_mean_ms", "tpot_mean_ms", "throughput_rps")
 PEERS = (
@@ -55,16 +56,20 @@ class Scored:
 
 
 def whole_run(experiment: Experiment, runs: list[StageRun]) -> dict[str, float]:
-    """The stages' figures as one run: means weighted by the requests each stage sent, p90 over them pooled."""
-    weights = np.array([stage.rate_rps * stage.duration_s for stage in experiment.stages])
-    share = weights / weights.sum()
-    summaries = [run.summary for run in runs]
-    pooled: list[float] = []
-    for run, weight in zip(runs, weights):
-        e2e = sorted(entry.finished - entry.sent for entry in run_log_requests(run))
-        repeat = max(1, round(weight / max(len(e2e), 1)))
-        pooled += e2e * repeat
+    """The stages' figures as one run: each simulated request weighed by the real requests it stands for
+    (sim_experiments.request_weights: the stage's length, the prefix cache's first cycle once), the means and the
+    p90 over all of them."""
+    done = [
+        (entry, weight)
+        for run in runs
+        for entry, weight in zip(run.log.requests, run.weights)
+        if results.completed(entry)
+    ]
+    e2e = [(results.e2e(entry), weight) for entry, weight in done]
+    ttft = [(results.ttft(entry), weight) for entry, weight in done]
+    tpot = [(results.tpot(entry), weight) for entry, weight in done if entry.tokens > 1]
     # each window stands for its whole stage; the run ends when the last stage drains, as inference-perf times it
+    summaries = [run.summary for run in runs]
     windows = [summary.duration_s - drain(run) for summary, run in zip(summaries, runs)]
     completed = sum(
         summary.completed * stage.duration_s / window
@@ -72,22 +77,32 @@ def whole_run(experiment: Experiment, runs: list[StageRun]) -> dict[str, float]:
     )
     span = sum(stage.duration_s for stage in experiment.stages) + drain(runs[-1])
     return {
-        "e2e_mean_ms": 1000 * float(np.dot(share, [summary.e2e.mean for summary in summaries])),
-        "e2e_p90_ms": 1000 * float(np.percentile(pooled, 90)) if pooled else 0.0,
-        "ttft_mean_ms": 1000 * float(np.dot(share, [summary.ttft.mean for summary in summaries])),
-        "tpot_mean_ms": 1000 * float(np.dot(share, [summary.tpot.mean for summary in summaries])),
+        "e2e_mean_ms": 1000 * weighted_mean(e2e),
+        "e2e_p90_ms": 1000 * weighted_quantile(e2e, 0.9),
+        "ttft_mean_ms": 1000 * weighted_mean(ttft),
+        "tpot_mean_ms": 1000 * weighted_mean(tpot),
         "throughput_rps": completed / span,
     }
+
+
+def weighted_mean(pairs: list[tuple[float, float]]) -> float:
+    values, weights = np.array([value for value, _ in pairs]), normalized([weight for _, weight in pairs])
+    return float(weights @ values) if pairs else 0.0
+
+
+def weighted_quantile(pairs: list[tuple[float, float]], share: float) -> float:
+    """The smallest value at or above which `share` of the weight lies below or at (nearest rank, weighted)."""
+    if not pairs:
+        return 0.0
+    ordered = sorted(pairs)
+    cumulative = np.cumsum(normalized([weight for _, weight in ordered]))
+    return ordered[min(int(np.searchsorted(cumulative, share - 1e-12)), len(ordered) - 1)][0]
 
 
 def drain(run: StageRun) -> float:
     """Seconds from the stage's last request sent to its last answer."""
     requests = run.log.requests
     return max(entry.finished for entry in requests) - max(entry.sent for entry in requests)
-
-
-def run_log_requests(run: StageRun):
-    return [entry for entry in run.log.requests if entry.finished >= 0]
 
 
 def errors(predicted: dict[str, float], measured: dict[str, float]) -> dict[str, float]:
