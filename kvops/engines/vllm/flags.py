@@ -32,7 +32,7 @@ GUARD_LARGE_POOL = (
 )
 GUARD_SMALL_POOL = (
     "like the CPU benchmark's pool of about 8 and an 8B model's on one L4, where the guard ran at 0.99 x and at "
-    "0.97 to 1.22 x (a median of 0.99 to 1.03) stock vLLM's goodput, preempting a tenth as often or less "
+    "0.97 to 1.22 x (a median of 1.00 to 1.03) stock vLLM's goodput, preempting a tenth as often or less "
     "(bench/guard_goodput.py, bench/guard_simulated.py)"
 )
 
