@@ -28,7 +28,7 @@ from kvops import engines
 from kvops.simulate import cost, steptime
 from kvops.simulate.prompts import prompt_tokens
 from kvops.simulate.results import Slo, Summary, summarize
-from kvops.simulate.run import RunLog, run_trace
+from kvops.simulate.run import RequestLog, RunLog, run_trace
 
 PARAMETERS = (*steptime.TERMS, "api_s")
 # priors: where an efficiency is not pinned by the data it stays near a physical value; (prior, scale, low, high)
@@ -151,7 +151,7 @@ def completed_requests(log: RunLog) -> list:
     return [entry for entry in log.requests if priced(entry)]
 
 
-def priced(entry) -> bool:
+def priced(entry: RequestLog) -> bool:
     return entry.finished >= 0 and entry.tokens > 1
 
 

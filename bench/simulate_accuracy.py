@@ -6,8 +6,8 @@ The measurements: bench/data/sim_to_real.json (inference-perf against vLLM 0.15.
 inference-sim project; every experiment whose workload is published). Each experiment is predicted with step-time
 coefficients fitted WITHOUT it (bench/fit_steptime.py's least squares on every other experiment's stages,
 linearized around the schedules the shipped coefficients produce), then simulated stage by stage (the first
---window seconds of each) through vLLM's own scheduler. The figures are whole-run: the stages' means weighted by
-the requests each stage sent, the p90 of their requests pooled the same way. Queue-dominated runs (the overloaded
+--window seconds of each) through vLLM's own scheduler. The figures are whole-run: each simulated request weighed
+as the real stage's requests it stands for (sim_experiments.request_weights), the means and the p90 over all. Queue-dominated runs (the overloaded
 "reasoning" workload: thousands of requests failed) are left out of every fit and scored apart with the shipped
 coefficients. The other simulators' figures are sim-to-real's own runs of them on the same experiments (in the
 data file); the table counts each over the experiments it predicted.
