@@ -127,6 +127,17 @@ def adapter_query(config: dict, namespace: str, pods: list[str]) -> str:
     )
 
 
+def short_of(leads: dict[str, float], target: float, low: int, high: int) -> list[str]:
+    """The signals whose lead has not yet read past the warn level: the demand (a share of the pool), KEDA's trigger
+    (the replicas it asks for) and production-stack's (tokens)."""
+    passed = {
+        "demand": leads.get("demand", 0) >= 0.70,
+        "keda": desired(leads.get("keda", 0), target, low, high) > low,
+        "stack": leads.get("stack", 0) >= 0.70 * USABLE,
+    }
+    return [name for name, ok in passed.items() if not ok]
+
+
 def desired(total: float, per_replica_target: float, low: int, high: int) -> int:
     """The HPA's replica count for an AverageValue target (KEDA's ScaledObject drives the same HPA)."""
     return min(high, max(low, math.ceil(total / per_replica_target)))
@@ -237,7 +248,9 @@ def test_headroom_scales_and_gateways_shed_at_kvops_levels(vllm_engine, tmp_path
             kv: float | None = None
             start = time.time()
             try:
-                while not (len(leads) == 3 and asked and kv) and time.time() - start < 240:
+                # every signal's lead is read anew each turn until each has passed its level (or time is up): on a
+                # busy machine a rule group can record its first readings of a round before the load has grown
+                while (short_of(leads, target, low, high) or not asked or not kv) and time.time() - start < 240:
                     # the most each signal read while its own group's KV usage was below 70%, over the load so far
                     window = f"[{math.ceil(time.time() - start)}s:50ms]"
                     for name, (signal, usage) in lead_queries(trigger["query"], stack_query).items():
@@ -275,9 +288,7 @@ def test_headroom_scales_and_gateways_shed_at_kvops_levels(vllm_engine, tmp_path
     )
     # the demand, KEDA and the HPA (through the adapter), and production-stack's trigger all read past the warn
     # level while the same engine's KV usage, from the same scrape, still read below 70%: the signal leads the KV
-    assert leads.get("demand", 0) >= 0.70, leads
-    assert desired(leads.get("keda", 0), target, low, high) > low, leads
-    assert leads.get("stack", 0) >= 0.70 * USABLE, leads
+    assert not short_of(leads, target, low, high), leads
     assert asked["hpa"] * len(pods) == pytest.approx(asked["total"])
 
     env = dict(
