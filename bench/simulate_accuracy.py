@@ -7,9 +7,9 @@ inference-sim project; every experiment whose workload is published). Each exper
 coefficients fitted WITHOUT it (bench/fit_steptime.py's least squares on every other experiment's stages,
 linearized around the schedules the shipped coefficients produce), then simulated stage by stage (the first
 --window seconds of each) through vLLM's own scheduler. The figures are whole-run: each simulated request weighed
-as the real stage's requests it stands for (sim_experiments.request_weights), the means and the p90 over all. Queue-dominated runs (the overloaded
-"reasoning" workload: thousands of requests failed) are left out of every fit and scored apart with the shipped
-coefficients. The other simulators' figures are sim-to-real's own runs of them on the same experiments (in the
+as the real stage's requests it stands for (sim_experiments.request_weights), the means and the p90 over all.
+Queue-dominated runs (the overloaded "reasoning" workload: thousands of requests failed) are left out of every fit
+and scored apart with the shipped coefficients. The other simulators' figures are sim-to-real's own runs of them on the same experiments (in the
 data file); the table counts each over the experiments it predicted.
 """
 
@@ -91,7 +91,7 @@ def weighted_mean(pairs: list[tuple[float, float]]) -> float:
 
 
 def weighted_quantile(pairs: list[tuple[float, float]], share: float) -> float:
-    """The smallest value at or above which `share` of the weight lies below or at (nearest rank, weighted)."""
+    """The weighted nearest-rank quantile: the smallest value with at least `share` of the weight at or below it."""
     if not pairs:
         return 0.0
     ordered = sorted(pairs)
