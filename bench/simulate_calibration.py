@@ -24,7 +24,7 @@ from dataclasses import replace
 import numpy as np
 from fit_steptime import PRIORS, profile_from, simulate_stage
 from sim_experiments import Experiment, experiments
-from simulate_accuracy import whole_run
+from simulate_accuracy import errors, whole_run
 
 from kvops.simulate import steptime
 from kvops.simulate.calibration import fit_scale, scaled
@@ -39,15 +39,17 @@ def predict(experiment: Experiment, profile: Coefficients, window_s: float) -> d
 
 
 def calibrated(
-    experiment: Experiment, base: Coefficients, window_s: float, fit_api: bool = False
+    experiment: Experiment, base: Coefficients, as_shipped: dict[str, float], window_s: float, fit_api: bool = False
 ) -> tuple[Coefficients, float]:
-    """`base` calibrated on `experiment` as `kvops simulate --calibrate` calibrates it on a benchmark result (with
-    `fit_api`, the API server's time fitted to the run's mean TTFT too: the variant tried and not shipped)."""
+    """`base` calibrated on `experiment` as `kvops simulate --calibrate` calibrates it on a benchmark result, from
+    its figures under `base` (`as_shipped`); with `fit_api`, the API server's time fitted to the run's mean TTFT too
+    (the variant tried and not shipped)."""
     why = f"calibrated on {experiment.short}"
-    figures: dict[float, dict[str, float]] = {}
+    figures: dict[float, dict[str, float]] = {1.0: as_shipped}
 
     def tpot_at(scale: float) -> float:
-        figures[scale] = predict(experiment, scaled(base, scale, why), window_s)
+        if scale not in figures:
+            figures[scale] = predict(experiment, scaled(base, scale, why), window_s)
         return figures[scale]["tpot_mean_ms"]
 
     scale, _, _ = fit_scale(tpot_at, experiment.measured["tpot_mean_ms"])
@@ -56,10 +58,6 @@ def calibrated(
     engine_ttft_s = figures[scale]["ttft_mean_ms"] / 1000 - base.api_s.value
     api_s = max(experiment.measured["ttft_mean_ms"] / 1000 - engine_ttft_s, 0.0)
     return replace(scaled(base, scale, why), api_s=Coefficient(api_s, why)), scale
-
-
-def error(predicted: dict[str, float], measured: dict[str, float]) -> dict[str, float]:
-    return {metric: abs(predicted[metric] / measured[metric] - 1) for metric in METRICS}
 
 
 def physics() -> Coefficients:
@@ -88,12 +86,12 @@ def main() -> None:
         for (model, tp), runs in groups.items():
             plain = {run.id: predict(run, base, args.window) for run in runs}
             for calibration in runs:
-                profile, scale = calibrated(calibration, base, args.window, args.fit_api)
+                profile, scale = calibrated(calibration, base, plain[calibration.id], args.window, args.fit_api)
                 for run in runs:
                     if run is calibration:
                         continue
-                    before.append(error(plain[run.id], run.measured))
-                    after.append(error(predict(run, profile, args.window), run.measured))
+                    before.append(errors(plain[run.id], run.measured))
+                    after.append(errors(predict(run, profile, args.window), run.measured))
                     print(
                         f"  {name}: {model} tp {tp}: calibrated on {calibration.short} (x {scale:.3f}), {run.short}: "
                         + ", ".join(
