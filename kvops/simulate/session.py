@@ -226,11 +226,11 @@ def _warnings(setup: Setup) -> list[str]:
     if spec.num_experts and spec.experts_per_token / spec.num_experts <= SPARSE_ROUTING:
         found.append(
             f"{spec.name} routes each token to {spec.experts_per_token} of {spec.num_experts} experts: the step time "
-            "prices the experts a batch touches as if tokens chose them uniformly, which has run fast where few "
-            "requests run: on the one public model of this kind it is scored on (Llama 4 Scout, 1 of 16, H100, vLLM "
-            "0.15.1) vLLM's TPOT was 1.36 x the simulated at about 8 requests running, 1.20 x at 24 (2,500-token "
-            "requests, KV offloaded to the CPU), within 7% at 26-61; read TPOT at a few requests running as a lower bound, or "
-            "--calibrate on a benchmark of your own at that load"
+            "prices the experts a batch touches as if tokens chose them uniformly, and on the one such model it is "
+            "scored on (Llama 4 Scout, 1 of 16, H100, vLLM 0.15.1) that predicted too fast a decode where few "
+            "requests run: vLLM's TPOT was 1.36 x the simulated at about 8 requests running, 1.20 x at 24 "
+            "(2,500-token requests, KV offloaded to the CPU), within 7% at 26-61; read TPOT at a few requests "
+            "running as a lower bound, or --calibrate on a benchmark of your own at that load"
         )
     longest = max((request.prompt_tokens for request in setup.trace.requests), default=0)
     if plan.capacity is not None and longest >= plan.capacity.max_model_len:
