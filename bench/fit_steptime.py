@@ -1,7 +1,7 @@
 """Fit kvops simulate's GPU step-time coefficients on public vLLM measurements, and write them to
 kvops/catalog/step_time.json (profile "gpu").
 
-    python bench/fit_steptime.py [--window 200] [--iterations 3] [--dry-run]
+    python bench/fit_steptime.py [--window 200] [--iterations 3] [--step 1.0] [--dry-run]
 
 How: every experiment of bench/data/sim_to_real.json that publishes its workload (inference-perf on H100, vLLM
 0.15.1) is simulated stage by stage through vLLM's own scheduler (the first --window seconds of each stage;
@@ -10,7 +10,10 @@ the coefficients: a step ends at the start of its busy period plus the sum of th
 time the coefficients times its roofline features (kvops/simulate/steptime.py). So each stage's mean TTFT, E2E
 and TPOT are linear in the coefficients, and a bounded least squares on their relative errors, pulled weakly
 toward physical priors, gives the coefficients. The schedules are then simulated again with them, until they
-settle (--iterations). bench/simulate_accuracy.py scores the fit leave-one-out.
+settle (--iterations), each iteration moving --step of the way to the solve's coefficients: the full step (1, as
+the shipped profile was fitted) can cycle between two schedules (on 2026-12-06 from the shipped profile: kv 1.31,
+1.17, 1.34), a half step settles; each iteration prints its largest move. bench/simulate_accuracy.py scores the fit
+leave-one-out.
 """
 
 from __future__ import annotations
@@ -230,16 +233,28 @@ def simulate_all(chosen: list[Experiment], profile, window_s, log_progress=True)
     return runs
 
 
-def fit(window_s: float | None, iterations: int, start: steptime.Coefficients) -> tuple[np.ndarray, list[StageRun]]:
+def fit(
+    window_s: float | None, iterations: int, start: steptime.Coefficients, step: float = 1.0
+) -> tuple[np.ndarray, list[StageRun]]:
     chosen = fitted_experiments()
     vector = coefficient_vector(start)
     runs: list[StageRun] = []
     for iteration in range(iterations):
         print(f"iteration {iteration + 1}: simulating {len(chosen)} experiments", flush=True)
         runs = simulate_all(chosen, profile_from(vector, "iteration", ""), window_s)
-        vector = solve(runs, vector)
-        print("  " + ", ".join(f"{name} {value:.4g}" for name, value in zip(PARAMETERS, vector)), flush=True)
+        moved = vector + step * (solve(runs, vector) - vector)
+        print("  " + ", ".join(f"{name} {value:.4g}" for name, value in zip(PARAMETERS, moved)), flush=True)
+        print(f"  largest move: {largest_move(vector, moved)}", flush=True)
+        vector = moved
     return vector, runs
+
+
+def largest_move(before: np.ndarray, after: np.ndarray) -> str:
+    """The coefficient that moved most in an iteration, relative to its larger value: a fit that has settled moves
+    each by a small fraction."""
+    scale = np.maximum(np.maximum(np.abs(before), np.abs(after)), 1e-30)
+    index = int(np.argmax(np.abs(after - before) / scale))
+    return f"{PARAMETERS[index]} {100 * abs(after[index] - before[index]) / scale[index]:.1f}%"
 
 
 def write_profile(vector: np.ndarray, chosen: list[Experiment], window_s: float | None) -> None:
@@ -268,9 +283,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--window", type=float, default=200.0, help="seconds of each stage simulated (default 200)")
     parser.add_argument("--iterations", type=int, default=3)
+    parser.add_argument(
+        "--step", type=float, default=1.0, help="share of each iteration's move taken (default 1; 0.5 settles)"
+    )
     parser.add_argument("--dry-run", action="store_true", help="print the fit, do not write it")
     options = parser.parse_args()
-    vector, runs = fit(options.window, options.iterations, steptime.coefficients("gpu"))
+    vector, runs = fit(options.window, options.iterations, steptime.coefficients("gpu"), options.step)
     for run in runs:
         errors = []
         for name, measured in run.measured.items():
