@@ -9,8 +9,8 @@ linearized around the schedules the shipped coefficients produce), then simulate
 --window seconds of each) through vLLM's own scheduler. The figures are whole-run: each simulated request weighed
 as the real stage's requests it stands for (sim_experiments.request_weights), the means and the p90 over all.
 Queue-dominated runs (the overloaded "reasoning" workload: thousands of requests failed) are left out of every fit
-and scored apart with the shipped coefficients. The other simulators' figures are sim-to-real's own runs of them on the same experiments (in the
-data file); the table counts each over the experiments it predicted.
+and scored apart with the shipped coefficients. The other simulators' figures are sim-to-real's own runs of them on
+the same experiments (in the data file); the table counts each over the experiments it predicted.
 """
 
 from __future__ import annotations

@@ -39,13 +39,13 @@ def predict(experiment: Experiment, profile: Coefficients, window_s: float) -> d
 
 
 def calibrated(
-    experiment: Experiment, base: Coefficients, as_shipped: dict[str, float], window_s: float, fit_api: bool = False
+    experiment: Experiment, base: Coefficients, at_base: dict[str, float], window_s: float, fit_api: bool = False
 ) -> tuple[Coefficients, float]:
     """`base` calibrated on `experiment` as `kvops simulate --calibrate` calibrates it on a benchmark result, from
-    its figures under `base` (`as_shipped`); with `fit_api`, the API server's time fitted to the run's mean TTFT too
+    its figures under `base` (`at_base`); with `fit_api`, the API server's time fitted to the run's mean TTFT too
     (the variant tried and not shipped)."""
     why = f"calibrated on {experiment.short}"
-    figures: dict[float, dict[str, float]] = {1.0: as_shipped}
+    figures: dict[float, dict[str, float]] = {1.0: at_base}
 
     def tpot_at(scale: float) -> float:
         if scale not in figures:

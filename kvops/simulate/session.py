@@ -23,6 +23,8 @@ from kvops.simulate.trace import Trace
 from kvops.simulate.traffic import Traffic, build_trace
 from kvops.workload import Workload, percentile
 
+SPARSE_ROUTING = 1 / 8  # experts per token over experts at or below which the low-concurrency caveat is said
+
 
 @frozen
 class Request:
@@ -214,9 +216,6 @@ def _tokenizer(request: Request):
         raise UsageError("--tokenizer needs kvops[hub]: pip install 'kvops[hub]'") from None
     local = LocalTokenizer(request.tokenizer)
     return lambda text: local.count(text, special_tokens=True)
-
-
-SPARSE_ROUTING = 1 / 8  # experts per token over experts at or below which the low-concurrency caveat is said
 
 
 def _warnings(setup: Setup) -> list[str]:
