@@ -196,10 +196,45 @@ CALIBRATE_HINT = common.CALIBRATE_HINT.replace("--vllm-log", "--tgi-log")
 
 def activation_model(inputs: PlanInputs, release: TgiRelease, prefill: int) -> tuple[int, str]:
     """kvops' physical model of the warmup prefill's peak, kept in PyTorch's cache when TGI reads the free memory:
-    the forward pass and the logits of the prefill (warmup_logits)."""
+    the forward pass, the logits of the prefill (warmup_logits) and, where the release attends over dense masks,
+    those masks and scores (dense_image_attention)."""
     forward = common.forward_activation_peak(inputs.spec, prefill, inputs.tp)
     logits, which = warmup_logits(inputs, release, prefill)
-    return forward + logits, f"warmup prefill of {prefill} tokens: forward {forward} B + {which}"
+    dense, how = dense_image_attention(inputs, release, prefill)
+    what = f"warmup prefill of {prefill} tokens: forward {forward} B + {which}" + (f" + {how}" if dense else "")
+    return forward + logits + dense, what
+
+
+def warmup_requests(inputs: PlanInputs, prefill: int) -> tuple[int, int]:
+    """(requests, tokens of the longest) in the router's warmup batch: `max_batch_prefill_tokens` cut into prompts
+    of at most --max-input-tokens (`backends/v3/src/client/grpc_client.rs`, `warmup`)."""
+    longest = min(inputs.max_input_tokens, prefill) if inputs.max_input_tokens else prefill
+    return -(-prefill // longest), longest
+
+
+# Gemma 3 in TGI 3.2.x: a prefill that carries an image attends through PyTorch SDPA over dense [batch, 1, S, S]
+# masks, a global and a sliding one (`flash_gemma3_modeling.py`, `get_attention_mask`, v3.2.0-v3.2.3); 3.3.0 hands
+# the mask to flashinfer instead (#3167, "Support flashinfer for Gemma3 prefill"). The warmup's first request carries
+# an image (`grpc_client.rs`, `warmup`: WARMUP_IMAGE_BASE64).
+DENSE_MASK_ARCHITECTURES = ("Gemma3ForConditionalGeneration",)
+
+
+def dense_image_attention(inputs: PlanInputs, release: TgiRelease, prefill: int) -> tuple[int, str]:
+    """The dense attention of an image prefill at warmup, over the batch padded to its longest request: the two
+    16-bit masks, and SDPA's scores and their softmax for the shard's heads (with a mask and grouped KV heads
+    PyTorch's SDPA runs its math kernel, which holds the [batch, heads, S, S] scores)."""
+    version = release.version
+    dense = version.at_least(3, 2) and not version.at_least(3, 3)
+    if not dense or not any(name in DENSE_MASK_ARCHITECTURES for name in inputs.spec.architectures):
+        return 0, ""
+    requests, longest = warmup_requests(inputs, prefill)
+    square = requests * longest * longest * 2
+    heads = inputs.spec.num_attention_heads // inputs.tp
+    masks, scores = 2 * square, 2 * heads * square
+    return masks + scores, (
+        f"dense image attention over {requests} x {longest}^2 ({release.label}, Gemma 3 with an image: "
+        f"2 masks {masks} B, SDPA scores and softmax for {heads} heads {scores} B)"
+    )
 
 
 def warmup_logits(inputs: PlanInputs, release: TgiRelease, prefill: int) -> tuple[int, str]:
@@ -207,16 +242,20 @@ def warmup_logits(inputs: PlanInputs, release: TgiRelease, prefill: int) -> tupl
     (`backends/v3/src/client/grpc_client.rs`, `warmup`). Before 3.0 they are computed over every prefill token: 16-bit
     logits and, before 2.4, their log-softmax as a copy (2.4 takes it in place: #2661, `flash_causal_lm.py`); with tp
     > 1 the LM head also holds the shard's own slice beside the gathered logits (`layers/tensor_parallel.py`,
-    `TensorParallelHead`). From 3.0 the server drops prefill logprobs unless REQUEST_LOGPROBS=1 (#2797,
-    `models/globals.py`): each warmup request's last token alone."""
+    `TensorParallelHead`), and that head returns the gathered logits as a transposed view (`world_out.T`, from 1.0:
+    `utils/layers.py` at v1.0.0), which the log-softmax over the vocabulary copies into a contiguous tensor first.
+    From 3.0 the server drops prefill logprobs unless REQUEST_LOGPROBS=1 (#2797, `models/globals.py`): each warmup
+    request's last token alone."""
     spec, tp = inputs.spec, inputs.tp
     per_logit = 2 + (2 / tp if tp > 1 else 0)
     if release.version.at_least(3, 0):
-        requests = -(-prefill // inputs.max_input_tokens) if inputs.max_input_tokens else 1
+        requests, _ = warmup_requests(inputs, prefill)
         logits = ceil(requests * spec.vocab_size * per_logit)
         return logits, f"last-token logits of {requests} warmup request(s) {logits} B (no prefill logprobs from 3.0)"
     if not release.version.at_least(2, 4):
-        per_logit = max(per_logit, 4)  # the log-softmax copy beside the logits
+        per_logit += 2  # the log-softmax copy beside the logits
+    if tp > 1:
+        per_logit += 2  # the gathered logits are a transposed view: the log-softmax reads a contiguous copy
     logits = ceil(prefill * spec.vocab_size * per_logit)
     return logits, f"prefill logits {logits} B ({per_logit:g} B per logit: the warmup's prefill logprobs)"
 

@@ -6,7 +6,9 @@ import pytest
 
 from kvops.dtypes import KV_DTYPES
 from kvops.engines.tgi.budget import (
+    activation_model,
     check_fp8,
+    dense_image_attention,
     kv_bytes_per_token,
     pool,
     reservation_tokens,
@@ -101,15 +103,40 @@ def test_deepseek_in_tgi_caches_full_heads_of_nope_plus_rope():
     ("version", "tp", "per_logit"),
     [
         ("2.3.1", 1, 4),  # 16-bit logits and their log-softmax copy
-        ("2.3.1", 2, 4),  # the LM head's gather (2 + 1 B) stays below the copy's peak
+        ("2.3.1", 2, 7),  # the gather (2 + 1 B), the contiguous copy of its transposed view and the log-softmax
         ("2.4.1", 1, 2),  # log_softmax in place (#2661)
-        ("2.4.1", 2, 3),  # the gathered logits beside the shard's own half
+        ("2.4.1", 2, 5),  # the gathered logits beside the shard's own half, and the contiguous copy
+        ("1.0.0", 4, 6.5),  # TensorParallelHead returns world_out.T since 1.0
     ],
 )
 def test_warmup_logits_before_3_0_cover_every_prefill_token(version, tp, per_logit):
     inputs = PlanInputs("tgi", load_model("llama-3-8b"), find_gpu("H100-80GB"), tp=tp)
     logits, _ = warmup_logits(inputs, release(version), 4096)
     assert logits == 4096 * 128256 * per_logit
+
+
+def test_gathered_logits_copy_explains_the_tgi_2_4_tp2_warmup():
+    """tgi-2.x-a100-80gb-x2-llama-3.1-70b (2.4, tp 2, 10,049 prefill tokens): its pool leaves 8.82 GB besides the
+    weights; the forward (1.36 GB) and 5 B per logit (6.44 GB) leave 1.02 GB, about the 1 GiB non-torch of tp 2."""
+    inputs = PlanInputs("tgi", load_model("meta-llama/Llama-3.1-70B"), find_gpu("A100-80GB"), tp=2)
+    model, _ = activation_model(inputs, release("2.4.0"), 10049)
+    assert model == 1358303232 + 10049 * 128256 * 5
+    assert 8823077274 - model == 1020551322
+
+
+def test_gemma3_image_warmup_attends_over_dense_masks_in_3_2():
+    """TGI 3.2.x: the warmup's image request sends Gemma 3 through SDPA over [batch, 1, S, S] masks (global and
+    sliding) and the math kernel's scores; 3.3.0 hands the mask to flashinfer (#3167); text models never."""
+    spec, gpu = load_model("google/gemma-3-27b-it"), find_gpu("A100-80GB")
+    inputs = PlanInputs("tgi", spec, gpu, tp=4, max_input_tokens=30000)
+    dense, how = dense_image_attention(inputs, release("3.2.1"), 31000)
+    square = 2 * 30000 * 30000 * 2  # two warmup requests (30,000 and 1,000 tokens) padded to 30,000, 16-bit
+    assert dense == 2 * square + 2 * (32 // 4) * square
+    assert "Gemma 3" in how
+    assert dense_image_attention(inputs, release("3.3.0"), 31000) == (0, "")
+    assert dense_image_attention(inputs, release("3.1.1"), 31000) == (0, "")
+    text = PlanInputs("tgi", load_model("llama-3-8b"), gpu, max_input_tokens=30000)
+    assert dense_image_attention(text, release("3.2.1"), 31000) == (0, "")
 
 
 def test_warmup_logits_from_3_0_are_each_warmup_requests_last_token():

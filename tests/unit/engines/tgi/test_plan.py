@@ -102,3 +102,19 @@ def test_without_a_workload_the_router_keeps_tgi_s_in_flight_limit(run_kvops):
     assert stated["flags"]["max-concurrent-requests"] == stated["capacity"]["requests_at_full"]
     pinned = plan(run_kvops, "-m", "llama-3.1-8b", "--gpu", "h100", "--max-model-len", "8192", "--max-num-seqs", "40")
     assert pinned["flags"]["max-concurrent-requests"] == 40
+
+
+def test_gemma3_image_warmup_of_tgi_3_2_does_not_fit_a_31000_token_prefill():
+    """tgi-3.2.1-a100-80gb-x4-gemma-3-27b-it-fail: TGI 3.2.1 ran out of memory warming up 31,000 prefill tokens. Its
+    image request attends over dense [2, 1, 30000, 30000] masks and SDPA's scores for 8 heads a shard (about
+    60 GiB), which leave no KV cache; 3.3.0's flashinfer mask path plans a pool."""
+    from dataclasses import replace
+
+    from kvops.planner import predict
+
+    inputs = entry("tgi-3.2.1-a100-80gb-x4-gemma-3-27b-it-fail").options().plan_inputs()
+    failed = predict(inputs)
+    assert failed.fits is False and failed.kv_cache_bytes < 0
+    assert failed.term("activation").bytes > 60 * (1 << 30)
+    later = predict(replace(inputs, engine_version="3.3.0"))
+    assert later.kv_cache_bytes > 40 * (1 << 30)
