@@ -23,7 +23,7 @@ from math import ceil, floor
 from kvops.dtypes import KvDtype
 from kvops.engines import common
 from kvops.engines.device_total import device_total_term
-from kvops.engines.overhead_fit import OVERHEAD_QUANTILE
+from kvops.engines.overhead_fit import MIN_FAMILY_LOGS, OVERHEAD_QUANTILE
 from kvops.engines.tgi.releases import TgiRelease
 from kvops.engines.weights import WeightOptions, weight_bytes, weight_format
 from kvops.errors import UsageError
@@ -192,17 +192,38 @@ def pool(kv_budget: int, bytes_per_token: int, block_size: int) -> TgiPool:
 # --- the memory terms -----------------------------------------------------------------------------------
 
 CALIBRATE_HINT = common.CALIBRATE_HINT.replace("--vllm-log", "--tgi-log")
+NON_TORCH_WHY = (
+    "tp 1: what an A10G's nvidia-smi showed besides the weights and the KV pool after a TGI 2.2.0 warmup; "
+    "tp >= 2: 1 GiB (releases.NON_TORCH_PRIOR)"
+)
 
 
 def activation_model(inputs: PlanInputs, release: TgiRelease, prefill: int) -> tuple[int, str]:
     """kvops' physical model of the warmup prefill's peak, kept in PyTorch's cache when TGI reads the free memory:
     the forward pass, the logits of the prefill (warmup_logits) and, where the release attends over dense masks,
     those masks and scores (dense_image_attention)."""
-    forward = common.forward_activation_peak(inputs.spec, prefill, inputs.tp)
+    forward = common.forward_activation_peak(inputs.spec, prefill, inputs.tp) + unfused_mlp(
+        inputs.spec, prefill, inputs.tp
+    )
     logits, which = warmup_logits(inputs, release, prefill)
     dense, how = dense_image_attention(inputs, release, prefill)
     what = f"warmup prefill of {prefill} tokens: forward {forward} B + {which}" + (f" + {how}" if dense else "")
     return forward + logits + dense, what
+
+
+# Dense models whose TGI MLP computes `self.act(gate_up_states[:, 0]) * gate_up_states[:, 1]` before the down
+# projection (`flash_llama_modeling.py` LlamaMLP.forward from v1.0.0 to v3.3.7; the same line in
+# flash_mistral_modeling, flash_qwen2_modeling and flash_gemma_modeling at v3.3.7).
+UNFUSED_MLP_MODEL_TYPES = ("llama", "mistral", "qwen2", "gemma")
+
+
+def unfused_mlp(spec: ModelSpec, tokens: int, tp: int) -> int:
+    """What TGI's MLP holds beyond kvops' forward model: the activated gate is a tensor of its own while the product
+    is written (gate+up, act(gate) and the product at once: 4 intermediate widths), where the model counts 3 (vLLM's
+    fused SiluAndMul writes the product straight from gate+up)."""
+    if spec.num_experts or spec.model_type not in UNFUSED_MLP_MODEL_TYPES:
+        return 0
+    return ceil(tokens * spec.intermediate_size / tp * 2)
 
 
 def warmup_requests(inputs: PlanInputs, prefill: int) -> tuple[int, int]:
@@ -339,14 +360,15 @@ def _estimated_overheads(inputs: PlanInputs, release: TgiRelease, prefill: int) 
             "activation",
             activation,
             "estimate",
-            f"kvops' model ({which}) {'+' if fit.activation_excess >= 0 else '-'} {abs(fit.activation_excess)} B, the median excess of {logs} over that model",
+            f"kvops' model ({which}) {'+' if fit.activation_excess >= 0 else '-'} {abs(fit.activation_excess)} B, the {'median' if fit.logs >= MIN_FAMILY_LOGS else 'largest'} excess of {logs} over that model",
             CALIBRATE_HINT,
         ),
         Term(
             "non_torch",
             non_torch,
             "estimate",
-            f"CUDA context, cuBLAS and NCCL buffers (TGI reads device-wide free memory): the median of {logs}",
+            f"CUDA context, cuBLAS and NCCL buffers (TGI reads device-wide free memory): the median of {logs} at "
+            f"this tp, else kvops' prior ({NON_TORCH_WHY})",
             CALIBRATE_HINT,
         ),
     ]
