@@ -28,6 +28,7 @@ def fit_overheads(
     fallbacks: dict[str, str] | None = None,
     graph_families: tuple[str, ...] = (),
     sampler_fallbacks: dict[str, str] | None = None,
+    non_torch_prior: tuple[int, int] | None = None,
 ) -> OverheadFit:
     """Each family's terms from its logs; a family with too few plans with the one it falls back to (the nearest
     release that shares its engine and memory profile), else with the pooled fit. The sampler's bytes per logit
@@ -37,12 +38,13 @@ def fit_overheads(
     been applied: the same arithmetic, so its margin and band carry the estimate's spread. Families are fitted after
     the ones they fall back to. The margin and the spread come from every log's leave-one-out residual (each
     predicted by its family's fit without it): the family's own when it has enough, else pooled over the families.
-    Logs whose budget arithmetic cannot be the launch's are left out, and listed."""
+    Logs whose budget arithmetic cannot be the launch's are left out, and listed. `non_torch_prior` (tp 1, tp >= 2)
+    is the engine's non-torch memory where no log of that tp measures it (else kvops' V0-log priors below)."""
     fallbacks = fallbacks or {}
     sampler_fallbacks = sampler_fallbacks or {}
     excluded = tuple(sorted((item.source, why) for item in observations if (why := item.implausible)))
     kept = [item for item in observations if item.implausible is None]
-    pooled = _fit_terms(POOLED, kept, None)
+    pooled = _fit_terms(POOLED, kept, None, prior=non_torch_prior)
     groups = {family: [item for item in kept if item.family == family] for family in families}
     borrowed: dict[str, str] = {}
     for family in graph_families:
@@ -112,10 +114,14 @@ def _residuals(observations: list[Observation], base: FamilyFit, sampler: Family
 
 
 def _fit_terms(
-    family: str, observations: list[Observation], base: FamilyFit | None, sampler_base: FamilyFit | None = None
+    family: str,
+    observations: list[Observation],
+    base: FamilyFit | None,
+    sampler_base: FamilyFit | None = None,
+    prior: tuple[int, int] | None = None,
 ) -> FamilyFit:
     non_torch_all = [item.non_torch for item in observations if item.non_torch is not None]
-    default_non_torch = base.non_torch if base else (NON_TORCH_TP1, NON_TORCH_TP)
+    default_non_torch = base.non_torch if base else (prior or (NON_TORCH_TP1, NON_TORCH_TP))
 
     def non_torch(multi: bool, default: int) -> int:
         found = [
@@ -157,7 +163,7 @@ def _fit_terms(
         bytes_per_logit = borrowed.sampler_bytes_per_logit if borrowed else 0.0
     sampler = FamilyFit(family, 0, bytes_per_logit, nt, cuda_graphs, 0, (0, 0), 0, non_torch_nccl=nccl)
     excess = [peak - sampler.activation(item.forward, item.logits, item.persistent) for item, peak in peaks]
-    extra = _median(excess) if excess else (base.activation_excess if base else 0)
+    extra = _excess(excess) if excess else (base.activation_excess if base else 0)
     return replace(sampler, activation_excess=extra, logs=len(observations))
 
 
@@ -175,6 +181,18 @@ def _activation_seen(
         non_torch[0] if item.tp == 1 else (nccl if not item.custom_all_reduce and nccl is not None else non_torch[1])
     )
     return item.overhead - spent - graphs
+
+
+def _excess(excess: list[int]) -> int:
+    """The excess a fit plans with: the median of its logs' excesses over kvops' model; on fewer logs than a family
+    needs of its own (MIN_FAMILY_LOGS) the largest, and never below zero. One or two logs say nothing of where the
+    next launch lands among them, and a negative excess (kvops' model above what a log took) is not credited back on
+    so little: the plan errs toward less KV. (TGI's fit rests on two logs, a 2.4 A100 launch at -0.32 GiB and a 3.0.1
+    RTX 3090 AWQ launch at +0.15 GiB: their median, -0.08 GiB, promised the 3.0.1 launch 0.2 GiB more KV than it got
+    wherever it was predicted without its own log.)"""
+    if len(excess) >= MIN_FAMILY_LOGS:
+        return _median(excess)
+    return max(0, *excess)
 
 
 def _median(values: list[int]) -> int:

@@ -129,6 +129,7 @@ FAMILIES = {"vllm": vllm_releases.FAMILIES, "tgi": tgi_releases.FAMILIES}
 FALLBACKS = {"vllm": vllm_releases.FALLBACKS, "tgi": {}}
 GRAPH_FAMILIES = {"vllm": vllm_releases.GRAPH_FAMILIES, "tgi": ()}
 SAMPLER_FALLBACKS = {"vllm": vllm_releases.SAMPLER_FALLBACKS, "tgi": {}}
+NON_TORCH_PRIORS = {"vllm": None, "tgi": tgi_releases.NON_TORCH_PRIOR}
 
 
 def plan_entry(entry: Entry, fit: OverheadFit | None = None, pinned_kv: int | None = None) -> Plan:
@@ -167,6 +168,7 @@ def fit_corpus(engine: str, found: dict[str, Observation]) -> OverheadFit:
         FALLBACKS[engine],
         GRAPH_FAMILIES[engine],
         SAMPLER_FALLBACKS[engine],
+        NON_TORCH_PRIORS[engine],
     )
 
 

@@ -23,7 +23,7 @@ from math import ceil, floor
 from kvops.dtypes import KvDtype
 from kvops.engines import common
 from kvops.engines.device_total import device_total_term
-from kvops.engines.overhead_fit import OVERHEAD_QUANTILE
+from kvops.engines.overhead_fit import MIN_FAMILY_LOGS, OVERHEAD_QUANTILE
 from kvops.engines.tgi.releases import TgiRelease
 from kvops.engines.weights import WeightOptions, weight_bytes, weight_format
 from kvops.errors import UsageError
@@ -192,14 +192,70 @@ def pool(kv_budget: int, bytes_per_token: int, block_size: int) -> TgiPool:
 # --- the memory terms -----------------------------------------------------------------------------------
 
 CALIBRATE_HINT = common.CALIBRATE_HINT.replace("--vllm-log", "--tgi-log")
+NON_TORCH_WHY = (
+    "tp 1: what an A10G's nvidia-smi showed besides the weights and the KV pool after a TGI 2.2.0 warmup; "
+    "tp >= 2: 1 GiB (releases.NON_TORCH_PRIOR)"
+)
 
 
 def activation_model(inputs: PlanInputs, release: TgiRelease, prefill: int) -> tuple[int, str]:
     """kvops' physical model of the warmup prefill's peak, kept in PyTorch's cache when TGI reads the free memory:
-    the forward pass and the logits of the prefill (warmup_logits)."""
-    forward = common.forward_activation_peak(inputs.spec, prefill, inputs.tp)
+    the forward pass, the logits of the prefill (warmup_logits) and, where the release attends over dense masks,
+    those masks and scores (dense_image_attention)."""
+    forward = common.forward_activation_peak(inputs.spec, prefill, inputs.tp) + unfused_mlp(
+        inputs.spec, prefill, inputs.tp
+    )
     logits, which = warmup_logits(inputs, release, prefill)
-    return forward + logits, f"warmup prefill of {prefill} tokens: forward {forward} B + {which}"
+    dense, how = dense_image_attention(inputs, release, prefill)
+    what = f"warmup prefill of {prefill} tokens: forward {forward} B + {which}" + (f" + {how}" if dense else "")
+    return forward + logits + dense, what
+
+
+# Dense models whose TGI MLP computes `self.act(gate_up_states[:, 0]) * gate_up_states[:, 1]` before the down
+# projection (`flash_llama_modeling.py` LlamaMLP.forward from v1.0.0 to v3.3.7; the same line in
+# flash_mistral_modeling, flash_qwen2_modeling and flash_gemma_modeling at v3.3.7).
+UNFUSED_MLP_MODEL_TYPES = ("llama", "mistral", "qwen2", "gemma")
+
+
+def unfused_mlp(spec: ModelSpec, tokens: int, tp: int) -> int:
+    """What TGI's MLP holds beyond kvops' forward model: the activated gate is a tensor of its own while the product
+    is written (gate+up, act(gate) and the product at once: 4 intermediate widths), where the model counts 3 (vLLM's
+    fused SiluAndMul writes the product straight from gate+up)."""
+    if spec.num_experts or spec.model_type not in UNFUSED_MLP_MODEL_TYPES:
+        return 0
+    return ceil(tokens * spec.intermediate_size / tp * 2)
+
+
+def warmup_requests(inputs: PlanInputs, prefill: int) -> tuple[int, int]:
+    """(requests, tokens of the longest) in the router's warmup batch: `max_batch_prefill_tokens` cut into prompts
+    of at most --max-input-tokens (`backends/v3/src/client/grpc_client.rs`, `warmup`)."""
+    longest = min(inputs.max_input_tokens, prefill) if inputs.max_input_tokens else prefill
+    return -(-prefill // longest), longest
+
+
+# Gemma 3 in TGI 3.2.x: a prefill that carries an image attends through PyTorch SDPA over dense [batch, 1, S, S]
+# masks, a global and a sliding one (`flash_gemma3_modeling.py`, `get_attention_mask`, v3.2.0-v3.2.3); 3.3.0 hands
+# the mask to flashinfer instead (#3167, "Support flashinfer for Gemma3 prefill"). The warmup's first request carries
+# an image (`grpc_client.rs`, `warmup`: WARMUP_IMAGE_BASE64).
+DENSE_MASK_ARCHITECTURES = ("Gemma3ForConditionalGeneration",)
+
+
+def dense_image_attention(inputs: PlanInputs, release: TgiRelease, prefill: int) -> tuple[int, str]:
+    """The dense attention of an image prefill at warmup, over the batch padded to its longest request: the two
+    16-bit masks, and SDPA's scores and their softmax for the shard's heads (with a mask and grouped KV heads
+    PyTorch's SDPA runs its math kernel, which holds the [batch, heads, S, S] scores)."""
+    version = release.version
+    dense = version.at_least(3, 2) and not version.at_least(3, 3)
+    if not dense or not any(name in DENSE_MASK_ARCHITECTURES for name in inputs.spec.architectures):
+        return 0, ""
+    requests, longest = warmup_requests(inputs, prefill)
+    square = requests * longest * longest * 2
+    heads = inputs.spec.num_attention_heads // inputs.tp
+    masks, scores = 2 * square, 2 * heads * square
+    return masks + scores, (
+        f"dense image attention over {requests} x {longest}^2 ({release.label}, Gemma 3 with an image: "
+        f"2 masks {masks} B, SDPA scores and softmax for {heads} heads {scores} B)"
+    )
 
 
 def warmup_logits(inputs: PlanInputs, release: TgiRelease, prefill: int) -> tuple[int, str]:
@@ -207,16 +263,20 @@ def warmup_logits(inputs: PlanInputs, release: TgiRelease, prefill: int) -> tupl
     (`backends/v3/src/client/grpc_client.rs`, `warmup`). Before 3.0 they are computed over every prefill token: 16-bit
     logits and, before 2.4, their log-softmax as a copy (2.4 takes it in place: #2661, `flash_causal_lm.py`); with tp
     > 1 the LM head also holds the shard's own slice beside the gathered logits (`layers/tensor_parallel.py`,
-    `TensorParallelHead`). From 3.0 the server drops prefill logprobs unless REQUEST_LOGPROBS=1 (#2797,
-    `models/globals.py`): each warmup request's last token alone."""
+    `TensorParallelHead`), and that head returns the gathered logits as a transposed view (`world_out.T`, from 1.0:
+    `utils/layers.py` at v1.0.0), which the log-softmax over the vocabulary copies into a contiguous tensor first.
+    From 3.0 the server drops prefill logprobs unless REQUEST_LOGPROBS=1 (#2797, `models/globals.py`): each warmup
+    request's last token alone."""
     spec, tp = inputs.spec, inputs.tp
     per_logit = 2 + (2 / tp if tp > 1 else 0)
     if release.version.at_least(3, 0):
-        requests = -(-prefill // inputs.max_input_tokens) if inputs.max_input_tokens else 1
+        requests, _ = warmup_requests(inputs, prefill)
         logits = ceil(requests * spec.vocab_size * per_logit)
         return logits, f"last-token logits of {requests} warmup request(s) {logits} B (no prefill logprobs from 3.0)"
     if not release.version.at_least(2, 4):
-        per_logit = max(per_logit, 4)  # the log-softmax copy beside the logits
+        per_logit += 2  # the log-softmax copy beside the logits
+    if tp > 1:
+        per_logit += 2  # the gathered logits are a transposed view: the log-softmax reads a contiguous copy
     logits = ceil(prefill * spec.vocab_size * per_logit)
     return logits, f"prefill logits {logits} B ({per_logit:g} B per logit: the warmup's prefill logprobs)"
 
@@ -300,14 +360,15 @@ def _estimated_overheads(inputs: PlanInputs, release: TgiRelease, prefill: int) 
             "activation",
             activation,
             "estimate",
-            f"kvops' model ({which}) {'+' if fit.activation_excess >= 0 else '-'} {abs(fit.activation_excess)} B, the median excess of {logs} over that model",
+            f"kvops' model ({which}) {'+' if fit.activation_excess >= 0 else '-'} {abs(fit.activation_excess)} B, the {'median' if fit.logs >= MIN_FAMILY_LOGS else 'largest'} excess of {logs} over that model",
             CALIBRATE_HINT,
         ),
         Term(
             "non_torch",
             non_torch,
             "estimate",
-            f"CUDA context, cuBLAS and NCCL buffers (TGI reads device-wide free memory): the median of {logs}",
+            f"CUDA context, cuBLAS and NCCL buffers (TGI reads device-wide free memory): the median of {logs} at "
+            f"this tp, else kvops' prior ({NON_TORCH_WHY})",
             CALIBRATE_HINT,
         ),
     ]

@@ -20,6 +20,23 @@ from kvops.engines.release import Rule, Version
 from kvops.errors import UsageError
 from kvops.frozen import frozen
 
+MiB = 1 << 20
+
+# The non-torch memory TGI's warmup leaves out of the torch cache, per shard (tp 1, tp >= 2): the fit's prior where no
+# TGI log of that tp measures it (kvops.engines.overhead_fit, `non_torch_prior`). TGI reads the device's free memory
+# (`torch.cuda.mem_get_info`, utils/import_utils.py), so this holds the CUDA context and every library's buffers,
+# which vLLM's non-torch figures (measured above a baseline taken once the context exists) leave out: they are no
+# prior for TGI. No TGI log prints it. At tp 1 it is what the one public page showing a card's memory after a TGI
+# warmup leaves besides the weights and the pool (tests/fixtures/corpus, tgi-2.2.0-a10g-llama-3.1-8b-instruct:
+# nvidia-smi 19882 MiB used on the A10G 15 minutes after warmup, Llama-3.1-8B's 8,030,261,248 16-bit parameters,
+# the logged pool of 19056 tokens x 128 KiB): 2183.5 MiB. `init_kv_cache` empties the torch cache before it
+# allocates the pool (flash_causal_lm.py at v2.2.0), so the warmup prefill's activations are not in it; the CUDA
+# graphs captured after the sizing and whatever the requests served since left cached are, and are taken too (err
+# toward less KV). At tp >= 2 the two TGI logs in the fit leave 0.95 and 1.26 GiB per shard besides kvops' model of
+# their warmup, NCCL's buffers included: the 1 GiB prior kvops had stands, and the fitted excess (on those logs)
+# carries the rest.
+NON_TORCH_PRIOR = (19882 * MiB - 8_030_261_248 * 2 - 19056 * 128 * 1024, 1024 * MiB)
+
 NEWEST = "3.3.7"  # the last release (the project is in maintenance mode since 2025-12-11)
 FAMILIES = ("TGI 1.x/2.x", "TGI 3.x")
 SOURCE = "huggingface/text-generation-inference"

@@ -32,6 +32,23 @@ def test_each_family_takes_the_median_excess_over_kvops_model():
     assert v0.non_torch == (100 * MiB, 100 * MiB) and v0.logs == 3
 
 
+def test_a_fit_on_fewer_than_three_logs_takes_the_largest_excess_never_below_zero():
+    """One or two logs say nothing of where the next launch lands among them: err toward less KV."""
+    two = [logged("a", "V0", GiB, GiB - 300 * MiB, 0), logged("b", "V0", GiB, GiB + 150 * MiB, 0)]
+    assert fit_overheads("vllm", two, FAMILIES).families[POOLED].activation_excess == 150 * MiB  # not the median
+    below = [logged("a", "V0", GiB, GiB - 300 * MiB, 0)]
+    assert fit_overheads("vllm", below, FAMILIES).families[POOLED].activation_excess == 0  # not credited back
+    three = [*two, logged("c", "V0", GiB, GiB + 900 * MiB, 0)]
+    assert fit_overheads("vllm", three, FAMILIES).families[POOLED].activation_excess == 150 * MiB  # the median
+
+
+def test_an_engine_s_non_torch_prior_stands_where_no_log_of_that_tp_measures_it():
+    items = [Observation("t", "V0", 2, GiB, overhead=3 * GiB)]  # a tp 2 log that measures only the sum
+    fit = fit_overheads("tgi", items, FAMILIES, non_torch_prior=(2 * GiB, GiB)).families[POOLED]
+    assert fit.non_torch == (2 * GiB, GiB) and fit.activation_excess == GiB
+    assert fit_overheads("tgi", items, FAMILIES).families[POOLED].non_torch == (512 * MiB, GiB)  # kvops' V0 priors
+
+
 def test_a_family_with_fewer_than_three_logs_plans_with_the_pooled_fit():
     items = [logged(f"v0-{i}", "V0", GiB, GiB + 100 * MiB, 50 * MiB) for i in range(3)]
     items.append(logged("v1-0", "V1 < 0.11.1", GiB, GiB + 900 * MiB, 10 * MiB))

@@ -5,20 +5,25 @@ from __future__ import annotations
 import pytest
 
 from kvops.dtypes import KV_DTYPES
+from kvops.engines.common import forward_activation_peak
 from kvops.engines.tgi.budget import (
+    activation_model,
     check_fp8,
+    dense_image_attention,
     kv_bytes_per_token,
     pool,
     reservation_tokens,
     resolve_attention,
     tgi_kv_dtype,
+    unfused_mlp,
     warmup_logits,
 )
 from kvops.engines.tgi.flags import validation_errors
-from kvops.engines.tgi.releases import release
+from kvops.engines.tgi.releases import NON_TORCH_PRIOR, release
 from kvops.errors import UsageError
 from kvops.gpus import find_gpu
 from kvops.model import load_model
+from kvops.overheads import POOLED, shipped_fit
 from kvops.plan import PlanInputs
 
 
@@ -101,15 +106,64 @@ def test_deepseek_in_tgi_caches_full_heads_of_nope_plus_rope():
     ("version", "tp", "per_logit"),
     [
         ("2.3.1", 1, 4),  # 16-bit logits and their log-softmax copy
-        ("2.3.1", 2, 4),  # the LM head's gather (2 + 1 B) stays below the copy's peak
+        ("2.3.1", 2, 7),  # the gather (2 + 1 B), the contiguous copy of its transposed view and the log-softmax
         ("2.4.1", 1, 2),  # log_softmax in place (#2661)
-        ("2.4.1", 2, 3),  # the gathered logits beside the shard's own half
+        ("2.4.1", 2, 5),  # the gathered logits beside the shard's own half, and the contiguous copy
+        ("1.0.0", 4, 6.5),  # TensorParallelHead returns world_out.T since 1.0
     ],
 )
 def test_warmup_logits_before_3_0_cover_every_prefill_token(version, tp, per_logit):
     inputs = PlanInputs("tgi", load_model("llama-3-8b"), find_gpu("H100-80GB"), tp=tp)
     logits, _ = warmup_logits(inputs, release(version), 4096)
     assert logits == 4096 * 128256 * per_logit
+
+
+def test_gathered_logits_copy_explains_the_tgi_2_4_tp2_warmup():
+    """tgi-2.x-a100-80gb-x2-llama-3.1-70b (2.4, tp 2, 10,049 prefill tokens): its pool leaves 8.82 GB besides the
+    weights; the forward (1.36 GB, 0.29 more for TGI's unfused MLP) and 5 B per logit (6.44 GB) leave 0.73 GB, below
+    the 1 GiB non-torch of tp 2."""
+    inputs = PlanInputs("tgi", load_model("meta-llama/Llama-3.1-70B"), find_gpu("A100-80GB"), tp=2)
+    model, _ = activation_model(inputs, release("2.4.0"), 10049)
+    assert model == 1358303232 + 10049 * 28672 // 2 * 2 + 10049 * 128256 * 5
+    assert 8823077274 - model == 732426394
+
+
+def test_tgi_mlp_holds_the_activated_gate_beside_gate_up_and_their_product():
+    """`self.act(gate_up_states[:, 0]) * gate_up_states[:, 1]` (flash_llama_modeling.py v1.0.0-v3.3.7): one more
+    intermediate width per token than kvops' forward model (vLLM's fused SiluAndMul); not for MoE models."""
+    spec = load_model("llama-3-8b")
+    assert unfused_mlp(spec, 4096, 1) == 4096 * 14336 * 2
+    assert unfused_mlp(spec, 4096, 2) == 4096 * 7168 * 2
+    inputs = PlanInputs("tgi", spec, find_gpu("H100-80GB"))
+    model, what = activation_model(inputs, release("3.3.7"), 4096)
+    assert model == forward_activation_peak(spec, 4096) + 4096 * 14336 * 2 + 128256 * 2
+    assert f"forward {forward_activation_peak(spec, 4096) + 4096 * 14336 * 2} B" in what
+    assert unfused_mlp(load_model("Qwen/Qwen3-30B-A3B"), 4096, 1) == 0  # experts: TGI's fused MoE kernels
+
+
+def test_tgi_non_torch_prior_at_tp_1_is_what_the_a10g_page_shows_after_warmup():
+    """TGI reads device-wide free memory: its tp 1 non-torch prior is the A10G page's nvidia-smi (19882 MiB used
+    after a TGI 2.2.0 warmup) less Llama-3.1-8B's 16-bit weights and the logged 19,056-token pool; the shipped fit,
+    with no tp 1 log of its own, plans with it."""
+    weights = 8_030_261_248 * 2
+    pool_bytes = 19056 * kv_bytes_per_token(load_model("meta-llama/Llama-3.1-8B-Instruct"), KV_DTYPES["bf16"], 1)
+    assert (19882 * 2**20 - weights - pool_bytes, 2**30) == NON_TORCH_PRIOR
+    assert shipped_fit("tgi").families[POOLED].non_torch_bytes(1) == NON_TORCH_PRIOR[0]
+
+
+def test_gemma3_image_warmup_attends_over_dense_masks_in_3_2():
+    """TGI 3.2.x: the warmup's image request sends Gemma 3 through SDPA over [batch, 1, S, S] masks (global and
+    sliding) and the math kernel's scores; 3.3.0 hands the mask to flashinfer (#3167); text models never."""
+    spec, gpu = load_model("google/gemma-3-27b-it"), find_gpu("A100-80GB")
+    inputs = PlanInputs("tgi", spec, gpu, tp=4, max_input_tokens=30000)
+    dense, how = dense_image_attention(inputs, release("3.2.1"), 31000)
+    square = 2 * 30000 * 30000 * 2  # two warmup requests (30,000 and 1,000 tokens) padded to 30,000, 16-bit
+    assert dense == 2 * square + 2 * (32 // 4) * square
+    assert "Gemma 3" in how
+    assert dense_image_attention(inputs, release("3.3.0"), 31000) == (0, "")
+    assert dense_image_attention(inputs, release("3.1.1"), 31000) == (0, "")
+    text = PlanInputs("tgi", load_model("llama-3-8b"), gpu, max_input_tokens=30000)
+    assert dense_image_attention(text, release("3.2.1"), 31000) == (0, "")
 
 
 def test_warmup_logits_from_3_0_are_each_warmup_requests_last_token():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from kvops.engines.tgi.logs import parse_tgi_log
-from tests.support.corpus import entry
+from tests.support.corpus import entry, plan_entry
 
 
 def plan(run_kvops, *args: str, expect: int = 0) -> dict:
@@ -102,3 +102,29 @@ def test_without_a_workload_the_router_keeps_tgi_s_in_flight_limit(run_kvops):
     assert stated["flags"]["max-concurrent-requests"] == stated["capacity"]["requests_at_full"]
     pinned = plan(run_kvops, "-m", "llama-3.1-8b", "--gpu", "h100", "--max-model-len", "8192", "--max-num-seqs", "40")
     assert pinned["flags"]["max-concurrent-requests"] == 40
+
+
+def test_gemma3_image_warmup_of_tgi_3_2_does_not_fit_a_31000_token_prefill():
+    """tgi-3.2.1-a100-80gb-x4-gemma-3-27b-it-fail: TGI 3.2.1 ran out of memory warming up 31,000 prefill tokens. Its
+    image request attends over dense [2, 1, 30000, 30000] masks and SDPA's scores for 8 heads a shard (about
+    60 GiB), which leave no KV cache; 3.3.0's flashinfer mask path plans a pool."""
+    from dataclasses import replace
+
+    from kvops.planner import predict
+
+    inputs = entry("tgi-3.2.1-a100-80gb-x4-gemma-3-27b-it-fail").options().plan_inputs()
+    failed = predict(inputs)
+    assert failed.fits is False and failed.kv_cache_bytes < 0
+    assert failed.term("activation").bytes > 60 * (1 << 30)
+    later = predict(replace(inputs, engine_version="3.3.0"))
+    assert later.kv_cache_bytes > 40 * (1 << 30)
+
+
+def test_the_a10g_tgi_2_2_launch_is_not_over_promised():
+    """tgi-2.2.0-a10g-llama-3.1-8b-instruct (scored apart, every default): its 19,056-token pool, planned with the
+    shipped fit, is not promised more than 2% too much (it was +64% with vLLM's 0.5 GiB non-torch prior at tp 1)."""
+    item = entry("tgi-2.2.0-a10g-llama-3.1-8b-instruct")
+    plan = plan_entry(item)
+    logged = item.log.facts["max_batch_total_tokens"] * plan.capacity.kv_bytes_per_token
+    kv = next(term.bytes for term in plan.memory if term.name == "kv_cache")
+    assert 0.85 * logged < kv < 1.02 * logged
