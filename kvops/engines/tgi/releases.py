@@ -19,8 +19,7 @@ from math import floor
 from kvops.engines.release import Rule, Version
 from kvops.errors import UsageError
 from kvops.frozen import frozen
-
-MiB = 1 << 20
+from kvops.units import GiB
 
 # The non-torch memory TGI's warmup leaves out of the torch cache, per shard (tp 1, tp >= 2): the fit's prior where no
 # TGI log of that tp measures it (kvops.engines.overhead_fit, `non_torch_prior`). TGI reads the device's free memory
@@ -35,7 +34,7 @@ MiB = 1 << 20
 # toward less KV). At tp >= 2 the two TGI logs in the fit leave 0.95 and 1.26 GiB per shard besides kvops' model of
 # their warmup, NCCL's buffers included: the 1 GiB prior kvops had stands, and the fitted excess (on those logs)
 # carries the rest.
-NON_TORCH_PRIOR = (19882 * MiB - 8_030_261_248 * 2 - 19056 * 128 * 1024, 1024 * MiB)
+NON_TORCH_PRIOR = (19882 * GiB // 1024 - 8_030_261_248 * 2 - 19056 * 128 * 1024, GiB)
 
 NEWEST = "3.3.7"  # the last release (the project is in maintenance mode since 2025-12-11)
 FAMILIES = ("TGI 1.x/2.x", "TGI 3.x")
