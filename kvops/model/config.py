@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Any
 
 from kvops.dtypes import canonical_dtype_name
@@ -120,6 +121,7 @@ def spec_from_config(
         name=name,
         source=source,
         source_path=source_path,
+        config_json=MappingProxyType(dict(config)),
         model_type=str(text.get("model_type") or config.get("model_type") or "unknown"),
         architectures=tuple(config.get("architectures") or ()),
         dtype=dtype,

@@ -13,13 +13,15 @@ from __future__ import annotations
 import itertools
 from dataclasses import field
 from math import ceil, prod
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from kvops.dtypes import SCALE_BYTES, KvDtype
 from kvops.errors import UsageError
 from kvops.frozen import frozen
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from kvops.model.checkpoint import Checkpoint
 
 ATTENTION_KINDS = ("full", "sliding", "chunked", "mla")
@@ -348,6 +350,8 @@ class ModelSpec:
     mtp_layers: int = 0  # MTP modules the checkpoint carries (num_nextn_predict_layers)
     revision: str | None = None  # the Hub revision read, when the model came from the Hub
     checkpoint: Checkpoint | None = field(default=None, compare=False, repr=False)  # its safetensors headers, if read
+    # the config.json as read, top level and unmerged: for an engine whose own rule reads raw fields (TGI's launcher)
+    config_json: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
     encoder: EncoderShape | None = None  # a vision encoder the engine profiles (None: text only, or not read)
     notes: tuple[str, ...] = field(default=())  # how ambiguous config fields were read
     warnings: tuple[str, ...] = field(default=())  # what a user must hear: a layer count taken from a default

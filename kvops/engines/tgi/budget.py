@@ -34,7 +34,6 @@ from kvops.overheads import POOLED, FamilyFit, shipped_fit
 from kvops.plan import PlanInputs, Term
 
 DEFAULT_CUDA_MEMORY_FRACTION = 1.0  # launcher --cuda-memory-fraction
-DEFAULT_MAX_BATCH_PREFILL_TOKENS = 4096  # launcher fallback when no FLOPs-based value applies
 DEFAULT_MAX_CONCURRENT_REQUESTS = 128  # launcher --max-concurrent-requests (launcher/src/main.rs)
 DEFAULT_GENERATION_LENGTH = 1024  # router/src/validation.rs
 BLOCK_SIZES = {"flashinfer": 1, "flashdecoding": 256, "paged": 16}
@@ -401,10 +400,3 @@ def overhead_from_pool(release: TgiRelease, total: int, fraction: float, weights
     if release.version.at_least(3, 0):
         return floor(total * fraction * release.wiggle_room) - weights - kv
     return floor(total * fraction) - weights - ceil(kv / release.wiggle_room)
-
-
-def default_prefill(spec: ModelSpec) -> int:
-    """The launcher's fallback when its FLOPs table does not apply (`main.rs`: gemma3 8000, qwen2-vl 10000)."""
-    return {"gemma3": 8000, "gemma3_text": 8000, "qwen2_vl": 10000, "qwen2_5_vl": 10000}.get(
-        spec.model_type, DEFAULT_MAX_BATCH_PREFILL_TOKENS
-    )

@@ -12,6 +12,7 @@ from kvops.engines import common
 from kvops.engines.device_total import device_total
 from kvops.engines.flags import flag_args
 from kvops.engines.tgi import budget, flags, options, releases
+from kvops.engines.tgi import prefill as prefill_default
 from kvops.engines.tgi.releases import TgiRelease
 from kvops.errors import MissingDevice, UsageError
 from kvops.frozen import frozen
@@ -103,13 +104,15 @@ def plan_once(inputs: PlanInputs) -> Plan:
     model_limit = common.model_limit(spec)
     chunks, chunk_reason = budget.chunking(spec, attention, release)
     _check_limits(inputs, chunks)
-    prefill = _prefill(inputs, release, chunks, model_limit)
+    prefill, prefill_note, emit_prefill = _prefill(inputs, release, chunks, model_limit)
     memory, kv_bytes = budget.memory_terms(inputs, release, prefill)
     pool = budget.pool(kv_bytes, per_token, attention.block_size)
     notes = [
         f"engine release: {release.label}, {release.how}",
         f"attention {attention.backend} (block size {attention.block_size}): {attention.reason}; {chunk_reason}",
     ]
+    if prefill_note:
+        notes.append(prefill_note)
     if speculate:
         notes.append(
             f"--speculate {speculate}: each request reserves {speculate} more tokens (backends/v3/src/queue.rs)"
@@ -156,7 +159,7 @@ def plan_once(inputs: PlanInputs) -> Plan:
         "num-shard": tp,
         "max-input-tokens": max_input,
         "max-total-tokens": length,
-        "max-batch-prefill-tokens": prefill,
+        "max-batch-prefill-tokens": prefill if emit_prefill else None,
         "max-concurrent-requests": concurrent,
         "cuda-memory-fraction": inputs.memory_fraction or budget.DEFAULT_CUDA_MEMORY_FRACTION,
     }
@@ -294,18 +297,33 @@ def _check_limits(inputs: PlanInputs, chunks: bool) -> None:
         )
 
 
-def _prefill(inputs: PlanInputs, release: TgiRelease, chunks: bool, model_limit: int) -> int:
-    """The warmup prefill: given, else the release's launcher default; without chunking a whole prompt must fit."""
+def _prefill(inputs: PlanInputs, release: TgiRelease, chunks: bool, model_limit: int) -> tuple[int, str, bool]:
+    """The warmup prefill, why, and whether the plan emits it: given, else the release's launcher default; without
+    chunking a whole prompt must fit. From 3.0 the launcher computes its default from the GPU it finds (prefill.py):
+    with prefill chunking the plan takes that value and leaves the flag out, so TGI picks it itself (the same value
+    on the planned GPU, its own choice on any other); without chunking it emits it, since the max-input-tokens it
+    emits must fit in it, raised where a given prompt length needs more."""
     if inputs.batched_tokens:
-        return inputs.batched_tokens
+        return inputs.batched_tokens, "", True
     given = inputs.max_input_tokens or (inputs.max_model_len - 1 if isinstance(inputs.max_model_len, int) else None)
     if release.version.at_least(3, 0):
-        prefill = min(budget.default_prefill(inputs.spec), model_limit)
-        return prefill if chunks else max(prefill, given or 0)
+        fraction = inputs.memory_fraction or budget.DEFAULT_CUDA_MEMORY_FRACTION
+        found = prefill_default.default(
+            inputs.spec.config_json, inputs.gpu, inputs.tp, fraction, release.version, inputs.quantization
+        )
+        if chunks:
+            return found.tokens, f"max-batch-prefill-tokens {found.tokens:,}, not emitted: {found.why}", False
+        if found.tokens >= (given or 0):
+            pinned = "without prefill chunking the emitted max-input-tokens must fit in it (the router refuses less)"
+            return found.tokens, f"max-batch-prefill-tokens {found.tokens:,}, emitted: {found.why}; {pinned}", True
+        raised = (
+            f"to the {given:,} input tokens TGI must take in one prefill without chunking (the router refuses less)"
+        )
+        return given or 0, f"max-batch-prefill-tokens {given:,}: raised from {found.why}, {raised}", True
     max_input = given if given is not None else _legacy_max_total(release, model_limit) - 1
     if release.version.at_least(2, 0):
-        return max_input + 50  # launcher main.rs: "Adding some edge ... for block_size alignment"
-    return max(4096, max_input)  # the 1.x launcher's clap default, which must hold one prompt
+        return max_input + 50, "", True  # launcher main.rs: "Adding some edge ... for block_size alignment"
+    return max(4096, max_input), "", True  # the 1.x launcher's clap default, which must hold one prompt
 
 
 def _legacy_max_total(release: TgiRelease, model_limit: int) -> int:

@@ -97,7 +97,21 @@ class TgiRelease:
                 else "block size 16 (256 with flashdecoding from 2.2)",
                 f"{SOURCE} models/globals.py",
             ),
+            Rule(self.prefill_rule, f"{SOURCE} launcher/src/main.rs v{self.version.major}.{self.version.minor}"),
         ]
+
+    @property
+    def prefill_rule(self) -> str:
+        """How the launcher picks --max-batch-prefill-tokens when it is not given (prefill.py)."""
+        if self.version.at_least(3, 0):
+            return (
+                "default max-batch-prefill-tokens: the card's f16 FLOP/s x shards // the model's FLOPs a token, else "
+                "4096 (qwen2-vl 10000 from 3.1.1, gemma3 8000 from 3.2.0), at most max_position_embeddings and a "
+                "VRAM cap"
+            )
+        if self.version.at_least(2, 0):
+            return "default max-batch-prefill-tokens: max_input_tokens + 50"
+        return "default max-batch-prefill-tokens: 4096"
 
     def to_dict(self) -> dict:
         return {

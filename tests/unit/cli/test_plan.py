@@ -241,7 +241,6 @@ def test_tgi_plan_uses_tgi_flags_rules_and_reservations(run_kvops):
         "num-shard",
         "max-input-tokens",
         "max-total-tokens",
-        "max-batch-prefill-tokens",
         "max-concurrent-requests",
         "cuda-memory-fraction",
     ]
