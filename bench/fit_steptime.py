@@ -250,24 +250,26 @@ def fit(
         settled = settled_between(vector, moved)
         vector = moved
         if settled:
-            print(f"  settled: every coefficient moved less than {SETTLED:.0%} of its prior's scale", flush=True)
+            print(f"  settled: no coefficient moved more than {SETTLED:.0%} of its prior's scale", flush=True)
             return vector, runs, iteration + 1
     return vector, runs, None
 
 
+def moves(before: np.ndarray, after: np.ndarray) -> np.ndarray:
+    """Each coefficient's move as a share of its prior's scale: the scale the solve works in, so that a coefficient
+    near zero (tp_step_s) does not count a tiny move as a large share of itself."""
+    return np.abs(after - before) / np.array([PRIORS[name][1] for name in PARAMETERS])
+
+
 def settled_between(before: np.ndarray, after: np.ndarray) -> bool:
-    """Whether no coefficient moved more than SETTLED of its prior's scale: the scale the solve works in, so that
-    a coefficient near zero (tp_step_s) does not count a tiny move as a large share of itself."""
-    scales = np.array([PRIORS[name][1] for name in PARAMETERS])
-    return bool(np.all(np.abs(after - before) <= SETTLED * scales))
+    return bool(np.all(moves(before, after) <= SETTLED))
 
 
 def largest_move(before: np.ndarray, after: np.ndarray) -> str:
-    """The coefficient that moved most in an iteration, relative to its larger value: a fit that has settled moves
-    each by a small fraction."""
-    scale = np.maximum(np.maximum(np.abs(before), np.abs(after)), 1e-30)
-    index = int(np.argmax(np.abs(after - before) / scale))
-    return f"{PARAMETERS[index]} {100 * abs(after[index] - before[index]) / scale[index]:.1f}%"
+    """The coefficient that moved most in an iteration, as a share of its prior's scale (what SETTLED bounds)."""
+    shares = moves(before, after)
+    index = int(np.argmax(shares))
+    return f"{PARAMETERS[index]} {100 * shares[index]:.2f}% of its prior's scale"
 
 
 def write_profile(vector: np.ndarray, chosen: list[Experiment], window_s: float | None, how: str) -> None:
