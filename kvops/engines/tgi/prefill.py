@@ -139,24 +139,39 @@ class LauncherConfig:
     shared_experts: int
     experts: int
 
+    def shape(self) -> tuple[int, int, int, int, int, int] | None:
+        """(heads, kv heads, head dim, hidden, intermediate, layers), or None where the config lacks one."""
+        fields = (
+            self.num_heads,
+            self.num_kv_heads,
+            self.head_dim,
+            self.hidden_size,
+            self.intermediate_size,
+            self.num_layers,
+        )
+        if any(value is None for value in fields):
+            return None
+        heads, kv, head, hidden, inter, layers = (int(value) for value in fields)  # type: ignore[arg-type]
+        return heads, kv, head, hidden, inter, layers
+
     def flop(self) -> int | None:
         """FLOPs per token (`Config::flop`); None for a VLM or a missing field."""
-        fields = (self.num_heads, self.num_kv_heads, self.head_dim, self.hidden_size, self.intermediate_size)
-        if self.vision or self.num_layers is None or any(value is None for value in fields):
+        shape = self.shape()
+        if self.vision or shape is None:
             return None
-        heads, kv, head, hidden, inter = (int(value) for value in fields)  # type: ignore[arg-type]
+        heads, kv, head, hidden, inter, layers = shape
         attention = 2 * head * hidden * (3 * heads + 2 * kv)  # q, attention, o; k and v
         mlp = 6 * hidden * inter * (self.experts_per_token + self.shared_experts)
-        return (attention + mlp) * self.num_layers
+        return (attention + mlp) * layers
 
     def model_bytes(self) -> int | None:
         """`Config::model_vram`: its 16-bit parameter count, as it counts them (None when quantized)."""
-        fields = (self.num_heads, self.num_kv_heads, self.head_dim, self.hidden_size, self.intermediate_size)
-        if self.quantized or self.num_layers is None or self.vocab_size is None or None in fields:
+        shape = self.shape()
+        if self.quantized or shape is None or self.vocab_size is None:
             return None
-        heads, kv, head, hidden, inter = (int(value) for value in fields)  # type: ignore[arg-type]
+        heads, kv, head, hidden, inter, layers = shape
         layer = 3 * inter * self.experts * hidden + (heads + 2 * kv) * head + heads * head * hidden
-        return 2 * (layer * self.num_layers + 2 * hidden * self.vocab_size)
+        return 2 * (layer * layers + 2 * hidden * self.vocab_size)
 
     def token_bytes(self) -> int | None:
         """`Config::token_vram`: 16-bit K and V of every layer plus its MLP estimate (None when quantized)."""
