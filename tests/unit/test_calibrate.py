@@ -97,7 +97,7 @@ def test_pinned_kv_line():
 def test_tgi_plain_and_json_output_lines():
     log = parse_tgi_log(read("tgi-3.3-llama-3-8b.log"))
     assert log.get("max_batch_total_tokens") == 20152 and log.get("kv_blocks") == (20152, 1)
-    assert log.get("attention") == ("flashinfer", "true") and log.get("max_batch_prefill_tokens") == 4096
+    assert log.get("attention") == ("flashinfer", "true") and log.get("max_batch_prefill_tokens") == 8049
     assert log.args == {"model_id": "meta-llama/Meta-Llama-3-8B", "num_shard": 1, "cuda_memory_fraction": 1.0}
     assert parse_tgi_log(read("tgi-json-output.log")).get("max_batch_total_tokens") == 133696
 
