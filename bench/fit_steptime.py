@@ -277,7 +277,8 @@ def write_profile(vector: np.ndarray, chosen: list[Experiment], window_s: float 
     data = json.loads(path.read_text())
     models = sorted({experiment.model for experiment in chosen})
     fitted_on = (
-        f"{len(chosen)} public vLLM 0.15.1 serving runs on H100-80GB (inference-perf, constant-rate stages; "
+        f"{len(chosen)} public vLLM 0.15.1 serving runs on H100-80GB (inference-perf, constant-rate stages, "
+        "sent as it sends them: exponential gaps scaled to each stage's length; "
         f"bench/data/sim_to_real.json, models: {', '.join(models)}), first {window_s:g} s of each stage, its "
         "requests weighed as the whole stage's (the prefix cache's first cycle once), "
         f"by bench/fit_steptime.py ({how}) on {date.today().isoformat()}; other GPUs through their datasheet figures"

@@ -1,18 +1,22 @@
 """The public GPU measurements kvops simulate is fitted and scored on (bench/data/sim_to_real.json), as simulations.
 
 Each experiment is a real vLLM run on a GPU whose setup is published (model, tp, engine flags, the inference-perf
-workload: constant-rate stages, fixed prompt and output lengths, shared system prompts). It becomes a kvops plan
-(its logged KV block count where the run logged one: the pool is then the engine's, not kvops' estimate) and one
-trace per stage. Used by bench/fit_steptime.py and bench/simulate_accuracy.py.
+workload: constant-rate stages with Poisson-like arrivals, fixed prompt and output lengths, shared system prompts).
+It becomes a kvops plan (its logged KV block count where the run logged one: the pool is then the engine's, not
+kvops' estimate) and one trace per stage. Used by bench/fit_steptime.py and bench/simulate_accuracy.py.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "plugins")]
@@ -152,19 +156,25 @@ def scheduler_flags(experiment: Experiment, plan) -> dict[str, Any]:
 
 
 def stage_trace(experiment: Experiment, stage: Stage, window_s: float | None = None) -> Trace:
-    """The stage's constant-rate arrivals (the first `window_s` seconds of it), each prompt a shared system prompt
-    followed by one of its group's repeating questions, as inference-perf's shared_prefix data sends them."""
+    """The stage's arrivals (the first `window_s` seconds of it), each prompt a shared system prompt followed by one
+    of its group's repeating questions, as inference-perf's shared_prefix data sends them.
+
+    inference-perf's "constant" load is not evenly spaced: since 2025-08 (kubernetes-sigs/inference-perf 5e1649d,
+    inference_perf/loadgen/load_timer.py `ConstantLoadTimer`) it draws rate x duration exponential gaps and scales
+    them to sum to the stage's duration, a Poisson process held to its count. The same here, from a seed of the
+    experiment and stage, so that every fit and score sees the same arrivals."""
     seconds = stage.duration_s if window_s is None else min(window_s, stage.duration_s)
-    count = round(stage.rate_rps * seconds)
-    requests = []
     question = experiment.prompt_tokens - experiment.prefix_tokens
-    for index in range(count):
+    requests = []
+    for index, sent in enumerate(_arrivals(experiment, stage)):
+        if sent >= seconds:
+            break
         group = index % experiment.groups
         asked = (index // experiment.groups) % experiment.prompts_per_group
         prefix = ((f"system-{group}", experiment.prefix_tokens), (f"question-{group}-{asked}", question))
         requests.append(
             TraceRequest(
-                index / stage.rate_rps,
+                sent,
                 experiment.prompt_tokens,
                 experiment.output_tokens,
                 max_tokens=experiment.output_tokens,
@@ -172,6 +182,18 @@ def stage_trace(experiment: Experiment, stage: Stage, window_s: float | None = N
             )
         )
     return Trace(tuple(requests), f"{experiment.short} stage {stage.index} ({stage.rate_rps:g} rps, {seconds:g} s)")
+
+
+def _arrivals(experiment: Experiment, stage: Stage) -> list[float]:
+    """inference-perf's send times for a constant-rate stage (see stage_trace). KVOPS_BENCH_ARRIVALS picks another
+    draw (an integer added to the seed) or `even`: evenly spaced, the reading of "constant" this bench used before."""
+    count = int(stage.rate_rps * stage.duration_s)
+    draw = os.environ.get("KVOPS_BENCH_ARRIVALS", "0")
+    if draw == "even":
+        return [index / stage.rate_rps for index in range(count)]
+    rng = np.random.default_rng(zlib.crc32(f"{experiment.id}/{stage.index}".encode()) + int(draw))
+    gaps = rng.exponential(1 / stage.rate_rps, count)
+    return [float(sent) for sent in np.cumsum(gaps * (stage.duration_s / gaps.sum()))]
 
 
 def request_weights(experiment: Experiment, stage: Stage, sent: int) -> list[float]:

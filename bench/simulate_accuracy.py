@@ -68,13 +68,9 @@ def whole_run(experiment: Experiment, runs: list[StageRun]) -> dict[str, float]:
     e2e = [(results.e2e(entry), weight) for entry, weight in done]
     ttft = [(results.ttft(entry), weight) for entry, weight in done]
     tpot = [(results.tpot(entry), weight) for entry, weight in done if entry.tokens > 1]
-    # each window stands for its whole stage; the run ends when the last stage drains, as inference-perf times it
-    summaries = [run.summary for run in runs]
-    windows = [summary.duration_s - drain(run) for summary, run in zip(summaries, runs)]
-    completed = sum(
-        summary.completed * stage.duration_s / window
-        for summary, stage, window in zip(summaries, experiment.stages, windows)
-    )
+    # each window's requests stand for their whole stage's (the weights); the run ends when the last stage drains,
+    # as inference-perf times it
+    completed = sum(weight for _, weight in done)
     span = sum(stage.duration_s for stage in experiment.stages) + drain(runs[-1])
     return {
         "e2e_mean_ms": 1000 * weighted_mean(e2e),
