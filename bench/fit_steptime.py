@@ -47,6 +47,7 @@ PRIORS = {
     "comm": (1.5, 1.0, 1.0, 10.0),
     "comm_latency_s": (5e-6, 1e-5, 0.0, 1e-3),
     "expert_elements": (0.0, 0.5, 0.0, 5.0),
+    "moe_layer_s": (0.0, 1e-4, 0.0, 1e-3),
     "api_s": (0.01, 0.01, 0.0, 0.2),
 }
 RIDGE = 0.05  # weight of the priors against one relative error

@@ -40,7 +40,15 @@ def model_cost(plan: Plan) -> ModelCost:
         expert_parameters=int(active_experts / tp),
         head_parameters=int(head / tp),
         caches=cache_reads(plan),
+        moe_layers=_moe_layers(spec),
     )
+
+
+def _moe_layers(spec: ModelSpec) -> int:
+    """The decoder layers with routed experts, as counted; every layer of a MoE model where no count says."""
+    if spec.count is not None and spec.count.layer_experts:
+        return sum(1 for experts in spec.count.layer_experts if experts)
+    return spec.num_layers if spec.num_experts else 0
 
 
 def cache_reads(plan: Plan) -> tuple[CacheRead, ...]:

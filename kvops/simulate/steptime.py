@@ -12,6 +12,7 @@ them sampled), per GPU:
            + comm      x AR_bytes / LINK                          tensor parallel: two all-reduces per layer,
            + comm_latency_s x 2L x (tp - 1)                       each a hop to every other GPU
            + expert_elements x N_experts / BW                    the routed experts' work per weight element
+           + moe_layer_s x L_moe                                  each MoE layer's small kernels, a floor each
 
     W_dense     the weights outside the routed experts
     W_experts   of the routed experts, the share T tokens touch: 1 - (1 - k/E)^T of E experts at k per token
@@ -25,6 +26,12 @@ them sampled), per GPU:
                 the MoE kernels' work per element whatever its width (loads, scales, dequantization), so that
                 8-bit experts do not run twice as fast as 16-bit ones (one per-byte efficiency cannot price both
                 Mixtral 8x7B in bf16 and Llama 4 Scout in FP8). Optional: a profile without it prices nothing
+    L_moe       the layers with routed experts. Besides its two expert matrix multiplies a MoE layer runs a
+                handful of small kernels whatever the batch (vLLM 0.15.1's fused_moe: the router's top-k, the
+                tokens sorted by expert, activations quantized for FP8 experts, the activation, the weighted
+                sum back), each taking a few microseconds at least; the floor the fit finds, about 57 us a layer,
+                is what lets a lightly loaded MoE model (Llama 4 Scout at 8 requests) cost more than its bytes.
+                Optional, like expert_elements
 
 BW, FLOPS and LINK are the datasheet's memory bandwidth, dense tensor throughput for the serving dtype and the
 GPU-to-GPU link per direction (kvops/catalog/gpu_performance.json). The coefficients are efficiencies (a value of
@@ -59,8 +66,9 @@ TERMS = (
     "comm",
     "comm_latency_s",
     "expert_elements",
+    "moe_layer_s",
 )
-OPTIONAL_TERMS = ("expert_elements",)  # a profile may leave these out: they then cost nothing
+OPTIONAL_TERMS = ("expert_elements", "moe_layer_s")  # a profile may leave these out: they then cost nothing
 ACTIVATION_BYTES = 2  # all-reduces move 16-bit activations
 
 
@@ -93,6 +101,7 @@ class ModelCost:
     expert_parameters: int  # routed-expert parameters a token passes through (k of E), per GPU
     head_parameters: int  # the LM head's, per GPU
     caches: tuple[CacheRead, ...]
+    moe_layers: int = 0  # the layers with routed experts
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -107,6 +116,7 @@ class ModelCost:
             "dense_matrix_parameters_per_gpu": self.dense_parameters,
             "active_expert_parameters_per_gpu": self.expert_parameters,
             "lm_head_parameters_per_gpu": self.head_parameters,
+            "moe_layers": self.moe_layers,
             "caches": [vars(cache) for cache in self.caches],
         }
 
@@ -207,6 +217,7 @@ class StepTime:
             comm_s,
             hops,
             _expert_elements(cost) * touched / hardware.memory_bandwidth,
+            float(cost.moe_layers),
         )
 
     def to_dict(self) -> dict[str, Any]:

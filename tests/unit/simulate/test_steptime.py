@@ -33,7 +33,7 @@ def dense(tp: int = 1, caches: tuple[CacheRead, ...] = (FULL,)) -> ModelCost:
     )
 
 
-def moe(expert_parameters: int = 1) -> ModelCost:
+def moe(expert_parameters: int = 1, moe_layers: int = 10) -> ModelCost:
     """8 experts, 2 a token, 8e9 bytes of them beside 2e9 of dense weights."""
     return ModelCost(
         name="moe",
@@ -48,6 +48,7 @@ def moe(expert_parameters: int = 1) -> ModelCost:
         expert_parameters=expert_parameters,
         head_parameters=0,
         caches=(),
+        moe_layers=moe_layers,
     )
 
 
@@ -130,6 +131,22 @@ def test_expert_elements_count_parameters_not_bytes_and_are_optional():
         [1], [0], 1
     )
     assert extra == pytest.approx(0.5 * one["expert_elements"])
+
+
+def test_each_moe_layer_costs_a_floor_whatever_the_batch_and_the_term_is_optional():
+    model = StepTime(moe(moe_layers=7), HARDWARE, unit_coefficients())
+    one = dict(zip(steptime.TERMS, model.features([1], [0], 1)))
+    many = dict(zip(steptime.TERMS, model.features([1] * 64, [0] * 64, 64)))
+    assert one["moe_layer_s"] == many["moe_layer_s"] == 7.0
+    assert dict(zip(steptime.TERMS, StepTime(dense(), HARDWARE, unit_coefficients()).features([1], [0], 1)))[
+        "moe_layer_s"
+    ] == 0.0
+    data = steptime.coefficients("gpu").to_dict()
+    data["terms"].pop("moe_layer_s", None)
+    without = steptime.read_coefficients(json.dumps(data), "fit.json")
+    assert StepTime(moe(moe_layers=7), HARDWARE, without).seconds([1], [0], 1) == pytest.approx(
+        StepTime(moe(moe_layers=0), HARDWARE, without).seconds([1], [0], 1)
+    )
 
 
 def test_every_shipped_coefficient_says_where_it_came_from():
