@@ -227,8 +227,8 @@ def _warnings(setup: Setup) -> list[str]:
             f"{spec.name} routes each token to {spec.experts_per_token} of {spec.num_experts} experts: the step time "
             "prices the experts a batch touches as if tokens chose them uniformly, and on the one such model it is "
             "scored on (Llama 4 Scout, 1 of 16, H100, vLLM 0.15.1) that predicted too fast a decode where few "
-            "requests run: vLLM's TPOT was 1.36 x the simulated at about 8 requests running, 1.20 x at 24 "
-            "(2,500-token requests, KV offloaded to the CPU), within 7% at 26-61; read TPOT at a few requests "
+            "requests run: vLLM's TPOT was 1.11 x the simulated at about 8 requests running, 1.22 x at 24 "
+            "(2,500-token requests, KV offloaded to the CPU), within 6% at 26-61; read TPOT at a few requests "
             "running as a lower bound, or --calibrate on a benchmark of your own at that load"
         )
     longest = max((request.prompt_tokens for request in setup.trace.requests), default=0)
