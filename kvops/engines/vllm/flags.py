@@ -20,8 +20,8 @@ GUARD_SCHEDULER = "kvops_vllm.scheduler.KVGuardScheduler"  # the KV-guard schedu
 MIDDLEWARE = "kvops_vllm.middleware.KVOpsMiddleware"
 # A default must not cost goodput against stock vLLM. Where the KV pool binds, guard v3 ran at stock's goodput
 # on the median, not at every point: 0.99 x on the CPU engine's pool of about 8 requests (bench/guard_goodput.py)
-# and 0.97-1.19 x (medians 1.00-1.03) its SLO goodput in simulated time for an 8B model on one L4 over six traces
-# (bench/guard_simulated.py), preempting 0-7% as often; where it does not bind (H100 pools under ShareGPT-like
+# and 0.97-1.16 x (medians 0.99-1.04) its SLO goodput in simulated time for an 8B model on one L4 over six traces
+# (bench/guard_simulated.py), preempting 0-8% as often; where it does not bind (H100 pools under ShareGPT-like
 # traffic) it schedules exactly as stock. And it loads from vLLM's own Python, which the official image lacks. So the
 # plan names it only when asked, and says which measured pool a plan's pool is like.
 GUARD_BY_DEFAULT = False
@@ -32,7 +32,7 @@ GUARD_LARGE_POOL = (
 )
 GUARD_SMALL_POOL = (
     "like the CPU benchmark's pool of about 8 and an 8B model's on one L4, where the guard ran at 0.99 x and at "
-    "0.97 to 1.19 x (a median of 1.00 to 1.03) stock vLLM's goodput, preempting a tenth as often or less "
+    "0.97 to 1.16 x (a median of 0.99 to 1.04) stock vLLM's goodput, preempting a tenth as often or less "
     "(bench/guard_goodput.py, bench/guard_simulated.py)"
 )
 
