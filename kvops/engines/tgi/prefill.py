@@ -151,8 +151,7 @@ class LauncherConfig:
         )
         if any(value is None for value in fields):
             return None
-        heads, kv, head, hidden, inter, layers = (int(value) for value in fields)  # type: ignore[arg-type]
-        return heads, kv, head, hidden, inter, layers
+        return tuple(int(value) for value in fields)  # type: ignore[return-value, arg-type]
 
     def flop(self) -> int | None:
         """FLOPs per token (`Config::flop`); None for a VLM or a missing field."""
