@@ -67,13 +67,15 @@ def test_a_burst_takes_the_watcher_through_each_level_and_back(vllm_engine, tmp_
             lambda alerts: (
                 {"KVCacheCritical", "EnginePreempting"}
                 <= {a["labels"]["alertname"] for a in alerts if "endsAt" not in a}
-            )
+            ),
+            timeout=120,
         )
         resolved = receiver.wait_for(
             lambda alerts: (
                 {"KVCacheWarn", "KVCacheDegrade", "KVCacheCritical"}
                 <= {a["labels"]["alertname"] for a in alerts if "endsAt" in a}
-            )
+            ),
+            timeout=120,
         )
     assert load.errors == [] and load.completed > 0
 
