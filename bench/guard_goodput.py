@@ -448,11 +448,17 @@ async def run_jobs(server: VllmServer, name: str, jobs: list[Job]) -> Result:
 STEPS = "vllm:iteration_tokens_total"  # a histogram of tokens per step: its count is the engine's scheduling steps
 # vLLM's own latency histograms (vllm/v1/metrics/loggers.py, stats.py): TTFT and E2E from the API server's arrival
 # stamp to the iteration that carried the token (the frontend's clock); TPOT between the engine core's stamps of a
-# request's first and last token. None of them sees the client's read of the stream.
+# request's first and last token. None of them sees the client's read of the stream. Queue, prefill and inference
+# are the engine core's alone: from its QUEUED stamp (the scheduler received the request) to its first SCHEDULED, from
+# that to the first token's step, and to the last token's step; TTFT less queue and prefill is the two hand-offs
+# between the API server and the engine core (the request in, the token out).
 ENGINE_LATENCIES = {
     "ttft": "vllm:time_to_first_token_seconds",
     "tpot": "vllm:request_time_per_output_token_seconds",
     "e2e": "vllm:e2e_request_latency_seconds",
+    "queue": "vllm:request_queue_time_seconds",
+    "prefill": "vllm:request_prefill_time_seconds",
+    "inference": "vllm:request_inference_time_seconds",
 }
 
 

@@ -1,6 +1,6 @@
 """kvops simulate against public GPU measurements of vLLM serving, leave-one-out, beside the other simulators.
 
-    python bench/simulate_accuracy.py [--window 200] [--json OUT]
+    python bench/simulate_accuracy.py [--window 200] [--draws 1] [--json OUT]
 
 The measurements: bench/data/sim_to_real.json (inference-perf against vLLM 0.15.1 on H100-80GB, collected by the
 inference-sim project; every experiment whose workload is published). Each experiment is predicted with step-time
@@ -11,12 +11,17 @@ as the real stage's requests it stands for (sim_experiments.request_weights), th
 Queue-dominated runs (the overloaded "reasoning" workload: thousands of requests failed) are left out of every fit
 and scored apart with the shipped coefficients. The other simulators' figures are sim-to-real's own runs of them on
 the same experiments (in the data file); the table counts each over the experiments it predicted.
+
+The send times are a random draw (sim_experiments.stage_trace: inference-perf's own are not published), and near
+saturation one draw queues where another does not. --draws N scores each of N draws (seeds 0..N-1) apart, then
+each experiment's median prediction over them: the figure a user gets from N runs of `kvops simulate --seed`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass
@@ -126,6 +131,20 @@ def leave_one_out(chosen: list[Experiment], window_s: float) -> list[Scored]:
     return scored
 
 
+def over_draws(per_draw: list[list[Scored]]) -> list[Scored]:
+    """Each experiment's median prediction over the draws of send times, scored against its measurement."""
+    scored = []
+    for position, first in enumerate(per_draw[0]):
+        each = [draw[position].predicted for draw in per_draw]
+        predicted = {
+            metric: statistics.median(values[metric] for values in each)
+            for metric in METRICS
+            if all(values.get(metric) is not None for values in each)
+        }
+        scored.append(Scored(first.experiment, predicted, errors(predicted, first.experiment.measured)))
+    return scored
+
+
 def queued(chosen: list[Experiment]) -> list[Scored]:
     """The overloaded runs, whole (no window), with the shipped coefficients."""
     shipped = steptime.coefficients("gpu")
@@ -162,14 +181,28 @@ def peer_errors(scored: list[Scored]) -> dict[str, list[dict[str, float]]]:
     return found
 
 
-def report(scored: list[Scored], apart: list[Scored]) -> None:
-    print("\nkvops simulate, leave-one-out (median absolute percentage error over experiments):")
-    groups: dict[str, list[dict[str, float]]] = {"all (H100, vLLM 0.15.1)": [item.errors for item in scored]}
+def kinds(scored: list[Scored], suffix: str = "") -> dict[str, list[dict[str, float]]]:
+    """The errors of all experiments, then per model kind and tensor parallelism."""
+    groups: dict[str, list[dict[str, float]]] = {f"all (H100, vLLM 0.15.1){suffix}": [item.errors for item in scored]}
     for kind in ("dense", "moe"):
-        groups[f"model kind {kind}"] = [item.errors for item in scored if item.experiment.kind == kind]
-    groups["tp 1"] = [item.errors for item in scored if item.experiment.tp == 1]
-    groups["tp > 1"] = [item.errors for item in scored if item.experiment.tp > 1]
-    for line in median_table(groups):
+        groups[f"model kind {kind}{suffix}"] = [item.errors for item in scored if item.experiment.kind == kind]
+    groups[f"tp 1{suffix}"] = [item.errors for item in scored if item.experiment.tp == 1]
+    groups[f"tp > 1{suffix}"] = [item.errors for item in scored if item.experiment.tp > 1]
+    return groups
+
+
+def report(per_draw: list[list[Scored]], scored: list[Scored], apart: list[Scored]) -> None:
+    if len(per_draw) > 1:
+        print("\nkvops simulate, leave-one-out, each draw of send times apart:")
+        groups = {}
+        for draw, each in enumerate(per_draw):
+            groups |= kinds(each, f", draw {draw}")
+        for line in median_table(groups):
+            print(line)
+        print(f"\nkvops simulate, leave-one-out, each experiment's median prediction over the {len(per_draw)} draws:")
+    else:
+        print("\nkvops simulate, leave-one-out (median absolute percentage error over experiments):")
+    for line in median_table(kinds(scored)):
         print(line)
     print("\nthe same experiments, other simulators (sim-to-real's runs of them; each over those it predicted):")
     for line in median_table(peer_errors(scored)):
@@ -185,11 +218,20 @@ def main() -> None:
     parser.add_argument("--window", type=float, default=200.0, help="seconds of each stage simulated (default 200)")
     parser.add_argument("--json", help="write every experiment's figures to this file")
     parser.add_argument("--no-queued", action="store_true", help="skip the queue-dominated runs (slow)")
+    parser.add_argument(
+        "--draws", type=int, default=1, help="draws of send times, each scored, then their median (default 1)"
+    )
     options = parser.parse_args()
     every = [experiment for experiment in experiments() if plannable(experiment)]
-    scored = leave_one_out([experiment for experiment in every if not experiment.queued], options.window)
+    per_draw = []
+    for draw in range(options.draws):
+        if options.draws > 1:
+            os.environ["KVOPS_BENCH_ARRIVALS"] = str(draw)
+            print(f"draw {draw} of the send times", flush=True)
+        per_draw.append(leave_one_out([experiment for experiment in every if not experiment.queued], options.window))
+    scored = per_draw[0] if options.draws == 1 else over_draws(per_draw)
     apart = [] if options.no_queued else queued([experiment for experiment in every if experiment.queued])
-    report(scored, apart)
+    report(per_draw, scored, apart)
     print(f"\nfitted parameters: {', '.join(PARAMETERS)}; shipped: {coefficient_vector(steptime.coefficients('gpu'))}")
     if options.json:
         rows = [
@@ -198,8 +240,13 @@ def main() -> None:
                 "predicted": item.predicted,
                 "measured": item.experiment.measured,
                 "errors": item.errors,
+                **(
+                    {"predicted_per_draw": [draw[position].predicted for draw in per_draw]}
+                    if len(per_draw) > 1 and position < len(scored)
+                    else {}
+                ),
             }
-            for item in [*scored, *apart]
+            for position, item in enumerate([*scored, *apart])
         ]
         with open(options.json, "w") as stream:
             json.dump(rows, stream, indent=1)

@@ -20,14 +20,17 @@ profile fitted on all but overload (FITTED) is written: overload stays held out 
 bench/fit_steptime.py's linearization around each schedule: the step's terms on the engine's own mean TTFT, TPOT
 and E2E of each trace (vLLM's latency histograms, read from /metrics before and after each run: the API server's
 arrival stamp and the engine core's token stamps), the API server's time on the clients' TTFT (the median gap),
-and the API server's hand-off to the engine core (input_s) searched on a grid, the one whose fit leaves the least
-loss kept (--no-handoff: none, as before it was priced).
+and the API server's hand-off to the engine core (input_s, per request: the API server hands requests in one at a
+time, so a burst reaches the core spread out) searched on a grid, the one whose fit leaves the least loss kept
+(--no-handoff: none, as before it was priced).
 
 Printed per trace: preemptions (engine, simulated), how alike the completion orders are (Kendall's tau over the
 requests both completed, the median over the repetitions), the mean TTFT, TPOT and E2E and the median TTFT and
 E2E of each as the client saw them: the engine's median over the repetitions [its range], the simulator's, and
 their ratio; then the engine's own means beside the simulated engine's (its TTFT and E2E less the API server's
-time). The range is the machine's noise: the engine runs alone, but its 2 cores are shared with the client, which
+time); then the engine core's alone (vLLM's queue, prefill and inference histograms: from the QUEUED stamp its
+scheduler puts on a request), beside the simulated core's (from when the simulated scheduler received it), with
+the hand-offs the engine measured (its TTFT less queue and prefill). The range is the machine's noise: the engine runs alone, but its 2 cores are shared with the client, which
 at times reads a stream hundreds of ms late (a long TTFT, then the whole answer at once): the engine's own stamps
 do not see that.
 """
@@ -108,6 +111,14 @@ def as_trace(name: str, jobs: list[Job], sent: list[float]) -> Trace:
 # the engine's own means (vLLM's latency histograms, guard_goodput.ENGINE_LATENCIES): what the client's read of the
 # stream adds is not in them
 ENGINE_SIDE = ("ttft_engine_mean_ms", "tpot_engine_mean_ms", "e2e_engine_mean_ms")
+# the engine core's alone, from when its scheduler received each request (queue + prefill, TPOT, queue + inference):
+# what the simulator computes, the hand-offs between the API server and the engine core left out
+# (the engine's key, the simulated row's)
+CORE_SIDE = {
+    "ttft_core_mean_ms": "ttft_core_mean_ms",
+    "tpot_engine_mean_ms": "tpot_mean_ms",
+    "e2e_core_mean_ms": "e2e_core_mean_ms",
+}
 METRICS = (
     "preemptions",
     "ttft_mean_ms",
@@ -117,6 +128,8 @@ METRICS = (
     "e2e_p50_ms",
     "completed",
     *ENGINE_SIDE,
+    "ttft_core_mean_ms",
+    "e2e_core_mean_ms",
 )
 LATENCIES = ("ttft_mean_ms", "ttft_p50_ms", "tpot_mean_ms", "e2e_mean_ms", "e2e_p50_ms")
 PER_REQUEST = ("sent", "ttft", "e2e", "tpot")  # seconds; None where the request did not complete
@@ -131,6 +144,13 @@ def measure(result) -> dict:
         "e2e": [o.e2e if o.complete else None for o in outcomes],
         "tpot": [o.tpot if o.complete and o.tokens > 1 else None for o in outcomes],
     }
+    engine = result.engine_means
+    core = {}
+    if {"queue", "prefill", "inference"} <= engine.keys():
+        core = {
+            "ttft_core_mean_ms": 1000 * (engine["queue"] + engine["prefill"]),
+            "e2e_core_mean_ms": 1000 * (engine["queue"] + engine["inference"]),
+        }
     return {
         "requests": each,
         "preemptions": result.preemptions,
@@ -141,7 +161,8 @@ def measure(result) -> dict:
         "e2e_mean_ms": 1000 * statistics.mean(o.e2e for o in outcomes if o.complete),
         "e2e_p50_ms": 1000 * statistics.median(o.e2e for o in outcomes if o.complete),
         "completed": sum(o.complete for o in outcomes),
-        **{f"{key}_engine_mean_ms": 1000 * value for key, value in result.engine_means.items()},
+        **{f"{key}_engine_mean_ms": 1000 * value for key, value in engine.items()},
+        **core,
     }
 
 
@@ -220,7 +241,7 @@ def engine_loss(plan, chosen: dict[str, Trace], measured: dict[str, dict], profi
     """The fit's soft L1 loss of the simulated engine's mean TTFT, TPOT and E2E against the engine's own."""
     total = 0.0
     for name, trace in chosen.items():
-        row = compare(name, measured[name], recorded_run(plan, trace, profile, {})[0])
+        row = compare(name, measured[name], recorded_run(plan, trace, profile, {})[0], profile.api_s.value)
         for key, simulated in simulated_engine_means(row, profile).items():
             relative = (simulated - measured[name][key]) / measured[name][key] / ROBUST
             total += 2.0 * ((1.0 + relative * relative) ** 0.5 - 1.0)
@@ -300,10 +321,13 @@ def kendall_tau(first: list[int], second: list[int]) -> float:
     return (2 * concordant - pairs) / pairs if pairs else 1.0
 
 
-def compare(name: str, engine: dict, log) -> dict:
-    from kvops.simulate.results import Slo, summarize
+def compare(name: str, engine: dict, log, api_s: float) -> dict:
+    """The simulated figures beside the engine's, keyed as METRICS: (engine, simulated); the engine core's means
+    (CORE_SIDE) from when the simulated scheduler received each request to its step's end (without api_s)."""
+    from kvops.simulate.results import Slo, completed, summarize
 
     summary = summarize(log, Slo(1e9, 1e9))
+    done = [entry for entry in log.requests if completed(entry)]
     order = [index for index, _ in sorted(enumerate(log.requests), key=lambda item: item[1].finished)]
     simulated = {
         "preemptions": summary.preemptions,
@@ -312,10 +336,12 @@ def compare(name: str, engine: dict, log) -> dict:
         "tpot_mean_ms": summary.tpot.mean * 1000,
         "e2e_mean_ms": summary.e2e.mean * 1000,
         "e2e_p50_ms": summary.e2e.p50 * 1000,
+        "ttft_core_mean_ms": 1000 * statistics.mean(entry.first_token - api_s - entry.queued for entry in done),
+        "e2e_core_mean_ms": 1000 * statistics.mean(entry.finished - api_s - entry.queued for entry in done),
     }
     row = {"trace": name, "tau": statistics.median(kendall_tau(each, order) for each in engine["orders"])}
     for key, value in simulated.items():
-        row[key] = (engine[key], value)
+        row[key] = (engine.get(key), value)
     return row
 
 
@@ -335,7 +361,9 @@ def print_rows(plan, sim_traces: dict[str, Trace], measured: dict[str, dict], pr
     print(f"{'trace':<9} {'tau':>5} {'preempted':>13} " + " ".join(f"{heads[key] + ' ms':>33}" for key in LATENCIES))
     rows = {}
     for name, trace in sim_traces.items():
-        row = rows[name] = compare(name, measured[name], recorded_run(plan, trace, profiles[name], {})[0])
+        row = rows[name] = compare(
+            name, measured[name], recorded_run(plan, trace, profiles[name], {})[0], profiles[name].api_s.value
+        )
         cells = [f"{row['preemptions'][0]:>6g} {row['preemptions'][1]:>6}"]
         for key in LATENCIES:
             engine, simulated = row[key]
@@ -344,6 +372,8 @@ def print_rows(plan, sim_traces: dict[str, Trace], measured: dict[str, dict], pr
         print(f"{name:<9} {row['tau']:>5.2f} " + " ".join(cells) + note)
     if all(key in measured[name] for name in rows for key in ENGINE_SIDE):
         print_engine_side(rows, measured, profiles, note)
+    if all(key in measured[name] for name in rows for key in CORE_SIDE):
+        print_core_side(rows, measured, note)
 
 
 def print_engine_side(rows: dict[str, dict], measured: dict[str, dict], profiles: dict, note: str) -> None:
@@ -359,6 +389,25 @@ def print_engine_side(rows: dict[str, dict], measured: dict[str, dict], profiles
             engine, (low, high) = measured[name][key], measured[name]["range"][key]
             cells.append(f"{engine:>6.1f} [{low:.1f}-{high:.1f}] {simulated:>6.1f} {simulated / engine:>4.2f}x")
         print(f"{name:<9} " + " ".join(cells) + note)
+
+
+def print_core_side(rows: dict[str, dict], measured: dict[str, dict], note: str) -> None:
+    """The simulated engine core beside the engine core's own means (vLLM's queue, prefill and inference
+    histograms: from its scheduler's QUEUED stamp to its token stamps), and the hand-offs between the API server
+    and the engine core the engine measured (its TTFT less queue and prefill), which these leave out."""
+    print("\nthe engine core's own means (from its scheduler's receipt of each request; vLLM's queue + prefill and")
+    print("queue + inference histograms), and the two hand-offs the engine's TTFT adds to them (request in, token out)")
+    print(
+        f"{'trace':<9} " + " ".join(f"{head + ' mean ms':>33}" for head in ("TTFT", "TPOT", "E2E")) + "  hand-offs ms"
+    )
+    for name, row in rows.items():
+        cells = []
+        for key, simulated_key in CORE_SIDE.items():
+            engine, simulated = measured[name][key], row[simulated_key][1]
+            low, high = measured[name]["range"][key]
+            cells.append(f"{engine:>6.1f} [{low:.1f}-{high:.1f}] {simulated:>6.1f} {simulated / engine:>4.2f}x")
+        handoffs = measured[name]["ttft_engine_mean_ms"] - measured[name]["ttft_core_mean_ms"]
+        print(f"{name:<9} " + " ".join(cells) + f"  {handoffs:>11.1f}" + note)
 
 
 def leave_one_out(

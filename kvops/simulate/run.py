@@ -3,10 +3,12 @@ place of the GPU.
 
 The clock follows the engine core (vllm/v1/engine/core.py): with one batch in flight a step is scheduled when the
 previous one has finished; with two (async scheduling) the next batch is scheduled when the one before the running
-one has finished, and runs when the device is free. A request is visible to the scheduler from the first schedule
-`input_s` after it is sent (the API server's hand-off to the engine core's input thread: a busy core picks it up at
-its next step anyway, an idle one waits that long); its tokens reach the client when their step ends plus the API server's time (`api_s`: parsing,
-tokenizing, detokenizing and streaming, which the client sees in TTFT and E2E). An API server that applies an
+one has finished, and runs when the device is free. The API server hands requests to the engine core one at a
+time, `input_s` each (its processing of the request and the hand-off to the core's input thread): a request is
+visible to the scheduler from the first schedule after that, so a burst reaches the core spread out, and a busy
+core picks each up at its next step anyway where an idle one waits it out. Its tokens reach the client when their
+step ends plus the API server's time (`api_s`: parsing, tokenizing, detokenizing and streaming, which the client
+sees in TTFT and E2E). An API server that applies an
 admission policy (kvops' degrade: `door`) answers each request as it is sent, from the engine's KV usage then: it
 serves it, its new tokens capped, or refuses it, and the client sends it again after the answer's Retry-After, up
 to `ClientSettings.retries` times. Nothing here knows an engine or a device: the core and the step time are given.
@@ -74,6 +76,8 @@ class RequestLog:
     reach: int = 0  # the furthest its cache has been computed; anything below it computed again is recompute
     refusals: int = 0  # times the API server refused it (door)
     capped: bool = False  # the API server capped its new tokens below what it would have generated (door)
+    queued: float = -1.0  # when the scheduler received it (vLLM's QUEUED stamp): once the API server has handed it
+    # in, or at the end of the step the engine core was running then
 
 
 @dataclass
@@ -165,11 +169,13 @@ def run_trace(
     log = RunLog(logs, array("d"), Timeline(), label=core.label)
     in_flight: deque[tuple[Batch, float]] = deque()
     now = device_free = 0.0
+    handed = 0.0  # when the API server has handed in the last request it took (it takes one at a time)
     empty = 0
     done = 0
     while True:
-        while (due := senders.due()) is not None and due + input_s <= now:
-            _send(core, senders, logs, settings, max_model_len, prompt, door)
+        while (due := senders.due()) is not None and max(due, handed) + input_s <= now:
+            handed = max(due, handed) + input_s
+            _send(core, senders, logs, settings, max_model_len, prompt, door, now)
         if core.has_requests() and len(in_flight) < core.batches_in_flight:
             batch = core.schedule()
             if batch.request_ids:
@@ -195,7 +201,7 @@ def run_trace(
             continue
         due = senders.due()
         if due is not None:
-            now = max(now, due + input_s)
+            now = max(now, max(due, handed) + input_s)
             continue
         if not core.has_requests() or empty >= STUCK_SCHEDULES:
             break
@@ -215,11 +221,13 @@ def _send(
     max_model_len: int,
     prompt: Callable[[int, TraceRequest], list[int]],
     door: Door | None,
+    now: float,
 ) -> None:
-    """Send the request that is due: a refused one again if its time has come first, else the trace's next."""
+    """Send the request that is due: a refused one again if its time has come first, else the trace's next; the
+    scheduler receives it `now`."""
     if senders.retries and senders.retries[0][0] <= senders.due_new():
         when, index = heapq.heappop(senders.retries)
-        _offer(core, senders, logs[index], index, when, settings, max_model_len, prompt, door)
+        _offer(core, senders, logs[index], index, when, settings, max_model_len, prompt, door, now)
         return
     index = senders.next
     request = senders.requests[index]
@@ -234,7 +242,7 @@ def _send(
         )
         senders.release(sent)
         return
-    _offer(core, senders, entry, index, sent, settings, max_model_len, prompt, door)
+    _offer(core, senders, entry, index, sent, settings, max_model_len, prompt, door, now)
 
 
 def _offer(
@@ -247,8 +255,10 @@ def _offer(
     max_model_len: int,
     prompt: Callable[[int, TraceRequest], list[int]],
     door: Door | None,
+    queued: float,
 ) -> None:
-    """The request at the API server: refused (sent again later, or given up), or handed to the scheduler."""
+    """The request at the API server when sent (`now`): refused (sent again later, or given up), or handed to the
+    scheduler, which receives it at `queued`."""
     request = senders.requests[index]
     admission = door(now, core.usage) if door is not None else Admission()
     if admission.retry_after_s is not None:
@@ -268,6 +278,7 @@ def _offer(
     entry.output_tokens = min(request.output_tokens, max(cap, 0))
     entry.capped = entry.output_tokens < wanted
     exact = asked is not None and asked <= request.output_tokens
+    entry.queued = queued
     core.add(
         str(index),
         prompt(index, request),

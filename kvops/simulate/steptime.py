@@ -39,8 +39,9 @@ GPU-to-GPU link per direction (kvops/catalog/gpu_performance.json). The coeffici
 the engine drives several GPU workers), fitted by bench/fit_steptime.py on
 public measurements and kept with their provenance in kvops/catalog/step_time.json. A request also spends
 api_s in the API server (parsing, tokenizing, the first chunk out), which the client sees in TTFT and E2E, and
-input_s (optional) from the API server's arrival stamp until the engine core can schedule it, which an idle core
-waits out and a busy one hides behind the step it is running.
+input_s (optional) from the API server's arrival stamp until the engine core can schedule it, one request at a
+time (a burst reaches the core spread out), which an idle core waits out and a busy one hides behind the step it
+is running.
 """
 
 from __future__ import annotations

@@ -68,6 +68,7 @@ def test_the_hand_off_delays_a_request_to_an_idle_engine_but_not_one_that_arrive
     alone = replay(core(), [TraceRequest(0.0, 32, 4, max_tokens=4)], input_s=handoff)
     assert alone.requests[0].sent == 0.0
     assert alone.requests[0].first_token == pytest.approx(handoff + STEP)  # the idle core waits the hand-off out
+    assert alone.requests[0].queued == pytest.approx(handoff)  # vLLM's QUEUED stamp: when the scheduler has it
     # the first request's steps end at 14, 24, ... ms; the second, sent at 15 ms, reaches the core at 19 ms and joins
     # the step that starts at 24 ms, as it would have at 15: its first token at 34 ms, no later
     busy = replay(
@@ -75,6 +76,16 @@ def test_the_hand_off_delays_a_request_to_an_idle_engine_but_not_one_that_arrive
     )
     assert busy.requests[1].sent == pytest.approx(0.015)
     assert busy.requests[1].first_token == pytest.approx(handoff + 3 * STEP)
+    assert busy.requests[1].queued == pytest.approx(handoff + 2 * STEP)  # at the end of the step running then
+
+
+def test_the_api_server_hands_a_burst_in_one_request_at_a_time():
+    handoff = 0.004
+    burst = replay(core(), [TraceRequest(0.0, 32, 4, max_tokens=4) for _ in range(3)], input_s=handoff)
+    # the first reaches the idle core at 4 ms and runs alone; the second (handed in at 8 ms) and the third (12 ms)
+    # wait for that step to end at 14 ms and share the next
+    assert [entry.queued for entry in burst.requests] == pytest.approx([handoff, 0.014, 0.014])
+    assert [entry.first_token for entry in burst.requests] == pytest.approx([0.014, 0.024, 0.024])
 
 
 def test_async_scheduling_keeps_two_steps_in_flight_on_one_device():
