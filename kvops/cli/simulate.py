@@ -56,6 +56,14 @@ FORMATS = ("kvops", "timed_trace", "mooncake", "burstgpt", "azure", "sharegpt", 
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the synthetic lengths and arrivals.")
 @click.option(
+    "--draws",
+    type=click.IntRange(1, 100),
+    default=1,
+    show_default=True,
+    help="Run the traffic drawn at N seeds (--seed, --seed+1, ...) and report each figure's median and range over "
+    "them: near saturation one draw of arrivals queues where another does not.",
+)
+@click.option(
     "--concurrency", type=POSITIVE, help="Clients: at most this many requests in flight, each sent when one ends."
 )
 @click.option(
@@ -207,6 +215,7 @@ def simulate(ctx: click.Context, as_json: bool, **params: Any) -> None:
         tokenizer=params.pop("tokenizer"),
         policy_path=params.pop("policy_path"),
         calibrate=params.pop("calibrate_path"),
+        draws=params.pop("draws"),
     )
     save_step_time = params.pop("save_step_time")
     if save_step_time and not request.calibrate:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import csv
+import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvops.errors import KvopsError
 from kvops.simulate.measured import Figures
-from kvops.simulate.results import Summary, request_rows
+from kvops.simulate.results import SPREAD_FIGURES, Spread, Summary, request_rows
 from kvops.units import format_bytes
 
 if TYPE_CHECKING:
@@ -24,6 +25,8 @@ def text(answer: Answer) -> str:
         lines += ["", *_arms_table(answer.arms)]
         lines += _pools(answer.arms, answer.plan.capacity.num_blocks if answer.plan.capacity else None)
         lines += _ratios(answer.arms)
+    if answer.spreads:
+        lines += ["", *_spread_lines(answer.spreads)]
     if answer.measured is not None and answer.arms:
         lines += ["", *_against_measured(answer.measured, answer.arms)]
     if answer.rate_search is not None:
@@ -158,6 +161,30 @@ def _arms_table(arms: tuple[ArmResult, ...]) -> list[str]:
             lines.append(f"  {arm.arm}: {_degraded(arm.summary)}")
     lines.append(f"  scheduler: {arms[0].label}")
     return lines
+
+
+def _spread_lines(spreads: tuple[Spread, ...]) -> list[str]:
+    """Each arm's figures over the draws of the traffic: the median, and the lowest and highest in brackets."""
+    seeds = spreads[0].seeds
+    header = ("arm", *(column for _, column, _, _ in SPREAD_FIGURES))
+    rows = [
+        (item.arm, *(_spread_cell(item.values[name], unit) for name, _, _, unit in SPREAD_FIGURES)) for item in spreads
+    ]
+    return [
+        f"over {len(seeds)} draws of the traffic (seeds {seeds[0]}-{seeds[-1]}): median [lowest-highest]",
+        *table(header, rows),
+    ]
+
+
+def _spread_cell(values: tuple[float, ...], unit: str) -> str:
+    low, middle, high = min(values), statistics.median(values), max(values)
+    if unit == "share":
+        return f"{middle:.0%} [{low:.0%}-{high:.0%}]"
+    if unit == "count":
+        return f"{middle:,.0f} [{low:,.0f}-{high:,.0f}]"
+    if unit == "ms":
+        return f"{_ms(middle / 1000)} [{_ms(low / 1000)}-{_ms(high / 1000)}]"
+    return f"{middle:.3g}/s [{low:.3g}-{high:.3g}]"
 
 
 def _degraded(summary: Summary) -> str:

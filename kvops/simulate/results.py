@@ -5,7 +5,8 @@ TPOT is a request's (E2E - TTFT) / (output tokens - 1); ITL is every gap between
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import statistics
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from kvops.frozen import frozen
@@ -213,3 +214,53 @@ def request_rows(log: RunLog, slo: Slo) -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+# what `kvops simulate --draws` reports over the draws of the traffic: (its --json name, its column, the figure,
+# its unit)
+SPREAD_FIGURES: tuple[tuple[str, str, Callable[[Summary], float], str], ...] = (
+    ("ttft_mean_ms", "TTFT mean", lambda summary: summary.ttft.mean * 1000, "ms"),
+    ("ttft_p99_ms", "TTFT p99", lambda summary: summary.ttft.p99 * 1000, "ms"),
+    ("tpot_mean_ms", "TPOT mean", lambda summary: summary.tpot.mean * 1000, "ms"),
+    ("tpot_p99_ms", "TPOT p99", lambda summary: summary.tpot.p99 * 1000, "ms"),
+    ("e2e_p99_ms", "E2E p99", lambda summary: summary.e2e.p99 * 1000, "ms"),
+    ("goodput_rps", "goodput", lambda summary: summary.goodput_rps, "/s"),
+    ("slo_attainment", "SLO met", lambda summary: summary.attainment, "share"),
+    ("preemptions", "preempted", lambda summary: float(summary.preemptions), "count"),
+)
+
+
+@frozen
+class Spread:
+    """One arm's figures over several draws of the same traffic (seeds): each figure's value per draw."""
+
+    arm: str
+    seeds: tuple[int, ...]
+    values: dict[str, tuple[float, ...]]  # SPREAD_FIGURES' name -> one value per seed
+
+    def median(self, name: str) -> float:
+        return statistics.median(self.values[name])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "arm": self.arm,
+            "seeds": list(self.seeds),
+            **{
+                name: {
+                    "median": round(self.median(name), 4),
+                    "min": round(min(values), 4),
+                    "max": round(max(values), 4),
+                    "per_seed": [round(value, 4) for value in values],
+                }
+                for name, values in self.values.items()
+            },
+        }
+
+
+def spread(arm: str, seeds: Sequence[int], summaries: Sequence[Summary]) -> Spread:
+    """`arm`'s summaries, one per seed, as a Spread."""
+    return Spread(
+        arm,
+        tuple(seeds),
+        {name: tuple(figure(summary) for summary in summaries) for name, _, figure, _ in SPREAD_FIGURES},
+    )

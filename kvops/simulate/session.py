@@ -3,7 +3,7 @@ everything they produced kept for the renderers."""
 
 from __future__ import annotations
 
-from dataclasses import field
+from dataclasses import field, replace
 from typing import Any
 
 from kvops import engines
@@ -16,7 +16,7 @@ from kvops.simulate import cost, degrade, steptime
 from kvops.simulate.calibration import Calibration, calibrate
 from kvops.simulate.formats import detect_format, read_bench_result
 from kvops.simulate.measured import Figures, Measured
-from kvops.simulate.results import Slo
+from kvops.simulate.results import Slo, Spread, spread
 from kvops.simulate.run import ClientSettings
 from kvops.simulate.simulation import ArmResult, Progress, RateSearch, Replicas, Setup, compare, max_rate, replicas_for
 from kvops.simulate.trace import Trace
@@ -43,6 +43,7 @@ class Request:
     tokenizer: str | None = None  # a local tokenizer folder for ShareGPT's texts
     policy_path: str | None = None  # the degrade policy of `ARM+degrade` arms (None: the shipped one)
     calibrate: str | None = None  # a `vllm bench serve` result to fit the step time to (its requests are the traffic)
+    draws: int = 1  # draws of the traffic (seeds seed, seed + 1, ...): each figure's spread over them
 
 
 @frozen
@@ -53,6 +54,7 @@ class Answer:
     replicas: Replicas | None = None
     calibration: Calibration | None = None
     measured: Figures | None = None  # what the benchmark the trace came from measured (a vllm_bench trace)
+    spreads: tuple[Spread, ...] = ()  # each arm over the draws of the traffic (--draws)
     warnings: tuple[str, ...] = ()
 
     @property
@@ -82,6 +84,7 @@ class Answer:
             "replicas": self.replicas.to_dict() if self.replicas else None,
             "calibration": self.calibration.to_dict() if self.calibration else None,
             "measured": self.measured.to_dict() if self.measured else None,
+            "draws": [spread.to_dict() for spread in self.spreads] or None,
             "warnings": list(self.warnings),
         }
 
@@ -108,7 +111,9 @@ def prepare(request: Request, options: DeploymentOptions, trace: Trace | None = 
 def run(request: Request, options: DeploymentOptions, progress: Progress | None = None) -> Answer:
     """Plan the deployment for this traffic, then run what was asked."""
     measured = _measured(request)
+    _check_draws(request)
     setup = prepare(request, options, measured.trace if measured else None)
+    other_draws = _other_draws(request, setup.trace)
     warnings = _warnings(setup)
     if measured and measured.model and not _same_model(measured.model, setup.plan.inputs.spec.name):
         warnings.append(
@@ -129,7 +134,59 @@ def run(request: Request, options: DeploymentOptions, progress: Progress | None 
             return Answer(setup, replicas=answer, rate_search=answer.search, warnings=tuple(warnings))
         return Answer(setup, rate_search=max_rate(setup, arm, request.attainment, progress), warnings=tuple(warnings))
     arms = tuple(compare(setup, list(request.arms), progress))
-    return Answer(setup, arms, measured=measured.figures() if measured else None, warnings=tuple(warnings))
+    spreads = _spreads(setup, request, arms, other_draws, progress) if other_draws else ()
+    return Answer(
+        setup, arms, measured=measured.figures() if measured else None, spreads=spreads, warnings=tuple(warnings)
+    )
+
+
+def _check_draws(request: Request) -> None:
+    """--draws repeats one comparison: the rate search, the replicas and a calibration run once."""
+    if request.draws < 2:
+        return
+    given = [
+        option
+        for option, value in (
+            ("--max-rate", request.max_rate or None),
+            ("--replicas", request.target_rate),
+            ("--calibrate", request.calibrate),
+        )
+        if value is not None
+    ]
+    if given:
+        raise UsageError(
+            f"--draws repeats the runs of --compare over draws of the traffic; leave out {', '.join(given)}"
+        )
+
+
+def _other_draws(request: Request, first: Trace) -> list[tuple[int, Trace]]:
+    """The traffic at seeds after --seed, one per further draw; a UsageError where the seed draws nothing (a trace
+    replayed at its own times, or scaled to a rate)."""
+    if request.draws < 2:
+        return []
+    seed = request.traffic.seed
+    tokenizer = _tokenizer(request)
+    draws = [
+        (seed + offset, build_trace(replace(request.traffic, seed=seed + offset), tokenizer))
+        for offset in range(1, request.draws)
+    ]
+    if draws[0][1].requests == first.requests:
+        raise UsageError(
+            "--draws: this traffic is the same at every seed (a trace replayed at its own or scaled times); "
+            "draws need synthetic traffic or an untimed trace sent at --rate"
+        )
+    return draws
+
+
+def _spreads(
+    setup: Setup, request: Request, first: tuple[ArmResult, ...], draws: list[tuple[int, Trace]], progress
+) -> tuple[Spread, ...]:
+    """Each arm's figures over the first draw and the others, on the same plan (the deployment does not change)."""
+    runs = [first] + [tuple(compare(replace(setup, trace=trace), list(request.arms), progress)) for _, trace in draws]
+    seeds = [request.traffic.seed] + [seed for seed, _ in draws]
+    return tuple(
+        spread(arm.arm, seeds, [results[position].summary for results in runs]) for position, arm in enumerate(first)
+    )
 
 
 def _measured(request: Request) -> Measured | None:

@@ -108,6 +108,31 @@ def test_max_rate_finds_a_rate_that_meets_the_attainment(run_kvops):
     assert met and met[0]["slo_attainment"] >= 0.9
 
 
+def test_draws_report_each_arms_spread_over_seeds_with_the_first_draw_as_the_table(run_kvops):
+    ran = run_kvops("simulate", *SMALL, "--seed", "5", "--draws", "3", "--compare", "stock,guard", "--json")
+    doc = json.loads(ran.stdout)
+    stock, guard = doc["draws"]
+    assert (stock["arm"], guard["arm"]) == ("stock", "guard") and stock["seeds"] == [5, 6, 7]
+    ttft = stock["ttft_mean_ms"]
+    assert ttft["per_seed"][0] == pytest.approx(doc["arms"][0]["ttft_ms"]["mean"], abs=1e-3)  # the table's run
+    assert len(set(ttft["per_seed"])) == 3 and ttft["min"] <= ttft["median"] <= ttft["max"]  # three other draws
+    text = run_kvops("simulate", *SMALL, "--draws", "2").stdout
+    assert "over 2 draws of the traffic (seeds 0-1): median [lowest-highest]" in text
+
+
+def test_draws_need_traffic_that_a_seed_draws(run_kvops, tmp_path):
+    trace = tmp_path / "trace.jsonl"
+    lines = [{"arrival_s": 0.1 * index, "prompt_tokens": 200, "output_tokens": 20} for index in range(10)]
+    trace.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    timed = ("-m", "llama-3.1-8b", "--gpu", "H100", "--trace", str(trace), "--draws", "2")
+    for args in (timed, (*timed, "--rate", "4")):
+        ran = run_kvops("simulate", *args, expect=2)
+        assert "--draws: this traffic is the same at every seed" in ran.stderr
+        assert len(ran.stderr.strip().splitlines()) == 1
+    ran = run_kvops("simulate", *SMALL, "--draws", "2", "--max-rate", expect=2)
+    assert "--draws repeats the runs of --compare over draws of the traffic; leave out --max-rate" in ran.stderr
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
