@@ -8,10 +8,9 @@ time, `input_s` each (its processing of the request and the hand-off to the core
 visible to the scheduler from the first schedule after that, so a burst reaches the core spread out, and a busy
 core picks each up at its next step anyway where an idle one waits it out. Its tokens reach the client when their
 step ends plus the API server's time (`api_s`: parsing, tokenizing, detokenizing and streaming, which the client
-sees in TTFT and E2E). An API server that applies an
-admission policy (kvops' degrade: `door`) answers each request as it is sent, from the engine's KV usage then: it
-serves it, its new tokens capped, or refuses it, and the client sends it again after the answer's Retry-After, up
-to `ClientSettings.retries` times. Nothing here knows an engine or a device: the core and the step time are given.
+sees in TTFT and E2E). An API server that applies an admission policy (kvops' degrade: `door`) answers each request
+as it is sent, from the engine's KV usage then: it serves it, its new tokens capped, or refuses it, and the client
+sends it again after the answer's Retry-After, up to `ClientSettings.retries` times. Nothing here knows an engine or a device: the core and the step time are given.
 """
 
 from __future__ import annotations
