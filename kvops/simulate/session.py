@@ -179,14 +179,25 @@ def _other_draws(request: Request, first: Trace) -> list[tuple[int, Trace]]:
 
 
 def _spreads(
-    setup: Setup, request: Request, first: tuple[ArmResult, ...], draws: list[tuple[int, Trace]], progress
+    setup: Setup,
+    request: Request,
+    first: tuple[ArmResult, ...],
+    draws: list[tuple[int, Trace]],
+    progress: Progress | None,
 ) -> tuple[Spread, ...]:
     """Each arm's figures over the first draw and the others, on the same plan (the deployment does not change)."""
-    runs = [first] + [tuple(compare(replace(setup, trace=trace), list(request.arms), progress)) for _, trace in draws]
+    runs = [first]
+    for seed, trace in draws:
+        labelled = _with_seed(progress, seed) if progress else None
+        runs.append(tuple(compare(replace(setup, trace=trace), list(request.arms), labelled)))
     seeds = [request.traffic.seed] + [seed for seed, _ in draws]
     return tuple(
         spread(arm.arm, seeds, [results[position].summary for results in runs]) for position, arm in enumerate(first)
     )
+
+
+def _with_seed(progress: Progress, seed: int) -> Progress:
+    return lambda what, done, total: progress(f"{what}, seed {seed}", done, total)
 
 
 def _measured(request: Request) -> Measured | None:
