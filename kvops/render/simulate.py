@@ -27,6 +27,11 @@ def text(answer: Answer) -> str:
         lines += _ratios(answer.arms)
     if answer.spreads:
         lines += ["", *_spread_lines(answer.spreads)]
+    elif answer.one_draw is not None and answer.arms:
+        lines.append(
+            f"one draw of this synthetic traffic (seed {answer.one_draw}): --draws 5 shows how far other seeds move "
+            "these figures"
+        )
     if answer.measured is not None and answer.arms:
         lines += ["", *_against_measured(answer.measured, answer.arms)]
     if answer.rate_search is not None:

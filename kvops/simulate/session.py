@@ -55,6 +55,7 @@ class Answer:
     calibration: Calibration | None = None
     measured: Figures | None = None  # what the benchmark the trace came from measured (a vllm_bench trace)
     spreads: tuple[Spread, ...] = ()  # each arm over the draws of the traffic (--draws)
+    one_draw: int | None = None  # the seed of synthetic traffic run on that seed alone (its figures are one draw)
     warnings: tuple[str, ...] = ()
 
     @property
@@ -135,8 +136,14 @@ def run(request: Request, options: DeploymentOptions, progress: Progress | None 
         return Answer(setup, rate_search=max_rate(setup, arm, request.attainment, progress), warnings=tuple(warnings))
     arms = tuple(compare(setup, list(request.arms), progress))
     spreads = _spreads(setup, request, arms, other_draws, progress) if other_draws else ()
+    synthetic = request.traffic.trace is None
     return Answer(
-        setup, arms, measured=measured.figures() if measured else None, spreads=spreads, warnings=tuple(warnings)
+        setup,
+        arms,
+        measured=measured.figures() if measured else None,
+        spreads=spreads,
+        one_draw=request.traffic.seed if synthetic and not spreads else None,
+        warnings=tuple(warnings),
     )
 
 

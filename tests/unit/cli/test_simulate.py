@@ -98,6 +98,8 @@ def test_a_trace_file_replays_as_written(run_kvops, tmp_path):
         run_kvops("simulate", "-m", "llama-3.1-8b", "--gpu", "H100", "--trace", str(trace), "--json").stdout
     )
     assert doc["traffic"]["requests"] == 10 and doc["arms"][0]["completed"] == 10
+    text = run_kvops("simulate", "-m", "llama-3.1-8b", "--gpu", "H100", "--trace", str(trace)).stdout
+    assert "one draw" not in text  # a trace's own times are no draw
 
 
 def test_max_rate_finds_a_rate_that_meets_the_attainment(run_kvops):
@@ -118,6 +120,9 @@ def test_draws_report_each_arms_spread_over_seeds_with_the_first_draw_as_the_tab
     assert len(set(ttft["per_seed"])) == 3 and ttft["min"] <= ttft["median"] <= ttft["max"]  # three other draws
     text = run_kvops("simulate", *SMALL, "--draws", "2").stdout
     assert "over 2 draws of the traffic (seeds 0-1): median [lowest-highest]" in text
+    assert "one draw of this synthetic traffic" not in text
+    one = run_kvops("simulate", *SMALL, "--seed", "3").stdout
+    assert "one draw of this synthetic traffic (seed 3): --draws 5 shows how far other seeds move" in one
 
 
 def test_draws_need_traffic_that_a_seed_draws(run_kvops, tmp_path):
