@@ -151,15 +151,11 @@ def _check_draws(request: Request) -> None:
     """--draws repeats one comparison: the rate search, the replicas and a calibration run once."""
     if request.draws < 2:
         return
-    given = [
-        option
-        for option, value in (
-            ("--max-rate", request.max_rate or None),
-            ("--replicas", request.target_rate),
-            ("--calibrate", request.calibrate),
-        )
-        if value is not None
-    ]
+    given = _given(
+        ("--max-rate", request.max_rate or None),
+        ("--replicas", request.target_rate),
+        ("--calibrate", request.calibrate),
+    )
     if given:
         raise UsageError(
             f"--draws repeats the runs of --compare over draws of the traffic; leave out {', '.join(given)}"
@@ -233,23 +229,24 @@ def _same_model(served: str, planned: str) -> bool:
 def _check_calibration(request: Request) -> None:
     """--calibrate replays the benchmark's own requests through stock vLLM: nothing else may shape the run."""
     traffic = request.traffic
-    given = [
-        option
-        for option, value in (
-            ("--trace", traffic.trace),
-            ("--rate", traffic.rate),
-            ("--concurrency", traffic.concurrency),
-            ("--requests", traffic.requests),
-            ("--compare", request.arms != ("stock",) or None),
-            ("--max-rate", request.max_rate or None),
-            ("--replicas", request.target_rate),
-        )
-        if value is not None
-    ]
+    given = _given(
+        ("--trace", traffic.trace),
+        ("--rate", traffic.rate),
+        ("--concurrency", traffic.concurrency),
+        ("--requests", traffic.requests),
+        ("--compare", request.arms != ("stock",) or None),
+        ("--max-rate", request.max_rate or None),
+        ("--replicas", request.target_rate),
+    )
     if given:
         raise UsageError(
             f"--calibrate replays the benchmark's own requests through stock vLLM; leave out {', '.join(given)}"
         )
+
+
+def _given(*options: tuple[str, Any]) -> list[str]:
+    """The options of (name, value) pairs that were given (value not None), in order."""
+    return [name for name, value in options if value is not None]
 
 
 def _plan(options: DeploymentOptions, trace: Trace) -> Plan:
