@@ -188,15 +188,14 @@ def _spreads(
     draws: list[tuple[int, Trace]],
     progress: Progress | None,
 ) -> tuple[Spread, ...]:
-    """Each arm's figures over the first draw and the others, on the same plan (the deployment does not change)."""
-    runs = [first]
+    """Each arm's figures over the first draw and the others, on the same plan (the deployment does not change).
+    Of the other draws only the summaries are kept: a run's log holds every request and every token gap."""
+    summaries = [[arm.summary for arm in first]]
     for seed, trace in draws:
         labelled = _with_seed(progress, seed) if progress else None
-        runs.append(tuple(compare(replace(setup, trace=trace), list(request.arms), labelled)))
+        summaries.append([arm.summary for arm in compare(replace(setup, trace=trace), list(request.arms), labelled)])
     seeds = [request.traffic.seed] + [seed for seed, _ in draws]
-    return tuple(
-        spread(arm.arm, seeds, [results[position].summary for results in runs]) for position, arm in enumerate(first)
-    )
+    return tuple(spread(arm.arm, seeds, [each[position] for each in summaries]) for position, arm in enumerate(first))
 
 
 def _with_seed(progress: Progress, seed: int) -> Progress:
