@@ -4,18 +4,20 @@ through the simulator with the CPU step time fitted for the test model.
     python bench/simulate_vs_engine.py [--fit] [--reps 3] [--measured bench/data/simulate_vs_engine.json]
 
 The engine is vLLM's CPU build serving the test model (tests/support/tiny_model.py, dummy weights) on a 4 MiB KV
-pool (31 usable blocks of 128 tokens, so a burst preempts). Five traces of exact-length streamed requests:
+pool (31 usable blocks of 128 tokens, so a burst preempts). Six traces of exact-length streamed requests:
   burst      24 requests sent at once (they preempt)
   burst-12   12 requests sent at once (they fit)
   steady     60 requests, Poisson arrivals at 3/s
   busy       60 requests, Poisson arrivals at 5/s
   overload   60 requests, Poisson arrivals at 8/s
+  long       30 requests of 400-600 new tokens on 64-384-token prompts, Poisson at 2/s (contexts up to ~1,000
+             tokens, as the guard's benchmark grows them)
 Each runs --reps times through one engine; its figures, each request's among them, are saved to
 bench/data/simulate_vs_engine.json, which --measured reads back instead of running the engine. Each trace is
 simulated with the times the client really sent its requests (the median over the repetitions).
 
 Without --fit each trace is simulated with the shipped CPU profile (kvops/catalog/step_time.json, profile "cpu").
-With --fit, leave-one-out: each trace is simulated with coefficients fitted on the other four alone, and then the
+With --fit, leave-one-out: each trace is simulated with coefficients fitted on the other five alone, and then the
 profile fitted on all but overload (FITTED) is written: overload stays held out of what ships. The fit is
 bench/fit_steptime.py's linearization around each schedule: the step's terms on the engine's own mean TTFT, TPOT
 and E2E of each trace (vLLM's latency histograms, read from /metrics before and after each run: the API server's
@@ -60,7 +62,8 @@ from kvops.simulate.trace import Trace, TraceRequest  # noqa: E402
 KV_BYTES = 4 * 1024 * 1024
 MAX_MODEL_LEN = 1024
 SAVED = REPO / "bench" / "data" / "simulate_vs_engine.json"
-FITTED = ("burst", "burst-12", "steady", "busy")  # what the shipped CPU profile is fitted on; overload is held out
+# what the shipped CPU profile is fitted on; overload is held out
+FITTED = ("burst", "burst-12", "steady", "busy", "long")
 CPU_HARDWARE = {
     "name": "cpu",
     "memory_bandwidth": 2.0e10,
@@ -89,13 +92,23 @@ def traces(seed: int) -> dict[str, list[Job]]:
             at += rng.expovariate(rate)
         return jobs
 
-    return {
+    def long_job(at: float) -> Job:
+        return Job(
+            at, [rng.randrange(20, 500) for _ in range(rng.randint(64, 384))], rng.randint(400, 600), stream=True
+        )
+
+    chosen = {
         "burst": [job(0.0) for _ in range(24)],
         "burst-12": [job(0.0) for _ in range(12)],
         "steady": poisson(60, 3.0),
         "busy": poisson(60, 5.0),
         "overload": poisson(60, 8.0),
     }
+    at, chosen["long"] = 0.0, []
+    for _ in range(30):
+        chosen["long"].append(long_job(at))
+        at += rng.expovariate(2.0)
+    return chosen
 
 
 def as_trace(name: str, jobs: list[Job], sent: list[float]) -> Trace:
