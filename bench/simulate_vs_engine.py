@@ -32,9 +32,9 @@ E2E of each as the client saw them: the engine's median over the repetitions [it
 their ratio; then the engine's own means beside the simulated engine's (its TTFT and E2E less the API server's
 time); then the engine core's alone (vLLM's queue, prefill and inference histograms: from the QUEUED stamp its
 scheduler puts on a request), beside the simulated core's (from when the simulated scheduler received it), with
-the hand-offs the engine measured (its TTFT less queue and prefill). The range is the machine's noise: the engine runs alone, but its 2 cores are shared with the client, which
-at times reads a stream hundreds of ms late (a long TTFT, then the whole answer at once): the engine's own stamps
-do not see that.
+the hand-offs the engine measured (its TTFT less queue and prefill). The range is the machine's noise: the engine
+runs alone, but its 2 cores are shared with the client, which at times reads a stream hundreds of ms late (a long
+TTFT, then the whole answer at once): the engine's own stamps do not see that.
 """
 
 from __future__ import annotations
@@ -85,30 +85,26 @@ def traces(seed: int) -> dict[str, list[Job]]:
     def job(at: float) -> Job:
         return Job(at, [rng.randrange(20, 500) for _ in range(rng.randint(32, 320))], rng.randint(16, 256), stream=True)
 
-    def poisson(count: int, rate: float) -> list[Job]:
-        at, jobs = 0.0, []
-        for _ in range(count):
-            jobs.append(job(at))
-            at += rng.expovariate(rate)
-        return jobs
-
     def long_job(at: float) -> Job:
         return Job(
             at, [rng.randrange(20, 500) for _ in range(rng.randint(64, 384))], rng.randint(400, 600), stream=True
         )
 
-    chosen = {
+    def poisson(count: int, rate: float, make=job) -> list[Job]:
+        at, jobs = 0.0, []
+        for _ in range(count):
+            jobs.append(make(at))
+            at += rng.expovariate(rate)
+        return jobs
+
+    return {  # in this order: each trace draws from the generator after the ones before it
         "burst": [job(0.0) for _ in range(24)],
         "burst-12": [job(0.0) for _ in range(12)],
         "steady": poisson(60, 3.0),
         "busy": poisson(60, 5.0),
         "overload": poisson(60, 8.0),
+        "long": poisson(30, 2.0, long_job),
     }
-    at, chosen["long"] = 0.0, []
-    for _ in range(30):
-        chosen["long"].append(long_job(at))
-        at += rng.expovariate(2.0)
-    return chosen
 
 
 def as_trace(name: str, jobs: list[Job], sent: list[float]) -> Trace:
