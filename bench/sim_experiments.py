@@ -3,7 +3,9 @@
 Each experiment is a real vLLM run on a GPU whose setup is published (model, tp, engine flags, the inference-perf
 workload: constant-rate stages with Poisson-like arrivals, fixed prompt and output lengths, shared system prompts).
 It becomes a kvops plan (its logged KV block count where the run logged one: the pool is then the engine's, not
-kvops' estimate) and one trace per stage. Used by bench/fit_steptime.py and bench/simulate_accuracy.py.
+kvops' estimate) and one trace per stage. Used by bench/fit_steptime.py and bench/simulate_accuracy.py. The runs
+that publish everything but their workload are built too, with the workload their name stands for
+(assumed_experiments): scored apart by bench/simulate_accuracy.py, fitted on nowhere.
 """
 
 from __future__ import annotations
@@ -27,8 +29,10 @@ DATA = REPO / "bench" / "data" / "sim_to_real.json"
 # inference-sim/training's shared_prefix data (results/config.yaml of its runs): 10 system prompts, each with 10
 # questions that repeat; the trainval runs' specs name the same workloads without the counts
 DEFAULT_GROUPS, DEFAULT_PROMPTS = 10, 10
-QUEUED = ("reasoning",)
-HARNESS_MAX_MODEL_LEN = 4096  # the training runs' --max-model-len; the trainval runs do not state theirs  # the overloaded runs (thousands of requests failed): queue-dominated, scored apart
+# sim-to-real's status of a queue-dominated run (thousands of requests failed, or the queue grew all run): scored
+# apart
+QUEUED = ("overloaded", "saturated")
+HARNESS_MAX_MODEL_LEN = 4096  # the training runs' --max-model-len; the trainval runs do not state theirs
 
 
 @dataclass(frozen=True)
@@ -56,10 +60,13 @@ class Experiment:
     stages: tuple[Stage, ...]
     measured: dict[str, Any]
     peers: dict[str, Any]
+    status: str = "steady"  # sim-to-real's word for the run: steady, overloaded or saturated (queue-dominated)
+    vllm_version: str | None = None
+    assumed: bool = False  # its workload is not published: the profile of the published runs of its name
 
     @property
     def queued(self) -> bool:
-        return self.workload in QUEUED
+        return self.status in QUEUED
 
     @property
     def short(self) -> str:
@@ -68,42 +75,83 @@ class Experiment:
 
 def experiments(data: Path = DATA) -> list[Experiment]:
     """The experiments whose workload is published, in file order."""
+    return [_experiment(item, item["workload"]) for item in _items(data) if _published(item)]
+
+
+def assumed_experiments(data: Path = DATA) -> list[Experiment]:
+    """The runs whose workload is not published, each given the profile that every published run of its workload
+    name used (stage rates and lengths, prompt, output and shared-prefix tokens), where those runs agree on one and
+    the run has its number of stages. sim-to-real names each run's workload and publishes its engine flags, its GPU
+    and its measurements, but not whether it used that profile: these are scored apart, and fitted on nowhere."""
+    items = _items(data)
+    named: dict[str, list[dict[str, Any]]] = {}
+    for item in items:
+        if _published(item):
+            named.setdefault(item["workload"]["name"], []).append(item["workload"])
     found = []
-    for item in json.loads(data.read_text())["experiments"]:
-        workload = item.get("workload") or {}
-        if not workload.get("kind") or not workload.get("stages"):
+    for item in items:
+        same = named.get(item["workload"]["name"], [])
+        if _published(item) or len({_profile(workload) for workload in same}) != 1:
             continue
-        measured = item["measured"]
-        prefix = workload.get("shared_prefix") or {}
-        stages = item.get("stages") or [{"stage_index": 0, **workload["stages"][0], "measured": measured}]
-        found.append(
-            Experiment(
-                id=item["id"],
-                model=item["model"],
-                gpu=item["gpu"],
-                tp=item["tp"],
-                kind=item["model_kind"],
-                workload=workload["name"],
-                engine=item["engine"],
-                prompt_tokens=workload["prompt_tokens"]["value"],
-                output_tokens=workload["output_tokens"]["value"],
-                prefix_tokens=prefix.get("prefix_tokens") or 0,
-                groups=prefix.get("num_groups") or DEFAULT_GROUPS,
-                prompts_per_group=prefix.get("prompts_per_group") or DEFAULT_PROMPTS,
-                stages=tuple(
-                    Stage(
-                        stage["stage_index"],
-                        stage["rate_rps"],
-                        stage["duration_s"],
-                        _per_token(stage["measured"], workload),
-                    )
-                    for stage in stages
-                ),
-                measured=_per_token(measured, workload),
-                peers=item.get("peers") or {},
-            )
-        )
+        if len(same[-1]["stages"]) == len(item.get("stages") or ()):
+            found.append(_experiment(item, same[-1], assumed=True))
     return found
+
+
+def _items(data: Path) -> list[dict[str, Any]]:
+    return json.loads(data.read_text())["experiments"]
+
+
+def _published(item: dict[str, Any]) -> bool:
+    workload = item.get("workload") or {}
+    return bool(workload.get("kind") and workload.get("stages"))
+
+
+def _profile(workload: dict[str, Any]) -> str:
+    """What a workload sends, as one comparable value."""
+    prefix = (workload.get("shared_prefix") or {}).get("prefix_tokens")
+    sent = (
+        workload["kind"],
+        workload["stages"],
+        workload["prompt_tokens"]["value"],
+        workload["output_tokens"]["value"],
+    )
+    return json.dumps([*sent, prefix])
+
+
+def _experiment(item: dict[str, Any], workload: dict[str, Any], assumed: bool = False) -> Experiment:
+    """One run, its stages timed by `workload` (its own, or the profile assumed for it)."""
+    measured = item["measured"]
+    prefix = workload.get("shared_prefix") or {}
+    stages = item.get("stages") or [{"stage_index": 0, **workload["stages"][0], "measured": measured}]
+    return Experiment(
+        id=item["id"],
+        model=item["model"],
+        gpu=item["gpu"],
+        tp=item["tp"],
+        kind=item["model_kind"],
+        workload=workload["name"],
+        engine=item["engine"],
+        prompt_tokens=workload["prompt_tokens"]["value"],
+        output_tokens=workload["output_tokens"]["value"],
+        prefix_tokens=prefix.get("prefix_tokens") or 0,
+        groups=prefix.get("num_groups") or DEFAULT_GROUPS,
+        prompts_per_group=prefix.get("prompts_per_group") or DEFAULT_PROMPTS,
+        stages=tuple(
+            Stage(
+                stage["stage_index"],
+                stage.get("rate_rps") or timed["rate_rps"],
+                stage.get("duration_s") or timed["duration_s"],
+                _per_token(stage["measured"], workload),
+            )
+            for stage, timed in zip(stages, workload["stages"])
+        ),
+        measured=_per_token(measured, workload),
+        peers=item.get("peers") or {},
+        status=item.get("status", "steady"),
+        vllm_version=item.get("vllm_version"),
+        assumed=assumed,
+    )
 
 
 def _per_token(measured: dict[str, Any], workload: dict[str, Any]) -> dict[str, Any]:
@@ -121,13 +169,18 @@ def _per_token(measured: dict[str, Any], workload: dict[str, Any]) -> dict[str, 
 def plan_for(experiment: Experiment):
     """kvops' plan of the experiment's deployment."""
     from kvops.deployment import DeploymentOptions
+    from kvops.errors import KvopsError
     from kvops.planner import plan
 
     engine = experiment.engine
+    if (engine.get("data_parallel_size") or 1) > 1:
+        raise KvopsError("data parallel: several engines behind one endpoint, where kvops simulate runs one")
     options = DeploymentOptions(
         model=experiment.model,
+        engine_version=experiment.vllm_version,
         gpu=experiment.gpu,
         tp=experiment.tp,
+        memory_fraction=engine.get("gpu_memory_utilization"),
         max_model_len=engine.get("max_model_len") or HARNESS_MAX_MODEL_LEN,
         max_num_seqs=engine.get("max_num_seqs"),
         batched_tokens=engine.get("max_num_batched_tokens"),

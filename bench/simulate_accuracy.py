@@ -1,6 +1,6 @@
 """kvops simulate against public GPU measurements of vLLM serving, leave-one-out, beside the other simulators.
 
-    python bench/simulate_accuracy.py [--window 200] [--draws 1] [--json OUT]
+    python bench/simulate_accuracy.py [--window 200] [--draws 1] [--no-queued] [--no-assumed] [--json OUT]
 
 The measurements: bench/data/sim_to_real.json (inference-perf against vLLM 0.15.1 on H100-80GB, collected by the
 inference-sim project; every experiment whose workload is published). Each experiment is predicted with step-time
@@ -8,9 +8,14 @@ coefficients fitted WITHOUT it (bench/fit_steptime.py's least squares on every o
 linearized around the schedules the shipped coefficients produce), then simulated stage by stage (the first
 --window seconds of each) through vLLM's own scheduler. The figures are whole-run: each simulated request weighed
 as the real stage's requests it stands for (sim_experiments.request_weights), the means and the p90 over all.
-Queue-dominated runs (the overloaded "reasoning" workload: thousands of requests failed) are left out of every fit
-and scored apart with the shipped coefficients. The other simulators' figures are sim-to-real's own runs of them on
+Queue-dominated runs (sim-to-real's overloaded and saturated ones: thousands of requests failed, or the queue grew
+all run) are left out of every fit and scored apart with the shipped coefficients. The other simulators' figures are sim-to-real's own runs of them on
 the same experiments (in the data file); the table counts each over the experiments it predicted.
+
+Held out entirely: the runs whose workload sim-to-real does not publish (only its name, beside the run's GPU,
+engine flags and results), each sent the profile every published run of that name used
+(sim_experiments.assumed_experiments), simulated with the shipped coefficients and scored apart, per GPU: A100
+and L40S runs among them, and tp 8. Fitted on nowhere; --no-assumed skips them.
 
 The send times are a random draw (sim_experiments.stage_trace: inference-perf's own are not published), and near
 saturation one draw queues where another does not. --draws N scores each of N draws (seeds 0..N-1) apart, then
@@ -38,7 +43,7 @@ from fit_steptime import (
     simulate_stage,
     solve,
 )
-from sim_experiments import Experiment, experiments
+from sim_experiments import Experiment, assumed_experiments, experiments
 
 from kvops.simulate import results, steptime
 
@@ -145,12 +150,12 @@ def over_draws(per_draw: list[list[Scored]]) -> list[Scored]:
     return scored
 
 
-def queued(chosen: list[Experiment]) -> list[Scored]:
-    """The overloaded runs, whole (no window), with the shipped coefficients."""
+def shipped_scores(chosen: list[Experiment], window_s: float | None) -> list[Scored]:
+    """Runs no fit saw, simulated with the shipped coefficients (window None: whole stages)."""
     shipped = steptime.coefficients("gpu")
     scored = []
     for experiment in chosen:
-        own = [simulate_stage(experiment, index, shipped, None) for index in range(len(experiment.stages))]
+        own = [simulate_stage(experiment, index, shipped, window_s) for index in range(len(experiment.stages))]
         predicted = whole_run(experiment, own)
         scored.append(Scored(experiment, predicted, errors(predicted, experiment.measured)))
     return scored
@@ -181,9 +186,9 @@ def peer_errors(scored: list[Scored]) -> dict[str, list[dict[str, float]]]:
     return found
 
 
-def kinds(scored: list[Scored], suffix: str = "") -> dict[str, list[dict[str, float]]]:
+def kinds(scored: list[Scored], suffix: str = "", everything: str = "all (H100, vLLM 0.15.1)") -> dict[str, list]:
     """The errors of all experiments, then per model kind and tensor parallelism."""
-    groups: dict[str, list[dict[str, float]]] = {f"all (H100, vLLM 0.15.1){suffix}": [item.errors for item in scored]}
+    groups: dict[str, list[dict[str, float]]] = {f"{everything}{suffix}": [item.errors for item in scored]}
     for kind in ("dense", "moe"):
         groups[f"model kind {kind}{suffix}"] = [item.errors for item in scored if item.experiment.kind == kind]
     groups[f"tp 1{suffix}"] = [item.errors for item in scored if item.experiment.tp == 1]
@@ -191,7 +196,16 @@ def kinds(scored: list[Scored], suffix: str = "") -> dict[str, list[dict[str, fl
     return groups
 
 
-def report(per_draw: list[list[Scored]], scored: list[Scored], apart: list[Scored]) -> None:
+def gpus(scored: list[Scored]) -> dict[str, list[dict[str, float]]]:
+    """The errors per GPU, then per model kind and tensor parallelism over all of them."""
+    groups = {
+        f"GPU {gpu}": [item.errors for item in scored if item.experiment.gpu == gpu]
+        for gpu in sorted({item.experiment.gpu for item in scored})
+    }
+    return groups | kinds(scored, everything="all GPUs")
+
+
+def report(per_draw: list[list[Scored]], scored: list[Scored], apart: list[Scored], assumed: list[Scored]) -> None:
     if len(per_draw) > 1:
         print("\nkvops simulate, leave-one-out, each draw of send times apart:")
         groups = {}
@@ -207,9 +221,19 @@ def report(per_draw: list[list[Scored]], scored: list[Scored], apart: list[Score
     print("\nthe same experiments, other simulators (sim-to-real's runs of them; each over those it predicted):")
     for line in median_table(peer_errors(scored)):
         print(line)
+    if assumed:
+        print(
+            "\nheld out, workload assumed: the runs that publish their GPU, engine flags and measurements but not their"
+            "\nworkload, each sent the profile every published run of its workload name used; fitted on nowhere,"
+            "\nsimulated with the shipped coefficients (other GPUs through their datasheets):"
+        )
+        for line in median_table(gpus(assumed)):
+            print(line)
     if apart:
-        print("\nqueue-dominated runs (overloaded; scored apart, shipped coefficients):")
-        for line in median_table({"reasoning, 4 rps": [item.errors for item in apart]}):
+        print("\nqueue-dominated runs (overloaded or saturated; scored apart, shipped coefficients):")
+        groups = {"published workload": [item.errors for item in apart if not item.experiment.assumed]}
+        groups["workload assumed"] = [item.errors for item in apart if item.experiment.assumed]
+        for line in median_table({name: rows for name, rows in groups.items() if rows}):
             print(line)
 
 
@@ -218,25 +242,30 @@ def main() -> None:
     parser.add_argument("--window", type=float, default=200.0, help="seconds of each stage simulated (default 200)")
     parser.add_argument("--json", help="write every experiment's figures to this file")
     parser.add_argument("--no-queued", action="store_true", help="skip the queue-dominated runs (slow)")
+    parser.add_argument("--no-assumed", action="store_true", help="skip the runs whose workload is assumed")
     parser.add_argument(
         "--draws", type=int, default=1, help="draws of send times, each scored, then their median (default 1)"
     )
     options = parser.parse_args()
     every = [experiment for experiment in experiments() if plannable(experiment)]
-    per_draw = []
+    held_out = [] if options.no_assumed else [item for item in assumed_experiments() if plannable(item)]
+    per_draw, assumed_per_draw = [], []
     for draw in range(options.draws):
         if options.draws > 1:
             os.environ["KVOPS_BENCH_ARRIVALS"] = str(draw)
             print(f"draw {draw} of the send times", flush=True)
         per_draw.append(leave_one_out([experiment for experiment in every if not experiment.queued], options.window))
+        assumed_per_draw.append(shipped_scores([item for item in held_out if not item.queued], options.window))
     scored = per_draw[0] if options.draws == 1 else over_draws(per_draw)
-    apart = [] if options.no_queued else queued([experiment for experiment in every if experiment.queued])
-    report(per_draw, scored, apart)
+    assumed = assumed_per_draw[0] if options.draws == 1 else over_draws(assumed_per_draw)
+    apart = [] if options.no_queued else shipped_scores([item for item in every + held_out if item.queued], None)
+    report(per_draw, scored, apart, assumed)
     print(f"\nfitted parameters: {', '.join(PARAMETERS)}; shipped: {coefficient_vector(steptime.coefficients('gpu'))}")
     if options.json:
         rows = [
             {
                 "id": item.experiment.id,
+                "assumed_workload": item.experiment.assumed,
                 "predicted": item.predicted,
                 "measured": item.experiment.measured,
                 "errors": item.errors,
@@ -246,7 +275,7 @@ def main() -> None:
                     else {}
                 ),
             }
-            for position, item in enumerate([*scored, *apart])
+            for position, item in enumerate([*scored, *assumed, *apart])
         ]
         with open(options.json, "w") as stream:
             json.dump(rows, stream, indent=1)

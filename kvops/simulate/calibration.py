@@ -117,6 +117,7 @@ def scaled(base: Coefficients, scale: float, why: str) -> Coefficients:
         name=f"{base.name}, calibrated",
         terms=terms,
         fitted_on=f"profile {base.name} ({base.fitted_on}) x {scale:.4f}, {why}",
+        held_out=(),  # fitted on the user's own run now: the public runs' verdict is the base profile's
     )
 
 

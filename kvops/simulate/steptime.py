@@ -140,6 +140,28 @@ class Coefficient:
 
 
 @frozen
+class HeldOut:
+    """How a profile did on public runs it was not fitted on, of one GPU or one tensor-parallel size: the range of
+    their measured mean TPOT over the simulated."""
+
+    runs: int
+    low: float
+    high: float
+    source: str
+    gpu: str | None = None
+    tp: int | None = None
+
+    def applies(self, gpu: str, tp: int) -> bool:
+        return self.gpu in (None, gpu) and self.tp in (None, tp)
+
+    def describe(self) -> str:
+        subject = f"on {self.gpu}" if self.gpu else f"at tp {self.tp}"
+        runs = f"{self.runs} public vLLM run{'s' if self.runs > 1 else ''}"
+        spread = f"{self.low:.2f}" if self.low == self.high else f"{self.low:.2f}-{self.high:.2f}"
+        return f"the step time {subject}: {runs} it was not fitted on ran at {spread} x its TPOT ({self.source})"
+
+
+@frozen
 class Coefficients:
     """A fitted set: each term's coefficient and where it came from, and the API server's time per request."""
 
@@ -149,6 +171,7 @@ class Coefficients:
     fitted_on: str
     hardware: Hardware | None = None  # a profile fitted on one machine carries that machine's figures
     input_s: Coefficient | None = None  # the API server's hand-off to the engine core (None: none priced)
+    held_out: tuple[HeldOut, ...] = ()  # how it did where it was not fitted (bench/simulate_accuracy.py)
 
     @property
     def input_seconds(self) -> float:
@@ -165,6 +188,7 @@ class Coefficients:
             "terms": {name: {"value": term.value, "source": term.source} for name, term in self.terms.items()},
             "api_s": {"value": self.api_s.value, "source": self.api_s.source},
             **({"input_s": {"value": self.input_s.value, "source": self.input_s.source}} if self.input_s else {}),
+            **({"held_out": [vars(entry) for entry in self.held_out]} if self.held_out else {}),
         }
 
 
@@ -316,4 +340,5 @@ def _parse(name: str, data: Mapping[str, Any]) -> Coefficients:
         input_s=Coefficient(float(data["input_s"]["value"]), str(data["input_s"]["source"]))
         if data.get("input_s")
         else None,
+        held_out=tuple(HeldOut(**entry) for entry in data.get("held_out", ())),
     )

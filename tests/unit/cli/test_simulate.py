@@ -35,6 +35,14 @@ def test_a_sparsely_routed_mixture_of_experts_is_said_to_be_predicted_fast_where
     assert "experts" not in run_kvops("simulate", *SMALL).stderr
 
 
+def test_a_gpu_where_held_out_runs_ran_slower_than_simulated_says_so(run_kvops):
+    a100 = ("-m", "llama-3.1-8b", "--gpu", "a100-80gb", "--max-model-len", "4096", "--requests", "10", "--rate", "2")
+    warned = run_kvops("simulate", *a100).stderr
+    assert "the step time on A100-80GB: 4 public vLLM runs it was not fitted on ran at 1.19-1.35 x its TPOT" in warned
+    assert "read its latencies as a lower bound, or --calibrate" in warned
+    assert "the step time on" not in run_kvops("simulate", *SMALL).stderr
+
+
 def test_compare_runs_the_arms_on_the_same_trace_and_says_the_ratio(run_kvops):
     out = run_kvops("simulate", *SMALL, "--compare", "stock,guard,watermark:0.02").stdout
     assert "goodput against stock: guard " in out and "watermark:0.02 " in out

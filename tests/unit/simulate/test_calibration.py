@@ -10,7 +10,7 @@ import pytest
 
 from kvops.deployment import DeploymentOptions
 from kvops.simulate import session, steptime
-from kvops.simulate.calibration import calibrate
+from kvops.simulate.calibration import calibrate, scaled
 from kvops.simulate.measured import parse_result
 from kvops.simulate.simulation import run_arm
 from kvops.simulate.steptime import Coefficient, StepTime
@@ -69,3 +69,10 @@ def test_the_profile_it_writes_is_what_step_time_reads(calibrated):
     again = steptime.read_coefficients(json.dumps(calibrated.profile()), "saved.json")
     assert again.values() == calibrated.coefficients.values()
     assert again.api_s.value == calibrated.coefficients.api_s.value
+
+
+def test_a_calibrated_profile_drops_the_public_runs_verdict():
+    gpu = steptime.coefficients("gpu")
+    assert gpu.held_out
+    calibrated = scaled(gpu, 1.2, "fitted on a run of your own")
+    assert calibrated.held_out == () and calibrated.terms["kv"].value == pytest.approx(gpu.terms["kv"].value * 1.2)

@@ -176,3 +176,17 @@ def test_a_profile_file_round_trips_and_a_bad_one_is_one_line():
         steptime.read_coefficients("[1, 2]", "fit.json")
     with pytest.raises(StepTimeError, match="step-time profile 'tpu'; valid: "):
         steptime.coefficients("tpu")
+
+
+def test_held_out_runs_apply_by_gpu_or_tensor_parallel_size_and_round_trip():
+    gpu = steptime.coefficients("gpu")
+    by_gpu = {held.gpu: held for held in gpu.held_out if held.gpu}
+    a100 = by_gpu["A100-80GB"]
+    assert a100.applies("A100-80GB", 2) and not a100.applies("H100-80GB", 1)
+    assert 1 < a100.low <= a100.high and "2026-12-06" in a100.source
+    assert a100.describe().startswith("the step time on A100-80GB: 4 public vLLM runs it was not fitted on ran at ")
+    (tp8,) = [held for held in gpu.held_out if held.tp]
+    assert tp8.applies("H100-80GB", 8) and not tp8.applies("H100-80GB", 4) and tp8.high < 1
+    assert not any(held.applies("H100-80GB", 1) for held in gpu.held_out)  # what the profile is fitted on
+    assert steptime.read_coefficients(json.dumps(gpu.to_dict()), "fit.json").held_out == gpu.held_out
+    assert steptime.coefficients("cpu").held_out == () and "held_out" not in steptime.coefficients("cpu").to_dict()
