@@ -13,7 +13,8 @@ toward physical priors, gives the coefficients. The schedules are then simulated
 moving --step of the way to the solve's coefficients, until no coefficient moves more than SETTLED of its prior's
 scale (or --iterations have run; each prints its largest move). The full step cycles between two schedules (on
 2026-12-06 from the profile shipped then: kv 1.31, 1.17, 1.34), the half step settles in a few iterations, so the
-defaults reproduce the shipped profile from itself. bench/simulate_accuracy.py scores the fit leave-one-out.
+defaults reproduce the shipped profile from itself. bench/simulate_accuracy.py scores the fit leave-one-out; the
+profile it writes has no held-out figures until `bench/simulate_accuracy.py --write-held-out` scores it again.
 """
 
 from __future__ import annotations

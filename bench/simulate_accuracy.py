@@ -1,6 +1,7 @@
 """kvops simulate against public GPU measurements of vLLM serving, leave-one-out, beside the other simulators.
 
-    python bench/simulate_accuracy.py [--window 200] [--draws 1] [--no-queued] [--no-assumed] [--json OUT]
+    python bench/simulate_accuracy.py [--window 200] [--draws 1] [--no-queued] [--no-assumed] [--write-held-out]
+                                      [--json OUT]
 
 The measurements: bench/data/sim_to_real.json (inference-perf against vLLM 0.15.1 on H100-80GB, collected by the
 inference-sim project; every experiment whose workload is published). Each experiment is predicted with step-time
@@ -15,7 +16,9 @@ the same experiments (in the data file); the table counts each over the experime
 Held out entirely: the runs whose workload sim-to-real does not publish (only its name, beside the run's GPU,
 engine flags and results), each sent the profile every published run of that name used
 (sim_experiments.assumed_experiments), simulated with the shipped coefficients and scored apart, per GPU: A100
-and L40S runs among them, and tp 8. Fitted on nowhere; --no-assumed skips them.
+and L40S runs among them, and tp 8. Fitted on nowhere; --no-assumed skips them. --write-held-out writes, where
+they reach a GPU or a tp no fitted run has, the range of their measured TPOT over the simulated into the gpu
+profile (`held_out`), which `kvops simulate` warns with; a refit (bench/fit_steptime.py) drops it until then.
 
 The send times are a random draw (sim_experiments.stage_trace: inference-perf's own are not published), and near
 saturation one draw queues where another does not. --draws N scores each of N draws (seeds 0..N-1) apart, then
@@ -30,6 +33,7 @@ import os
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass
+from datetime import date
 
 import numpy as np
 from fit_steptime import (
@@ -43,7 +47,7 @@ from fit_steptime import (
     simulate_stage,
     solve,
 )
-from sim_experiments import Experiment, assumed_experiments, experiments
+from sim_experiments import REPO, Experiment, assumed_experiments, experiments
 
 from kvops.simulate import results, steptime
 
@@ -161,6 +165,42 @@ def shipped_scores(chosen: list[Experiment], window_s: float | None) -> list[Sco
     return scored
 
 
+def held_out_entries(assumed: list[Scored], fitted: list[Experiment]) -> list[dict]:
+    """Where held-out runs reach what no fitted run has (another GPU, a larger tp), the range of their measured mean
+    TPOT over the simulated: the profile's `held_out`, which `kvops simulate` warns with."""
+    gpus, tps = {item.gpu for item in fitted}, {item.tp for item in fitted}
+    groups: dict[tuple[str, str | int], list[Scored]] = {}
+    for item in assumed:
+        run = item.experiment
+        key = ("gpu", run.gpu) if run.gpu not in gpus else ("tp", run.tp) if run.tp not in tps else None
+        if key and item.predicted.get("tpot_mean_ms"):
+            groups.setdefault(key, []).append(item)
+    entries = []
+    for (field, value), items in sorted(groups.items(), key=lambda group: str(group[0])):
+        ratios = [item.experiment.measured["tpot_mean_ms"] / item.predicted["tpot_mean_ms"] for item in items]
+        ids = ", ".join(item.experiment.id.split("-")[0] for item in items)
+        models = ", ".join(sorted({item.experiment.model.split("/")[-1] for item in items}))
+        entries.append(
+            {
+                field: value,
+                "runs": len(items),
+                "low": round(min(ratios), 2),
+                "high": round(max(ratios), 2),
+                "source": f"inference-sim's run{'s' if len(items) > 1 else ''} {ids} ({models}), their workload "
+                f"assumed from its name; bench/simulate_accuracy.py, {date.today().isoformat()}",
+            }
+        )
+    return entries
+
+
+def write_held_out(entries: list[dict]) -> None:
+    path = REPO / "kvops" / "catalog" / "step_time.json"
+    data = json.loads(path.read_text())
+    data["profiles"]["gpu"]["held_out"] = entries
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    print(f"wrote the held-out figures of profile gpu to {path.relative_to(REPO)}")
+
+
 def median_table(groups: dict[str, list[dict[str, float]]]) -> list[str]:
     """Median absolute percentage error per metric for each group of experiments' errors."""
     lines = [f"  {'':<44} {'n':>3} " + " ".join(f"{metric.removesuffix('_ms'):>14}" for metric in METRICS)]
@@ -244,6 +284,9 @@ def main() -> None:
     parser.add_argument("--no-queued", action="store_true", help="skip the queue-dominated runs (slow)")
     parser.add_argument("--no-assumed", action="store_true", help="skip the runs whose workload is assumed")
     parser.add_argument(
+        "--write-held-out", action="store_true", help="write where they reach another GPU or tp into the gpu profile"
+    )
+    parser.add_argument(
         "--draws", type=int, default=1, help="draws of send times, each scored, then their median (default 1)"
     )
     options = parser.parse_args()
@@ -260,6 +303,8 @@ def main() -> None:
     assumed = assumed_per_draw[0] if options.draws == 1 else over_draws(assumed_per_draw)
     apart = [] if options.no_queued else shipped_scores([item for item in every + held_out if item.queued], None)
     report(per_draw, scored, apart, assumed)
+    if options.write_held_out:
+        write_held_out(held_out_entries(assumed, every))
     print(f"\nfitted parameters: {', '.join(PARAMETERS)}; shipped: {coefficient_vector(steptime.coefficients('gpu'))}")
     if options.json:
         rows = [
