@@ -10,8 +10,9 @@ linearized around the schedules the shipped coefficients produce), then simulate
 --window seconds of each) through vLLM's own scheduler. The figures are whole-run: each simulated request weighed
 as the real stage's requests it stands for (sim_experiments.request_weights), the means and the p90 over all.
 Queue-dominated runs (sim-to-real's overloaded and saturated ones: thousands of requests failed, or the queue grew
-all run) are left out of every fit and scored apart with the shipped coefficients. The other simulators' figures are sim-to-real's own runs of them on
-the same experiments (in the data file); the table counts each over the experiments it predicted.
+all run) are left out of every fit and scored apart with the shipped coefficients. The other simulators' figures
+are sim-to-real's own runs of them on the same experiments (in the data file); the table counts each over the
+experiments it predicted.
 
 Held out entirely: the runs whose workload sim-to-real does not publish (only its name, beside the run's GPU,
 engine flags and results), each sent the profile every published run of that name used

@@ -305,8 +305,8 @@ def _warnings(setup: Setup) -> list[str]:
     step_time = setup.step_time
     for held in step_time.coefficients.held_out:
         if held.applies(step_time.hardware.name, step_time.cost.tp):
-            bound = "a lower bound" if held.low > 1 else "an upper bound" if held.high < 1 else "within that"
-            found.append(f"{held.describe()}: read its latencies as {bound}, or --calibrate on a benchmark of your own")
+            read = "as a lower bound" if held.low > 1 else "as an upper bound" if held.high < 1 else "within that range"
+            found.append(f"{held.describe()}: read its latencies {read}, or --calibrate on a benchmark of your own")
     longest = max((request.prompt_tokens for request in setup.trace.requests), default=0)
     if plan.capacity is not None and longest >= plan.capacity.max_model_len:
         found.append(
