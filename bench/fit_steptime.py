@@ -22,8 +22,10 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import date
+from typing import Any
 
 import numpy as np
 from sim_experiments import REPO, Experiment, experiments, plan_for, request_weights, scheduler_flags, stage_trace
@@ -274,9 +276,16 @@ def largest_move(before: np.ndarray, after: np.ndarray) -> str:
     return f"{PARAMETERS[index]} {100 * shares[index]:.2f}% of its prior's scale"
 
 
-def write_profile(vector: np.ndarray, chosen: list[Experiment], window_s: float | None, how: str) -> None:
+def update_step_time(what: str, change: Callable[[dict[str, Any]], None]) -> None:
+    """Rewrite kvops/catalog/step_time.json with `change` applied to its profiles, saying `what` was written."""
     path = REPO / "kvops" / "catalog" / "step_time.json"
     data = json.loads(path.read_text())
+    change(data["profiles"])
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    print(f"wrote {what} to {path.relative_to(REPO)}")
+
+
+def write_profile(vector: np.ndarray, chosen: list[Experiment], window_s: float | None, how: str) -> None:
     models = sorted({experiment.model for experiment in chosen})
     fitted_on = (
         f"{len(chosen)} public vLLM 0.15.1 serving runs on H100-80GB (inference-perf, constant-rate stages, "
@@ -286,15 +295,14 @@ def write_profile(vector: np.ndarray, chosen: list[Experiment], window_s: float 
         f"by bench/fit_steptime.py ({how}) on {date.today().isoformat()}; other GPUs through their datasheet figures"
     )
     source = "fitted: bench/fit_steptime.py (see fitted_on)"
-    data["profiles"]["gpu"] = {
+    profile = {
         "fitted_on": fitted_on,
         "terms": {
             name: {"value": float(f"{value:.6g}"), "source": source} for name, value in zip(steptime.TERMS, vector)
         },
         "api_s": {"value": float(f"{vector[-1]:.6g}"), "source": source},
     }
-    path.write_text(json.dumps(data, indent=2) + "\n")
-    print(f"wrote {path.relative_to(REPO)}")
+    update_step_time("the gpu profile", lambda profiles: profiles.update(gpu=profile))
 
 
 def main() -> None:

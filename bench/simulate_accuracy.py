@@ -47,8 +47,9 @@ from fit_steptime import (
     simulate_all,
     simulate_stage,
     solve,
+    update_step_time,
 )
-from sim_experiments import REPO, Experiment, assumed_experiments, experiments
+from sim_experiments import Experiment, assumed_experiments, experiments
 
 from kvops.simulate import results, steptime
 
@@ -194,14 +195,6 @@ def held_out_entries(assumed: list[Scored], fitted: list[Experiment]) -> list[di
     return entries
 
 
-def write_held_out(entries: list[dict]) -> None:
-    path = REPO / "kvops" / "catalog" / "step_time.json"
-    data = json.loads(path.read_text())
-    data["profiles"]["gpu"]["held_out"] = entries
-    path.write_text(json.dumps(data, indent=2) + "\n")
-    print(f"wrote the held-out figures of profile gpu to {path.relative_to(REPO)}")
-
-
 def median_table(groups: dict[str, list[dict[str, float]]]) -> list[str]:
     """Median absolute percentage error per metric for each group of experiments' errors."""
     lines = [f"  {'':<44} {'n':>3} " + " ".join(f"{metric.removesuffix('_ms'):>14}" for metric in METRICS)]
@@ -305,7 +298,10 @@ def main() -> None:
     apart = [] if options.no_queued else shipped_scores([item for item in every + held_out if item.queued], None)
     report(per_draw, scored, apart, assumed)
     if options.write_held_out:
-        write_held_out(held_out_entries(assumed, every))
+        entries = held_out_entries(assumed, every)
+        update_step_time(
+            "the gpu profile's held-out figures", lambda profiles: profiles["gpu"].update(held_out=entries)
+        )
     print(f"\nfitted parameters: {', '.join(PARAMETERS)}; shipped: {coefficient_vector(steptime.coefficients('gpu'))}")
     if options.json:
         rows = [

@@ -53,7 +53,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "plugins"), str(REPO / "bench")]
 
 import numpy as np  # noqa: E402
-from fit_steptime import coefficient_vector, recorded_run, request_rows  # noqa: E402
+from fit_steptime import coefficient_vector, recorded_run, request_rows, update_step_time  # noqa: E402
 from guard_goodput import Job, run  # noqa: E402
 
 from kvops.simulate import steptime  # noqa: E402
@@ -355,12 +355,8 @@ def compare(name: str, engine: dict, log, api_s: float) -> dict:
 
 
 def write_profile(profile: steptime.Coefficients) -> None:
-    path = REPO / "kvops" / "catalog" / "step_time.json"
-    data = json.loads(path.read_text())
-    data["profiles"]["cpu"] = {**profile.to_dict(), "hardware": CPU_HARDWARE}
-    data["profiles"]["cpu"].pop("profile", None)
-    path.write_text(json.dumps(data, indent=2) + "\n")
-    print(f"wrote the cpu profile to {path.relative_to(REPO)}")
+    written = {key: value for key, value in profile.to_dict().items() if key != "profile"}
+    update_step_time("the cpu profile", lambda profiles: profiles.update(cpu={**written, "hardware": CPU_HARDWARE}))
 
 
 def print_rows(plan, sim_traces: dict[str, Trace], measured: dict[str, dict], profiles: dict, note: str) -> None:
