@@ -14,7 +14,8 @@ moving --step of the way to the solve's coefficients, until no coefficient moves
 scale (or --iterations have run; each prints its largest move). The full step cycles between two schedules (on
 2026-12-06 from the profile shipped then: kv 1.31, 1.17, 1.34), the half step settles in a few iterations, so the
 defaults reproduce the shipped profile from itself. bench/simulate_accuracy.py scores the fit leave-one-out; the
-profile it writes has no held-out figures until `bench/simulate_accuracy.py --write-held-out` scores it again.
+profile it writes has no held-out figures until `bench/simulate_accuracy.py --write-held-out` scores it again, and
+no GPU scales until bench/fit_gpu_scale.py fits them again.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import argparse
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import date
 from typing import Any
 
@@ -276,13 +277,26 @@ def largest_move(before: np.ndarray, after: np.ndarray) -> str:
     return f"{PARAMETERS[index]} {100 * shares[index]:.2f}% of its prior's scale"
 
 
+STEP_TIME = REPO / "kvops" / "catalog" / "step_time.json"
+
+
 def update_step_time(what: str, change: Callable[[dict[str, Any]], None]) -> None:
     """Rewrite kvops/catalog/step_time.json with `change` applied to its profiles, saying `what` was written."""
-    path = REPO / "kvops" / "catalog" / "step_time.json"
-    data = json.loads(path.read_text())
+    data = json.loads(STEP_TIME.read_text())
     change(data["profiles"])
-    path.write_text(json.dumps(data, indent=2) + "\n")
-    print(f"wrote {what} to {path.relative_to(REPO)}")
+    STEP_TIME.write_text(json.dumps(data, indent=2) + "\n")
+    print(f"wrote {what} to {STEP_TIME.relative_to(REPO)}")
+
+
+def scales_without() -> dict[str, float]:
+    """Each run a GPU's scale was fitted on (bench/fit_gpu_scale.py): the scale fitted without it."""
+    scales = json.loads(STEP_TIME.read_text())["profiles"]["gpu"].get("gpu_scales", {})
+    return {run: value for entry in scales.values() for run, value in entry.get("leave_one_out", {}).items()}
+
+
+def at_scale(profile: steptime.Coefficients, gpu: str, scale: float, why: str) -> steptime.Coefficients:
+    """`profile` with `gpu`'s steps `scale` times what its datasheet prices."""
+    return replace(profile, gpu_scales={**profile.gpu_scales, gpu: steptime.Coefficient(scale, why)})
 
 
 def write_profile(vector: np.ndarray, chosen: list[Experiment], window_s: float | None, how: str) -> None:
@@ -292,11 +306,13 @@ def write_profile(vector: np.ndarray, chosen: list[Experiment], window_s: float 
         "sent as it sends them: exponential gaps scaled to each stage's length; "
         f"bench/data/sim_to_real.json, models: {', '.join(models)}), first {window_s:g} s of each stage, its "
         "requests weighed as the whole stage's (the prefix cache's first cycle once), "
-        f"by bench/fit_steptime.py ({how}) on {date.today().isoformat()}; other GPUs through their datasheet figures"
+        f"by bench/fit_steptime.py ({how}) on {date.today().isoformat()}; other GPUs through their datasheet figures (times their scale where "
+        "bench/fit_gpu_scale.py fits one: gpu_scales)"
     )
     source = "fitted: bench/fit_steptime.py (see fitted_on)"
     profile = {
         "fitted_on": fitted_on,
+        "fitted_gpus": sorted({experiment.gpu for experiment in chosen}),
         "terms": {
             name: {"value": float(f"{value:.6g}"), "source": source} for name, value in zip(steptime.TERMS, vector)
         },

@@ -17,7 +17,9 @@ experiments it predicted.
 Held out entirely: the runs whose workload sim-to-real does not publish (only its name, beside the run's GPU,
 engine flags and results), each sent the profile every published run of that name used
 (sim_experiments.assumed_experiments), simulated with the shipped coefficients and scored apart, per GPU: A100
-and L40S runs among them, and tp 8. Fitted on nowhere; --no-assumed skips them. --write-held-out writes, where
+and L40S runs among them, and tp 8. The gpu profile is fitted on none of them; the A100's own scale
+(bench/fit_gpu_scale.py) is fitted on its four, so each of those is simulated at the scale fitted on the other
+three. --no-assumed skips them. --write-held-out writes, where
 they reach a GPU or a tp no fitted run has, the range of their measured TPOT over the simulated into the gpu
 profile (`held_out`), which `kvops simulate` warns with; a refit (bench/fit_steptime.py) drops it until then.
 
@@ -40,10 +42,12 @@ import numpy as np
 from fit_steptime import (
     PARAMETERS,
     StageRun,
+    at_scale,
     coefficient_vector,
     normalized,
     plannable,
     profile_from,
+    scales_without,
     simulate_all,
     simulate_stage,
     solve,
@@ -157,11 +161,16 @@ def over_draws(per_draw: list[list[Scored]]) -> list[Scored]:
 
 
 def shipped_scores(chosen: list[Experiment], window_s: float | None) -> list[Scored]:
-    """Runs no fit saw, simulated with the shipped coefficients (window None: whole stages)."""
+    """Runs no fit saw, simulated with the shipped coefficients (window None: whole stages); a run its GPU's scale
+    was fitted on (bench/fit_gpu_scale.py), at the scale fitted without it."""
     shipped = steptime.coefficients("gpu")
+    without = scales_without()
     scored = []
     for experiment in chosen:
-        own = [simulate_stage(experiment, index, shipped, window_s) for index in range(len(experiment.stages))]
+        profile = shipped
+        if experiment.id in without:
+            profile = at_scale(shipped, experiment.gpu, without[experiment.id], "fitted without this run")
+        own = [simulate_stage(experiment, index, profile, window_s) for index in range(len(experiment.stages))]
         predicted = whole_run(experiment, own)
         scored.append(Scored(experiment, predicted, errors(predicted, experiment.measured)))
     return scored
@@ -169,8 +178,10 @@ def shipped_scores(chosen: list[Experiment], window_s: float | None) -> list[Sco
 
 def held_out_entries(assumed: list[Scored], fitted: list[Experiment]) -> list[dict]:
     """Where held-out runs reach what no fitted run has (another GPU, a larger tp), the range of their measured mean
-    TPOT over the simulated: the profile's `held_out`, which `kvops simulate` warns with."""
+    TPOT over the simulated: the profile's `held_out`, which `kvops simulate` warns with. Runs a GPU's scale was
+    fitted on are simulated at the scale fitted without each (shipped_scores), and say so (`scaled`)."""
     gpus, tps = {item.gpu for item in fitted}, {item.tp for item in fitted}
+    without = scales_without()
     groups: dict[tuple[str, str | int], list[Scored]] = {}
     for item in assumed:
         run = item.experiment
@@ -182,6 +193,7 @@ def held_out_entries(assumed: list[Scored], fitted: list[Experiment]) -> list[di
         ratios = [item.experiment.measured["tpot_mean_ms"] / item.predicted["tpot_mean_ms"] for item in items]
         ids = ", ".join(item.experiment.id.split("-")[0] for item in items)
         models = ", ".join(sorted({item.experiment.model.split("/")[-1] for item in items}))
+        scaled = all(item.experiment.id in without for item in items)
         entries.append(
             {
                 field: value,
@@ -190,6 +202,7 @@ def held_out_entries(assumed: list[Scored], fitted: list[Experiment]) -> list[di
                 "high": round(max(ratios), 2),
                 "source": f"inference-sim's run{'s' if len(items) > 1 else ''} {ids} ({models}), their workload "
                 f"assumed from its name; bench/simulate_accuracy.py, {date.today().isoformat()}",
+                **({"scaled": True} if scaled else {}),  # HeldOut.describe says how they were simulated
             }
         )
     return entries
@@ -258,8 +271,9 @@ def report(per_draw: list[list[Scored]], scored: list[Scored], apart: list[Score
     if assumed:
         print(
             "\nheld out, workload assumed: the runs that publish their GPU, engine flags and measurements but not their"
-            "\nworkload, each sent the profile every published run of its workload name used; fitted on nowhere,"
-            "\nsimulated with the shipped coefficients (other GPUs through their datasheets):"
+            "\nworkload, each sent the profile every published run of its workload name used; simulated with the"
+            "\nshipped coefficients (other GPUs through their datasheets), each run a GPU's scale was fitted on at"
+            "\nthe scale fitted on the others (bench/fit_gpu_scale.py, leave-one-out):"
         )
         for line in median_table(gpus(assumed)):
             print(line)

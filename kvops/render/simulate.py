@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from kvops.simulate.calibration import Calibration
     from kvops.simulate.session import Answer
     from kvops.simulate.simulation import ArmResult, RateSearch
+    from kvops.simulate.steptime import StepTime
 
 
 def text(answer: Answer) -> str:
@@ -70,9 +71,14 @@ def _header(answer: Answer) -> list[str]:
         f"lengths          {lengths}",
         f"clients send     {clients}",
         f"step time        {step_time.coefficients.name} profile, fitted on {fitted_on} (--json: each coefficient's source)",
-        f"device           {hardware.name}: {hardware.memory_bandwidth / 1e12:.3g} TB/s, {hardware.flops / 1e12:,.0f} TFLOP/s dense",
+        f"device           {hardware.name}: {hardware.memory_bandwidth / 1e12:.3g} TB/s, {hardware.flops / 1e12:,.0f} TFLOP/s dense{_scale_words(step_time)}",
         f"SLO              TTFT <= {_ms(setup.slo.ttft_s)}, TPOT <= {_ms(setup.slo.tpot_s)}",
     ]
+
+
+def _scale_words(step_time: StepTime) -> str:
+    scale = step_time.coefficients.gpu_scale(step_time.hardware.name)
+    return f"; its steps x {scale:.2f}, fitted on its public runs" if scale != 1.0 else ""
 
 
 FIGURE_COLUMNS = ("TTFT mean", "p90", "TPOT mean", "p90", "E2E mean", "p90")

@@ -118,6 +118,7 @@ def scaled(base: Coefficients, scale: float, why: str) -> Coefficients:
         terms=terms,
         fitted_on=f"profile {base.name} ({base.fitted_on}) x {scale:.4f}, {why}",
         held_out=(),  # fitted on the user's own run now: the public runs' verdict is the base profile's
+        fitted_gpus=(),
     )
 
 

@@ -303,7 +303,16 @@ def _warnings(setup: Setup) -> list[str]:
             "running as a lower bound, or --calibrate on a benchmark of your own at that load"
         )
     step_time = setup.step_time
-    for held in step_time.coefficients.held_out:
+    coefficients = step_time.coefficients
+    if coefficients.unscored(step_time.hardware.name):
+        others = sorted({held.gpu for held in coefficients.held_out if held.gpu} | set(coefficients.gpu_scales))
+        found.append(
+            f"no public vLLM run on {step_time.hardware.name} scores the step time: it is the profile fitted on "
+            f"{', '.join(coefficients.fitted_gpus)} through this GPU's datasheet alone, which priced the public runs "
+            f"on {', '.join(others)} too fast (kvops/catalog/step_time.json); read its latencies as a lower bound, "
+            "or --calibrate on a benchmark of your own"
+        )
+    for held in coefficients.held_out:
         if held.applies(step_time.hardware.name, step_time.cost.tp):
             read = "as a lower bound" if held.low > 1 else "as an upper bound" if held.high < 1 else "within that range"
             found.append(f"{held.describe()}: read its latencies {read}, or --calibrate on a benchmark of your own")

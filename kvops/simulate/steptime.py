@@ -33,6 +33,9 @@ them sampled), per GPU:
                 is what lets a lightly loaded MoE model (Llama 4 Scout at 8 requests) cost more than its bytes.
                 Optional, like expert_elements
 
+On a GPU whose public runs ran slower (or faster) than these efficiencies price it through its datasheet, every
+term is times that GPU's scale (`gpu_scales`), fitted on its runs by bench/fit_gpu_scale.py; 1 elsewhere.
+
 BW, FLOPS and LINK are the datasheet's memory bandwidth, dense tensor throughput for the serving dtype and the
 GPU-to-GPU link per direction (kvops/catalog/gpu_performance.json). The coefficients are efficiencies (a value of
 1.25 on `linear` means 80% of the datasheet) and fixed costs in seconds (tp_step_s: what a step costs more when
@@ -48,6 +51,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import field
 from functools import lru_cache
 from typing import Any
 
@@ -150,6 +154,7 @@ class HeldOut:
     source: str
     gpu: str | None = None
     tp: int | None = None
+    scaled: bool = False  # the runs its GPU's scale (gpu_scales) was fitted on, each at the scale fitted without it
 
     def applies(self, gpu: str, tp: int) -> bool:
         return self.gpu in (None, gpu) and self.tp in (None, tp)
@@ -158,7 +163,8 @@ class HeldOut:
         subject = f"on {self.gpu}" if self.gpu else f"at tp {self.tp}"
         runs = f"{self.runs} public vLLM run{'s' if self.runs > 1 else ''}"
         spread = f"{self.low:.2f}" if self.low == self.high else f"{self.low:.2f}-{self.high:.2f}"
-        return f"the step time {subject}: {runs} it was not fitted on ran at {spread} x its TPOT ({self.source})"
+        how = ", each simulated at the GPU's scale fitted on the others," if self.scaled else " it was not fitted on"
+        return f"the step time {subject}: {runs}{how} ran at {spread} x its TPOT ({self.source})"
 
 
 @frozen
@@ -172,6 +178,18 @@ class Coefficients:
     hardware: Hardware | None = None  # a profile fitted on one machine carries that machine's figures
     input_s: Coefficient | None = None  # the API server's hand-off to the engine core (None: none priced)
     held_out: tuple[HeldOut, ...] = ()  # how it did where it was not fitted (bench/simulate_accuracy.py)
+    gpu_scales: Mapping[str, Coefficient] = field(default_factory=dict)  # GPU id -> every term's factor there
+    fitted_gpus: tuple[str, ...] = ()  # the GPUs of the public runs it was fitted on (none named: no claim)
+
+    def unscored(self, gpu: str) -> bool:
+        """No public run on `gpu` was fitted or scored: its step time is the profile through its datasheet alone."""
+        held = any(entry.gpu == gpu for entry in self.held_out)
+        return bool(self.fitted_gpus) and gpu not in self.fitted_gpus and gpu not in self.gpu_scales and not held
+
+    def gpu_scale(self, gpu: str) -> float:
+        """What every term costs on `gpu` against the GPU the profile was fitted on, its datasheet apart."""
+        scale = self.gpu_scales.get(gpu)
+        return scale.value if scale is not None else 1.0
 
     @property
     def input_seconds(self) -> float:
@@ -185,10 +203,20 @@ class Coefficients:
         return {
             "profile": self.name,
             "fitted_on": self.fitted_on,
+            **({"fitted_gpus": list(self.fitted_gpus)} if self.fitted_gpus else {}),
             "terms": {name: {"value": term.value, "source": term.source} for name, term in self.terms.items()},
             "api_s": {"value": self.api_s.value, "source": self.api_s.source},
             **({"input_s": {"value": self.input_s.value, "source": self.input_s.source}} if self.input_s else {}),
             **({"held_out": [vars(entry) for entry in self.held_out]} if self.held_out else {}),
+            **(
+                {
+                    "gpu_scales": {
+                        gpu: {"value": scale.value, "source": scale.source} for gpu, scale in self.gpu_scales.items()
+                    }
+                }
+                if self.gpu_scales
+                else {}
+            ),
         }
 
 
@@ -209,7 +237,12 @@ class StepTime:
         return sum(coefficient * value for coefficient, value in zip(self.coefficients.values(), values))
 
     def features(self, new_tokens: Sequence[int], context: Sequence[int], samples: int) -> tuple[float, ...]:
-        """Each term's basis for one batch, in TERMS order (seconds at 100% of the datasheet, or counts)."""
+        """Each term's basis for one batch, in TERMS order (seconds at 100% of the datasheet, or counts), times the
+        GPU's scale."""
+        scale = self.coefficients.gpu_scale(self.hardware.name)
+        return tuple(scale * value for value in self._basis(new_tokens, context, samples))
+
+    def _basis(self, new_tokens: Sequence[int], context: Sequence[int], samples: int) -> tuple[float, ...]:
         cost, hardware = self.cost, self.hardware
         tokens = sum(new_tokens)
         dense_s = 2.0 * (cost.dense_parameters * tokens + cost.head_parameters * samples) / hardware.flops
@@ -246,9 +279,11 @@ class StepTime:
         )
 
     def to_dict(self) -> dict[str, Any]:
+        terms = " + ".join(f"{name} x f_{name}" for name in TERMS if name in self.coefficients.terms)
+        scale = self.coefficients.gpu_scales.get(self.hardware.name)
         return {
-            "formula": "t_step = "
-            + " + ".join(f"{name} x f_{name}" for name in TERMS if name in self.coefficients.terms),
+            "formula": f"t_step = {scale.value:g} x ({terms})" if scale else f"t_step = {terms}",
+            **({"gpu_scale": {"value": scale.value, "source": scale.source}} if scale else {}),
             "model": self.cost.to_dict(),
             "hardware": vars(self.hardware),
             "coefficients": self.coefficients.to_dict(),
@@ -336,9 +371,14 @@ def _parse(name: str, data: Mapping[str, Any]) -> Coefficients:
         terms={term: Coefficient(float(terms[term]["value"]), str(terms[term]["source"])) for term in present},
         api_s=Coefficient(float(data["api_s"]["value"]), str(data["api_s"]["source"])),
         fitted_on=str(data.get("fitted_on", "")),
+        fitted_gpus=tuple(data.get("fitted_gpus", ())),
         hardware=Hardware(**data["hardware"]) if data.get("hardware") else None,
         input_s=Coefficient(float(data["input_s"]["value"]), str(data["input_s"]["source"]))
         if data.get("input_s")
         else None,
         held_out=tuple(HeldOut(**entry) for entry in data.get("held_out", ())),
+        gpu_scales={
+            gpu: Coefficient(float(scale["value"]), str(scale["source"]))
+            for gpu, scale in data.get("gpu_scales", {}).items()
+        },
     )

@@ -35,12 +35,28 @@ def test_a_sparsely_routed_mixture_of_experts_is_said_to_be_predicted_fast_where
     assert "experts" not in run_kvops("simulate", *SMALL).stderr
 
 
-def test_a_gpu_where_held_out_runs_ran_slower_than_simulated_says_so(run_kvops):
-    a100 = ("-m", "llama-3.1-8b", "--gpu", "a100-80gb", "--max-model-len", "4096", "--requests", "10", "--rate", "2")
-    warned = run_kvops("simulate", *a100).stderr
-    assert "the step time on A100-80GB: 4 public vLLM runs it was not fitted on ran at 1.19-1.35 x its TPOT" in warned
-    assert "read its latencies as a lower bound, or --calibrate" in warned
+def on_gpu(gpu: str) -> tuple[str, ...]:
+    return ("-m", "llama-3.1-8b", "--gpu", gpu, "--max-model-len", "4096", "--requests", "10", "--rate", "2")
+
+
+def test_a_gpu_with_a_fitted_scale_says_so_and_how_its_runs_scored_without_it(run_kvops):
+    ran = run_kvops("simulate", *on_gpu("a100-80gb"))
+    assert "A100-80GB: 2.04 TB/s, 312 TFLOP/s dense; its steps x 1.23, fitted on its public runs" in ran.stdout
+    warned = ran.stderr
+    assert (
+        "the step time on A100-80GB: 4 public vLLM runs, each simulated at the GPU's scale fitted on the others"
+        in warned
+    )
+    assert "read its latencies within that range, or --calibrate" in warned
+    assert "no public vLLM run" not in warned
     assert "the step time on" not in run_kvops("simulate", *SMALL).stderr
+
+
+def test_a_gpu_no_public_run_scores_says_its_latencies_are_a_lower_bound(run_kvops):
+    warned = run_kvops("simulate", *on_gpu("a100-40gb")).stderr
+    assert "no public vLLM run on A100-40GB scores the step time: it is the profile fitted on H100-80GB" in warned
+    assert "priced the public runs on A100-80GB, L40S too fast" in warned and "as a lower bound" in warned
+    assert "no public vLLM run" not in run_kvops("simulate", *on_gpu("h100")).stderr
 
 
 def test_compare_runs_the_arms_on_the_same_trace_and_says_the_ratio(run_kvops):

@@ -76,3 +76,5 @@ def test_a_calibrated_profile_drops_the_public_runs_verdict():
     assert gpu.held_out
     calibrated = scaled(gpu, 1.2, "fitted on a run of your own")
     assert calibrated.held_out == () and calibrated.terms["kv"].value == pytest.approx(gpu.terms["kv"].value * 1.2)
+    # the factor is measured against the base as it prices the user's GPU, its scale there included
+    assert calibrated.gpu_scales == gpu.gpu_scales and calibrated.fitted_gpus == ()

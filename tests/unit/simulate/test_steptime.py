@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -148,6 +149,39 @@ def test_each_moe_layer_costs_a_floor_whatever_the_batch_and_the_term_is_optiona
     )
 
 
+def test_a_gpu_scale_multiplies_every_term_on_that_gpu_alone_and_round_trips():
+    base = unit_coefficients()
+    scaled = replace(base, gpu_scales={"test": Coefficient(1.25, "fitted on its runs")})
+    batch = ([1, 64], [500, 0], 1)
+    plain, on_it = StepTime(dense(tp=2), HARDWARE, base), StepTime(dense(tp=2), HARDWARE, scaled)
+    assert on_it.features(*batch) == pytest.approx([1.25 * value for value in plain.features(*batch)])
+    assert on_it.seconds(*batch) == pytest.approx(1.25 * plain.seconds(*batch))
+    elsewhere = StepTime(dense(tp=2), replace(HARDWARE, name="other"), scaled)
+    assert elsewhere.seconds(*batch) == pytest.approx(plain.seconds(*batch))
+    shown = on_it.to_dict()
+    assert shown["formula"].startswith("t_step = 1.25 x (step_s x f_step_s + ")
+    assert shown["gpu_scale"] == {"value": 1.25, "source": "fitted on its runs"}
+    assert "gpu_scale" not in elsewhere.to_dict() and "gpu_scales" not in base.to_dict()
+    assert steptime.read_coefficients(json.dumps(scaled.to_dict()), "fit.json").gpu_scales == scaled.gpu_scales
+
+
+def test_the_shipped_a100_scale_is_fitted_on_its_public_runs_and_scored_leave_one_out():
+    gpu = steptime.coefficients("gpu")
+    a100 = gpu.gpu_scales["A100-80GB"]
+    assert 1.1 < a100.value < 1.4 and gpu.gpu_scale("H100-80GB") == 1.0 and gpu.gpu_scale("L40S") == 1.0
+    assert a100.source.startswith("fitted: bench/fit_gpu_scale.py on inference-sim's A100-80GB runs 36, 38, 40, 41")
+    assert "leave-one-out median absolute error e2e_mean " in a100.source
+
+
+def test_a_gpu_is_unscored_where_no_public_run_on_it_was_fitted_or_held_out():
+    gpu = steptime.coefficients("gpu")
+    assert gpu.fitted_gpus == ("H100-80GB",)
+    assert not any(gpu.unscored(name) for name in ("H100-80GB", "A100-80GB", "L40S"))
+    assert gpu.unscored("A100-40GB") and gpu.unscored("L4")
+    assert not steptime.coefficients("cpu").unscored("L4")  # fitted on no public run: it claims nothing
+    assert steptime.read_coefficients(json.dumps(gpu.to_dict()), "fit.json").fitted_gpus == gpu.fitted_gpus
+
+
 def test_every_shipped_coefficient_says_where_it_came_from():
     for profile in steptime.profiles():
         coefficients = steptime.coefficients(profile)
@@ -183,8 +217,14 @@ def test_held_out_runs_apply_by_gpu_or_tensor_parallel_size_and_round_trip():
     by_gpu = {held.gpu: held for held in gpu.held_out if held.gpu}
     a100 = by_gpu["A100-80GB"]
     assert a100.applies("A100-80GB", 2) and not a100.applies("H100-80GB", 1)
-    assert 1 < a100.low <= a100.high and "2026-12-06" in a100.source
-    assert a100.describe().startswith("the step time on A100-80GB: 4 public vLLM runs it was not fitted on ran at ")
+    assert a100.low < 1 < a100.high and a100.scaled and "2026-12-06" in a100.source
+    assert a100.describe().startswith(
+        "the step time on A100-80GB: 4 public vLLM runs, each simulated at the GPU's scale fitted on the others, ran at "
+    )
+    l40s = by_gpu["L40S"]
+    assert not l40s.scaled and l40s.describe().startswith(
+        "the step time on L40S: 1 public vLLM run it was not fitted on"
+    )
     (tp8,) = [held for held in gpu.held_out if held.tp]
     assert tp8.applies("H100-80GB", 8) and not tp8.applies("H100-80GB", 4) and tp8.high < 1
     assert not any(held.applies("H100-80GB", 1) for held in gpu.held_out)  # what the profile is fitted on
