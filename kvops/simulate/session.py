@@ -306,11 +306,12 @@ def _warnings(setup: Setup) -> list[str]:
     coefficients = step_time.coefficients
     if coefficients.unscored(step_time.hardware.name):
         others = sorted({held.gpu for held in coefficients.held_out if held.gpu} | set(coefficients.gpu_scales))
+        priced = f", which priced the public runs on {', '.join(others)} too fast" if others else ""
         found.append(
             f"no public vLLM run on {step_time.hardware.name} scores the step time: it is the profile fitted on "
-            f"{', '.join(coefficients.fitted_gpus)} through this GPU's datasheet alone, which priced the public runs "
-            f"on {', '.join(others)} too fast (kvops/catalog/step_time.json); read its latencies as a lower bound, "
-            "or --calibrate on a benchmark of your own"
+            f"{', '.join(coefficients.fitted_gpus)} through this GPU's datasheet alone{priced} "
+            "(kvops/catalog/step_time.json); read its latencies as a lower bound, or --calibrate on a benchmark of "
+            "your own"
         )
     for held in coefficients.held_out:
         if held.applies(step_time.hardware.name, step_time.cost.tp):
