@@ -56,7 +56,10 @@ def test_a_burst_takes_the_watcher_through_each_level_and_back(vllm_engine, tmp_
         try:
             for stage, level in ((WARN, "warn"), (DEGRADE, "degrade"), (CRITICAL, "critical")):
                 load.switch(stage)
-                documents[level] = watch.wait_level(level, timeout=180)
+                try:
+                    documents[level] = watch.wait_level(level, timeout=180)
+                except AssertionError as exc:
+                    raise AssertionError(f"{exc}; the load: {load.report()}") from None
             # the burst goes on until the engine has preempted: the pool can reach 95% a step before the first
             # preemption, and a burst stopped there may drain without one (seen once on the loaded 2-core machine)
             wait_until(lambda: engine_counter(vllm_engine, "vllm:num_preemptions_total") > preemptions_before)

@@ -67,6 +67,12 @@ class KvLoad:
     def switch(self, stage: Stage) -> None:
         self.stage = stage
 
+    def report(self) -> str:
+        """What the load did, for a failure message: a stalled level is the engine or the load."""
+        with self.lock:
+            last = self.errors[-1] if self.errors else "none"
+            return f"{self.completed} requests completed, {len(self.errors)} failed (last: {last})"
+
     def stop(self, timeout: float = 120) -> None:
         self.stopping.set()
         for worker in self.workers:
