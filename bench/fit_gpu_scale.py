@@ -29,7 +29,7 @@ from datetime import date
 
 import numpy as np
 from fit_steptime import at_scale, plannable, simulate_stage, update_step_time
-from sim_experiments import Experiment, assumed_experiments
+from sim_experiments import Experiment, assumed_experiments, cited
 from simulate_accuracy import METRICS, Scored, errors, whole_run
 
 from kvops.simulate import steptime
@@ -91,8 +91,7 @@ def medians(scored: list[Scored]) -> str:
 
 
 def source(gpu: str, runs: list[Experiment], scored: list[Scored], grid_errors: dict[str, np.ndarray]) -> str:
-    ids = ", ".join(run.id.split("-")[0] for run in runs)
-    models = ", ".join(sorted({run.model.split("/")[-1] for run in runs}))
+    ids, models = cited(runs)
     each = ", ".join(signed(item.predicted, item.experiment, TARGET) for item in scored)
     alone = ", ".join(f"{100 * np.expm1(grid_errors[run.id][GRID.index(1.0)]):+.1f}%" for run in runs)
     return (

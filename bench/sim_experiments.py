@@ -73,6 +73,12 @@ class Experiment:
         return self.id.split("-", 2)[-1] if self.id[:8].isdigit() else self.id
 
 
+def cited(runs: list[Experiment]) -> tuple[str, str]:
+    """Runs as a source names them: sim-to-real's run numbers, and their models."""
+    numbers = ", ".join(run.id.split("-")[0] for run in runs)
+    return numbers, ", ".join(sorted({run.model.split("/")[-1] for run in runs}))
+
+
 def experiments(data: Path = DATA) -> list[Experiment]:
     """The experiments whose workload is published, in file order."""
     return [_experiment(item, item["workload"]) for item in _items(data) if _published(item)]

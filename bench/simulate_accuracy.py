@@ -53,7 +53,7 @@ from fit_steptime import (
     solve,
     update_step_time,
 )
-from sim_experiments import Experiment, assumed_experiments, experiments
+from sim_experiments import Experiment, assumed_experiments, cited, experiments
 
 from kvops.simulate import results, steptime
 
@@ -191,8 +191,7 @@ def held_out_entries(assumed: list[Scored], fitted: list[Experiment]) -> list[di
     entries = []
     for (field, value), items in sorted(groups.items(), key=lambda group: str(group[0])):
         ratios = [item.experiment.measured["tpot_mean_ms"] / item.predicted["tpot_mean_ms"] for item in items]
-        ids = ", ".join(item.experiment.id.split("-")[0] for item in items)
-        models = ", ".join(sorted({item.experiment.model.split("/")[-1] for item in items}))
+        ids, models = cited([item.experiment for item in items])
         scaled = all(item.experiment.id in without for item in items)
         entries.append(
             {
