@@ -33,7 +33,7 @@ GUARD_LARGE_POOL = (
 )
 GUARD_SMALL_POOL = (
     "like the CPU benchmark's pool of about 8 and an 8B model's on one L4, where the guard ran at 0.99 x (freshly "
-    "started, 0.92 to 0.96 x over twelve repetitions) and at 0.97 to 1.16 x (a median of 0.99 to 1.04) stock "
+    "started, 0.86 to 1.06 x in four runs) and at 0.97 to 1.16 x (a median of 0.99 to 1.04) stock "
     "vLLM's goodput, preempting a tenth as often or less "
     "(bench/guard_goodput.py, bench/guard_simulated.py)"
 )
