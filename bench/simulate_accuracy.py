@@ -179,9 +179,8 @@ def shipped_scores(chosen: list[Experiment], window_s: float | None) -> list[Sco
 def held_out_entries(assumed: list[Scored], fitted: list[Experiment]) -> list[dict]:
     """Where held-out runs reach what no fitted run has (another GPU, a larger tp), the range of their measured mean
     TPOT over the simulated: the profile's `held_out`, which `kvops simulate` warns with. Runs a GPU's scale was
-    fitted on are simulated at the scale fitted without each (shipped_scores), and say so (`scaled`)."""
+    fitted on are simulated at the scale fitted without each (shipped_scores)."""
     gpus, tps = {item.gpu for item in fitted}, {item.tp for item in fitted}
-    without = scales_without()
     groups: dict[tuple[str, str | int], list[Scored]] = {}
     for item in assumed:
         run = item.experiment
@@ -192,7 +191,6 @@ def held_out_entries(assumed: list[Scored], fitted: list[Experiment]) -> list[di
     for (field, value), items in sorted(groups.items(), key=lambda group: str(group[0])):
         ratios = [item.experiment.measured["tpot_mean_ms"] / item.predicted["tpot_mean_ms"] for item in items]
         ids, models = cited([item.experiment for item in items])
-        scaled = all(item.experiment.id in without for item in items)
         entries.append(
             {
                 field: value,
@@ -201,7 +199,6 @@ def held_out_entries(assumed: list[Scored], fitted: list[Experiment]) -> list[di
                 "high": round(max(ratios), 2),
                 "source": f"inference-sim's run{'s' if len(items) > 1 else ''} {ids} ({models}), their workload "
                 f"assumed from its name; bench/simulate_accuracy.py, {date.today().isoformat()}",
-                **({"scaled": True} if scaled else {}),  # HeldOut.describe says how they were simulated
             }
         )
     return entries

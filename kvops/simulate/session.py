@@ -316,7 +316,8 @@ def _warnings(setup: Setup) -> list[str]:
     for held in coefficients.held_out:
         if held.applies(step_time.hardware.name, step_time.cost.tp):
             read = "as a lower bound" if held.low > 1 else "as an upper bound" if held.high < 1 else "within that range"
-            found.append(f"{held.describe()}: read its latencies {read}, or --calibrate on a benchmark of your own")
+            shown = held.describe(scaled=held.gpu in coefficients.gpu_scales)
+            found.append(f"{shown}: read its latencies {read}, or --calibrate on a benchmark of your own")
     longest = max((request.prompt_tokens for request in setup.trace.requests), default=0)
     if plan.capacity is not None and longest >= plan.capacity.max_model_len:
         found.append(

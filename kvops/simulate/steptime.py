@@ -154,16 +154,17 @@ class HeldOut:
     source: str
     gpu: str | None = None
     tp: int | None = None
-    scaled: bool = False  # the runs its GPU's scale (gpu_scales) was fitted on, each at the scale fitted without it
 
     def applies(self, gpu: str, tp: int) -> bool:
         return self.gpu in (None, gpu) and self.tp in (None, tp)
 
-    def describe(self) -> str:
+    def describe(self, scaled: bool = False) -> str:
+        """`scaled`: its GPU has a scale (gpu_scales), fitted on these runs, each scored at the scale fitted without
+        it (bench/fit_gpu_scale.py and bench/simulate_accuracy.py hold out the same runs)."""
         subject = f"on {self.gpu}" if self.gpu else f"at tp {self.tp}"
         runs = f"{self.runs} public vLLM run{'s' if self.runs > 1 else ''}"
         spread = f"{self.low:.2f}" if self.low == self.high else f"{self.low:.2f}-{self.high:.2f}"
-        how = ", each simulated at the GPU's scale fitted on the others," if self.scaled else " it was not fitted on"
+        how = ", each simulated at the GPU's scale fitted on the others," if scaled else " it was not fitted on"
         return f"the step time {subject}: {runs}{how} ran at {spread} x its TPOT ({self.source})"
 
 

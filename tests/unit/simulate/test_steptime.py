@@ -217,12 +217,12 @@ def test_held_out_runs_apply_by_gpu_or_tensor_parallel_size_and_round_trip():
     by_gpu = {held.gpu: held for held in gpu.held_out if held.gpu}
     a100 = by_gpu["A100-80GB"]
     assert a100.applies("A100-80GB", 2) and not a100.applies("H100-80GB", 1)
-    assert a100.low < 1 < a100.high and a100.scaled and "2026-12-06" in a100.source
-    assert a100.describe().startswith(
+    assert a100.low < 1 < a100.high and "A100-80GB" in gpu.gpu_scales and "2026-12-06" in a100.source
+    assert a100.describe(scaled=True).startswith(
         "the step time on A100-80GB: 4 public vLLM runs, each simulated at the GPU's scale fitted on the others, ran at "
     )
     l40s = by_gpu["L40S"]
-    assert not l40s.scaled and l40s.describe().startswith(
+    assert "L40S" not in gpu.gpu_scales and l40s.describe().startswith(
         "the step time on L40S: 1 public vLLM run it was not fitted on"
     )
     (tp8,) = [held for held in gpu.held_out if held.tp]
