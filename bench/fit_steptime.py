@@ -4,8 +4,9 @@ kvops/catalog/step_time.json (profile "gpu").
     python bench/fit_steptime.py [--window 100] [--iterations 8] [--step 0.5] [--dry-run]
 
 How: every experiment of bench/data/sim_to_real.json that publishes its workload (inference-perf on H100, vLLM
-0.15.1) is simulated stage by stage through vLLM's own scheduler (the first --window seconds of each stage;
-queue-dominated runs are left out of the fit). With the schedule a run produced held fixed, the clock is linear in
+0.15.1) is simulated stage by stage through vLLM's own scheduler (the first --window seconds of each stage, the
+whole of a stage of long requests, see sim_experiments.simulated_seconds; queue-dominated runs are left out of the
+fit). With the schedule a run produced held fixed, the clock is linear in
 the coefficients: a step ends at the start of its busy period plus the sum of the steps before it, each step's
 time the coefficients times its roofline features (kvops/simulate/steptime.py). So each stage's mean TTFT, E2E
 and TPOT are linear in the coefficients, and a bounded least squares on their relative errors, pulled weakly
@@ -304,7 +305,8 @@ def write_profile(vector: np.ndarray, chosen: list[Experiment], window_s: float 
     fitted_on = (
         f"{len(chosen)} public vLLM 0.15.1 serving runs on H100-80GB (inference-perf, constant-rate stages, "
         "sent as it sends them: exponential gaps scaled to each stage's length; "
-        f"bench/data/sim_to_real.json, models: {', '.join(models)}), first {window_s:g} s of each stage, its "
+        f"bench/data/sim_to_real.json, models: {', '.join(models)}), first {window_s:g} s of each stage (whole where "
+        "its requests are long: bench/sim_experiments.py simulated_seconds), its "
         "requests weighed as the whole stage's (the prefix cache's first cycle once), "
         f"by bench/fit_steptime.py ({how}) on {date.today().isoformat()}; other GPUs through their datasheet figures (times their scale where "
         "bench/fit_gpu_scale.py fits one: gpu_scales)"
