@@ -7,7 +7,8 @@ The measurements: bench/data/sim_to_real.json (inference-perf against vLLM 0.15.
 inference-sim project; every experiment whose workload is published). Each experiment is predicted with step-time
 coefficients fitted WITHOUT it (bench/fit_steptime.py's least squares on every other experiment's stages,
 linearized around the schedules the shipped coefficients produce), then simulated stage by stage (the first
---window seconds of each) through vLLM's own scheduler. The figures are whole-run: each simulated request weighed
+--window seconds of each, a stage of long requests whole: sim_experiments.simulated_seconds) through vLLM's own
+scheduler. The figures are whole-run: each simulated request weighed
 as the real stage's requests it stands for (sim_experiments.request_weights), the means and the p90 over all.
 Queue-dominated runs (sim-to-real's overloaded and saturated ones: thousands of requests failed, or the queue grew
 all run) are left out of every fit and scored apart with the shipped coefficients. The other simulators' figures
