@@ -142,6 +142,10 @@ class Coefficient:
     value: float
     source: str
 
+    @classmethod
+    def parse(cls, data: Mapping[str, Any]) -> Coefficient:
+        return cls(float(data["value"]), str(data["source"]))
+
 
 @frozen
 class HeldOut:
@@ -205,19 +209,11 @@ class Coefficients:
             "profile": self.name,
             "fitted_on": self.fitted_on,
             **({"fitted_gpus": list(self.fitted_gpus)} if self.fitted_gpus else {}),
-            "terms": {name: {"value": term.value, "source": term.source} for name, term in self.terms.items()},
-            "api_s": {"value": self.api_s.value, "source": self.api_s.source},
-            **({"input_s": {"value": self.input_s.value, "source": self.input_s.source}} if self.input_s else {}),
+            "terms": {name: vars(term) for name, term in self.terms.items()},
+            "api_s": vars(self.api_s),
+            **({"input_s": vars(self.input_s)} if self.input_s else {}),
             **({"held_out": [vars(entry) for entry in self.held_out]} if self.held_out else {}),
-            **(
-                {
-                    "gpu_scales": {
-                        gpu: {"value": scale.value, "source": scale.source} for gpu, scale in self.gpu_scales.items()
-                    }
-                }
-                if self.gpu_scales
-                else {}
-            ),
+            **({"gpu_scales": {gpu: vars(scale) for gpu, scale in self.gpu_scales.items()}} if self.gpu_scales else {}),
         }
 
 
@@ -284,7 +280,7 @@ class StepTime:
         scale = self.coefficients.gpu_scales.get(self.hardware.name)
         return {
             "formula": f"t_step = {scale.value:g} x ({terms})" if scale else f"t_step = {terms}",
-            **({"gpu_scale": {"value": scale.value, "source": scale.source}} if scale else {}),
+            **({"gpu_scale": vars(scale)} if scale else {}),
             "model": self.cost.to_dict(),
             "hardware": vars(self.hardware),
             "coefficients": self.coefficients.to_dict(),
@@ -369,17 +365,12 @@ def _parse(name: str, data: Mapping[str, Any]) -> Coefficients:
     present = [term for term in TERMS if term in terms]
     return Coefficients(
         name=name,
-        terms={term: Coefficient(float(terms[term]["value"]), str(terms[term]["source"])) for term in present},
-        api_s=Coefficient(float(data["api_s"]["value"]), str(data["api_s"]["source"])),
+        terms={term: Coefficient.parse(terms[term]) for term in present},
+        api_s=Coefficient.parse(data["api_s"]),
         fitted_on=str(data.get("fitted_on", "")),
         fitted_gpus=tuple(data.get("fitted_gpus", ())),
         hardware=Hardware(**data["hardware"]) if data.get("hardware") else None,
-        input_s=Coefficient(float(data["input_s"]["value"]), str(data["input_s"]["source"]))
-        if data.get("input_s")
-        else None,
+        input_s=Coefficient.parse(data["input_s"]) if data.get("input_s") else None,
         held_out=tuple(HeldOut(**entry) for entry in data.get("held_out", ())),
-        gpu_scales={
-            gpu: Coefficient(float(scale["value"]), str(scale["source"]))
-            for gpu, scale in data.get("gpu_scales", {}).items()
-        },
+        gpu_scales={gpu: Coefficient.parse(scale) for gpu, scale in data.get("gpu_scales", {}).items()},
     )
