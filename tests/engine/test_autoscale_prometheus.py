@@ -6,13 +6,15 @@ replicas: the real vLLM CPU engine, and a STAND-IN (a real HTTP server serving t
 requests of 650 + 100 tokens, and writes the recording rules, the KEDA ScaledObject, the HPA with its
 prometheus-adapter rule, and the llm-d, Dynamo and production-stack settings. Prometheus evaluates those rules on
 the two replicas; every query the objects hold runs against it, under staged load: idle, then 5 requests that
-start at 100 tokens and grow to 750 (the plan's request), 5 x 6 blocks = 97% of the pool. The demand counts each at
+start at 300 tokens and grow to 750 (the plan's request), 5 x 6 blocks = 97% of the pool. The demand counts each at
 750 from its admission (5 x 750 = 95% of the pool), so it passes the scaling target (warn, 70%) while the blocks
-still fill, which KV usage reaches only past 512 tokens (5 x 5 blocks = 81%): the signal leads the KV level.
-The lead is read inside each rule group, which records the engine's KV usage beside the demand from the same
-scrape: a signal past the warn level while KV usage reads below 70%. Every round of the load offers one; the test
-waits across rounds, since the busy engine can answer only one scrape a second. KV usage stays past 70% for the
-last third of every round, so Prometheus samples that too.
+still fill (5 x 3 blocks = 48% at admission), which KV usage reaches only past 512 tokens (5 x 5 blocks = 81%): the
+signal leads the KV level. The lead is read inside each rule group, which records the engine's KV usage beside the
+demand from the same scrape: a signal past the warn level while KV usage reads below 70%. Every round of the load
+offers one, for its first 212 tokens of 450; the test waits across rounds, since a busy engine can answer only one
+scrape a second. KV usage stays past 70% for the other 238 tokens of every round, so Prometheus samples that too.
+(With rounds of 100 + 650 tokens, past 70% for a third of each, Prometheus twice read no KV usage past 70% in
+240 s while other work shared the 2 cores.)
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ PLAN = [
     "--replicas",
     "2",
 ]
-GROWING = Stage(5, 100, 650)  # 5 x 1 block at admission (16%), growing to 5 x 6 blocks (97%) as they decode
+GROWING = Stage(5, 300, 450)  # 5 x 3 blocks at admission (48%), growing to 5 x 6 blocks (97%) as they decode
 STAND_IN = {"kv_usage": 0.30, "running": 1, "waiting": 2}
 K8S_KV, STACK_KV = "test:kv_usage_k8s", "test:kv_usage_stack"  # the test's own records, beside the demand's
 STAND_IN_DEMAND = max(0.30 * USABLE, 1 * REQUEST) + 2 * REQUEST  # 1190.4 in use + 2 queued x 750
@@ -112,6 +114,17 @@ def first_at_or_above(prometheus: PrometheusServer, expr: str, level: float, sin
             if stamp >= since and float(sample) >= level:
                 return stamp
     return None
+
+
+def engine_seen(prometheus: PrometheusServer, seconds: int) -> dict[str, list[float]]:
+    """For a failure message: what Prometheus scraped from the engine over the load, its scrapes that answered
+    and its highest KV usage (a scrape that timed out on a starved engine records nothing)."""
+    queries = {
+        "scrapes answered": f'sum_over_time(up{{job="vllm",pod="vllm-0"}}[{seconds}s])',
+        "scrapes tried": f'count_over_time(up{{job="vllm",pod="vllm-0"}}[{seconds}s])',
+        "highest KV usage": f'max_over_time(vllm:kv_cache_usage_perc{{job="vllm",pod="vllm-0"}}[{seconds}s])',
+    }
+    return {name: [float(s["value"][1]) for s in prometheus.query(expr)] for name, expr in queries.items()}
 
 
 def adapter_query(config: dict, namespace: str, pods: list[str]) -> str:
@@ -279,8 +292,9 @@ def test_headroom_scales_and_gateways_shed_at_kvops_levels(vllm_engine, tmp_path
                     time.sleep(0.25)
             finally:
                 load.stop()
+            seen = engine_seen(prometheus, math.ceil(time.time() - start))
     assert not load.errors, load.errors[:3]
-    assert asked and kv is not None, (asked, kv, leads)
+    assert asked and kv is not None, (asked, kv, leads, load.report(), seen)
     print(
         f"while KV usage read below 70% the demand read {leads.get('demand', 0):.0%} of the pool, KEDA's trigger"
         f" {leads.get('keda', 0):.0f} tokens, production-stack's {leads.get('stack', 0):.0f}; KV usage passed 70%"
