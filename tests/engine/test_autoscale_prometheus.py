@@ -63,6 +63,7 @@ PLAN = [
 GROWING = Stage(5, 300, 450)  # 5 x 3 blocks at admission (48%), growing to 5 x 6 blocks (97%) as they decode
 STAND_IN = {"kv_usage": 0.30, "running": 1, "waiting": 2}
 K8S_KV, STACK_KV = "test:kv_usage_k8s", "test:kv_usage_stack"  # the test's own records, beside the demand's
+ENGINE = '{job="vllm",pod="vllm-0"}'  # the real engine's series (vllm-1 is the stand-in)
 STAND_IN_DEMAND = max(0.30 * USABLE, 1 * REQUEST) + 2 * REQUEST  # 1190.4 in use + 2 queued x 750
 
 
@@ -90,8 +91,8 @@ def rule_file(path: Path, prometheus_rule: str, kv_record: str) -> Path:
 def lead_queries(keda_query: str, stack_query: str) -> dict[str, tuple[str, str]]:
     """Each signal with the KV usage its own rule group recorded at the same evaluation."""
     return {
-        "demand": ('kvops:kv_demand_ratio{job="vllm",pod="vllm-0"}', f'{K8S_KV}{{job="vllm",pod="vllm-0"}}'),
-        "keda": (keda_query, f'{K8S_KV}{{job="vllm",pod="vllm-0"}}'),
+        "demand": (f"kvops:kv_demand_ratio{ENGINE}", f"{K8S_KV}{ENGINE}"),
+        "keda": (keda_query, f"{K8S_KV}{ENGINE}"),
         "stack": (stack_query, f'{STACK_KV}{{job="stack"}}'),
     }
 
@@ -120,9 +121,9 @@ def engine_seen(prometheus: PrometheusServer, seconds: int) -> dict[str, list[fl
     """For a failure message: what Prometheus scraped from the engine over the load, its scrapes that answered
     and its highest KV usage (a scrape that timed out on a starved engine records nothing)."""
     queries = {
-        "scrapes answered": f'sum_over_time(up{{job="vllm",pod="vllm-0"}}[{seconds}s])',
-        "scrapes tried": f'count_over_time(up{{job="vllm",pod="vllm-0"}}[{seconds}s])',
-        "highest KV usage": f'max_over_time(vllm:kv_cache_usage_perc{{job="vllm",pod="vllm-0"}}[{seconds}s])',
+        "scrapes answered": f"sum_over_time(up{ENGINE}[{seconds}s])",
+        "scrapes tried": f"count_over_time(up{ENGINE}[{seconds}s])",
+        "highest KV usage": f"max_over_time(vllm:kv_cache_usage_perc{ENGINE}[{seconds}s])",
     }
     return {name: [float(s["value"][1]) for s in prometheus.query(expr)] for name, expr in queries.items()}
 
@@ -286,9 +287,7 @@ def test_headroom_scales_and_gateways_shed_at_kvops_levels(vllm_engine, tmp_path
                         ):
                             per_pod = at(prometheus, adapter_query(adapter, "default", list(pods)), when)
                             asked.update(at=when - start, total=totals[0], hpa=sum(per_pod) / len(per_pod))
-                    kv = kv or first_at_or_above(
-                        prometheus, 'vllm:kv_cache_usage_perc{job="vllm",pod="vllm-0"}', 0.70, start
-                    )
+                    kv = kv or first_at_or_above(prometheus, f"vllm:kv_cache_usage_perc{ENGINE}", 0.70, start)
                     time.sleep(0.25)
             finally:
                 load.stop()
