@@ -18,7 +18,9 @@ simulated with the times the client really sent its requests (the median over th
 
 Without --fit each trace is simulated with the shipped CPU profile (kvops/catalog/step_time.json, profile "cpu").
 With --fit, leave-one-out: each trace is simulated with coefficients fitted on the other five alone, and then the
-profile fitted on all but overload (FITTED) is written: overload stays held out of what ships. The fit is
+profile fitted on all but overload (FITTED) is written: overload stays held out of what ships. The profile's
+`held_out` (how other machines' engines ran against it: runs saved with --measured files from them, scored without
+--fit) is dropped by a refit until measured again. The fit is
 bench/fit_steptime.py's linearization around each schedule: the step's terms on the engine's own mean TTFT, TPOT
 and E2E of each trace (vLLM's latency histograms, read from /metrics before and after each run: the API server's
 arrival stamp and the engine core's token stamps), the API server's time on the clients' TTFT (the median gap),
@@ -476,7 +478,7 @@ def main() -> None:
             + ", ".join(f"{name} {1000 * p.input_seconds:g}" for name, p in held_out.items())
         )
         fitted_on = (
-            f"the test model on this machine's vLLM {__import__('vllm').__version__} CPU engine "
+            f"the test model on one {os.cpu_count()}-core machine's vLLM {__import__('vllm').__version__} CPU engine "
             f"(bench/simulate_vs_engine.py --fit, traces {', '.join(FITTED)}, {time.strftime('%Y-%m-%d')})"
         )
         fitted = {name: sim_traces[name] for name in FITTED}

@@ -71,9 +71,15 @@ def _header(answer: Answer) -> list[str]:
         f"lengths          {lengths}",
         f"clients send     {clients}",
         f"step time        {step_time.coefficients.name} profile, fitted on {fitted_on} (--json: each coefficient's source)",
-        f"device           {hardware.name}: {hardware.memory_bandwidth / 1e12:.3g} TB/s, {hardware.flops / 1e12:,.0f} TFLOP/s dense{_scale_words(step_time)}",
+        f"device           {hardware.name}: {hardware.memory_bandwidth / 1e12:.3g} TB/s, {_tflops(hardware.flops)} TFLOP/s dense{_scale_words(step_time)}",
         f"SLO              TTFT <= {_ms(setup.slo.ttft_s)}, TPOT <= {_ms(setup.slo.tpot_s)}",
     ]
+
+
+def _tflops(flops: float) -> str:
+    """Whole TFLOP/s for a GPU; two figures below one (a CPU's 0.2)."""
+    tflops = flops / 1e12
+    return f"{tflops:,.0f}" if tflops >= 1 else f"{tflops:.2g}"
 
 
 def _scale_words(step_time: StepTime) -> str:

@@ -149,8 +149,8 @@ class Coefficient:
 
 @frozen
 class HeldOut:
-    """How a profile did on public runs it was not fitted on, of one GPU or one tensor-parallel size: the range of
-    their measured mean TPOT over the simulated."""
+    """How a profile did on runs it was not fitted on, of one GPU (or machine) or one tensor-parallel size: the range
+    of their measured mean TPOT over the simulated."""
 
     runs: int
     low: float
@@ -158,6 +158,7 @@ class HeldOut:
     source: str
     gpu: str | None = None
     tp: int | None = None
+    runs_of: str = "public vLLM"  # what the runs were, as the warning names them
 
     def applies(self, gpu: str, tp: int) -> bool:
         return self.gpu in (None, gpu) and self.tp in (None, tp)
@@ -166,7 +167,7 @@ class HeldOut:
         """`scaled`: its GPU has a scale (gpu_scales), fitted on these runs, each scored at the scale fitted without
         it (bench/fit_gpu_scale.py and bench/simulate_accuracy.py hold out the same runs)."""
         subject = f"on {self.gpu}" if self.gpu else f"at tp {self.tp}"
-        runs = f"{self.runs} public vLLM run{'s' if self.runs > 1 else ''}"
+        runs = f"{self.runs} {self.runs_of} run{'s' if self.runs > 1 else ''}"
         spread = f"{self.low:.2f}" if self.low == self.high else f"{self.low:.2f}-{self.high:.2f}"
         how = ", each simulated at the GPU's scale fitted on the others," if scaled else " it was not fitted on"
         return f"the step time {subject}: {runs}{how} ran at {spread} x its TPOT ({self.source})"

@@ -59,6 +59,14 @@ def test_a_gpu_no_public_run_scores_says_its_latencies_are_a_lower_bound(run_kvo
     assert "no public vLLM run" not in run_kvops("simulate", *on_gpu("h100")).stderr
 
 
+def test_the_cpu_step_time_says_other_machines_ran_the_engine_at_other_speeds(run_kvops):
+    cpu = ("-m", "llama-3.1-8b", "--device", "cpu", "--max-model-len", "4096", "--kv-cache-memory-bytes", "1GiB")
+    ran = run_kvops("simulate", *cpu, "--requests", "5", "--rate", "2")
+    assert "device           cpu: 0.02 TB/s, 0.2 TFLOP/s dense" in ran.stdout
+    assert "the step time on cpu: 2 vLLM CPU engine runs it was not fitted on ran at 0.53-1.22 x its TPOT" in ran.stderr
+    assert "read its latencies within that range, or --calibrate" in ran.stderr
+
+
 def test_compare_runs_the_arms_on_the_same_trace_and_says_the_ratio(run_kvops):
     out = run_kvops("simulate", *SMALL, "--compare", "stock,guard,watermark:0.02").stdout
     assert "goodput against stock: guard " in out and "watermark:0.02 " in out
