@@ -7,7 +7,7 @@ real CPU engine's noise hides.
 The same seeded requests as the real-engine benchmark (its generators: prompts, max_tokens, the lengths where
 unknown-length requests stop, arrivals), served by the installed vLLM's own scheduler over the benchmark's pool
 (the test model, 32 or 128 blocks of 128 tokens, vLLM's CPU defaults), each arm from a cold start: nothing learned,
-no warm-up. Each step is priced by the CPU step time fitted on this machine's vLLM engine serving the test model
+no warm-up. Each step is priced by the CPU step time fitted on one machine's vLLM engine serving the test model
 (kvops/catalog/step_time.json, profile "cpu"; bench/simulate_vs_engine.py scores it against the engine), so a
 preempted request's recompute costs its prefill as on the engine, and no other process on the two cores shifts the
 figures: a run gives the same numbers every time.
