@@ -53,7 +53,9 @@ client retries a 503/429 after its Retry-After (vLLM's queue cap sends none: 0.5
 repetitions; ratios are the median of the ratios to stock within each repetition.
 
 Before the engines: the admission's cost per scheduling step at 256 running requests (an in-process vLLM
-scheduler, as tests/engine/test_kv_guard_scheduler.py builds it), against stock's own schedule().
+scheduler, as tests/engine/test_kv_guard_scheduler.py builds it), against stock's own schedule(); and each engine
+step's scheduling (schedule() and update_from_output) over workload (b)'s requests sent at once on its small pool,
+from a cold start, where the guard's bookkeeping weighs most against a short step.
 """
 
 from __future__ import annotations
@@ -540,6 +542,40 @@ def step_cost(model: Path, running: int = 256, steps: int = 200) -> dict:
     return figures
 
 
+def burst_cost(model: Path, seed: int = 0) -> dict:
+    """Wall time of each engine step's scheduling, schedule() and update_from_output as the engine core runs them,
+    over workload (b)'s 160 requests queued at once on its pool of 31 usable 128-token blocks, each arm from a cold
+    start (the guard learning lengths as requests end): what the guard's bookkeeping adds to a step where a pool
+    holds few requests, which the simulator's step time does not price (it prices the batch alone)."""
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+
+    from kvops_vllm.scheduler import KVGuardScheduler
+    from tests.support.vllm_scheduler import Driver, Requests, build_scheduler
+
+    jobs = unknown_jobs(seed, 160, None)
+    figures = {}
+    for name, cls in (("stock", AsyncScheduler), ("guard-v2, v3", KVGuardScheduler)):
+        with environment(KVOPS_LOG_SECONDS="3600"):
+            scheduler = build_scheduler(
+                cls, model, num_blocks=BLOCKS, block_size=128, max_num_seqs=256, max_model_len=MAX_MODEL_LEN
+            )
+        requests = Requests(block_size=128)
+        driver = Driver(scheduler, lengths={f"r{index}": job.length for index, job in enumerate(jobs)})
+        for index, job in enumerate(jobs):
+            scheduler.add_request(requests.make(f"r{index}", len(job.prompt), job.limit, first_token=index, stops=True))
+        times = []
+        while scheduler.has_requests():
+            begin = time.perf_counter()
+            driver.step()
+            times.append(time.perf_counter() - begin)
+        figures[name] = {
+            "steps": len(times),
+            "preempted": driver.run.preemptions,
+            "mean_ms": round(statistics.mean(times) * 1000, 3),
+        }
+    return figures
+
+
 def timed_steps(driver, steps: int) -> list[float]:
     """Seconds each of `steps` schedule() calls took, driven as the engine core drives them."""
     scheduler, times = driver.scheduler, []
@@ -730,6 +766,15 @@ def print_step_cost(step: dict) -> None:
         )
 
 
+def print_burst_cost(burst: dict) -> None:
+    print("scheduling per engine step, workload (b)'s 160 requests at once on 31 blocks, cold (in-process scheduler):")
+    for arm, figures in burst.items():
+        print(
+            f"  {arm:<13} {figures['mean_ms']:>7.3f} ms per step (schedule + update_from_output; "
+            f"{figures['steps']:,} steps, {figures['preempted']} preempted)"
+        )
+
+
 def print_shape(result: dict) -> None:
     """One shape and pool's table, printed as soon as it is measured (a long run cut short keeps what it had)."""
     base = parameters(SHAPES["tiny"])
@@ -826,9 +871,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="guard-goodput-") as scratch:
         folder = options.keep or Path(scratch)
         folder.mkdir(parents=True, exist_ok=True)
-        step = step_cost(build_model(folder / "scheduler-model"))
+        scheduler_model = build_model(folder / "scheduler-model")
+        step, burst = step_cost(scheduler_model), burst_cost(scheduler_model)
         if not options.json:
             print_step_cost(step)
+            print_burst_cost(burst)
         measured = [] if options.step_cost_only else [(name, int(pool)) for name in names for pool in pools]
         for name, pool in measured:
             results.append(bench_shape(name, SHAPES[name], pool, folder, options))
@@ -836,7 +883,12 @@ def main() -> None:
                 print_shape(results[-1])
                 sys.stdout.flush()
     if options.json:
-        print(json.dumps({"seed": options.seed, "reps": options.reps, "step_cost": step, "shapes": results}, indent=2))
+        print(
+            json.dumps(
+                {"seed": options.seed, "reps": options.reps, "step_cost": step, "burst_cost": burst, "shapes": results},
+                indent=2,
+            )
+        )
 
 
 if __name__ == "__main__":
