@@ -72,7 +72,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -757,22 +757,11 @@ def peak_kv(rows: list[dict], arm: str) -> str:
     return f"{own:.0%}" if not math.isnan(own) else f"~{medians(rows, arm, 'peak_kv_usage'):.0%}"
 
 
-def print_step_cost(step: dict) -> None:
-    print("admission cost per scheduling step, 256 requests running and a queue waiting (in-process scheduler):")
-    for arm, figures in step.items():
-        print(
-            f"  {arm:<9} {figures['median_ms']:>7.3f} ms per schedule() "
-            f"({figures['running']} running, {figures['waiting']} waiting)"
-        )
-
-
-def print_burst_cost(burst: dict) -> None:
-    print("scheduling per engine step, workload (b)'s 160 requests at once on 31 blocks, cold (in-process scheduler):")
-    for arm, figures in burst.items():
-        print(
-            f"  {arm:<13} {figures['mean_ms']:>7.3f} ms per step (schedule + update_from_output; "
-            f"{figures['steps']:,} steps, {figures['preempted']} preempted)"
-        )
+def print_costs(heading: str, arms: dict[str, dict], line: Callable[[dict], str]) -> None:
+    """One scheduling-cost table (step_cost, burst_cost): its heading, then each arm's figures as `line` says them."""
+    print(heading)
+    for arm, figures in arms.items():
+        print(f"  {arm:<13} {line(figures)}")
 
 
 def print_shape(result: dict) -> None:
@@ -874,8 +863,19 @@ def main() -> None:
         scheduler_model = build_model(folder / "scheduler-model")
         step, burst = step_cost(scheduler_model), burst_cost(scheduler_model)
         if not options.json:
-            print_step_cost(step)
-            print_burst_cost(burst)
+            print_costs(
+                "admission cost per scheduling step, 256 requests running and a queue waiting (in-process scheduler):",
+                step,
+                lambda f: f"{f['median_ms']:>7.3f} ms per schedule() ({f['running']} running, {f['waiting']} waiting)",
+            )
+            print_costs(
+                "scheduling per engine step, workload (b)'s 160 requests at once on 31 blocks, cold (in-process):",
+                burst,
+                lambda f: (
+                    f"{f['mean_ms']:>7.3f} ms per step (schedule + update_from_output; {f['steps']:,} steps, "
+                    f"{f['preempted']} preempted)"
+                ),
+            )
         measured = [] if options.step_cost_only else [(name, int(pool)) for name in names for pool in pools]
         for name, pool in measured:
             results.append(bench_shape(name, SHAPES[name], pool, folder, options))
