@@ -95,8 +95,12 @@ def test_the_api_server_launcher_gets_the_model_as_its_option(run_kvops):
     import warnings
 
     warnings.simplefilter("ignore")
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    try:
+        from vllm.entrypoints.common.cli_args import make_arg_parser  # vLLM 0.33 on
+    except ImportError:
+        from vllm.entrypoints.launchers.cli_args import make_arg_parser
 
     doc = plan_doc(run_kvops, *PLAN, "--launcher", "python -m vllm.entrypoints.openai.api_server")
     argv = doc["command"]["argv"]

@@ -28,7 +28,7 @@ def build_scheduler(
     `policy` is vLLM's --scheduling-policy (fcfs or priority)."""
     warnings.simplefilter("ignore")
     import torch
-    from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+    from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
     from vllm.v1.kv_cache_interface import (
         FullAttentionSpec,
         KVCacheConfig,
@@ -49,7 +49,12 @@ def build_scheduler(
         model=str(model), skip_tokenizer_init=True, dtype="bfloat16", max_model_len=max_model_len
     )
     cache_config = CacheConfig(block_size=block_size, enable_prefix_caching=True)
-    vllm_config = VllmConfig(scheduler_config=scheduler_config, model_config=model_config, cache_config=cache_config)
+    vllm_config = VllmConfig(
+        scheduler_config=scheduler_config,
+        model_config=model_config,
+        cache_config=cache_config,
+        device_config=DeviceConfig(device="cpu"),  # a GPU build of vLLM on a machine without one cannot infer it
+    )
     spec = dict(block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
     groups = [KVCacheGroupSpec(["full"], FullAttentionSpec(**spec))]
     if sliding_window:
@@ -142,7 +147,7 @@ class Driver:
         self.tokens: dict[str, int] = {}
 
     def step(self) -> None:
-        from vllm.v1.outputs import ModelRunnerOutput
+        from kvops.engines.vllm.simulator import model_runner_output
 
         scheduler = self.scheduler
         output = scheduler.schedule()
@@ -151,14 +156,7 @@ class Driver:
         self.run.preempted += sorted(output.preempted_req_ids or ())
         ids = list(output.num_scheduled_tokens)
         sampled = [[] if scheduler.requests[i].is_prefill_chunk else [self._sample(i)] for i in ids]
-        self.in_flight.append(
-            (
-                output,
-                ModelRunnerOutput(
-                    req_ids=ids, req_id_to_index={i: n for n, i in enumerate(ids)}, sampled_token_ids=sampled
-                ),
-            )
-        )
+        self.in_flight.append((output, model_runner_output(ids, sampled)))
         self.run.peak_running = max(self.run.peak_running, len(scheduler.running))
         self.run.peak_waiting = max(self.run.peak_waiting, len(scheduler.waiting))
         self.run.peak_usage = max(self.run.peak_usage, scheduler.kv_cache_manager.usage)

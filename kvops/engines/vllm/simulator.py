@@ -143,18 +143,12 @@ class VllmCore:
 
     def complete(self, batch: Batch) -> StepResult:
         """Feed back the tokens `batch`'s step sampled, as the model runner would, in the order steps ran."""
-        from vllm.v1.outputs import ModelRunnerOutput
-
         requests = self.scheduler.requests
         sampled = []
         for request_id, samples in zip(batch.request_ids, batch.samples):
             request = requests.get(request_id)
             sampled.append([self._sample(request_id, request)] if samples and request is not None else [])
-        model_output = ModelRunnerOutput(
-            req_ids=batch.request_ids,
-            req_id_to_index={request_id: n for n, request_id in enumerate(batch.request_ids)},
-            sampled_token_ids=sampled,
-        )
+        model_output = model_runner_output(batch.request_ids, sampled)
         tokens, finished = [], []
         for outputs in self.scheduler.update_from_output(batch.output, model_output).values():
             for out in outputs.outputs:
@@ -187,9 +181,20 @@ class VllmCore:
         return {"paused": int(getattr(counts, "paused", 0))} if counts is not None else {}
 
 
+def model_runner_output(request_ids: list[str], sampled: list[list[int]]):
+    """What the model runner hands the scheduler after a step: each request's sampled tokens, in the batch's order.
+    Releases before 0.34 also take each request's row (0.34 derives it from req_ids: vllm/v1/outputs.py)."""
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    rows: dict[str, Any] = {}
+    if "req_id_to_index" in ModelRunnerOutput.__dataclass_fields__:
+        rows["req_id_to_index"] = {request_id: n for n, request_id in enumerate(request_ids)}
+    return ModelRunnerOutput(req_ids=request_ids, sampled_token_ids=sampled, **rows)
+
+
 def _build_scheduler(settings: CoreSettings):
     import torch
-    from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+    from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
     from vllm.v1.structured_output import StructuredOutputManager
 
     scheduler_args: dict[str, Any] = dict(
@@ -217,7 +222,10 @@ def _build_scheduler(settings: CoreSettings):
         )
     cache_config = CacheConfig(block_size=settings.block_size, enable_prefix_caching=settings.enable_prefix_caching)
     vllm_config = VllmConfig(
-        scheduler_config=SchedulerConfig(**scheduler_args), model_config=model_config, cache_config=cache_config
+        scheduler_config=SchedulerConfig(**scheduler_args),
+        model_config=model_config,
+        cache_config=cache_config,
+        device_config=DeviceConfig(device="cpu"),
     )
     cache_config.num_gpu_blocks = settings.num_blocks
     kv_cache_config = _kv_cache_config(settings, torch.bfloat16)
