@@ -13,6 +13,27 @@ from kvops.units import format_bytes
 
 
 @frozen
+class CacheGroup:
+    """One KV cache group as the scheduler sees it: its kind, the tokens a sliding or chunked layer keeps, its block
+    size, and for a state group the mamba cache mode vLLM runs it in and its prefill checkpoint pages."""
+
+    kind: str  # "full", "sliding", "chunked", "mla", "indexer" or "mamba"
+    window: int | None = None
+    block_size: int = 16
+    mamba_cache_mode: str | None = None  # mamba: "align" (prefix caching on), "none" or "all" (0.15-0.31)
+    prefill_checkpoint_blocks: int = 0  # mamba, align mode: a Mamba-2 mixer's prefill checkpoint page
+
+    def to_dict(self) -> dict[str, Any]:
+        shape: dict[str, Any] = {"kind": self.kind, "window": self.window, "block_size": self.block_size}
+        if self.mamba_cache_mode is not None:
+            shape |= {
+                "mamba_cache_mode": self.mamba_cache_mode,
+                "prefill_checkpoint_blocks": self.prefill_checkpoint_blocks,
+            }
+        return shape
+
+
+@frozen
 class VllmCapacity:
     """The plan's KV pool as vLLM sizes it, and the planned workload in it."""
 
@@ -36,7 +57,7 @@ class VllmCapacity:
     replicas: int
     engine_auto_max_model_len: int = 0  # what vLLM's own --max-model-len auto would pick for this KV memory
     sampler_sequences: int = 0  # the sequences the profile run sizes the sampler's logits for
-    cache_groups: tuple[tuple[str, int | None, int], ...] = ()  # each KV cache group: kind, window, block size
+    cache_groups: tuple[CacheGroup, ...] = ()
 
     @property
     def kv_tokens(self) -> int:
@@ -69,9 +90,7 @@ class VllmCapacity:
             "replicas": self.replicas,
             "engine_auto_max_model_len": self.engine_auto_max_model_len,
             "sampler_sequences": self.sampler_sequences,
-            "kv_cache_group_specs": [
-                {"kind": kind, "window": window, "block_size": size} for kind, window, size in self.cache_groups
-            ],
+            "kv_cache_group_specs": [group.to_dict() for group in self.cache_groups],
         }
 
     def lines(self) -> list[str]:

@@ -88,6 +88,7 @@ class CacheSpec:
     window: int | None = None  # sliding window, or the attention chunk
     state_pages: int = 0  # mamba: pages one request holds (beside one per block of tokens in 'all' mode)
     state_per_block: bool = False  # mamba cache mode 'all': a state page per block of tokens
+    checkpoint_pages: int = 0  # mamba, align mode: of state_pages, the prefill checkpoint's (a Mamba-2 mixer's)
 
     @property
     def uniform_type(self) -> tuple:
@@ -285,11 +286,14 @@ def layer_spec(
 ) -> CacheSpec:
     if isinstance(layer, MambaState):
         mode = options.mamba_cache_mode
-        pages = MAMBA_STATE_PAGES[mode] + options.speculative_tokens
+        checkpoint = 0
         if mode == "align" and layer.variant == "mamba2" and options.mamba2_prefill_checkpoint:
-            pages += MAMBA2_CHECKPOINT_PAGES
+            checkpoint = MAMBA2_CHECKPOINT_PAGES
+        pages = MAMBA_STATE_PAGES[mode] + options.speculative_tokens + checkpoint
         page = state_page_bytes(spec, layer, tp, options)
-        return CacheSpec("mamba", page, block_size, state_pages=pages, state_per_block=mode == "all")
+        return CacheSpec(
+            "mamba", page, block_size, state_pages=pages, state_per_block=mode == "all", checkpoint_pages=checkpoint
+        )
     window = getattr(layer, "window", None) or getattr(layer, "chunk", None)
     per_token = layer.bytes_per_token(dtype, tp)
     if isinstance(layer, MultiLatentAttention) and layer.sparse and dtype.bits == 8 and options.device == "gpu":

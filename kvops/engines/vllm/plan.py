@@ -11,7 +11,7 @@ from kvops.dtypes import KvDtype, resolve_kv_dtype, serving_dtype
 from kvops.engines import common
 from kvops.engines.device_total import device_total
 from kvops.engines.vllm import budget, layout, options, releases
-from kvops.engines.vllm.capacity import Draft, VllmCapacity
+from kvops.engines.vllm.capacity import CacheGroup, Draft, VllmCapacity
 from kvops.engines.vllm.drafting import eagle_with_chunked, lookahead_tokens, speculative_notes
 from kvops.engines.vllm.launch import engine_flags
 from kvops.engines.vllm.notes import add_notes
@@ -164,7 +164,7 @@ def _plan_pass(
             kv_layout, max(draft.kv_bytes, 0), in_flight, model_limit, release.null_block
         ),
         sampler_sequences=sampler_seqs,
-        cache_groups=tuple((group.kind, group.window, group.block_size) for group in kv_layout.groups),
+        cache_groups=tuple(_cache_group(group, layout_settings.mamba_cache_mode) for group in kv_layout.groups),
     )
     paging = common.paging_note(pool.num_blocks, kv_layout.block_size, pool.num_blocks * page, len(kv_layout.groups))
     state = "; in a state group a block holds one request's recurrent state instead" if kv_layout.has_state else ""
@@ -257,6 +257,13 @@ def stage_layers(inputs: PlanInputs, kv_layout: layout.KVCacheLayout) -> list[se
     stages = [{layer for layer in layers if edges[i] <= layer < edges[i + 1]} for i in range(inputs.pp)]
     stages[-1] |= {layer for layer in layers if layer >= num_layers}
     return stages
+
+
+def _cache_group(group: layout.KVCacheGroup, mamba_cache_mode: str) -> CacheGroup:
+    """A group as the scheduler sees it; a state group in the mode vLLM runs it in, with its checkpoint pages."""
+    if group.kind != "mamba":
+        return CacheGroup(group.kind, group.window, group.block_size)
+    return CacheGroup(group.kind, None, group.block_size, mamba_cache_mode, group.spec.checkpoint_pages)
 
 
 def layout_options(

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from kvops.engines.scheduling import Batch, StepResult
+from kvops.engines.vllm.capacity import CacheGroup
 from kvops.errors import KvopsError, UsageError
 from kvops.frozen import frozen
 
@@ -36,15 +37,6 @@ INSTALL = (
 
 class SimulatorUnavailable(KvopsError):
     """vLLM is not importable in this Python."""
-
-
-@frozen
-class CacheGroup:
-    """One KV cache group as the scheduler sees it: its kind and the tokens a sliding or chunked layer keeps."""
-
-    kind: str  # "full", "sliding", "chunked", "mla", "indexer" or "mamba"
-    window: int | None = None
-    block_size: int = 16
 
 
 @frozen
@@ -220,7 +212,9 @@ def _build_scheduler(settings: CoreSettings):
             dtype="bfloat16",
             max_model_len=settings.max_model_len,
         )
-    cache_config = CacheConfig(block_size=settings.block_size, enable_prefix_caching=settings.enable_prefix_caching)
+    cache_config = CacheConfig(
+        block_size=settings.block_size, enable_prefix_caching=settings.enable_prefix_caching, **_mamba_cache(settings)
+    )
     vllm_config = VllmConfig(
         scheduler_config=SchedulerConfig(**scheduler_args),
         model_config=model_config,
@@ -236,6 +230,20 @@ def _build_scheduler(settings: CoreSettings):
         log_stats=False,
         structured_output_manager=StructuredOutputManager(vllm_config),
     )
+
+
+def _mamba_cache(settings: CoreSettings) -> dict[str, Any]:
+    """The cache settings of a model with state groups, as vLLM sets them (model_executor/models/config.py,
+    MambaModelConfig.verify_and_update_config): the groups' mamba cache mode and, in align mode (prefix caching
+    on), a state block as long as theirs, at whose boundaries the scheduler splits prefills
+    (`_mamba_block_aligned_split`)."""
+    states = [group for group in settings.groups if group.kind == "mamba"]
+    mode = states[0].mamba_cache_mode if states else None
+    if mode is None:
+        return {}
+    if mode != "align":
+        return {"mamba_cache_mode": mode}
+    return {"mamba_cache_mode": mode, "mamba_block_size": states[0].block_size}
 
 
 def _scheduler_class(settings: CoreSettings):
@@ -275,7 +283,15 @@ def _kv_cache_config(settings: CoreSettings, dtype):
         elif group.kind == "chunked":
             spec = ChunkedLocalAttentionSpec(**shape, attention_chunk_size=int(group.window or 0))
         elif group.kind == "mamba":
-            spec = MambaSpec(block_size=group.block_size, shapes=((1,),), dtypes=(dtype,))
+            checkpoint = group.prefill_checkpoint_blocks
+            spec = MambaSpec(
+                block_size=group.block_size,
+                shapes=((1,),),
+                dtypes=(dtype,),
+                mamba_cache_mode=group.mamba_cache_mode or "none",
+                num_prefill_checkpoint_blocks=checkpoint,
+                prefill_checkpoint_alignment=1 if checkpoint else None,  # MambaMixer2.get_kv_cache_spec
+            )
         else:
             spec = FullAttentionSpec(**shape)
         groups.append(KVCacheGroupSpec([f"layer.{index}"], spec))
@@ -445,7 +461,7 @@ def core_settings(plan, arm: Arm, options: SchedulerOptions) -> CoreSettings:
     return CoreSettings(
         num_blocks=options.num_gpu_blocks_override or _pool_at(plan, seqs),
         block_size=capacity.block_size,
-        groups=tuple(CacheGroup(kind, window, size) for kind, window, size in capacity.cache_groups),
+        groups=capacity.cache_groups,
         max_model_len=length,
         max_num_seqs=seqs,
         max_num_batched_tokens=batched,

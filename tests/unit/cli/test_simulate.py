@@ -74,6 +74,37 @@ def test_compare_runs_the_arms_on_the_same_trace_and_says_the_ratio(run_kvops):
     assert "watermark:0.02: --watermark 0.02" in out
 
 
+@pytest.mark.parametrize("caching", ["--enable-prefix-caching", "--no-enable-prefix-caching"])
+def test_a_hybrid_models_state_groups_run_in_the_mode_vllm_runs_them(run_kvops, tmp_path, caching):
+    """Nemotron Nano 9B v2 (Mamba-2 and attention): with prefix caching its state groups are in align mode with
+    the Mamba-2 mixer's prefill checkpoint page, as vLLM runs them (vLLM 0.34 refuses a state group that caches
+    prefixes in any other mode), and a shared 3,000-token prefix is found in whole blocks of 1,312 tokens; without
+    it, none mode and no hits."""
+    trace = tmp_path / "shared.jsonl"
+    rows = [
+        {
+            "arrival_s": n * 0.2,
+            "prompt_tokens": 3500,
+            "output_tokens": 30,
+            "prefix_id": f"system-{n % 2}",
+            "prefix_tokens": 3000,
+        }
+        for n in range(40)
+    ]
+    trace.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    hybrid = ("-m", "nvidia/NVIDIA-Nemotron-Nano-9B-v2", "--gpu", "H100", "--max-model-len", "16384")
+    doc = json.loads(run_kvops("simulate", *hybrid, "--trace", str(trace), caching, "--json").stdout)
+    states = [group for group in doc["pool"]["kv_cache_group_specs"] if group["kind"] == "mamba"]
+    (arm,) = doc["arms"]
+    assert doc["pool"]["block_size"] == 1312 and states and arm["completed"] == 40
+    if caching == "--enable-prefix-caching":
+        assert {(group["mamba_cache_mode"], group["prefill_checkpoint_blocks"]) for group in states} == {("align", 1)}
+        assert arm["prefix_cached_tokens"] == 38 * 2 * 1312  # all but each prefix's first: its 2 whole blocks
+    else:
+        assert {(group["mamba_cache_mode"], group["prefill_checkpoint_blocks"]) for group in states} == {("none", 0)}
+        assert arm["prefix_cached_tokens"] == 0
+
+
 def test_a_degrade_arm_runs_the_policy_at_the_api_server(run_kvops, tmp_path):
     policy = tmp_path / "policy.yaml"  # critical from the first request running on: every later one is refused
     policy.write_text("levels: {warn: 0.001, degrade: 0.002, critical: 0.003}\n")
