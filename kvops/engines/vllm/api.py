@@ -1,5 +1,5 @@
-"""vLLM 0.32's generation routes, as the admission proxy guards them: where each body keeps its new-token limit and
-its parallel sequences, and the error shape each API answers in.
+"""vLLM's generation routes (0.32's, and the one 0.34 added), as the admission proxy guards them: where each body
+keeps its new-token limit and its parallel sequences, and the error shape each API answers in.
 
 Read from the installed `vllm` package (paths below are under `vllm/entrypoints/`). `launchers/api_server/routers.py`
 (`register_api_routers`) mounts the routers; with the "generate" task, `generate/api_router.py` adds chat, Responses,
@@ -21,7 +21,8 @@ decisions route are mounted whatever the task; the token-in/token-out route with
 - `scale_out/token_in_token_out/protocol.py` `GenerateRequest` (`/inference/v1/generate`): `sampling_params`
   (`vllm/sampling_params.py` `SamplingParams`: `max_tokens` default 16, `n`, `min_tokens`).
 - `generate/structured_decisions/api_router.py` (`/v1/systemone`), `generate/generative_scoring/api_router.py`
-  (`/generative_scoring`): generation with no token field to cap; refused at critical.
+  (`/generative_scoring`), and from 0.34 `openai/decisions/api_router.py` (`/v1/decisions`, `DecisionRequest`:
+  questions answered by the model's probabilities): generation with no token field to cap; refused at critical.
 - `speech_to_text/transcription/api_router.py`, `speech_to_text/translation/api_router.py`: multipart forms (their
   `max_completion_tokens` is a form field): refused at critical, otherwise passed through unread.
 
@@ -137,6 +138,7 @@ ROUTES = RouteTable(
         Route("/invocations", ERRORS, (Variant(CHAT, when="messages"), Variant(COMPLETION))),
         Route("/inference/v1/generate", ERRORS, (Variant(TOKENS_IN_OUT),)),
         Route("/v1/systemone", ERRORS),
+        Route("/v1/decisions", ERRORS),
         Route("/generative_scoring", ERRORS),
         Route("/v1/audio/transcriptions", ERRORS, json=False),
         Route("/v1/audio/translations", ERRORS, json=False),
