@@ -70,6 +70,9 @@ class DeploymentOptions:
     mamba_ssm_cache_dtype: str = "auto"
     cpu_offload_bytes: int = 0
     command_lines: tuple[str, ...] = ()  # what a pasted launch command's other options are (--from-command)
+    # the scheduler's flags a pasted command states (policy, watermark, ...): memory does not change with them,
+    # kvops simulate runs them
+    scheduler_flags: tuple[tuple[str, Any], ...] = ()
     given: frozenset[str] = frozenset()  # the fields stated (typed by the user, or read from a run)
 
     @classmethod

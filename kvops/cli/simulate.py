@@ -103,6 +103,20 @@ FORMATS = ("kvops", "timed_trace", "mooncake", "burstgpt", "azure", "sharegpt", 
     show_default=True,
     help="vLLM --long-prefill-token-threshold.",
 )
+@click.option(
+    "--cache-aware-admission-window",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="vLLM --cache-aware-admission-window (0.34 and later): within the first N waiting, requests whose prefix is "
+    "cached are admitted first.",
+)
+@click.option(
+    "--cache-aware-admission-threshold",
+    type=Finite(0, 1, "a share of the KV cache"),
+    help="vLLM --cache-aware-admission-threshold (0.34 and later): the KV usage below which the window is not "
+    "applied [vLLM's default: 0.5].",
+)
 @click.option("--scheduler-cls", metavar="CLASS", help="vLLM --scheduler-cls: a scheduler class importable here.")
 @click.option(
     "--step-time",
@@ -201,10 +215,12 @@ def simulate(ctx: click.Context, as_json: bool, **params: Any) -> None:
         seed=params.pop("seed"),
         concurrency=params.pop("concurrency"),
     )
+    scheduler_flags = _scheduler_flags(ctx, params)
+    deployment = deployment_options(ctx, params)
     request = session.Request(
         traffic=traffic,
         max_tokens=params.pop("max_tokens_mode"),
-        scheduler_flags=_scheduler_flags(params),
+        scheduler_flags={**dict(deployment.scheduler_flags), **scheduler_flags},
         step_time_file=params.pop("step_time_file"),
         slo_ttft_s=parse_duration(params.pop("slo_ttft"), "--slo-ttft"),
         slo_tpot_s=parse_duration(params.pop("slo_tpot"), "--slo-tpot"),
@@ -222,7 +238,7 @@ def simulate(ctx: click.Context, as_json: bool, **params: Any) -> None:
         raise UsageError("--save-step-time writes what --calibrate fits: give --calibrate RESULT too")
     csv_path, plot_path = params.pop("csv_path"), params.pop("plot_path")
     progress = _Progress() if _show_progress(params.pop("progress"), as_json) else None
-    answer = session.run(request, deployment_options(ctx, params), progress)
+    answer = session.run(request, deployment, progress)
     if progress is not None:
         progress.close()
     _outputs(answer, as_json, csv_path, plot_path)
@@ -232,18 +248,34 @@ def simulate(ctx: click.Context, as_json: bool, **params: Any) -> None:
             click.echo(f"saved the step time to {save_step_time}: simulate with --step-time {save_step_time}")
 
 
-def _scheduler_flags(params: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "policy": params.pop("scheduling_policy"),
-        "watermark": params.pop("watermark"),
-        "max_num_active_seqs": params.pop("max_num_active_seqs"),
-        "chunked_prefill": params.pop("enable_chunked_prefill"),
-        "long_prefill_token_threshold": params.pop("long_prefill_token_threshold"),
-        # --num-gpu-blocks-override comes with the engine options (cli/options.py): the KV pool a run logged; the
-        # plan takes it too (its capacity is then that pool)
-        "num_gpu_blocks_override": params.get("num_gpu_blocks_override"),
-        "scheduler_cls": params.pop("scheduler_cls"),
-    }
+# the scheduler's options: this command's parameter -> SchedulerOptions field
+SCHEDULER_OPTIONS = {
+    "scheduling_policy": "policy",
+    "watermark": "watermark",
+    "max_num_active_seqs": "max_num_active_seqs",
+    "enable_chunked_prefill": "chunked_prefill",
+    "long_prefill_token_threshold": "long_prefill_token_threshold",
+    "cache_aware_admission_window": "cache_aware_admission_window",
+    "cache_aware_admission_threshold": "cache_aware_admission_threshold",
+    "scheduler_cls": "scheduler_cls",
+}
+
+
+def _scheduler_flags(ctx: click.Context, params: dict[str, Any]) -> dict[str, Any]:
+    """The scheduler's options typed here (or in the -f file): they win over a --from-command line's, which win over
+    the defaults."""
+    from click.core import ParameterSource
+
+    typed = (ParameterSource.COMMANDLINE, ParameterSource.DEFAULT_MAP)
+    flags = {}
+    for parameter, field in SCHEDULER_OPTIONS.items():
+        value = params.pop(parameter)
+        if ctx.get_parameter_source(parameter) in typed or not params.get("from_command"):
+            flags[field] = value
+    # --num-gpu-blocks-override comes with the engine options (cli/options.py): the KV pool a run logged; the plan
+    # takes it too (its capacity is then that pool)
+    flags["num_gpu_blocks_override"] = params.get("num_gpu_blocks_override")
+    return flags
 
 
 def _outputs(answer, as_json: bool, csv_path: str | None, plot_path: str | None) -> None:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kvops.engines.command import (
+    VALUE,
     Reader,
     StatedCommand,
     Word,
@@ -54,7 +55,7 @@ def serve_args(words: list[str]) -> list[str] | None:
 def read_serve_args(args: list[str]) -> StatedCommand:
     """The deployment options a `vllm serve` argument list states, and a line for each option not read."""
     table = flags.serve_options()
-    positional, options = split_options(args, table.get)
+    positional, options = split_options(args, lambda name: table.get(name) or NEWER_KINDS.get(name))
     stated = StatedCommand("vllm")
     if positional:
         stated.values["model"] = positional[0]
@@ -86,6 +87,8 @@ def read_serve_args(args: list[str]) -> StatedCommand:
             stated.ignore(word)
     if speculative:
         stated.values["speculative_config"] = json.dumps(speculative)
+    if "scheduler_flags" in stated.values:
+        stated.values["scheduler_flags"] = tuple(stated.values["scheduler_flags"].items())
     _parallel_devices(stated)
     if "model" not in stated.values:
         raise UsageError("--from-command: the vllm serve line names no model (vllm serve MODEL, or --model MODEL)")
@@ -150,10 +153,63 @@ def _dtype(word: Word, stated: StatedCommand) -> None:
 
 
 def _scheduler(word: Word, stated: StatedCommand) -> None:
+    stated.values.setdefault("scheduler_flags", {})["scheduler_cls"] = as_text(word)
     if word.value == flags.GUARD_SCHEDULER:
         stated.values["guard"] = True
     else:
         stated.ignore(word, "not modelled: a scheduler class kvops does not know; the plan assumes vLLM's own")
+
+
+def _scheduler_flag(name: str, convert: Callable[[Word], Any]) -> Reader:
+    """A flag of vLLM's scheduler: no change to memory, but `kvops simulate` runs the scheduler with it."""
+
+    def read(word: Word, stated: StatedCommand) -> None:
+        stated.values.setdefault("scheduler_flags", {})[name] = convert(word)
+        unmodelled = flags.NOT_MODELLED.get(word.canonical or "")
+        if unmodelled:
+            stated.ignore(
+                word, f"not modelled: {unmodelled}; measure the run (kvops calibrate); kvops simulate runs it"
+            )
+        else:
+            stated.ignore(word, "the scheduler's: does not change memory (kvops simulate runs it)")
+
+    return read
+
+
+def _share(up_to_one: bool) -> Callable[[Word], float]:
+    """A share of the blocks or of the cache: from 0, below 1 or up to it as vLLM's field allows."""
+
+    def convert(word: Word) -> float:
+        try:
+            value = float(str(word.value))
+        except ValueError:
+            raise UsageError(f"{word.written} {word.value!r} is not a number between 0 and 1") from None
+        if value < 0 or value > 1 or (value == 1 and not up_to_one):
+            raise UsageError(f"{word.written} {word.value!r} must be in [0, 1{']' if up_to_one else ')'}")
+        return value
+
+    return convert
+
+
+def _count_from_zero(word: Word) -> int:
+    try:
+        value = int(str(word.value))
+    except ValueError:
+        raise UsageError(f"{word.written} {word.value!r} is not an integer") from None
+    if value < 0:
+        raise UsageError(f"{word.written} {word.value!r} must be 0 or more")
+    return value
+
+
+def _policy(word: Word) -> str:
+    if word.value not in ("fcfs", "priority"):
+        raise UsageError(f"{word.written} {word.value!r}; valid: fcfs, priority")
+    return str(word.value)
+
+
+def _chunked_prefill(word: Word, stated: StatedCommand) -> None:
+    stated.values.setdefault("scheduler_flags", {})["chunked_prefill"] = not word.negated
+    stated.ignore(word, "the scheduler's: does not change memory (kvops simulate runs it)")
 
 
 def _cpu_offload(word: Word, stated: StatedCommand) -> None:
@@ -203,6 +259,12 @@ NEWER_SWITCHES = {
     "--enable-extensible-kv-cache": ("extensible_kv_cache", True),
     "--no-enable-extensible-kv-cache": ("extensible_kv_cache", False),
 }
+# options with a value that 0.34 added (vllm/config/scheduler.py: cache-aware admission), read the same way
+NEWER_OPTIONS: dict[str, Reader] = {
+    "--cache-aware-admission-window": _scheduler_flag("cache_aware_admission_window", _count_from_zero),
+    "--cache-aware-admission-threshold": _scheduler_flag("cache_aware_admission_threshold", _share(up_to_one=True)),
+}
+NEWER_KINDS = {option: (option, VALUE) for option in NEWER_OPTIONS}
 
 READERS: dict[str, Reader] = {
     "--model": _model,
@@ -222,6 +284,11 @@ READERS: dict[str, Reader] = {
     "--quantization": _quantization,
     "--dtype": _dtype,
     "--scheduler-cls": _scheduler,
+    "--scheduling-policy": _scheduler_flag("policy", _policy),
+    "--watermark": _scheduler_flag("watermark", _share(up_to_one=False)),
+    "--max-num-active-seqs": _scheduler_flag("max_num_active_seqs", integer),
+    "--enable-chunked-prefill": _chunked_prefill,
+    "--long-prefill-token-threshold": _scheduler_flag("long_prefill_token_threshold", _count_from_zero),
     "--max-num-queued-reqs": setter("max_queued", integer),
     "--language-model-only": _switch("text_only"),
     "--limit-mm-per-prompt": _limit_mm,
@@ -234,6 +301,7 @@ READERS: dict[str, Reader] = {
     "--num-gpu-blocks-override": setter("num_gpu_blocks_override", integer),
     "--disable-custom-all-reduce": _switch("custom_all_reduce", False, True),
     "--compilation-config": setter("compilation_config", as_text),
+    **NEWER_OPTIONS,
 }
 
 

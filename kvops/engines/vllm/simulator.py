@@ -55,6 +55,8 @@ class CoreSettings:
     policy: str = "fcfs"
     watermark: float = 0.0
     max_num_active_seqs: int | None = None
+    cache_aware_admission_window: int = 0
+    cache_aware_admission_threshold: float | None = None
     long_prefill_token_threshold: int = 0
     scheduler_cls: str | None = None  # "pkg.module.Class", as --scheduler-cls takes it
     environment: tuple[tuple[str, str], ...] = ()  # the scheduler's own settings (the KV guard's KVOPS_*)
@@ -200,11 +202,18 @@ def _build_scheduler(settings: CoreSettings):
         async_scheduling=settings.async_scheduling,
     )
     known = SchedulerConfig.__dataclass_fields__
-    for name, value in (("watermark", settings.watermark), ("max_num_active_seqs", settings.max_num_active_seqs)):
-        if name in known:
+    for name in ("watermark", "max_num_active_seqs", "cache_aware_admission_window", "cache_aware_admission_threshold"):
+        value = getattr(settings, name)
+        if name in known and value is not None:
             scheduler_args[name] = value
         elif value:
-            raise KvopsError(f"the installed vLLM {vllm_version()} has no {name.replace('_', '-')} setting")
+            raise KvopsError(f"the installed vLLM {vllm_version()} has no --{name.replace('_', '-')} setting")
+    try:
+        scheduler_config = SchedulerConfig(**scheduler_args)
+    except ValueError as exc:
+        raise KvopsError(
+            f"the installed vLLM {vllm_version()} refuses these scheduler settings: {_first_reason(exc)}"
+        ) from None
     with tempfile.TemporaryDirectory(prefix="kvops-sim-") as folder:
         model_config = ModelConfig(
             model=_stand_in_model(Path(folder), settings.max_model_len),
@@ -216,7 +225,7 @@ def _build_scheduler(settings: CoreSettings):
         block_size=settings.block_size, enable_prefix_caching=settings.enable_prefix_caching, **_mamba_cache(settings)
     )
     vllm_config = VllmConfig(
-        scheduler_config=SchedulerConfig(**scheduler_args),
+        scheduler_config=scheduler_config,
         model_config=model_config,
         cache_config=cache_config,
         device_config=DeviceConfig(device="cpu"),
@@ -230,6 +239,13 @@ def _build_scheduler(settings: CoreSettings):
         log_stats=False,
         structured_output_manager=StructuredOutputManager(vllm_config),
     )
+
+
+def _first_reason(exc: ValueError) -> str:
+    """What vLLM's config classes raise (pydantic's ValidationError, a ValueError): its first reason, as vLLM says it."""
+    errors = getattr(exc, "errors", None)
+    message = errors()[0]["msg"] if callable(errors) else str(exc)
+    return str(message).removeprefix("Value error, ")
 
 
 def _mamba_cache(settings: CoreSettings) -> dict[str, Any]:
@@ -370,6 +386,8 @@ class SchedulerOptions:
     policy: str = "fcfs"  # --scheduling-policy
     watermark: float = 0.0  # --watermark
     max_num_active_seqs: int | None = None  # --max-num-active-seqs
+    cache_aware_admission_window: int = 0  # --cache-aware-admission-window (0.34+)
+    cache_aware_admission_threshold: float | None = None  # --cache-aware-admission-threshold (0.34+; None: vLLM's)
     chunked_prefill: bool = True  # --[no-]enable-chunked-prefill
     long_prefill_token_threshold: int = 0  # --long-prefill-token-threshold
     scheduler_cls: str | None = None  # --scheduler-cls
@@ -445,6 +463,8 @@ def core_settings(plan, arm: Arm, options: SchedulerOptions) -> CoreSettings:
             inputs.device, total, inputs.gpu.name if inputs.gpu else "", inputs.tp, plan.release, length
         )
         batched, seqs = budget.resolve_batch(defaults, length, inputs.batched_tokens, inputs.max_num_seqs)
+        if not options.chunked_prefill and inputs.batched_tokens is None:
+            batched = max(batched, length)  # a whole prompt in one step (EngineArgs, chunked prefill off)
     scheduler_cls = options.scheduler_cls
     environment: tuple[tuple[str, str], ...] = ()
     watermark, active = options.watermark, options.max_num_active_seqs
@@ -471,6 +491,8 @@ def core_settings(plan, arm: Arm, options: SchedulerOptions) -> CoreSettings:
         policy=options.policy,
         watermark=watermark,
         max_num_active_seqs=active,
+        cache_aware_admission_window=options.cache_aware_admission_window,
+        cache_aware_admission_threshold=options.cache_aware_admission_threshold,
         long_prefill_token_threshold=options.long_prefill_token_threshold,
         scheduler_cls=scheduler_cls,
         environment=environment,

@@ -77,6 +77,12 @@ def test_a_tgi_docker_line_sets_shards_fraction_quantize_and_speculate(run_kvops
         ("vllm serve Qwen/Qwen3-32B --quantization nope", "is not a vLLM 0.32 quantization"),
         ("python train.py --model Qwen/Qwen3-32B", "starts no engine kvops plans"),
         ("vllm serve Qwen/Qwen3-32B --max-model-len lots", "--max-model-len"),
+        ("vllm serve Qwen/Qwen3-32B --scheduling-policy lifo", "--scheduling-policy 'lifo'; valid: fcfs, priority"),
+        ("vllm serve Qwen/Qwen3-32B --watermark 1", "--watermark '1' must be in [0, 1)"),
+        (
+            "vllm serve Qwen/Qwen3-32B --cache-aware-admission-window -1",
+            "--cache-aware-admission-window '-1' must be 0",
+        ),
     ],
 )
 def test_bad_launch_lines_are_one_line(run_kvops, command, says):
@@ -124,3 +130,19 @@ def test_data_parallel_alone_is_replicas_of_one_gpu(run_kvops, args):
     assert stated["flags"]["data-parallel-size"] == 8 and stated["flags"]["enable-expert-parallel"] is True
     weights = next(term for term in stated["memory"]["terms"] if term["name"] == "weights")
     assert "experts / 8 ranks, the rest / tp 1" in weights["formula"]
+
+
+def test_the_schedulers_flags_are_named_as_simulated_not_planned(run_kvops):
+    stated = plan(
+        run_kvops,
+        "--gpu",
+        "h100",
+        "--from-command",
+        "vllm serve Qwen/Qwen3-8B --watermark 0.05 --scheduling-policy priority --no-enable-chunked-prefill"
+        " --cache-aware-admission-window 8 --max-num-active-seqs 64",
+    )
+    says = "the scheduler's: does not change memory (kvops simulate runs it)"
+    for flag in ("--watermark 0.05", "--scheduling-policy priority", "--no-enable-chunked-prefill"):
+        assert f"{flag}: {says}" in stated["from_command"]
+    assert f"--cache-aware-admission-window 8: {says}" in stated["from_command"]  # 0.34's, read though 0.32 lacks it
+    assert any(line.startswith("--max-num-active-seqs 64: not modelled") for line in stated["from_command"])

@@ -105,6 +105,40 @@ def test_a_hybrid_models_state_groups_run_in_the_mode_vllm_runs_them(run_kvops, 
         assert arm["prefix_cached_tokens"] == 0
 
 
+def test_a_pasted_commands_scheduler_flags_are_simulated_and_typed_ones_win(run_kvops):
+    """--from-command's --watermark, --scheduling-policy and --no-enable-chunked-prefill run in the scheduler (they were
+    dropped before 2026-12-07); a flag typed beside the command wins; without chunked prefill vLLM takes a whole
+    prompt in one step, so its token budget rises to the context (EngineArgs)."""
+    command = (
+        "vllm serve meta-llama/Llama-3.1-8B --max-model-len 4096 --watermark 0.05 --scheduling-policy priority"
+        " --no-enable-chunked-prefill"
+    )
+    for typed, watermark in (((), 0.05), (("--watermark", "0.1"), 0.1)):
+        ran = run_kvops(
+            "simulate", "--from-command", command, "--gpu", "H100", "--requests", "20", "--rate", "4", *typed, "--json"
+        )
+        settings = json.loads(ran.stdout)["arms"][0]["engine_settings"]
+        assert (settings["policy"], settings["watermark"], settings["enable_chunked_prefill"]) == (
+            "priority",
+            watermark,
+            False,
+        )
+        assert settings["max_num_batched_tokens"] >= 4096
+
+
+def test_a_setting_the_installed_vllm_refuses_or_lacks_is_one_line(run_kvops):
+    from vllm.config import SchedulerConfig
+
+    ran = run_kvops("simulate", *SMALL, "--no-enable-chunked-prefill", "--max-num-batched-tokens", "2048", expect=None)
+    assert ran.exit_code != 0 and len(ran.stderr.strip().splitlines()) == 1 and "Traceback" not in ran.stderr
+    assert "refuses these scheduler settings: max_num_batched_tokens (2048) is smaller than max_model_len" in ran.stderr
+    window = run_kvops("simulate", *SMALL, "--cache-aware-admission-window", "8", "--json", expect=None)
+    if "cache_aware_admission_window" in SchedulerConfig.__dataclass_fields__:  # vLLM 0.34 on (.ci/newer_vllm)
+        assert json.loads(window.stdout)["arms"][0]["engine_settings"]["cache_aware_admission_window"] == 8
+    else:
+        assert window.exit_code != 0 and "has no --cache-aware-admission-window setting" in window.stderr
+
+
 def test_a_degrade_arm_runs_the_policy_at_the_api_server(run_kvops, tmp_path):
     policy = tmp_path / "policy.yaml"  # critical from the first request running on: every later one is refused
     policy.write_text("levels: {warn: 0.001, degrade: 0.002, critical: 0.003}\n")
