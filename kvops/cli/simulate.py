@@ -147,7 +147,7 @@ FORMATS = ("kvops", "timed_trace", "mooncake", "burstgpt", "azure", "sharegpt", 
     "--compare",
     "arms_text",
     metavar="ARMS",
-    help="Arms side by side on the same trace: stock, plan, guard, guard-v1, watermark[:F], active:N; ARM+degrade runs "
+    help="Arms side by side on the same trace: stock, plan, guard, guard-v1, watermark[:F], active:N, cache-aware:N (vLLM 0.34); ARM+degrade runs "
     "ARM behind kvops' degrade policy in vLLM's API server (--policy) [default: stock].",
 )
 @click.option(

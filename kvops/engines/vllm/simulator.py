@@ -409,21 +409,23 @@ ARMS = {
     "guard-v1": "the KV guard reserving prompt + max_tokens (KVOPS_ADMISSION=reserve)",
     "watermark": "vLLM's --watermark (default 0.05; watermark:0.02 for another)",
     "active": "vLLM's --max-num-active-seqs N (active:N)",
+    "cache-aware": "vLLM 0.34's --cache-aware-admission-window N (cache-aware:N)",
 }
+COUNTED = {"active": "--max-num-active-seqs", "cache-aware": "--cache-aware-admission-window"}  # arms that take :N
 
 
 def parse_arm(text: str) -> Arm:
-    """`stock`, `plan`, `guard`, `guard-v1`, `watermark[:F]` or `active:N`."""
+    """`stock`, `plan`, `guard`, `guard-v1`, `watermark[:F]`, `active:N` or `cache-aware:N`."""
     name, _, value = text.strip().lower().partition(":")
-    if name not in ARMS or (value and name not in ("watermark", "active")) or (name == "active" and not value):
-        raise UsageError(f"--compare {text!r}; valid: {', '.join(ARMS)} (watermark:F, active:N)")
+    if name not in ARMS or (value and name != "watermark" and name not in COUNTED) or (name in COUNTED and not value):
+        raise UsageError(f"--compare {text!r}; valid: {', '.join(ARMS)} (watermark:F, active:N, cache-aware:N)")
     if name == "watermark":
         fraction = _number(value or "0.05", float, text)
         if not 0 < fraction < 1:
             raise UsageError(f"--compare {text!r}: the watermark is a fraction between 0 and 1")
         return Arm(text.strip().lower() if value else "watermark", f"--watermark {fraction:g}")
-    if name == "active":
-        return Arm(text.strip().lower(), f"--max-num-active-seqs {_number(value, int, text)}")
+    if name in COUNTED:
+        return Arm(text.strip().lower(), f"{COUNTED[name]} {_number(value, int, text)}")
     changes = {
         "stock": "",
         "plan": "",
@@ -467,7 +469,7 @@ def core_settings(plan, arm: Arm, options: SchedulerOptions) -> CoreSettings:
             batched = max(batched, length)  # a whole prompt in one step (EngineArgs, chunked prefill off)
     scheduler_cls = options.scheduler_cls
     environment: tuple[tuple[str, str], ...] = ()
-    watermark, active = options.watermark, options.max_num_active_seqs
+    watermark, active, window = options.watermark, options.max_num_active_seqs, options.cache_aware_admission_window
     if arm.name.startswith("guard"):
         scheduler_cls = GUARD_CLASS
         environment = (
@@ -478,6 +480,8 @@ def core_settings(plan, arm: Arm, options: SchedulerOptions) -> CoreSettings:
         watermark = float(arm.change.split()[-1])
     elif arm.name.startswith("active"):
         active = int(arm.change.split()[-1])
+    elif arm.name.startswith("cache-aware"):
+        window = int(arm.change.split()[-1])
     return CoreSettings(
         num_blocks=options.num_gpu_blocks_override or _pool_at(plan, seqs),
         block_size=capacity.block_size,
@@ -491,7 +495,7 @@ def core_settings(plan, arm: Arm, options: SchedulerOptions) -> CoreSettings:
         policy=options.policy,
         watermark=watermark,
         max_num_active_seqs=active,
-        cache_aware_admission_window=options.cache_aware_admission_window,
+        cache_aware_admission_window=window,
         cache_aware_admission_threshold=options.cache_aware_admission_threshold,
         long_prefill_token_threshold=options.long_prefill_token_threshold,
         scheduler_cls=scheduler_cls,

@@ -133,10 +133,17 @@ def test_a_setting_the_installed_vllm_refuses_or_lacks_is_one_line(run_kvops):
     assert ran.exit_code != 0 and len(ran.stderr.strip().splitlines()) == 1 and "Traceback" not in ran.stderr
     assert "refuses these scheduler settings: max_num_batched_tokens (2048) is smaller than max_model_len" in ran.stderr
     window = run_kvops("simulate", *SMALL, "--cache-aware-admission-window", "8", "--json", expect=None)
+    arm = run_kvops("simulate", *SMALL, "--compare", "stock,cache-aware:8", "--json", expect=None)
     if "cache_aware_admission_window" in SchedulerConfig.__dataclass_fields__:  # vLLM 0.34 on (.ci/newer_vllm)
         assert json.loads(window.stdout)["arms"][0]["engine_settings"]["cache_aware_admission_window"] == 8
+        stock, aware = json.loads(arm.stdout)["arms"]
+        assert (stock["engine_settings"]["cache_aware_admission_window"], aware["change"]) == (
+            0,
+            "--cache-aware-admission-window 8",
+        )
     else:
-        assert window.exit_code != 0 and "has no --cache-aware-admission-window setting" in window.stderr
+        for ran in (window, arm):
+            assert ran.exit_code != 0 and "has no --cache-aware-admission-window setting" in ran.stderr
 
 
 def test_a_degrade_arm_runs_the_policy_at_the_api_server(run_kvops, tmp_path):
@@ -241,6 +248,7 @@ def test_draws_need_traffic_that_a_seed_draws(run_kvops, tmp_path):
         (("--compare", "stock,magic"), "--compare 'magic'; valid: stock, plan, guard"),
         (("--compare", "watermark:2"), "--compare 'watermark:2': the watermark is a fraction between 0 and 1"),
         (("--compare", "stock+proxy"), "--compare 'stock+proxy': the one suffix an arm takes is +degrade"),
+        (("--compare", "stock,cache-aware"), "--compare 'cache-aware'; valid: stock, plan, guard"),
         (("--slo-ttft", "200"), "--slo-ttft '200' is not a duration; write it with its unit, e.g. 200ms or 2s"),
         (("--engine", "tgi"), "--engine tgi: kvops simulate runs the engine's own scheduler in Python"),
     ],
