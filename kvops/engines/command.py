@@ -121,24 +121,41 @@ def split_options(
 
 def integer(word: Word) -> int:
     """A positive integer option value."""
+    return _integer_from(word, 1)
+
+
+def count(word: Word) -> int:
+    """An integer option value from 0."""
+    return _integer_from(word, 0)
+
+
+def _integer_from(word: Word, least: int) -> int:
     try:
         value = int(str(word.value))
     except ValueError:
         raise UsageError(f"{word.written} {word.value!r} is not an integer") from None
-    if value < 1:
-        raise UsageError(f"{word.written} {word.value!r} must be positive")
+    if value < least:
+        raise UsageError(f"{word.written} {word.value!r} must be {'positive' if least else '0 or more'}")
     return value
 
 
-def fraction(word: Word) -> float:
-    """A share of the device, in (0, 1]."""
-    try:
-        value = float(str(word.value))
-    except ValueError:
-        raise UsageError(f"{word.written} {word.value!r} is not a number between 0 and 1") from None
-    if not 0 < value <= 1:
-        raise UsageError(f"{word.written} {word.value!r} must be in (0, 1]")
-    return value
+def share(*, zero: bool, one: bool) -> Callable[[Word], float]:
+    """A share between 0 and 1, each end allowed or not as the engine's own field allows."""
+
+    def convert(word: Word) -> float:
+        try:
+            value = float(str(word.value))
+        except ValueError:
+            raise UsageError(f"{word.written} {word.value!r} is not a number between 0 and 1") from None
+        if value < 0 or value > 1 or (value == 0 and not zero) or (value == 1 and not one):
+            ends = f"{'[' if zero else '('}0, 1{']' if one else ')'}"
+            raise UsageError(f"{word.written} {word.value!r} must be in {ends}")
+        return value
+
+    return convert
+
+
+fraction = share(zero=False, one=True)  # a share of the device, in (0, 1]
 
 
 def as_text(word: Word) -> str:

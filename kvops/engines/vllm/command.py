@@ -19,9 +19,11 @@ from kvops.engines.command import (
     Word,
     after_image,
     as_text,
+    count,
     fraction,
     integer,
     setter,
+    share,
     split_options,
 )
 from kvops.engines.vllm import flags
@@ -176,31 +178,6 @@ def _scheduler_flag(name: str, convert: Callable[[Word], Any]) -> Reader:
     return read
 
 
-def _share(up_to_one: bool) -> Callable[[Word], float]:
-    """A share of the blocks or of the cache: from 0, below 1 or up to it as vLLM's field allows."""
-
-    def convert(word: Word) -> float:
-        try:
-            value = float(str(word.value))
-        except ValueError:
-            raise UsageError(f"{word.written} {word.value!r} is not a number between 0 and 1") from None
-        if value < 0 or value > 1 or (value == 1 and not up_to_one):
-            raise UsageError(f"{word.written} {word.value!r} must be in [0, 1{']' if up_to_one else ')'}")
-        return value
-
-    return convert
-
-
-def _count_from_zero(word: Word) -> int:
-    try:
-        value = int(str(word.value))
-    except ValueError:
-        raise UsageError(f"{word.written} {word.value!r} is not an integer") from None
-    if value < 0:
-        raise UsageError(f"{word.written} {word.value!r} must be 0 or more")
-    return value
-
-
 def _policy(word: Word) -> str:
     if word.value not in ("fcfs", "priority"):
         raise UsageError(f"{word.written} {word.value!r}; valid: fcfs, priority")
@@ -261,8 +238,8 @@ NEWER_SWITCHES = {
 }
 # options with a value that 0.34 added (vllm/config/scheduler.py: cache-aware admission), read the same way
 NEWER_OPTIONS: dict[str, Reader] = {
-    "--cache-aware-admission-window": _scheduler_flag("cache_aware_admission_window", _count_from_zero),
-    "--cache-aware-admission-threshold": _scheduler_flag("cache_aware_admission_threshold", _share(up_to_one=True)),
+    "--cache-aware-admission-window": _scheduler_flag("cache_aware_admission_window", count),
+    "--cache-aware-admission-threshold": _scheduler_flag("cache_aware_admission_threshold", share(zero=True, one=True)),
 }
 NEWER_KINDS = {option: (option, VALUE) for option in NEWER_OPTIONS}
 
@@ -285,10 +262,10 @@ READERS: dict[str, Reader] = {
     "--dtype": _dtype,
     "--scheduler-cls": _scheduler,
     "--scheduling-policy": _scheduler_flag("policy", _policy),
-    "--watermark": _scheduler_flag("watermark", _share(up_to_one=False)),
+    "--watermark": _scheduler_flag("watermark", share(zero=True, one=False)),
     "--max-num-active-seqs": _scheduler_flag("max_num_active_seqs", integer),
     "--enable-chunked-prefill": _chunked_prefill,
-    "--long-prefill-token-threshold": _scheduler_flag("long_prefill_token_threshold", _count_from_zero),
+    "--long-prefill-token-threshold": _scheduler_flag("long_prefill_token_threshold", count),
     "--max-num-queued-reqs": setter("max_queued", integer),
     "--language-model-only": _switch("text_only"),
     "--limit-mm-per-prompt": _limit_mm,
