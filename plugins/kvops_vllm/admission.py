@@ -126,6 +126,16 @@ class Course:
     # those it generates at least (min_tokens); `end` is then where max_tokens stops it at the latest.
     generated: int | None = None
     at_least: int = 0
+    # blocks of its prompt prefix that another request counts (prefix caching: one block, several holders), left
+    # out of its own up to future step `shared_until` (None: its whole course), after which it holds them alone
+    shared: int = 0
+    shared_until: int | None = None
+
+    @property
+    def last_shared_step(self) -> int:
+        """The last future step at which its shared blocks are left out."""
+        last = self.last_step
+        return last if self.shared_until is None else min(self.shared_until, last)
 
     @property
     def last_step(self) -> int:
@@ -157,6 +167,16 @@ def future_peak(courses: Sequence[Course], shapes: Sequence[GroupShape], delay: 
     for shape in shapes:
         for index, used in enumerate(_usage_at_last_steps(courses, shape, steps, delay)):
             totals[index] += used
+    sharing = sorted(
+        ((course.last_shared_step + delay, course.shared) for course in courses if course.shared), reverse=True
+    )
+    if sharing:  # a course's shared blocks are left out up to its last shared step (its holder's last step)
+        left_out = entered = 0
+        for index, step in enumerate(steps):
+            while entered < len(sharing) and sharing[entered][0] >= step:
+                left_out += sharing[entered][1]
+                entered += 1
+            totals[index] -= left_out
     return max(totals)
 
 
@@ -275,6 +295,10 @@ def _rows(courses: Sequence[Course], shapes: Sequence[GroupShape], survival: Sur
             cap = np.where(prefilling, caps[0] or unbounded, caps[1] or unbounded)
             grown = np.minimum(grown, cap[:, None])
         blocks += grown
+    shared = np.fromiter((course.shared for course in courses), np.int64, len(courses))
+    if shared.any():  # left out over the intervals that end by its last shared step (while its holder holds them)
+        until = np.fromiter((course.last_shared_step for course in courses), np.int64, len(courses)) + delay
+        blocks = np.maximum(blocks - shared[:, None] * (latest[None, :] <= until[:, None]), 0)
     last = (end - held) + linger + delay  # the last step it may hold blocks
     alive = (grid[None, :] <= last[:, None]).astype(np.float64)
     unknown = [index for index, course in enumerate(courses) if course.generated is not None]

@@ -37,7 +37,7 @@ from __future__ import annotations
 import re
 import time
 import weakref
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 from vllm.logger import init_logger
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
@@ -261,7 +261,7 @@ class KVGuardScheduler(AsyncScheduler):
         if self.guard_config.admission == "reserve":
             return admissible_prefix(map(self.projected_blocks, candidates), self.kv_slack(), idle)
         survival = self.output_lengths.survival()
-        running, waiting = self.courses(admitted), self.courses(candidates)
+        running, waiting = self.shared(admitted, self.courses(admitted), candidates, self.courses(candidates))
         capacity = self.peak_capacity(admitted)
         prefill = [_prefill_tokens(request) for request in admitted]
         prefill_waiting = [_prefill_tokens(request) for request in candidates]
@@ -349,6 +349,57 @@ class KVGuardScheduler(AsyncScheduler):
         if self.guard_config.cold_start == "max_tokens":
             return Course(held, end if end > held else held, self.linger_steps, prefilling)
         return Course(held, held, self.max_model_len + self.linger_steps, prefilling)
+
+    def shared(
+        self, admitted: list[Request], running: list[Course], candidates: list[Request], waiting: list[Course]
+    ) -> tuple[list[Course], list[Course]]:
+        """The courses with the prompt prefixes they share left out where another course counts them (prefix
+        caching: one block, several holders; counted once per holder, a pool of requests with one system prompt
+        looked many times fuller than it is). A block held by several admitted requests is counted by the one
+        that may hold it longest (its last step); a waiting request's prefix hit on blocks admitted requests hold
+        is left out of its course until the earliest of their last steps, after which it counts them. Full-attention
+        groups only (a sliding window drops a prefix's blocks)."""
+        groups = [
+            (index, manager)
+            for index, (shape, manager) in enumerate(
+                zip(self.kv_shapes, self.kv_cache_manager.coordinator.single_type_managers)
+            )
+            if shape.max_blocks is None
+        ]
+        if not groups or not self.kv_cache_manager.enable_caching:
+            return running, waiting
+        holder_end: dict[int, int] = {}  # shared block -> the last step of the admitted request that counts it
+        shared = [0] * len(admitted)
+        for position in sorted(range(len(admitted)), key=lambda position: -running[position].last_step):
+            for _, manager in groups:
+                for block in manager.req_to_blocks.get(admitted[position].request_id, ()):
+                    if block.ref_cnt < 2:
+                        break  # a prefix hit is a prefix of the block list: the rest are the request's own
+                    if block.block_id in holder_end:
+                        shared[position] += 1
+                    else:
+                        holder_end[block.block_id] = running[position].last_step
+        if not holder_end:
+            return running, waiting
+        return (
+            [replace(course, shared=count) if count else course for course, count in zip(running, shared)],
+            [self._with_hits_held(request, course, groups, holder_end) for request, course in zip(candidates, waiting)],
+        )
+
+    def _with_hits_held(self, request: Request, course: Course, groups, holder_end: dict[int, int]) -> Course:
+        """The waiting `request`'s course less the blocks of its prefix-cache hit that admitted requests hold, up to
+        the earliest of their last steps (then it holds them alone)."""
+        if not request.block_hashes or request.num_computed_tokens:
+            return course
+        found = self.kv_cache_manager.coordinator.find_longest_cache_hit(request.block_hashes, request.num_tokens - 1)
+        held, until = 0, course.last_step
+        for index, _ in groups:
+            for block in found[0][index]:
+                end = holder_end.get(block.block_id)
+                if end is None:
+                    break  # cached but free: taking it takes a free block
+                held, until = held + 1, min(until, end)
+        return replace(course, shared=held, shared_until=until) if held else course
 
     def peak_capacity(self, admitted: list[Request]) -> int:
         """Blocks the admitted requests' courses may use at their peak: the usable pool less the headroom, and less

@@ -102,6 +102,22 @@ def test_the_stock_scheduler_preempts_where_the_guard_queues(stock, guard, reque
     assert runs["guard"].peak_waiting > 0  # it queued instead
 
 
+def test_a_prompt_prefix_that_requests_share_is_counted_once(stock, guard, requests):
+    """Prefix caching: 12 requests with one 72-token prompt (4 full blocks of 16, shared) and 8 new tokens each (a
+    block of their own) need 4 + 12 blocks together; counted per request they looked like 60 on a pool of 19, and
+    the guard ran them 3 at a time (37 steps against stock's 10). Now all 12 run at once once the first 3 hold
+    the prefix (nothing is cached before they are admitted), and neither preempts."""
+    runs = {}
+    for name, build in (("stock", stock), ("guard", guard)):
+        scheduler = build(num_blocks=20)
+        for index in range(12):
+            scheduler.add_request(requests.make(f"r{index}", 72, 8, first_token=7))
+        runs[name] = Driver(scheduler).drain()
+    assert runs["guard"].preemptions == runs["stock"].preemptions == 0
+    assert runs["guard"].peak_running == runs["stock"].peak_running == 12
+    assert runs["stock"].steps == 10 and runs["guard"].steps <= 13
+
+
 @pytest.mark.parametrize(("headroom", "concurrent"), [("0", 3), ("2", 2), ("5", 2), ("6", 1)])
 def test_v1_admits_exactly_what_fits_the_free_blocks_less_the_headroom(guard, requests, headroom, concurrent):
     scheduler = guard({**V1, "KVOPS_HEADROOM_BLOCKS": headroom}, num_blocks=14)  # 13 usable blocks

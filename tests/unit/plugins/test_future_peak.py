@@ -40,6 +40,8 @@ def simulated_peak(courses: list[Course], shapes: list[GroupShape], delay: int =
             if step > max(course.end - course.held, 0) + course.linger + delay:
                 continue
             tokens = min(course.held + step, course.end)
+            if step <= course.last_shared_step + delay:
+                used -= course.shared
             for shape in shapes:
                 blocks = math.ceil(tokens / shape.block_size)
                 cap = shape.max_blocks if course.prefilling or shape.decode_blocks is None else shape.decode_blocks
@@ -70,6 +72,30 @@ def test_the_future_peak_equals_a_step_by_step_simulation(kind, shapes, seed):
     courses = random_batch(rng, rng.choice([1, 2, 5, 17, 60]))
     delay = rng.choice([0, 0, 1, 3])
     assert future_peak(courses, shapes, delay) == simulated_peak(courses, shapes, delay)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_blocks_a_course_shares_are_left_out_for_its_whole_course(seed):
+    """Prefix caching: a prompt prefix held by several requests is one set of blocks; each sharer but the one
+    that counts it carries `shared`, left out up to its holder's last step (the brute force subtracts it step by
+    step)."""
+    rng = random.Random(f"shared-{seed}")
+    courses = [
+        Course(
+            c.held,
+            c.end,
+            c.linger,
+            c.prefilling,
+            shared=rng.randint(0, whole_blocks(c.held, 16)),
+            shared_until=rng.choice([None, rng.randint(0, 50)]),
+        )
+        for c in random_batch(rng, rng.choice([2, 5, 17, 60]))
+    ]
+    delay = rng.choice([0, 1, 3])
+    assert future_peak(courses, FULL, delay) == simulated_peak(courses, FULL, delay)
+    unshared = [Course(c.held, c.end, c.linger, c.prefilling) for c in courses]
+    assert future_peak(courses, FULL, delay) <= future_peak(unshared, FULL, delay)
+    assert risk_peak(courses, FULL, None, 1.0) <= risk_peak(unshared, FULL, None, 1.0)
 
 
 def test_requests_that_finish_at_different_times_peak_far_below_the_sum_of_their_peaks():
