@@ -366,7 +366,7 @@ class KVGuardScheduler(AsyncScheduler):
             )
             if shape.max_blocks is None
         ]
-        if not groups or not self.kv_cache_manager.enable_caching:
+        if not groups or not admitted or not self.kv_cache_manager.enable_caching:
             return running, waiting
         holder_end: dict[int, int] = {}  # shared block -> the last step of the admitted request that counts it
         shared = [0] * len(admitted)
@@ -379,26 +379,30 @@ class KVGuardScheduler(AsyncScheduler):
                         shared[position] += 1
                     else:
                         holder_end[block.block_id] = running[position].last_step
-        if not holder_end:
-            return running, waiting
+        soonest = min(course.last_step for course in running)  # a block one admitted request holds: at least this
         return (
             [replace(course, shared=count) if count else course for course, count in zip(running, shared)],
-            [self._with_hits_held(request, course, groups, holder_end) for request, course in zip(candidates, waiting)],
+            [
+                self._with_hits_held(request, course, groups, holder_end, soonest)
+                for request, course in zip(candidates, waiting)
+            ],
         )
 
-    def _with_hits_held(self, request: Request, course: Course, groups, holder_end: dict[int, int]) -> Course:
+    def _with_hits_held(
+        self, request: Request, course: Course, groups, holder_end: dict[int, int], soonest: int
+    ) -> Course:
         """The waiting `request`'s course less the blocks of its prefix-cache hit that admitted requests hold, up to
-        the earliest of their last steps (then it holds them alone)."""
+        the earliest of their last steps (then it holds them alone; a block one admitted request holds, whose
+        holder this pass did not look up, up to the soonest last step of any)."""
         if not request.block_hashes or request.num_computed_tokens:
             return course
         found = self.kv_cache_manager.coordinator.find_longest_cache_hit(request.block_hashes, request.num_tokens - 1)
         held, until = 0, course.last_step
         for index, _ in groups:
             for block in found[0][index]:
-                end = holder_end.get(block.block_id)
-                if end is None:
+                if block.ref_cnt == 0:
                     break  # cached but free: taking it takes a free block
-                held, until = held + 1, min(until, end)
+                held, until = held + 1, min(until, holder_end.get(block.block_id, soonest))
         return replace(course, shared=held, shared_until=until) if held else course
 
     def peak_capacity(self, admitted: list[Request]) -> int:
