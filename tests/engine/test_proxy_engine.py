@@ -31,14 +31,15 @@ def test_in_front_of_the_real_engine(vllm_engine):
         )
         assert response.status_code == 200 and response.headers["X-KVops-Clamped"] == "max_tokens 600->512"
         assert response.json()["usage"]["completion_tokens"] == 512
-        chunks = []
+        body = {"model": model, "prompt": "the cache", "max_tokens": 8, "ignore_eos": True, "stream": True}
         with requests.post(
-            proxy.url + "/v1/completions",
-            json={"model": model, "prompt": "the cache", "max_tokens": 8, "ignore_eos": True, "stream": True},
-            stream=True,
+            proxy.url + "/v1/completions", json={**body, "stream_options": {"include_usage": True}}, stream=True
         ) as stream:
-            chunks = [line for line in stream.iter_lines() if line.startswith(b"data: {")]
-        assert len(chunks) == 8 and all(json.loads(line[6:])["choices"][0]["text"] is not None for line in chunks)
+            events = [json.loads(line[6:]) for line in stream.iter_lines() if line.startswith(b"data: {")]
+        texts = [event["choices"][0]["text"] for event in events if event["choices"]]
+        # one chunk a token, or fewer: a busy machine's API server sends tokens that arrived together in one chunk
+        assert 1 <= len(texts) <= 8 and all(text is not None for text in texts)
+        assert events[-1]["usage"]["completion_tokens"] == 8
 
 
 @pytest.mark.vllm
