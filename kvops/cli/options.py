@@ -502,8 +502,6 @@ _SIZES = {"gpu_memory": "--gpu-memory", "kv_cache_memory_bytes": "--kv-cache-mem
 def deployment_options(ctx: click.Context, params: dict[str, Any], launcher: tuple[str, ...] = ()) -> DeploymentOptions:
     """The deployment options the command's parameters state; `given` holds those the user stated: typed, in the -f
     file, or in a pasted launch command (--from-command), which states the rest."""
-    from click.core import ParameterSource
-
     from kvops.deployment import DeploymentOptions
 
     params, derived = _vllm_spellings(dict(params))
@@ -517,10 +515,7 @@ def deployment_options(ctx: click.Context, params: dict[str, Any], launcher: tup
         if name in _SIZES and value is not None:
             value = parse_bytes(value, _SIZES[name])
         values[field] = value
-        if name in derived or ctx.get_parameter_source(name) in (
-            ParameterSource.COMMANDLINE,
-            ParameterSource.DEFAULT_MAP,
-        ):
+        if name in derived or typed(ctx, name):
             given.add(field)  # typed, stated in the -f file, or derived from --from-command
     if values.get("workload") and (values.get("prompt_tokens") is not None or values.get("gen_tokens") is not None):
         raise click.UsageError("give either --workload FILE or --prompt-tokens/--gen-tokens, not both")
@@ -530,6 +525,13 @@ def deployment_options(ctx: click.Context, params: dict[str, Any], launcher: tup
     if params.get("from_command"):
         options = options.under(_from_command(params["from_command"]))
     return options
+
+
+def typed(ctx: click.Context, name: str) -> bool:
+    """The user stated this parameter: on the command line or in the -f file (click's default map)."""
+    from click.core import ParameterSource
+
+    return ctx.get_parameter_source(name) in (ParameterSource.COMMANDLINE, ParameterSource.DEFAULT_MAP)
 
 
 def _vllm_spellings(params: dict[str, Any]) -> tuple[dict[str, Any], set[str]]:

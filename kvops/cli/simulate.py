@@ -264,13 +264,12 @@ SCHEDULER_OPTIONS = {
 def _scheduler_flags(ctx: click.Context, params: dict[str, Any]) -> dict[str, Any]:
     """The scheduler's options typed here (or in the -f file): they win over a --from-command line's, which win over
     the defaults."""
-    from click.core import ParameterSource
+    from kvops.cli.options import typed
 
-    typed = (ParameterSource.COMMANDLINE, ParameterSource.DEFAULT_MAP)
     flags = {}
     for parameter, field in SCHEDULER_OPTIONS.items():
         value = params.pop(parameter)
-        if ctx.get_parameter_source(parameter) in typed or not params.get("from_command"):
+        if typed(ctx, parameter) or not params.get("from_command"):
             flags[field] = value
     # --num-gpu-blocks-override comes with the engine options (cli/options.py): the KV pool a run logged; the plan
     # takes it too (its capacity is then that pool)
