@@ -78,6 +78,7 @@ class PolicyFollower:
         self._reading: WatcherReading | None = None
         self._problem: str | None = "not read yet"
         self._stop = threading.Event()
+        self._polling = threading.Lock()  # one read at a time: a slow read never lands after a newer one
         self._thread = threading.Thread(target=self._run, name="kvops-policy-follower", daemon=True)
 
     def start(self) -> PolicyFollower:
@@ -95,6 +96,10 @@ class PolicyFollower:
 
     def poll(self) -> None:
         """One read of the watcher; logs only when it starts or stops being usable."""
+        with self._polling:
+            self._poll()
+
+    def _poll(self) -> None:
         reading: WatcherReading | None
         try:
             reading = parse_reading(self._fetch())

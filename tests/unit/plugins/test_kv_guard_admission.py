@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import pytest
@@ -244,6 +245,30 @@ def test_the_follower_reads_the_watcher_and_drops_it_when_unusable(watcher, guar
         assert follower.reading() is None
         assert problem in records[-1]
         assert records[-1].startswith(f"kvops guard: watcher at {watcher.url} unusable (")
+
+
+def test_a_slow_read_never_lands_after_a_newer_one(watcher, guard_log):
+    """The background thread's read, answered before the watcher became unusable, must not win over a later poll."""
+    log, _ = guard_log
+    follower = PolicyFollower(watcher.url, interval=60, timeout=1, max_age=30, logger=log)
+    fetch, answered = follower._fetch, threading.Event()
+
+    def slow_fetch():
+        body = fetch()
+        if not answered.is_set():
+            answered.set()
+            time.sleep(0.5)  # a busy machine: the answer is in, the thread not yet scheduled
+        return body
+
+    follower._fetch = slow_fetch
+    watcher.serve(policy_document("critical"))
+    background = threading.Thread(target=follower.poll)
+    background.start()
+    assert answered.wait(10)
+    watcher.serve(b"", 503)
+    follower.poll()
+    background.join()
+    assert follower.reading() is None
 
 
 def test_a_reading_goes_stale_between_polls(watcher, guard_log):
