@@ -62,6 +62,7 @@ def kv_guard_engine(tiny_model, policy_endpoint, tmp_path_factory):
         "KVOPS_POLICY": str(policy),
         "KVOPS_POLICY_URL": policy_endpoint.url,
         "KVOPS_POLICY_POLL_SECONDS": "0.2",
+        "KVOPS_POLICY_TIMEOUT_SECONDS": "10",  # a busy 2-core machine's local watcher can be slow
         "KVOPS_LEVELS": "own",  # levels also from the engine's own KV usage (the default follows the watcher only)
         "KVOPS_LOG_SECONDS": "0.5",  # a summary line from a burst's first step on, which the burst test reads
     }

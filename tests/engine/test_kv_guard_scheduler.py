@@ -52,6 +52,7 @@ def guard(tiny_model, monkeypatch):
         "KVOPS_RESUME_WAIT_STEPS",
     ):
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("KVOPS_POLICY_TIMEOUT_SECONDS", "10")  # a busy 2-core machine's local watcher can be slow
     return build
 
 

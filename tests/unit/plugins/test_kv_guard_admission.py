@@ -226,7 +226,7 @@ def guard_log():
 
 def test_the_follower_reads_the_watcher_and_drops_it_when_unusable(watcher, guard_log):
     log, records = guard_log
-    follower = PolicyFollower(watcher.url, interval=60, timeout=1, max_age=30, logger=log)
+    follower = PolicyFollower(watcher.url, interval=60, timeout=10, max_age=30, logger=log)
 
     watcher.serve(policy_document("degrade", 0.88))
     follower.poll()
@@ -250,7 +250,7 @@ def test_the_follower_reads_the_watcher_and_drops_it_when_unusable(watcher, guar
 def test_a_slow_read_never_lands_after_a_newer_one(watcher, guard_log):
     """The background thread's read, answered before the watcher became unusable, must not win over a later poll."""
     log, _ = guard_log
-    follower = PolicyFollower(watcher.url, interval=60, timeout=1, max_age=30, logger=log)
+    follower = PolicyFollower(watcher.url, interval=60, timeout=10, max_age=30, logger=log)
     fetch, answered = follower._fetch, threading.Event()
 
     def slow_fetch():
@@ -273,7 +273,7 @@ def test_a_slow_read_never_lands_after_a_newer_one(watcher, guard_log):
 
 def test_a_reading_goes_stale_between_polls(watcher, guard_log):
     log, _ = guard_log
-    follower = PolicyFollower(watcher.url, interval=60, timeout=1, max_age=30, logger=log)
+    follower = PolicyFollower(watcher.url, interval=60, timeout=10, max_age=30, logger=log)
     watcher.serve(policy_document("warn", updated_at=time.time() - 20))
     follower.poll()
     assert follower.reading() is not None
@@ -292,7 +292,7 @@ def test_an_unreachable_watcher_times_out_and_is_reported_once(guard_log):
 def test_the_follower_polls_in_the_background_until_stopped(watcher, guard_log):
     log, _ = guard_log
     watcher.follow("critical")
-    follower = PolicyFollower(watcher.url, interval=0.05, timeout=1, max_age=30, logger=log).start()
+    follower = PolicyFollower(watcher.url, interval=0.05, timeout=10, max_age=30, logger=log).start()
     deadline = time.monotonic() + 5
     while follower.reading() is None and time.monotonic() < deadline:
         time.sleep(0.02)

@@ -105,7 +105,7 @@ def test_an_exposition_past_the_limit_is_a_failure_never_a_partial_reading(decla
 def test_every_other_scrape_failing_at_97_percent_never_lifts_the_limits():
     """The default policy's grace keeps the level through isolated failures: reject stays on in every sample."""
     with MetricsServer(vllm_exposition(0.97)) as server:
-        watcher = Watcher(load_policy(), "vllm", ScrapeSource("vllm", server.url, timeout=2), log=EventLog(None))
+        watcher = Watcher(load_policy(), "vllm", ScrapeSource("vllm", server.url, timeout=10), log=EventLog(None))
 
         async def run():
             rejects = []
@@ -123,7 +123,7 @@ def test_a_dead_metrics_endpoint_keeps_the_last_limits_after_the_grace():
     """Past the grace the replica is unknown; the shipped policy is fail-closed, so critical's limits stay."""
     with MetricsServer(vllm_exposition(0.97)) as server:
         log = io.StringIO()
-        watcher = Watcher(load_policy(), "vllm", ScrapeSource("vllm", server.url, timeout=2), log=EventLog(log))
+        watcher = Watcher(load_policy(), "vllm", ScrapeSource("vllm", server.url, timeout=10), log=EventLog(log))
 
         async def run():
             await watcher.poll()
@@ -318,7 +318,7 @@ def test_a_huge_finite_gauge_in_a_scrape_is_missing_data_not_an_overflow():
     """`vllm:num_requests_running 1e306` times a request's tokens is Inf, which round() refuses: the reading is
     refused first, the replica fails as on a bad scrape, and the watcher goes on."""
     with MetricsServer(vllm_exposition(0.5, running=1e306)) as server:
-        source = ScrapeSource("vllm", server.url, timeout=2)
+        source = ScrapeSource("vllm", server.url, timeout=10)
         watcher = Watcher(load_policy(), "vllm", source, log=EventLog(None), request_tokens=4096)
         snapshots = poll_all(watcher, 2)
     replica = snapshots[-1].replicas[0]

@@ -364,7 +364,7 @@ def test_manifests_for_a_gateway_wire_the_trusted_networks_and_plain_k8s_trusts_
 def test_a_watcher_that_starts_without_a_usable_reading_fails_closed(fault):
     with MetricsServer(vllm_exposition(0.3)) as server:
         server.set(**fault)
-        watcher = Watcher(load_policy(), "vllm", ScrapeSource("vllm", server.url, timeout=2), log=EventLog(None))
+        watcher = Watcher(load_policy(), "vllm", ScrapeSource("vllm", server.url, timeout=10), log=EventLog(None))
         before = watcher.current.limits
 
         async def run():
@@ -386,7 +386,7 @@ def test_a_fail_open_policy_starts_without_limits(tmp_path):
         watcher = Watcher(
             load_policy(tmp_path / "policy.yaml"),
             "vllm",
-            ScrapeSource("vllm", server.url, timeout=2),
+            ScrapeSource("vllm", server.url, timeout=10),
             log=EventLog(None),
         )
 

@@ -189,7 +189,7 @@ def _poll(source):
 
 def test_scrape_source_reads_a_real_http_endpoint():
     with MetricsServer(vllm_exposition(0.73, running=5)) as server:
-        poll = _poll(ScrapeSource("vllm", server.url, timeout=2))
+        poll = _poll(ScrapeSource("vllm", server.url, timeout=10))
     assert poll.failures == {} and poll.readings[server.target].kv_usage == 0.73
 
 
@@ -197,7 +197,7 @@ def test_scrape_source_reads_the_tgi_fake():
     with TgiFake() as fake:
         fake.metrics.request()
         fake.metrics.batch(size=2, max_tokens=4096, queue=0)
-        poll = _poll(ScrapeSource("tgi", fake.url, timeout=2, capacity_tokens=16384))
+        poll = _poll(ScrapeSource("tgi", fake.url, timeout=10, capacity_tokens=16384))
     assert next(iter(poll.readings.values())).kv_usage == 0.25
 
 

@@ -42,7 +42,7 @@ def make_watcher(
     *,
     webhook=None,
     policy_text="min_dwell_seconds: 5\nunknown:\n  grace_polls: 0\n",
-    timeout=1.0,
+    timeout=10.0,
     recorder=None,
 ):
     clock, log = Clock(), io.StringIO()
