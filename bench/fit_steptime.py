@@ -88,8 +88,8 @@ def profile_from(vector: np.ndarray, source: str, fitted_on: str) -> steptime.Co
 def recorded_run(plan, trace, profile: steptime.Coefficients, flags: dict) -> tuple[RunLog, np.ndarray]:
     """The trace through the plan's stock vLLM scheduler, each step priced by `profile`; with each step's term
     bases (TERMS order), which the fit linearizes around."""
-    model = cost.step_time(plan, profile)
     core, _, settings = engines.get("vllm").simulation_core(plan, "stock", flags)
+    model = cost.step_time(plan, profile).with_graphs(settings["cuda_graph_sizes"])
     features: list[tuple[float, ...]] = []
     vector = coefficient_vector(profile)[:-1]
 
@@ -307,8 +307,8 @@ def write_profile(vector: np.ndarray, chosen: list[Experiment], window_s: float 
         "sent as it sends them: exponential gaps scaled to each stage's length; "
         f"bench/data/sim_to_real.json, models: {', '.join(models)}), first {window_s:g} s of each stage (whole where "
         "its requests are long: bench/sim_experiments.py simulated_seconds), its "
-        "requests weighed as the whole stage's (the prefix cache's first cycle once), "
-        f"by bench/fit_steptime.py ({how}) on {date.today().isoformat()}; other GPUs through their datasheet figures (times their scale where "
+        "requests weighed as the whole stage's (the prefix cache's first cycle once), each step at the CUDA-graph "
+        f"size vLLM pads it to, by bench/fit_steptime.py ({how}) on {date.today().isoformat()}; other GPUs through their datasheet figures (times their scale where "
         "bench/fit_gpu_scale.py fits one: gpu_scales)"
     )
     source = "fitted: bench/fit_steptime.py (see fitted_on)"

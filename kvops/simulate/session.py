@@ -297,9 +297,9 @@ def _warnings(setup: Setup) -> list[str]:
         found.append(
             f"{spec.name} routes each token to {spec.experts_per_token} of {spec.num_experts} experts: the step time "
             "prices the experts a batch touches as if tokens chose them uniformly, and on the one such model it is "
-            "scored on (Llama 4 Scout, 1 of 16, H100, vLLM 0.15.1) that predicted too fast a decode where few "
-            "requests run: vLLM's TPOT was 1.11 x the simulated at about 8 requests running, 1.22 x at 24 "
-            "(2,500-token requests, KV offloaded to the CPU), within 6% at 26-61; read TPOT at a few requests "
+            "scored on (Llama 4 Scout, 1 of 16, H100, vLLM 0.15.1) that predicted a fast decode where few "
+            "requests run: vLLM's TPOT was 1.05 x the simulated at about 8 requests running, 1.12 x at 24 "
+            "(2,500-token requests, KV offloaded to the CPU), within 5% at 26-61; read TPOT at a few requests "
             "running as a lower bound, or --calibrate on a benchmark of your own at that load"
         )
     step_time = setup.step_time

@@ -667,11 +667,15 @@ def _profiled_graphs(profile: Profile, measured_bytes: int, graphs: CompiledGrap
 
 @frozen
 class CompiledGraphs:
-    """The CUDA graphs a --compilation-config asks for: the mode, and how many batch sizes are captured."""
+    """The CUDA graphs a --compilation-config asks for: the mode, and the batch sizes (tokens) captured."""
 
     mode: str
-    captures: int
+    sizes: tuple[int, ...]  # ascending
     why: str
+
+    @property
+    def captures(self) -> int:
+        return len(self.sizes)
 
 
 def capture_sizes(largest: int) -> list[int]:
@@ -710,7 +714,7 @@ def default_captures(inputs: PlanInputs, release_: VllmRelease, batched: int, ma
     why = f"vLLM's default capture sizes up to {ceiling}"
     if ceiling != 512:
         why += f" (max_num_batched_tokens {batched}, max_num_seqs {max_num_seqs}, decode query length {query})"
-    return CompiledGraphs("default", len(sizes), why)
+    return CompiledGraphs("default", tuple(sorted(sizes)), why)
 
 
 def compiled_graphs(text: str | None, default: CompiledGraphs) -> CompiledGraphs:
@@ -728,14 +732,27 @@ def compiled_graphs(text: str | None, default: CompiledGraphs) -> CompiledGraphs
         raise UsageError(f"--compilation-config {text!r} is not a JSON object")
     mode = str(config.get("cudagraph_mode") or "default").upper()
     if mode == "NONE":
-        return CompiledGraphs("NONE", 0, "no CUDA graphs are captured")
+        return CompiledGraphs("NONE", (), "no CUDA graphs are captured")
     sizes = config.get("cudagraph_capture_sizes")
     if isinstance(sizes, list) and sizes:
-        return CompiledGraphs(mode, len(sizes), f"cudagraph_capture_sizes lists {len(sizes)}")
+        listed = tuple(sorted({size for size in sizes if isinstance(size, int) and size > 0}))
+        return CompiledGraphs(mode, listed, f"cudagraph_capture_sizes lists {len(sizes)}")
     largest = config.get("max_cudagraph_capture_size")
     if isinstance(largest, int) and largest >= 0:
-        return CompiledGraphs(mode, len(capture_sizes(largest)), f"max_cudagraph_capture_size {largest}")
+        return CompiledGraphs(mode, tuple(capture_sizes(largest)), f"max_cudagraph_capture_size {largest}")
     return replace(default, mode=mode)
+
+
+def graph_sizes(inputs: PlanInputs, release_: VllmRelease, batched: int, max_num_seqs: int) -> tuple[int, ...]:
+    """The batch sizes (tokens) the engine runs its forward at: a step of T tokens up to the largest captured size
+    replays the graph of the next captured size (`CudagraphDispatcher.dispatch`, vllm/v1/cudagraph_dispatcher.py).
+    The padding rows run through every layer (the model runner passes `input_ids[:num_input_tokens]`, the rows past
+    the scheduled tokens holding earlier steps' ids, vllm/v1/worker/gpu_model_runner.py), so a mixture of experts
+    routes them like any token. None with --enforce-eager, on the CPU build or with cudagraph_mode NONE; every other
+    mode is taken to pad decode and mixed steps alike, as the default (FULL_AND_PIECEWISE) does."""
+    if inputs.enforce_eager or inputs.device == "cpu":
+        return ()
+    return compiled_graphs(inputs.compilation_config, default_captures(inputs, release_, batched, max_num_seqs)).sizes
 
 
 def _margin(inputs: PlanInputs, release_: VllmRelease, overheads: list[Term]) -> Term | None:

@@ -60,6 +60,7 @@ class CoreSettings:
     long_prefill_token_threshold: int = 0
     scheduler_cls: str | None = None  # "pkg.module.Class", as --scheduler-cls takes it
     environment: tuple[tuple[str, str], ...] = ()  # the scheduler's own settings (the KV guard's KVOPS_*)
+    cuda_graph_sizes: tuple[int, ...] = ()  # the step sizes (tokens) the forward is padded to; none: eager
 
     @property
     def batches_in_flight(self) -> int:
@@ -500,6 +501,7 @@ def core_settings(plan, arm: Arm, options: SchedulerOptions) -> CoreSettings:
         long_prefill_token_threshold=options.long_prefill_token_threshold,
         scheduler_cls=scheduler_cls,
         environment=environment,
+        cuda_graph_sizes=budget.graph_sizes(inputs, plan.release, batched, seqs) if plan.release else (),
     )
 
 

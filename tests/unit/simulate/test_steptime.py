@@ -100,6 +100,21 @@ def test_routed_experts_are_read_as_the_tokens_touch_them():
     assert many["experts"] == pytest.approx(8e9 * (1 - (6 / 8) ** 64) / 1000e9)
 
 
+def test_a_batch_within_the_cuda_graphs_runs_as_the_next_captured_size():
+    """Padding rows are computed, all-reduced and routed; they read no KV cache and sample nothing."""
+    eager = StepTime(moe(), HARDWARE, unit_coefficients())
+    graphs = eager.with_graphs((16, 1, 8, 2, 4))
+    assert graphs.graph_sizes == (1, 2, 4, 8, 16)
+    assert [graphs.padded(tokens) for tokens in (1, 3, 8, 11, 16, 17)] == [1, 4, 8, 16, 16, 17]
+    eleven = dict(zip(steptime.TERMS, graphs.features([1] * 11, [100] * 11, 11)))
+    assert eleven["experts"] == pytest.approx(8e9 * (1 - (6 / 8) ** 16) / 1000e9)  # 16 rows routed, not 11
+    sixteen_rows = dict(zip(steptime.TERMS, eager.features([1] * 16, [100] * 16, 11)))
+    eleven_rows = dict(zip(steptime.TERMS, eager.features([1] * 11, [100] * 11, 11)))
+    for name, value in eleven.items():
+        assert value == pytest.approx((eleven_rows if name in ("kv", "attention") else sixteen_rows)[name]), name
+    assert graphs.features([1] * 17, [0] * 17, 17) == eager.features([1] * 17, [0] * 17, 17)  # past the largest
+
+
 def test_tensor_parallel_all_reduces():
     model = StepTime(dense(tp=4), HARDWARE, unit_coefficients())
     features = dict(zip(steptime.TERMS, model.features([10], [0], 1)))
@@ -217,7 +232,7 @@ def test_held_out_runs_apply_by_gpu_or_tensor_parallel_size_and_round_trip():
     by_gpu = {held.gpu: held for held in gpu.held_out if held.gpu}
     a100 = by_gpu["A100-80GB"]
     assert a100.applies("A100-80GB", 2) and not a100.applies("H100-80GB", 1)
-    assert a100.low < 1 < a100.high and "A100-80GB" in gpu.gpu_scales and "2026-12-06" in a100.source
+    assert a100.low < 1 < a100.high and "A100-80GB" in gpu.gpu_scales and "bench/simulate_accuracy.py" in a100.source
     assert a100.describe(scaled=True).startswith(
         "the step time on A100-80GB: 4 public vLLM runs, each simulated at the GPU's scale fitted on the others, ran at "
     )
