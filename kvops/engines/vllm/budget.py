@@ -752,7 +752,8 @@ def graph_sizes(inputs: PlanInputs, release_: VllmRelease, batched: int, max_num
     mode is taken to pad decode and mixed steps alike, as the default (FULL_AND_PIECEWISE) does."""
     if inputs.enforce_eager or inputs.device == "cpu":
         return ()
-    return compiled_graphs(inputs.compilation_config, default_captures(inputs, release_, batched, max_num_seqs)).sizes
+    graphs = compiled_graphs(inputs.compilation_config, default_captures(inputs, release_, batched, max_num_seqs))
+    return tuple(size for size in graphs.sizes if size <= batched)  # vLLM drops listed sizes above the token budget
 
 
 def _margin(inputs: PlanInputs, release_: VllmRelease, overheads: list[Term]) -> Term | None:
