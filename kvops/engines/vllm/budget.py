@@ -626,7 +626,7 @@ def _cuda_graphs(inputs: PlanInputs, release_: VllmRelease, batched: int, max_nu
             f"{release_.label} captures CUDA graphs after sizing the KV cache: they come out of the memory "
             "--gpu-memory-utilization leaves, not the KV budget",
         )
-    graphs = compiled_graphs(inputs.compilation_config, default_captures(inputs, release_, batched, max_num_seqs))
+    graphs = _captured(inputs, release_, batched, max_num_seqs)
     if graphs.mode == "NONE":
         return Term("cuda_graphs", 0, "exact", f"--compilation-config cudagraph_mode NONE: {graphs.why}")
     if profile and profile.cudagraph_bytes is not None:
@@ -717,7 +717,7 @@ def default_captures(inputs: PlanInputs, release_: VllmRelease, batched: int, ma
     return CompiledGraphs("default", tuple(sorted(sizes)), why)
 
 
-def compiled_graphs(text: str | None, default: CompiledGraphs) -> CompiledGraphs:
+def compiled_graphs(text: str | None, default: CompiledGraphs, batched: int) -> CompiledGraphs:
     """What a --compilation-config (JSON) says of the CUDA graphs: cudagraph_mode NONE captures none; explicit
     cudagraph_capture_sizes or max_cudagraph_capture_size scale the fitted estimate by the number of sizes
     captured (an estimate: vLLM's graph pool grows with the captures, vllm-project/vllm#45178); else the
@@ -735,7 +735,8 @@ def compiled_graphs(text: str | None, default: CompiledGraphs) -> CompiledGraphs
         return CompiledGraphs("NONE", (), "no CUDA graphs are captured")
     sizes = config.get("cudagraph_capture_sizes")
     if isinstance(sizes, list) and sizes:
-        listed = tuple(sorted({size for size in sizes if isinstance(size, int) and size > 0}))
+        # vLLM keeps the listed sizes within the token budget (VllmConfig._set_cudagraph_sizes)
+        listed = tuple(sorted({size for size in sizes if isinstance(size, int) and 0 < size <= batched}))
         return CompiledGraphs(mode, listed, f"cudagraph_capture_sizes lists {len(sizes)}")
     largest = config.get("max_cudagraph_capture_size")
     if isinstance(largest, int) and largest >= 0:
@@ -752,8 +753,12 @@ def graph_sizes(inputs: PlanInputs, release_: VllmRelease, batched: int, max_num
     mode is taken to pad decode and mixed steps alike, as the default (FULL_AND_PIECEWISE) does."""
     if inputs.enforce_eager or inputs.device == "cpu":
         return ()
-    graphs = compiled_graphs(inputs.compilation_config, default_captures(inputs, release_, batched, max_num_seqs))
-    return tuple(size for size in graphs.sizes if size <= batched)  # vLLM drops listed sizes above the token budget
+    return _captured(inputs, release_, batched, max_num_seqs).sizes
+
+
+def _captured(inputs: PlanInputs, release_: VllmRelease, batched: int, max_num_seqs: int) -> CompiledGraphs:
+    default = default_captures(inputs, release_, batched, max_num_seqs)
+    return compiled_graphs(inputs.compilation_config, default, batched)
 
 
 def _margin(inputs: PlanInputs, release_: VllmRelease, overheads: list[Term]) -> Term | None:

@@ -184,11 +184,6 @@ def _policy(word: Word) -> str:
     return str(word.value)
 
 
-def _chunked_prefill(word: Word, stated: StatedCommand) -> None:
-    stated.values.setdefault("scheduler_flags", {})["chunked_prefill"] = not word.negated
-    stated.ignore(word, "the scheduler's: does not change memory (kvops simulate runs it)")
-
-
 def _cpu_offload(word: Word, stated: StatedCommand) -> None:
     try:
         gib = float(str(word.value))
@@ -264,7 +259,7 @@ READERS: dict[str, Reader] = {
     "--scheduling-policy": _scheduler_flag("policy", _policy),
     "--watermark": _scheduler_flag("watermark", share(zero=True, one=False)),
     "--max-num-active-seqs": _scheduler_flag("max_num_active_seqs", integer),
-    "--enable-chunked-prefill": _chunked_prefill,
+    "--enable-chunked-prefill": _scheduler_flag("chunked_prefill", lambda word: not word.negated),
     "--long-prefill-token-threshold": _scheduler_flag("long_prefill_token_threshold", count),
     "--max-num-queued-reqs": setter("max_queued", integer),
     "--language-model-only": _switch("text_only"),
