@@ -37,6 +37,8 @@ PLAN_OPTIONS = (
     "--compilation-config",
     "--enable-prefix-caching",
     "--no-enable-prefix-caching",
+    "--enable-chunked-prefill",
+    "--no-enable-chunked-prefill",
     "--mamba-cache-mode",
     "--mamba-cache-dtype",
     "--mamba-ssm-cache-dtype",
@@ -84,8 +86,10 @@ def options(root: Path) -> dict[str, str]:
             if name in PLAN_OPTIONS and name not in seen:
                 seen[name] = f"{path.relative_to(root)}:{number} (a FrontendArgs field)"
     # BooleanOptionalAction adds the --no- spelling of a boolean without writing it out
-    if "--enable-prefix-caching" in seen and "--no-enable-prefix-caching" not in seen and _boolean_optional(root):
-        seen["--no-enable-prefix-caching"] = seen["--enable-prefix-caching"] + " (BooleanOptionalAction)"
+    for switch in ("--enable-prefix-caching", "--enable-chunked-prefill"):
+        negated = "--no-" + switch[2:]
+        if switch in seen and negated not in seen and _boolean_optional(root):
+            seen[negated] = seen[switch] + " (BooleanOptionalAction)"
     return dict(sorted(seen.items()))
 
 

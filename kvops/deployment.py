@@ -65,6 +65,7 @@ class DeploymentOptions:
     )
     hybrid_manager: bool = True
     prefix_caching: bool | None = None
+    chunked_prefill: bool = True
     mamba_cache_mode: str | None = None
     mamba_cache_dtype: str = "auto"
     mamba_ssm_cache_dtype: str = "auto"
@@ -123,6 +124,7 @@ class DeploymentOptions:
             speculative=self.speculative(),
             hybrid_manager=self.hybrid_manager,
             prefix_caching=self.prefix_caching,
+            chunked_prefill=self.chunked_prefill,
             mamba_cache_mode=self.mamba_cache_mode,
             mamba_cache_dtype=self.mamba_cache_dtype,
             mamba_ssm_cache_dtype=self.mamba_ssm_cache_dtype,

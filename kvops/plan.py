@@ -117,6 +117,7 @@ class PlanInputs:
     # vLLM KV cache layout settings (None: the engine's default)
     hybrid_manager: bool = True  # False: --disable-hybrid-kv-cache-manager
     prefix_caching: bool | None = None  # --[no-]enable-prefix-caching
+    chunked_prefill: bool = True  # vLLM --[no-]enable-chunked-prefill: off, a step takes whole prompts
     mamba_cache_mode: str | None = None  # --mamba-cache-mode
     mamba_cache_dtype: str = "auto"
     mamba_ssm_cache_dtype: str = "auto"

@@ -316,6 +316,12 @@ def engine_options(function: Callable, model_required: bool = True, engine: bool
             help="vLLM prefix caching [default: on; for models with state layers from vLLM 0.28]; off, they keep one state page per request.",
         ),
         click.option(
+            "--enable-chunked-prefill/--no-enable-chunked-prefill",
+            "chunked_prefill",
+            default=True,
+            help="vLLM chunked prefill [default: on]; off, each step takes whole prompts: max-num-batched-tokens rises to max-model-len, and the profile's activation peak with it.",
+        ),
+        click.option(
             "--mamba-cache-mode",
             type=click.Choice(("align", "none", "all")),
             help="vLLM: state pages kept per request [default: align with prefix caching (all for Mamba-2 models through 0.27), else none].",

@@ -91,12 +91,6 @@ FORMATS = ("kvops", "timed_trace", "mooncake", "burstgpt", "azure", "sharegpt", 
 )
 @click.option("--max-num-active-seqs", type=POSITIVE, help="vLLM --max-num-active-seqs (0.31 and later).")
 @click.option(
-    "--enable-chunked-prefill/--no-enable-chunked-prefill",
-    default=True,
-    show_default=True,
-    help="vLLM chunked prefill.",
-)
-@click.option(
     "--long-prefill-token-threshold",
     type=click.IntRange(min=0),
     default=0,
@@ -253,7 +247,6 @@ SCHEDULER_OPTIONS = {
     "scheduling_policy": "policy",
     "watermark": "watermark",
     "max_num_active_seqs": "max_num_active_seqs",
-    "enable_chunked_prefill": "chunked_prefill",
     "long_prefill_token_threshold": "long_prefill_token_threshold",
     "cache_aware_admission_window": "cache_aware_admission_window",
     "cache_aware_admission_threshold": "cache_aware_admission_threshold",

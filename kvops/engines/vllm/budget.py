@@ -53,13 +53,21 @@ def batch_defaults(
 
 
 def resolve_batch(
-    defaults: BatchDefaults, max_model_len: int, max_num_batched_tokens: int | None, max_num_seqs: int | None
+    defaults: BatchDefaults,
+    max_model_len: int,
+    max_num_batched_tokens: int | None,
+    max_num_seqs: int | None,
+    chunked_prefill: bool = True,
 ) -> tuple[int, int]:
-    """What `_set_default_max_num_seqs_and_batched_tokens_args` settles on (chunked prefill on, the default)."""
+    """What `_set_default_max_num_seqs_and_batched_tokens_args` settles on (engine/arg_utils.py, 0.34.0): with chunked
+    prefill off, a default token budget rises to max_model_len, so that a whole prompt fits one step."""
     seqs = max_num_seqs if max_num_seqs is not None else defaults.max_num_seqs
     tokens = max_num_batched_tokens
     if tokens is None:
-        tokens = min(seqs * max_model_len, defaults.max_num_batched_tokens)
+        tokens = defaults.max_num_batched_tokens
+        if not chunked_prefill:
+            tokens = max(max_model_len, tokens)
+        tokens = min(seqs * max_model_len, tokens)
     if max_num_seqs is None:
         seqs = min(seqs, tokens)
     return tokens, seqs

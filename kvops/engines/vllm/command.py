@@ -259,7 +259,7 @@ READERS: dict[str, Reader] = {
     "--scheduling-policy": _scheduler_flag("policy", _policy),
     "--watermark": _scheduler_flag("watermark", share(zero=True, one=False)),
     "--max-num-active-seqs": _scheduler_flag("max_num_active_seqs", integer),
-    "--enable-chunked-prefill": _scheduler_flag("chunked_prefill", lambda word: not word.negated),
+    "--enable-chunked-prefill": _switch("chunked_prefill"),
     "--long-prefill-token-threshold": _scheduler_flag("long_prefill_token_threshold", count),
     "--max-num-queued-reqs": setter("max_queued", integer),
     "--language-model-only": _switch("text_only"),

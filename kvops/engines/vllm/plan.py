@@ -94,7 +94,9 @@ def _plan_pass(
     gpu = inputs.gpu
     engine_total = device_total(inputs) if gpu else None
     defaults = budget.batch_defaults(device, engine_total, gpu.name if gpu else "", tp, release, fixed_len)
-    batched, default_seqs = budget.resolve_batch(defaults, fixed_len, inputs.batched_tokens, inputs.max_num_seqs)
+    batched, default_seqs = budget.resolve_batch(
+        defaults, fixed_len, inputs.batched_tokens, inputs.max_num_seqs, inputs.chunked_prefill
+    )
     in_flight = budget.max_in_flight_tokens(batched, device, release)
     requested_seqs = inputs.concurrency * inputs.workload.sequences if isinstance(inputs.concurrency, int) else 0
     engine_seqs = max(default_seqs, requested_seqs)
@@ -119,13 +121,16 @@ def _plan_pass(
             f"vLLM pads {kv_layout.padding_layers} layer slot(s) to even out its KV cache groups: that share of each block holds nothing"
         )
     if inputs.max_model_len == "auto":
-        length = _auto_length(draft, kv_layout, model_limit, in_flight, stage_blocks)
+        whole_prompts = model_limit if inputs.chunked_prefill else min(model_limit, batched)
+        length = _auto_length(draft, kv_layout, whole_prompts, in_flight, stage_blocks)
         if length == 0:
             target = inputs.concurrency if isinstance(inputs.concurrency, int) else 1
             problem = f"not even 1 token per sequence fits for {target} sequence(s) under the warn level"
             return draft.plan(None, {}, Verdict(problem, kv_layout.bytes_per_block * (target + 1), draft.kv_bytes))
     else:
         length = fixed_len
+    if not inputs.chunked_prefill:
+        _check_whole_prompts(release, batched, length)
     pool = layout.pool(
         kv_layout,
         max(draft.kv_bytes, 0),
@@ -349,6 +354,22 @@ def boundary_layers(spec: ModelSpec, dtype: KvDtype, release: releases.VllmRelea
     layers = spec.num_layers
     n = min(2, layers // 2)
     return frozenset([*range(n), *range(layers - n, layers)])
+
+
+def _check_whole_prompts(release: releases.VllmRelease, batched: int, length: int) -> None:
+    """Chunked prefill off: vLLM takes each prompt whole, so it refuses a token budget below the context
+    (SchedulerConfig.verify_max_model_len, vllm/config/scheduler.py). kvops emits --no-enable-chunked-prefill where
+    it has read that spelling in the release's wheel (bench/vllm_options.py: 0.32.0 to 0.34.0)."""
+    if not options.for_version(release.version).has("--no-enable-chunked-prefill"):
+        raise UsageError(
+            f"--no-enable-chunked-prefill: kvops has read that option in the wheels of vLLM 0.32.0 and later only, "
+            f"not in {release.label}'s; plan with --engine-version 0.32.0 or later"
+        )
+    if batched < length:
+        raise UsageError(
+            f"--max-num-batched-tokens {batched} is smaller than --max-model-len {length} with chunked prefill off: "
+            f"vLLM refuses to start (each prompt runs whole); raise it to {length} or lower --max-model-len"
+        )
 
 
 def _state_blocks_cap(draft: Draft, seqs: int, kv_layout: layout.KVCacheLayout, pool: layout.Pool) -> int:

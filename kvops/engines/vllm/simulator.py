@@ -389,7 +389,6 @@ class SchedulerOptions:
     max_num_active_seqs: int | None = None  # --max-num-active-seqs
     cache_aware_admission_window: int = 0  # --cache-aware-admission-window (0.34+)
     cache_aware_admission_threshold: float | None = None  # --cache-aware-admission-threshold (0.34+; None: vLLM's)
-    chunked_prefill: bool = True  # --[no-]enable-chunked-prefill
     long_prefill_token_threshold: int = 0  # --long-prefill-token-threshold
     scheduler_cls: str | None = None  # --scheduler-cls
     num_gpu_blocks_override: int | None = None  # --num-gpu-blocks-override: the pool a run logged
@@ -465,9 +464,9 @@ def core_settings(plan, arm: Arm, options: SchedulerOptions) -> CoreSettings:
         defaults = budget.batch_defaults(
             inputs.device, total, inputs.gpu.name if inputs.gpu else "", inputs.tp, plan.release, length
         )
-        batched, seqs = budget.resolve_batch(defaults, length, inputs.batched_tokens, inputs.max_num_seqs)
-        if not options.chunked_prefill and inputs.batched_tokens is None:
-            batched = max(batched, length)  # a whole prompt in one step (EngineArgs, chunked prefill off)
+        batched, seqs = budget.resolve_batch(
+            defaults, length, inputs.batched_tokens, inputs.max_num_seqs, inputs.chunked_prefill
+        )
     scheduler_cls = options.scheduler_cls
     environment: tuple[tuple[str, str], ...] = ()
     watermark, active, window = options.watermark, options.max_num_active_seqs, options.cache_aware_admission_window
@@ -491,7 +490,7 @@ def core_settings(plan, arm: Arm, options: SchedulerOptions) -> CoreSettings:
         max_num_seqs=seqs,
         max_num_batched_tokens=batched,
         async_scheduling=inputs.device != "cpu" and inputs.pp == 1,
-        enable_chunked_prefill=options.chunked_prefill,
+        enable_chunked_prefill=inputs.chunked_prefill,
         enable_prefix_caching=inputs.prefix_caching is not False,
         policy=options.policy,
         watermark=watermark,

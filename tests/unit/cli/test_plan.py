@@ -152,6 +152,27 @@ def test_guard_names_the_kv_guard_scheduler_and_max_queued_the_admission_valve(r
     assert argv[argv.index("--max-num-queued-reqs") + 1] == "64"
 
 
+def test_chunked_prefill_off_plans_whole_prompts_in_a_step(run_kvops):
+    """Without chunked prefill vLLM raises a default token budget to max_model_len (EngineArgs
+    _set_default_max_num_seqs_and_batched_tokens_args), so its profile forward runs that many tokens: the activation
+    term grows with it and the KV cache shrinks by as much; a stated budget below the context is refused in one line,
+    as vLLM refuses to start (SchedulerConfig.verify_max_model_len)."""
+    base = ("-m", "llama-3.1-8b", "--gpu", "h100", "--max-model-len", "32768")
+    chunked, whole = plan_doc(run_kvops, *base), plan_doc(run_kvops, *base, "--no-enable-chunked-prefill")
+    assert chunked["flags"]["max-num-batched-tokens"] == 8192 and "no-enable-chunked-prefill" not in chunked["flags"]
+    assert whole["flags"]["max-num-batched-tokens"] == 32768 and whole["flags"]["no-enable-chunked-prefill"] is True
+    assert "--no-enable-chunked-prefill" in whole["command"]["argv"]
+    grown = term(whole, "activation")["bytes"] - term(chunked, "activation")["bytes"]
+    assert grown > 0 and term(chunked, "kv_cache")["bytes"] - term(whole, "kv_cache")["bytes"] >= grown
+    refused = run_kvops("plan", *base, "--no-enable-chunked-prefill", "--max-num-batched-tokens", "8192", expect=None)
+    assert refused.exit_code != 0 and len(refused.stderr.strip().splitlines()) == 1
+    assert (
+        "--max-num-batched-tokens 8192 is smaller than --max-model-len 32768 with chunked prefill off" in refused.stderr
+    )
+    old = run_kvops("plan", *base, "--no-enable-chunked-prefill", "--engine-version", "0.15.0", expect=None)
+    assert old.exit_code != 0 and "read that option in the wheels of vLLM 0.32.0 and later only" in old.stderr
+
+
 def test_does_not_fit_exits_3_with_need_have_and_computed_ways_out(run_kvops):
     ran = run_kvops(
         "plan", "-m", "llama-3-8b", "--gpu", "l4", "--max-model-len", "8192", "--concurrency", "4", expect=3

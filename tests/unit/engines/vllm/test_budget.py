@@ -54,6 +54,11 @@ def test_batch_defaults_follow_get_batch_defaults():
     assert batch_defaults("cpu", None, "").max_num_seqs == 128
     assert resolve_batch(batch_defaults("cpu", None, ""), 1024, None, None) == (2048, 128)
     assert resolve_batch(batch_defaults("cpu", None, ""), 8, None, None) == (1024, 128)  # min(128 x 8, 2048)
+    # chunked prefill off: each prompt runs whole, so a default budget rises to the context (a stated one stays)
+    h100 = batch_defaults("gpu", find_gpu("H100").memory_bytes, "H100")
+    assert resolve_batch(h100, 32768, None, None, chunked_prefill=False) == (32768, 1024)
+    assert resolve_batch(h100, 4096, None, None, chunked_prefill=False) == (8192, 1024)
+    assert resolve_batch(h100, 32768, 16384, None, chunked_prefill=False) == (16384, 1024)
     assert max_in_flight_tokens(2048, "gpu") == 4096 and max_in_flight_tokens(2048, "cpu") == 2048
 
 
