@@ -261,12 +261,14 @@ class KVGuardScheduler(AsyncScheduler):
         if self.guard_config.admission == "reserve":
             return admissible_prefix(map(self.projected_blocks, candidates), self.kv_slack(), idle)
         survival = self.output_lengths.survival()
-        running, waiting = self.shared(admitted, self.courses(admitted), candidates, self.courses(candidates))
         capacity = self.peak_capacity(admitted)
         prefill = [_prefill_tokens(request) for request in admitted]
         prefill_waiting = [_prefill_tokens(request) for request in candidates]
         chunk = max(1, self.max_num_scheduled_tokens - sum(1 for tokens in prefill if tokens <= 1))
         backlog = sum(prefill)
+        running, waiting = self.shared(
+            admitted, self.courses(admitted), candidates, self.courses(candidates), max(0, chunk - backlog)
+        )
         if any(course.generated is not None for course in (*running, *waiting)):
             delay = -(-(backlog + sum(prefill_waiting)) // chunk)  # all of them: an upper bound for every prefix
             count = risk_prefix(running, waiting, self.kv_shapes, capacity, survival, self.risk_margin, delay)
@@ -351,14 +353,20 @@ class KVGuardScheduler(AsyncScheduler):
         return Course(held, held, self.max_model_len + self.linger_steps, prefilling)
 
     def shared(
-        self, admitted: list[Request], running: list[Course], candidates: list[Request], waiting: list[Course]
+        self,
+        admitted: list[Request],
+        running: list[Course],
+        candidates: list[Request],
+        waiting: list[Course],
+        new_tokens: int,
     ) -> tuple[list[Course], list[Course]]:
         """The courses with the prompt prefixes they share left out where another course counts them (prefix
         caching: one block, several holders; counted once per holder, a pool of requests with one system prompt
         looked many times fuller than it is). A block held by several admitted requests is counted by the one
         that may hold it longest (its last step); a waiting request's prefix hit on blocks admitted requests hold
-        is left out of its course until the earliest of their last steps, after which it counts them. Full-attention
-        groups only (a sliding window drops a prefix's blocks)."""
+        is left out of its course until the earliest of their last steps, after which it counts them; so are the
+        blocks an earlier candidate caches in this step (`new_tokens`: the step's tokens left for new requests),
+        see `_among_candidates`. Full-attention groups only (a sliding window drops a prefix's blocks)."""
         groups = [
             (index, manager)
             for index, (shape, manager) in enumerate(
@@ -366,8 +374,10 @@ class KVGuardScheduler(AsyncScheduler):
             )
             if shape.max_blocks is None
         ]
-        if not groups or not admitted or not self.kv_cache_manager.enable_caching:
+        if not groups or not self.kv_cache_manager.enable_caching:
             return running, waiting
+        if not admitted:
+            return running, self._among_candidates(candidates, waiting, groups, new_tokens)
         holder_end: dict[int, int] = {}  # shared block -> the last step of the admitted request that counts it
         shared = [0] * len(admitted)
         for position in sorted(range(len(admitted)), key=lambda position: -running[position].last_step):
@@ -380,13 +390,50 @@ class KVGuardScheduler(AsyncScheduler):
                     else:
                         holder_end[block.block_id] = running[position].last_step
         soonest = min(course.last_step for course in running)  # a block one admitted request holds: at least this
+        held = [
+            self._with_hits_held(request, course, groups, holder_end, soonest)
+            for request, course in zip(candidates, waiting)
+        ]
         return (
             [replace(course, shared=count) if count else course for course, count in zip(running, shared)],
-            [
-                self._with_hits_held(request, course, groups, holder_end, soonest)
-                for request, course in zip(candidates, waiting)
-            ],
+            self._among_candidates(candidates, held, groups, new_tokens),
         )
+
+    def _among_candidates(
+        self, candidates: list[Request], waiting: list[Course], groups, new_tokens: int
+    ) -> list[Course]:
+        """Each candidate's course less the prompt blocks an earlier candidate caches in this step: vLLM registers a
+        block's hash when it allocates it for the tokens it schedules (KVCacheManager.allocate_slots ->
+        cache_blocks, vllm/v1/core/kv_cache_manager.py), so a request scheduled after it in the same step hits it.
+        An earlier candidate caches its prompt up to the tokens the step has left for new requests, in queue
+        order (`new_tokens`); the later one leaves those blocks out up to the earlier one's last step. A burst of
+        requests with a prompt not yet cached then starts as stock vLLM starts it, not over several steps."""
+        size = self.kv_cache_manager.block_pool.hash_block_size
+        if any(manager.block_size != size for _, manager in groups):
+            return waiting
+        holder_end: dict = {}  # block hash -> the last step of the earliest candidate caching it this step
+        left = new_tokens
+        out = []
+        for request, course in zip(candidates, waiting):
+            if not request.block_hashes or request.num_computed_tokens:
+                out.append(course)
+                continue
+            hashes = request.block_hashes[: (request.num_tokens - 1) // size]  # a hit leaves the last token out
+            start = course.shared // len(groups)  # its hit on admitted requests' blocks, a prefix of its blocks
+            matched, until = 0, course.last_shared_step if course.shared else course.last_step
+            for block_hash in hashes[start:]:
+                if block_hash not in holder_end:
+                    break
+                matched, until = matched + 1, min(until, holder_end[block_hash])
+            if matched:
+                course = replace(course, shared=course.shared + matched * len(groups), shared_until=until)
+            reused = (start + matched) * size
+            scheduled = min(max(0, request.num_tokens - reused), left)
+            left -= scheduled
+            for block_hash in request.block_hashes[: (reused + scheduled) // size]:
+                holder_end.setdefault(block_hash, course.last_step)
+            out.append(course)
+        return out
 
     def _with_hits_held(
         self, request: Request, course: Course, groups, holder_end: dict[int, int], soonest: int

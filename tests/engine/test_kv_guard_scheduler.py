@@ -106,8 +106,9 @@ def test_the_stock_scheduler_preempts_where_the_guard_queues(stock, guard, reque
 def test_a_prompt_prefix_that_requests_share_is_counted_once(stock, guard, requests):
     """Prefix caching: 12 requests with one 72-token prompt (4 full blocks of 16, shared) and 8 new tokens each (a
     block of their own) need 4 + 12 blocks together; counted per request they looked like 60 on a pool of 19, and
-    the guard ran them 3 at a time (37 steps against stock's 10). Now all 12 run at once once the first 3 hold
-    the prefix (nothing is cached before they are admitted), and neither preempts."""
+    the guard ran them 3 at a time (37 steps against stock's 10). Then all 12 ran at once once the first 3 held
+    the prefix (13 steps); now the blocks the first caches in the step count for the 11 behind it, as vLLM hits
+    them in the same step (allocate_slots caches what it allocates), so all 12 start at once, as under stock."""
     runs = {}
     for name, build in (("stock", stock), ("guard", guard)):
         scheduler = build(num_blocks=20)
@@ -116,7 +117,7 @@ def test_a_prompt_prefix_that_requests_share_is_counted_once(stock, guard, reque
         runs[name] = Driver(scheduler).drain()
     assert runs["guard"].preemptions == runs["stock"].preemptions == 0
     assert runs["guard"].peak_running == runs["stock"].peak_running == 12
-    assert runs["stock"].steps == 10 and runs["guard"].steps <= 13
+    assert runs["stock"].steps == runs["guard"].steps == 10
 
 
 @pytest.mark.parametrize(("headroom", "concurrent"), [("0", 3), ("2", 2), ("5", 2), ("6", 1)])
