@@ -37,8 +37,11 @@ PLAN_OPTIONS = (
     "--compilation-config",
     "--enable-prefix-caching",
     "--no-enable-prefix-caching",
+    # added on 2026-12-07 and read in the 0.32.0-0.34.0 wheels only (kvops/engines/vllm/options.py READ_SINCE,
+    # emptied once every wheel is read again)
     "--enable-chunked-prefill",
     "--no-enable-chunked-prefill",
+    "--performance-mode",
     "--mamba-cache-mode",
     "--mamba-cache-dtype",
     "--mamba-ssm-cache-dtype",

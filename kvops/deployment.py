@@ -66,6 +66,7 @@ class DeploymentOptions:
     hybrid_manager: bool = True
     prefix_caching: bool | None = None
     chunked_prefill: bool = True
+    performance_mode: str = "balanced"
     mamba_cache_mode: str | None = None
     mamba_cache_dtype: str = "auto"
     mamba_ssm_cache_dtype: str = "auto"
@@ -125,6 +126,7 @@ class DeploymentOptions:
             hybrid_manager=self.hybrid_manager,
             prefix_caching=self.prefix_caching,
             chunked_prefill=self.chunked_prefill,
+            performance_mode=self.performance_mode,
             mamba_cache_mode=self.mamba_cache_mode,
             mamba_cache_dtype=self.mamba_cache_dtype,
             mamba_ssm_cache_dtype=self.mamba_ssm_cache_dtype,

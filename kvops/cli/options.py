@@ -132,6 +132,7 @@ def _apply(function: Callable, options: list[Callable]) -> Callable:
 def engine_options(function: Callable, model_required: bool = True, engine: bool = True) -> Callable:
     """The deployment a plan is for: shared by `plan`, `calibrate`, `manifests` and `explain` (vLLM only: no --engine)."""
     from kvops import engines
+    from kvops.engines.vllm.flags import PERFORMANCE_MODES
     from kvops.engines.weights import WEIGHT_FORMAT_CHOICES
     from kvops.gpus import gpu_catalog
 
@@ -320,6 +321,13 @@ def engine_options(function: Callable, model_required: bool = True, engine: bool
             "chunked_prefill",
             default=True,
             help="vLLM chunked prefill [default: on]; off, each step takes whole prompts: max-num-batched-tokens rises to max-model-len, and the profile's activation peak with it.",
+        ),
+        click.option(
+            "--performance-mode",
+            type=click.Choice(PERFORMANCE_MODES),
+            default="balanced",
+            show_default=True,
+            help="vLLM: throughput doubles the default max-num-batched-tokens and max-num-seqs; interactivity captures a CUDA graph at every batch size up to 32.",
         ),
         click.option(
             "--mamba-cache-mode",

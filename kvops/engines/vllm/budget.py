@@ -19,7 +19,7 @@ from math import ceil, floor
 
 from kvops.dtypes import serving_dtype
 from kvops.engines import common
-from kvops.engines.device_total import device_total_term
+from kvops.engines.device_total import device_total, device_total_term
 from kvops.engines.overhead_fit import OVERHEAD_QUANTILE
 from kvops.engines.vllm.model_runner import ModelRunner, model_runner
 from kvops.engines.vllm.releases import BatchDefaults, VllmRelease, release
@@ -50,6 +50,21 @@ def batch_defaults(
 ) -> BatchDefaults:
     """`EngineArgs.get_batch_defaults` for the OpenAI API server (`vllm serve`) of a release (default: the newest)."""
     return (release_ or release(None)).batch_defaults(device, memory_bytes, gpu_name, world_size, max_model_len)
+
+
+def launch_defaults(inputs: PlanInputs, release_: VllmRelease, max_model_len: int) -> BatchDefaults:
+    """vLLM's batching defaults for this launch: the release's for its device and GPUs, each doubled by
+    `--performance-mode throughput` (engine/arg_utils.py `_set_default_max_num_seqs_and_batched_tokens_args`)."""
+    gpu = inputs.gpu
+    total = device_total(inputs) if gpu else None
+    defaults = batch_defaults(inputs.device, total, gpu.name if gpu else "", inputs.tp, release_, max_model_len)
+    if inputs.performance_mode != "throughput":
+        return defaults
+    return BatchDefaults(
+        2 * defaults.max_num_batched_tokens,
+        2 * defaults.max_num_seqs,
+        f"{defaults.rule}, each doubled by --performance-mode throughput",
+    )
 
 
 def resolve_batch(
@@ -686,13 +701,15 @@ class CompiledGraphs:
         return len(self.sizes)
 
 
-def capture_sizes(largest: int) -> list[int]:
-    """vLLM's default capture sizes up to `largest`: 1, 2, 4, multiples of 8 below 256, multiples of 16 from it
-    (config/vllm.py VllmConfig._set_cudagraph_sizes, l.2322-2335 and l.2479-2489 in the 0.34.0 wheel)."""
-    sizes = [size for size in (1, 2, 4) if size <= largest]
-    sizes += list(range(8, min(largest + 1, 256), 8))
-    sizes += list(range(256, largest + 1, 16))
-    return sizes
+def capture_sizes(largest: int, interactive: bool = False) -> list[int]:
+    """vLLM's default capture sizes up to `largest`: 1, 2, 4 (every size up to 32 with `--performance-mode
+    interactivity`), multiples of 8 below 256, multiples of 16 from it (config/vllm.py
+    VllmConfig._set_cudagraph_sizes, l.2322-2335 and l.2470-2489 in the 0.34.0 wheel)."""
+    small = range(1, 33) if interactive else (1, 2, 4)
+    sizes = {size for size in small if size <= largest}
+    sizes |= set(range(8, min(largest + 1, 256), 8))
+    sizes |= set(range(256, largest + 1, 16))
+    return sorted(sizes)
 
 
 # the public logs the estimate is fitted on captured vLLM's default on an H100: sizes up to 512 (max_num_seqs 1024 x 2,
@@ -718,14 +735,19 @@ def default_captures(inputs: PlanInputs, release_: VllmRelease, batched: int, ma
     if query > 1:  # each request count up to max_num_seqs, at its decode width
         requests = min(max_num_seqs, platform_ceiling)
         decode = {count * query for count in [*capture_sizes(requests), requests]}
-    sizes = set(capture_sizes(ceiling)) | {size for size in (batched, *decode) if size <= ceiling}
-    why = f"vLLM's default capture sizes up to {ceiling}"
+    interactive = inputs.performance_mode == "interactivity"
+    sizes = set(capture_sizes(ceiling, interactive)) | {size for size in (batched, *decode) if size <= ceiling}
+    why = f"vLLM's default capture sizes up to {ceiling}" + (
+        ", every size up to 32 (interactivity)" if interactive else ""
+    )
     if ceiling != 512:
         why += f" (max_num_batched_tokens {batched}, max_num_seqs {max_num_seqs}, decode query length {query})"
     return CompiledGraphs("default", tuple(sorted(sizes)), why)
 
 
-def compiled_graphs(text: str | None, default: CompiledGraphs, batched: int) -> CompiledGraphs:
+def compiled_graphs(
+    text: str | None, default: CompiledGraphs, batched: int, interactive: bool = False
+) -> CompiledGraphs:
     """What a --compilation-config (JSON) says of the CUDA graphs: cudagraph_mode NONE captures none; explicit
     cudagraph_capture_sizes or max_cudagraph_capture_size scale the fitted estimate by the number of sizes
     captured (an estimate: vLLM's graph pool grows with the captures, vllm-project/vllm#45178); else the
@@ -748,7 +770,7 @@ def compiled_graphs(text: str | None, default: CompiledGraphs, batched: int) -> 
         return CompiledGraphs(mode, listed, f"cudagraph_capture_sizes lists {len(sizes)}")
     largest = config.get("max_cudagraph_capture_size")
     if isinstance(largest, int) and largest >= 0:
-        return CompiledGraphs(mode, tuple(capture_sizes(largest)), f"max_cudagraph_capture_size {largest}")
+        return CompiledGraphs(mode, tuple(capture_sizes(largest, interactive)), f"max_cudagraph_capture_size {largest}")
     return replace(default, mode=mode)
 
 
@@ -766,7 +788,7 @@ def graph_sizes(inputs: PlanInputs, release_: VllmRelease, batched: int, max_num
 
 def _captured(inputs: PlanInputs, release_: VllmRelease, batched: int, max_num_seqs: int) -> CompiledGraphs:
     default = default_captures(inputs, release_, batched, max_num_seqs)
-    return compiled_graphs(inputs.compilation_config, default, batched)
+    return compiled_graphs(inputs.compilation_config, default, batched, inputs.performance_mode == "interactivity")
 
 
 def _margin(inputs: PlanInputs, release_: VllmRelease, overheads: list[Term]) -> Term | None:

@@ -178,6 +178,12 @@ def _scheduler_flag(name: str, convert: Callable[[Word], Any]) -> Reader:
     return read
 
 
+def _performance_mode(word: Word) -> str:
+    if word.value not in flags.PERFORMANCE_MODES:
+        raise UsageError(f"{word.written} {word.value!r}; valid: {', '.join(flags.PERFORMANCE_MODES)}")
+    return str(word.value)
+
+
 def _policy(word: Word) -> str:
     if word.value not in ("fcfs", "priority"):
         raise UsageError(f"{word.written} {word.value!r}; valid: fcfs, priority")
@@ -260,6 +266,7 @@ READERS: dict[str, Reader] = {
     "--watermark": _scheduler_flag("watermark", share(zero=True, one=False)),
     "--max-num-active-seqs": _scheduler_flag("max_num_active_seqs", integer),
     "--enable-chunked-prefill": _switch("chunked_prefill"),
+    "--performance-mode": setter("performance_mode", _performance_mode),
     "--long-prefill-token-threshold": _scheduler_flag("long_prefill_token_threshold", count),
     "--max-num-queued-reqs": setter("max_queued", integer),
     "--language-model-only": _switch("text_only"),

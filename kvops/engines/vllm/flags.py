@@ -26,6 +26,7 @@ MIDDLEWARE = "kvops_vllm.middleware.KVOpsMiddleware"
 # traffic) it schedules exactly as stock. And it loads from vLLM's own Python, which the official image lacks. So the
 # plan names it only when asked, and says which measured pool a plan's pool is like.
 GUARD_BY_DEFAULT = False
+PERFORMANCE_MODES = ("balanced", "interactivity", "throughput")  # --performance-mode (config/vllm.py PerformanceMode)
 GUARD_POOL_REQUESTS = 32  # requests of the planned size the pool holds at once, from which it is like the larger pool
 GUARD_LARGE_POOL = (
     "like the CPU benchmark's larger pool (about 35), where guard v2 ran at 1.01 to 1.28 x stock vLLM's goodput "
@@ -108,7 +109,6 @@ NOT_MODELLED = {
     "--cudagraph-capture-sizes": "CUDA graph capture sizes change the graphs' memory",
     "--max-cudagraph-capture-size": "CUDA graph capture sizes change the graphs' memory",
     "--optimization-level": "the compilation level changes the CUDA graphs' memory",
-    "--performance-mode": "changes the CUDA graphs and batching defaults",
     "--hf-overrides": "overrides the config.json fields the plan read",
     "--num-gpu-blocks-override": "fixes the KV block count instead of sizing it",
     "--decode-context-parallel-size": "decode context parallelism shards the KV cache by tokens",

@@ -40,6 +40,13 @@ CPU_KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")  # CPUAttentionBac
 ROCM_ONLY = ("octave_k3v4", "octave_k3v3", "octave_k3v3_compact")
 # the quantized KV dtypes a plan tries as ways out, least lossy first (each only where its release takes it)
 KV_WAYS = ("int8", "fp8", "int4")
+# options bench/vllm_options.py began reading on 2026-12-07, in the wheels then at hand: the older releases' rows
+# were read before and are silent on them, which says nothing of whether those releases take them
+READ_SINCE = {
+    "--enable-chunked-prefill": Version(0, 32, 0),
+    "--no-enable-chunked-prefill": Version(0, 32, 0),
+    "--performance-mode": Version(0, 32, 0),
+}
 
 
 @frozen
@@ -186,6 +193,12 @@ def missing(options: ReleaseOptions, emitted: dict[str, Any], label: str) -> str
         option = f"--{name}"
         if name == "model" or options.has(option):
             continue
+        read = READ_SINCE.get(option)
+        if read is not None and not options.read.at_least(read.major, read.minor, read.patch):
+            return (
+                f"{option}: kvops has read that option in the wheels of vLLM {read} and later only, not in "
+                f"{label}'s; plan with --engine-version {read} or later, or without it"
+            )
         since = first_with(option)
         added = f"; added in vLLM {since}" if since else ""
         return f"{option}: {label} has no {option} (its option set: vllm {options.read} wheel, vllm/engine/arg_utils.py{added})"

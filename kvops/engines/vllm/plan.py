@@ -9,7 +9,6 @@ from math import floor
 
 from kvops.dtypes import KvDtype, resolve_kv_dtype, serving_dtype
 from kvops.engines import common
-from kvops.engines.device_total import device_total
 from kvops.engines.vllm import budget, layout, options, releases
 from kvops.engines.vllm.capacity import CacheGroup, Draft, VllmCapacity
 from kvops.engines.vllm.drafting import eagle_with_chunked, lookahead_tokens, speculative_notes
@@ -91,9 +90,7 @@ def _plan_pass(
         inputs = replace(inputs, kv_cache_memory_bytes=inputs.num_gpu_blocks_override * kv_layout.bytes_per_block)
     model_limit = common.model_limit(spec)
     fixed_len = inputs.max_model_len if isinstance(inputs.max_model_len, int) else model_limit
-    gpu = inputs.gpu
-    engine_total = device_total(inputs) if gpu else None
-    defaults = budget.batch_defaults(device, engine_total, gpu.name if gpu else "", tp, release, fixed_len)
+    defaults = budget.launch_defaults(inputs, release, fixed_len)
     batched, default_seqs = budget.resolve_batch(
         defaults, fixed_len, inputs.batched_tokens, inputs.max_num_seqs, inputs.chunked_prefill
     )
@@ -130,7 +127,7 @@ def _plan_pass(
     else:
         length = fixed_len
     if not inputs.chunked_prefill:
-        _check_whole_prompts(release, batched, length)
+        _check_whole_prompts(batched, length)
     pool = layout.pool(
         kv_layout,
         max(draft.kv_bytes, 0),
@@ -356,15 +353,9 @@ def boundary_layers(spec: ModelSpec, dtype: KvDtype, release: releases.VllmRelea
     return frozenset([*range(n), *range(layers - n, layers)])
 
 
-def _check_whole_prompts(release: releases.VllmRelease, batched: int, length: int) -> None:
+def _check_whole_prompts(batched: int, length: int) -> None:
     """Chunked prefill off: vLLM takes each prompt whole, so it refuses a token budget below the context
-    (SchedulerConfig.verify_max_model_len, vllm/config/scheduler.py). kvops emits --no-enable-chunked-prefill where
-    it has read that spelling in the release's wheel (bench/vllm_options.py: 0.32.0 to 0.34.0)."""
-    if not options.for_version(release.version).has("--no-enable-chunked-prefill"):
-        raise UsageError(
-            f"--no-enable-chunked-prefill: kvops has read that option in the wheels of vLLM 0.32.0 and later only, "
-            f"not in {release.label}'s; plan with --engine-version 0.32.0 or later"
-        )
+    (SchedulerConfig.verify_max_model_len, vllm/config/scheduler.py)."""
     if batched < length:
         raise UsageError(
             f"--max-num-batched-tokens {batched} is smaller than --max-model-len {length} with chunked prefill off: "

@@ -450,7 +450,6 @@ def _number(value: str, kind, text: str):
 
 def core_settings(plan, arm: Arm, options: SchedulerOptions) -> CoreSettings:
     """The scheduler `vllm serve` would build for this plan's pool and flags, with the arm's change."""
-    from kvops.engines.device_total import device_total
     from kvops.engines.vllm import budget
 
     inputs, capacity = plan.inputs, plan.capacity
@@ -460,10 +459,7 @@ def core_settings(plan, arm: Arm, options: SchedulerOptions) -> CoreSettings:
     if arm.name == "plan":
         seqs, batched = int(plan.flags["max-num-seqs"]), int(plan.flags["max-num-batched-tokens"])
     else:
-        total = device_total(inputs) if inputs.gpu else None
-        defaults = budget.batch_defaults(
-            inputs.device, total, inputs.gpu.name if inputs.gpu else "", inputs.tp, plan.release, length
-        )
+        defaults = budget.launch_defaults(inputs, plan.release, length)
         batched, seqs = budget.resolve_batch(
             defaults, length, inputs.batched_tokens, inputs.max_num_seqs, inputs.chunked_prefill
         )

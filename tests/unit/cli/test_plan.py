@@ -170,7 +170,34 @@ def test_chunked_prefill_off_plans_whole_prompts_in_a_step(run_kvops):
         "--max-num-batched-tokens 8192 is smaller than --max-model-len 32768 with chunked prefill off" in refused.stderr
     )
     old = run_kvops("plan", *base, "--no-enable-chunked-prefill", "--engine-version", "0.15.0", expect=None)
-    assert old.exit_code != 0 and "read that option in the wheels of vLLM 0.32.0 and later only" in old.stderr
+    assert old.exit_code != 0 and "kvops has read that option in the wheels of vLLM 0.32.0 and later only" in old.stderr
+
+
+def test_performance_mode_doubles_the_batching_defaults_or_captures_every_small_batch(run_kvops):
+    """vLLM 0.32-0.34 --performance-mode: throughput doubles the default max_num_batched_tokens and max_num_seqs
+    (EngineArgs._set_default_max_num_seqs_and_batched_tokens_args), so the profile's activation peak; interactivity
+    captures a CUDA graph at every size up to 32 (VllmConfig._set_cudagraph_sizes): 76 sizes up to 512, not 51, and
+    the graphs' estimate grows by as much. Emitted as given; a release whose wheel kvops has not read for the
+    option is one line."""
+    base = ("-m", "llama-3.1-8b", "--gpu", "h100", "--max-model-len", "32768")
+    balanced = plan_doc(run_kvops, *base)
+    throughput = plan_doc(run_kvops, *base, "--performance-mode", "throughput")
+    interactive = plan_doc(run_kvops, *base, "--performance-mode", "interactivity")
+    assert "performance-mode" not in balanced["flags"]
+    assert (throughput["flags"]["max-num-seqs"], throughput["flags"]["max-num-batched-tokens"]) == (2048, 16384)
+    assert term(throughput, "activation")["bytes"] > term(balanced, "activation")["bytes"]
+    argv = throughput["command"]["argv"]
+    assert argv[argv.index("--performance-mode") + 1] == "throughput"
+    assert interactive["flags"]["performance-mode"] == "interactivity"
+    graphs = term(interactive, "cuda_graphs")["bytes"] / term(balanced, "cuda_graphs")["bytes"]
+    assert graphs == pytest.approx(76 / 51, rel=1e-3)
+    stated = plan_doc(
+        run_kvops, "--gpu", "h100", "--from-command", "vllm serve Qwen/Qwen3-8B --performance-mode throughput"
+    )
+    assert stated["flags"]["performance-mode"] == "throughput" and not stated["from_command"]
+    old = run_kvops("plan", *base, "--performance-mode", "throughput", "--engine-version", "0.20.0", expect=None)
+    assert old.exit_code != 0 and len(old.stderr.strip().splitlines()) == 1
+    assert "--performance-mode: kvops has read that option in the wheels of vLLM 0.32.0 and later only" in old.stderr
 
 
 def test_does_not_fit_exits_3_with_need_have_and_computed_ways_out(run_kvops):

@@ -42,6 +42,7 @@ def test_each_arm_pads_its_steps_to_the_cuda_graphs_its_launch_captures(run_kvop
     assert sizes("--compilation-config", '{"cudagraph_capture_sizes": [4, 1, 32]}') == [1, 4, 32]
     listed = '{"cudagraph_capture_sizes": [4, 1, 32, 4096]}'  # above --max-num-batched-tokens: not captured
     assert sizes("--max-num-batched-tokens", "2048", "--compilation-config", listed) == [1, 4, 32]
+    assert sizes("--performance-mode", "interactivity")[:33] == [*range(1, 33), 40]  # every size up to 32
 
 
 def test_a_sparsely_routed_mixture_of_experts_is_said_to_be_predicted_fast_where_few_requests_run(run_kvops):

@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 from kvops.dtypes import KV_DTYPES
-from kvops.engines.vllm.budget import BatchDefaults, batch_defaults, max_in_flight_tokens, resolve_batch
+from kvops.engines.vllm.budget import (
+    BatchDefaults,
+    batch_defaults,
+    capture_sizes,
+    max_in_flight_tokens,
+    resolve_batch,
+)
 from kvops.engines.vllm.layout import kv_layout, longest_context, pool
 from kvops.gpus import find_gpu
 from kvops.model import load_model
@@ -59,6 +65,12 @@ def test_batch_defaults_follow_get_batch_defaults():
     assert resolve_batch(h100, 32768, None, None, chunked_prefill=False) == (32768, 1024)
     assert resolve_batch(h100, 4096, None, None, chunked_prefill=False) == (8192, 1024)
     assert resolve_batch(h100, 32768, 16384, None, chunked_prefill=False) == (16384, 1024)
+
+
+def test_interactivity_captures_every_batch_up_to_32():
+    assert len(capture_sizes(512)) == 51 and len(capture_sizes(512, interactive=True)) == 76
+    assert capture_sizes(20, interactive=True) == list(range(1, 21))
+    assert capture_sizes(20) == [1, 2, 4, 8, 16]
     assert max_in_flight_tokens(2048, "gpu") == 4096 and max_in_flight_tokens(2048, "cpu") == 2048
 
 
