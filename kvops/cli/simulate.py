@@ -91,6 +91,11 @@ FORMATS = ("kvops", "timed_trace", "mooncake", "burstgpt", "azure", "sharegpt", 
 )
 @click.option("--max-num-active-seqs", type=POSITIVE, help="vLLM --max-num-active-seqs (0.31 and later).")
 @click.option(
+    "--max-num-scheduled-tokens",
+    type=POSITIVE,
+    help="vLLM --max-num-scheduled-tokens: the scheduler's tokens per step [default: --max-num-batched-tokens].",
+)
+@click.option(
     "--long-prefill-token-threshold",
     type=click.IntRange(min=0),
     default=0,
@@ -248,6 +253,7 @@ SCHEDULER_OPTIONS = {
     "watermark": "watermark",
     "max_num_active_seqs": "max_num_active_seqs",
     "long_prefill_token_threshold": "long_prefill_token_threshold",
+    "max_num_scheduled_tokens": "max_num_scheduled_tokens",
     "cache_aware_admission_window": "cache_aware_admission_window",
     "cache_aware_admission_threshold": "cache_aware_admission_threshold",
     "scheduler_cls": "scheduler_cls",

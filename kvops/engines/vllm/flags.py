@@ -129,7 +129,6 @@ NOT_MODELLED = {
     "--kv-cache-dtype-skip-layers": "those layers keep a 16-bit KV cache",
     "--attention-backend": "the backend decides the block size",
     "--async-scheduling": "decides how many tokens are in flight",
-    "--max-num-scheduled-tokens": "bounds the tokens per step",
     "--mamba-block-size": "the state models' block alignment",
     "--quantization-config": "an online quantization's settings",
     "--moe-backend": "the experts' kernel layout",

@@ -58,6 +58,7 @@ class CoreSettings:
     cache_aware_admission_window: int = 0
     cache_aware_admission_threshold: float | None = None
     long_prefill_token_threshold: int = 0
+    max_num_scheduled_tokens: int | None = None  # the scheduler's tokens per step (None: max_num_batched_tokens)
     scheduler_cls: str | None = None  # "pkg.module.Class", as --scheduler-cls takes it
     environment: tuple[tuple[str, str], ...] = ()  # the scheduler's own settings (the KV guard's KVOPS_*)
     cuda_graph_sizes: tuple[int, ...] = ()  # the step sizes (tokens) the forward is padded to; none: eager
@@ -203,7 +204,14 @@ def _build_scheduler(settings: CoreSettings):
         async_scheduling=settings.async_scheduling,
     )
     known = SchedulerConfig.__dataclass_fields__
-    for name in ("watermark", "max_num_active_seqs", "cache_aware_admission_window", "cache_aware_admission_threshold"):
+    optional = (
+        "watermark",
+        "max_num_active_seqs",
+        "max_num_scheduled_tokens",
+        "cache_aware_admission_window",
+        "cache_aware_admission_threshold",
+    )
+    for name in optional:
         value = getattr(settings, name)
         if name in known and value is not None:
             scheduler_args[name] = value
@@ -390,6 +398,7 @@ class SchedulerOptions:
     cache_aware_admission_window: int = 0  # --cache-aware-admission-window (0.34+)
     cache_aware_admission_threshold: float | None = None  # --cache-aware-admission-threshold (0.34+; None: vLLM's)
     long_prefill_token_threshold: int = 0  # --long-prefill-token-threshold
+    max_num_scheduled_tokens: int | None = None  # --max-num-scheduled-tokens
     scheduler_cls: str | None = None  # --scheduler-cls
     num_gpu_blocks_override: int | None = None  # --num-gpu-blocks-override: the pool a run logged
 
@@ -494,6 +503,7 @@ def core_settings(plan, arm: Arm, options: SchedulerOptions) -> CoreSettings:
         cache_aware_admission_window=window,
         cache_aware_admission_threshold=options.cache_aware_admission_threshold,
         long_prefill_token_threshold=options.long_prefill_token_threshold,
+        max_num_scheduled_tokens=options.max_num_scheduled_tokens,
         scheduler_cls=scheduler_cls,
         environment=environment,
         cuda_graph_sizes=budget.graph_sizes(inputs, plan.release, batched, seqs) if plan.release else (),

@@ -139,10 +139,10 @@ def test_the_schedulers_flags_are_named_as_simulated_not_planned(run_kvops):
         "h100",
         "--from-command",
         "vllm serve Qwen/Qwen3-8B --watermark 0.05 --scheduling-policy priority --no-enable-chunked-prefill"
-        " --cache-aware-admission-window 8 --max-num-active-seqs 64",
+        " --cache-aware-admission-window 8 --max-num-active-seqs 64 --max-num-scheduled-tokens 1024",
     )
     says = "the scheduler's: does not change memory (kvops simulate runs it)"
-    for flag in ("--watermark 0.05", "--scheduling-policy priority"):
+    for flag in ("--watermark 0.05", "--scheduling-policy priority", "--max-num-scheduled-tokens 1024"):
         assert f"{flag}: {says}" in stated["from_command"]
     # chunked prefill off raises the token budget, so the profile's activation peak: planned, not set aside
     assert not any("chunked" in line for line in stated["from_command"])

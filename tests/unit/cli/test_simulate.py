@@ -144,6 +144,19 @@ def test_a_pasted_commands_scheduler_flags_are_simulated_and_typed_ones_win(run_
         assert settings["max_num_batched_tokens"] >= 4096
 
 
+def test_the_schedulers_token_budget_per_step_is_simulated(run_kvops):
+    """--max-num-scheduled-tokens bounds the tokens vLLM's scheduler issues a step (below max_num_batched_tokens,
+    which sizes the profile): prompts take more steps to prefill, so the first token comes later."""
+
+    def arm(*extra: str) -> dict:
+        return json.loads(run_kvops("simulate", *SMALL, *extra, "--json").stdout)["arms"][0]
+
+    stock, bounded = arm(), arm("--max-num-scheduled-tokens", "64")
+    assert bounded["engine_settings"]["max_num_scheduled_tokens"] == 64
+    assert stock["engine_settings"]["max_num_batched_tokens"] == bounded["engine_settings"]["max_num_batched_tokens"]
+    assert bounded["ttft_ms"]["mean"] > 1.5 * stock["ttft_ms"]["mean"]
+
+
 def test_a_setting_the_installed_vllm_refuses_or_lacks_is_one_line(run_kvops):
     from vllm.config import SchedulerConfig
 
