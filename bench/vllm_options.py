@@ -42,6 +42,8 @@ PLAN_OPTIONS = (
     "--enable-chunked-prefill",
     "--no-enable-chunked-prefill",
     "--performance-mode",
+    "--async-scheduling",
+    "--no-async-scheduling",
     "--mamba-cache-mode",
     "--mamba-cache-dtype",
     "--mamba-ssm-cache-dtype",
@@ -89,7 +91,7 @@ def options(root: Path) -> dict[str, str]:
             if name in PLAN_OPTIONS and name not in seen:
                 seen[name] = f"{path.relative_to(root)}:{number} (a FrontendArgs field)"
     # BooleanOptionalAction adds the --no- spelling of a boolean without writing it out
-    for switch in ("--enable-prefix-caching", "--enable-chunked-prefill"):
+    for switch in ("--enable-prefix-caching", "--enable-chunked-prefill", "--async-scheduling"):
         negated = "--no-" + switch[2:]
         if switch in seen and negated not in seen and _boolean_optional(root):
             seen[negated] = seen[switch] + " (BooleanOptionalAction)"

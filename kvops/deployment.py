@@ -67,6 +67,7 @@ class DeploymentOptions:
     prefix_caching: bool | None = None
     chunked_prefill: bool = True
     performance_mode: str = "balanced"
+    async_scheduling: bool | None = None
     mamba_cache_mode: str | None = None
     mamba_cache_dtype: str = "auto"
     mamba_ssm_cache_dtype: str = "auto"
@@ -127,6 +128,7 @@ class DeploymentOptions:
             prefix_caching=self.prefix_caching,
             chunked_prefill=self.chunked_prefill,
             performance_mode=self.performance_mode,
+            async_scheduling=self.async_scheduling,
             mamba_cache_mode=self.mamba_cache_mode,
             mamba_cache_dtype=self.mamba_cache_dtype,
             mamba_ssm_cache_dtype=self.mamba_ssm_cache_dtype,

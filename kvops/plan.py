@@ -119,6 +119,7 @@ class PlanInputs:
     prefix_caching: bool | None = None  # --[no-]enable-prefix-caching
     chunked_prefill: bool = True  # vLLM --[no-]enable-chunked-prefill: off, a step takes whole prompts
     performance_mode: str = "balanced"  # vLLM --performance-mode: batching defaults and CUDA-graph sizes
+    async_scheduling: bool | None = None  # vLLM --[no-]async-scheduling (None: vLLM's default, on for GPUs)
     mamba_cache_mode: str | None = None  # --mamba-cache-mode
     mamba_cache_dtype: str = "auto"
     mamba_ssm_cache_dtype: str = "auto"

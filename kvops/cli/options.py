@@ -330,6 +330,12 @@ def engine_options(function: Callable, model_required: bool = True, engine: bool
             help="vLLM: throughput doubles the default max-num-batched-tokens and max-num-seqs; interactivity captures a CUDA graph at every batch size up to 32.",
         ),
         click.option(
+            "--async-scheduling/--no-async-scheduling",
+            "async_scheduling",
+            default=None,
+            help="vLLM async scheduling [default: on, off on the CPU]; off, one batch is in flight, not two (a sliding window's blocks, the simulated steps).",
+        ),
+        click.option(
             "--mamba-cache-mode",
             type=click.Choice(("align", "none", "all")),
             help="vLLM: state pages kept per request [default: align with prefix caching (all for Mamba-2 models through 0.27), else none].",

@@ -88,10 +88,13 @@ def resolve_batch(
     return tokens, seqs
 
 
-def max_in_flight_tokens(max_num_batched_tokens: int, device: str, release_: VllmRelease | None = None) -> int:
+def max_in_flight_tokens(
+    max_num_batched_tokens: int, device: str, release_: VllmRelease | None = None, async_scheduling: bool = True
+) -> int:
     """Tokens a sliding-window request may hold beyond its window: `VllmConfig.max_in_flight_tokens` (two batches
-    with async scheduling on the GPU, one on the CPU) from 0.25, one batch (`max_num_batched_tokens`) before."""
-    if device == "cpu" or not (release_ or release(None)).sliding_counts_in_flight:
+    with async scheduling, vLLM's default on the GPU; one with --no-async-scheduling or on the CPU, whose platform
+    turns it off) from 0.25, one batch (`max_num_batched_tokens`) before."""
+    if device == "cpu" or not async_scheduling or not (release_ or release(None)).sliding_counts_in_flight:
         return max_num_batched_tokens
     return 2 * max_num_batched_tokens
 

@@ -267,6 +267,7 @@ READERS: dict[str, Reader] = {
     "--max-num-active-seqs": _scheduler_flag("max_num_active_seqs", integer),
     "--enable-chunked-prefill": _switch("chunked_prefill"),
     "--performance-mode": setter("performance_mode", _performance_mode),
+    "--async-scheduling": _switch("async_scheduling"),
     "--long-prefill-token-threshold": _scheduler_flag("long_prefill_token_threshold", count),
     "--max-num-scheduled-tokens": _scheduler_flag("max_num_scheduled_tokens", integer),
     "--max-num-queued-reqs": setter("max_queued", integer),

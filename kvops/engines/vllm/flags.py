@@ -128,7 +128,6 @@ NOT_MODELLED = {
     "--disable-sliding-window": "sliding-window layers then cache the whole context",
     "--kv-cache-dtype-skip-layers": "those layers keep a 16-bit KV cache",
     "--attention-backend": "the backend decides the block size",
-    "--async-scheduling": "decides how many tokens are in flight",
     "--mamba-block-size": "the state models' block alignment",
     "--quantization-config": "an online quantization's settings",
     "--moe-backend": "the experts' kernel layout",

@@ -46,6 +46,8 @@ def engine_flags(
         "no-enable-prefix-caching": True if inputs.prefix_caching is False and not release.v0 else None,
         "no-enable-chunked-prefill": True if not inputs.chunked_prefill else None,
         "performance-mode": None if inputs.performance_mode == "balanced" else inputs.performance_mode,
+        "async-scheduling": True if inputs.async_scheduling else None,
+        "no-async-scheduling": True if inputs.async_scheduling is False else None,
         "mamba-cache-mode": inputs.mamba_cache_mode,
         "mamba-cache-dtype": None if inputs.mamba_cache_dtype == "auto" else inputs.mamba_cache_dtype,
         "mamba-ssm-cache-dtype": None if inputs.mamba_ssm_cache_dtype == "auto" else inputs.mamba_ssm_cache_dtype,

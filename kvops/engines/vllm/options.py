@@ -46,6 +46,8 @@ READ_SINCE = {
     "--enable-chunked-prefill": Version(0, 32, 0),
     "--no-enable-chunked-prefill": Version(0, 32, 0),
     "--performance-mode": Version(0, 32, 0),
+    "--async-scheduling": Version(0, 32, 0),
+    "--no-async-scheduling": Version(0, 32, 0),
 }
 
 

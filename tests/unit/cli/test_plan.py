@@ -200,6 +200,20 @@ def test_performance_mode_doubles_the_batching_defaults_or_captures_every_small_
     assert "--performance-mode: kvops has read that option in the wheels of vLLM 0.32.0 and later only" in old.stderr
 
 
+def test_without_async_scheduling_one_batch_is_in_flight(run_kvops):
+    """vLLM's async scheduling (on by default on a GPU) keeps two batches in flight, and a sliding-window layer holds
+    its window plus the tokens in flight (VllmConfig.max_in_flight_tokens); --no-async-scheduling keeps one, so a
+    request holds fewer blocks and more fit. Emitted as given; read from a pasted command too."""
+    base = ("-m", "gemma-3-27b", "--gpu", "h100", "--max-model-len", "32768")
+    on, off = plan_doc(run_kvops, *base), plan_doc(run_kvops, *base, "--no-async-scheduling")
+    assert on["capacity"]["max_in_flight_tokens"] == 2 * off["capacity"]["max_in_flight_tokens"] == 16384
+    assert off["capacity"]["num_blocks"] == on["capacity"]["num_blocks"]
+    assert off["capacity"]["max_concurrency"] > on["capacity"]["max_concurrency"]
+    assert off["flags"]["no-async-scheduling"] is True and "no-async-scheduling" not in on["flags"]
+    stated = plan_doc(run_kvops, "--gpu", "h100", "--from-command", "vllm serve Qwen/Qwen3-8B --no-async-scheduling")
+    assert stated["flags"]["no-async-scheduling"] is True and not stated["from_command"]
+
+
 def test_does_not_fit_exits_3_with_need_have_and_computed_ways_out(run_kvops):
     ran = run_kvops(
         "plan", "-m", "llama-3-8b", "--gpu", "l4", "--max-model-len", "8192", "--concurrency", "4", expect=3

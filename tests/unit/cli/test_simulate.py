@@ -155,6 +155,8 @@ def test_the_schedulers_token_budget_per_step_is_simulated(run_kvops):
     assert bounded["engine_settings"]["max_num_scheduled_tokens"] == 64
     assert stock["engine_settings"]["max_num_batched_tokens"] == bounded["engine_settings"]["max_num_batched_tokens"]
     assert bounded["ttft_ms"]["mean"] > 1.5 * stock["ttft_ms"]["mean"]
+    assert stock["engine_settings"]["async_scheduling"] is True  # vLLM's default on a GPU
+    assert arm("--no-async-scheduling")["engine_settings"]["async_scheduling"] is False
 
 
 def test_a_setting_the_installed_vllm_refuses_or_lacks_is_one_line(run_kvops):
