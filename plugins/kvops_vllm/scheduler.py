@@ -411,11 +411,12 @@ class KVGuardScheduler(AsyncScheduler):
         size = self.kv_cache_manager.block_pool.hash_block_size
         if any(manager.block_size != size for _, manager in groups):
             return waiting
-        holder_end: dict = {}  # block hash -> the last step of the earliest candidate caching it this step
+        holder_end: dict[object, int] = {}  # block hash -> the last step of the earliest candidate caching it
         left = new_tokens
         out = []
         for request, course in zip(candidates, waiting):
             if not request.block_hashes or request.num_computed_tokens:
+                left -= min(left, _prefill_tokens(request))  # it takes its share of the step all the same
                 out.append(course)
                 continue
             hashes = request.block_hashes[: (request.num_tokens - 1) // size]  # a hit leaves the last token out
