@@ -44,6 +44,7 @@ PLAN_OPTIONS = (
     "--performance-mode",
     "--async-scheduling",
     "--no-async-scheduling",
+    "--disable-sliding-window",
     "--mamba-cache-mode",
     "--mamba-cache-dtype",
     "--mamba-ssm-cache-dtype",

@@ -68,6 +68,7 @@ class DeploymentOptions:
     chunked_prefill: bool = True
     performance_mode: str = "balanced"
     async_scheduling: bool | None = None
+    disable_sliding_window: bool = False
     mamba_cache_mode: str | None = None
     mamba_cache_dtype: str = "auto"
     mamba_ssm_cache_dtype: str = "auto"
@@ -129,6 +130,7 @@ class DeploymentOptions:
             chunked_prefill=self.chunked_prefill,
             performance_mode=self.performance_mode,
             async_scheduling=self.async_scheduling,
+            disable_sliding_window=self.disable_sliding_window,
             mamba_cache_mode=self.mamba_cache_mode,
             mamba_cache_dtype=self.mamba_cache_dtype,
             mamba_ssm_cache_dtype=self.mamba_ssm_cache_dtype,

@@ -120,6 +120,7 @@ class PlanInputs:
     chunked_prefill: bool = True  # vLLM --[no-]enable-chunked-prefill: off, a step takes whole prompts
     performance_mode: str = "balanced"  # vLLM --performance-mode: batching defaults and CUDA-graph sizes
     async_scheduling: bool | None = None  # vLLM --[no-]async-scheduling (None: vLLM's default, on for GPUs)
+    disable_sliding_window: bool = False  # vLLM --disable-sliding-window: full attention, the context cut to the window
     mamba_cache_mode: str | None = None  # --mamba-cache-mode
     mamba_cache_dtype: str = "auto"
     mamba_ssm_cache_dtype: str = "auto"

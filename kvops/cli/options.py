@@ -336,6 +336,11 @@ def engine_options(function: Callable, model_required: bool = True, engine: bool
             help="vLLM async scheduling [default: on, off on the CPU]; off, one batch is in flight, not two (a sliding window's blocks, the simulated steps).",
         ),
         click.option(
+            "--disable-sliding-window",
+            is_flag=True,
+            help="vLLM: sliding-window layers attend to the whole context and cache it; the context is cut to the window.",
+        ),
+        click.option(
             "--mamba-cache-mode",
             type=click.Choice(("align", "none", "all")),
             help="vLLM: state pages kept per request [default: align with prefix caching (all for Mamba-2 models through 0.27), else none].",

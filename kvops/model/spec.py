@@ -11,7 +11,7 @@ DeltaNet) caches no tokens: one fixed-size recurrent state (a convolution window
 from __future__ import annotations
 
 import itertools
-from dataclasses import field
+from dataclasses import field, replace
 from math import ceil, prod
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -93,6 +93,10 @@ class SlidingWindow(FullAttention):
 
     def label(self) -> str:
         return f"sliding {self.window}"
+
+
+def _full(layer: SlidingWindow) -> FullAttention:
+    return FullAttention(layer.num_kv_heads, layer.head_dim, layer.v_head_dim, layer.rope_dim)
 
 
 @frozen
@@ -399,6 +403,21 @@ class ModelSpec:
     def sliding_window(self) -> int | None:
         windows = [layer.window for layer in self.layers if isinstance(layer, SlidingWindow)]
         return max(windows) if windows else None
+
+    def without_sliding_window(self) -> ModelSpec:
+        """The model as vLLM's --disable-sliding-window serves it: every sliding-window layer attends to (and caches)
+        the whole context, and the context is capped at the window where it is shorter than the model's own
+        (ModelConfig: `hf_text_config.sliding_window = None` after `get_and_verify_max_len` takes the window as
+        the longest context, vllm/config/model.py)."""
+        window = self.sliding_window
+        if window is None:
+            return self
+        full = tuple(_full(layer) if isinstance(layer, SlidingWindow) else layer for layer in self.layers)
+        extra = tuple(
+            (index, _full(layer) if isinstance(layer, SlidingWindow) else layer) for index, layer in self.extra_caches
+        )
+        limit = window if self.max_position_embeddings is None else min(self.max_position_embeddings, window)
+        return replace(self, layers=full, extra_caches=extra, max_position_embeddings=limit)
 
     @property
     def attention_chunk(self) -> int | None:

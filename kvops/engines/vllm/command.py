@@ -268,6 +268,7 @@ READERS: dict[str, Reader] = {
     "--enable-chunked-prefill": _switch("chunked_prefill"),
     "--performance-mode": setter("performance_mode", _performance_mode),
     "--async-scheduling": _switch("async_scheduling"),
+    "--disable-sliding-window": _switch("disable_sliding_window"),
     "--long-prefill-token-threshold": _scheduler_flag("long_prefill_token_threshold", count),
     "--max-num-scheduled-tokens": _scheduler_flag("max_num_scheduled_tokens", integer),
     "--max-num-queued-reqs": setter("max_queued", integer),

@@ -125,7 +125,6 @@ NOT_MODELLED = {
     "--offload-prefetch-step": "weights offloaded to host memory",
     "--offload-params": "weights offloaded to host memory",
     "--cpu-offload-params": "weights offloaded to host memory",
-    "--disable-sliding-window": "sliding-window layers then cache the whole context",
     "--kv-cache-dtype-skip-layers": "those layers keep a 16-bit KV cache",
     "--attention-backend": "the backend decides the block size",
     "--mamba-block-size": "the state models' block alignment",

@@ -48,6 +48,7 @@ def engine_flags(
         "performance-mode": None if inputs.performance_mode == "balanced" else inputs.performance_mode,
         "async-scheduling": True if inputs.async_scheduling else None,
         "no-async-scheduling": True if inputs.async_scheduling is False else None,
+        "disable-sliding-window": True if inputs.disable_sliding_window else None,
         "mamba-cache-mode": inputs.mamba_cache_mode,
         "mamba-cache-dtype": None if inputs.mamba_cache_dtype == "auto" else inputs.mamba_cache_dtype,
         "mamba-ssm-cache-dtype": None if inputs.mamba_ssm_cache_dtype == "auto" else inputs.mamba_ssm_cache_dtype,

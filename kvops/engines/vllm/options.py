@@ -48,6 +48,7 @@ READ_SINCE = {
     "--performance-mode": Version(0, 32, 0),
     "--async-scheduling": Version(0, 32, 0),
     "--no-async-scheduling": Version(0, 32, 0),
+    "--disable-sliding-window": Version(0, 32, 0),
 }
 
 

@@ -34,6 +34,8 @@ def plan_once(inputs: PlanInputs) -> Plan:
     if inputs.device not in budget.DEVICES:
         raise UsageError(f"--device {inputs.device!r}; valid: {', '.join(budget.DEVICES)}")
     release = releases.release(inputs.engine_version)
+    if inputs.disable_sliding_window:
+        inputs = _full_attention(inputs)
     sizing = budget.kv_sizing(inputs, release)
     release = replace(release, extensible=sizing.extensible)
     chosen: int | None = None
@@ -48,6 +50,20 @@ def plan_once(inputs: PlanInputs) -> Plan:
         chosen = seqs
         seen.append(seqs)
     return _plan_pass(inputs, release, sizing, _settled_seqs(inputs, release, sizing, max(seen)), forced=True)
+
+
+def _full_attention(inputs: PlanInputs) -> PlanInputs:
+    """--disable-sliding-window: the model with full attention in every layer and its context cut to the window;
+    vLLM refuses a longer --max-model-len ('User-specified max_model_len ... is greater than the derived
+    max_model_len', ModelConfig.get_and_verify_max_len)."""
+    spec = inputs.spec.without_sliding_window()
+    window = inputs.spec.sliding_window
+    if window is not None and isinstance(inputs.max_model_len, int) and inputs.max_model_len > window:
+        raise UsageError(
+            f"--max-model-len {inputs.max_model_len} with --disable-sliding-window: vLLM caps {inputs.spec.name}'s "
+            f"context at its sliding window, {window} tokens; lower it or keep the window"
+        )
+    return replace(inputs, spec=spec)
 
 
 def _settled_seqs(inputs: PlanInputs, release: releases.VllmRelease, sizing: budget.KvSizing, high: int) -> int:

@@ -214,6 +214,26 @@ def test_without_async_scheduling_one_batch_is_in_flight(run_kvops):
     assert stated["flags"]["no-async-scheduling"] is True and not stated["from_command"]
 
 
+def test_disable_sliding_window_plans_full_attention_within_the_window(run_kvops):
+    """vLLM's --disable-sliding-window (ModelConfig, vllm/config/model.py): the derived context is cut to the
+    config's sliding window, then every layer attends to the whole context; Gemma-3-27B (window 1024) runs one
+    full-attention KV cache group at 1,024 tokens, and a longer --max-model-len is refused in one line, as vLLM
+    refuses it. A model without a window is planned as before."""
+    gemma = ("-m", "gemma-3-27b", "--gpu", "h100")
+    windowed = plan_doc(run_kvops, *gemma, "--max-model-len", "1024")
+    full = plan_doc(run_kvops, *gemma, "--disable-sliding-window")
+    assert {group["kind"] for group in windowed["capacity"]["kv_cache_group_specs"]} == {"sliding", "full"}
+    assert [group["kind"] for group in full["capacity"]["kv_cache_group_specs"]] == ["full"]
+    assert full["flags"]["max-model-len"] == 1024 and full["flags"]["disable-sliding-window"] is True
+    refused = run_kvops("plan", *gemma, "--max-model-len", "8192", "--disable-sliding-window", expect=None)
+    assert refused.exit_code != 0 and len(refused.stderr.strip().splitlines()) == 1
+    assert "vLLM caps google/gemma-3-27b-it's context at its sliding window, 1024 tokens" in refused.stderr
+    plain = ("-m", "llama-3.1-8b", "--gpu", "h100", "--max-model-len", "8192")
+    assert (
+        plan_doc(run_kvops, *plain)["capacity"] == plan_doc(run_kvops, *plain, "--disable-sliding-window")["capacity"]
+    )
+
+
 def test_does_not_fit_exits_3_with_need_have_and_computed_ways_out(run_kvops):
     ran = run_kvops(
         "plan", "-m", "llama-3-8b", "--gpu", "l4", "--max-model-len", "8192", "--concurrency", "4", expect=3
