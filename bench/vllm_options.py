@@ -45,6 +45,7 @@ PLAN_OPTIONS = (
     "--async-scheduling",
     "--no-async-scheduling",
     "--disable-sliding-window",
+    "--kv-cache-dtype-skip-layers",
     "--mamba-cache-mode",
     "--mamba-cache-dtype",
     "--mamba-ssm-cache-dtype",

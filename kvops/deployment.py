@@ -69,6 +69,7 @@ class DeploymentOptions:
     performance_mode: str = "balanced"
     async_scheduling: bool | None = None
     disable_sliding_window: bool = False
+    kv_skip_layers: tuple[str, ...] = ()
     mamba_cache_mode: str | None = None
     mamba_cache_dtype: str = "auto"
     mamba_ssm_cache_dtype: str = "auto"
@@ -131,6 +132,7 @@ class DeploymentOptions:
             performance_mode=self.performance_mode,
             async_scheduling=self.async_scheduling,
             disable_sliding_window=self.disable_sliding_window,
+            kv_skip_layers=self.kv_skip_layers,
             mamba_cache_mode=self.mamba_cache_mode,
             mamba_cache_dtype=self.mamba_cache_dtype,
             mamba_ssm_cache_dtype=self.mamba_ssm_cache_dtype,

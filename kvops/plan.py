@@ -121,6 +121,7 @@ class PlanInputs:
     performance_mode: str = "balanced"  # vLLM --performance-mode: batching defaults and CUDA-graph sizes
     async_scheduling: bool | None = None  # vLLM --[no-]async-scheduling (None: vLLM's default, on for GPUs)
     disable_sliding_window: bool = False  # vLLM --disable-sliding-window: full attention, the context cut to the window
+    kv_skip_layers: tuple[str, ...] = ()  # vLLM --kv-cache-dtype-skip-layers: layer indices or "sliding_window"
     mamba_cache_mode: str | None = None  # --mamba-cache-mode
     mamba_cache_dtype: str = "auto"
     mamba_ssm_cache_dtype: str = "auto"

@@ -341,6 +341,13 @@ def engine_options(function: Callable, model_required: bool = True, engine: bool
             help="vLLM: sliding-window layers attend to the whole context and cache it; the context is cut to the window.",
         ),
         click.option(
+            "--kv-cache-dtype-skip-layers",
+            "kv_skip_layers",
+            metavar="LAYERS",
+            callback=_skip_layers,
+            help="vLLM: layers whose KV cache keeps the model's dtype under --kv-dtype: indices and/or sliding_window, comma-separated.",
+        ),
+        click.option(
             "--mamba-cache-mode",
             type=click.Choice(("align", "none", "all")),
             help="vLLM: state pages kept per request [default: align with prefix caching (all for Mamba-2 models through 0.27), else none].",
@@ -550,6 +557,17 @@ def deployment_options(ctx: click.Context, params: dict[str, Any], launcher: tup
     if params.get("from_command"):
         options = options.under(_from_command(params["from_command"]))
     return options
+
+
+def _skip_layers(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[str, ...]:
+    from kvops.engines.vllm.flags import skip_layers
+
+    if value is None:
+        return ()
+    try:
+        return skip_layers(value, "--kv-cache-dtype-skip-layers")
+    except KvopsError as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
 def typed(ctx: click.Context, name: str) -> bool:

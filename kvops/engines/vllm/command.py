@@ -269,6 +269,9 @@ READERS: dict[str, Reader] = {
     "--performance-mode": setter("performance_mode", _performance_mode),
     "--async-scheduling": _switch("async_scheduling"),
     "--disable-sliding-window": _switch("disable_sliding_window"),
+    "--kv-cache-dtype-skip-layers": setter(
+        "kv_skip_layers", lambda word: flags.skip_layers(str(word.value), word.written)
+    ),
     "--long-prefill-token-threshold": _scheduler_flag("long_prefill_token_threshold", count),
     "--max-num-scheduled-tokens": _scheduler_flag("max_num_scheduled_tokens", integer),
     "--max-num-queued-reqs": setter("max_queued", integer),

@@ -27,6 +27,18 @@ MIDDLEWARE = "kvops_vllm.middleware.KVOpsMiddleware"
 # plan names it only when asked, and says which measured pool a plan's pool is like.
 GUARD_BY_DEFAULT = False
 PERFORMANCE_MODES = ("balanced", "interactivity", "throughput")  # --performance-mode (config/vllm.py PerformanceMode)
+
+
+def skip_layers(text: str, where: str) -> tuple[str, ...]:
+    """--kv-cache-dtype-skip-layers: layer indices, or `sliding_window` for every sliding-window layer (the two
+    patterns vLLM's attention layers match, model_executor/layers/attention/attention.py); comma or space apart."""
+    items = tuple(item for item in text.replace(",", " ").split() if item)
+    bad = [item for item in items if not item.isdigit() and item != "sliding_window"]
+    if bad or not items:
+        raise UsageError(f"{where} {text!r}; valid: layer indices (0, 1, ...) and sliding_window")
+    return items
+
+
 GUARD_POOL_REQUESTS = 32  # requests of the planned size the pool holds at once, from which it is like the larger pool
 GUARD_LARGE_POOL = (
     "like the CPU benchmark's larger pool (about 35), where guard v2 ran at 1.01 to 1.28 x stock vLLM's goodput "
@@ -125,7 +137,6 @@ NOT_MODELLED = {
     "--offload-prefetch-step": "weights offloaded to host memory",
     "--offload-params": "weights offloaded to host memory",
     "--cpu-offload-params": "weights offloaded to host memory",
-    "--kv-cache-dtype-skip-layers": "those layers keep a 16-bit KV cache",
     "--attention-backend": "the backend decides the block size",
     "--mamba-block-size": "the state models' block alignment",
     "--quantization-config": "an online quantization's settings",

@@ -49,6 +49,7 @@ def engine_flags(
         "async-scheduling": True if inputs.async_scheduling else None,
         "no-async-scheduling": True if inputs.async_scheduling is False else None,
         "disable-sliding-window": True if inputs.disable_sliding_window else None,
+        "kv-cache-dtype-skip-layers": inputs.kv_skip_layers or None,
         "mamba-cache-mode": inputs.mamba_cache_mode,
         "mamba-cache-dtype": None if inputs.mamba_cache_dtype == "auto" else inputs.mamba_cache_dtype,
         "mamba-ssm-cache-dtype": None if inputs.mamba_ssm_cache_dtype == "auto" else inputs.mamba_ssm_cache_dtype,

@@ -49,6 +49,7 @@ READ_SINCE = {
     "--async-scheduling": Version(0, 32, 0),
     "--no-async-scheduling": Version(0, 32, 0),
     "--disable-sliding-window": Version(0, 32, 0),
+    "--kv-cache-dtype-skip-layers": Version(0, 32, 0),
 }
 
 

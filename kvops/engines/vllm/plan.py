@@ -19,7 +19,7 @@ from kvops.engines.weights import weight_format
 from kvops.errors import UsageError
 from kvops.frozen import frozen
 from kvops.model.checkpoint import pipeline_partition
-from kvops.model.spec import ModelSpec
+from kvops.model.spec import ModelSpec, SlidingWindow
 from kvops.plan import Plan, PlanInputs, Term, Verdict
 from kvops.units import format_bytes
 from kvops.workload import Workload
@@ -298,7 +298,7 @@ def layout_options(
         mamba_cache_dtype=inputs.mamba_cache_dtype,
         mamba_ssm_cache_dtype=inputs.mamba_ssm_cache_dtype,
         speculative_tokens=speculative.tokens if speculative else 0,
-        unquantized_layers=boundary_layers(inputs.spec, dtype, release) if dtype is not None else frozenset(),
+        unquantized_layers=unquantized_layers(inputs, dtype, release) if dtype is not None else frozenset(),
     )
 
 
@@ -354,6 +354,16 @@ def _prefix_caching(inputs: PlanInputs, release: releases.VllmRelease) -> bool:
     if not release.hybrid_prefix_caching_allowed:
         return False
     return inputs.prefix_caching if inputs.prefix_caching is not None else release.hybrid_prefix_caching
+
+
+def unquantized_layers(inputs: PlanInputs, dtype: KvDtype, release: releases.VllmRelease) -> frozenset[int]:
+    """Layers whose KV cache keeps the model's own dtype: TurboQuant's boundary layers, and those
+    --kv-cache-dtype-skip-layers names (an index, or every sliding-window layer)."""
+    spec, named = inputs.spec, inputs.kv_skip_layers
+    skipped = {int(item) for item in named if item.isdigit()}
+    if "sliding_window" in named:
+        skipped |= {index for index, layer in spec.caches() if isinstance(layer, SlidingWindow)}
+    return boundary_layers(spec, dtype, release) | skipped
 
 
 def boundary_layers(spec: ModelSpec, dtype: KvDtype, release: releases.VllmRelease) -> frozenset[int]:

@@ -234,6 +234,36 @@ def test_disable_sliding_window_plans_full_attention_within_the_window(run_kvops
     )
 
 
+def test_kv_cache_dtype_skip_layers_keep_the_models_dtype(run_kvops):
+    """vLLM's attention layer keeps kv_cache_dtype "auto" (the model's dtype) for the layer indices
+    --kv-cache-dtype-skip-layers names, and for every sliding-window layer with `sliding_window`
+    (model_executor/layers/attention/attention.py): Llama-3.1-8B in fp8 with layers 0 and 31 skipped holds 30
+    layers at 1 B a value and 2 at 2 B per block; the list is emitted as vLLM reads it (one value per argument)."""
+    base = ("-m", "llama-3.1-8b", "--gpu", "h100", "--max-model-len", "8192", "--kv-dtype", "fp8")
+    fp8, skipped = plan_doc(run_kvops, *base), plan_doc(run_kvops, *base, "--kv-cache-dtype-skip-layers", "0,31")
+    per_layer = fp8["capacity"]["bytes_per_block"] // 32
+    assert skipped["capacity"]["bytes_per_block"] == 30 * per_layer + 2 * 2 * per_layer
+    argv = skipped["command"]["argv"]
+    start = argv.index("--kv-cache-dtype-skip-layers")
+    assert argv[start + 1 : start + 3] == ["0", "31"] and argv[start + 3].startswith("--")
+    stated = plan_doc(
+        run_kvops,
+        "--gpu",
+        "h100",
+        "--from-command",
+        "vllm serve meta-llama/Llama-3.1-8B --kv-cache-dtype fp8 "
+        "--kv-cache-dtype-skip-layers 0 31 --max-model-len 8192",
+    )
+    assert (
+        stated["capacity"]["bytes_per_block"] == skipped["capacity"]["bytes_per_block"] and not stated["from_command"]
+    )
+    gemma = ("-m", "gemma-3-27b", "--gpu", "h100", "--max-model-len", "8192", "--kv-dtype", "fp8")
+    sliding_kept = plan_doc(run_kvops, *gemma, "--kv-cache-dtype-skip-layers", "sliding_window")
+    assert sliding_kept["capacity"]["bytes_per_block"] == 2 * plan_doc(run_kvops, *gemma)["capacity"]["bytes_per_block"]
+    bad = run_kvops("plan", *base, "--kv-cache-dtype-skip-layers", "0,full", expect=None)
+    assert bad.exit_code != 0 and "valid: layer indices (0, 1, ...) and sliding_window" in bad.stderr
+
+
 def test_does_not_fit_exits_3_with_need_have_and_computed_ways_out(run_kvops):
     ran = run_kvops(
         "plan", "-m", "llama-3-8b", "--gpu", "l4", "--max-model-len", "8192", "--concurrency", "4", expect=3
