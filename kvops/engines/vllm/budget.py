@@ -89,14 +89,31 @@ def resolve_batch(
 
 
 def max_in_flight_tokens(
-    max_num_batched_tokens: int, device: str, release_: VllmRelease | None = None, async_scheduling: bool = True
+    max_num_batched_tokens: int,
+    device: str,
+    release_: VllmRelease | None = None,
+    async_scheduling: bool = True,
+    pp: int = 1,
+    v2_runner: bool = False,
 ) -> int:
-    """Tokens a sliding-window request may hold beyond its window: `VllmConfig.max_in_flight_tokens` (two batches
-    with async scheduling, vLLM's default on the GPU; one with --no-async-scheduling or on the CPU, whose platform
-    turns it off) from 0.25, one batch (`max_num_batched_tokens`) before."""
-    if device == "cpu" or not async_scheduling or not (release_ or release(None)).sliding_counts_in_flight:
+    """Tokens a sliding-window request may hold beyond its window, from 0.25: `VllmConfig.max_in_flight_tokens`, a
+    full batch for each of `max_concurrent_batches` (async scheduling is vLLM's default on the GPU; the CPU platform
+    turns it off); one batch (`max_num_batched_tokens`) before 0.25."""
+    release_ = release_ or release(None)
+    if not release_.sliding_counts_in_flight:
         return max_num_batched_tokens
-    return 2 * max_num_batched_tokens
+    return concurrent_batches(release_, async_scheduling and device != "cpu", pp, v2_runner) * max_num_batched_tokens
+
+
+def concurrent_batches(release_: VllmRelease, async_scheduling: bool, pp: int, v2_runner: bool) -> int:
+    """`VllmConfig.max_concurrent_batches`: a pipeline runs one batch per stage, async scheduling one more; in
+    0.32-0.33 only Model Runner V2 adds it to a pipeline (config/vllm.py of those wheels; pipelines are not read
+    before 0.32, where one stage's rule is kept: two batches with async scheduling)."""
+    if not async_scheduling:
+        return pp if release_.version.at_least(0, 32) else 1
+    if pp <= 1 or not release_.version.at_least(0, 32):
+        return 2
+    return pp + 1 if v2_runner or release_.version.at_least(0, 34) else pp
 
 
 def requested_memory(total_bytes: int, utilization: float, release_: VllmRelease) -> int:

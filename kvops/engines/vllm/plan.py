@@ -110,7 +110,14 @@ def _plan_pass(
     batched, default_seqs = budget.resolve_batch(
         defaults, fixed_len, inputs.batched_tokens, inputs.max_num_seqs, inputs.chunked_prefill
     )
-    in_flight = budget.max_in_flight_tokens(batched, device, release, inputs.async_scheduling is not False)
+    in_flight = budget.max_in_flight_tokens(
+        batched,
+        device,
+        release,
+        inputs.async_scheduling is not False,
+        inputs.pp,
+        device != "cpu" and not release.v0 and budget.model_runner_of(inputs, release).v2,
+    )
     requested_seqs = inputs.concurrency * inputs.workload.sequences if isinstance(inputs.concurrency, int) else 0
     engine_seqs = max(default_seqs, requested_seqs)
     sampler_seqs = chosen_seqs if chosen_seqs is not None and inputs.max_num_seqs is None else engine_seqs

@@ -7,10 +7,12 @@ from kvops.engines.vllm.budget import (
     BatchDefaults,
     batch_defaults,
     capture_sizes,
+    concurrent_batches,
     max_in_flight_tokens,
     resolve_batch,
 )
 from kvops.engines.vllm.layout import kv_layout, longest_context, pool
+from kvops.engines.vllm.releases import release
 from kvops.gpus import find_gpu
 from kvops.model import load_model
 
@@ -65,6 +67,17 @@ def test_batch_defaults_follow_get_batch_defaults():
     assert resolve_batch(h100, 32768, None, None, chunked_prefill=False) == (32768, 1024)
     assert resolve_batch(h100, 4096, None, None, chunked_prefill=False) == (8192, 1024)
     assert resolve_batch(h100, 32768, 16384, None, chunked_prefill=False) == (16384, 1024)
+
+
+def test_a_pipeline_keeps_a_batch_in_flight_per_stage_and_async_scheduling_one_more():
+    """VllmConfig.max_concurrent_batches: 0.34 runs pp + 1 batches with async scheduling, pp without; 0.32-0.33 add
+    the async one to a pipeline only with Model Runner V2; one stage keeps two (async) or one."""
+    newest, v032 = release("0.34.0"), release("0.32.0")
+    assert [concurrent_batches(newest, True, pp, False) for pp in (1, 2, 4)] == [2, 3, 5]
+    assert [concurrent_batches(newest, False, pp, False) for pp in (1, 2, 4)] == [1, 2, 4]
+    assert concurrent_batches(v032, True, 2, v2_runner=False) == 2 and concurrent_batches(v032, True, 2, True) == 3
+    assert max_in_flight_tokens(8192, "gpu", newest, True, pp=2) == 3 * 8192
+    assert max_in_flight_tokens(8192, "cpu", newest, True, pp=1) == 8192  # the CPU platform turns async off
 
 
 def test_interactivity_captures_every_batch_up_to_32():
