@@ -31,7 +31,7 @@ them sampled; a batch within the engine's CUDA graphs runs as the next captured 
     L_moe       the layers with routed experts. Besides its two expert matrix multiplies a MoE layer runs a
                 handful of small kernels whatever the batch (vLLM 0.15.1's fused_moe: the router's top-k, the
                 tokens sorted by expert, activations quantized for FP8 experts, the activation, the weighted
-                sum back), each taking a few microseconds at least; the floor the fit finds, about 58 us a layer,
+                sum back), each taking a few microseconds at least; the floor the fit finds, about 20 us a layer,
                 is what lets a lightly loaded MoE model (Llama 4 Scout at 8 requests) cost more than its bytes.
                 Optional, like expert_elements
 

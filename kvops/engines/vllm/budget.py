@@ -105,6 +105,12 @@ def max_in_flight_tokens(
     return concurrent_batches(release_, async_scheduling and device != "cpu", pp, v2_runner) * max_num_batched_tokens
 
 
+def async_scheduling(inputs: PlanInputs) -> bool:
+    """vLLM's async scheduling: its default on a GPU (`VllmConfig`: on unless something rules it out), off with
+    --no-async-scheduling and on the CPU, whose platform turns it off (platforms/cpu.py)."""
+    return inputs.device != "cpu" and inputs.async_scheduling is not False
+
+
 def concurrent_batches(release_: VllmRelease, async_scheduling: bool, pp: int, v2_runner: bool) -> int:
     """`VllmConfig.max_concurrent_batches`: a pipeline runs one batch per stage, async scheduling one more; in
     0.32-0.33 only Model Runner V2 adds it to a pipeline (config/vllm.py of those wheels; pipelines are not read

@@ -110,13 +110,9 @@ def _plan_pass(
     batched, default_seqs = budget.resolve_batch(
         defaults, fixed_len, inputs.batched_tokens, inputs.max_num_seqs, inputs.chunked_prefill
     )
+    runner = budget.model_runner_of(inputs, release) if device != "cpu" and not release.v0 else None
     in_flight = budget.max_in_flight_tokens(
-        batched,
-        device,
-        release,
-        inputs.async_scheduling is not False,
-        inputs.pp,
-        device != "cpu" and not release.v0 and budget.model_runner_of(inputs, release).v2,
+        batched, device, release, budget.async_scheduling(inputs), inputs.pp, bool(runner and runner.v2)
     )
     requested_seqs = inputs.concurrency * inputs.workload.sequences if isinstance(inputs.concurrency, int) else 0
     engine_seqs = max(default_seqs, requested_seqs)
@@ -126,8 +122,7 @@ def _plan_pass(
     if sizing.extensible and stage_blocks is None:
         stage_blocks = layout.committed_blocks(kv_layout, max(draft.kv_bytes, 0))
     draft.notes.insert(1, f"KV sizing: {sizing.path}: {sizing.why}")
-    if device != "cpu" and not release.v0:
-        runner = budget.model_runner_of(inputs, release)
+    if runner is not None:
         draft.notes.insert(2, f"model runner: {'V2' if runner.v2 else 'V1'}: {runner.why}")
     per_stage = " on the binding pipeline stage" if inputs.pp > 1 else ""
     draft.notes.insert(

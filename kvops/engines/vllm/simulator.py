@@ -494,7 +494,7 @@ def core_settings(plan, arm: Arm, options: SchedulerOptions) -> CoreSettings:
         max_model_len=length,
         max_num_seqs=seqs,
         max_num_batched_tokens=batched,
-        async_scheduling=_async_scheduling(inputs),
+        async_scheduling=budget.async_scheduling(inputs) and inputs.pp == 1,  # a pipeline's batches: not simulated
         enable_chunked_prefill=inputs.chunked_prefill,
         enable_prefix_caching=inputs.prefix_caching is not False,
         policy=options.policy,
@@ -508,14 +508,6 @@ def core_settings(plan, arm: Arm, options: SchedulerOptions) -> CoreSettings:
         environment=environment,
         cuda_graph_sizes=budget.graph_sizes(inputs, plan.release, batched, seqs) if plan.release else (),
     )
-
-
-def _async_scheduling(inputs) -> bool:
-    """vLLM's async scheduling: off on the CPU (its platform turns it off) and with --no-async-scheduling; on by
-    default for one pipeline stage (a pipeline's batches in flight are not simulated) or when stated."""
-    if inputs.device == "cpu" or inputs.async_scheduling is False:
-        return False
-    return inputs.async_scheduling is True or inputs.pp == 1
 
 
 def _pool_at(plan, seqs: int) -> int:
