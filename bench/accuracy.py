@@ -8,8 +8,8 @@ tokens, max concurrency, and whether it started. Leave-one-out: each log is pred
 fitted on every other log, never on itself. Entries kvops cannot plan are listed as "not planned: <why>".
 
 Printed per release family and GPU family: MAE and MAPE of each figure, the share of over-promising predictions
-(more than 2% more KV than logged) and the fit/no-fit agreement (the goals leave out launches with LoRA adapters,
-which kvops has no input for: they have a caveat row of their own); then the same with the logged KV pinned (the
+(more than 2% more KV than logged) and the fit/no-fit agreement (the goals leave out launches with LoRA adapters
+on releases whose LoRA layers kvops has not read: they have a caveat row of their own); then the same with the logged KV pinned (the
 capacity formula alone, per release); then, with --peers VENV (a venv with vllm-wizard 0.2.0 and vramscout 0.7.0),
 the peers' KV on the same launches. --refit writes the fit on the whole corpus to kvops/catalog/overheads.json.
 
@@ -241,7 +241,7 @@ def lora_caveat(members: list[Row]) -> Goal:
         f"{len(errors(members, 'kv_bytes'))} logs; over-promise {over} of {judged}; "
         f"fit/no-fit disagreement {total - agree} of {total}"
     )
-    name = "caveat: KV MAPE, launches with LoRA adapters (no kvops input for them)"
+    name = "caveat: KV MAPE, launches with LoRA adapters (releases before 0.32: slots not counted)"
     return Goal(name, None, members, kv_mape(members), count)
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from kvops.errors import ConfigError
 from kvops.frozen import frozen
-from kvops.plan import PlanInputs, Speculative
+from kvops.plan import LoraSlots, PlanInputs, Speculative
 from kvops.profile import Profile
 from kvops.workload import Workload, parse_workload
 
@@ -70,6 +70,11 @@ class DeploymentOptions:
     async_scheduling: bool | None = None
     disable_sliding_window: bool = False
     kv_skip_layers: tuple[str, ...] = ()
+    enable_lora: bool = False
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    fully_sharded_loras: bool = False
+    lora_dtype: str = "auto"
     mamba_cache_mode: str | None = None
     mamba_cache_dtype: str = "auto"
     mamba_ssm_cache_dtype: str = "auto"
@@ -133,6 +138,7 @@ class DeploymentOptions:
             async_scheduling=self.async_scheduling,
             disable_sliding_window=self.disable_sliding_window,
             kv_skip_layers=self.kv_skip_layers,
+            lora=self.lora_slots(),
             mamba_cache_mode=self.mamba_cache_mode,
             mamba_cache_dtype=self.mamba_cache_dtype,
             mamba_ssm_cache_dtype=self.mamba_ssm_cache_dtype,
@@ -178,6 +184,12 @@ class DeploymentOptions:
         settings = speculative_settings(self.speculative_config)
         draft = load_model(settings.model) if settings.model else None
         return Speculative(settings.method, settings.tokens, draft, settings.draft_tp, self.speculative_config)
+
+    def lora_slots(self) -> LoraSlots | None:
+        """vLLM's LoRA slots, with --enable-lora (its other LoRA options alone change nothing, as in vLLM)."""
+        if not self.enable_lora:
+            return None
+        return LoraSlots(self.max_loras, self.max_lora_rank, self.fully_sharded_loras, self.lora_dtype)
 
 
 # levels.warn and gpu_memory.below in kvops/data/policy.yaml (a test holds them equal): plans read no YAML

@@ -77,6 +77,16 @@ class Speculative:
 
 
 @frozen
+class LoraSlots:
+    """vLLM's --enable-lora: the adapter slots it allocates at load, for every LoRA-capable layer of the model."""
+
+    max_loras: int = 1  # --max-loras: adapters served at once, each a slot
+    max_rank: int = 16  # --max-lora-rank: every slot is allocated at this rank
+    fully_sharded: bool = False  # --fully-sharded-loras: the rank (column layers) and output (row layers) split by tp
+    dtype: str = "auto"  # --lora-dtype: auto is the serving dtype
+
+
+@frozen
 class PlanInputs:
     engine: str
     spec: ModelSpec
@@ -122,6 +132,7 @@ class PlanInputs:
     async_scheduling: bool | None = None  # vLLM --[no-]async-scheduling (None: vLLM's default, on for GPUs)
     disable_sliding_window: bool = False  # vLLM --disable-sliding-window: full attention, the context cut to the window
     kv_skip_layers: tuple[str, ...] = ()  # vLLM --kv-cache-dtype-skip-layers: layer indices or "sliding_window"
+    lora: LoraSlots | None = None  # vLLM --enable-lora and its slots
     mamba_cache_mode: str | None = None  # --mamba-cache-mode
     mamba_cache_dtype: str = "auto"
     mamba_ssm_cache_dtype: str = "auto"

@@ -348,6 +348,33 @@ def engine_options(function: Callable, model_required: bool = True, engine: bool
             help="vLLM: layers whose KV cache keeps the model's dtype under --kv-dtype: indices and/or sliding_window, comma-separated.",
         ),
         click.option(
+            "--enable-lora", is_flag=True, help="vLLM: serve LoRA adapters; their slots are allocated at load."
+        ),
+        click.option(
+            "--max-loras",
+            type=POSITIVE,
+            default=1,
+            show_default=True,
+            help="vLLM: adapters served at once, one slot each (with --enable-lora).",
+        ),
+        click.option(
+            "--max-lora-rank",
+            type=POSITIVE,
+            default=16,
+            show_default=True,
+            help="vLLM: the rank every slot is allocated at: 1, 8, 16, 32, 64, 128, 256, 320 or 512.",
+        ),
+        click.option(
+            "--fully-sharded-loras", is_flag=True, help="vLLM: split the slots' rank and output by tensor parallel."
+        ),
+        click.option(
+            "--lora-dtype",
+            type=click.Choice(("auto", "float16", "bfloat16")),
+            default="auto",
+            show_default=True,
+            help="vLLM: the slots' dtype; auto is the serving dtype.",
+        ),
+        click.option(
             "--mamba-cache-mode",
             type=click.Choice(("align", "none", "all")),
             help="vLLM: state pages kept per request [default: align with prefix caching (all for Mamba-2 models through 0.27), else none].",

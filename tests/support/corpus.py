@@ -61,7 +61,8 @@ class Entry:
     @property
     def lora(self) -> bool:
         """Launched with LoRA adapters (its args say so, or the entry does where a launcher enabled them unseen):
-        kvops has no input for adapters, so the memory they take is in none of the terms it plans."""
+        they ran releases older than those whose LoRA layers kvops has read (0.32 on), so the memory the adapters
+        take is in none of the terms it plans."""
         return bool((self.data.get("args") or {}).get("enable_lora") or self.kvops.get("lora"))
 
     @property

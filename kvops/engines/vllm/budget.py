@@ -21,6 +21,7 @@ from kvops.dtypes import serving_dtype
 from kvops.engines import common
 from kvops.engines.device_total import device_total, device_total_term
 from kvops.engines.overhead_fit import OVERHEAD_QUANTILE
+from kvops.engines.vllm.lora import LoraBytes, lora_bytes
 from kvops.engines.vllm.model_runner import ModelRunner, model_runner
 from kvops.engines.vllm.releases import BatchDefaults, VllmRelease, release
 from kvops.engines.weights import WeightOptions, stage_weights, weight_bytes, weight_format
@@ -281,6 +282,8 @@ def memory_terms(
         )
     if profile:
         warnings += _profile_mismatch(inputs, release_, batched)
+    if inputs.lora is not None and lora_slots(inputs) is None:
+        warnings.append(LORA_NOT_LAID_OUT.format(architecture=", ".join(inputs.spec.architectures) or "this model"))
     weights = _weights(inputs, stage)
     overheads = _overheads(inputs, release_, batched, seqs)
     if inputs.kv_cache_memory_bytes is not None:
@@ -440,6 +443,35 @@ def weight_options(inputs: PlanInputs) -> WeightOptions:
 
 
 def _weights(inputs: PlanInputs, stage: int | None = None) -> Term:
+    """What vLLM's load holds per GPU ('Model loading took'): the weights, and the LoRA slots with --enable-lora."""
+    weights = _model_weights(inputs, stage)
+    slots = lora_slots(inputs)
+    if slots is None:
+        return weights
+    return replace(
+        weights,
+        bytes=weights.bytes + slots.bytes,
+        formula=f"{weights.formula}; + {format_bytes(slots.bytes)} LoRA slots ({slots.formula})",
+    )
+
+
+LORA_NOT_LAID_OUT = (
+    "--enable-lora: the LoRA slots of {architecture} are not counted (kvops lays them out for the dense text models "
+    "of Llama, Mistral, Qwen2, Qwen3, Gemma 2 and 3, Granite, GLM-4 and EXAONE): the KV cache planned is larger than "
+    "vLLM's by them; measure the run (kvops calibrate)"
+)
+
+
+def lora_slots(inputs: PlanInputs) -> LoraBytes | None:
+    """The LoRA slots' bytes per GPU (None without --enable-lora, or where kvops does not lay them out: the plan
+    says so), at --lora-dtype's width (auto: the serving dtype's)."""
+    if inputs.lora is None:
+        return None
+    width = serving_width(inputs.dtype) if inputs.lora.dtype == "auto" else 2
+    return lora_bytes(inputs.spec, inputs.lora, inputs.tp, inputs.pp, width)
+
+
+def _model_weights(inputs: PlanInputs, stage: int | None) -> Term:
     """The weights per GPU: a profile's measured figure (rescaled to this tp), else the checkpoint's computed size
     (experts padded as vLLM's kernels lay them out; a draft model or EAGLE head on the last stage; --cpu-offload-gb
     subtracted) plus the rotary cos/sin cache the model registers."""
@@ -721,10 +753,11 @@ class CompiledGraphs:
     mode: str
     sizes: tuple[int, ...]  # ascending
     why: str
+    lora_cases: int = 1  # graphs captured at each size: with LoRA, one with adapters active and one without
 
     @property
     def captures(self) -> int:
-        return len(self.sizes)
+        return len(self.sizes) * self.lora_cases
 
 
 def capture_sizes(largest: int, interactive: bool = False) -> list[int]:
@@ -814,7 +847,18 @@ def graph_sizes(inputs: PlanInputs, release_: VllmRelease, batched: int, max_num
 
 def _captured(inputs: PlanInputs, release_: VllmRelease, batched: int, max_num_seqs: int) -> CompiledGraphs:
     default = default_captures(inputs, release_, batched, max_num_seqs)
-    return compiled_graphs(inputs.compilation_config, default, batched, inputs.performance_mode == "interactivity")
+    graphs = compiled_graphs(inputs.compilation_config, default, batched, inputs.performance_mode == "interactivity")
+    if inputs.lora is None or graphs.mode == "NONE" or not _specializes_lora(inputs.compilation_config):
+        return graphs
+    return replace(graphs, lora_cases=2, why=f"{graphs.why}; each twice, with and without LoRA")
+
+
+def _specializes_lora(text: str | None) -> bool:
+    """vLLM captures each size with no adapter active and with max_loras + 1, unless --compilation-config sets
+    cudagraph_specialize_lora false (then only the latter): `CudagraphDispatcher._get_lora_cases`,
+    v1/cudagraph_dispatcher.py, and `get_lora_capture_cases`, v1/worker/gpu/lora_utils.py (0.32.0-0.34.0)."""
+    config = json.loads(text) if text else {}  # compiled_graphs has refused a --compilation-config not JSON
+    return config.get("cudagraph_specialize_lora", True) is not False
 
 
 def _margin(inputs: PlanInputs, release_: VllmRelease, overheads: list[Term]) -> Term | None:

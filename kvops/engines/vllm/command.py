@@ -272,6 +272,11 @@ READERS: dict[str, Reader] = {
     "--kv-cache-dtype-skip-layers": setter(
         "kv_skip_layers", lambda word: flags.skip_layers(str(word.value), word.written)
     ),
+    "--enable-lora": _switch("enable_lora"),
+    "--max-loras": setter("max_loras", integer),
+    "--max-lora-rank": setter("max_lora_rank", integer),
+    "--fully-sharded-loras": _switch("fully_sharded_loras"),
+    "--lora-dtype": setter("lora_dtype", as_text),
     "--long-prefill-token-threshold": _scheduler_flag("long_prefill_token_threshold", count),
     "--max-num-scheduled-tokens": _scheduler_flag("max_num_scheduled_tokens", integer),
     "--max-num-queued-reqs": setter("max_queued", integer),

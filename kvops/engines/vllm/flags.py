@@ -111,12 +111,8 @@ def image(vendor: str | None) -> str:
 # `vllm serve` options that change memory but that kvops does not model: named, so a plan read from a command line
 # says which of its figures they would move (vllm/engine/arg_utils.py, vLLM 0.32.0)
 NOT_MODELLED = {
-    "--enable-lora": "LoRA adapter slots (--max-loras x --max-lora-rank) take GPU memory",
-    "--max-loras": "LoRA adapter slots take GPU memory",
-    "--max-lora-rank": "LoRA adapter slots take GPU memory",
-    "--max-cpu-loras": "LoRA adapters kept in host memory",
-    "--fully-sharded-loras": "LoRA adapter slots take GPU memory",
-    "--lora-modules": "LoRA adapters take GPU memory",
+    "--enable-tower-connector-lora": "LoRA slots on the vision tower and connector",
+    "--enable-moe-shared-loras": "LoRA slots on the shared experts",
     "--compilation-config": "CUDA graph capture sizes change the graphs' memory",
     "--cudagraph-capture-sizes": "CUDA graph capture sizes change the graphs' memory",
     "--max-cudagraph-capture-size": "CUDA graph capture sizes change the graphs' memory",
@@ -152,6 +148,8 @@ NOT_MODELLED = {
 }
 # options that hold host memory or network state, named so their line says why the GPU budget is unchanged
 HOST_MEMORY = {
+    "--max-cpu-loras": "LoRA adapters cached in host memory: on the GPU they take the --max-loras slots planned",
+    "--lora-modules": "LoRA adapters loaded into host memory: on the GPU they take the --max-loras slots planned",
     "--kv-offloading-size": "host memory for evicted KV blocks: the GPU budget is unchanged",
     "--kv-offloading-backend": "host memory for evicted KV blocks: the GPU budget is unchanged",
 }

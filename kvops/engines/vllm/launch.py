@@ -8,7 +8,7 @@ from typing import Any
 from kvops.engines.vllm import flags, options
 from kvops.engines.vllm.capacity import Draft
 from kvops.errors import UsageError
-from kvops.plan import PlanInputs, model_argument
+from kvops.plan import LoraSlots, PlanInputs, model_argument
 from kvops.units import format_bytes
 
 
@@ -50,6 +50,7 @@ def engine_flags(
         "no-async-scheduling": True if inputs.async_scheduling is False else None,
         "disable-sliding-window": True if inputs.disable_sliding_window else None,
         "kv-cache-dtype-skip-layers": inputs.kv_skip_layers or None,
+        **_lora_flags(inputs.lora),
         "mamba-cache-mode": inputs.mamba_cache_mode,
         "mamba-cache-dtype": None if inputs.mamba_cache_dtype == "auto" else inputs.mamba_cache_dtype,
         "mamba-ssm-cache-dtype": None if inputs.mamba_ssm_cache_dtype == "auto" else inputs.mamba_ssm_cache_dtype,
@@ -122,3 +123,17 @@ def guard_named(inputs: PlanInputs) -> bool:
     if inputs.guard is not None:
         return inputs.guard
     return flags.GUARD_BY_DEFAULT and not inputs.spec.has_state
+
+
+def _lora_flags(lora: LoraSlots | None) -> dict[str, Any]:
+    """--enable-lora and the LoRA options that differ from vLLM's defaults (vllm/config/lora.py)."""
+    if lora is None:
+        return {}
+    default = LoraSlots()
+    return {
+        "enable-lora": True,
+        "max-loras": lora.max_loras if lora.max_loras != default.max_loras else None,
+        "max-lora-rank": lora.max_rank if lora.max_rank != default.max_rank else None,
+        "fully-sharded-loras": True if lora.fully_sharded else None,
+        "lora-dtype": lora.dtype if lora.dtype != default.dtype else None,
+    }

@@ -50,6 +50,11 @@ READ_SINCE = {
     "--no-async-scheduling": Version(0, 32, 0),
     "--disable-sliding-window": Version(0, 32, 0),
     "--kv-cache-dtype-skip-layers": Version(0, 32, 0),
+    "--enable-lora": Version(0, 32, 0),
+    "--max-loras": Version(0, 32, 0),
+    "--max-lora-rank": Version(0, 32, 0),
+    "--fully-sharded-loras": Version(0, 32, 0),
+    "--lora-dtype": Version(0, 32, 0),
 }
 
 

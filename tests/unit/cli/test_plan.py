@@ -264,6 +264,42 @@ def test_kv_cache_dtype_skip_layers_keep_the_models_dtype(run_kvops):
     assert bad.exit_code != 0 and "valid: layer indices (0, 1, ...) and sliding_window" in bad.stderr
 
 
+def test_enable_lora_takes_its_slots_from_the_kv_cache_and_captures_each_graph_twice(run_kvops):
+    """vLLM allocates the LoRA slots inside the load 'Model loading took' measures, before it sizes the KV cache,
+    and captures each CUDA-graph size with and without adapters (`CudagraphDispatcher._get_lora_cases`): on vLLM
+    0.33 (KV = requested - weights - overheads) the KV cache is smaller by exactly the slots and the graphs' second
+    copy. The flags are emitted as given, and read back from a pasted command."""
+    base = ("-m", "llama-3.1-8b", "--gpu", "h100", "--max-model-len", "8192", "--engine-version", "0.33.0")
+    lora = ("--enable-lora", "--max-loras", "4", "--max-lora-rank", "64", "--lora-dtype", "bfloat16")
+    plain, served = plan_doc(run_kvops, *base), plan_doc(run_kvops, *base, *lora)
+    slots = 4 * 4 * 2 * (32 * 1_310_720 + 2 * 16 * (128_256 + 4_096))  # tests/unit/engines/vllm/test_lora.py
+    assert term(served, "weights")["bytes"] - term(plain, "weights")["bytes"] == slots
+    assert term(served, "cuda_graphs")["bytes"] == 2 * term(plain, "cuda_graphs")["bytes"]
+    assert "each twice, with and without LoRA" in term(served, "cuda_graphs")["formula"]
+    lost = term(plain, "kv_cache")["bytes"] - term(served, "kv_cache")["bytes"]
+    assert lost == slots + term(plain, "cuda_graphs")["bytes"]
+    argv = served["command"]["argv"]
+    given = ["--max-loras", "4", "--max-lora-rank", "64", "--lora-dtype", "bfloat16"]
+    assert argv[argv.index("--enable-lora") + 1 :][:6] == given
+    stated = plan_doc(
+        run_kvops,
+        "--gpu",
+        "h100",
+        "--engine-version",
+        "0.33.0",
+        "--from-command",
+        "vllm serve meta-llama/Llama-3.1-8B --max-model-len 8192 --enable-lora --max-loras 4 --max-lora-rank 64 "
+        "--lora-dtype bfloat16 --max-cpu-loras 16",
+    )
+    assert term(stated, "kv_cache")["bytes"] == term(served, "kv_cache")["bytes"]
+    host = "--max-cpu-loras 16: ignored: LoRA adapters cached in host memory"
+    assert any(host in line for line in stated["from_command"])
+    bad = run_kvops("plan", *base, "--enable-lora", "--max-lora-rank", "12", expect=None)
+    assert bad.exit_code != 0 and "--max-lora-rank 12; valid: 1, 8, 16, 32, 64, 128, 256, 320, 512" in bad.stderr
+    mla = plan_doc(run_kvops, "-m", "deepseek-v2-lite", "--gpu", "h100", "--max-model-len", "8192", "--enable-lora")
+    assert any("the LoRA slots of DeepseekV2ForCausalLM are not counted" in line for line in mla["warnings"])
+
+
 def test_does_not_fit_exits_3_with_need_have_and_computed_ways_out(run_kvops):
     ran = run_kvops(
         "plan", "-m", "llama-3-8b", "--gpu", "l4", "--max-model-len", "8192", "--concurrency", "4", expect=3
