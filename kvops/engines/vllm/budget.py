@@ -456,9 +456,9 @@ def _weights(inputs: PlanInputs, stage: int | None = None) -> Term:
 
 
 LORA_NOT_LAID_OUT = (
-    "--enable-lora: the LoRA slots of {architecture} are not counted (kvops lays them out for the dense text models "
-    "of Llama, Mistral, Qwen2, Qwen3, Gemma 2 and 3, Granite, GLM-4 and EXAONE): the KV cache planned is larger than "
-    "vLLM's by them; measure the run (kvops calibrate)"
+    "--enable-lora: the LoRA slots of {architecture} are not counted (kvops lays them out for the text models of "
+    "Llama, Mistral, Qwen2, Qwen3, Gemma 2 and 3, Granite, GLM-4, EXAONE, Mixtral and Qwen3-MoE, without expert "
+    "parallelism): the KV cache planned is larger than vLLM's by them; measure the run (kvops calibrate)"
 )
 
 
@@ -468,7 +468,7 @@ def lora_slots(inputs: PlanInputs) -> LoraBytes | None:
     if inputs.lora is None:
         return None
     width = serving_width(inputs.dtype) if inputs.lora.dtype == "auto" else 2
-    return lora_bytes(inputs.spec, inputs.lora, inputs.tp, inputs.pp, width)
+    return lora_bytes(inputs.spec, inputs.lora, inputs.tp, inputs.pp, width, inputs.expert_parallel)
 
 
 def _model_weights(inputs: PlanInputs, stage: int | None) -> Term:

@@ -21,9 +21,9 @@ DTYPES = ("auto", "float16", "bfloat16")  # vLLM's LoRADType
 MAX_HEAD_VOCAB = 258048
 
 # Text models whose decoder layers vLLM builds as packed q/k/v and gate/up projections (packed_modules_mapping
-# {"qkv_proj": [q, k, v], "gate_up_proj": [gate, up]}) beside o_proj and down_proj, no routed experts: the layout this
-# module counts. True where the architecture also lists `embedding_modules` (embed_tokens and lm_head get slots of
-# their own); model_executor/models/{llama,mistral,qwen2,qwen3,gemma2,gemma3,granite,glm4,exaone}.py, 0.34.0.
+# {"qkv_proj": [q, k, v], "gate_up_proj": [gate, up]}) beside o_proj and down_proj: the layout this module counts.
+# True where the architecture also lists `embedding_modules` (embed_tokens and lm_head get slots of their own);
+# model_executor/models/{llama,mistral,qwen2,qwen3,gemma2,gemma3,granite,glm4,exaone}.py, 0.34.0.
 PACKED_DENSE = {
     "LlamaForCausalLM": True,
     "MistralForCausalLM": True,  # a LlamaForCausalLM
@@ -35,6 +35,12 @@ PACKED_DENSE = {
     "Gemma3ForCausalLM": False,
     "Glm4ForCausalLM": False,
 }
+# Mixtures of experts with the same attention, a router (`gate`, a ReplicatedLinear) and gated routed experts (w1/w3
+# and w2, FusedMoEWithLoRA, vllm/lora/layers/fused_moe.py), no shared experts; both list embedding modules
+# (model_executor/models/{mixtral,qwen3_moe}.py, 0.34.0). Qwen3-MoE's dense layers (mlp_only_layers) are counted as
+# the dense models' MLP.
+GATED_MOE = {"MixtralForCausalLM": True, "Qwen3MoeForCausalLM": True}
+ADAPTER_FLAG = 4  # FusedMoEWithLoRA.adapter_enabled: one int32 per slot and one more, per MoE layer
 
 
 @frozen
@@ -45,31 +51,44 @@ class LoraBytes:
     formula: str
 
 
-def lora_bytes(spec: ModelSpec, slots: LoraSlots, tp: int, pp: int, width: int) -> LoraBytes | None:
+def lora_bytes(
+    spec: ModelSpec, slots: LoraSlots, tp: int, pp: int, width: int, expert_parallel: bool = False
+) -> LoraBytes | None:
     """The A and B matrices of every slot on the busiest GPU, `width` bytes a value (the serving dtype's under
-    --lora-dtype auto); None for an architecture whose LoRA layers kvops does not lay out."""
-    architecture = next((name for name in spec.architectures if name in PACKED_DENSE), None)
+    --lora-dtype auto); None for a model whose LoRA layers kvops does not lay out (expert parallelism's among them)."""
+    layout = PACKED_DENSE if not spec.num_experts else {} if expert_parallel else GATED_MOE
+    architecture = next((name for name in spec.architectures if name in layout), None)
     layers = [layer for layer in spec.layers if isinstance(layer, FullAttention)]  # sliding and chunked are too
-    if architecture is None or spec.num_experts or spec.extra_caches or len(layers) != len(spec.layers):
+    if architecture is None or spec.extra_caches or len(layers) != len(spec.layers):
         return None
     check(slots, tp)
-    per_layer = [_decoder_layer(spec, layer, slots, tp) for layer in layers]
+    routed = [bool(spec.num_experts)] * len(layers)
+    if spec.num_experts and spec.count and spec.count.layer_experts:
+        routed = [experts > 0 for experts in spec.count.layer_experts]
+    per_layer = [
+        _attention(spec, layer, slots, tp) * width
+        + (_experts(spec, slots, tp, width) if experts else _mlp(spec, slots, tp) * width)
+        for layer, experts in zip(layers, routed)
+    ]
     stages = pipeline_partition(len(per_layer), pp)
     starts = [sum(stages[:index]) for index in range(pp)]
-    stage_values = [sum(per_layer[start : start + size]) for start, size in zip(starts, stages)]
-    embedding = PACKED_DENSE[architecture]
+    stage_bytes = [sum(per_layer[start : start + size]) for start, size in zip(starts, stages)]
+    embedding = layout[architecture]
     if embedding:
-        stage_values[0] += _embedding(spec, slots)
-        stage_values[-1] += _head(spec, slots)
-    values = max(stage_values)
-    where = f"stage {stage_values.index(values)} of {pp}: " if pp > 1 else ""
-    parts = "q/k/v, o, gate/up and down projections" + (", embed_tokens and lm_head" if embedding else "")
+        stage_bytes[0] += _embedding(spec, slots) * width
+        stage_bytes[-1] += _head(spec, slots) * width
+    total = max(stage_bytes)
+    where = f"stage {stage_bytes.index(total)} of {pp}: " if pp > 1 else ""
+    parts = "q/k/v and o projections, " + (
+        "router and routed experts (w1, w3, w2)" if spec.num_experts else "gate/up and down projections"
+    )
+    parts += ", embed_tokens and lm_head" if embedding else ""
     sharded = ", fully sharded" if slots.fully_sharded else ""
     plural = "s" if slots.max_loras > 1 else ""
     return LoraBytes(
-        values * width,
-        f"{where}{values:,} values x {width} B: {slots.max_loras} LoRA slot{plural} at rank {slots.max_rank}{sharded} on "
-        f"the {parts} of {architecture} (vLLM's create_lora_weights, vllm/lora/layers)",
+        total,
+        f"{where}{slots.max_loras} LoRA slot{plural} at rank {slots.max_rank}{sharded}, {width} B a value, on the "
+        f"{parts} of {architecture} (vLLM's create_lora_weights, vllm/lora/layers)",
     )
 
 
@@ -87,22 +106,45 @@ def check(slots: LoraSlots, tp: int) -> None:
         )
 
 
-def _decoder_layer(spec: ModelSpec, layer: FullAttention, slots: LoraSlots, tp: int) -> int:
-    """One decoder layer's A and B values: column-parallel A matrices hold the whole input (the rank split by tp
-    when fully sharded) and B the output's tp share; row-parallel A matrices hold the input's tp share and B the
-    whole output (its tp share when fully sharded)."""
-    hidden, intermediate, rank = spec.hidden_size, spec.intermediate_size, slots.max_rank
-    head_dim, kv_heads = layer.head_dim, layer.num_kv_heads
-    column_rank = rank // tp if slots.fully_sharded else rank
-    row_output = hidden // tp if slots.fully_sharded else hidden
-    query = spec.num_attention_heads // tp * head_dim
+def _attention(spec: ModelSpec, layer: FullAttention, slots: LoraSlots, tp: int) -> int:
+    """One layer's q/k/v and o values. A column-parallel A matrix holds the whole input (the rank split by tp when
+    fully sharded) and its B the output's tp share; a row-parallel A holds the input's tp share and its B the whole
+    output (its tp share when fully sharded)."""
+    hidden, rank = spec.hidden_size, slots.max_rank
+    query = spec.num_attention_heads // tp * layer.head_dim
     # QKVParallelLinear replicates the KV heads when tp exceeds them: one head per GPU
-    kv = (kv_heads // tp if kv_heads >= tp else 1) * head_dim
-    qkv = 3 * column_rank * hidden + rank * (query + 2 * kv)
-    out = rank * query + row_output * rank
-    gate_up = 2 * column_rank * hidden + 2 * rank * (intermediate // tp)
-    down = rank * (intermediate // tp) + row_output * rank
-    return slots.max_loras * (qkv + out + gate_up + down)
+    kv = (layer.num_kv_heads // tp if layer.num_kv_heads >= tp else 1) * layer.head_dim
+    qkv = 3 * _column_rank(slots, tp) * hidden + rank * (query + 2 * kv)
+    out = rank * query + _row_output(hidden, slots, tp) * rank
+    return slots.max_loras * (qkv + out)
+
+
+def _mlp(spec: ModelSpec, slots: LoraSlots, tp: int) -> int:
+    """A dense layer's gate/up (column-parallel, two slices) and down (row-parallel) values."""
+    hidden, share, rank = spec.hidden_size, spec.intermediate_size // tp, slots.max_rank
+    gate_up = 2 * _column_rank(slots, tp) * hidden + 2 * rank * share
+    down = rank * share + _row_output(hidden, slots, tp) * rank
+    return slots.max_loras * (gate_up + down)
+
+
+def _experts(spec: ModelSpec, slots: LoraSlots, tp: int, width: int) -> int:
+    """A MoE layer's bytes: the router (whole on every GPU: A rank x hidden, B experts x rank) and, for every expert,
+    w1 and w3 like a column-parallel slice and w2 like a row-parallel layer (the experts' intermediate size split by
+    tp), and the adapter flags."""
+    hidden, rank, experts = spec.hidden_size, slots.max_rank, spec.num_experts
+    share = (spec.moe_intermediate_size or spec.intermediate_size) // tp
+    router = rank * hidden + experts * rank
+    w13 = 2 * experts * (_column_rank(slots, tp) * hidden + share * rank)
+    w2 = experts * (rank * share + _row_output(hidden, slots, tp) * rank)
+    return slots.max_loras * (router + w13 + w2) * width + (slots.max_loras + 1) * ADAPTER_FLAG
+
+
+def _column_rank(slots: LoraSlots, tp: int) -> int:
+    return slots.max_rank // tp if slots.fully_sharded else slots.max_rank
+
+
+def _row_output(hidden: int, slots: LoraSlots, tp: int) -> int:
+    return hidden // tp if slots.fully_sharded else hidden
 
 
 def _embedding(spec: ModelSpec, slots: LoraSlots) -> int:

@@ -69,6 +69,20 @@ def test_qwen2_lists_no_embedding_modules_so_its_embeddings_get_no_slots():
     assert counted is not None and "embed_tokens" not in counted.formula
 
 
+def test_mixtral_counts_the_router_and_every_experts_w1_w3_and_w2():
+    """Mixtral-8x7B, one slot at rank 16, tp 1, per layer: q/k/v and o as Llama's (294,912 + 131,072); the router
+    A 16 x 4,096 + B 8 x 16; each of the 8 experts w1 and w3 A 16 x 4,096 + B 14,336 x 16, w2 A 16 x 14,336 + B
+    4,096 x 16; two int32 adapter flags (slots + 1) a layer."""
+    layer = 294_912 + 131_072 + (16 * 4096 + 8 * 16) + 2 * 8 * (16 * 4096 + 14336 * 16) + 8 * (16 * 14336 + 4096 * 16)
+    counted = lora_bytes(load_model("mixtral-8x7b"), LoraSlots(), tp=1, pp=1, width=2)
+    assert counted is not None and "router and routed experts" in counted.formula
+    assert counted.bytes == 32 * (2 * layer + 2 * 4) + 2 * 2 * 16 * (32_000 + 4_096)
+
+
+def test_expert_parallel_is_not_laid_out():
+    assert lora_bytes(load_model("mixtral-8x7b"), LoraSlots(), 2, 1, 2, expert_parallel=True) is None
+
+
 @pytest.mark.parametrize("model", ["deepseek-v2-lite", "deepseek-r1"])
 def test_layouts_kvops_does_not_lay_out_are_none_so_the_plan_says_so(model):
     assert lora_bytes(load_model(model), LoraSlots(), 1, 1, 2) is None
