@@ -51,6 +51,7 @@ PLAN_OPTIONS = (
     "--max-lora-rank",
     "--fully-sharded-loras",
     "--lora-dtype",
+    "--decode-context-parallel-size",
     "--mamba-cache-mode",
     "--mamba-cache-dtype",
     "--mamba-ssm-cache-dtype",

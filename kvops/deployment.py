@@ -57,6 +57,7 @@ class DeploymentOptions:
     policy: str | None = None  # a degrade policy file
     launcher: tuple[str, ...] = ()
     pp: int | None = None  # pipeline-parallel stages
+    dcp: int = 1  # vLLM decode context parallelism
     expert_parallel: bool = False
     dtype: str = "auto"  # the serving dtype
     text_only: bool = False  # the vision tower is not loaded
@@ -127,6 +128,7 @@ class DeploymentOptions:
             tp=self.tp or (self.gpus // pp if self.gpus and self.pp else self.gpus) or 1,
             gpus=self.gpus,
             pp=pp,
+            dcp=self.dcp,
             expert_parallel=self.expert_parallel,
             dtype=self.dtype,
             text_only=self.text_only,

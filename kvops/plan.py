@@ -94,6 +94,7 @@ class PlanInputs:
     tp: int = 1
     gpus: int | None = None  # devices in all; replicas = gpus / (tp x pp)
     pp: int = 1  # pipeline-parallel stages: each holds its share of the layers
+    dcp: int = 1  # vLLM --decode-context-parallel-size: the latent cache split by tokens over this many tp ranks
     expert_parallel: bool = False  # vLLM --enable-expert-parallel: whole experts per rank
     dtype: str = "auto"  # the serving dtype (vLLM/TGI --dtype); auto: the checkpoint's
     text_only: bool = False  # vLLM --language-model-only: the vision tower is not loaded

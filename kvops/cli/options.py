@@ -181,6 +181,15 @@ def engine_options(function: Callable, model_required: bool = True, engine: bool
             help="vLLM pipeline-parallel stages: each holds its share of the layers [default: 1].",
         ),
         click.option(
+            "--decode-context-parallel-size",
+            "-dcp",
+            "dcp",
+            type=POSITIVE,
+            default=1,
+            show_default=True,
+            help="vLLM: an MLA model's latent cache split by tokens over this many of the tp ranks (it divides tp).",
+        ),
+        click.option(
             "--data-parallel-size",
             "-dp",
             "data_parallel",

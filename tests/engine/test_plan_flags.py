@@ -91,6 +91,18 @@ def test_the_docker_command_does_not_name_a_plugin_its_image_lacks(run_kvops, gu
 
 
 @pytest.mark.vllm
+def test_decode_context_parallel_and_lora_flags_parse_as_vllm_reads_them(run_kvops):
+    mla = plan_doc(run_kvops, "-m", "deepseek-v3", "--gpu", "h200", "--gpus", "8", "-dcp", "8")
+    parsed, messages = parse_serve(mla["command"]["argv"][2:])
+    assert parsed.decode_context_parallel_size == 8 and parsed.tensor_parallel_size == 8 and messages == []
+    lora = ("--enable-lora", "--max-loras", "4", "--max-lora-rank", "64", "--fully-sharded-loras")
+    served = plan_doc(run_kvops, "-m", "llama-3.1-8b", "--gpu", "h100", "--tp", "2", *lora, "--lora-dtype", "bfloat16")
+    parsed, messages = parse_serve(served["command"]["argv"][2:])
+    assert (parsed.enable_lora, parsed.max_loras, parsed.max_lora_rank) == (True, 4, 64) and messages == []
+    assert parsed.fully_sharded_loras and parsed.lora_dtype == "bfloat16"
+
+
+@pytest.mark.vllm
 def test_the_api_server_launcher_gets_the_model_as_its_option(run_kvops):
     import warnings
 

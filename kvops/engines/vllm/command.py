@@ -249,6 +249,7 @@ READERS: dict[str, Reader] = {
     "--revision": _revision,
     "--tensor-parallel-size": setter("tp", integer),
     "--pipeline-parallel-size": setter("pp", integer),
+    "--decode-context-parallel-size": setter("dcp", integer),
     "--data-parallel-size": setter("data_parallel", integer),
     "--enable-expert-parallel": _switch("expert_parallel"),
     "--max-model-len": setter("max_model_len", _length),

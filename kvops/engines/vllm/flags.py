@@ -119,7 +119,6 @@ NOT_MODELLED = {
     "--optimization-level": "the compilation level changes the CUDA graphs' memory",
     "--hf-overrides": "overrides the config.json fields the plan read",
     "--num-gpu-blocks-override": "fixes the KV block count instead of sizing it",
-    "--decode-context-parallel-size": "decode context parallelism shards the KV cache by tokens",
     "--prefill-context-parallel-size": "prefill context parallelism shards the KV cache by tokens",
     "--enable-eplb": "expert load balancing adds redundant experts",
     "--eplb-config": "redundant experts take GPU memory",

@@ -36,6 +36,7 @@ def engine_flags(
         "revision": inputs.spec.revision,
         "tensor-parallel-size": inputs.tp,
         "pipeline-parallel-size": inputs.pp if inputs.pp > 1 else None,
+        "decode-context-parallel-size": inputs.dcp if inputs.dcp > 1 else None,
         "data-parallel-size": inputs.replicas if inputs.replicas > 1 else None,
         "enable-expert-parallel": True if inputs.expert_parallel else None,
         "dtype": _DTYPE_FLAGS.get(inputs.dtype),

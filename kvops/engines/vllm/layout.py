@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from kvops.dtypes import KV_DTYPES, KvDtype, canonical_dtype_name
-from kvops.errors import KvopsError
+from kvops.errors import KvopsError, UsageError
 from kvops.formula import check_tp
 from kvops.frozen import frozen
 from kvops.model.spec import LayerKind, MambaState, ModelSpec, MultiLatentAttention
@@ -73,6 +73,7 @@ class LayoutOptions:
     mamba2_prefill_checkpoint: bool = True  # align mode: a Mamba-2 mixer's prefill checkpoint page (vLLM 0.32+)
     # layers that keep the model's own KV dtype (kv_cache_dtype_skip_layers: TurboQuant's boundary layers)
     unquantized_layers: frozenset[int] = frozenset()
+    dcp: int = 1  # --decode-context-parallel-size: a block's tokens spread over this many ranks (check_dcp)
 
 
 # --- one layer's spec --------------------------------------------------------------------------------------
@@ -298,7 +299,27 @@ def layer_spec(
     per_token = layer.bytes_per_token(dtype, tp)
     if isinstance(layer, MultiLatentAttention) and layer.sparse and dtype.bits == 8 and options.device == "gpu":
         per_token = FP8_DS_MLA_BYTES
-    return CacheSpec(layer.kind, block_size * per_token, block_size, window or None)
+    # under decode context parallelism a block spans dcp x block_size tokens, each rank's page holding block_size of
+    # them (`resolve_dcp_kv_block_size`, v1/core/kv_cache_utils.py; `max_num_blocks_per_req`, v1/kv_cache_interface.py)
+    return CacheSpec(layer.kind, block_size * per_token, block_size * options.dcp, window or None)
+
+
+def check_dcp(spec: ModelSpec, tp: int, dcp: int) -> None:
+    """What kvops lays out of --decode-context-parallel-size: vLLM's own rule (it divides tp: `ParallelConfig`,
+    config/parallel.py), on models whose every cache is a dense MLA latent, which every tp rank holds whole and DCP
+    splits by tokens. (For GQA the heads a rank holds depend on DCP too, and kvops has not read that rule.)"""
+    if dcp == 1:
+        return
+    if tp % dcp:
+        raise UsageError(
+            f"--decode-context-parallel-size {dcp} must divide --tensor-parallel-size {tp}, as vLLM requires"
+        )
+    caches = [layer for _, layer in spec.caches()]
+    if not caches or not all(isinstance(layer, MultiLatentAttention) and not layer.sparse for layer in caches):
+        raise UsageError(
+            f"--decode-context-parallel-size: kvops lays it out for models whose every layer caches a dense MLA "
+            f"latent (DeepSeek-V2/V3/R1, Kimi-K2); {spec.name} does not; plan it without, or measure the run"
+        )
 
 
 def state_dtypes(spec: ModelSpec, layer: MambaState, options: LayoutOptions) -> tuple[float, float]:

@@ -55,6 +55,7 @@ READ_SINCE = {
     "--max-lora-rank": Version(0, 32, 0),
     "--fully-sharded-loras": Version(0, 32, 0),
     "--lora-dtype": Version(0, 32, 0),
+    "--decode-context-parallel-size": Version(0, 32, 0),
 }
 
 

@@ -100,6 +100,7 @@ def _plan_pass(
     kv_flag = options.kv_cache_dtype(release_options, dtype, served, device, release.label)
     block_size = inputs.block_size or layout.default_block_size(spec, device, inputs.cpu_amx)
     cached = cached_spec(inputs)
+    layout.check_dcp(cached, tp, inputs.dcp)
     layout_settings = layout_options(inputs, release, dtype)
     kv_layout = layout.kv_layout(cached, dtype, tp, block_size, options=layout_settings)
     if inputs.num_gpu_blocks_override is not None:  # the profile's KV memory is replaced by blocks x block bytes
@@ -125,10 +126,11 @@ def _plan_pass(
     if runner is not None:
         draft.notes.insert(2, f"model runner: {'V2' if runner.v2 else 'V1'}: {runner.why}")
     per_stage = " on the binding pipeline stage" if inputs.pp > 1 else ""
+    spread = f", {block_size} on each of the {inputs.dcp} decode-context-parallel ranks" if inputs.dcp > 1 else ""
     draft.notes.insert(
         1,
-        f"KV cache layout: {kv_layout.describe()}, {format_bytes(page)} per block of {kv_layout.block_size} tokens "
-        f"({page} B){per_stage}{_state_pages(kv_layout, layout_settings.mamba_cache_mode, inputs, release)}",
+        f"KV cache layout: {kv_layout.describe()}, {format_bytes(page)} per block of {kv_layout.block_size} tokens"
+        f"{spread} ({page} B){per_stage}{_state_pages(kv_layout, layout_settings.mamba_cache_mode, inputs, release)}",
     )
     speculative_notes(draft, cached)
     if kv_layout.padding_layers:
@@ -301,6 +303,7 @@ def layout_options(
         mamba_ssm_cache_dtype=inputs.mamba_ssm_cache_dtype,
         speculative_tokens=speculative.tokens if speculative else 0,
         unquantized_layers=unquantized_layers(inputs, dtype, release) if dtype is not None else frozenset(),
+        dcp=inputs.dcp,
     )
 
 

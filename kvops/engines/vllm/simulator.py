@@ -464,6 +464,11 @@ def core_settings(plan, arm: Arm, options: SchedulerOptions) -> CoreSettings:
     inputs, capacity = plan.inputs, plan.capacity
     if capacity is None:
         raise KvopsError("the plan sized no KV pool (it does not fit): nothing to simulate")
+    if inputs.dcp > 1:
+        raise UsageError(
+            "--decode-context-parallel-size: kvops simulate does not run it (neither its scheduler's blocks nor its "
+            "step time); kvops plan sizes its pool"
+        )
     length = capacity.max_model_len
     if arm.name == "plan":
         seqs, batched = int(plan.flags["max-num-seqs"]), int(plan.flags["max-num-batched-tokens"])

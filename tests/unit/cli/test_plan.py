@@ -300,6 +300,34 @@ def test_enable_lora_takes_its_slots_from_the_kv_cache_and_captures_each_graph_t
     assert any("the LoRA slots of DeepseekV2ForCausalLM are not counted" in line for line in mla["warnings"])
 
 
+def test_decode_context_parallel_splits_the_latent_cache_by_tokens(run_kvops):
+    """Every tp rank holds an MLA model's whole latent; --decode-context-parallel-size N spreads a block's tokens
+    over N of them (`resolve_dcp_kv_block_size`): the same blocks of the same bytes, N times the tokens. vLLM
+    requires N to divide tp; kvops lays it out for dense MLA models only, and simulate does not run it."""
+    base = ("-m", "deepseek-v3", "--gpu", "h200", "--gpus", "8", "--max-model-len", "131072")
+    plain, split = plan_doc(run_kvops, *base), plan_doc(run_kvops, *base, "--decode-context-parallel-size", "8")
+    assert split["capacity"]["num_blocks"] == plain["capacity"]["num_blocks"]
+    assert split["capacity"]["bytes_per_block"] == plain["capacity"]["bytes_per_block"]
+    assert split["capacity"]["kv_cache_size_tokens"] == 8 * plain["capacity"]["kv_cache_size_tokens"]
+    argv = split["command"]["argv"]
+    assert argv[argv.index("--decode-context-parallel-size") + 1] == "8"
+    assert argv[argv.index("--block-size") + 1] == "64"  # the block size flag is each rank's, as vLLM takes it
+    stated = plan_doc(
+        run_kvops,
+        "--gpu",
+        "h200",
+        "--from-command",
+        "vllm serve deepseek-ai/DeepSeek-V3 -tp 8 -dcp 8 --max-model-len 128K",
+    )
+    assert stated["capacity"]["kv_cache_size_tokens"] == split["capacity"]["kv_cache_size_tokens"]
+    odd = run_kvops("plan", *base, "-dcp", "3", expect=None)
+    assert odd.exit_code != 0 and "--decode-context-parallel-size 3 must divide --tensor-parallel-size 8" in odd.stderr
+    gqa = run_kvops("plan", "-m", "llama-3.1-8b", "--gpu", "h100", "--tp", "2", "-dcp", "2", expect=None)
+    assert gqa.exit_code != 0 and "every layer caches a dense MLA latent" in gqa.stderr
+    simulated = run_kvops("simulate", *base, "-dcp", "8", "--rate", "1", "--requests", "10", expect=None)
+    assert simulated.exit_code != 0 and "kvops simulate does not run it" in simulated.stderr
+
+
 def test_does_not_fit_exits_3_with_need_have_and_computed_ways_out(run_kvops):
     ran = run_kvops(
         "plan", "-m", "llama-3-8b", "--gpu", "l4", "--max-model-len", "8192", "--concurrency", "4", expect=3
