@@ -30,6 +30,7 @@ class DeploymentOptions:
     max_model_len: int | str | None = None
     kv_dtype: str = "auto"
     quantization: str = "auto"
+    quantization_method: str | None = None  # vLLM's --quantization value, as a pasted command gave it
     memory_fraction: float | None = None
     kv_cache_memory_bytes: int | None = None
     num_gpu_blocks_override: int | None = None  # vLLM --num-gpu-blocks-override
@@ -81,6 +82,8 @@ class DeploymentOptions:
     mamba_ssm_cache_dtype: str = "auto"
     cpu_offload_bytes: int = 0
     command_lines: tuple[str, ...] = ()  # what a pasted launch command's other options are (--from-command)
+    kept_options: tuple[str, ...] = ()  # those options' words, as given: the plan's command ends with them
+    port: int | None = None  # the pasted command's --port (None: the engine's default)
     # the scheduler's flags a pasted command states (policy, watermark, ...): memory does not change with them,
     # kvops simulate runs them
     scheduler_flags: tuple[tuple[str, Any], ...] = ()
@@ -146,6 +149,8 @@ class DeploymentOptions:
             mamba_ssm_cache_dtype=self.mamba_ssm_cache_dtype,
             cpu_offload_bytes=self.cpu_offload_bytes,
             command_lines=self.command_lines,
+            kept_options=self.kept_options,
+            port=self.port,
             device=self.device,
             cpu_amx=self.device == "cpu" and has_amx_tiles(),
             max_model_len=self.max_model_len,
@@ -153,6 +158,7 @@ class DeploymentOptions:
             concurrency=self.concurrency,
             kv_dtype=self.kv_dtype,
             quantization=self.quantization,
+            quantization_method=self.quantization_method,
             memory_fraction=self.memory_fraction,
             kv_cache_memory_bytes=pinned,
             num_gpu_blocks_override=self.num_gpu_blocks_override,

@@ -106,6 +106,7 @@ class PlanInputs:
     concurrency: int | str | None = None  # requests, "auto", or None
     kv_dtype: str = "auto"
     quantization: str = "auto"
+    quantization_method: str | None = None  # vLLM's --quantization as a pasted command gave it, re-emitted as given
     memory_fraction: float | None = None  # vLLM --gpu-memory-utilization / TGI --cuda-memory-fraction
     kv_cache_memory_bytes: int | None = None  # vLLM --kv-cache-memory-bytes
     num_gpu_blocks_override: int | None = None  # vLLM --num-gpu-blocks-override: the block count, fixed
@@ -139,6 +140,8 @@ class PlanInputs:
     mamba_ssm_cache_dtype: str = "auto"
     cpu_offload_bytes: int = 0  # vLLM --cpu-offload-gb: weights kept in host memory
     command_lines: tuple[str, ...] = ()  # what a pasted launch command's other options are (--from-command)
+    kept_options: tuple[str, ...] = ()  # the words of those options, as given: appended to the plan's command
+    port: int | None = None  # the engine's --port as the pasted command gave it (None: the engine's default)
     profile: Profile | None = None
     warn_level: float = 0.70
     kv_offloading_size: float | None = None  # vLLM --kv-offloading-size: GiB of host memory, all TP ranks

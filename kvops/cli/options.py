@@ -644,7 +644,9 @@ def _from_command(text: str) -> DeploymentOptions:
     from kvops.engines import read_command
 
     stated = read_command(text)
-    return DeploymentOptions.stated(engine=stated.engine, **stated.values, command_lines=tuple(stated.lines))
+    return DeploymentOptions.stated(
+        engine=stated.engine, **stated.values, command_lines=tuple(stated.lines), kept_options=tuple(stated.kept)
+    )
 
 
 def launcher_words(text: str | None) -> tuple[str, ...]:

@@ -30,6 +30,7 @@ class Word:
     canonical: str | None  # None: not an option of the engine
     value: str | None
     negated: bool = False  # written --no-X for the switch --X
+    tokens: tuple[str, ...] = ()  # the words of the command it was read from, as given
 
 
 @dataclass
@@ -39,9 +40,11 @@ class StatedCommand:
     engine: str
     values: dict[str, Any] = field(default_factory=dict)
     lines: list[str] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)  # the options not read, as given: the plan's command keeps them
 
     def ignore(self, word: Word, why: str = IGNORED) -> None:
         self.lines.append(f"{_shown(word)}: {why}")
+        self.kept += word.tokens
 
 
 def _shown(word: Word) -> str:
@@ -84,6 +87,7 @@ def split_options(
     options: list[Word] = []
     index = 0
     while index < len(args):
+        start = index
         word = args[index]
         index += 1
         if not word.startswith("-") or word == "-":
@@ -112,7 +116,7 @@ def split_options(
             value = " ".join(taken) or None
         canonical = known[0] if known else None
         negated = canonical is not None and name.startswith("--no-") and not canonical.startswith("--no-")
-        options.append(Word(name, canonical, value, negated))
+        options.append(Word(name, canonical, value, negated, tuple(args[start:index])))
     return positional, options
 
 
@@ -122,6 +126,12 @@ def split_options(
 def integer(word: Word) -> int:
     """A positive integer option value."""
     return _integer_from(word, 1)
+
+
+def port(word: Word, stated: StatedCommand) -> None:
+    """--port: the plan serves on it (its probes and port mappings follow) and keeps the option as given."""
+    stated.values["port"] = integer(word)
+    stated.kept += word.tokens
 
 
 def count(word: Word) -> int:

@@ -103,6 +103,19 @@ def test_decode_context_parallel_and_lora_flags_parse_as_vllm_reads_them(run_kvo
 
 
 @pytest.mark.vllm
+def test_a_pasted_commands_kept_options_parse_as_it_gave_them(run_kvops):
+    pasted = (
+        "vllm serve Qwen/Qwen3-8B --port 9000 --served-model-name q --scheduling-policy priority --quantization fp8 "
+        """--hf-overrides '{"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}' --max-model-len 65536"""
+    )
+    doc = plan_doc(run_kvops, "--gpu", "h100", "--from-command", pasted)
+    parsed, messages = parse_serve(doc["command"]["argv"][2:])
+    assert (parsed.port, parsed.served_model_name, parsed.scheduling_policy) == (9000, ["q"], "priority")
+    assert parsed.quantization == "fp8" and parsed.max_model_len == 65536 and messages == []
+    assert parsed.hf_overrides == {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}
+
+
+@pytest.mark.vllm
 def test_the_api_server_launcher_gets_the_model_as_its_option(run_kvops):
     import warnings
 

@@ -19,6 +19,7 @@ from kvops.engines.command import (
     as_text,
     fraction,
     integer,
+    port,
     setter,
     split_options,
 )
@@ -118,6 +119,7 @@ READERS: dict[str, Reader] = {
     "--model-id": setter("model", as_text),
     "--revision": setter("revision", as_text),
     "--num-shard": setter("tp", integer),
+    "--port": port,
     "--sharded": _sharded,
     "--quantize": _choice("quantization", QUANTIZE),
     "--dtype": _choice("dtype", _DTYPES),

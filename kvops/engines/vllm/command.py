@@ -22,6 +22,7 @@ from kvops.engines.command import (
     count,
     fraction,
     integer,
+    port,
     setter,
     share,
     split_options,
@@ -141,7 +142,12 @@ def _kv_cache_dtype(word: Word, stated: StatedCommand) -> None:
 
 
 def _quantization(word: Word, stated: StatedCommand) -> None:
-    stated.values["quantization"] = flags.quantization(str(word.value))
+    """--quantization: the weight format planned, and the value re-emitted as given where vLLM 0.32 still spells it
+    so (an earlier release's spelling is left out: the checkpoint's own config names the format)."""
+    value = str(word.value)
+    stated.values["quantization"] = flags.quantization(value)
+    if value.strip().lower() in flags.QUANTIZATION_OF_FLAG:
+        stated.values["quantization_method"] = value
 
 
 _DTYPES = {"auto": "auto", "half": "fp16", "float16": "fp16", "bfloat16": "bf16", "float": "fp32", "float32": "fp32"}
@@ -249,6 +255,7 @@ READERS: dict[str, Reader] = {
     "--revision": _revision,
     "--tensor-parallel-size": setter("tp", integer),
     "--pipeline-parallel-size": setter("pp", integer),
+    "--port": port,
     "--decode-context-parallel-size": setter("dcp", integer),
     "--data-parallel-size": setter("data_parallel", integer),
     "--enable-expert-parallel": _switch("expert_parallel"),

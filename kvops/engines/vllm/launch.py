@@ -40,6 +40,7 @@ def engine_flags(
         "data-parallel-size": inputs.replicas if inputs.replicas > 1 else None,
         "enable-expert-parallel": True if inputs.expert_parallel else None,
         "dtype": _DTYPE_FLAGS.get(inputs.dtype),
+        "quantization": _quantization(inputs, draft),
         "language-model-only": True if inputs.text_only else None,
         "cpu-offload-gb": inputs.cpu_offload_bytes / (1 << 30) if inputs.cpu_offload_bytes else None,
         "speculative-config": inputs.speculative.config if inputs.speculative else None,
@@ -138,3 +139,24 @@ def _lora_flags(lora: LoraSlots | None) -> dict[str, Any]:
         "fully-sharded-loras": True if lora.fully_sharded else None,
         "lora-dtype": lora.dtype if lora.dtype != default.dtype else None,
     }
+
+
+def _quantization(inputs: PlanInputs, draft: Draft) -> str | None:
+    """--quantization as vLLM takes it: a pasted command's own value; fp8 asked of a checkpoint without a
+    quantization_config, which vLLM quantizes as it loads it (online FP8, per-tensor scales: `Fp8Config` with
+    `is_checkpoint_fp8_serialized` false); else none, as vLLM reads the checkpoint's own quantization_config. Another
+    format asked of an unquantized checkpoint plans a quantized copy of it, which the plan says."""
+    asked, spec = inputs.quantization.lower(), inputs.spec
+    if inputs.quantization_method:
+        return inputs.quantization_method
+    if asked in ("auto", spec.dtype) or spec.quantization:
+        return None
+    if asked == "fp8":
+        return "fp8"
+    draft.warnings.append(
+        f"--quantization {asked}: planned for {spec.name}'s weights in {asked}, but its config has no "
+        f"quantization_config and vLLM reads {asked} weights only from a checkpoint quantized so: serve such a copy "
+        "with this command's flags (vLLM quantizes at load with --quantization fp8 alone)"
+    )
+    return None
+

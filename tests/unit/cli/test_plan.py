@@ -328,6 +328,58 @@ def test_decode_context_parallel_splits_the_latent_cache_by_tokens(run_kvops):
     assert simulated.exit_code != 0 and "kvops simulate does not run it" in simulated.stderr
 
 
+def test_a_pasted_command_keeps_every_option_kvops_does_not_read(run_kvops):
+    """The plan's command is the pasted one with kvops' sizing: options that do not change memory, are not modelled
+    or are unknown are appended as given (a rope-scaling override that a 128K context needs, a chat template, the
+    scheduling policy), and --port moves the plan's port, which its docker mapping and probes follow."""
+    pasted = (
+        "vllm serve Qwen/Qwen3-8B --port 9000 --max-model-len 131072 --served-model-name q --scheduling-policy "
+        'priority --hf-overrides \'{"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}\' --trust-remote-code'
+    )
+    doc = plan_doc(run_kvops, "--gpu", "h100", "--from-command", pasted)
+    argv = doc["command"]["argv"]
+    kept = argv[argv.index("--kv-cache-dtype") + 2 :]
+    assert kept == [
+        "--port",
+        "9000",
+        "--served-model-name",
+        "q",
+        "--scheduling-policy",
+        "priority",
+        "--hf-overrides",
+        '{"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}',
+        "--trust-remote-code",
+    ]
+    assert doc["command"]["port"] == 9000 and argv.count("--max-model-len") == 1
+    docker = run_kvops("plan", "--gpu", "h100", "--from-command", pasted, "--format", "docker").stdout
+    assert "-p 8000:9000" in docker
+    tgi = plan_doc(
+        run_kvops,
+        "--gpu",
+        "h100",
+        "--from-command",
+        "text-generation-launcher --model-id Qwen/Qwen3-8B --port 3000",
+    )
+    assert tgi["command"]["port"] == 3000 and tgi["command"]["argv"][-2:] == ["--port", "3000"]
+
+
+def test_fp8_asked_of_an_unquantized_checkpoint_is_emitted_as_vllm_quantizes_at_load(run_kvops):
+    """vLLM quantizes a 16-bit checkpoint to FP8 as it loads it with --quantization fp8 (the plan sized those
+    weights, so the command says it); a pre-quantized checkpoint's own quantization_config needs no flag; any other
+    format asked of a 16-bit checkpoint is a quantized copy the plan says to serve; a pasted value is kept as given."""
+    base = ("-m", "llama-3.1-8b", "--gpu", "h100", "--max-model-len", "8192")
+    online = plan_doc(run_kvops, *base, "--quantization", "fp8")["command"]["argv"]
+    assert online[online.index("--quantization") + 1] == "fp8"
+    copy = plan_doc(run_kvops, *base, "--quantization", "awq")
+    assert "--quantization" not in copy["command"]["argv"]
+    assert any("vLLM reads awq weights only from a checkpoint quantized so" in line for line in copy["warnings"])
+    assert "--quantization" not in plan_doc(run_kvops, "-m", "qwen3-30b-a3b-fp8", "--gpu", "h100")["command"]["argv"]
+    pasted = plan_doc(
+        run_kvops, "--gpu", "h100", "--from-command", "vllm serve Qwen/Qwen3-8B --quantization fp8_per_block"
+    )["command"]["argv"]
+    assert pasted[pasted.index("--quantization") + 1] == "fp8_per_block"
+
+
 def test_does_not_fit_exits_3_with_need_have_and_computed_ways_out(run_kvops):
     ran = run_kvops(
         "plan", "-m", "llama-3-8b", "--gpu", "l4", "--max-model-len", "8192", "--concurrency", "4", expect=3
