@@ -159,4 +159,3 @@ def _quantization(inputs: PlanInputs, draft: Draft) -> str | None:
         "with this command's flags (vLLM quantizes at load with --quantization fp8 alone)"
     )
     return None
-
