@@ -82,7 +82,7 @@ class DeploymentOptions:
     mamba_ssm_cache_dtype: str = "auto"
     cpu_offload_bytes: int = 0
     command_lines: tuple[str, ...] = ()  # what a pasted launch command's other options are (--from-command)
-    kept_options: tuple[str, ...] = ()  # those options' words, as given: the plan's command ends with them
+    kept_options: tuple[tuple[str, ...], ...] = ()  # those options' words, as given: the plan's command ends with them
     port: int | None = None  # the pasted command's --port (None: the engine's default)
     # the scheduler's flags a pasted command states (policy, watermark, ...): memory does not change with them,
     # kvops simulate runs them

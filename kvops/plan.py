@@ -140,7 +140,9 @@ class PlanInputs:
     mamba_ssm_cache_dtype: str = "auto"
     cpu_offload_bytes: int = 0  # vLLM --cpu-offload-gb: weights kept in host memory
     command_lines: tuple[str, ...] = ()  # what a pasted launch command's other options are (--from-command)
-    kept_options: tuple[str, ...] = ()  # the words of those options, as given: appended to the plan's command
+    kept_options: tuple[
+        tuple[str, ...], ...
+    ] = ()  # the words of those options, as given: appended to the plan's command
     port: int | None = None  # the engine's --port as the pasted command gave it (None: the engine's default)
     profile: Profile | None = None
     warn_level: float = 0.70

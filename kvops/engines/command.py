@@ -40,11 +40,16 @@ class StatedCommand:
     engine: str
     values: dict[str, Any] = field(default_factory=dict)
     lines: list[str] = field(default_factory=list)
-    kept: list[str] = field(default_factory=list)  # the options not read, as given: the plan's command keeps them
+    # the options not read, each (its canonical spelling or as written, then its words as given): the plan's
+    # command keeps them
+    kept: list[tuple[str, ...]] = field(default_factory=list)
 
     def ignore(self, word: Word, why: str = IGNORED) -> None:
         self.lines.append(f"{_shown(word)}: {why}")
-        self.kept += word.tokens
+        self.keep(word)
+
+    def keep(self, word: Word) -> None:
+        self.kept.append((word.canonical or word.written, *word.tokens))
 
 
 def _shown(word: Word) -> str:
@@ -131,7 +136,7 @@ def integer(word: Word) -> int:
 def port(word: Word, stated: StatedCommand) -> None:
     """--port: the plan serves on it (its probes and port mappings follow) and keeps the option as given."""
     stated.values["port"] = integer(word)
-    stated.kept += word.tokens
+    stated.keep(word)
 
 
 def count(word: Word) -> int:

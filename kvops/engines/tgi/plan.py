@@ -10,7 +10,7 @@ from typing import Any
 from kvops.dtypes import resolve_kv_dtype
 from kvops.engines import common
 from kvops.engines.device_total import device_total
-from kvops.engines.flags import flag_args
+from kvops.engines.flags import flag_args, with_kept
 from kvops.engines.tgi import budget, flags, options, releases
 from kvops.engines.tgi import prefill as prefill_default
 from kvops.engines.tgi.releases import TgiRelease
@@ -183,7 +183,7 @@ def plan_once(inputs: PlanInputs) -> Plan:
         capacity=capacity,
         flags=engine_flags,
         program=inputs.launcher or flags.PROGRAM,
-        args=(*flag_args(engine_flags), *inputs.kept_options),
+        args=tuple(with_kept(flag_args(engine_flags), engine_flags, inputs.kept_options)),
         image=options.image(release.version, gpu.vendor),
         port=inputs.port or flags.PORT,
         verdict=_verdict(inputs, memory, kv_bytes, pool, capacity, max_input, attention),

@@ -134,7 +134,7 @@ class Draft:
             capacity=capacity,
             flags=engine_flags,
             program=program,
-            args=tuple([*flags.arguments(engine_flags, program), *inputs.kept_options] if engine_flags else ()),
+            args=tuple(flags.arguments(engine_flags, program, inputs.kept_options) if engine_flags else ()),
             image=options.image(self.release.version, inputs.gpu.vendor if inputs.gpu else None),
             port=inputs.port or flags.PORT,
             verdict=verdict,

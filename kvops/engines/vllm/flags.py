@@ -6,7 +6,7 @@ import json
 from functools import lru_cache
 
 from kvops.dtypes import KvDtype
-from kvops.engines.flags import flag_args
+from kvops.engines.flags import flag_args, with_kept
 from kvops.errors import UsageError
 from kvops.packaged import packaged_text
 
@@ -91,14 +91,15 @@ def middleware(plugin: bool, data_parallel: int) -> str | None:
     return MIDDLEWARE if plugin and data_parallel <= 1 else None
 
 
-def arguments(flags: dict[str, object], program: tuple[str, ...]) -> list[str]:
-    """The argv after the program. `vllm serve` takes the model as its positional argument (`--model` is
-    deprecated there: vllm/utils/argparse_utils.py); a launcher that is not `... serve`, such as
-    `python -m vllm.entrypoints.openai.api_server`, reads only `--model` (its positional model_tag is ignored)."""
+def arguments(flags: dict[str, object], program: tuple[str, ...], kept: tuple[tuple[str, ...], ...] = ()) -> list[str]:
+    """The argv after the program, then a pasted command's options kept as given. `vllm serve` takes the model as
+    its positional argument (`--model` is deprecated there: vllm/utils/argparse_utils.py); a launcher that is not
+    `... serve`, such as `python -m vllm.entrypoints.openai.api_server`, reads only `--model` (its positional
+    model_tag is ignored)."""
     if program[-1:] != ("serve",):
-        return flag_args(flags)
+        return with_kept(flag_args(flags), flags, kept)
     rest = {name: value for name, value in flags.items() if name != "model"}
-    return [str(flags["model"]), *flag_args(rest)]
+    return with_kept([str(flags["model"]), *flag_args(rest)], flags, kept)
 
 
 def image(vendor: str | None) -> str:

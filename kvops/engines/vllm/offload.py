@@ -146,5 +146,8 @@ def with_tier(inputs: PlanInputs, plan: Plan) -> Plan:
             f"--kv-offloading-size {size:g} on), so kvops cannot count the tokens it holds"
         )
     return replace(
-        plan, flags=engine_flags, args=tuple(flags.arguments(engine_flags, plan.program)), notes=tuple(notes)
+        plan,
+        flags=engine_flags,
+        args=tuple(flags.arguments(engine_flags, plan.program, inputs.kept_options)),
+        notes=tuple(notes),
     )

@@ -361,6 +361,11 @@ def test_a_pasted_command_keeps_every_option_kvops_does_not_read(run_kvops):
         "text-generation-launcher --model-id Qwen/Qwen3-8B --port 3000",
     )
     assert tgi["command"]["port"] == 3000 and tgi["command"]["argv"][-2:] == ["--port", "3000"]
+    # an option typed beside the command wins over the one it kept, through the host KV tier's re-plan too
+    tier = "vllm serve meta-llama/Llama-3.1-8B --kv-offloading-size 64 --max-model-len 8192 --api-key k"
+    typed = plan_doc(run_kvops, "--gpu", "h100", "--kv-offloading-size", "32", "--from-command", tier)["command"]
+    assert typed["argv"].count("--kv-offloading-size") == 1 and typed["argv"][-2:] == ["--api-key", "k"]
+    assert typed["argv"][typed["argv"].index("--kv-offloading-size") + 1] == "32"
 
 
 def test_fp8_asked_of_an_unquantized_checkpoint_is_emitted_as_vllm_quantizes_at_load(run_kvops):
