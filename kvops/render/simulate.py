@@ -61,6 +61,9 @@ def _header(answer: Answer) -> list[str]:
     if setup.clients.max_concurrency:
         clients += f"; {setup.clients.max_concurrency} clients at a time"
     fitted_on = step_time.coefficients.fitted_on.split(" (")[0]  # the whole provenance is in --json
+    steps = f"{step_time.coefficients.name} profile, fitted on {fitted_on} (--json: each coefficient's source)"
+    if inputs.lora is not None:
+        steps += "; LoRA adapters' kernels not priced (their slots are out of the pool)"
     return [
         f"kvops simulate: {inputs.spec.name} on {gpu}, tp {inputs.tp}",
         "",
@@ -70,7 +73,7 @@ def _header(answer: Answer) -> list[str]:
         f"traffic          {setup.trace.source}",
         f"lengths          {lengths}",
         f"clients send     {clients}",
-        f"step time        {step_time.coefficients.name} profile, fitted on {fitted_on} (--json: each coefficient's source)",
+        f"step time        {steps}",
         f"device           {hardware.name}: {hardware.memory_bandwidth / 1e12:.3g} TB/s, {_tflops(hardware.flops)} TFLOP/s dense{_scale_words(step_time)}",
         f"SLO              TTFT <= {_ms(setup.slo.ttft_s)}, TPOT <= {_ms(setup.slo.tpot_s)}",
     ]

@@ -57,6 +57,18 @@ def on_gpu(gpu: str) -> tuple[str, ...]:
     return ("-m", "llama-3.1-8b", "--gpu", gpu, "--max-model-len", "4096", "--requests", "10", "--rate", "2")
 
 
+def pool_blocks(output: str) -> int:
+    line = next(line for line in output.splitlines() if line.startswith("pool "))
+    return int(line.split()[1].replace(",", ""))
+
+
+def test_lora_slots_shrink_the_simulated_pool_and_their_kernels_are_said_unpriced(run_kvops):
+    plain = run_kvops("simulate", *SMALL).stdout
+    served = run_kvops("simulate", *SMALL, "--enable-lora", "--max-loras", "4", "--max-lora-rank", "64").stdout
+    assert pool_blocks(served) < pool_blocks(plain)
+    assert "LoRA adapters' kernels not priced" in served and "LoRA" not in plain
+
+
 def test_a_gpu_with_a_fitted_scale_says_so_and_how_its_runs_scored_without_it(run_kvops):
     ran = run_kvops("simulate", *on_gpu("a100-80gb"))
     assert "A100-80GB: 2.04 TB/s, 312 TFLOP/s dense; its steps x 1.23, fitted on its public runs" in ran.stdout
