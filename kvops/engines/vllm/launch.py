@@ -146,10 +146,10 @@ def _quantization(inputs: PlanInputs, draft: Draft) -> str | None:
     quantization_config, which vLLM quantizes as it loads it (online FP8, per-tensor scales: `Fp8Config` with
     `is_checkpoint_fp8_serialized` false); else none, as vLLM reads the checkpoint's own quantization_config. Another
     format asked of an unquantized checkpoint plans a quantized copy of it, which the plan says."""
-    asked, spec = inputs.quantization.lower(), inputs.spec
-    if inputs.quantization_method:
-        return inputs.quantization_method
-    if asked in ("auto", spec.dtype) or spec.quantization:
+    asked, spec, given = inputs.quantization.lower(), inputs.spec, inputs.quantization_method
+    if given and flags.quantization(given) == asked:  # not when a format typed beside the command replaced it
+        return given
+    if asked in ("auto", "bf16", "fp16", "fp32") or spec.quantization:  # a float format is --dtype's
         return None
     if asked == "fp8":
         return "fp8"

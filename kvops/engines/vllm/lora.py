@@ -56,9 +56,13 @@ def lora_bytes(
 ) -> LoraBytes | None:
     """The A and B matrices of every slot on the busiest GPU, `width` bytes a value (the serving dtype's under
     --lora-dtype auto); None for a model whose LoRA layers kvops does not lay out (expert parallelism's among them)."""
-    layout = PACKED_DENSE if not spec.num_experts else {} if expert_parallel else GATED_MOE
+    if spec.num_experts:
+        layout = {} if expert_parallel else GATED_MOE
+    else:
+        layout = PACKED_DENSE
     architecture = next((name for name in spec.architectures if name in layout), None)
-    layers = [layer for layer in spec.layers if isinstance(layer, FullAttention)]  # sliding and chunked are too
+    # attention layers all (SlidingWindow and ChunkedLocal are FullAttention's kinds): no state, no latent
+    layers = [layer for layer in spec.layers if isinstance(layer, FullAttention)]
     if architecture is None or spec.extra_caches or len(layers) != len(spec.layers):
         return None
     check(slots, tp)

@@ -383,6 +383,17 @@ def test_fp8_asked_of_an_unquantized_checkpoint_is_emitted_as_vllm_quantizes_at_
         run_kvops, "--gpu", "h100", "--from-command", "vllm serve Qwen/Qwen3-8B --quantization fp8_per_block"
     )["command"]["argv"]
     assert pasted[pasted.index("--quantization") + 1] == "fp8_per_block"
+    typed = plan_doc(
+        run_kvops,
+        "--gpu",
+        "h100",
+        "--quantization",
+        "fp8",
+        "--from-command",
+        "vllm serve Qwen/Qwen3-8B --quantization awq",
+    )["command"]["argv"]
+    assert typed[typed.index("--quantization") + 1] == "fp8"  # typed beside the command, it wins
+    assert "--quantization" not in plan_doc(run_kvops, *base, "--quantization", "fp16")["command"]["argv"]
 
 
 def test_does_not_fit_exits_3_with_need_have_and_computed_ways_out(run_kvops):
