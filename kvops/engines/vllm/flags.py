@@ -20,7 +20,7 @@ GUARD_SCHEDULER = "kvops_vllm.scheduler.KVGuardScheduler"  # the KV-guard schedu
 MIDDLEWARE = "kvops_vllm.middleware.KVOpsMiddleware"
 # A default must not cost goodput against stock vLLM. Where the KV pool binds, guard v3 ran at stock's goodput
 # on the median, not at every point nor from a cold start: 0.99 x on the CPU engine's pool of about 8 requests
-# (freshly started: 0.86-1.06 x, medians of four runs whose repetitions spread 0.70-2.13 x; bench/guard_goodput.py)
+# (freshly started: 0.86-1.06 x, medians of six runs whose repetitions spread 0.61-2.18 x; bench/guard_goodput.py)
 # and 0.97-1.16 x (medians 0.99-1.04) its SLO goodput in simulated time for an 8B model on one L4 over six traces
 # (bench/guard_simulated.py), preempting 0-8% as often; where it does not bind (H100 pools under ShareGPT-like
 # traffic) it schedules exactly as stock. And it loads from vLLM's own Python, which the official image lacks. So the
@@ -46,7 +46,7 @@ GUARD_LARGE_POOL = (
 )
 GUARD_SMALL_POOL = (
     "like the CPU benchmark's pool of about 8 and an 8B model's on one L4, where the guard ran at 0.99 x (freshly "
-    "started, 0.86 to 1.06 x in four runs) and at 0.97 to 1.16 x (a median of 0.99 to 1.04) stock "
+    "started, 0.86 to 1.06 x in six runs) and at 0.97 to 1.16 x (a median of 0.99 to 1.04) stock "
     "vLLM's goodput, preempting a tenth as often or less "
     "(bench/guard_goodput.py, bench/guard_simulated.py)"
 )
