@@ -70,7 +70,9 @@ def run_arm(setup: Setup, arm: str, trace: Trace | None = None, progress: Progre
             raise KvopsError(f"--compare {arm}: no degrade policy was given to run")
         door = degrade.door(setup.policy)
         change = " ".join(part for part in (change, f"--middleware {engine.admission_middleware}") if part)
-    step_time = setup.step_time.with_graphs(settings.get("cuda_graph_sizes", ()))
+    step_time = setup.step_time.with_graphs(
+        settings.get("cuda_graph_sizes", ()), settings.get("cuda_decode_graph_sizes", ())
+    )
     total = len(trace.requests)
 
     def step_seconds(batch) -> float:

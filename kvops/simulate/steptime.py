@@ -233,11 +233,13 @@ class StepTime:
     hardware: Hardware
     coefficients: Coefficients
     graph_sizes: tuple[int, ...] = ()  # ascending: the CUDA-graph sizes a step's tokens are padded to (none: eager)
+    decode_graph_sizes: tuple[int, ...] = ()  # where a step of decodes alone pads otherwise (none: graph_sizes)
 
-    def padded(self, tokens: int) -> int:
+    def padded(self, tokens: int, decodes_only: bool = False) -> int:
         """The rows the forward runs for `tokens` scheduled tokens: the next captured size, up to the largest."""
-        index = bisect.bisect_left(self.graph_sizes, tokens)
-        return self.graph_sizes[index] if index < len(self.graph_sizes) else tokens
+        sizes = self.decode_graph_sizes if decodes_only and self.decode_graph_sizes else self.graph_sizes
+        index = bisect.bisect_left(sizes, tokens)
+        return sizes[index] if index < len(sizes) else tokens
 
     def seconds(self, new_tokens: Sequence[int], context: Sequence[int], samples: int) -> float:
         values = self.features(new_tokens, context, samples)
@@ -251,7 +253,7 @@ class StepTime:
 
     def _basis(self, new_tokens: Sequence[int], context: Sequence[int], samples: int) -> tuple[float, ...]:
         cost, hardware = self.cost, self.hardware
-        tokens = self.padded(sum(new_tokens))
+        tokens = self.padded(sum(new_tokens), all(count == 1 for count in new_tokens))
         dense_s = 2.0 * (cost.dense_parameters * tokens + cost.head_parameters * samples) / hardware.flops
         experts_s = 2.0 * cost.expert_parameters * tokens / hardware.flops
         dense_read_s = (cost.weight_bytes - cost.expert_bytes) / hardware.memory_bandwidth
@@ -285,9 +287,10 @@ class StepTime:
             float(cost.moe_layers),
         )
 
-    def with_graphs(self, sizes: Sequence[int]) -> StepTime:
-        """The same model with the engine's CUDA-graph sizes (each arm's: they follow its max_num_seqs)."""
-        return replace(self, graph_sizes=tuple(sorted(sizes)))
+    def with_graphs(self, sizes: Sequence[int], decode_sizes: Sequence[int] = ()) -> StepTime:
+        """The same model with the engine's CUDA-graph sizes (each arm's: they follow its max_num_seqs), and the
+        decode graphs' where they differ."""
+        return replace(self, graph_sizes=tuple(sorted(sizes)), decode_graph_sizes=tuple(sorted(decode_sizes)))
 
     def to_dict(self) -> dict[str, Any]:
         terms = " + ".join(f"{name} x f_{name}" for name in TERMS if name in self.coefficients.terms)

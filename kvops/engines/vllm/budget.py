@@ -13,9 +13,11 @@ measured figures replace them.
 
 from __future__ import annotations
 
+import bisect
 import json
+from collections.abc import Callable
 from dataclasses import replace
-from math import ceil, floor
+from math import ceil, floor, log2
 
 from kvops.dtypes import serving_dtype
 from kvops.engines import common
@@ -801,6 +803,14 @@ def default_captures(inputs: PlanInputs, release_: VllmRelease, batched: int, ma
     )
     if ceiling != 512:
         why += f" (max_num_batched_tokens {batched}, max_num_seqs {max_num_seqs}, decode query length {query})"
+    wide_decode, wide_prefill = wide_grids(inputs, release_, batched, max_num_seqs)
+    if wide_decode:
+        why = (
+            f"{release_.label} on {inputs.gpu.id if inputs.gpu else 'this GPU'} captures {len(wide_decode)} decode "
+            f"graphs (to {wide_decode[-1]} requests) and {len(wide_prefill)} prefill graphs (to {wide_prefill[-1]} "
+            f"tokens); priced as {why}, as 0.28-0.33 capture there: no public 0.34 Blackwell log measures its graphs, "
+            f"and prefill graphs to {wide_prefill[-1]} tokens may take more"
+        )
     return CompiledGraphs("default", tuple(sorted(sizes)), why)
 
 
@@ -833,6 +843,54 @@ def compiled_graphs(
     return replace(default, mode=mode)
 
 
+WIDE_TOKENS = 8192  # vLLM 0.34 on data-center Blackwell: the prefill grid's and the decode tokens' default bound
+
+
+def _grid(limit: int, stride_at: Callable[[int], float]) -> list[int]:
+    """Sizes from 1 up to `limit`: from each size the next multiple of the largest power of two at most
+    `stride_at(size)` (at least 1), and `limit` itself last."""
+    sizes: list[int] = []
+    size = 1
+    while size < limit:
+        sizes.append(size)
+        stride = 1 << max(0, floor(log2(max(1.0, stride_at(size)))))
+        size = (size // stride + 1) * stride
+    return [*sizes, limit] if limit > 0 else []
+
+
+def wide_grids(
+    inputs: PlanInputs, release_: VllmRelease, batched: int, max_num_seqs: int
+) -> tuple[list[int], list[int]]:
+    """vLLM 0.34's CUDA graphs on data-center Blackwell where no capture size is set, else none: decode graphs by
+    request count up to max_num_seqs (every count to 6, then a stride of the largest power of two at most
+    0.65 n^(2/3): 64 counts at 1,024), within 8,192 decode tokens; prefill (mixed) graphs by token count up to
+    min(8,192, max_num_batched_tokens): 1, 2, 4, every 8 to 64, four a doubling to 1,024, then every 256, every 512
+    once 7% of the count passes 512 (54 counts at 8,192), every count to 32 with --performance-mode interactivity
+    (`VllmConfig._split_cudagraph_capture_sizes`, `wide_defaults`, config/vllm.py; `decode_cudagraph_capture_grid`,
+    `prefill_cudagraph_capture_grid`, `decode_cudagraph_capture_shapes`, config/compilation.py, 0.34.0). With
+    speculative decoding (wider decode steps) kvops keeps the shared sizes."""
+    config = json.loads(inputs.compilation_config) if inputs.compilation_config else {}
+    legacy = any(key in config for key in ("cudagraph_capture_sizes", "max_cudagraph_capture_size"))
+    blackwell = inputs.gpu is not None and inputs.gpu.id in CAPABILITY_10
+    if not blackwell or not release_.version.at_least(0, 34) or legacy or inputs.speculative:
+        return [], []
+    decode_limit = min(max_num_seqs, batched, WIDE_TOKENS)
+    requests = _grid(max_num_seqs, lambda count: 0.65 * count ** (2 / 3))
+    decode = sorted({min(count, decode_limit) for count in requests[: bisect.bisect_left(requests, decode_limit) + 1]})
+    prefill = _grid(min(WIDE_TOKENS, batched), lambda tokens: min(tokens, max(8, tokens / 4), 0.07 * max(tokens, 4096)))
+    if inputs.performance_mode == "interactivity":
+        prefill = sorted({*prefill, *(size for size in range(1, 33) if size < min(WIDE_TOKENS, batched))})
+    return decode, prefill
+
+
+def decode_graph_sizes(inputs: PlanInputs, release_: VllmRelease, batched: int, max_num_seqs: int) -> tuple[int, ...]:
+    """The tokens a step of decodes alone pads to where they differ from a mixed step's (0.34 on data-center
+    Blackwell: its decode grid, FULL graphs by request count); () where they are the same sizes."""
+    if not graph_sizes(inputs, release_, batched, max_num_seqs):
+        return ()
+    return tuple(wide_grids(inputs, release_, batched, max_num_seqs)[0])
+
+
 def graph_sizes(inputs: PlanInputs, release_: VllmRelease, batched: int, max_num_seqs: int) -> tuple[int, ...]:
     """The batch sizes (tokens) the engine runs its forward at: a step of T tokens up to the largest captured size
     replays the graph of the next captured size (`CudagraphDispatcher.dispatch`, vllm/v1/cudagraph_dispatcher.py).
@@ -842,7 +900,10 @@ def graph_sizes(inputs: PlanInputs, release_: VllmRelease, batched: int, max_num
     mode is taken to pad decode and mixed steps alike, as the default (FULL_AND_PIECEWISE) does."""
     if inputs.enforce_eager or inputs.device == "cpu":
         return ()
-    return _captured(inputs, release_, batched, max_num_seqs).sizes
+    graphs = _captured(inputs, release_, batched, max_num_seqs)
+    if graphs.mode == "NONE":
+        return ()
+    return tuple(wide_grids(inputs, release_, batched, max_num_seqs)[1]) or graphs.sizes
 
 
 def _captured(inputs: PlanInputs, release_: VllmRelease, batched: int, max_num_seqs: int) -> CompiledGraphs:

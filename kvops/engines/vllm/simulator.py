@@ -62,6 +62,7 @@ class CoreSettings:
     scheduler_cls: str | None = None  # "pkg.module.Class", as --scheduler-cls takes it
     environment: tuple[tuple[str, str], ...] = ()  # the scheduler's own settings (the KV guard's KVOPS_*)
     cuda_graph_sizes: tuple[int, ...] = ()  # the step sizes (tokens) the forward is padded to; none: eager
+    cuda_decode_graph_sizes: tuple[int, ...] = ()  # a step of decodes alone, where it pads otherwise (0.34, Blackwell)
 
     @property
     def batches_in_flight(self) -> int:
@@ -512,6 +513,7 @@ def core_settings(plan, arm: Arm, options: SchedulerOptions) -> CoreSettings:
         scheduler_cls=scheduler_cls,
         environment=environment,
         cuda_graph_sizes=budget.graph_sizes(inputs, plan.release, batched, seqs) if plan.release else (),
+        cuda_decode_graph_sizes=budget.decode_graph_sizes(inputs, plan.release, batched, seqs) if plan.release else (),
     )
 
 

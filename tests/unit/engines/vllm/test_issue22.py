@@ -520,3 +520,32 @@ def test_the_watcher_reads_the_metrics_032_to_034_added():
     assert reading.cached_tokens_by_source == {"device": 900.0, "host": 100.0}
     assert reading.to_dict()["admission_rejections_total"] == 5 and reading.kv_usage == 0.5
     assert metrics.WATERMARK_REQUESTS not in metrics.SERIES
+
+
+def test_data_center_blackwell_on_034_pads_decodes_and_mixed_steps_to_their_own_grids():
+    """vLLM 0.34 on a B200 with no capture size set: decode graphs by request count (64 counts to 1,024), prefill
+    graphs by token count (54 to 8,192), as its docstrings count them; the simulator pads a step of decodes alone to
+    the first and any other step to the second. Where the installed vLLM has the grids (0.34's wheel, run by
+    .ci/newer_vllm), kvops' are its own to the last size. Elsewhere, and before 0.34, one shared list."""
+    options_ = DeploymentOptions(model="llama-3.1-8b", gpu="B200", max_model_len=32768)
+    inputs = options_.plan_inputs()
+    new, old = releases.release("0.34.0"), releases.release("0.33.0")
+    decode, prefill = budget.wide_grids(inputs, new, 8192, 1024)
+    assert len(decode) == 64 and decode[:8] == [1, 2, 3, 4, 5, 6, 8, 10] and decode[-1] == 1024
+    assert len(prefill) == 54 and prefill[-1] == 8192 and prefill[:10] == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56]
+    assert budget.graph_sizes(inputs, new, 8192, 1024) == tuple(prefill)
+    assert budget.decode_graph_sizes(inputs, new, 8192, 1024) == tuple(decode)
+    assert (
+        budget.decode_graph_sizes(inputs, old, 8192, 1024) == () and budget.wide_grids(inputs, old, 8192, 1024)[0] == []
+    )
+    h100 = DeploymentOptions(model="llama-3.1-8b", gpu="H100", max_model_len=32768).plan_inputs()
+    assert budget.wide_grids(h100, new, 8192, 1024) == ([], [])
+    try:
+        from vllm.config.compilation import decode_cudagraph_capture_grid, prefill_cudagraph_capture_grid
+    except ImportError:
+        return  # the installed 0.32 has one shared list
+    assert decode == decode_cudagraph_capture_grid(1024) and prefill == prefill_cudagraph_capture_grid(8192)
+    for seqs, batched in ((256, 2048), (48, 8192), (1024, 16384)):
+        kvops_decode, kvops_prefill = budget.wide_grids(inputs, new, batched, seqs)
+        assert kvops_prefill == prefill_cudagraph_capture_grid(min(8192, batched))
+        assert kvops_decode == [min(count, batched) for count in decode_cudagraph_capture_grid(seqs)]
