@@ -247,3 +247,14 @@ def test_held_out_runs_apply_by_gpu_or_tensor_parallel_size_and_round_trip():
     (other_machines,) = steptime.coefficients("cpu").held_out  # a CPU step time is its machine's
     assert other_machines.applies("cpu", 1) and other_machines.low < 1 < other_machines.high
     assert other_machines.describe().startswith("the step time on cpu: 2 vLLM CPU engine runs it was not fitted on")
+
+
+def test_a_step_of_decodes_alone_pads_to_the_decode_graphs_where_they_differ():
+    """vLLM 0.34 on data-center Blackwell captures decode graphs by request count and prefill graphs by token count:
+    eleven decodes run the decode graph of 12, a chunk of 10 tokens beside one decode the prefill graph of 16."""
+    graphs = StepTime(moe(), HARDWARE, unit_coefficients()).with_graphs((1, 2, 4, 8, 16, 24), (1, 2, 4, 6, 8, 10, 12))
+    assert graphs.padded(11, decodes_only=True) == 12 and graphs.padded(11) == 16
+    routed = dict(zip(steptime.TERMS, graphs.features([1] * 11, [100] * 11, 11)))
+    assert routed["experts"] == pytest.approx(8e9 * (1 - (6 / 8) ** 12) / 1000e9)
+    mixed = dict(zip(steptime.TERMS, graphs.features([10, 1], [0, 100], 2)))
+    assert mixed["experts"] == pytest.approx(8e9 * (1 - (6 / 8) ** 16) / 1000e9)
