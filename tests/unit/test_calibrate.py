@@ -35,6 +35,27 @@ def test_vllm_0_32_cpu_one_line_capacity_and_args():
     )  # "Explicitly set (0.01/11.84) GiB"
 
 
+def test_a_run_of_0_32_on_states_its_lora_slots_and_decode_context_parallelism():
+    """From vLLM 0.32, whose LoRA layers and DCP rule kvops reads, a run's args state them to the plan it is
+    compared with; an older run's LoRA is left out (its layers kvops has not read), as the corpus's are."""
+    from kvops.engines.vllm.run import stated_options
+
+    def run(version: str):
+        return stated_options(
+            parse_vllm_log(
+                f"INFO 12-07 10:00:00 [api_server.py:1896] vLLM API server version {version}\n"
+                "INFO 12-07 10:00:00 [utils.py:233] non-default args: {'model': 'meta-llama/Llama-3.1-8B', "
+                "'enable_lora': True, 'max_loras': 4, 'max_lora_rank': 64, 'lora_dtype': 'bfloat16', "
+                "'decode_context_parallel_size': 2, 'tensor_parallel_size': 2}\n"
+            ),
+            None,
+        )
+
+    new, old = run("0.34.0"), run("0.31.0")
+    assert (new.enable_lora, new.max_loras, new.max_lora_rank, new.lora_dtype, new.dcp) == (True, 4, 64, "bfloat16", 2)
+    assert (old.enable_lora, old.dcp) == (False, 1) and new.lora_slots() is not None
+
+
 def test_2026_gpu_lines_with_the_cuda_graph_utilization_hint():
     log = parse_vllm_log(read("vllm-v1-2026-tp2-cudagraph.log"))
     assert log.device == "gpu" and log.get("kv_cache_bytes") == gib(9.84)

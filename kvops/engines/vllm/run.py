@@ -69,6 +69,8 @@ def stated_options(log: VllmLog | None, config: CacheConfig | None) -> Deploymen
             V0_SUFFIX if release.v0 and release.version.at_least(0, 8) else (V1_SUFFIX if release.v1_opt_in else "")
         )
         options["engine_version"] = f"{release.version}{suffix}"
+        if not release.v0 and release.version.at_least(0, 32):
+            options |= _read_since_032(args)
     block = config.integer("block_size") if config else None
     if block and "block_size" not in options:
         options["block_size"] = block
@@ -77,6 +79,25 @@ def stated_options(log: VllmLog | None, config: CacheConfig | None) -> Deploymen
 
 
 MAX_COUNT = 1 << 50  # tokens, blocks, bytes a run may state: past this a log line is not a real run's
+
+
+def _read_since_032(args: dict[str, Any]) -> dict[str, Any]:
+    """What a run of 0.32 or later states of the options kvops reads from those releases on: decode context
+    parallelism and the LoRA slots (an older run's LoRA layers kvops has not read: its plan leaves them out)."""
+    options: dict[str, Any] = {}
+    if _whole(args.get("decode_context_parallel_size"), 2, MAX_COUNT):
+        options["dcp"] = args["decode_context_parallel_size"]
+    if args.get("enable_lora") is not True:
+        return options
+    options["enable_lora"] = True
+    for key, option in (("max_loras", "max_loras"), ("max_lora_rank", "max_lora_rank")):
+        if _whole(args.get(key), 1, MAX_COUNT):
+            options[option] = args[key]
+    if args.get("fully_sharded_loras") is True:
+        options["fully_sharded_loras"] = True
+    if args.get("lora_dtype") in ("float16", "bfloat16"):
+        options["lora_dtype"] = args["lora_dtype"]
+    return options
 
 
 def _whole(value: Any, low: int, high: int) -> bool:
