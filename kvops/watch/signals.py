@@ -53,7 +53,8 @@ class SignalTracker:
     def update(self, reading: Reading, now: float) -> list[SignalState]:
         previous = self.history[-1][1] if self.history else None
         self.history.append((now, reading))
-        while self.history and self.history[0][0] < now - self.keep_seconds:
+        # the newest reading older than the longest window stays: a counter's baseline (`_since_window`)
+        while len(self.history) > 1 and self.history[1][0] < now - self.keep_seconds:
             self.history.popleft()
         self._track_progress(previous, reading, now)
         return [self._evaluate(rule, reading, now) for rule in self.rules.values()]
@@ -81,6 +82,15 @@ class SignalTracker:
         values = [getattr(r, field) for t, r in self.history if t >= now - rule.window_seconds]
         return [] if any(v is None for v in values) else values
 
+    def _since_window(self, rule: SignalRule, now: float, field: str) -> list[float]:
+        """A counter's readings in the window, after the last one before it: polls slower than the window (a
+        busy engine's /metrics) still see a counter that moved between them, where the window alone would hold
+        one reading and see nothing."""
+        start = now - rule.window_seconds
+        before = [reading for t, reading in self.history if t < start][-1:]
+        values = [getattr(r, field) for r in before] + self._window(rule, now, field)
+        return [] if any(v is None for v in values) else values
+
     def _queue_growth(self, rule: SignalRule, now: float) -> SignalState:
         values = self._window(rule, now, "waiting")
         if not values:
@@ -98,7 +108,7 @@ class SignalTracker:
     def _preemptions(self, rule: SignalRule, now: float) -> SignalState:
         if self.history[-1][1].preemptions_total is None:
             return SignalState(rule.name, False, None, rule.raise_to, "the engine exports no preemption counter")
-        values = self._window(rule, now, "preemptions_total")
+        values = self._since_window(rule, now, "preemptions_total")
         if len(values) < 2:
             return SignalState(rule.name, False, None, rule.raise_to, "needs two readings of the preemption counter")
         count = increase(values)

@@ -36,6 +36,16 @@ def test_preemptions_fire_on_any_increase_within_the_window_and_survive_a_counte
     assert not states(tracker, now=14, preemptions_total=2)["preemptions"].firing
 
 
+def test_preemptions_between_polls_slower_than_the_window_still_fire():
+    """A busy engine answers /metrics late: readings 3 s apart under a 2 s window. The counter moved between them,
+    so the signal fires, counted from the last reading before the window."""
+    tracker = SignalTracker({"preemptions": SignalRule("preemptions", Level.DEGRADE, window_seconds=2)})
+    states(tracker, now=0, preemptions_total=12)
+    slow = states(tracker, now=3, preemptions_total=13)["preemptions"]
+    assert slow.firing and slow.value == 1
+    assert not states(tracker, now=6, preemptions_total=13)["preemptions"].firing
+
+
 def test_an_engine_without_preemptions_never_fires():
     tracker = SignalTracker({"preemptions": SignalRule("preemptions", Level.DEGRADE, window_seconds=10)})
     for now in range(3):
