@@ -66,13 +66,16 @@ def test_a_burst_takes_the_watcher_through_each_level_and_back(vllm_engine, tmp_
         finally:
             load.stop()
         watch.wait_level("ok", timeout=120)
-        firing = receiver.wait_for(
-            lambda alerts: (
-                {"KVCacheCritical", "EnginePreempting"}
-                <= {a["labels"]["alertname"] for a in alerts if "endsAt" not in a}
-            ),
-            timeout=120,
-        )
+        try:
+            firing = receiver.wait_for(
+                lambda alerts: (
+                    {"KVCacheCritical", "EnginePreempting"}
+                    <= {a["labels"]["alertname"] for a in alerts if "endsAt" not in a}
+                ),
+                timeout=120,
+            )
+        except AssertionError as exc:  # what the watcher read, poll by poll, to tell a slow poll from a lost alert
+            raise AssertionError(f"{exc}; the watcher's readings: {record.read_text()[-4000:]}") from None
         resolved = receiver.wait_for(
             lambda alerts: (
                 {"KVCacheWarn", "KVCacheDegrade", "KVCacheCritical"}
