@@ -869,7 +869,7 @@ def wide_grids(
     (`VllmConfig._split_cudagraph_capture_sizes`, `wide_defaults`, config/vllm.py; `decode_cudagraph_capture_grid`,
     `prefill_cudagraph_capture_grid`, `decode_cudagraph_capture_shapes`, config/compilation.py, 0.34.0). With
     speculative decoding (wider decode steps) kvops keeps the shared sizes."""
-    config = json.loads(inputs.compilation_config) if inputs.compilation_config else {}
+    config = _compilation(inputs.compilation_config)
     legacy = any(key in config for key in ("cudagraph_capture_sizes", "max_cudagraph_capture_size"))
     blackwell = inputs.gpu is not None and inputs.gpu.id in CAPABILITY_10
     if not blackwell or not release_.version.at_least(0, 34) or legacy or inputs.speculative:
@@ -918,8 +918,16 @@ def _specializes_lora(text: str | None) -> bool:
     """vLLM captures each size with no adapter active and with max_loras + 1, unless --compilation-config sets
     cudagraph_specialize_lora false (then only the latter): `CudagraphDispatcher._get_lora_cases`,
     v1/cudagraph_dispatcher.py, and `get_lora_capture_cases`, v1/worker/gpu/lora_utils.py (0.32.0-0.34.0)."""
-    config = json.loads(text) if text else {}  # compiled_graphs has refused a --compilation-config not JSON
-    return config.get("cudagraph_specialize_lora", True) is not False
+    return _compilation(text).get("cudagraph_specialize_lora", True) is not False
+
+
+def _compilation(text: str | None) -> dict:
+    """--compilation-config as a JSON object, {} where it is none (`compiled_graphs` says so in one line)."""
+    try:
+        config = json.loads(text) if text else {}
+    except json.JSONDecodeError:
+        return {}
+    return config if isinstance(config, dict) else {}
 
 
 def _margin(inputs: PlanInputs, release_: VllmRelease, overheads: list[Term]) -> Term | None:

@@ -396,6 +396,18 @@ def test_fp8_asked_of_an_unquantized_checkpoint_is_emitted_as_vllm_quantizes_at_
     assert "--quantization" not in plan_doc(run_kvops, *base, "--quantization", "fp16")["command"]["argv"]
 
 
+@pytest.mark.parametrize("gpu", ["h100", "b200"])
+@pytest.mark.parametrize("extra", [(), ("--enable-lora",)])
+def test_a_compilation_config_that_is_not_a_json_object_is_one_line(run_kvops, gpu, extra):
+    """Read where the B200's 0.34 grids and LoRA's graph cases are decided too: still one line, no traceback."""
+    for text in ("{bad", "[1]"):
+        ran = run_kvops("plan", "-m", "llama-3.1-8b", "--gpu", gpu, *extra, "--compilation-config", text, expect=None)
+        assert (
+            ran.exit_code != 0
+            and ran.stderr.strip() == f"kvops: error: --compilation-config {text!r} is not a JSON object"
+        )
+
+
 def test_does_not_fit_exits_3_with_need_have_and_computed_ways_out(run_kvops):
     ran = run_kvops(
         "plan", "-m", "llama-3-8b", "--gpu", "l4", "--max-model-len", "8192", "--concurrency", "4", expect=3
