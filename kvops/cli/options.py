@@ -132,7 +132,7 @@ def _apply(function: Callable, options: list[Callable]) -> Callable:
 def engine_options(function: Callable, model_required: bool = True, engine: bool = True) -> Callable:
     """The deployment a plan is for: shared by `plan`, `calibrate`, `manifests` and `explain` (vLLM only: no --engine)."""
     from kvops import engines
-    from kvops.engines.vllm.flags import PERFORMANCE_MODES
+    from kvops.engines.vllm.flags import LORA_DTYPES, PERFORMANCE_MODES
     from kvops.engines.weights import WEIGHT_FORMAT_CHOICES
     from kvops.gpus import gpu_catalog
 
@@ -378,7 +378,7 @@ def engine_options(function: Callable, model_required: bool = True, engine: bool
         ),
         click.option(
             "--lora-dtype",
-            type=click.Choice(("auto", "float16", "bfloat16")),
+            type=click.Choice(LORA_DTYPES),
             default="auto",
             show_default=True,
             help="vLLM: the slots' dtype; auto is the serving dtype.",

@@ -284,9 +284,10 @@ def memory_terms(
         )
     if profile:
         warnings += _profile_mismatch(inputs, release_, batched)
-    if inputs.lora is not None and lora_slots(inputs) is None:
+    slots = _lora_slots(inputs)
+    if inputs.lora is not None and slots is None:
         warnings.append(LORA_NOT_LAID_OUT.format(architecture=", ".join(inputs.spec.architectures) or "this model"))
-    weights = _weights(inputs, stage)
+    weights = _weights(inputs, slots, stage)
     overheads = _overheads(inputs, release_, batched, seqs)
     if inputs.kv_cache_memory_bytes is not None:
         return _pinned_terms(inputs, weights, overheads) + (warnings,)
@@ -444,10 +445,9 @@ def weight_options(inputs: PlanInputs) -> WeightOptions:
     )
 
 
-def _weights(inputs: PlanInputs, stage: int | None = None) -> Term:
+def _weights(inputs: PlanInputs, slots: LoraBytes | None, stage: int | None = None) -> Term:
     """What vLLM's load holds per GPU ('Model loading took'): the weights, and the LoRA slots with --enable-lora."""
     weights = _model_weights(inputs, stage)
-    slots = lora_slots(inputs)
     if slots is None:
         return weights
     return replace(
@@ -464,7 +464,7 @@ LORA_NOT_LAID_OUT = (
 )
 
 
-def lora_slots(inputs: PlanInputs) -> LoraBytes | None:
+def _lora_slots(inputs: PlanInputs) -> LoraBytes | None:
     """The LoRA slots' bytes per GPU (None without --enable-lora, or where kvops does not lay them out: the plan
     says so), at --lora-dtype's width (auto: the serving dtype's)."""
     if inputs.lora is None:
@@ -883,27 +883,24 @@ def wide_grids(
     return decode, prefill
 
 
-def decode_graph_sizes(inputs: PlanInputs, release_: VllmRelease, batched: int, max_num_seqs: int) -> tuple[int, ...]:
-    """The tokens a step of decodes alone pads to where they differ from a mixed step's (0.34 on data-center
-    Blackwell: its decode grid, FULL graphs by request count); () where they are the same sizes."""
-    if not graph_sizes(inputs, release_, batched, max_num_seqs):
-        return ()
-    return tuple(wide_grids(inputs, release_, batched, max_num_seqs)[0])
-
-
-def graph_sizes(inputs: PlanInputs, release_: VllmRelease, batched: int, max_num_seqs: int) -> tuple[int, ...]:
+def graph_sizes(
+    inputs: PlanInputs, release_: VllmRelease, batched: int, max_num_seqs: int
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """The batch sizes (tokens) the engine runs its forward at: a step of T tokens up to the largest captured size
     replays the graph of the next captured size (`CudagraphDispatcher.dispatch`, vllm/v1/cudagraph_dispatcher.py).
     The padding rows run through every layer (the model runner passes `input_ids[:num_input_tokens]`, the rows past
     the scheduled tokens holding earlier steps' ids, vllm/v1/worker/gpu_model_runner.py), so a mixture of experts
-    routes them like any token. None with --enforce-eager, on the CPU build or with cudagraph_mode NONE; every other
-    mode is taken to pad decode and mixed steps alike, as the default (FULL_AND_PIECEWISE) does."""
+    routes them like any token. (Any step's sizes, a step of decodes alone's where they differ: 0.34 on data-center
+    Blackwell, its decode grid by request count; () where they do not.) None with --enforce-eager, on the CPU build
+    or with cudagraph_mode NONE; every other mode is taken to pad decode and mixed steps, as the default
+    (FULL_AND_PIECEWISE) does."""
     if inputs.enforce_eager or inputs.device == "cpu":
-        return ()
+        return (), ()
     graphs = _captured(inputs, release_, batched, max_num_seqs)
     if graphs.mode == "NONE":
-        return ()
-    return tuple(wide_grids(inputs, release_, batched, max_num_seqs)[1]) or graphs.sizes
+        return (), ()
+    decode, prefill = wide_grids(inputs, release_, batched, max_num_seqs)
+    return tuple(prefill) or graphs.sizes, tuple(decode)
 
 
 def _captured(inputs: PlanInputs, release_: VllmRelease, batched: int, max_num_seqs: int) -> CompiledGraphs:

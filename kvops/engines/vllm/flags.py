@@ -27,6 +27,7 @@ MIDDLEWARE = "kvops_vllm.middleware.KVOpsMiddleware"
 # plan names it only when asked, and says which measured pool a plan's pool is like.
 GUARD_BY_DEFAULT = False
 PERFORMANCE_MODES = ("balanced", "interactivity", "throughput")  # --performance-mode (config/vllm.py PerformanceMode)
+LORA_DTYPES = ("auto", "float16", "bfloat16")  # --lora-dtype (vllm/config/lora.py LoRADType)
 
 
 def skip_layers(text: str, where: str) -> tuple[str, ...]:

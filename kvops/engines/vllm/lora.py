@@ -9,6 +9,7 @@ The shapes below are those of the 0.32.0-0.34.0 wheels, where the layers' code i
 
 from __future__ import annotations
 
+from kvops.engines.vllm.flags import LORA_DTYPES
 from kvops.errors import UsageError
 from kvops.frozen import frozen
 from kvops.model.checkpoint import pipeline_partition
@@ -16,7 +17,6 @@ from kvops.model.spec import FullAttention, ModelSpec
 from kvops.plan import LoraSlots
 
 RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's MaxLoRARanks (vllm/config/lora.py)
-DTYPES = ("auto", "float16", "bfloat16")  # vLLM's LoRADType
 # vLLM caps the LM head's LoRA at this vocabulary (LogitsProcessorWithLoRA.create_lora_weights)
 MAX_HEAD_VOCAB = 258048
 
@@ -102,8 +102,8 @@ def check(slots: LoraSlots, tp: int) -> None:
         raise UsageError(f"--max-lora-rank {slots.max_rank}; valid: {', '.join(map(str, RANKS))}")
     if slots.max_loras < 1:
         raise UsageError(f"--max-loras {slots.max_loras}; valid: 1 or more")
-    if slots.dtype not in DTYPES:
-        raise UsageError(f"--lora-dtype {slots.dtype!r}; valid: {', '.join(DTYPES)}")
+    if slots.dtype not in LORA_DTYPES:
+        raise UsageError(f"--lora-dtype {slots.dtype!r}; valid: {', '.join(LORA_DTYPES)}")
     if slots.fully_sharded and slots.max_rank % tp:
         raise UsageError(
             f"--fully-sharded-loras splits --max-lora-rank {slots.max_rank} over tp {tp}, which does not divide it"

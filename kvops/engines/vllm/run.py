@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from kvops.deployment import DeploymentOptions
-from kvops.engines.vllm.flags import KV_DTYPE_OF_FLAG
+from kvops.engines.vllm.flags import KV_DTYPE_OF_FLAG, LORA_DTYPES
 from kvops.engines.vllm.logs import VllmLog
 from kvops.engines.vllm.metrics import CacheConfig
 from kvops.engines.vllm.releases import V0_SUFFIX, V1_SUFFIX
@@ -90,12 +90,12 @@ def _read_since_032(args: dict[str, Any]) -> dict[str, Any]:
     if args.get("enable_lora") is not True:
         return options
     options["enable_lora"] = True
-    for key, option in (("max_loras", "max_loras"), ("max_lora_rank", "max_lora_rank")):
+    for key in ("max_loras", "max_lora_rank"):
         if _whole(args.get(key), 1, MAX_COUNT):
-            options[option] = args[key]
+            options[key] = args[key]
     if args.get("fully_sharded_loras") is True:
         options["fully_sharded_loras"] = True
-    if args.get("lora_dtype") in ("float16", "bfloat16"):
+    if args.get("lora_dtype") in LORA_DTYPES:
         options["lora_dtype"] = args["lora_dtype"]
     return options
 

@@ -493,6 +493,7 @@ def core_settings(plan, arm: Arm, options: SchedulerOptions) -> CoreSettings:
         active = int(arm.change.split()[-1])
     elif arm.name.startswith("cache-aware"):
         window = int(arm.change.split()[-1])
+    graphs, decode_graphs = budget.graph_sizes(inputs, plan.release, batched, seqs) if plan.release else ((), ())
     return CoreSettings(
         num_blocks=options.num_gpu_blocks_override or _pool_at(plan, seqs),
         block_size=capacity.block_size,
@@ -512,8 +513,8 @@ def core_settings(plan, arm: Arm, options: SchedulerOptions) -> CoreSettings:
         max_num_scheduled_tokens=options.max_num_scheduled_tokens,
         scheduler_cls=scheduler_cls,
         environment=environment,
-        cuda_graph_sizes=budget.graph_sizes(inputs, plan.release, batched, seqs) if plan.release else (),
-        cuda_decode_graph_sizes=budget.decode_graph_sizes(inputs, plan.release, batched, seqs) if plan.release else (),
+        cuda_graph_sizes=graphs,
+        cuda_decode_graph_sizes=decode_graphs,
     )
 
 

@@ -533,11 +533,8 @@ def test_data_center_blackwell_on_034_pads_decodes_and_mixed_steps_to_their_own_
     decode, prefill = budget.wide_grids(inputs, new, 8192, 1024)
     assert len(decode) == 64 and decode[:8] == [1, 2, 3, 4, 5, 6, 8, 10] and decode[-1] == 1024
     assert len(prefill) == 54 and prefill[-1] == 8192 and prefill[:10] == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56]
-    assert budget.graph_sizes(inputs, new, 8192, 1024) == tuple(prefill)
-    assert budget.decode_graph_sizes(inputs, new, 8192, 1024) == tuple(decode)
-    assert (
-        budget.decode_graph_sizes(inputs, old, 8192, 1024) == () and budget.wide_grids(inputs, old, 8192, 1024)[0] == []
-    )
+    assert budget.graph_sizes(inputs, new, 8192, 1024) == (tuple(prefill), tuple(decode))
+    assert budget.graph_sizes(inputs, old, 8192, 1024)[1] == () and budget.wide_grids(inputs, old, 8192, 1024)[0] == []
     h100 = DeploymentOptions(model="llama-3.1-8b", gpu="H100", max_model_len=32768).plan_inputs()
     assert budget.wide_grids(h100, new, 8192, 1024) == ([], [])
     try:
