@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvops.deploy.stack import Stack
-from kvops.errors import KvopsError
+from kvops.errors import KvopsError, UsageError
 from kvops.frozen import frozen
 from kvops.policy import Level
 from kvops.watch.rules import DEMAND
@@ -38,6 +38,11 @@ def scaling(stack: Stack, max_replicas: int | None, prometheus_url: str, readine
     figures, policy = stack.figures, stack.policy
     if figures is None or policy is None:
         raise KvopsError("autoscaling needs the plan's KV pool and the policy's warn level")
+    if max_replicas is not None and max_replicas < stack.replicas:
+        raise UsageError(
+            f"--max-replicas {max_replicas} is below --replicas {stack.replicas}, the fewest pods the autoscaler keeps; "
+            f"give {stack.replicas} or more"
+        )
     warn = policy.thresholds[Level.WARN]
     return Scaling(
         min_replicas=stack.replicas,

@@ -63,7 +63,7 @@ def profile_mismatch(inputs: PlanInputs, version: str, label: str) -> list[str]:
     if model_measurements(inputs) is None:
         out.append(
             f"--profile was measured on model {profile.model}, not {inputs.spec.name}: its weights and activation "
-            "are not used (computed for this model); its device figures are"
+            "are not used (computed for this model); its device figures are used as measured"
         )
     if profile.gpu and inputs.gpu and profile.gpu != inputs.gpu.id:
         out.append(
@@ -115,8 +115,11 @@ def paging_note(num_blocks: int, block_size: int, kv_bytes: int | None, groups: 
     )
 
 
-def model_limit(spec: ModelSpec) -> int:
-    """The longest context the model was trained for: the default max-model-len."""
+def model_limit(spec: ModelSpec, given: int | str | None = None) -> int:
+    """The longest context the model was trained for: the default max-model-len; the one given where the config
+    names none."""
     if spec.max_position_embeddings:
         return spec.max_position_embeddings
+    if isinstance(given, int):
+        return given
     raise UsageError(f"{spec.name} has no max_position_embeddings: give --max-model-len N")

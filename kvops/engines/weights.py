@@ -53,6 +53,7 @@ def weight_format(spec: ModelSpec, name: str = "auto") -> WeightFormat:
     """The weight format by name; 'auto' reads the config's quantization_config, else the checkpoint dtype."""
     key = name.lower()
     quant = spec.quantization or {}
+    _check_against_checkpoint(spec, key)
     if key == "auto":
         key = str(quant.get("quant_method") or spec.dtype).lower()
         if key == "modelopt":  # NVIDIA ModelOpt names its format in quant_algo
@@ -111,6 +112,10 @@ def weight_format(spec: ModelSpec, name: str = "auto") -> WeightFormat:
     if key in ("awq", "gptq", "auto-round"):
         bits = int(quant.get("bits") or quant.get("w_bit") or 4)
         group = int(quant.get("group_size") or quant.get("q_group_size") or DEFAULT_GROUP_SIZE)
+        if group < 0:  # -1: per channel, one scale and zero per output channel (a few KiB a matrix: not counted)
+            return WeightFormat(
+                key, bits, "linear", f"{key} int{bits}, per-channel scales (not counted); embeddings and LM head 16-bit"
+            )
         per_weight = bits + (16 + bits) / group  # one fp16 scale and one packed zero point per group
         return WeightFormat(
             key,
@@ -138,9 +143,40 @@ def weight_format(spec: ModelSpec, name: str = "auto") -> WeightFormat:
         return WeightFormat(
             "mxfp4", 4 + 8 / 32, "experts", f"MXFP4 experts: {values}; attention, router, embeddings 16-bit"
         )
+    if name.lower() == "auto":
+        raise UsageError(
+            f"{spec.name}: its quantization_config's quant_method {key!r} is not a weight format kvops models; plan it "
+            f"as one with --quantization: {', '.join(WEIGHT_FORMAT_CHOICES[1:])}"
+        )
     raise UsageError(
         f"--quantization {name!r} is not a weight format kvops models; valid: {', '.join(WEIGHT_FORMAT_CHOICES)}"
     )
+
+
+def _method_family(key: str) -> str:
+    """A format's name as a quantization_config's quant_method spells it (bitsandbytes' variants are one method)."""
+    key = {"compressed_tensors": "compressed-tensors", "autoround": "auto-round", "intel/auto-round": "auto-round"}.get(
+        key, key
+    )
+    return "bitsandbytes" if key.startswith("bitsandbytes") else key
+
+
+def _check_against_checkpoint(spec: ModelSpec, asked: str) -> None:
+    """A quantized checkpoint loads in its own format: vLLM refuses a --quantization that differs from its
+    quantization_config's quant_method (ModelConfig._verify_quantization), so a plan in another format would size
+    weights the engine never loads. A method kvops does not know is left to --quantization to name."""
+    method = str((spec.quantization or {}).get("quant_method") or "").lower()
+    if method == "modelopt":
+        algo = str((spec.quantization or {}).get("quant_algo")).upper()
+        method = {"FP8": "fp8", "NVFP4": "nvfp4"}.get(algo, method)
+    if asked == "auto" or not method or _method_family(method) not in map(_method_family, WEIGHT_FORMAT_CHOICES):
+        return
+    if _method_family(asked) != _method_family(method):
+        raise UsageError(
+            f"--quantization {asked}: {spec.name} is quantized as {method} (its quantization_config), and the "
+            f"engine loads it so whatever is asked (vLLM refuses another --quantization); leave it out or give "
+            f"{_method_family(method)}"
+        )
 
 
 def _mixed_precision(quant: dict, spec: ModelSpec) -> WeightFormat:
@@ -350,7 +386,7 @@ def _compressed_tensors(spec: ModelSpec, quant: dict) -> WeightFormat:
             f"{spec.name}: its compressed-tensors quantization_config names no weights num_bits; pass --quantization fp8, int8, awq or gptq"
         )
     bits = int(weights["num_bits"])
-    group = int(weights.get("group_size") or 0)
+    group = max(0, int(weights.get("group_size") or 0))  # -1 or none: per channel
     nvfp4 = "nvfp4" in str(quant.get("format", "")) or (bits == 4 and weights.get("type") == "float")
     scale_bits = (8 if nvfp4 else 16) / group if group else 0
     zero_bits = bits / group if group and weights.get("symmetric") is False else 0

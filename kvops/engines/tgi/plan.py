@@ -101,7 +101,7 @@ def plan_once(inputs: PlanInputs) -> Plan:
     attention = replace(budget.resolve_attention(spec, gpu.vendor, release), speculate=speculate)
     budget.check_fp8(attention, kv_flag, gpu.vendor)
     per_token = budget.kv_bytes_per_token(spec, dtype, tp)
-    model_limit = common.model_limit(spec)
+    model_limit = common.model_limit(spec, inputs.max_model_len)
     chunks, chunk_reason = budget.chunking(spec, attention, release)
     _check_limits(inputs, chunks)
     prefill, prefill_note, emit_prefill = _prefill(inputs, release, chunks, model_limit)

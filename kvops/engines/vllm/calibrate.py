@@ -50,6 +50,8 @@ def calibrate(log: VllmLog | None, config: CacheConfig | None, plan: Plan | None
         if other:
             warnings += other
             run_gpu = gpu_of_total(total)
+        elif plan.inputs.gpu.id == "custom":  # no --gpu: the part whose total the log printed, where one is
+            run_gpu = gpu_of_total(total) or run_gpu
     planned_total = plan.term("total") if plan else None
     plan_total = total or (planned_total.bytes if planned_total else None)
     util = run_utilization(log, config, plan, run_release)
@@ -236,13 +238,16 @@ def _other_gpu(total: int, plan: Plan) -> list[str]:
 
 
 def gpu_of_total(total: int) -> str | None:
-    """The catalog GPU whose engine-side total this is (within the driver's share), or None when none is."""
+    """The catalog GPU whose engine-side total is nearest this one (within the driver's share), or None when none
+    is. Nearest, not first: an H100's 79.19 GiB is also within an A100-80GB's share."""
+    nearest: tuple[float, str] | None = None
     for gpu in gpu_catalog():
         seen = engine_total(gpu.id)
         expected = seen.bytes if seen else gpu.memory_bytes
-        if abs(total - expected) <= OTHER_GPU_SHARE * expected:
-            return gpu.id
-    return None
+        off = abs(total - expected) / expected
+        if off <= OTHER_GPU_SHARE and (nearest is None or off < nearest[0]):
+            nearest = (off, gpu.id)
+    return nearest[1] if nearest else None
 
 
 def _label(config: CacheConfig | None, name: str) -> int | None:

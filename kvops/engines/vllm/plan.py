@@ -105,7 +105,7 @@ def _plan_pass(
     kv_layout = layout.kv_layout(cached, dtype, tp, block_size, options=layout_settings)
     if inputs.num_gpu_blocks_override is not None:  # the profile's KV memory is replaced by blocks x block bytes
         inputs = replace(inputs, kv_cache_memory_bytes=inputs.num_gpu_blocks_override * kv_layout.bytes_per_block)
-    model_limit = common.model_limit(spec)
+    model_limit = common.model_limit(spec, inputs.max_model_len)
     fixed_len = inputs.max_model_len if isinstance(inputs.max_model_len, int) else model_limit
     defaults = budget.launch_defaults(inputs, release, fixed_len)
     batched, default_seqs = budget.resolve_batch(

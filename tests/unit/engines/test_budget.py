@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from math import ceil
 
 import pytest
@@ -64,3 +65,37 @@ def test_activation_grows_with_batched_tokens_and_shrinks_with_tp():
     assert forward_activation_peak(spec, 8192) == 2 * forward_activation_peak(spec, 4096)
     assert forward_activation_peak(spec, 8192, tp=2) < forward_activation_peak(spec, 8192)
     assert sampler_peak(spec, 256, 15.5) == ceil(256 * 128256 * 15.5)  # the fitted bytes per logit of a release
+
+
+@pytest.mark.parametrize("method", ["gptq", "awq"])
+def test_per_channel_int4_group_size_minus_one_is_four_bits_a_weight(tmp_path, method):
+    """group_size -1 (per channel, common in GPTQ checkpoints) had divided by -1: negative weights, a KV cache
+    larger than the GPU."""
+    spec = _quantized(tmp_path, {"quant_method": method, "bits": 4, "group_size": -1})
+    fmt = weight_format(spec)
+    assert fmt.bits == 4 and "per-channel" in fmt.note
+    embeddings = 2 * spec.vocab_size * spec.hidden_size
+    assert weight_bytes(spec, fmt).bytes == (spec.parameters - embeddings) // 2 + embeddings * 2
+
+
+def _quantized(tmp_path, quantization_config: dict):
+    config = dict(load_model("llama-3-8b").config_json)
+    config["quantization_config"] = quantization_config
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    return load_model(str(tmp_path))
+
+
+def test_another_format_than_the_checkpoints_is_one_line_as_vllm_refuses_it(tmp_path):
+    """vLLM raises 'Quantization method specified in the model config (awq) does not match ...' (vllm/config/model.py):
+    a plan of fp8 weights for an AWQ checkpoint sized weights the engine never loads."""
+    spec = _quantized(tmp_path, {"quant_method": "awq", "bits": 4, "group_size": 128})
+    with pytest.raises(UsageError, match=r"--quantization fp8: .* is quantized as awq .*leave it out or give awq$"):
+        weight_format(spec, "fp8")
+    assert weight_format(spec, "awq") == weight_format(spec)
+
+
+def test_an_unknown_quant_method_names_the_config_not_a_flag_never_given(tmp_path):
+    spec = _quantized(tmp_path, {"quant_method": "weird_method"})
+    with pytest.raises(UsageError, match="quant_method 'weird_method' is not a weight format kvops models; plan it"):
+        weight_format(spec)
+    assert weight_format(spec, "gptq").name == "gptq"  # named by the user, planned so

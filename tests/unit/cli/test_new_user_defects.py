@@ -1,0 +1,65 @@
+"""Defects found by trying kvops as a new user would (2026-12-07), each as the command that showed it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kvops.model import load_model
+from tests.support.paths import FIXTURES
+
+
+def model_dir(tmp_path: Path, name: str, **fields) -> str:
+    """Llama-3-8B's config.json with `fields` replaced (None removes one), in its own folder."""
+    config = dict(load_model("llama-3-8b").config_json)
+    for key, value in fields.items():
+        if value is None:
+            config.pop(key, None)
+        else:
+            config[key] = value
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    return str(folder)
+
+
+def plan_doc(run_kvops, *args: str, expect: int = 0) -> dict:
+    return json.loads(run_kvops("plan", *args, "--format", "json", expect=expect).stdout)
+
+
+@pytest.mark.parametrize("engine", ["vllm", "tgi"])
+def test_a_given_max_model_len_stands_where_the_config_names_no_context(run_kvops, tmp_path, engine):
+    """The plan asked for --max-model-len although it was given."""
+    model = model_dir(tmp_path, "m", max_position_embeddings=0)
+    doc = plan_doc(run_kvops, "-m", model, "--gpu", "L40S", "--max-model-len", "4096", "--engine", engine)
+    assert doc["capacity"]["max_model_len"] == 4096
+    ran = run_kvops("plan", "-m", model, "--gpu", "L40S", "--engine", engine, expect=2)
+    assert "has no max_position_embeddings: give --max-model-len N" in ran.stderr
+
+
+def test_max_replicas_below_replicas_is_one_line_not_a_scaled_object_keda_rejects(run_kvops, tmp_path):
+    """minReplicaCount 3 above maxReplicaCount 1 had been written."""
+    ran = run_kvops(
+        "manifests", "-m", "llama-3.1-8b", "--gpu", "H100", "--max-model-len", "8192", "--autoscale", "keda",
+        "--max-replicas", "1", "--replicas", "3", "-o", str(tmp_path / "out"), expect=2,
+    )  # fmt: skip
+    assert ran.stderr.splitlines()[-1] == (
+        "kvops: error: --max-replicas 1 is below --replicas 3, the fewest pods the autoscaler keeps; give 3 or more"
+    )
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_logs_device_total_names_the_nearest_gpu_and_a_profile_without_gpu_records_it(run_kvops, tmp_path):
+    """An H100's 79.19 GiB had been named an A100-80GB (the first part within the driver's share), and a profile
+    saved without --gpu recorded 'custom', so every plan with it warned of another GPU."""
+    from kvops.engines.device_total import engine_total
+    from kvops.engines.vllm.calibrate import gpu_of_total
+
+    h100 = engine_total("H100-80GB")
+    assert h100 is not None and gpu_of_total(h100.bytes) == "H100-80GB"
+    log = FIXTURES / "corpus" / "vllm" / "vllm-0.19.0-h100-llama-3.1-8b-instruct-tp1-8192-llmd.log"
+    profile = tmp_path / "p.yaml"
+    run_kvops("calibrate", "--vllm-log", str(log), "--save", str(profile))
+    assert "gpu: H100-80GB\n" in profile.read_text()
