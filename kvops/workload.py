@@ -64,6 +64,10 @@ def parse_workload(lines: Iterable[str], where: str, sequences: int = 1) -> Work
             raise UsageError(
                 f"{where}:{number}: needs a prompt length ({', '.join(_PROMPT_KEYS)}) and an output length ({', '.join(_GEN_KEYS)}), each a whole number from 0 to {MAX_REQUEST_TOKENS:,}"
             )
+        if prompt == 0:
+            raise UsageError(
+                f"{where}:{number}: prompt length 0; a request has at least 1 prompt token (the engines refuse an empty prompt)"
+            )
         prompts.append(prompt)
         gens.append(gen)
     if not prompts:

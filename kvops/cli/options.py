@@ -510,7 +510,7 @@ def run_options(function: Callable) -> Callable:
 def workload_options(function: Callable) -> Callable:
     """What the deployment must serve and how: shared by `plan` and `manifests`."""
     options = [
-        click.option("--prompt-tokens", type=click.IntRange(min=0), help="Expected prompt tokens per request."),
+        click.option("--prompt-tokens", type=click.IntRange(min=1), help="Expected prompt tokens per request."),
         click.option("--gen-tokens", type=click.IntRange(min=0), help="Expected generated tokens per request."),
         click.option(
             "--workload",

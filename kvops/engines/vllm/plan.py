@@ -101,6 +101,7 @@ def _plan_pass(
     block_size = inputs.block_size or layout.default_block_size(spec, device, inputs.cpu_amx)
     cached = cached_spec(inputs)
     layout.check_dcp(cached, tp, inputs.dcp)
+    _check_pp(spec, inputs.pp)
     layout_settings = layout_options(inputs, release, dtype)
     kv_layout = layout.kv_layout(cached, dtype, tp, block_size, options=layout_settings)
     if inputs.num_gpu_blocks_override is not None:  # the profile's KV memory is replaced by blocks x block bytes
@@ -267,6 +268,15 @@ class _Stage:
 
 def _term(terms: list[Term], name: str) -> int:
     return next((term.bytes for term in terms if term.name == name), 0)
+
+
+def _check_pp(spec: ModelSpec, pp: int) -> None:
+    """vLLM splits the decoder layers over the stages (`get_pp_indices`): past one a stage, stages hold none."""
+    if pp > spec.num_layers:
+        raise UsageError(
+            f"--pipeline-parallel-size {pp}: {spec.name} has {spec.num_layers} decoder layers to split over the "
+            f"stages, at least one each; give at most {spec.num_layers}"
+        )
 
 
 def stage_layers(inputs: PlanInputs, kv_layout: layout.KVCacheLayout) -> list[set[int]]:

@@ -63,3 +63,23 @@ def test_a_logs_device_total_names_the_nearest_gpu_and_a_profile_without_gpu_rec
     profile = tmp_path / "p.yaml"
     run_kvops("calibrate", "--vllm-log", str(log), "--save", str(profile))
     assert "gpu: H100-80GB\n" in profile.read_text()
+
+
+def test_more_pipeline_stages_than_layers_is_one_line(run_kvops):
+    """--pp 100 on a 16-layer model had planned 100 GPUs of KV, 84 stages holding no layer."""
+    ran = run_kvops("plan", "-m", "llama-3.2-1b-instruct", "--gpu", "H100", "--pp", "100", expect=2)
+    assert "--pipeline-parallel-size 100: meta-llama/Llama-3.2-1B-Instruct has 16 decoder layers" in ran.stderr
+    assert "give at most 16" in ran.stderr
+    run_kvops("plan", "-m", "llama-3.2-1b-instruct", "--gpu", "H100", "--pp", "16")
+
+
+def test_a_request_of_no_prompt_is_refused_in_a_workload_file_and_by_flag(run_kvops, tmp_path):
+    """Zero-token requests had planned 'fits yes, 0 requests at once, each holding 0 KV tokens'."""
+    workload = tmp_path / "w.jsonl"
+    workload.write_text('{"prompt_tokens": 12, "gen_tokens": 5}\n{"prompt_tokens": 0, "gen_tokens": 0}\n')
+    args = ("plan", "-m", "llama-3.1-8b", "--gpu", "H100", "--max-model-len", "8192")
+    ran = run_kvops(*args, "--workload", str(workload), expect=2)
+    assert ran.stderr.strip().endswith(
+        f"{workload}:2: prompt length 0; a request has at least 1 prompt token (the engines refuse an empty prompt)"
+    )
+    assert "--prompt-tokens" in run_kvops(*args, "--prompt-tokens", "0", expect=2).stderr
