@@ -11,19 +11,21 @@ GiB = 1 << 30  # the one definition: import it from here
 BINARY_UNITS = (("TiB", 1 << 40), ("GiB", GiB), ("MiB", 1 << 20), ("KiB", 1 << 10))
 _DECIMAL_UNITS = {"k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9, "t": 10**12, "tb": 10**12}
 _BINARY_BY_NAME = {name.lower(): size for name, size in BINARY_UNITS} | {"b": 1, "": 1}
+_SINGLE_LETTER_BINARY = {"K": 1 << 10, "M": 1 << 20, "G": GiB, "T": 1 << 40}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 
 
 def parse_bytes(text: str, what: str = "size") -> int:
-    """'24GiB' -> 25769803776. Binary units are exact; decimal 'GB' means 10**9, as on a spec sheet.
+    """'24GiB' -> 25769803776. Binary units are exact; decimal 'GB' means 10**9, as on a spec sheet. A single letter
+    reads as vLLM's own sizes do (`human_readable_int`, vllm/utils/argparse_utils.py): 'G' is 2**30, 'g' 10**9.
 
     Fractions of a unit are rounded down to whole bytes: '17.8GiB' -> 19112603238.
     """
     match = _SIZE.match(str(text))
     if not match:
         raise UsageError(f"{what} {text!r} is not a size; write e.g. 24GiB, 80GB, 512MiB or a byte count")
-    number, unit = match.group(1), match.group(2).lower()
-    factor = _BINARY_BY_NAME.get(unit) or _DECIMAL_UNITS.get(unit)
+    number, unit = match.group(1), match.group(2)
+    factor = _SINGLE_LETTER_BINARY.get(unit) or _BINARY_BY_NAME.get(unit.lower()) or _DECIMAL_UNITS.get(unit.lower())
     if factor is None:
         raise UsageError(
             f"{what} {text!r} has an unknown unit {match.group(2)!r}; use B, KiB, MiB, GiB, TiB (or KB, MB, GB, TB)"

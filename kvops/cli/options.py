@@ -14,7 +14,7 @@ import click
 
 from kvops.dtypes import KV_DTYPE_CHOICES
 from kvops.errors import KvopsError
-from kvops.units import parse_bytes, parse_count
+from kvops.units import GiB, parse_bytes, parse_count
 
 if TYPE_CHECKING:
     from kvops.deployment import DeploymentOptions
@@ -581,7 +581,7 @@ def deployment_options(ctx: click.Context, params: dict[str, Any], launcher: tup
         if field not in known:
             continue
         if name in _SIZES and value is not None:
-            value = parse_bytes(value, _SIZES[name])
+            value = _size(name, value)
         values[field] = value
         if name in derived or typed(ctx, name):
             given.add(field)  # typed, stated in the -f file, or derived from --from-command
@@ -593,6 +593,15 @@ def deployment_options(ctx: click.Context, params: dict[str, Any], launcher: tup
     if params.get("from_command"):
         options = options.under(_from_command(params["from_command"]))
     return options
+
+
+def _size(name: str, text: str) -> int:
+    value = parse_bytes(text, _SIZES[name])
+    if name == "gpu_memory" and value < GiB:  # "80" is 80 bytes: a unit left out, not a GPU
+        raise click.UsageError(
+            f"--gpu-memory {text!r} is {value:,} bytes; give the device's memory with a unit, e.g. 80GiB"
+        )
+    return value
 
 
 def _skip_layers(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[str, ...]:

@@ -14,6 +14,10 @@ from kvops.units import format_bytes, parse_bytes
         ("4096", 4096),
         ("1.5GiB", 3 << 29),
         ("17.8GiB", 19112604467),
+        ("20G", 20 << 30),  # vLLM's human_readable_int: an upper-case letter is binary
+        ("20g", 20 * 10**9),  # a lower-case one decimal
+        ("512M", 512 << 20),
+        ("20gb", 20 * 10**9),
     ],
 )
 def test_parse_bytes(text, expected):

@@ -83,3 +83,19 @@ def test_a_request_of_no_prompt_is_refused_in_a_workload_file_and_by_flag(run_kv
         f"{workload}:2: prompt length 0; a request has at least 1 prompt token (the engines refuse an empty prompt)"
     )
     assert "--prompt-tokens" in run_kvops(*args, "--prompt-tokens", "0", expect=2).stderr
+
+
+def test_a_size_reads_the_same_typed_or_pasted_as_vllm_reads_it(run_kvops):
+    """`--kv-cache-memory-bytes 20G` typed had been 20,000,000,000 bytes, pasted in a command 20 GiB (vLLM's)."""
+    args = ("-m", "llama-3.1-8b", "--gpu", "H100", "--max-model-len", "8192")
+    typed = plan_doc(run_kvops, *args, "--kv-cache-memory-bytes", "20G")
+    pasted = plan_doc(
+        run_kvops,
+        "--gpu",
+        "H100",
+        "--from-command",
+        "vllm serve meta-llama/Llama-3.1-8B --max-model-len 8192 --kv-cache-memory-bytes 20G",
+    )
+    assert typed["flags"]["kv-cache-memory-bytes"] == pasted["flags"]["kv-cache-memory-bytes"] == 20 << 30
+    ran = run_kvops("plan", *args, "--gpu-memory", "80", expect=2)
+    assert "--gpu-memory '80' is 80 bytes; give the device's memory with a unit, e.g. 80GiB" in ran.stderr
