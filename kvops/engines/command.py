@@ -8,6 +8,7 @@ memory in a way kvops does not compute: measure the run), or "unknown" (not an o
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -80,6 +81,35 @@ def after_image(words: list[str], images: tuple[str, ...]) -> list[str] | None:
         if any(word == image or word.startswith((f"{image}:", f"{image}@")) for image in images):
             return words[index + 1 :]
     return None
+
+
+RELEASE_TAG = re.compile(r"v?(\d+\.\d+(?:\.\d+)?)(?:\.post\d+)?")  # v0.8.5, 3.0.1, v0.6.1.post1
+
+
+def image_tag(words: list[str], images: tuple[str, ...]) -> tuple[str, str] | None:
+    """The engine image of a `docker run` line whose tag names a release, and that release
+    (vllm/vllm-openai:v0.8.5 -> 0.8.5, text-generation-inference:3.0.1 -> 3.0.1); None without one (latest,
+    nightly, a digest, no image)."""
+    if after_image(words, images) is None:
+        return None
+    for word in words:
+        for image in images:
+            if word.startswith(f"{image}:"):
+                tag = RELEASE_TAG.fullmatch(word[len(image) + 1 :])
+                return (word, tag.group(1)) if tag else None
+    return None
+
+
+def with_image_release(stated: StatedCommand, words: list[str], images: tuple[str, ...]) -> StatedCommand:
+    """A docker line's image tag states the release it runs: planned for it (--engine-version typed still wins)."""
+    tagged = image_tag(words, images)
+    if tagged:
+        image, release = tagged
+        stated.values["engine_version"] = release
+        stated.lines.append(
+            f"{image}: planned for the release its tag names, {release} (--engine-version overrides it)"
+        )
+    return stated
 
 
 def split_options(

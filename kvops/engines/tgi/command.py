@@ -22,6 +22,7 @@ from kvops.engines.command import (
     port,
     setter,
     split_options,
+    with_image_release,
 )
 from kvops.engines.tgi import flags
 from kvops.errors import UsageError
@@ -67,7 +68,7 @@ def read_command(words: list[str]) -> StatedCommand | None:
     if words[0] == flags.PROGRAM[0]:
         return read_launcher_args(words[1:])
     args = after_image(words, IMAGES)
-    return None if args is None else read_launcher_args(args)
+    return None if args is None else with_image_release(read_launcher_args(args), words, IMAGES)
 
 
 def read_launcher_args(args: list[str]) -> StatedCommand:

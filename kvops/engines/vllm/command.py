@@ -26,6 +26,7 @@ from kvops.engines.command import (
     setter,
     share,
     split_options,
+    with_image_release,
 )
 from kvops.engines.vllm import flags
 from kvops.errors import UsageError
@@ -305,4 +306,4 @@ READERS: dict[str, Reader] = {
 
 def read_command(words: list[str]) -> StatedCommand | None:
     args = serve_args(words)
-    return None if args is None else read_serve_args(args)
+    return None if args is None else with_image_release(read_serve_args(args), words, IMAGES)

@@ -99,3 +99,20 @@ def test_a_size_reads_the_same_typed_or_pasted_as_vllm_reads_it(run_kvops):
     assert typed["flags"]["kv-cache-memory-bytes"] == pasted["flags"]["kv-cache-memory-bytes"] == 20 << 30
     ran = run_kvops("plan", *args, "--gpu-memory", "80", expect=2)
     assert "--gpu-memory '80' is 80 bytes; give the device's memory with a unit, e.g. 80GiB" in ran.stderr
+
+
+@pytest.mark.parametrize(
+    "command, typed, planned",
+    [
+        ("docker run --gpus all vllm/vllm-openai:v0.8.5 --model meta-llama/Llama-3.1-8B --max-model-len 8192", (), "0.8.5"),
+        ("docker run --gpus all vllm/vllm-openai:v0.8.5 --model meta-llama/Llama-3.1-8B --max-model-len 8192", ("--engine-version", "0.19.0"), "0.19.0"),
+        ("docker run --gpus all ghcr.io/huggingface/text-generation-inference:3.0.1 --model-id meta-llama/Llama-3.1-8B", (), "3.0.1"),
+    ],
+)  # fmt: skip
+def test_a_docker_lines_image_tag_is_the_release_planned(run_kvops, command, typed, planned):
+    """vllm/vllm-openai:v0.8.5 had been planned as 0.34.0, 14% more KV than 0.8.5 gives."""
+    doc = plan_doc(run_kvops, "--gpu", "H100", "--from-command", command, *typed)
+    assert doc["engine_version"]["version"] == planned
+    latest = command.replace(":v0.8.5", ":latest").replace(":3.0.1", ":latest")
+    newest = plan_doc(run_kvops, "--gpu", "H100", "--from-command", latest)["engine_version"]["version"]
+    assert newest != "0.8.5" and newest != "3.0.1"
