@@ -14,6 +14,7 @@ from typing import Any
 
 from kvops import engines
 from kvops.deploy.stack import PLUGIN_COPY, PLUGIN_DIR, POLICY_FILE, Stack, dump_yaml
+from kvops.render.plan import in_container, model_mount
 
 PROMETHEUS_IMAGE = "prom/prometheus:v3.5.0"  # keep_firing_for in the rules needs Prometheus >= 2.42
 GRAFANA_IMAGE = "grafana/grafana:11.6.0"
@@ -64,11 +65,13 @@ GRAFANA_DASHBOARDS = {
 def compose(stack: Stack) -> dict[str, Any]:
     plan = stack.plan
     container = engines.get(stack.engine).container
-    engine: dict[str, Any] = {"image": plan.image, "command": stack.engine_args(), "environment": ["HF_TOKEN"]}
+    command = in_container(plan, stack.engine_args())
+    engine: dict[str, Any] = {"image": plan.image, "command": command, "environment": ["HF_TOKEN"]}
     engine.update(container.compose_shared_memory)
     engine["volumes"] = [f"{container.compose_cache}:{container.model_cache}"]
-    if plan.local_model:
-        engine["volumes"].append(f"{plan.local_model}:{plan.local_model}:ro")
+    mount = model_mount(plan)
+    if mount:
+        engine["volumes"].append(f"{mount[0]}:{mount[1]}:ro")
     engine.update(_gpus(stack))
     services: dict[str, Any] = {stack.engine: engine}
     volumes: dict[str, Any] = {container.compose_cache: {}} if container.compose_cache_is_volume else {}

@@ -5,6 +5,7 @@ The engine's container for Kubernetes is an object `kvops.deploy.k8s` builds; `k
 
 from __future__ import annotations
 
+import os
 import textwrap
 from typing import Any
 
@@ -16,6 +17,7 @@ from kvops.units import format_bytes
 from kvops.workload import Workload
 
 FORMATS = ("text", "shell", "json", "yaml", "env", "docker", "k8s")
+MODEL_MOUNT = "/models"  # where a container sees a local model folder
 WIDTH = 120  # columns of the text report, the launch line folded to fit
 
 
@@ -71,12 +73,28 @@ def docker(plan: Plan) -> str:
         words += ["--gpus", str(plan.inputs.devices)]
     words += [*container.docker_shared_memory, "-p", f"{container.host_port}:{plan.port}"]
     words += ["-v", ShellText(f"{container.docker_cache}:{container.model_cache}"), "-e", "HF_TOKEN"]
-    local = plan.local_model
-    if local:
-        words += ["-v", f"{local}:{local}:ro"]
+    mount = model_mount(plan)
+    if mount:
+        words += ["-v", f"{mount[0]}:{mount[1]}:ro"]
     words.append(plan.image)
-    words += image_args(plan)
+    words += in_container(plan, image_args(plan))
     return shell_line(words)
+
+
+def model_mount(plan: Plan) -> tuple[str, str] | None:
+    """A local model folder's host path, absolute (docker reads a bare name as a named volume), and the path the
+    container sees it at."""
+    local = plan.local_model
+    if not local:
+        return None
+    host = os.path.abspath(local)
+    return host, f"{MODEL_MOUNT}/{os.path.basename(host)}"
+
+
+def in_container(plan: Plan, args: list[str]) -> list[str]:
+    """The engine's arguments with a local model folder named by its path in the container."""
+    mount = model_mount(plan)
+    return [mount[1] if mount and word == plan.local_model else word for word in args]
 
 
 def image_args(plan: Plan) -> list[str]:

@@ -116,3 +116,16 @@ def test_a_docker_lines_image_tag_is_the_release_planned(run_kvops, command, typ
     latest = command.replace(":v0.8.5", ":latest").replace(":3.0.1", ":latest")
     newest = plan_doc(run_kvops, "--gpu", "H100", "--from-command", latest)["engine_version"]["version"]
     assert newest != "0.8.5" and newest != "3.0.1"
+
+
+def test_a_local_model_folder_is_mounted_at_an_absolute_path_the_engine_is_given(run_kvops, tmp_path, monkeypatch):
+    """`-v m4:m4:ro` had been emitted: docker reads m4 as a named volume and a relative container path fails."""
+    monkeypatch.chdir(tmp_path)
+    model_dir(tmp_path, "m4")
+    args = ("-m", "m4", "--gpu", "H100", "--max-model-len", "4096")
+    line = run_kvops("plan", *args, "--format", "docker").stdout
+    assert f"-v {tmp_path / 'm4'}:/models/m4:ro vllm/vllm-openai:" in line
+    assert line.split("vllm/vllm-openai:")[1].split()[1] == "/models/m4"
+    run_kvops("manifests", *args, "-t", "compose", "-o", "out")
+    compose = (tmp_path / "out" / "compose.yaml").read_text()
+    assert f"- {tmp_path / 'm4'}:/models/m4:ro" in compose and "- /models/m4\n" in compose
