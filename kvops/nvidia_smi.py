@@ -42,6 +42,11 @@ def parse_nvidia_smi(text: str, where: str = "nvidia-smi output") -> list[SmiDev
         raise KvopsError(
             f"{where}: no GPU memory found; give `nvidia-smi` output or `nvidia-smi --query-gpu=memory.total,memory.used --format=csv`"
         )
+    for device in devices:
+        if device.total_bytes <= 0 or device.used_bytes > device.total_bytes:
+            raise KvopsError(
+                f"{where}: {device.describe()}: more used than the device holds; paste the output as nvidia-smi printed it"
+            )
     return devices
 
 

@@ -156,8 +156,10 @@ def _larger_gpu(inputs: PlanInputs) -> list[WayOut]:
         and gpu.vendor == current.vendor
         and (_consumer(current) or not _consumer(gpu))
     ]
+    # --gpu-memory overrides whatever --gpu names: the way out is the other GPU without it
+    without = " without --gpu-memory" if current.reported_by == "--gpu-memory" else ""
     for gpu in sorted(candidates, key=lambda gpu: gpu.memory_bytes):
-        option = _try(f"--gpu {gpu.id}", replace(inputs, gpu=gpu, profile=None))
+        option = _try(f"--gpu {gpu.id}{without}", replace(inputs, gpu=gpu, profile=None))
         if option.fits:
             return [option]
     return []

@@ -149,6 +149,8 @@ def split_options(
                 taken.append(args[index])
                 index += 1
             value = " ".join(taken) or None
+        if known and kind == VALUE and value is None:
+            raise UsageError(f"--from-command: {name} needs a value; the engine refuses it without one")
         canonical = known[0] if known else None
         negated = canonical is not None and name.startswith("--no-") and not canonical.startswith("--no-")
         options.append(Word(name, canonical, value, negated, tuple(args[start:index])))

@@ -50,11 +50,13 @@ def memory_figures(run: Run, predicted: Plan | None, inputs: PlanInputs | None) 
                 failed_allocation.line,
             )
         )
-    if facts.get("startup_free_bytes") is not None and figures[0].bytes:
+    # free at startup is torch's: less torch's own total where the log has it (nvidia-smi's total is another figure)
+    torch_total = facts.get("total_memory_bytes") or figures[0].bytes
+    if facts.get("startup_free_bytes") is not None and torch_total:
         figures.append(
             Figure(
                 "before_engine",
-                figures[0].bytes - facts["startup_free_bytes"],
+                torch_total - facts["startup_free_bytes"],
                 "derived",
                 f"total - free at startup (other processes, CUDA contexts): log {run.quote('startup_free_bytes')}",
                 run.line("startup_free_bytes"),

@@ -266,16 +266,23 @@ def _refuse_other_engines_options(inputs: PlanInputs) -> None:
         ("--cpu-offload-gb", inputs.cpu_offload_bytes),
         ("--disable-hybrid-kv-cache-manager", not inputs.hybrid_manager),
         ("--mamba-cache-mode", inputs.mamba_cache_mode),
+        ("--enable-lora", inputs.lora),
+        ("--decode-context-parallel-size", inputs.dcp > 1),
+        ("--compilation-config", inputs.compilation_config),
+        ("--disable-sliding-window", inputs.disable_sliding_window),
     ):
         if changed:
             raise UsageError(f"{name} is a vLLM option; TGI has no such setting")
     for name, value in (
         ("--kv-cache-memory-bytes", inputs.kv_cache_memory_bytes),
         ("--block-size", inputs.block_size),
+        ("--num-gpu-blocks-override", inputs.num_gpu_blocks_override),
         ("--max-queued", inputs.max_queued),
     ):
         if value is not None:
             raise UsageError(f"{name} is a vLLM option; TGI sizes its KV pool itself (use --cuda-memory-fraction)")
+    if inputs.enforce_eager:
+        raise UsageError("--enforce-eager is a vLLM option; TGI runs without CUDA graphs with --cuda-graphs 0")
     if inputs.guard:
         raise UsageError("--guard adds vLLM's KV-guard scheduler; TGI has no scheduler plugin (use the kvops proxy)")
 

@@ -129,3 +129,45 @@ def test_a_local_model_folder_is_mounted_at_an_absolute_path_the_engine_is_given
     run_kvops("manifests", *args, "-t", "compose", "-o", "out")
     compose = (tmp_path / "out" / "compose.yaml").read_text()
     assert f"- {tmp_path / 'm4'}:/models/m4:ro" in compose and "- /models/m4\n" in compose
+
+
+def test_a_larger_gpu_way_out_says_to_drop_the_memory_override_it_needs(run_kvops):
+    """'+ --gpu L40S: fits' had been offered where --gpu L40S --gpu-memory 20GiB still does not fit."""
+    ran = run_kvops("plan", "-m", "llama-3.1-8b", "--gpu", "H100", "--gpu-memory", "20GiB", expect=3)
+    assert "+ --gpu L40S without --gpu-memory: fits" in ran.stdout + ran.stderr
+
+
+def test_explain_with_nvidia_smi_takes_held_before_startup_from_torchs_own_total(run_kvops, tmp_path):
+    """nvidia-smi's total less torch's free had read 990.68 MiB held before startup where the log says 522 MiB
+    (two totals 460 MiB apart); more used than the device holds had printed a negative free."""
+    log = FIXTURES / "corpus" / "vllm" / "vllm-0.19.0-h100-llama-3.1-8b-instruct-tp1-8192-llmd.log"
+    smi = tmp_path / "smi.csv"
+    smi.write_text("memory.total [MiB], memory.used [MiB]\n81559 MiB, 78500 MiB\n")
+    ran = run_kvops("explain", "--vllm-log", str(log), "--nvidia-smi", str(smi))
+    assert "held before startup  ~522.24 MiB" in ran.stdout
+    smi.write_text("memory.total [MiB], memory.used [MiB]\n81559 MiB, 90000 MiB\n")
+    ran = run_kvops("explain", "--vllm-log", str(log), "--nvidia-smi", str(smi), expect=None)
+    assert ran.exit_code != 0 and "more used than the device holds" in ran.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize(
+    "option, words",
+    [
+        (("--num-gpu-blocks-override", "100"), "--num-gpu-blocks-override is a vLLM option"),
+        (("--enforce-eager",), "TGI runs without CUDA graphs with --cuda-graphs 0"),
+        (("--enable-lora",), "--enable-lora is a vLLM option"),
+        (("-dcp", "2"), "--decode-context-parallel-size is a vLLM option"),
+        (("--compilation-config", "{}"), "--compilation-config is a vLLM option"),
+        (("--disable-sliding-window",), "--disable-sliding-window is a vLLM option"),
+    ],
+)
+def test_a_vllm_option_on_a_tgi_plan_is_one_line_not_a_plan_that_ignores_it(run_kvops, option, words):
+    ran = run_kvops("plan", "-m", "llama-3.1-8b", "--gpu", "H100", "--engine", "tgi", *option, expect=2)
+    assert words in ran.stderr
+
+
+def test_a_pasted_option_without_its_value_says_so(run_kvops):
+    """'--gpu-memory-utilization None is not a number between 0 and 1' had named a value never given."""
+    command = "vllm serve meta-llama/Llama-3.1-8B --gpu-memory-utilization"
+    ran = run_kvops("plan", "--gpu", "H100", "--from-command", command, expect=2)
+    assert "--from-command: --gpu-memory-utilization needs a value; the engine refuses it without one" in ran.stderr
