@@ -15,6 +15,8 @@ from kvops.errors import UsageError
 from kvops.frozen import frozen
 
 _VERSION = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?")
+# what may follow a release's numbers as engines print them: PEP 440's (0.10.1rc1.dev101+gbda9d0535), TGI's -dev0
+_SUFFIXES = re.compile(r"(?:[-.]?(?:rc|dev|post|a|b)\d*)*(?:\+\S+)?")
 
 
 @dataclass(frozen=True, order=True)
@@ -31,6 +33,16 @@ class Version:
             raise UsageError(f"{option} {text!r} is not a version; give one like 0.32.0 or 3.3.7")
         major, minor, patch = (int(part) if part else 0 for part in match.groups())
         return cls(major, minor, patch, text.strip().removeprefix("v"))
+
+    @classmethod
+    def given(cls, text: str) -> Version:
+        """A release as a user types it (--engine-version): the numbers and a release's own suffixes, nothing else."""
+        version = cls.parse(text)
+        match = _VERSION.match(text.strip())
+        assert match is not None
+        if not _SUFFIXES.fullmatch(text.strip()[match.end() :]):
+            raise UsageError(f"--engine-version {text!r} is not a release; give one like 0.32.0, 0.8.5.post1 or 3.3.7")
+        return version
 
     def at_least(self, major: int, minor: int, patch: int = 0) -> bool:
         return (self.major, self.minor, self.patch) >= (major, minor, patch)

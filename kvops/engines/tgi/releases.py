@@ -126,7 +126,9 @@ class TgiRelease:
 def release(text: str | None, how: str | None = None) -> TgiRelease:
     if text is None:
         return TgiRelease(Version.parse(NEWEST), "the newest release (default; --engine-version to plan another)")
-    version = Version.parse(text)
+    version = Version.given(text)
+    if version.major == 0 and version.minor > 9:
+        raise UsageError(f"--engine-version {text}: TGI has no release {version} (0.9.4, then 1.0.0)")
     if version > Version.parse(NEWEST):
         raise UsageError(f"--engine-version {text}: the last TGI release is {NEWEST}")
     if not version.at_least(0, 9):

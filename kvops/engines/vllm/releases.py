@@ -371,7 +371,9 @@ def release(text: str | None, how: str | None = None) -> VllmRelease:
     raw = text.strip()
     lowered = raw.lower()
     v0, v1 = lowered.endswith(V0_SUFFIX), lowered.endswith(V1_SUFFIX)
-    version = Version.parse(raw[: -len(V0_SUFFIX)] if v0 or v1 else raw)
+    version = Version.given(raw[: -len(V0_SUFFIX)] if v0 or v1 else raw)
+    if not version.at_least(0, 1):
+        raise UsageError(f"--engine-version {raw}: vLLM's first release is 0.1.0")
     if version > Version.parse(NEWEST):
         raise UsageError(
             f"--engine-version {raw}: kvops knows vLLM up to {NEWEST}; plan with {NEWEST} (the newest rules) or an older release"

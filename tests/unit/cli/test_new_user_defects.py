@@ -171,3 +171,23 @@ def test_a_pasted_option_without_its_value_says_so(run_kvops):
     command = "vllm serve meta-llama/Llama-3.1-8B --gpu-memory-utilization"
     ran = run_kvops("plan", "--gpu", "H100", "--from-command", command, expect=2)
     assert "--from-command: --gpu-memory-utilization needs a value; the engine refuses it without one" in ran.stderr
+
+
+@pytest.mark.parametrize(
+    "engine, version, words",
+    [
+        ("vllm", "0.19.0-foo", "'0.19.0-foo' is not a release"),
+        ("vllm", "0.0.1", "vLLM's first release is 0.1.0"),
+        ("tgi", "0.19.0", "TGI has no release 0.19.0 (0.9.4, then 1.0.0)"),
+    ],
+)
+def test_a_release_that_does_not_exist_is_one_line_not_a_plan_headed_with_it(run_kvops, engine, version, words):
+    ran = run_kvops(
+        "plan", "-m", "llama-3.1-8b", "--gpu", "H100", "--engine", engine, "--engine-version", version, expect=2
+    )
+    assert words in ran.stderr
+
+
+@pytest.mark.parametrize("version", ["0.8.5.post1", "0.10.1.dev101+gbda9d0535", "0.19.0rc1", "v0.19.0", "0.8.5-v0"])
+def test_releases_as_engines_print_them_still_plan(run_kvops, version):
+    run_kvops("plan", "-m", "llama-3.1-8b", "--gpu", "H100", "--max-model-len", "8192", "--engine-version", version)
