@@ -5,6 +5,7 @@ The types a calibration is made of are in `kvops.calibration`; each engine's `ca
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any
 
 from kvops.deployment import DeploymentOptions
@@ -13,6 +14,8 @@ from kvops.errors import KvopsError
 if TYPE_CHECKING:
     from kvops.calibration import Calibration
     from kvops.engines.base import Engine
+
+HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")  # ORG/NAME
 
 
 def calibrate_run(
@@ -23,11 +26,23 @@ def calibrate_run(
     Returns the calibration, and why there is no prediction when the run could not be planned."""
     from kvops.planner import predict
 
-    merged = options.under(engine.stated_options(log, config))
+    stated = engine.stated_options(log, config)
+    merged = options.under(stated)
     plan, why = None, None
     if merged.model:
         try:
             plan = predict(merged.plan_inputs())
         except KvopsError as exc:
             why = f"no prediction for this run: {exc}"
-    return engine.calibrate(log, config, plan, source), why
+    calibration = engine.calibrate(log, config, plan, source)
+    if plan is not None and stated.model and _another_model(plan.inputs.spec.name, stated.model):
+        calibration.warnings.append(
+            f"the run loaded {stated.model}, the prediction is for --model {plan.inputs.spec.name}: the differences "
+            "below are the two models', not the plan's error; leave --model out to predict the run's own"
+        )
+    return calibration, why
+
+
+def _another_model(planned: str, loaded: str) -> bool:
+    """Two Hub ids that differ (a local path says nothing of which model it holds)."""
+    return bool(HUB_ID.match(planned) and HUB_ID.match(loaded)) and planned.lower() != loaded.lower()

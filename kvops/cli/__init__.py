@@ -57,7 +57,8 @@ class LazyGroup(click.Group):
             sys.exit(130)
         except click.UsageError as exc:
             command = exc.ctx.command_path if exc.ctx else "kvops"
-            click.echo(f"{command}: error: {exc.format_message()} (see `{command} --help`)", err=True)
+            message = " ".join(exc.format_message().split())  # one line: click lists choices on several
+            click.echo(f"{command}: error: {message} (see `{command} --help`)", err=True)
             sys.exit(probe or exc.exit_code)
         except click.ClickException as exc:
             click.echo(f"kvops: error: {exc.format_message()}", err=True)

@@ -191,3 +191,21 @@ def test_a_release_that_does_not_exist_is_one_line_not_a_plan_headed_with_it(run
 @pytest.mark.parametrize("version", ["0.8.5.post1", "0.10.1.dev101+gbda9d0535", "0.19.0rc1", "v0.19.0", "0.8.5-v0"])
 def test_releases_as_engines_print_them_still_plan(run_kvops, version):
     run_kvops("plan", "-m", "llama-3.1-8b", "--gpu", "H100", "--max-model-len", "8192", "--engine-version", version)
+
+
+def test_calibrating_a_run_against_another_model_says_whose_differences_they_are(run_kvops):
+    """--model llama-3.1-70b on an 8B run had printed a KV error of -199% as the plan's."""
+    log = FIXTURES / "corpus" / "vllm" / "vllm-0.19.0-h100-llama-3.1-8b-instruct-tp1-8192-llmd.log"
+    ran = run_kvops("calibrate", "--vllm-log", str(log), "-m", "llama-3.1-70b", "--gpu", "H100")
+    assert (
+        "the run loaded meta-llama/Llama-3.1-8B-Instruct, the prediction is for --model meta-llama/Llama-3.1-70B"
+        in ran.stderr
+    )
+    assert "the run loaded" not in run_kvops("calibrate", "--vllm-log", str(log)).stderr
+
+
+def test_a_missing_choice_is_one_line(run_kvops):
+    """click lists an option's choices over three lines."""
+    ran = run_kvops("alerts", expect=2)
+    line = ran.stderr.strip().replace("main", "kvops")  # main: CliRunner's name for the program
+    assert line == "kvops alerts: error: Missing option '--engine'. Choose from: vllm, tgi (see `kvops alerts --help`)"
