@@ -78,10 +78,16 @@ def find_gpu(name: str) -> Gpu:
     for key in _keys(name):
         if key in index:
             return index[key]
+        if key in AMBIGUOUS:
+            raise UsageError(
+                f"--gpu {name!r} names two parts, {' and '.join(AMBIGUOUS[key])}: give one (a plan for the other "
+                "promises twice its memory or half)"
+            )
     valid = ", ".join(gpu.id for gpu in gpu_catalog())
     raise UsageError(f"--gpu {name!r} is not in the GPU catalog; valid: {valid} (or give --gpu-memory SIZE)")
 
 
+AMBIGUOUS = {"a100": ("A100-40GB", "A100-80GB")}  # a name without its size
 _VENDOR_PREFIXES = ("nvidia-geforce-", "nvidia-", "amd-instinct-", "amd-", "geforce-", "instinct-")
 
 

@@ -209,3 +209,15 @@ def test_a_missing_choice_is_one_line(run_kvops):
     ran = run_kvops("alerts", expect=2)
     line = ran.stderr.strip().replace("main", "kvops")  # main: CliRunner's name for the program
     assert line == "kvops alerts: error: Missing option '--engine'. Choose from: vllm, tgi (see `kvops alerts --help`)"
+
+
+def test_an_a100_without_its_size_is_one_line_not_the_80gb_part(run_kvops):
+    """--gpu A100 had meant the 80 GB part: an A100-40GB user's plan promised twice the memory."""
+    ran = run_kvops("plan", "-m", "llama-3.1-8b", "--gpu", "A100", expect=2)
+    assert "--gpu 'A100' names two parts, A100-40GB and A100-80GB: give one" in ran.stderr
+    assert (
+        plan_doc(run_kvops, "-m", "llama-3.1-8b", "--gpu", "NVIDIA A100-SXM4-40GB", "--max-model-len", "8192")["gpu"][
+            "id"
+        ]
+        == "A100-40GB"
+    )
