@@ -75,7 +75,8 @@ def main() -> None:
     arms = options.arms.split(",")
     factors = [float(factor) for factor in options.factors.split(",")]
     seeds = [int(seed) for seed in options.seeds.split(",")]
-    spread: dict[tuple[str, str, float, str], list[tuple[float, float]]] = {}  # per point and arm: (ratio, share)
+    # per point and arm, one per seed: (goodput ratio, preemption share, goodput, stock's goodput)
+    spread: dict[tuple[str, str, float, str], list[tuple[float, float, float, float]]] = {}
     for name, traffic, seed in itertools.product(options.deployments.split(","), options.traffic.split(","), seeds):
         started = time.monotonic()
         setup = setup_for(name, traffic, seed, arms, options)
@@ -99,7 +100,7 @@ def main() -> None:
             for arm, summary in results.items():
                 ratio = summary.goodput_rps / stock if stock else float("nan")
                 share = summary.preemptions / stock_preempted if stock_preempted else float("nan")
-                spread.setdefault((name, traffic, factor, arm), []).append((ratio, share))
+                spread.setdefault((name, traffic, factor, arm), []).append((ratio, share, summary.goodput_rps, stock))
                 print(
                     f"  {factor:>5g} {arm:<13} {summary.goodput_rps:>8.3g} {ratio:>8.2f} "
                     f"{summary.ttft.p99:>8.2f}s {summary.tpot.p99 * 1000:>7.1f}ms {summary.preemptions:>9,} "
@@ -111,18 +112,26 @@ def main() -> None:
         print_spread(spread, arms[1:], len(seeds))
 
 
-def print_spread(spread: dict[tuple[str, str, float, str], list[tuple[float, float]]], arms: list[str], n: int) -> None:
-    """Over the seeds, each arm's goodput against stock's and its preemptions as a share of stock's: median (range)."""
-    print(f"\nover {n} seeds: goodput / stock, preemptions / stock's: median (min-max; - where stock preempted none)")
+def print_spread(
+    spread: dict[tuple[str, str, float, str], list[tuple[float, float, float, float]]], arms: list[str], n: int
+) -> None:
+    """Over the seeds, each arm's goodput against stock's (the traces' summed goodput, then the median trace and its
+    range, below stock on how many) and its preemptions as a share of stock's: median (range)."""
+    print(
+        f"\nover {n} seeds: summed goodput / stock's; the median trace (min-max), traces below stock; preemptions /"
+        " stock's: median (min-max; - where stock preempted none)"
+    )
     for (name, traffic, factor, arm), points in spread.items():
         if arm not in arms:
             continue
-        ratios = [ratio for ratio, _ in points]
-        shares = [share for _, share in points if share == share]  # NaN: stock preempted none
+        ratios = [ratio for ratio, *_ in points]
+        shares = [share for _, share, *_ in points if share == share]  # NaN: stock preempted none
+        summed = sum(goodput for *_, goodput, _ in points) / (sum(stock for *_, stock in points) or float("nan"))
+        below = sum(ratio < 1 for ratio in ratios)
         preempted = f"{statistics.median(shares):.0%} ({min(shares):.0%}-{max(shares):.0%})" if shares else "-"
         print(
-            f"  {name} {traffic} {factor:g} x {arm}: {statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f}),"
-            f" preempted {preempted}"
+            f"  {name} {traffic} {factor:g} x {arm}: summed {summed:.3f}; {statistics.median(ratios):.3f} "
+            f"({min(ratios):.3f}-{max(ratios):.3f}), {below} below; preempted {preempted}"
         )
 
 
