@@ -830,9 +830,16 @@ def compiled_graphs(
     if not isinstance(config, dict):
         raise UsageError(f"--compilation-config {text!r} is not a JSON object")
     mode = str(config.get("cudagraph_mode") or "default").upper()
+    if mode != "DEFAULT" and mode not in CUDAGRAPH_MODES:
+        raise UsageError(
+            f"--compilation-config cudagraph_mode {config['cudagraph_mode']!r} is not a mode vLLM has; valid: "
+            f"{', '.join(CUDAGRAPH_MODES)}"
+        )
+    sizes = config.get("cudagraph_capture_sizes")
+    if isinstance(sizes, list) and not all(isinstance(size, int) and size > 0 for size in sizes):
+        raise UsageError(f"--compilation-config cudagraph_capture_sizes {sizes}: each is a batch size, 1 or more")
     if mode == "NONE":
         return CompiledGraphs("NONE", (), "no CUDA graphs are captured")
-    sizes = config.get("cudagraph_capture_sizes")
     if isinstance(sizes, list) and sizes:
         # vLLM keeps the listed sizes within the token budget (VllmConfig._set_cudagraph_sizes)
         listed = tuple(sorted({size for size in sizes if isinstance(size, int) and 0 < size <= batched}))
@@ -843,6 +850,8 @@ def compiled_graphs(
     return replace(default, mode=mode)
 
 
+# vLLM's CUDAGraphMode (config/compilation.py)
+CUDAGRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
 WIDE_TOKENS = 8192  # vLLM 0.34 on data-center Blackwell: the prefill grid's and the decode tokens' default bound
 
 

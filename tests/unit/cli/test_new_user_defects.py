@@ -221,3 +221,15 @@ def test_an_a100_without_its_size_is_one_line_not_the_80gb_part(run_kvops):
         ]
         == "A100-40GB"
     )
+
+
+@pytest.mark.parametrize(
+    "config, words",
+    [
+        ('{"cudagraph_mode": "BOGUS"}', "cudagraph_mode 'BOGUS' is not a mode vLLM has; valid: NONE, PIECEWISE"),
+        ('{"cudagraph_capture_sizes": [-1, 0]}', "cudagraph_capture_sizes [-1, 0]: each is a batch size, 1 or more"),
+    ],
+)
+def test_a_compilation_config_vllm_refuses_is_one_line(run_kvops, config, words):
+    ran = run_kvops("plan", "-m", "llama-3.1-8b", "--gpu", "H100", "--compilation-config", config, expect=2)
+    assert words in ran.stderr
