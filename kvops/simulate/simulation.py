@@ -158,8 +158,16 @@ def all_at_once(trace: Trace) -> Trace:
 
 def max_rate(setup: Setup, arm: str, attainment: float, progress: Progress | None = None) -> RateSearch:
     """Bisect the request rate (the trace's gaps scaled) for the highest at which `attainment` of the requests
-    meet the SLO; the bracket starts at the throughput with every request sent at once."""
-    saturated = run_arm(setup, arm, all_at_once(setup.trace), progress).summary.throughput_rps
+    meet the SLO. The bracket starts at the throughput with every request sent at once, and doubles while its top
+    still meets the SLO: a finite trace sent at a rate can do better than all at once, whose last requests run in a
+    batch too small to fill the GPU."""
+    at_once = run_arm(setup, arm, all_at_once(setup.trace), progress).summary
+    if at_once.attainment >= attainment:
+        raise KvopsError(
+            f"--max-rate: all {len(setup.trace.requests)} requests sent at once meet {attainment:.0%} of the SLO: at "
+            "any rate they do, the trace is too short to load one replica; give more requests"
+        )
+    saturated = at_once.throughput_rps
     points: list[RatePoint] = []
 
     def probe(rate: float) -> bool:
@@ -168,9 +176,9 @@ def max_rate(setup: Setup, arm: str, attainment: float, progress: Progress | Non
         return result.attainment >= attainment
 
     low, high = 0.0, saturated
-    if probe(high):
-        return RateSearch(arm, attainment, high, saturated, tuple(points))
-    candidate = saturated / 2
+    while probe(high) and len(points) < MAX_SEARCH_RUNS:  # ends: far above saturation, the requests come at once
+        low, high = high, 2 * high
+    candidate = (low + high) / 2 if low else saturated / 2
     while len(points) < MAX_SEARCH_RUNS and (low == 0.0 or (high - low) / high > RATE_TOLERANCE):
         if probe(candidate):
             low = candidate

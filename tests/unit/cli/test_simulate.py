@@ -253,12 +253,24 @@ def test_a_trace_file_replays_as_written(run_kvops, tmp_path):
     assert "one draw" not in text  # a trace's own times are no draw
 
 
-def test_max_rate_finds_a_rate_that_meets_the_attainment(run_kvops):
-    doc = json.loads(run_kvops("simulate", *SMALL, "--max-rate", "--slo-ttft", "500ms", "--json").stdout)
+def test_max_rate_finds_a_rate_that_meets_the_attainment_above_the_all_at_once_throughput(run_kvops):
+    """The search had stopped at the throughput with every request sent at once (2.16/s here), where the trace's
+    longest request sets the pace; sent at a rate, the trace meets the SLO well above it."""
+    args = ("-m", "llama-3.1-8b", "--gpu", "L4", "--max-model-len", "4096", "--requests", "80", "--rate", "2")
+    doc = json.loads(run_kvops("simulate", *args, "--max-rate", "--json").stdout)
     search = doc["max_rate"]
-    assert 0 < search["max_rate_rps"] <= search["saturation_rps"]
+    assert search["max_rate_rps"] > 1.5 * search["saturation_rps"]
     met = [point for point in search["points"] if point["rate_rps"] == search["max_rate_rps"]]
     assert met and met[0]["slo_attainment"] >= 0.9
+    above = [point for point in search["points"] if point["rate_rps"] > search["max_rate_rps"]]
+    assert above and all(point["slo_attainment"] < 0.9 for point in above)  # every rate tried above it misses
+    assert min(point["rate_rps"] for point in above) <= 1.04 * search["max_rate_rps"]  # within the search's tolerance
+
+
+def test_max_rate_on_a_trace_that_meets_the_slo_all_at_once_says_it_is_too_short(run_kvops):
+    ran = run_kvops("simulate", *SMALL, "--max-rate", "--slo-ttft", "500ms", expect=1)
+    assert "--max-rate: all 40 requests sent at once meet 90% of the SLO" in ran.stderr
+    assert "the trace is too short to load one replica; give more requests" in ran.stderr
 
 
 def test_draws_report_each_arms_spread_over_seeds_with_the_first_draw_as_the_table(run_kvops):
