@@ -21,7 +21,7 @@ from kvops.simulate.run import ClientSettings
 from kvops.simulate.simulation import ArmResult, Progress, RateSearch, Replicas, Setup, compare, max_rate, replicas_for
 from kvops.simulate.trace import Trace
 from kvops.simulate.traffic import Traffic, build_trace
-from kvops.workload import Workload, percentile
+from kvops.workload import p95_workload
 
 SPARSE_ROUTING = 1 / 8  # experts per token over experts at or below which the low-concurrency caveat is said
 
@@ -249,16 +249,19 @@ def _given(*options: tuple[str, Any]) -> list[str]:
 
 
 def _plan(options: DeploymentOptions, trace: Trace) -> Plan:
-    """The deployment planned for this traffic: its requests at their p95 size the plan's own max-num-seqs."""
+    """The deployment planned for this traffic: its requests at their p95 size the plan's own max-num-seqs; those
+    longer than a --max-model-len given are left out (the engine refuses them)."""
     from kvops.planner import plan as make_plan
 
-    prompts = [request.prompt_tokens for request in trace.requests]
-    outputs = [request.output_tokens for request in trace.requests]
-    workload = Workload(
-        prompt_tokens=percentile(prompts, 95),
-        gen_tokens=percentile(outputs, 95),
-        source=f"{trace.source}, p95",
-        requests=len(prompts),
+    limit = options.max_model_len if isinstance(options.max_model_len, int) else None
+    fitting = [
+        request for request in trace.requests if limit is None or request.prompt_tokens + request.output_tokens <= limit
+    ]
+    requests = fitting or trace.requests
+    workload = p95_workload(
+        [request.prompt_tokens for request in requests],
+        [request.output_tokens for request in requests],
+        f"{trace.source}, p95",
     )
     plan = make_plan(options.plan_inputs(workload))
     if plan.verdict is not None or plan.capacity is None:

@@ -233,3 +233,28 @@ def test_an_a100_without_its_size_is_one_line_not_the_80gb_part(run_kvops):
 def test_a_compilation_config_vllm_refuses_is_one_line(run_kvops, config, words):
     ran = run_kvops("plan", "-m", "llama-3.1-8b", "--gpu", "H100", "--compilation-config", config, expect=2)
     assert words in ran.stderr
+
+
+def _mixed_requests(path: Path) -> Path:
+    """Long prompts with short answers and short prompts with long ones: every request 3,050 tokens."""
+    lines = [
+        {
+            "arrival_s": 0.5 * index,
+            "prompt_tokens": 3000 if index % 2 else 50,
+            "output_tokens": 50 if index % 2 else 3000,
+        }
+        for index in range(20)
+    ]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+def test_a_workload_is_sized_at_its_p95_request_not_the_p95_prompt_plus_the_p95_output(run_kvops, tmp_path):
+    """Every request 3,050 tokens had been sized as 6,000 (p95 prompt 3,000 + p95 output 3,000): beyond a 4,096
+    context, 'vLLM rejects every one of them'; and `kvops simulate` refused the trace."""
+    trace = _mixed_requests(tmp_path / "mix.jsonl")
+    args = ("-m", "llama-3.1-8b", "--gpu", "L4", "--max-model-len", "4096")
+    doc = plan_doc(run_kvops, *args, "--workload", str(trace))
+    assert doc["capacity"]["tokens_per_request"] == 3050
+    ran = run_kvops("simulate", *args, "--trace", str(trace), "--json")
+    assert json.loads(ran.stdout)["arms"][0]["completed"] == 20
