@@ -135,10 +135,18 @@ def opened(where: str) -> Iterator[IO[bytes]]:
         gzipped = raw.read(2) == b"\x1f\x8b"
         raw.seek(0)
         if not gzipped:
-            yield raw
+            yield _past_bom(raw, where)
             return
         with gzip.GzipFile(fileobj=raw, mode="rb") as unzipped:
-            yield cast(IO[bytes], unzipped)
+            yield _past_bom(cast(IO[bytes], unzipped), where)
+
+
+def _past_bom(stream: IO[bytes], where: str) -> IO[bytes]:
+    """The stream past a UTF-8 byte order mark, which Windows editors write first (every format reads the same)."""
+    with _read_errors(where):
+        if stream.read(len(codecs.BOM_UTF8)) != codecs.BOM_UTF8:
+            stream.seek(0)
+    return stream
 
 
 def _check_regular(info: os.stat_result, where: str) -> None:
@@ -182,11 +190,13 @@ def detect_format(where: str) -> str:
             return "vllm_bench"  # one JSON object, on one line or indented; its lists come after a few fields
         if b"\n" not in head.lstrip():
             head += stream.readline(MAX_LINE_BYTES)
-    first = head.decode("utf-8", errors="replace").removeprefix("\ufeff").strip().split("\n", 1)[0].strip()
-    return _format_of(first, where)
+    lines = head.decode("utf-8", errors="replace").removeprefix("\ufeff").strip().split("\n")
+    return _format_of([line.strip() for line in lines], where)
 
 
-def _format_of(first: str, where: str) -> str:
+def _format_of(lines: list[str], where: str) -> str:
+    """The format the head's lines show (the last may be cut off)."""
+    first = lines[0]
     if first == "{":
         return "vllm_bench"  # an indented JSON object: no JSONL line is a lone brace
     if first.startswith("{"):
@@ -194,7 +204,7 @@ def _format_of(first: str, where: str) -> str:
             record = json.loads(first)
         except json.JSONDecodeError:
             return "kvops"  # its reader says what is wrong with the line
-        return _hashed_format(record) if isinstance(record, dict) and "input_length" in record else "kvops"
+        return _hashed_format(lines) if isinstance(record, dict) and "input_length" in record else "kvops"
     columns = {name.strip() for name in next(csv.reader([first]), [])}
     if set(BURSTGPT_COLUMNS) <= columns:
         return "burstgpt"
@@ -206,14 +216,25 @@ def _format_of(first: str, where: str) -> str:
     )
 
 
-def _hashed_format(record: dict[str, Any]) -> str:
+def _hashed_format(lines: list[str]) -> str:
     """Mooncake's traces hash 512-token blocks and count milliseconds; the Qwen-Bailian ones, which vLLM's
-    timed_trace defaults fit, hash 16-token blocks, count seconds and carry chat_id. The first line tells them apart."""
-    ids, tokens = record.get("hash_ids"), record.get("input_length")
-    if "chat_id" in record:
-        return "timed_trace"
-    if isinstance(ids, list) and is_integer(tokens) and len(ids) == math.ceil(tokens / 16) != math.ceil(tokens / 512):
-        return "timed_trace"
+    timed_trace defaults fit, hash 16-token blocks, count seconds and carry chat_id. The first line whose hash ids
+    tell the block size (a prompt longer than 16 tokens) tells them apart; Mooncake where none does."""
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # the head's last line, cut off
+        if not isinstance(record, dict):
+            continue
+        ids, tokens = record.get("hash_ids"), record.get("input_length")
+        if "chat_id" in record:
+            return "timed_trace"
+        if isinstance(ids, list) and is_integer(tokens) and math.ceil(tokens / 16) != math.ceil(tokens / 512):
+            if len(ids) == math.ceil(tokens / 16):
+                return "timed_trace"
+            if len(ids) == math.ceil(tokens / 512):
+                return "mooncake"
     return "mooncake"
 
 

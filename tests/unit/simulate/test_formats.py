@@ -123,6 +123,26 @@ def test_timed_trace_is_vllms_default_layout_seconds_and_16_token_blocks(tmp_pat
     assert as_mooncake.prefix[0] == ("h1089", 512)
 
 
+def test_a_hashed_trace_whose_first_prompt_is_one_block_either_way_is_told_by_a_later_line(tmp_path):
+    """A first prompt of 10 tokens has one id in 16- and 512-token blocks alike: a timed_trace had been read as
+    Mooncake (milliseconds: 1,000 x the rate)."""
+    lines = [{"timestamp": 0, "input_length": 10, "output_length": 50, "hash_ids": [0]}]
+    lines += [
+        {
+            "timestamp": 0.5 * index,
+            "input_length": 100 * index,
+            "output_length": 50,
+            "hash_ids": list(range(-(-100 * index // 16))),
+        }
+        for index in range(1, 5)
+    ]
+    path = write(tmp_path, "timed.jsonl", "".join(json.dumps(line) + "\n" for line in lines))
+    assert detect_format(path) == "timed_trace"
+    assert read_trace(path).requests[-1].arrival_s == 2.0
+    lone = write(tmp_path, "lone.jsonl", json.dumps(lines[0]) + "\n")
+    assert detect_format(lone) == "mooncake"  # nothing tells: Mooncake, as before
+
+
 def test_hashed_rows_without_tokens_are_skipped_and_bad_ids_named(tmp_path):
     zero = '{"timestamp": 5, "input_length": 10, "output_length": 0, "hash_ids": [1]}\n'
     trace = read_trace(write(tmp_path, "m.jsonl", MOONCAKE + zero), "mooncake")
@@ -319,3 +339,15 @@ def test_what_is_not_a_trace(tmp_path):
     assert failure(only_failures) == (
         f"{only_failures}: no requests (BurstGPT CSV, 1 failures (0 Response tokens) and empty prompts skipped)"
     )
+
+
+@pytest.mark.parametrize("zipped", [False, True])
+def test_a_byte_order_mark_is_read_past_in_every_format(tmp_path, zipped):
+    """A ShareGPT file or a bench result saved with a BOM had been 'not a trace format kvops knows'."""
+    turns = [{"from": "human", "value": "x " * 50}, {"from": "gpt", "value": "y " * 30}]
+    text = json.dumps([{"conversations": turns}])
+    data = b"\xef\xbb\xbf" + text.encode()
+    path = tmp_path / "bom.json"
+    path.write_bytes(gzip.compress(data) if zipped else data)
+    assert detect_format(str(path)) == "sharegpt"
+    assert len(read_trace(str(path))) == 1
