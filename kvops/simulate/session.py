@@ -19,6 +19,7 @@ from kvops.simulate.measured import Figures, Measured
 from kvops.simulate.results import Slo, Spread, spread
 from kvops.simulate.run import ClientSettings
 from kvops.simulate.simulation import ArmResult, Progress, RateSearch, Replicas, Setup, compare, max_rate, replicas_for
+from kvops.simulate.synthetic import check_max_tokens_mode
 from kvops.simulate.trace import Trace
 from kvops.simulate.traffic import Traffic, build_trace
 from kvops.workload import p95_workload
@@ -111,6 +112,7 @@ def prepare(request: Request, options: DeploymentOptions, trace: Trace | None = 
 
 def run(request: Request, options: DeploymentOptions, progress: Progress | None = None) -> Answer:
     """Plan the deployment for this traffic, then run what was asked."""
+    check_max_tokens_mode(request.max_tokens)
     measured = _measured(request)
     _check_draws(request)
     setup = prepare(request, options, measured.trace if measured else None)

@@ -232,6 +232,16 @@ def _pairs(prompt: Lengths | ShareGPTLike, output: Lengths | ShareGPTLike) -> Pa
     return lambda rng: (prompt_draw(rng), output_draw(rng))
 
 
+def check_max_tokens_mode(mode: str) -> None:
+    """--max-tokens: trace, exact, none or cap:N, N a whole number of tokens from 1 (vLLM refuses max_tokens 0)."""
+    if mode == "trace":
+        return
+    try:
+        _cap(mode)
+    except UsageError:
+        raise UsageError(f"--max-tokens {mode!r}; valid: trace, exact, none, cap:N (N tokens, 1 or more)") from None
+
+
 def _cap(mode: str) -> int | None:
     kind, _, tokens = mode.partition(":")
     if mode in ("exact", "none"):

@@ -276,9 +276,17 @@ def _scheduler_class(settings: CoreSettings):
     if settings.scheduler_cls:
         module, _, name = settings.scheduler_cls.rpartition(".")
         try:
-            return getattr(importlib.import_module(module), name)
+            found = getattr(importlib.import_module(module), name)
         except (ImportError, AttributeError, ValueError) as exc:
-            raise KvopsError(f"--scheduler-cls {settings.scheduler_cls}: cannot load it ({exc})") from None
+            raise UsageError(f"--scheduler-cls {settings.scheduler_cls}: cannot load it ({exc})") from None
+        from vllm.v1.core.sched.interface import SchedulerInterface
+
+        if not (isinstance(found, type) and issubclass(found, SchedulerInterface)):
+            raise UsageError(
+                f"--scheduler-cls {settings.scheduler_cls}: not a vLLM scheduler class (a subclass of "
+                "vllm.v1.core.sched.interface.SchedulerInterface, e.g. vllm.v1.core.sched.scheduler.Scheduler)"
+            )
+        return found
     if settings.async_scheduling:
         from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 

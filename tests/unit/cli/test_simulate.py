@@ -310,6 +310,11 @@ def test_draws_need_traffic_that_a_seed_draws(run_kvops, tmp_path):
         (("--compare", "stock,cache-aware"), "--compare 'cache-aware'; valid: stock, plan, guard"),
         (("--slo-ttft", "200"), "--slo-ttft '200' is not a duration; write it with its unit, e.g. 200ms or 2s"),
         (("--engine", "tgi"), "--engine tgi: kvops simulate runs the engine's own scheduler in Python"),
+        (("--max-tokens", "cap:0"), "--max-tokens 'cap:0'; valid: trace, exact, none, cap:N (N tokens, 1 or more)"),
+        (("--max-tokens", "cap:abc"), "--max-tokens 'cap:abc'; valid"),
+        (("--max-tokens", "foo"), "--max-tokens 'foo'; valid"),
+        (("--scheduler-cls", "os.path"), "--scheduler-cls os.path: not a vLLM scheduler class"),
+        (("--scheduler-cls", "no.such.Class"), "--scheduler-cls no.such.Class: cannot load it"),
     ],
 )
 def test_user_mistakes_are_one_line(run_kvops, args, message):
