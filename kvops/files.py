@@ -18,7 +18,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from kvops.errors import KvopsError
+from kvops.errors import KvopsError, UsageError
 
 KiB, MiB = 1 << 10, 1 << 20
 SETTINGS_LIMIT = 1 * MiB  # a policy, a profile, a -f kvops.yaml: a few KiB each
@@ -249,3 +249,16 @@ def write_text(path: str, text: str, option: str) -> None:
         Path(path).write_text(text)
     except OSError as exc:
         raise KvopsError(f"{option} {path}: cannot write ({exc.strerror or exc})") from None
+
+
+def check_output_path(path: str, option: str, suffix: str | None = None) -> None:
+    """A file a command will write when its work is done, checked before the work: a name, in a folder that exists
+    and can be written, with `suffix` where the format needs one."""
+    if not path.strip() or path == "-":
+        raise UsageError(f"{option} {path!r}: give a file name to write")
+    target = Path(path)
+    if suffix is not None and target.suffix.lower() != suffix:
+        raise UsageError(f"{option} {path}: the file is written as {suffix[1:].upper()}: give a name ending {suffix}")
+    folder = target.parent
+    if target.is_dir() or not folder.is_dir() or not os.access(folder, os.W_OK):
+        raise UsageError(f"{option} {path}: cannot write there (no such folder, or not writable)")

@@ -172,7 +172,7 @@ FORMATS = ("kvops", "timed_trace", "mooncake", "burstgpt", "azure", "sharegpt", 
     "--csv",
     "csv_path",
     type=click.Path(dir_okay=False),
-    help="Write one row per request (the first arm's) to this CSV file.",
+    help="Write one row per request of every arm (its first column names the arm) to this CSV file.",
 )
 @click.option(
     "--plot",
@@ -236,6 +236,7 @@ def simulate(ctx: click.Context, as_json: bool, **params: Any) -> None:
     if save_step_time and not request.calibrate:
         raise UsageError("--save-step-time writes what --calibrate fits: give --calibrate RESULT too")
     csv_path, plot_path = params.pop("csv_path"), params.pop("plot_path")
+    _check_outputs(csv_path, plot_path, save_step_time)
     progress = _Progress() if _show_progress(params.pop("progress"), as_json) else None
     answer = session.run(request, deployment, progress)
     if progress is not None:
@@ -274,6 +275,21 @@ def _scheduler_flags(ctx: click.Context, params: dict[str, Any]) -> dict[str, An
     # takes it too (its capacity is then that pool)
     flags["num_gpu_blocks_override"] = params.get("num_gpu_blocks_override")
     return flags
+
+
+def _check_outputs(csv_path: str | None, plot_path: str | None, save_step_time: str | None) -> None:
+    """Every file to write, checked before the simulation runs (it may take minutes)."""
+    from kvops.files import check_output_path
+
+    for path, option, suffix in (
+        (csv_path, "--csv", None),
+        (plot_path, "--plot", ".png"),
+        (save_step_time, "--save-step-time", None),
+    ):
+        if path is not None:
+            check_output_path(path, option, suffix)
+    if csv_path and plot_path and Path(csv_path).resolve() == Path(plot_path).resolve():
+        raise UsageError(f"--csv and --plot both name {csv_path}: give each its own file")
 
 
 def _outputs(answer, as_json: bool, csv_path: str | None, plot_path: str | None) -> None:
