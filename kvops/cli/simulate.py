@@ -202,6 +202,7 @@ def simulate(ctx: click.Context, as_json: bool, **params: Any) -> None:
     from kvops.simulate import session
     from kvops.simulate.traffic import Traffic
 
+    _check_synthetic_options(ctx, params["trace"])
     traffic = Traffic(
         trace=params.pop("trace"),
         trace_format=params.pop("trace_format"),
@@ -275,6 +276,15 @@ def _scheduler_flags(ctx: click.Context, params: dict[str, Any]) -> dict[str, An
     # takes it too (its capacity is then that pool)
     flags["num_gpu_blocks_override"] = params.get("num_gpu_blocks_override")
     return flags
+
+
+def _check_synthetic_options(ctx: click.Context, trace: str | None) -> None:
+    """The synthetic lengths are not drawn for a trace, which has its own."""
+    from kvops.cli.options import typed
+
+    for parameter, option in (("prompt_spec", "--prompt-tokens"), ("output_spec", "--output-tokens")):
+        if trace is not None and typed(ctx, parameter):
+            raise UsageError(f"{option} draws synthetic lengths; --trace {trace} has its own: leave it out")
 
 
 def _check_outputs(csv_path: str | None, plot_path: str | None, save_step_time: str | None) -> None:

@@ -327,6 +327,14 @@ def test_user_mistakes_are_one_line(run_kvops, args, message):
     assert "Traceback" not in ran.stderr and len(ran.stderr.strip().splitlines()) == 1
 
 
+def test_synthetic_lengths_beside_a_trace_are_one_line_not_ignored(run_kvops, tmp_path):
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text('{"arrival_s": 0, "prompt_tokens": 10, "output_tokens": 5}\n')
+    args = ("-m", "llama-3.1-8b", "--gpu", "H100", "--trace", str(trace), "--output-tokens", "fixed:1")
+    ran = run_kvops("simulate", *args, expect=2)
+    assert f"--output-tokens draws synthetic lengths; --trace {trace} has its own: leave it out" in ran.stderr
+
+
 def test_a_bad_trace_line_names_the_file_the_line_and_the_field(run_kvops, tmp_path):
     trace = tmp_path / "trace.jsonl"
     trace.write_text(
