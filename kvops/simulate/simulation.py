@@ -145,9 +145,8 @@ def at_rate(trace: Trace, rate: float) -> Trace:
     """The trace's requests at `rate` per second: its arrival gaps scaled (their burstiness kept)."""
     if not trace.timed or not trace.requests:
         raise KvopsError("a rate needs a timed trace")
-    span = trace.requests[-1].arrival_s - trace.requests[0].arrival_s
-    own = (len(trace.requests) - 1) / span if span > 0 else 0.0
-    if own <= 0:
+    own = trace.rate
+    if own is None:
         raise KvopsError("the trace's requests all arrive at once: it has no rate to scale")
     return trace.scaled(rate / own)
 

@@ -113,17 +113,27 @@ class Trace:
         """The first n requests."""
         return replace(self, requests=self.requests[: max(n, 0)])
 
+    @property
+    def span_s(self) -> float | None:
+        """From the first arrival to the last (None untimed)."""
+        return self.requests[-1].arrival_s - self.requests[0].arrival_s if self.timed and self.requests else None
+
+    @property
+    def rate(self) -> float | None:
+        """Requests per second: one over the mean gap between arrivals (None untimed, or all at once)."""
+        span = self.span_s
+        return (len(self.requests) - 1) / span if span else None
+
     def summary(self) -> dict[str, Any]:
-        """Requests, duration (the last arrival), mean rate, and the prompt and output tokens' mean and p50/p90/p99
-        (nearest rank); duration and rate are None for an untimed trace."""
-        duration = self.requests[-1].arrival_s if self.timed and self.requests else None
+        """Requests, duration (the first arrival to the last), mean rate, and the prompt and output tokens' mean and
+        p50/p90/p99 (nearest rank); duration and rate are None for an untimed trace."""
         return {
             "source": self.source,
             "requests": len(self.requests),
             "skipped": self.skipped,
             "timed": self.timed,
-            "duration_s": duration,
-            "mean_rate_per_s": len(self.requests) / duration if duration else None,
+            "duration_s": self.span_s,
+            "mean_rate_per_s": self.rate,
             "prompt_tokens": _stats([request.prompt_tokens for request in self.requests]),
             "output_tokens": _stats([request.output_tokens for request in self.requests]),
         }

@@ -60,8 +60,8 @@ def _at_rate(trace: Trace, traffic: Traffic) -> Trace:
     if not trace.timed:
         timed = trace.with_arrivals(arrivals(len(trace.requests), rate, traffic.burstiness, traffic.seed))
         return Trace(timed.requests, f"{trace.source}, Poisson-or-gamma arrivals at {rate:g}/s", True, trace.skipped)
-    span = trace.requests[-1].arrival_s - trace.requests[0].arrival_s
-    if span <= 0:
+    own = trace.rate
+    if own is None:
         raise UsageError(f"--rate: the requests of {trace.source} all arrive at once; nothing to scale")
-    scaled = trace.scaled(rate / (len(trace.requests) / span))
+    scaled = trace.scaled(rate / own)
     return Trace(scaled.requests, f"{trace.source}, scaled to {rate:g}/s", True, trace.skipped)

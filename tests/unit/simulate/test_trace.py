@@ -178,7 +178,9 @@ def test_summary():
     summary = Trace(requests, "t").summary()
     assert summary["requests"] == 100
     assert summary["duration_s"] == 99.0
-    assert summary["mean_rate_per_s"] == pytest.approx(100 / 99)
+    assert summary["mean_rate_per_s"] == pytest.approx(1.0)  # one a second: one over the mean gap
+    later = Trace(tuple(TraceRequest(1000.0 + i, 5, 5) for i in range(100)), "t").summary()
+    assert (later["duration_s"], later["mean_rate_per_s"]) == (99.0, pytest.approx(1.0))  # not from time 0
     assert summary["prompt_tokens"] == {"mean": 149.5, "p50": 149, "p90": 189, "p99": 198}
     assert summary["output_tokens"]["p99"] == 990
     untimed = Trace(tuple(TraceRequest(0.0, 5, 5) for _ in range(3)), "u", timed=False).summary()
