@@ -194,6 +194,7 @@ def _plan_pass(
     draft.notes.append(paging + state)
     wanted = chosen_seqs if forced and inputs.max_num_seqs is None else None
     seqs = wanted or _state_blocks_cap(draft, _max_num_seqs(draft, under_warn, defaults), kv_layout, pool)
+    seqs = _within_token_budget(inputs, seqs, batched)
     chosen = engine_flags(inputs, length, draft, seqs, batched, block_size, kv_flag, release_options, page)
     add_notes(draft, kv_layout, dtype, capacity)
     return draft.plan(capacity, chosen, verdict(draft, kv_layout, pool, capacity, seqs))
@@ -402,6 +403,20 @@ def _check_whole_prompts(batched: int, length: int) -> None:
             f"--max-num-batched-tokens {batched} is smaller than --max-model-len {length} with chunked prefill off: "
             f"vLLM refuses to start (each prompt runs whole); raise it to {length} or lower --max-model-len"
         )
+
+
+def _within_token_budget(inputs: PlanInputs, seqs: int, batched: int) -> int:
+    """vLLM refuses max_num_seqs above max_num_batched_tokens once given ('max_num_batched_tokens (N) must be greater
+    than or equal to max_num_seqs', SchedulerConfig.verify_max_model_len); its own default is cut to the budget
+    (`_set_default_max_num_seqs_and_batched_tokens_args`), and so is kvops' choice."""
+    if inputs.max_num_seqs is None:
+        return min(seqs, batched)
+    if seqs > batched:
+        raise UsageError(
+            f"--max-num-seqs {seqs} is above --max-num-batched-tokens {batched}: vLLM refuses to start (every "
+            f"sequence takes a token of a step's budget); give at most {batched} sequences or a larger budget"
+        )
+    return seqs
 
 
 def _state_blocks_cap(draft: Draft, seqs: int, kv_layout: layout.KVCacheLayout, pool: layout.Pool) -> int:

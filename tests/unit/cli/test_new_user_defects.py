@@ -258,3 +258,11 @@ def test_a_workload_is_sized_at_its_p95_request_not_the_p95_prompt_plus_the_p95_
     assert doc["capacity"]["tokens_per_request"] == 3050
     ran = run_kvops("simulate", *args, "--trace", str(trace), "--json")
     assert json.loads(ran.stdout)["arms"][0]["completed"] == 20
+
+
+def test_max_num_seqs_stays_within_the_token_budget_as_vllm_requires(run_kvops):
+    """--max-num-batched-tokens 100 had been emitted beside --max-num-seqs 256, a line vLLM refuses to start."""
+    args = ("-m", "llama-3.1-8b", "--gpu", "L4", "--max-model-len", "4096", "--max-num-batched-tokens", "100")
+    assert plan_doc(run_kvops, *args)["flags"]["max-num-seqs"] == 100
+    ran = run_kvops("plan", *args, "--max-num-seqs", "200", expect=2)
+    assert "--max-num-seqs 200 is above --max-num-batched-tokens 100: vLLM refuses to start" in ran.stderr
