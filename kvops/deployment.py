@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import fields, replace
 from typing import Any
 
-from kvops.errors import ConfigError
+from kvops.errors import ConfigError, UsageError
 from kvops.frozen import frozen
 from kvops.plan import LoraSlots, PlanInputs, Speculative
 from kvops.profile import Profile
@@ -118,6 +118,11 @@ class DeploymentOptions:
 
         if self.model is None:
             raise ConfigError("no model: give --model MODEL (or --from-command with the engine's launch line)")
+        if self.device == "cpu" and self.gpu:
+            raise UsageError(
+                f"--gpu {self.gpu} with --device cpu: the CPU build keeps its KV cache in host memory; give "
+                "--kv-cache-memory-bytes (or --gpu-memory for the host memory) instead"
+            )
         spec = load_model(self.model)
         warn, gpu_memory_below = policy_levels(self.policy)
         pinned = self.kv_cache_memory_bytes

@@ -291,6 +291,11 @@ def memory_terms(
     overheads = _overheads(inputs, release_, batched, seqs)
     if inputs.kv_cache_memory_bytes is not None:
         return _pinned_terms(inputs, weights, overheads) + (warnings,)
+    if gpu is None and inputs.device == "cpu":
+        raise MissingDevice(
+            "--device cpu: give the KV cache's size with --kv-cache-memory-bytes (vLLM's CPU build takes it from that "
+            "flag or VLLM_CPU_KVCACHE_SPACE), or the host memory it may use with --gpu-memory"
+        )
     if gpu is None:
         raise MissingDevice(
             "missing --gpu NAME or --gpu-memory SIZE (or pin the KV cache with --kv-cache-memory-bytes)"

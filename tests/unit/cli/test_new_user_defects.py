@@ -266,3 +266,14 @@ def test_max_num_seqs_stays_within_the_token_budget_as_vllm_requires(run_kvops):
     assert plan_doc(run_kvops, *args)["flags"]["max-num-seqs"] == 100
     ran = run_kvops("plan", *args, "--max-num-seqs", "200", expect=2)
     assert "--max-num-seqs 200 is above --max-num-batched-tokens 100: vLLM refuses to start" in ran.stderr
+
+
+def test_a_cpu_deployment_says_how_its_kv_cache_is_sized_and_takes_no_gpu(run_kvops):
+    """--device cpu --gpu L4 had headed a CPU run 'on 1 x L4'; without --gpu it had asked for one."""
+    args = ("-m", "llama-3.1-8b", "--device", "cpu", "--max-model-len", "4096")
+    assert (
+        "--device cpu: give the KV cache's size with --kv-cache-memory-bytes"
+        in run_kvops("plan", *args, expect=2).stderr
+    )
+    ran = run_kvops("plan", *args, "--gpu", "L4", expect=2)
+    assert "--gpu L4 with --device cpu: the CPU build keeps its KV cache in host memory" in ran.stderr
