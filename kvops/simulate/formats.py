@@ -92,6 +92,7 @@ TIMED_TRACE = HashedLayout("vLLM timed_trace JSONL: s, 16-token blocks", 1, 16)
 HASHED_EXAMPLE = '{"timestamp": 0, "input_length": 655, "output_length": 52, "hash_ids": [46, 47]}'
 BURSTGPT_COLUMNS = ("Timestamp", "Model", "Request tokens", "Response tokens")
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+FORMAT_NAMES = {"burstgpt": "BurstGPT", "azure": "Azure LLM inference trace"}
 AZURE_TIME = re.compile(r"(\d{4}-\d\d-\d\d)[ T](\d\d:\d\d:\d\d)(?:\.(\d+))?\s*(Z|[+-]\d\d:?\d\d)?")
 NON_SPACE = re.compile(r"\S")
 EMPTY = "rows without prompt or output tokens"
@@ -206,10 +207,14 @@ def _format_of(lines: list[str], where: str) -> str:
             return "kvops"  # its reader says what is wrong with the line
         return _hashed_format(lines) if isinstance(record, dict) and "input_length" in record else "kvops"
     columns = {name.strip() for name in next(csv.reader([first]), [])}
-    if set(BURSTGPT_COLUMNS) <= columns:
-        return "burstgpt"
-    if set(AZURE_COLUMNS) <= columns:
-        return "azure"
+    for name, required in (("burstgpt", BURSTGPT_COLUMNS), ("azure", AZURE_COLUMNS)):
+        missing = [column for column in required if column not in columns]
+        if not missing:
+            return name
+        if len(missing) < len(required) / 2:  # most of the format's columns: that format, short of these
+            raise TraceError(
+                f"{where}: a {FORMAT_NAMES[name]} CSV, without the column(s) {', '.join(missing)}; line 1: {shown(first)}"
+            )
     raise TraceError(
         f"{where}: not a trace format kvops knows (line 1: {shown(first)}); formats: kvops JSONL, Mooncake or vLLM"
         f" timed_trace JSONL, BurstGPT or Azure CSV, ShareGPT JSON, a vLLM bench serve result ({', '.join(FORMATS)})"

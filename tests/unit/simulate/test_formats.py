@@ -351,3 +351,9 @@ def test_a_byte_order_mark_is_read_past_in_every_format(tmp_path, zipped):
     path.write_bytes(gzip.compress(data) if zipped else data)
     assert detect_format(str(path)) == "sharegpt"
     assert len(read_trace(str(path))) == 1
+
+
+def test_a_csv_short_of_one_of_its_formats_columns_names_it(tmp_path):
+    path = write(tmp_path, "b.csv", "Timestamp,Model,Request tokens\n1,ChatGPT,10\n")
+    with pytest.raises(TraceError, match="a BurstGPT CSV, without the column.s. Response tokens; line 1"):
+        detect_format(path)
