@@ -185,7 +185,7 @@ class Limits:
         try:
             level = Level.parse(str(data.get("level")))
         except ValueError as exc:
-            raise PolicyError(f"{where}.level: {exc}") from None
+            raise PolicyError(f"{_at(where, 'level')}: {exc}") from None
         return _limits(level, {key: value for key, value in data.items() if key != "level"}, where)
 
 
@@ -588,24 +588,26 @@ _SIGNALS = {
 def _limits(level: Level, data: dict, where: str) -> Limits:
     for key, why in _REMOVED_ACTIONS.items():
         if data.get(key) not in (None, False):
-            raise PolicyError(f"{where}.{key}: {why}; drop the key")
+            raise PolicyError(f"{_at(where, key)}: {why}; drop the key")
     data = {key: value for key, value in data.items() if key not in _REMOVED_ACTIONS}
     extra = sorted(set(data) - _ACTION_KEYS)
     if extra:
         raise PolicyError(f"{where}: unknown action {extra[0]!r}; valid: {', '.join(sorted(_ACTION_KEYS))}")
     cap = data.get("max_tokens_cap")
     if cap is not None and not _whole(cap, 1, MAX_TOKENS):
-        raise PolicyError(f"{where}.max_tokens_cap {cap!r} must be a whole number from 1 to {MAX_TOKENS:,}, or null")
+        raise PolicyError(
+            f"{_at(where, 'max_tokens_cap')} {cap!r} must be a whole number from 1 to {MAX_TOKENS:,}, or null"
+        )
     retry = data.get("retry_after_seconds")
     refuses = bool(data.get("reject") or data.get("reject_sheddable"))
     if refuses and not _whole(retry, 1, 86400):
         which = "reject" if data.get("reject") else "reject_sheddable"
         raise PolicyError(
-            f"{where}.retry_after_seconds {retry!r} must be a whole number from 1 to 86,400 when {which} is true"
+            f"{_at(where, 'retry_after_seconds')} {retry!r} must be a whole number from 1 to 86,400 when {which} is true"
         )
     for flag in ("single_sequence", "reject", "reject_sheddable"):
         if not isinstance(data.get(flag, False), bool):
-            raise PolicyError(f"{where}.{flag} {data[flag]!r} must be true or false")
+            raise PolicyError(f"{_at(where, flag)} {data[flag]!r} must be true or false")
     return Limits(
         level,
         cap,
@@ -623,15 +625,21 @@ def _signal(name: str, data: dict, where: str) -> SignalRule:
     try:
         level = None if raise_to == "none" else Level.parse(raise_to)
     except ValueError:
-        raise PolicyError(f"{where}.raise_to {raise_to!r}; valid: none, warn, degrade, critical") from None
+        raise PolicyError(f"{_at(where, 'raise_to')} {raise_to!r}; valid: none, warn, degrade, critical") from None
     if level in (Level.UNKNOWN, Level.OK):
-        raise PolicyError(f"{where}.raise_to {raise_to!r}; valid: none, warn, degrade, critical")
+        raise PolicyError(f"{_at(where, 'raise_to')} {raise_to!r}; valid: none, warn, degrade, critical")
     fields = {key: _number(data, key, where, low=0.0, high=1e9) for key in _SIGNALS[name] if key in data}
     return SignalRule(name=name, raise_to=level, **fields)
 
 
 def _fraction(data: dict, key: str, where: str) -> float:
     return _number(data, key, where, low=0.0, high=1.0, exclusive_low=True)
+
+
+def _at(where: str, key: str) -> str:
+    """A key's place for an error: under its section ("policy.yaml: admission.min_dwell_seconds"), or at the top
+    of the file ("policy.yaml: hysteresis")."""
+    return f"{where}.{key}" if ": " in where else f"{where}: {key}"
 
 
 def _number(data: dict, key: str, where: str, *, low: float, high: float, exclusive_low: bool = False) -> float:
@@ -643,4 +651,6 @@ def _number(data: dict, key: str, where: str, *, low: float, high: float, exclus
         and value <= high
     ):
         return float(value)
-    raise PolicyError(f"{where}.{key} {value!r} must be a number in {'(' if exclusive_low else '['}{low:g}, {high:g}]")
+    raise PolicyError(
+        f"{_at(where, key)} {value!r} must be a number in {'(' if exclusive_low else '['}{low:g}, {high:g}]"
+    )
