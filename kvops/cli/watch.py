@@ -244,8 +244,10 @@ def watch(
         ("--webhook", webhook),
         ("--proxy", upstream),
     ):
-        if url is not None and not url.startswith(("http://", "https://")):
-            raise click.BadParameter(f"{url!r} is not an http(s) URL", param_hint=option)
+        if url is not None and not _http_url(url):
+            raise click.BadParameter(
+                f"{url!r} is not an http(s) URL with a host (and a port 1-65535)", param_hint=option
+            )
     options = WatchOptions(
         engine=engine,
         policy=load_policy(policy_path),
@@ -363,3 +365,15 @@ def _listen(text: str, option: str) -> tuple[str, int]:
             f"{text!r} is not HOST:PORT with a port in 1-65535, e.g. 0.0.0.0:9400 or :9400", param_hint=option
         )
     return (host.strip("[]") or DEFAULT_HOST), int(port)
+
+
+def _http_url(url: str) -> bool:
+    """An http(s) URL that names a host, and a port within range where it names one."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # ValueError when out of range or not a number
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname) and (port is None or port > 0)

@@ -355,5 +355,5 @@ def test_a_byte_order_mark_is_read_past_in_every_format(tmp_path, zipped):
 
 def test_a_csv_short_of_one_of_its_formats_columns_names_it(tmp_path):
     path = write(tmp_path, "b.csv", "Timestamp,Model,Request tokens\n1,ChatGPT,10\n")
-    with pytest.raises(TraceError, match="a BurstGPT CSV, without the column.s. Response tokens; line 1"):
+    with pytest.raises(TraceError, match=r"a BurstGPT CSV, without the column\(s\) Response tokens; line 1"):
         detect_format(path)

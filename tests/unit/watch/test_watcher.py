@@ -368,6 +368,12 @@ def test_once_against_a_dead_engine_says_unknown(run_kvops):
             ["--engine", "vllm", "--metrics-url", "localhost:8000/metrics"],
             "'localhost:8000/metrics' is not an http(s) URL",
         ),
+        (["--engine", "vllm", "--metrics-url", "http://[::1"], "'http://[::1' is not an http(s) URL with a host"),
+        (["--engine", "vllm", "--metrics-url", "http://"], "'http://' is not an http(s) URL with a host"),
+        (
+            ["--engine", "vllm", "--metrics-url", "http://127.0.0.1:99999/metrics"],
+            "(and a port 1-65535)",
+        ),
         (
             ["--engine", "vllm", "--metrics-url", "http://a/metrics", "--selector", '{job="x"}'],
             "--selector applies to --prometheus only",
