@@ -262,3 +262,15 @@ def check_output_path(path: str, option: str, suffix: str | None = None) -> None
     folder = target.parent
     if target.is_dir() or not folder.is_dir() or not os.access(folder, os.W_OK):
         raise UsageError(f"{option} {path}: cannot write there (no such folder, or not writable)")
+
+
+def is_http_url(url: str) -> bool:
+    """An http(s) URL that names a host, and a port within range where it names one."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # ValueError when out of range or not a number
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname) and (port is None or port > 0)

@@ -17,6 +17,11 @@ from kvops.watch.rules import alert_rules
 TARGETS = ("k8s", "compose", "llm-d", "dynamo", "production-stack")
 AUTOSCALERS = ("keda", "hpa")
 NAME = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")  # an RFC 1035 label, short enough for '<name>-kvops-policy'
+RELEASE = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+# an image reference: [registry[:port]/]path[:tag][@digest] (the distribution spec's grammar, loosely)
+IMAGE = re.compile(
+    r"^[a-z0-9]([a-z0-9._-]*[a-z0-9])?(:[0-9]+)?(/[a-z0-9]([a-z0-9._-]*[a-z0-9])?)*(:[\w][\w.-]{0,127})?(@sha256:[0-9a-f]{64})?$"
+)
 
 
 @click.command()
@@ -130,12 +135,14 @@ def manifests(
 
     options = deployment_options(ctx, params)
     engine = engines.get(options.engine)
-    name = name or engine.name
+    name = engine.name if name is None else name
     if not NAME.match(name):
         raise click.BadParameter(
             f"{name!r} must be lowercase letters, digits and '-', starting with a letter, at most 40 characters",
             param_hint="--name",
         )
+    _check_target(target, engine.name, options.guard, release)
+    _check_values(prometheus_url, kvops_image)
     if options.device != "gpu":
         raise UsageError(
             "kvops manifests deploys the engine's official GPU image; --device cpu plans the CPU build, which has none"
@@ -188,6 +195,36 @@ def manifests(
         click.echo(f"wrote {out_dir}: {', '.join(files)}")
     else:
         click.echo("---\n".join(files.values()), nl=False)
+
+
+def _check_target(target: str, engine: str, guard: bool, release: str) -> None:
+    """What a target deploys: production-stack's chart and Dynamo's frontend serve vLLM alone, from their own
+    images (no kvops plugin); a Helm release is a DNS label of at most 53 characters."""
+    if target in ("production-stack", "dynamo") and engine != "vllm":
+        raise UsageError(f"--target {target} serves vLLM; for {engine} give --target k8s or compose")
+    if target in ("production-stack", "dynamo") and guard:
+        raise UsageError(
+            f"--guard: --target {target} runs its own vLLM image, without the kvops plugin; give --target k8s, llm-d "
+            "or compose for the KV guard"
+        )
+    if target == "production-stack" and not (RELEASE.match(release) and len(release) <= 53):
+        raise click.BadParameter(
+            f"{release!r} must be lowercase letters, digits and '-', starting with a letter, at most 53 characters "
+            "(a Helm release name)",
+            param_hint="--release",
+        )
+
+
+def _check_values(prometheus_url: str, kvops_image: str) -> None:
+    from kvops.files import is_http_url
+
+    if not is_http_url(prometheus_url):
+        raise click.BadParameter(f"{prometheus_url!r} is not an http(s) URL with a host", param_hint="--prometheus-url")
+    if not IMAGE.match(kvops_image):
+        raise click.BadParameter(
+            f"{kvops_image!r} is not an image reference (e.g. registry.example.com/kvops:0.1.0)",
+            param_hint="--kvops-image",
+        )
 
 
 def target_files(stack, target, autoscale, max_replicas, prometheus_url, deployment) -> dict[str, str]:

@@ -216,6 +216,7 @@ def watch(
     dwell) and the request limits it implies, logs one JSON line per level change, and alerts. The limits are
     served at /kvops/policy for the admission proxy and the vLLM scheduler plugin.
     """
+    from kvops.files import is_http_url
     from kvops.policy import load_policy
     from kvops.watch.service import WatchOptions, admin_token, run
     from kvops.watch.service import once as poll_once
@@ -244,7 +245,7 @@ def watch(
         ("--webhook", webhook),
         ("--proxy", upstream),
     ):
-        if url is not None and not _http_url(url):
+        if url is not None and not is_http_url(url):
             raise click.BadParameter(
                 f"{url!r} is not an http(s) URL with a host (and a port 1-65535)", param_hint=option
             )
@@ -365,15 +366,3 @@ def _listen(text: str, option: str) -> tuple[str, int]:
             f"{text!r} is not HOST:PORT with a port in 1-65535, e.g. 0.0.0.0:9400 or :9400", param_hint=option
         )
     return (host.strip("[]") or DEFAULT_HOST), int(port)
-
-
-def _http_url(url: str) -> bool:
-    """An http(s) URL that names a host, and a port within range where it names one."""
-    from urllib.parse import urlsplit
-
-    try:
-        parts = urlsplit(url)
-        port = parts.port  # ValueError when out of range or not a number
-    except ValueError:
-        return False
-    return parts.scheme in ("http", "https") and bool(parts.hostname) and (port is None or port > 0)

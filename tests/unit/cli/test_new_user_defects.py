@@ -277,3 +277,37 @@ def test_a_cpu_deployment_says_how_its_kv_cache_is_sized_and_takes_no_gpu(run_kv
     )
     ran = run_kvops("plan", *args, "--gpu", "L4", expect=2)
     assert "--gpu L4 with --device cpu: the CPU build keeps its KV cache in host memory" in ran.stderr
+
+
+@pytest.mark.parametrize(
+    "extra, words",
+    [
+        (
+            ("-e", "tgi", "-t", "production-stack"),
+            "--target production-stack serves vLLM; for tgi give --target k8s or compose",
+        ),
+        (("-t", "production-stack", "--release", "My.Release"), "'My.Release' must be lowercase letters"),
+        (("-t", "dynamo", "--guard"), "--guard: --target dynamo runs its own vLLM image, without the kvops plugin"),
+        (("--autoscale", "keda", "--prometheus-url", "not a url"), "'not a url' is not an http(s) URL with a host"),
+        (("--kvops-image", "Bad Image::"), "'Bad Image::' is not an image reference"),
+        (("--name", ""), "'' must be lowercase letters"),
+    ],
+)
+def test_manifests_refuse_what_the_target_cannot_deploy_in_one_line(run_kvops, tmp_path, extra, words):
+    """A TGI production-stack had been a KeyError traceback; a release 'My.Release' named a ScaledObject Kubernetes
+    refuses; --guard on a target whose image has no plugin, a Prometheus URL and an image that are none, and an
+    empty --name had been taken as given or dropped."""
+    args = (
+        "manifests",
+        "-m",
+        "llama-3.1-8b",
+        "--gpu",
+        "H100",
+        "--max-model-len",
+        "8192",
+        *extra,
+        "-o",
+        str(tmp_path / "o"),
+    )
+    ran = run_kvops(*args, expect=2)
+    assert words in ran.stderr.strip().splitlines()[-1]
