@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shlex
 import sys
 from collections.abc import Callable
@@ -492,13 +493,19 @@ def watch_capacity(engine_name: str, tokens: int | None, plan: str | None, start
 
 
 def checked_selector(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    """A click callback: --selector must be a PromQL label selector."""
+    """A click callback: --selector must be a PromQL label selector naming the engine's scrape job: `up` is read
+    through it too (KVMetricsStale, the watcher's replicas), and without a job it holds every other target's."""
     from kvops.engines.metrics import selector_matchers
 
     try:
-        selector_matchers(value)
+        matchers = selector_matchers(value)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
+    if value is not None and not any(re.match(r"job\s*=", matcher) for matcher in matchers):
+        raise click.BadParameter(
+            f'{value!r} names no job: add the engine\'s scrape job, e.g. \'{{job="vllm", namespace="llm"}}\' '
+            "(up{...} read through it would hold every other target's too)"
+        )
     return value
 
 

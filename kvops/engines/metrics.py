@@ -216,6 +216,10 @@ def selector_matchers(selector: str | None) -> list[str]:
         found = _MATCHER.match(inner, position)
         if not found:
             raise ValueError(f"{selector!r} is not a label selector; write it like '{{job=\"vllm\"}}'")
+        if found.group(0).strip().startswith("__name__"):
+            raise ValueError(
+                f"{selector!r} names a metric (__name__); a selector here selects the engine's series by label"
+            )
         matchers.append(found.group(0).strip())
         position = found.end()
         if position < len(inner):

@@ -311,3 +311,18 @@ def test_manifests_refuse_what_the_target_cannot_deploy_in_one_line(run_kvops, t
     )
     ran = run_kvops(*args, expect=2)
     assert words in ran.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize(
+    "selector, words",
+    [
+        ('{namespace="prod"}', "names no job: add the engine's scrape job"),
+        ("", "names no job"),
+        ('{__name__="foo", job="vllm"}', "names a metric (__name__)"),
+    ],
+)
+def test_a_selector_names_the_engines_job_and_no_metric(run_kvops, selector, words):
+    """Without a job, KVMetricsStale's up{...} had fired for every other target in the namespace (the sidecar's own
+    among them); a __name__ matcher had written rules promtool rejects."""
+    ran = run_kvops("alerts", "--engine", "vllm", "--selector", selector, expect=2)
+    assert words in ran.stderr

@@ -425,7 +425,7 @@ def test_thresholds_windows_and_durations_come_from_the_policy(run_kvops, tmp_pa
             "--policy",
             str(policy),
             "--selector",
-            '{namespace="llm"}',
+            '{job="vllm",namespace="llm"}',
             "--scrape-interval",
             "30",
         ).stdout
@@ -433,13 +433,15 @@ def test_thresholds_windows_and_durations_come_from_the_policy(run_kvops, tmp_pa
     rules = {rule["alert"]: rule for rule in document["groups"][0]["rules"]}
     assert (
         rules["KVCacheWarn"]["expr"]
-        == '(vllm:kv_cache_usage_perc{namespace="llm"} or vllm:gpu_cache_usage_perc{namespace="llm"}) >= 0.6'
+        == '(vllm:kv_cache_usage_perc{job="vllm",namespace="llm"} or vllm:gpu_cache_usage_perc{job="vllm",namespace="llm"}) >= 0.6'
     )
     assert (
         rules["KVCacheCritical"]["expr"].endswith(">= 0.9")
         and rules["KVCacheCritical"]["for"] == rules["KVCacheCritical"]["keep_firing_for"] == "2m"
     )
-    assert rules["EnginePreempting"]["expr"] == 'increase(vllm:num_preemptions_total{namespace="llm"}[5m]) > 0'
+    assert (
+        rules["EnginePreempting"]["expr"] == 'increase(vllm:num_preemptions_total{job="vllm",namespace="llm"}[5m]) > 0'
+    )
     assert rules["EnginePreempting"]["labels"]["severity"] == "critical"
     assert rules["KVMetricsStale"]["for"] == "150s"  # 5 scrapes of 30s
     assert "signals" not in str(rules["KVCacheWarn"]["annotations"]) and rules["KVCacheWarn"]["annotations"][
