@@ -584,6 +584,8 @@ _SIGNALS = {
     "offload_load_latency": ("window_seconds", "above_ms"),
 }
 
+_SHARES = {"below", "above"}  # hit rate, usage: shares of 1
+
 
 def _limits(level: Level, data: dict, where: str) -> Limits:
     for key, why in _REMOVED_ACTIONS.items():
@@ -628,7 +630,11 @@ def _signal(name: str, data: dict, where: str) -> SignalRule:
         raise PolicyError(f"{_at(where, 'raise_to')} {raise_to!r}; valid: none, warn, degrade, critical") from None
     if level in (Level.UNKNOWN, Level.OK):
         raise PolicyError(f"{_at(where, 'raise_to')} {raise_to!r}; valid: none, warn, degrade, critical")
-    fields = {key: _number(data, key, where, low=0.0, high=1e9) for key in _SIGNALS[name] if key in data}
+    fields = {
+        key: _number(data, key, where, low=0.0, high=1.0 if key in _SHARES else 1e9)
+        for key in _SIGNALS[name]
+        if key in data
+    }
     return SignalRule(name=name, raise_to=level, **fields)
 
 

@@ -326,3 +326,11 @@ def test_a_selector_names_the_engines_job_and_no_metric(run_kvops, selector, wor
     among them); a __name__ matcher had written rules promtool rejects."""
     ran = run_kvops("alerts", "--engine", "vllm", "--selector", selector, expect=2)
     assert words in ran.stderr
+
+
+def test_a_signals_share_above_one_is_refused(run_kvops, tmp_path):
+    """prefix_cache_hit_rate.below 1.5 had written an alert that always fires."""
+    policy = tmp_path / "q.yaml"
+    policy.write_text("signals:\n  prefix_cache_hit_rate: {below: 1.5}\n")
+    ran = run_kvops("alerts", "--engine", "vllm", "--policy", str(policy), expect=None)
+    assert ran.exit_code != 0 and "signals.prefix_cache_hit_rate.below 1.5 must be a number in [0, 1]" in ran.stderr
