@@ -334,3 +334,11 @@ def test_a_signals_share_above_one_is_refused(run_kvops, tmp_path):
     policy.write_text("signals:\n  prefix_cache_hit_rate: {below: 1.5}\n")
     ran = run_kvops("alerts", "--engine", "vllm", "--policy", str(policy), expect=None)
     assert ran.exit_code != 0 and "signals.prefix_cache_hit_rate.below 1.5 must be a number in [0, 1]" in ran.stderr
+
+
+def test_plot_names_its_file_with_a_formats_extension(run_kvops, tmp_path):
+    """`-o x` had printed 'wrote x' where matplotlib wrote x.png."""
+    pytest.importorskip("matplotlib")
+    ran = run_kvops("plot", "-m", "llama-3.1-8b", "-o", str(tmp_path / "x"), expect=2)
+    assert "name the file with its format's extension: " in ran.stderr and "png" in ran.stderr
+    assert not list(tmp_path.iterdir())
