@@ -50,6 +50,11 @@ def tokens(tokenizer_path, chat_template, system_prompt, system_prompt_file, gen
 
     if system_prompt and system_prompt_file:
         raise click.UsageError("give --system-prompt or --system-prompt-file, not both")
+    if out and gen_tokens is None:
+        raise click.UsageError(
+            "--out writes a workload for kvops plan, which sizes each request by its prompt and its output: give "
+            "--gen-tokens N too"
+        )
     system = read_text(system_prompt_file, "--system-prompt-file") if system_prompt_file else system_prompt
     tokenizer = LocalTokenizer(tokenizer_path)
     prompts = [prompt for file in files for prompt in read_prompts(Path(file))]

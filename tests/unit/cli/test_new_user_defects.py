@@ -342,3 +342,11 @@ def test_plot_names_its_file_with_a_formats_extension(run_kvops, tmp_path):
     ran = run_kvops("plot", "-m", "llama-3.1-8b", "-o", str(tmp_path / "x"), expect=2)
     assert "name the file with its format's extension: " in ran.stderr and "png" in ran.stderr
     assert not list(tmp_path.iterdir())
+
+
+def test_tokens_out_needs_the_output_length_plan_sizes_by(run_kvops, tmp_path):
+    """`kvops tokens -o w.jsonl` had written prompt-only lines that `kvops plan --workload` then refused."""
+    prompt = tmp_path / "p.txt"
+    prompt.write_text("hello world\n")
+    ran = run_kvops("tokens", "--tokenizer", str(tmp_path), "-o", str(tmp_path / "w.jsonl"), str(prompt), expect=2)
+    assert "--out writes a workload for kvops plan, which sizes each request by its prompt and its output" in ran.stderr
