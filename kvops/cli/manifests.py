@@ -170,11 +170,14 @@ def manifests(
         "rules" if target == "compose" else "prometheusrule",
         runbook_url=runbook_url,
         policy_path=policy_path,
-        selector=f'{{pod=~"{deployment}-.*"}}' if deployment else None,
+        selector=f'{{pod=~"{deployment}-.*"}}'
+        if deployment
+        else (f'{{job="{name}"}}' if name != engine.name else None),
         scrape_interval=scrape_interval,
         capacity=engine.watch_capacity(plan),
         capacity_options={"--plan": "plan.json"},
         plan=figures,
+        resource_name=f"kvops-{name}",
     )
     stack = Stack(
         plan=plan,

@@ -100,13 +100,14 @@ class Stack:
 
     @property
     def engine_job(self) -> str:
-        """Prometheus job of the engine's /metrics: what `kvops alerts` selects by default ({job="<engine>"})."""
-        return self.engine
+        """Prometheus job of the engine's /metrics: the deployment's name (by default the engine's, what `kvops alerts`
+        selects by default: {job="<engine>"}), so that two deployments' series and rules stay apart."""
+        return self.name
 
     @property
     def kvops_job(self) -> str:
         """Prometheus job of the sidecar's /kvops/metrics (a job of its own: `up` of the engine job feeds KVMetricsStale)."""
-        return f"kvops-{self.engine}"
+        return f"kvops-{self.name}"
 
     @property
     def capacity_tokens(self) -> int | None:

@@ -225,6 +225,7 @@ def render(
     scrape_interval: float,
     header: str,
     plan: PlanFigures | None = None,
+    resource_name: str | None = None,
 ) -> str:
     import yaml
 
@@ -237,7 +238,7 @@ def render(
             "apiVersion": "monitoring.coreos.com/v1",
             "kind": "PrometheusRule",
             "metadata": {
-                "name": f"kvops-{engine}",
+                "name": resource_name or f"kvops-{engine}",
                 "labels": {
                     "app.kubernetes.io/name": "kvops",
                     "app.kubernetes.io/component": "alert-rules",
@@ -262,8 +263,10 @@ def alert_rules(
     capacity: int | None = None,
     capacity_options: dict[str, object] | None = None,
     plan: PlanFigures | None = None,
+    resource_name: str | None = None,
 ) -> str:
-    """What `kvops alerts` prints (also the rules `kvops manifests` deploys), headed by the command that prints it."""
+    """What `kvops alerts` prints (also the rules `kvops manifests` deploys, as the PrometheusRule `resource_name`),
+    headed by the command that prints it."""
     from kvops import engines
     from kvops.engines.metrics import selector_matchers
     from kvops.policy import load_policy
@@ -310,4 +313,5 @@ def alert_rules(
         scrape_interval=scrape_interval,
         header=header,
         plan=plan,
+        resource_name=resource_name,
     )

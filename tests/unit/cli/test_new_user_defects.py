@@ -350,3 +350,19 @@ def test_tokens_out_needs_the_output_length_plan_sizes_by(run_kvops, tmp_path):
     prompt.write_text("hello world\n")
     ran = run_kvops("tokens", "--tokenizer", str(tmp_path), "-o", str(tmp_path / "w.jsonl"), str(prompt), expect=2)
     assert "--out writes a workload for kvops plan, which sizes each request by its prompt and its output" in ran.stderr
+
+
+def test_a_named_deployments_rules_and_jobs_follow_its_name(run_kvops, tmp_path):
+    """--name foo had still written the PrometheusRule kvops-vllm over {job="vllm"}: two deployments in a namespace
+    replaced each other's rules (their plan's headroom among them) and merged their series."""
+    import yaml
+
+    args = ("manifests", "-m", "llama-3.1-8b", "--gpu", "H100", "--max-model-len", "8192", "--name", "foo")
+    run_kvops(*args, "-o", str(tmp_path / "o"))
+    rule = yaml.safe_load((tmp_path / "o" / "prometheusrule.yaml").read_text())
+    assert rule["metadata"]["name"] == "kvops-foo"
+    exprs = [item["expr"] for group in rule["spec"]["groups"] for item in group["rules"]]
+    assert all('job="vllm"' not in expr for expr in exprs) and any('job="foo"' in expr for expr in exprs)
+    monitor = yaml.safe_load((tmp_path / "o" / "podmonitor.yaml").read_text())
+    jobs = [endpoint["relabelings"][0]["replacement"] for endpoint in monitor["spec"]["podMetricsEndpoints"]]
+    assert jobs == ["foo", "kvops-foo"]
