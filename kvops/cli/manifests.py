@@ -158,6 +158,11 @@ def manifests(
         raise PlanError(does_not_fit_message(plan))
     for message in plan.all_warnings:
         warn(message)
+    if plan.local_model and target != "compose":  # compose mounts it (kvops/deploy/compose.py)
+        warn(
+            f"the engine loads {plan.local_model}, a folder on this machine: a pod sees it only where a volume holds it "
+            "at that path; mount one, or plan with the model's Hub id"
+        )
     if kvops_port == plan.port:
         raise click.BadParameter(
             f"{kvops_port} is the engine's port; the sidecar needs another", param_hint="--kvops-port"

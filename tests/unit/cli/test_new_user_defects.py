@@ -366,3 +366,11 @@ def test_a_named_deployments_rules_and_jobs_follow_its_name(run_kvops, tmp_path)
     monitor = yaml.safe_load((tmp_path / "o" / "podmonitor.yaml").read_text())
     jobs = [endpoint["relabelings"][0]["replacement"] for endpoint in monitor["spec"]["podMetricsEndpoints"]]
     assert jobs == ["foo", "kvops-foo"]
+
+
+def test_a_local_model_folder_in_pods_is_warned_of(run_kvops, tmp_path, monkeypatch):
+    """A Deployment whose engine loads a folder of this machine, which no volume holds, had been written silently."""
+    monkeypatch.chdir(tmp_path)
+    model_dir(tmp_path, "lm")
+    ran = run_kvops("manifests", "-m", "lm", "--gpu", "H100", "--max-model-len", "4096", "-o", "out")
+    assert "the engine loads lm, a folder on this machine: a pod sees it only where a volume holds it" in ran.stderr
