@@ -17,7 +17,7 @@ from kvops.errors import KvopsError
 from kvops.explain.actions import Action, next_action
 from kvops.explain.failures import Diagnosis, diagnose
 from kvops.explain.kv_now import KvNow, kv_now
-from kvops.explain.memory import LOG_ROUNDING, Figure, device_total, memory_figures
+from kvops.explain.memory import LOG_ROUNDING, Figure, device_total, inconsistent, memory_figures
 from kvops.explain.run import TERM_LABELS, Run
 from kvops.plan import Plan, PlanInputs
 from kvops.planner import predict
@@ -70,6 +70,7 @@ def explain(run: Run, inputs: PlanInputs | None, policy: Policy, notes: list[str
     action = next_action(run, inputs, kv, level, diagnosis, figures, notes)
     if any(item.basis in ("reported", "derived") for item in figures) and run.log:
         notes.append(f"figures read from the log are rounded: {LOG_ROUNDING}")
+    notes += inconsistent(figures)
     if inputs is None and (diagnosis or level not in (None, Level.OK)):
         notes.append("give --model (and --gpu) for the planner's estimates of unreported terms and its ways out")
     sources = [source for source in (run.log_source, run.metrics_source, run.smi_source) if source]

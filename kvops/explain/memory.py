@@ -443,3 +443,20 @@ def _totals(figures: list[Figure]) -> list[Figure]:
             )
         )
     return out
+
+
+def inconsistent(figures: list[Figure]) -> list[str]:
+    """Figures that cannot all be true of one device: more held than it has (an edited log, or lines of two runs)."""
+    by_name = {item.name: item.bytes for item in figures if item.bytes is not None}
+    total, notes = by_name.get("total"), []
+    if total is None:
+        return notes
+    for name in ("engine", "weights", "used"):
+        if by_name.get(name, 0) > total:
+            notes.append(
+                f"the figures do not add up: {name} {format_bytes(by_name[name])} is more than the device total "
+                f"{format_bytes(total)} (an edited log, or lines of two runs?)"
+            )
+    if by_name.get("before_engine", 0) < 0:
+        notes.append("the figures do not add up: the log's free memory at startup is more than its total")
+    return notes

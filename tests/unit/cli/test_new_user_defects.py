@@ -374,3 +374,13 @@ def test_a_local_model_folder_in_pods_is_warned_of(run_kvops, tmp_path, monkeypa
     model_dir(tmp_path, "lm")
     ran = run_kvops("manifests", "-m", "lm", "--gpu", "H100", "--max-model-len", "4096", "-o", "out")
     assert "the engine loads lm, a folder on this machine: a pod sees it only where a volume holds it" in ran.stderr
+
+
+def test_explain_says_when_a_logs_figures_cannot_all_be_true(run_kvops, tmp_path):
+    """Weights of 99.99 GiB on a 79.19 GiB device had been explained as 'started', free -82 GiB."""
+    log = FIXTURES / "corpus" / "vllm" / "vllm-0.19.0-h100-llama-3.1-8b-instruct-tp1-8192-bf16-llmd.log"
+    edited = tmp_path / "edited.log"
+    edited.write_text(log.read_text().replace("Model loading took 14.99 GiB", "Model loading took 99.99 GiB"))
+    text = run_kvops("explain", "--vllm-log", str(edited)).stdout
+    assert "the figures do not add up: weights ~99.99 GiB is more than the device total ~79.19 GiB" in text
+    assert "do not add up" not in run_kvops("explain", "--vllm-log", str(log)).stdout
