@@ -141,7 +141,7 @@ def manifests(
             f"{name!r} must be lowercase letters, digits and '-', starting with a letter, at most 40 characters",
             param_hint="--name",
         )
-    _check_target(target, engine.name, options.guard, release)
+    _check_target(target, engine.name, bool(options.guard), release)
     _check_values(prometheus_url, kvops_image)
     if options.device != "gpu":
         raise UsageError(

@@ -448,7 +448,8 @@ def _totals(figures: list[Figure]) -> list[Figure]:
 def inconsistent(figures: list[Figure]) -> list[str]:
     """Figures that cannot all be true of one device: more held than it has (an edited log, or lines of two runs)."""
     by_name = {item.name: item.bytes for item in figures if item.bytes is not None}
-    total, notes = by_name.get("total"), []
+    total = by_name.get("total")
+    notes: list[str] = []
     if total is None:
         return notes
     for name in ("engine", "weights", "used"):
