@@ -447,8 +447,8 @@ def policy_from_dict(data: dict[str, Any], where: str) -> Policy:
             raise PolicyError(
                 f"{where}: levels.{lower.label} {thresholds[lower]} must be below levels.{upper.label} {thresholds[upper]}"
             )
-    hysteresis = _number(data, "hysteresis", where, low=0.0, high=0.5)
-    dwell = _number(data, "min_dwell_seconds", where, low=0.0, high=86400.0)
+    hysteresis = _number(data, "hysteresis", f"{where}:", low=0.0, high=0.5)
+    dwell = _number(data, "min_dwell_seconds", f"{where}:", low=0.0, high=86400.0)
     actions = {
         level: _limits(level, data["actions"].get(level.label) or {}, f"{where}: actions.{level.label}")
         for level in GRADED
@@ -643,9 +643,9 @@ def _fraction(data: dict, key: str, where: str) -> float:
 
 
 def _at(where: str, key: str) -> str:
-    """A key's place for an error: under its section ("policy.yaml: admission.min_dwell_seconds"), or at the top
-    of the file ("policy.yaml: hysteresis")."""
-    return f"{where}.{key}" if ": " in where else f"{where}: {key}"
+    """A key's place for an error: under its section ("policy.yaml: admission.min_dwell_seconds", "limits.max_tokens_cap"),
+    or at the top of a file, `where` ending in a colon ("policy.yaml: hysteresis")."""
+    return f"{where} {key}" if where.endswith(":") else f"{where}.{key}"
 
 
 def _number(data: dict, key: str, where: str, *, low: float, high: float, exclusive_low: bool = False) -> float:

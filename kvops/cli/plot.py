@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import click
 
 from kvops.cli.options import (
@@ -18,7 +16,6 @@ from kvops.cli.options import (
     tp_option,
 )
 from kvops.dtypes import resolve_kv_dtype
-from kvops.errors import UsageError
 from kvops.model import load_model
 from kvops.units import parse_bytes
 
@@ -77,7 +74,6 @@ def plot(
     batch_values = int_list(batches, "--batches")
     memory = parse_bytes(gpu_memory, "--gpu-memory") if gpu_memory else None
     needs("plot", "matplotlib")  # after the arguments: a mistyped one is said first, whatever is installed
-    _check_out(out)
     from kvops.planner import kv_budget
     from kvops.render.plots import Budget, plot_kv
 
@@ -106,15 +102,3 @@ def plot(
         )
     else:
         click.echo(f"wrote {out}")
-
-
-def _check_out(out: str) -> None:
-    """Matplotlib writes the format the name's extension says, and adds .png to a name without one."""
-    from matplotlib.backend_bases import FigureCanvasBase
-
-    from kvops.files import check_output_path
-
-    check_output_path(out, "--out")
-    formats = FigureCanvasBase.get_supported_filetypes()
-    if Path(out).suffix.lower().lstrip(".") not in formats:
-        raise UsageError(f"--out {out}: name the file with its format's extension: {', '.join(sorted(formats))}")

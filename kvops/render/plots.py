@@ -104,7 +104,11 @@ def plot_kv(specs: list[ModelSpec], *, out: str, **options) -> None:
 
 
 def save(figure, out: str) -> None:
-    """Save a figure (its folder made if missing); a bad path or an unknown extension is one line naming what would work."""
+    """Save a figure (its folder made if missing); a bad path or an unknown extension is one line naming what would
+    work, and so is a name without an extension (matplotlib would write NAME.png, not NAME)."""
+    if not Path(out).suffix:
+        kinds = ", ".join(sorted(figure.canvas.get_supported_filetypes()))
+        raise KvopsError(f"--out {out}: name the file with its format's extension, one of: {kinds}")
     try:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         figure.savefig(out)

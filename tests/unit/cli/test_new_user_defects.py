@@ -339,8 +339,8 @@ def test_a_signals_share_above_one_is_refused(run_kvops, tmp_path):
 def test_plot_names_its_file_with_a_formats_extension(run_kvops, tmp_path):
     """`-o x` had printed 'wrote x' where matplotlib wrote x.png."""
     pytest.importorskip("matplotlib")
-    ran = run_kvops("plot", "-m", "llama-3.1-8b", "-o", str(tmp_path / "x"), expect=2)
-    assert "name the file with its format's extension: " in ran.stderr and "png" in ran.stderr
+    ran = run_kvops("plot", "-m", "llama-3.1-8b", "-o", str(tmp_path / "x"), expect=1)
+    assert "name the file with its format's extension, one of: " in ran.stderr and "png" in ran.stderr
     assert not list(tmp_path.iterdir())
 
 
