@@ -125,14 +125,16 @@ def load_json(text: str, where: str, error: type[KvopsError] = KvopsError) -> An
     return value
 
 
-def load_yaml(text: str, where: str, error: type[KvopsError] = KvopsError) -> Any:
+def load_yaml(text: str, where: str, error: type[KvopsError] = KvopsError, as_typed: bool = False) -> Any:
     """A YAML document (safe tags only) at most MAX_DEPTH levels deep, with at most MAX_ALIASES aliases and
-    MAX_VALUES values once they are expanded."""
+    MAX_VALUES values once they are expanded. `as_typed`: numbers kept as the text written (0.10 stays "0.10", not
+    the float 0.1; 010 is not octal), to be read as the same text typed on the command line would be, and a key
+    given twice refused (YAML would keep the last silently)."""
     import yaml
 
     try:
-        value = yaml.load(text, Loader=_bounded_loader())  # a SafeLoader subclass: safe tags only
-    except _TooLarge as exc:
+        value = yaml.load(text, Loader=_typed_loader() if as_typed else _bounded_loader())  # safe tags only
+    except _Refused as exc:
         raise error(f"{where}: {exc}") from None
     except RecursionError:
         raise error(f"{where}: nested more than {MAX_DEPTH} levels deep, more than kvops reads") from None
@@ -145,8 +147,8 @@ def load_yaml(text: str, where: str, error: type[KvopsError] = KvopsError) -> An
     return value
 
 
-class _TooLarge(Exception):
-    """A YAML document past the bounds: the message says which."""
+class _Refused(Exception):
+    """A YAML document kvops does not read (past the bounds, a key given twice): the message says why."""
 
 
 @cache
@@ -162,16 +164,36 @@ def _bounded_loader() -> type:
             if self.check_event(yaml.AliasEvent):
                 self.aliases += 1
                 if self.aliases > MAX_ALIASES:
-                    raise _TooLarge(f"more than {MAX_ALIASES} YAML aliases (*name), more than kvops reads")
+                    raise _Refused(f"more than {MAX_ALIASES} YAML aliases (*name), more than kvops reads")
             self.depth += 1
             if self.depth > MAX_DEPTH:
-                raise _TooLarge(f"nested more than {MAX_DEPTH} levels deep, more than kvops reads")
+                raise _Refused(f"nested more than {MAX_DEPTH} levels deep, more than kvops reads")
             try:
                 return super().compose_node(parent, index)
             finally:
                 self.depth -= 1
 
     return BoundedLoader
+
+
+@cache
+def _typed_loader() -> type:
+    """The bounded loader with numbers as their text and a repeated key refused."""
+
+    class TypedLoader(_bounded_loader()):  # type: ignore[misc]
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            keys = [self.construct_object(key, deep=True) for key, _ in node.value]
+            repeated = next((key for index, key in enumerate(keys) if key in keys[:index]), None)
+            if repeated is not None:
+                raise _Refused(f"the key {repeated!r} is given twice")
+            return super().construct_mapping(node, deep)
+
+    def as_text(loader: Any, node: Any) -> str:
+        return str(loader.construct_scalar(node))
+
+    TypedLoader.add_constructor("tag:yaml.org,2002:int", as_text)
+    TypedLoader.add_constructor("tag:yaml.org,2002:float", as_text)
+    return TypedLoader
 
 
 def check_shape(value: Any, where: str, error: type[KvopsError] = KvopsError, max_values: int | None = None) -> None:
@@ -203,10 +225,16 @@ def read_json(path: str | Path, option: str, limit: int = DOCUMENT_LIMIT, error:
     return load_json(read_text(path, option, limit, error), where, error)
 
 
-def read_yaml(path: str | Path, option: str, limit: int = SETTINGS_LIMIT, error: type[KvopsError] = KvopsError) -> Any:
-    """A YAML (or JSON) file, bounded (see the module's docstring)."""
+def read_yaml(
+    path: str | Path,
+    option: str,
+    limit: int = SETTINGS_LIMIT,
+    error: type[KvopsError] = KvopsError,
+    as_typed: bool = False,
+) -> Any:
+    """A YAML (or JSON) file, bounded (see the module's docstring); `as_typed` as load_yaml's."""
     where = f"{option} {path}" if option else str(path)
-    return load_yaml(read_text(path, option, limit, error), where, error)
+    return load_yaml(read_text(path, option, limit, error), where, error, as_typed)
 
 
 # --- endpoints and outputs -------------------------------------------------------------------------------

@@ -69,13 +69,14 @@ def _load(ctx: click.Context, param: click.Parameter, path: Path | None) -> None
     from kvops.files import SETTINGS_LIMIT, read_yaml
 
     try:  # a regular file of at most 1 MiB, its YAML bounded in depth and aliases
-        data = read_yaml(path, "", SETTINGS_LIMIT) or {}
+        data = read_yaml(path, "", SETTINGS_LIMIT, as_typed=True) or {}
     except KvopsError as exc:
         raise click.BadParameter(str(exc), param=param) from None
     if not isinstance(data, dict):
         raise click.BadParameter(f"{path}: want a mapping of option names to values", param=param)
     multiple = {param.name for param in ctx.command.params if getattr(param, "multiple", False)}
-    values, notes = options_from(data, _option_names(ctx.command), str(path), multiple)
+    flags = {p.name: p for p in ctx.command.params if isinstance(p, click.Option) and p.is_flag and p.name}
+    values, notes = options_from(data, _option_names(ctx.command), str(path), multiple, flags)
     for note in notes:
         click.echo(f"kvops: warning: {note}", err=True)
     ctx.default_map = {**(ctx.default_map or {}), **values}
@@ -156,10 +157,15 @@ def _option_names(command: click.Command) -> dict[str, str]:
 
 
 def options_from(
-    data: dict[str, Any], options: dict[str, str], where: str, multiple: Collection[str | None] = ()
+    data: dict[str, Any],
+    options: dict[str, str],
+    where: str,
+    multiple: Collection[str | None] = (),
+    flags: dict[str, click.Option] | None = None,
 ) -> tuple[dict[str, Any], list[str]]:
     """The file's values by parameter name, and a note for each key no engine implements. Pure. A list is taken
-    for an option given more than once (`multiple`) only; a mapping for none."""
+    for an option given more than once (`multiple`) only; a mapping for none; true or false for a switch (`flags`)
+    only, as the switch typed or left out."""
     values: dict[str, Any] = {}
     notes: list[str] = []
     for key, value in data.items():
@@ -171,7 +177,12 @@ def options_from(
         elif name in options:
             if isinstance(value, dict) or (isinstance(value, list) and options[name] not in multiple):
                 raise click.UsageError(f"{where}: {key} is a {type(value).__name__}; --{name} takes one value")
-            if value is not None:  # `key:` with no value (null) leaves the option at its default
+            flag = (flags or {}).get(options[name])
+            if flag is not None:
+                values[options[name]] = _switch(flag, value, f"{where}: {key}")
+            elif isinstance(value, bool):
+                raise click.UsageError(f"{where}: {key} is {str(value).lower()}; --{name} takes a value, not a switch")
+            elif value is not None:  # `key:` with no value (null) leaves the option at its default
                 values[options[name]] = _flag_value(value)
         else:
             raise click.UsageError(
@@ -179,6 +190,16 @@ def options_from(
                 + ", ".join(sorted(options))
             )
     return values, notes
+
+
+def _switch(flag: click.Option, value: Any, at: str) -> Any:
+    """A switch's value: true is the switch typed (its flag_value: False for --no-vmm), false or null left out."""
+    if value is not None and not isinstance(value, bool):
+        raise click.UsageError(f"{at} {value!r}: a switch, true or false")
+    unset = getattr(click.core, "UNSET", None)  # click 8.3 marks a flag_value or default not given so
+    on = True if flag.flag_value is unset else flag.flag_value
+    off = (not on if isinstance(on, bool) else None) if flag.default is unset else flag.default
+    return on if value else off
 
 
 def _flag_value(value: Any) -> Any:

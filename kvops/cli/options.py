@@ -576,13 +576,18 @@ _SIZES = {"gpu_memory": "--gpu-memory", "kv_cache_memory_bytes": "--kv-cache-mem
 
 def deployment_options(ctx: click.Context, params: dict[str, Any], launcher: tuple[str, ...] = ()) -> DeploymentOptions:
     """The deployment options the command's parameters state; `given` holds those the user stated: typed, in the -f
-    file, or in a pasted launch command (--from-command), which states the rest."""
+    file, or in a pasted launch command (--from-command), which states the rest. Typed options win over the pasted
+    command, which wins over the file (flags override the file)."""
+    from dataclasses import replace
+
+    from click.core import ParameterSource
+
     from kvops.deployment import DeploymentOptions
 
     params, derived = _vllm_spellings(dict(params))
     known = set(DeploymentOptions().field_names())
     values: dict[str, Any] = {}
-    given = set()
+    typed_here, in_file = set(), set()
     for name, value in params.items():
         field = _FIELDS.get(name, name)
         if field not in known:
@@ -590,16 +595,19 @@ def deployment_options(ctx: click.Context, params: dict[str, Any], launcher: tup
         if name in _SIZES and value is not None:
             value = _size(name, value)
         values[field] = value
-        if name in derived or typed(ctx, name):
-            given.add(field)  # typed, stated in the -f file, or derived from --from-command
+        if name in derived or ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE:
+            typed_here.add(field)
+        elif ctx.get_parameter_source(name) == ParameterSource.DEFAULT_MAP:
+            in_file.add(field)
     if values.get("workload") and (values.get("prompt_tokens") is not None or values.get("gen_tokens") is not None):
         raise click.UsageError("give either --workload FILE or --prompt-tokens/--gen-tokens, not both")
     if launcher:
-        values["launcher"], given = launcher, given | {"launcher"}
-    options = DeploymentOptions(**values, given=frozenset(given))
+        values["launcher"] = launcher
+        typed_here.add("launcher")
+    options = DeploymentOptions(**values, given=frozenset(typed_here))
     if params.get("from_command"):
         options = options.under(_from_command(params["from_command"]))
-    return options
+    return replace(options, given=options.given | in_file)
 
 
 def _size(name: str, text: str) -> int:

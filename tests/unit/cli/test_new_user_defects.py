@@ -384,3 +384,49 @@ def test_explain_says_when_a_logs_figures_cannot_all_be_true(run_kvops, tmp_path
     text = run_kvops("explain", "--vllm-log", str(edited)).stdout
     assert "the figures do not add up: weights ~99.99 GiB is more than the device total ~79.19 GiB" in text
     assert "do not add up" not in run_kvops("explain", "--vllm-log", str(log)).stdout
+
+
+def _file(tmp_path: Path, body: str) -> str:
+    path = tmp_path / "kvops.yaml"
+    path.write_text("model: llama-3-8b\ngpu: H100-80GB\n" + body)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "body, typed",
+    [
+        ("no-vmm: true\n", ("--no-vmm",)),  # had turned VMM on: the file's true was the parameter's value
+        ("no-vmm: false\n", ()),
+        ("engine-version: 0.10\n", ("--engine-version", "0.10")),  # YAML had read the float 0.1
+        ("max-model-len: 010\n", ("--max-model-len", "010")),  # and 8, octal
+        ("tp: 2\ndisable-custom-all-reduce: true\n", ("--tp", "2", "--disable-custom-all-reduce")),
+    ],
+)
+def test_a_file_value_plans_as_the_same_option_typed(run_kvops, tmp_path, body, typed):
+    from_file = plan_doc(run_kvops, "-f", _file(tmp_path, body))
+    assert from_file["flags"] == plan_doc(run_kvops, "-m", "llama-3-8b", "--gpu", "H100-80GB", *typed)["flags"]
+
+
+@pytest.mark.parametrize(
+    "body, words",
+    [
+        ("max-model-len: true\n", "max-model-len is true; --max-model-len takes a value, not a switch"),
+        ("max-model-len: 4096\nmax-model-len: 8192\n", "the key 'max-model-len' is given twice"),
+        ("enforce-eager: 3\n", "enforce-eager '3': a switch, true or false"),
+    ],
+)
+def test_a_file_value_no_option_takes_is_one_line(run_kvops, tmp_path, body, words):
+    """max-model-len: true had emitted '--max-model-len' without a value (false: a ZeroDivisionError traceback)."""
+    ran = run_kvops("plan", "-f", _file(tmp_path, body), expect=2)
+    assert words in ran.stderr and len(ran.stderr.strip().splitlines()) == 1
+
+
+def test_a_pasted_command_wins_over_the_file_and_a_typed_option_over_both(run_kvops, tmp_path):
+    """The file's tp 2 had replaced the pasted command's -tp 8."""
+    path = tmp_path / "kvops.yaml"
+    path.write_text("tp: 2\nmax-model-len: 4096\ngpu-memory-utilization: 0.8\n")
+    command = "vllm serve meta-llama/Meta-Llama-3-8B -tp 8 --max-model-len 16384"
+    flags = plan_doc(run_kvops, "-f", str(path), "--gpu", "H100-80GB", "--from-command", command)["flags"]
+    assert (flags["tensor-parallel-size"], flags["max-model-len"], flags["gpu-memory-utilization"]) == (8, 16384, 0.8)
+    typed = plan_doc(run_kvops, "-f", str(path), "--gpu", "H100-80GB", "--tp", "4", "--from-command", command)
+    assert typed["flags"]["tensor-parallel-size"] == 4
