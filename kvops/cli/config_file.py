@@ -1,4 +1,6 @@
-"""`-f kvops.yaml`: a command's options in one declarative file; flags on the command line override it.
+"""`-f kvops.yaml`: a command's options in one declarative file; flags on the command line override it, and a
+pasted --from-command does too. A relative path in it (a model folder, a policy, a workload) is read from the
+file's folder where it is there.
 
 The file's keys are the command's long options (`max-model-len: 8192`, or `max_model_len`), plus the seed's
 `kv_cache:` block, mapped onto the options the engines implement:
@@ -77,9 +79,35 @@ def _load(ctx: click.Context, param: click.Parameter, path: Path | None) -> None
     multiple = {param.name for param in ctx.command.params if getattr(param, "multiple", False)}
     flags = {p.name: p for p in ctx.command.params if isinstance(p, click.Option) and p.is_flag and p.name}
     values, notes = options_from(data, _option_names(ctx.command), str(path), multiple, flags)
+    values = {
+        name: _beside(path, value) if name in _path_params(ctx.command) else value for name, value in values.items()
+    }
     for note in notes:
         click.echo(f"kvops: warning: {note}", err=True)
     ctx.default_map = {**(ctx.default_map or {}), **values}
+
+
+def _path_params(command: click.Command) -> set[str]:
+    """The parameters that name files or folders: click paths, and the model (a folder, or a catalog or Hub id)."""
+    return {
+        param.name
+        for param in command.params
+        if param.name and (isinstance(param.type, click.Path) or param.name == "model")
+    }
+
+
+def _beside(file: Path, value: Any) -> Any:
+    """A relative path in the file is read from the file's folder where it is there (as a compose file's are),
+    else as given (a catalog or Hub id, or a path from the current folder); `~` is the home folder."""
+    if isinstance(value, list):
+        return [_beside(file, item) for item in value]
+    if not isinstance(value, str) or not value:
+        return value
+    expanded = Path(value).expanduser()
+    if expanded.is_absolute():
+        return str(expanded)
+    there = file.parent / expanded
+    return str(there) if there.exists() else value
 
 
 def _print_schema(ctx: click.Context, param: click.Parameter, value: bool) -> None:

@@ -430,3 +430,31 @@ def test_a_pasted_command_wins_over_the_file_and_a_typed_option_over_both(run_kv
     assert (flags["tensor-parallel-size"], flags["max-model-len"], flags["gpu-memory-utilization"]) == (8, 16384, 0.8)
     typed = plan_doc(run_kvops, "-f", str(path), "--gpu", "H100-80GB", "--tp", "4", "--from-command", command)
     assert typed["flags"]["tensor-parallel-size"] == 4
+
+
+def test_a_relative_path_in_the_file_is_read_beside_the_file(run_kvops, tmp_path, monkeypatch):
+    """From another folder, `policy: policy.yaml` had read ./policy.yaml (or failed), not the one beside the file."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "policy.yaml").write_text(
+        (Path(__file__).resolve().parents[3] / "kvops" / "data" / "policy.yaml")
+        .read_text()
+        .replace("warn: 0.7", "warn: 0.5")
+    )
+    (project / "kvops.yaml").write_text("model: llama-3-8b\ngpu: H100-80GB\nmax-model-len: 8192\npolicy: policy.yaml\n")
+    monkeypatch.chdir(tmp_path)
+    beside = plan_doc(run_kvops, "-f", "project/kvops.yaml")
+    typed = plan_doc(
+        run_kvops,
+        "-m",
+        "llama-3-8b",
+        "--gpu",
+        "H100-80GB",
+        "--max-model-len",
+        "8192",
+        "--policy",
+        str(project / "policy.yaml"),
+    )
+    assert beside["capacity"]["requests_under_warn"] == typed["capacity"]["requests_under_warn"]
+    default = plan_doc(run_kvops, "-m", "llama-3-8b", "--gpu", "H100-80GB", "--max-model-len", "8192")
+    assert beside["capacity"]["requests_under_warn"] < default["capacity"]["requests_under_warn"]
