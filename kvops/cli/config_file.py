@@ -143,7 +143,10 @@ def schema(command: click.Command) -> dict[str, Any]:
                 "properties": {
                     "enabled": {"type": "boolean"},
                     "path": {"type": "string", "description": "not used: " + UNSUPPORTED["kv_cache.swap.path"]},
-                    "max_size": {"type": ["string", "integer"], "description": "-> kv-offloading-size"},
+                    "max_size": {
+                        "type": ["string", "number"],
+                        "description": "-> kv-offloading-size: GiB, or a size with its unit",
+                    },
                 },
             },
         },
@@ -243,6 +246,9 @@ def _seed(block: Any, where: str) -> tuple[dict[str, Any], list[str]]:
     compression, swap = block.get("compression") or {}, block.get("swap") or {}
     _check(compression, "kv_cache.compression", where)
     _check(swap, "kv_cache.swap", where)
+    for name, section in (("compression", compression), ("swap", swap)):
+        if section.get("enabled") is not None and not isinstance(section["enabled"], bool):
+            raise click.UsageError(f"{where}: kv_cache.{name}.enabled {section['enabled']!r}: true or false")
     options: dict[str, Any] = {}
     notes = [
         f"{where}: {key} ({_get(block, key)!r}) is not used: {why}"
@@ -262,9 +268,18 @@ def _seed(block: Any, where: str) -> tuple[dict[str, Any], list[str]]:
     elif block.get("precision") is not None:
         options["kv-dtype"] = str(block["precision"])
     if swap.get("enabled") and swap.get("max_size") is not None:
-        size = parse_bytes(str(swap["max_size"]), f"{where}: kv_cache.swap.max_size")
-        options["kv-offloading-size"] = f"{size / GiB:g}"
+        options["kv-offloading-size"] = _gib(str(swap["max_size"]), f"{where}: kv_cache.swap.max_size")
     return options, notes
+
+
+def _gib(text: str, where: str) -> str:
+    """kv_cache.swap.max_size as --kv-offloading-size takes it, GiB: a bare number is GiB already (as typed), a size
+    with its unit converted exactly."""
+    try:
+        float(text)
+        return text
+    except ValueError:
+        return repr(parse_bytes(text, where) / GiB)
 
 
 def _check(block: Any, name: str, where: str) -> None:

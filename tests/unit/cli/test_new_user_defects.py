@@ -400,6 +400,8 @@ def _file(tmp_path: Path, body: str) -> str:
         ("engine-version: 0.10\n", ("--engine-version", "0.10")),  # YAML had read the float 0.1
         ("max-model-len: 010\n", ("--max-model-len", "010")),  # and 8, octal
         ("tp: 2\ndisable-custom-all-reduce: true\n", ("--tp", "2", "--disable-custom-all-reduce")),
+        # a bare max_size had been bytes (5.96e-08 GiB) where --kv-offloading-size takes GiB
+        ("kv_cache: {swap: {enabled: true, max_size: 64}}\n", ("--kv-offloading-size", "64")),
     ],
 )
 def test_a_file_value_plans_as_the_same_option_typed(run_kvops, tmp_path, body, typed):
