@@ -251,7 +251,7 @@ def _seed(block: Any, where: str) -> tuple[dict[str, Any], list[str]]:
             raise click.UsageError(f"{where}: kv_cache.{name}.enabled {section['enabled']!r}: true or false")
     options: dict[str, Any] = {}
     notes = [
-        f"{where}: {key} ({_get(block, key)!r}) is not used: {why}"
+        f"{where}: {key} ({_get(block, key)}) is not used: {why}"
         for key, why in UNSUPPORTED.items()
         if _get(block, key) is not None and (key != "kv_cache.swap.path" or swap.get("enabled"))
     ]
