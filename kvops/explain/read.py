@@ -69,6 +69,20 @@ def read_smi(path: str, index: int) -> SmiDevice:
     raise KvopsError(f"--gpu-index {index}: not in --nvidia-smi {path} (devices: {listed})")
 
 
+def _differences(options: DeploymentOptions, stated: DeploymentOptions) -> list[str]:
+    """Options typed that the run states otherwise: the figures the run reports are its own, not what was typed."""
+    notes = []
+    for field in sorted(options.given & stated.given):
+        typed, own = getattr(options, field), getattr(stated, field)
+        same_model = field == "model" and str(typed).lower() in (str(own).lower(), str(own).lower().split("/")[-1])
+        if typed != own and not same_model:
+            notes.append(
+                f"--{field.replace('_', '-')} {typed} is not the run's own ({own}): the figures the run reports are for "
+                "its own; the planner's, where the run reports none, for what you typed"
+            )
+    return notes
+
+
 def plan_inputs(run: Run, options: DeploymentOptions) -> tuple[PlanInputs | None, list[str]]:
     """The run as the planner sees it: what the user typed, else what the run states, its device total included.
 
@@ -85,8 +99,9 @@ def plan_inputs(run: Run, options: DeploymentOptions) -> tuple[PlanInputs | None
         found["device"] = "cpu"
     stated = DeploymentOptions.stated(**found).under(stated_options(run.log, run.labels))
     workload = options.request_workload()
+    differ = _differences(options, stated)
     try:
-        return options.under(stated).plan_inputs(workload), []
+        return options.under(stated).plan_inputs(workload), differ
     except MissingDevice:
         pool = run.known_kv_pool
         if not pool:

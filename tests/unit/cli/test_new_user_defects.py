@@ -460,3 +460,11 @@ def test_a_relative_path_in_the_file_is_read_beside_the_file(run_kvops, tmp_path
     assert beside["capacity"]["requests_under_warn"] == typed["capacity"]["requests_under_warn"]
     default = plan_doc(run_kvops, "-m", "llama-3-8b", "--gpu", "H100-80GB", "--max-model-len", "8192")
     assert beside["capacity"]["requests_under_warn"] < default["capacity"]["requests_under_warn"]
+
+
+def test_explain_says_which_typed_options_the_run_states_otherwise(run_kvops):
+    """--tp 4 and --max-model-len 32768 beside a tp-2, 8,192-token run had changed nothing and said nothing."""
+    log = FIXTURES / "corpus" / "vllm" / "vllm-0.19.0-h100-llama-3.1-8b-instruct-tp2-8192-llmd.log"
+    text = run_kvops("explain", "--vllm-log", str(log), "--tp", "4", "--max-model-len", "32768").stdout
+    assert "--tp 4 is not the run's own (2): the figures the run reports are for its own" in " ".join(text.split())
+    assert "not the run's own" not in run_kvops("explain", "--vllm-log", str(log), "-m", "llama-3.1-8b-instruct").stdout
