@@ -5,7 +5,6 @@ The types a calibration is made of are in `kvops.calibration`; each engine's `ca
 
 from __future__ import annotations
 
-import re
 from typing import TYPE_CHECKING, Any
 
 from kvops.deployment import DeploymentOptions
@@ -14,8 +13,6 @@ from kvops.errors import KvopsError
 if TYPE_CHECKING:
     from kvops.calibration import Calibration
     from kvops.engines.base import Engine
-
-HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")  # ORG/NAME
 
 
 def calibrate_run(
@@ -44,5 +41,7 @@ def calibrate_run(
 
 
 def _another_model(planned: str, loaded: str) -> bool:
-    """Two Hub ids that differ (a local path says nothing of which model it holds)."""
-    return bool(HUB_ID.match(planned) and HUB_ID.match(loaded)) and planned.lower() != loaded.lower()
+    """Two Hub ids of two models (a local path says nothing of which model it holds)."""
+    from kvops.model.refs import parse_ref, same_model
+
+    return parse_ref(planned) is not None and parse_ref(loaded) is not None and not same_model(loaded, planned)

@@ -57,19 +57,16 @@ def weight_format(spec: ModelSpec, name: str = "auto") -> WeightFormat:
     if key == "auto":
         key = str(quant.get("quant_method") or spec.dtype).lower()
         if key == "modelopt":  # NVIDIA ModelOpt names its format in quant_algo
-            algo = str(quant.get("quant_algo")).upper()
-            if algo == "MIXED_PRECISION":
+            if str(quant.get("quant_algo")).upper() == "MIXED_PRECISION":
                 return _mixed_precision(quant, spec)
-            key = {"FP8": "fp8", "NVFP4": "nvfp4"}.get(algo, key)
+            key = _modelopt_format(quant)
         if key == "bitsandbytes":
             key = (
                 "bitsandbytes"
                 if quant.get("load_in_8bit")
                 else f"bitsandbytes-{quant.get('bnb_4bit_quant_type', 'nf4')}"
             )
-    key = {"compressed_tensors": "compressed-tensors", "autoround": "auto-round", "intel/auto-round": "auto-round"}.get(
-        key, key
-    )
+    key = _SPELLINGS.get(key, key)
     if key == "compressed-tensors":
         return _compressed_tensors(spec, quant)
     if key == "eetq":
@@ -153,11 +150,18 @@ def weight_format(spec: ModelSpec, name: str = "auto") -> WeightFormat:
     )
 
 
+# quant_method spellings of one format
+_SPELLINGS = {"compressed_tensors": "compressed-tensors", "autoround": "auto-round", "intel/auto-round": "auto-round"}
+
+
+def _modelopt_format(quant: dict) -> str:
+    """NVIDIA ModelOpt names its format in quant_algo."""
+    return {"FP8": "fp8", "NVFP4": "nvfp4"}.get(str(quant.get("quant_algo")).upper(), "modelopt")
+
+
 def _method_family(key: str) -> str:
     """A format's name as a quantization_config's quant_method spells it (bitsandbytes' variants are one method)."""
-    key = {"compressed_tensors": "compressed-tensors", "autoround": "auto-round", "intel/auto-round": "auto-round"}.get(
-        key, key
-    )
+    key = _SPELLINGS.get(key, key)
     return "bitsandbytes" if key.startswith("bitsandbytes") else key
 
 
@@ -167,8 +171,7 @@ def _check_against_checkpoint(spec: ModelSpec, asked: str) -> None:
     weights the engine never loads. A method kvops does not know is left to --quantization to name."""
     method = str((spec.quantization or {}).get("quant_method") or "").lower()
     if method == "modelopt":
-        algo = str((spec.quantization or {}).get("quant_algo")).upper()
-        method = {"FP8": "fp8", "NVFP4": "nvfp4"}.get(algo, method)
+        method = _modelopt_format(spec.quantization or {})
     if asked == "auto" or not method or _method_family(method) not in map(_method_family, WEIGHT_FORMAT_CHOICES):
         return
     if _method_family(asked) != _method_family(method):

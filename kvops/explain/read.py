@@ -9,6 +9,7 @@ from kvops.errors import KvopsError, MissingDevice, UsageError
 from kvops.explain.memory import device_total
 from kvops.explain.run import Run
 from kvops.files import LOG_LIMIT, fetch_metrics, read_text
+from kvops.model.refs import same_model
 from kvops.nvidia_smi import SmiDevice
 from kvops.plan import PlanInputs
 
@@ -74,8 +75,7 @@ def _differences(options: DeploymentOptions, stated: DeploymentOptions) -> list[
     notes = []
     for field in sorted(options.given & stated.given):
         typed, own = getattr(options, field), getattr(stated, field)
-        same_model = field == "model" and str(typed).lower() in (str(own).lower(), str(own).lower().split("/")[-1])
-        if typed != own and not same_model:
+        if typed != own and not (field == "model" and same_model(str(typed), str(own))):
             notes.append(
                 f"--{field.replace('_', '-')} {typed} is not the run's own ({own}): the figures the run reports are for "
                 "its own; the planner's, where the run reports none, for what you typed"

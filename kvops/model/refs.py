@@ -37,3 +37,10 @@ def parse_ref(text: str) -> HubRef | None:
             raise ModelNotFound(f"--model {text!r}: write hf://ORG/NAME or hf://ORG/NAME@REVISION")
         return None
     return HubRef(repo, revision or None, explicit or bool(revision))
+
+
+def same_model(named: str, model: str) -> bool:
+    """Two names of one model: a Hub id, a local path or an alias (a served-model-name, a catalog id) against a
+    model's id: the same when the ids agree in any case, or when one ends in the other's name."""
+    named, model = named.rstrip("/").lower(), model.rstrip("/").lower()
+    return named == model or named.endswith("/" + model.split("/")[-1]) or model.endswith("/" + named)

@@ -10,6 +10,7 @@ from kvops import engines
 from kvops.deployment import DeploymentOptions
 from kvops.errors import UsageError
 from kvops.frozen import frozen
+from kvops.model.refs import same_model
 from kvops.plan import Plan, PlanError
 from kvops.policy import load_policy
 from kvops.simulate import cost, degrade, steptime
@@ -118,7 +119,7 @@ def run(request: Request, options: DeploymentOptions, progress: Progress | None 
     setup = prepare(request, options, measured.trace if measured else None)
     other_draws = _other_draws(request, setup.trace)
     warnings = _warnings(setup)
-    if measured and measured.model and not _same_model(measured.model, setup.plan.inputs.spec.name):
+    if measured and measured.model and not same_model(measured.model, setup.plan.inputs.spec.name):
         warnings.append(
             f"the benchmark served {measured.model}, and this simulation plans {setup.plan.inputs.spec.name}: "
             "its figures are another model's unless that is the same checkpoint"
@@ -218,13 +219,6 @@ def _measured(request: Request) -> Measured | None:
     if (traffic.trace_format or detect_format(traffic.trace)) != "vllm_bench":
         return None
     return read_bench_result(traffic.trace)
-
-
-def _same_model(served: str, planned: str) -> bool:
-    """A served model name is a Hub id, a local path or an alias (--served-model-name): the same when the ids agree,
-    or when one ends in the other's name."""
-    served, planned = served.rstrip("/").lower(), planned.lower()
-    return served == planned or served.endswith("/" + planned.split("/")[-1]) or planned.endswith("/" + served)
 
 
 def _check_calibration(request: Request) -> None:
