@@ -196,6 +196,9 @@ def _layer_kinds(
         return _nas_layers(text, reader, num_layers, head_dim, notes), ()
     attention = _attention_layers(text, reader, num_layers, kv_heads, head_dim, notes)
     state = _state_layer(text, reader)
+    if text.get("model_type") == "falcon_h1" and state is not None:  # attention and Mamba-2 side by side in each layer
+        notes.append(f"parallel hybrid: each of the {num_layers} layers keeps KV and a Mamba-2 state")
+        return attention, tuple((index, state) for index in range(num_layers))
     kinds = _hybrid_kinds(text, num_layers, reader.where, notes)
     if kinds is None:
         return attention, ()
@@ -332,6 +335,11 @@ def _hybrid_kinds(text: dict, num_layers: int, where: str, notes: list[str]) -> 
     elif text.get("full_attention_interval") and text.get("linear_num_value_heads"):  # Qwen3-Next
         interval = int(text["full_attention_interval"])
         kinds = ["attention" if (i + 1) % interval == 0 else "mamba" for i in range(num_layers)]
+    elif isinstance(text.get("attn_type_list"), list) and 0 in text["attn_type_list"]:  # MiniMax-Text-01: 0 linear
+        kinds = ["attention" if kind == 1 else "mamba" for kind in text["attn_type_list"]]
+    elif text.get("attn_layer_period"):  # Jamba: attention where i % period == offset, Mamba elsewhere
+        period, offset = int(text["attn_layer_period"]), int(text.get("attn_layer_offset") or 0)
+        kinds = ["attention" if i % period == offset else "mamba" for i in range(num_layers)]
     else:
         return None
     if len(kinds) != num_layers:

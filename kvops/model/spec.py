@@ -397,7 +397,7 @@ class ModelSpec:
     @property
     def has_state(self) -> bool:
         """Recurrent state layers (Mamba, Gated DeltaNet) beside attention: a hybrid model."""
-        return any(layer.kind == "mamba" for layer in self.layers)
+        return any(layer.kind == "mamba" for _, layer in self.caches())
 
     @property
     def sliding_window(self) -> int | None:

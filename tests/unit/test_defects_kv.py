@@ -1,0 +1,117 @@
+"""KV figures where kvops differed from vLLM's own, replayed against the figure vLLM computes.
+
+vLLM's figures come from its spec classes and `kv_cache_utils.get_kv_cache_configs` / `get_kv_cache_capacity` (the
+0.32.0 CPU build, the model built on the meta device as a GPU engine holds it: tests/support/vllm_specs.py), for a
+fixed --kv-cache-memory-bytes, --max-model-len 4096 and --max-num-batched-tokens 2048 (async scheduling: two
+batches in flight).
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import pytest
+
+from tests.support.paths import REPO
+
+MODELS = REPO / "tests" / "fixtures" / "models"
+FALCON_H1 = MODELS / "falcon-h1-7b-instruct"  # tiiuae/Falcon-H1-7B-Instruct's config.json, the fields sizing reads
+JAMBA = MODELS / "jamba-1.5-mini"  # ai21labs/AI21-Jamba-1.5-Mini's config.json
+MEMORY = 3 * 2**30 + 12345
+POINT = ("--kv-cache-memory-bytes", str(MEMORY), "--max-model-len", "4096", "--max-num-batched-tokens", "2048")
+
+
+def plan(run_kvops, model: Path | str, *args: str) -> dict:
+    return json.loads(run_kvops("plan", "--model", str(model), "--json", *POINT, *args).stdout)["capacity"]
+
+
+def test_falcon_h1_keeps_a_mamba2_state_beside_the_kv_of_every_layer(run_kvops):
+    # vLLM's FalconH1DecoderLayer holds an attention layer and a MambaMixer2 (vllm/model_executor/models/falcon_h1.py,
+    # 0.32.0): 44 FullAttentionSpec + 44 MambaSpec, pages unified at block 1568 (1,605,632 B), 45 blocks, 7.5
+    # requests of 4096 tokens. kvops read attention only: block 16, 4468 blocks, 71,488 tokens, 17.45 requests.
+    capacity = plan(run_kvops, FALCON_H1)
+    assert (capacity["num_blocks"], capacity["block_size"], capacity["kv_cache_groups"]) == (45, 1568, 2)
+    assert (capacity["kv_cache_size_tokens"], capacity["max_concurrency"]) == (30720, 7.5)
+
+
+def test_falcon_h1_state_per_sequence(run_kvops):
+    # MambaStateShapeCalculator.mamba2_state_shape: conv (3, 3072 + 2 x 1 x 256), ssm (24, 128, 256), bf16
+    kv = json.loads(run_kvops("kv", "--model", str(FALCON_H1), "--tokens", "8192", "--json").stdout)
+    state = next(group for group in kv["layer_groups"] if group["kind"] == "mamba")
+    assert state["layers"] == 44
+    assert state["bytes_per_sequence"] == 44 * (3 * 3584 + 24 * 128 * 256) * 2
+
+
+@pytest.mark.parametrize(
+    ("name", "config", "why"),
+    [
+        # vLLM builds 4 attention layers (i % 8 == 4) and 28 Mamba-1 mixers (jamba.py); kvops had read 32 full
+        # attention layers: 128 KiB a token against vLLM's 16 KiB, and no state
+        ("jamba", json.loads((JAMBA / "config.json").read_text()), "recurrent layers of 'jamba'"),
+        # 70 lightning (linear) attention layers and 10 softmax ones; kvops had read 80 full layers (320 KiB a token)
+        (
+            "minimax-text-01",
+            {
+                "architectures": ["MiniMaxText01ForCausalLM"],
+                "model_type": "minimax",
+                "hidden_size": 6144,
+                "num_attention_heads": 64,
+                "num_key_value_heads": 8,
+                "head_dim": 128,
+                "num_hidden_layers": 80,
+                "attn_type_list": [int((i + 1) % 8 == 0) for i in range(80)],
+                "vocab_size": 200064,
+                "torch_dtype": "bfloat16",
+            },
+            "recurrent layers of 'minimax'",
+        ),
+    ],
+)
+def test_layers_kvops_does_not_model_are_one_line_not_figures(name, config, why, run_kvops, tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    for command in (("kv", "--tokens", "4096"), ("plan", *POINT)):
+        ran = run_kvops(command[0], "--model", str(tmp_path), *command[1:], expect=None)
+        assert ran.exit_code != 0 and why in ran.stderr and len(ran.stderr.strip().splitlines()) == 1
+
+
+MPT = {"architectures": ["MPTForCausalLM"], "model_type": "mpt", "d_model": 4096, "n_heads": 32, "n_layers": 32}
+
+
+def test_an_architecture_vllm_removed_is_refused_in_one_line(run_kvops, tmp_path):
+    # vllm/model_executor/models/registry.py _PREVIOUSLY_SUPPORTED_MODELS (0.32.0-0.34.0): "MPTForCausalLM": "0.28.0";
+    # the engine refuses it at startup ("was supported in vLLM until v0.28.0, and is not supported anymore")
+    (tmp_path / "config.json").write_text(json.dumps({**MPT, "vocab_size": 50432, "torch_dtype": "bfloat16"}))
+    ran = run_kvops("plan", "--model", str(tmp_path), *POINT, expect=None)
+    assert ran.exit_code != 0 and len(ran.stderr.strip().splitlines()) == 1
+    assert "refuses MPTForCausalLM" in ran.stderr and "--engine-version 0.28.0" in ran.stderr
+    assert run_kvops("plan", "--model", str(tmp_path), *POINT, "--engine-version", "0.28.0", expect=None).stdout
+
+
+@pytest.mark.vllm
+def test_falcon_h1_pool_matches_vllm(tiny_model, tmp_path, monkeypatch):
+    """The figures above from vLLM itself: its model built on the meta device, its pool arithmetic."""
+    from vllm.v1.core import kv_cache_utils
+
+    from kvops.dtypes import KV_DTYPES
+    from kvops.engines.vllm.layout import kv_layout, pool
+    from kvops.model.locate import load_model
+    from tests.support.vllm_specs import BuiltModel
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    warnings.simplefilter("ignore")
+    config = json.loads((FALCON_H1 / "config.json").read_text())
+    built = BuiltModel(config, tmp_path / "model", tiny_model, max_model_len=4096, max_num_batched_tokens=2048)
+    built.as_gpu(16)
+    vllm_config = built.vllm_config
+    vllm_config.cache_config.kv_cache_layout = "LBHNC"
+    vllm_config.scheduler_config.async_scheduling = True
+    configs = kv_cache_utils.get_kv_cache_configs(vllm_config, [built.specs()], [MEMORY])
+    scheduler = kv_cache_utils.generate_scheduler_kv_cache_config(configs)
+    tokens, concurrency = kv_cache_utils.get_kv_cache_capacity(vllm_config, scheduler)
+    assert (configs[0].num_blocks, tokens, concurrency) == (45, 30720, 7.5)
+
+    spec = load_model(str(FALCON_H1))
+    ours = pool(kv_layout(spec, KV_DTYPES["bf16"], 1, 16), MEMORY, 4096, vllm_config.max_in_flight_tokens)
+    assert (ours.num_blocks, ours.kv_cache_size_tokens) == (45, 30720)
