@@ -9,7 +9,7 @@ from math import floor
 
 from kvops.dtypes import KvDtype, resolve_kv_dtype, serving_dtype
 from kvops.engines import common
-from kvops.engines.vllm import budget, layout, options, releases
+from kvops.engines.vllm import architectures, budget, layout, options, releases
 from kvops.engines.vllm.capacity import CacheGroup, Draft, VllmCapacity
 from kvops.engines.vllm.drafting import eagle_with_chunked, lookahead_tokens, speculative_notes
 from kvops.engines.vllm.launch import engine_flags
@@ -34,6 +34,7 @@ def plan_once(inputs: PlanInputs) -> Plan:
     if inputs.device not in budget.DEVICES:
         raise UsageError(f"--device {inputs.device!r}; valid: {', '.join(budget.DEVICES)}")
     release = releases.release(inputs.engine_version)
+    architectures.check_served(inputs.spec, release.version, release.label)
     if inputs.disable_sliding_window:
         inputs = _full_attention(inputs)
     sizing = budget.kv_sizing(inputs, release)
