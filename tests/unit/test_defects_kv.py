@@ -115,3 +115,31 @@ def test_falcon_h1_pool_matches_vllm(tiny_model, tmp_path, monkeypatch):
     spec = load_model(str(FALCON_H1))
     ours = pool(kv_layout(spec, KV_DTYPES["bf16"], 1, 16), MEMORY, 4096, vllm_config.max_in_flight_tokens)
     assert (ours.num_blocks, ours.kv_cache_size_tokens) == (45, 30720)
+
+
+QWEN2_PARTIAL_WINDOW = {
+    "architectures": ["Qwen2ForCausalLM"],
+    "model_type": "qwen2",
+    "hidden_size": 4096,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "num_hidden_layers": 8,
+    "intermediate_size": 11008,
+    "vocab_size": 32000,
+    "max_position_embeddings": 16384,
+    "sliding_window": 4096,
+    "use_sliding_window": True,
+    "max_window_layers": 4,
+    "torch_dtype": "bfloat16",
+}
+
+
+def test_a_qwen2_window_on_some_layers_is_refused_as_vllm_refuses_it(run_kvops, tmp_path):
+    # vllm/model_executor/models/qwen2.py l.351-353 (0.32.0; 0.34.0 the same) asserts "Sliding window for some but
+    # all layers is not supported" when layer_types mix; kvops had planned 12,288 blocks, 98,112 tokens
+    (tmp_path / "config.json").write_text(json.dumps(QWEN2_PARTIAL_WINDOW))
+    ran = run_kvops("plan", "--model", str(tmp_path), *POINT, expect=None)
+    assert ran.exit_code != 0 and len(ran.stderr.strip().splitlines()) == 1
+    assert "sliding window on 4 of 8 layers" in ran.stderr
+    (tmp_path / "config.json").write_text(json.dumps({**QWEN2_PARTIAL_WINDOW, "max_window_layers": 8}))
+    assert plan(run_kvops, tmp_path)["kv_cache_groups"] == 1  # no layer slides: served, one group

@@ -12,7 +12,11 @@ from __future__ import annotations
 
 from kvops.engines.release import Version
 from kvops.errors import UsageError
-from kvops.model.spec import ModelSpec
+from kvops.model.spec import ModelSpec, SlidingWindow
+
+# Qwen2Model (Qwen2 and Qwen3 dense, which builds on it) asserts that no layer_types mix sliding and full layers
+# (vllm/model_executor/models/qwen2.py l.351-353 in the 0.32.0 wheel; the same in 0.34.0)
+NO_PARTIAL_SLIDING = ("qwen2", "qwen3")
 
 REMOVED = {
     "Phi3SmallForCausalLM": "0.9.2",
@@ -52,3 +56,13 @@ def check_served(spec: ModelSpec, version: Version, label: str) -> None:
         f"{label} refuses {name}: it was supported until vLLM {until} and is not anymore "
         f"(vllm/model_executor/models/registry.py); plan with --engine-version {until}"
     )
+
+
+def check_built(spec: ModelSpec, label: str) -> None:
+    """Refuse, as vLLM's model code does, a Qwen2/Qwen3 dense model whose window covers some layers but not all."""
+    sliding = [isinstance(layer, SlidingWindow) for layer in spec.layers]
+    if spec.model_type in NO_PARTIAL_SLIDING and any(sliding) and not all(sliding):
+        raise UsageError(
+            f"{label} refuses {spec.name}: sliding window on {sum(sliding)} of {len(sliding)} layers "
+            "(max_window_layers below num_hidden_layers) is not supported by its Qwen2 model code (qwen2.py)"
+        )

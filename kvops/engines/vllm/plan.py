@@ -35,6 +35,7 @@ def plan_once(inputs: PlanInputs) -> Plan:
         raise UsageError(f"--device {inputs.device!r}; valid: {', '.join(budget.DEVICES)}")
     release = releases.release(inputs.engine_version)
     architectures.check_served(inputs.spec, release.version, release.label)
+    architectures.check_built(inputs.spec, release.label)
     if inputs.disable_sliding_window:
         inputs = _full_attention(inputs)
     sizing = budget.kv_sizing(inputs, release)
