@@ -1,0 +1,43 @@
+"""Defects found using `kvops watch` and what reads its output as an SRE would; each test replays one."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support.extras import needs
+
+HEADER = "time,replica,level,kv_usage,running,waiting,preemptions_total,progress_total,signals,fleet_level,error\n"
+ROWS = "1000.000,a:1,ok,0.1,1,0,0,10,,ok,\n1001.000,a:1,warn,0.8,1,0,0,20,,warn,\n1002.000,a:1,unknown,,,,,,,unknown,boom\n"
+
+
+@needs("pandas")
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (("1001.000", "abc"), "record.csv:3: time 'abc' is not a number"),
+        (
+            (",warn,0.8", ",WARNING,0.8"),
+            "record.csv:3: level 'WARNING' is not one of unknown, ok, warn, degrade, critical",
+        ),
+        (("0.8", "80%"), "record.csv:3: kv_usage '80%' is not a number (or empty)"),
+        (("0.8", "80"), "record.csv:3: kv_usage '80' is outside 0-1"),
+        ((",1,0,0,20,,warn,", ",1,0,0,20,warn,"), "record.csv:3: 10 fields, a record row has 11"),
+    ],
+)
+def test_report_names_the_line_of_a_hand_edited_record(tmp_path, run_kvops, edit, message):
+    """`kvops report` on a record whose time was not a number: a pandas traceback; an unknown level or a usage of
+    '80%': a summary that dropped that time or that peak without a word."""
+    path = tmp_path / "record.csv"
+    path.write_text(HEADER + ROWS.replace(*edit))
+    assert run_kvops("report", str(path), expect=2).stderr.startswith(f"kvops: error: {path.parent}/{message}")
+
+
+@needs("pandas")
+@pytest.mark.parametrize("cut", [9, 17])
+def test_report_leaves_out_a_last_line_cut_mid_write(tmp_path, run_kvops, cut):
+    """A watcher killed mid-row leaves '1001.000,' or '1001.000,a:1,wa': report had counted a level change to ''
+    or to a level 'wa' (pandas filled the missing fields)."""
+    path = tmp_path / "record.csv"
+    path.write_text(HEADER + ROWS[: len(ROWS.splitlines()[0]) + 1 + cut])
+    text = run_kvops("report", str(path)).stdout
+    assert text.splitlines() == ["a:1: 1 polls (0 unknown), peak KV usage 10.0%", "  time in level: ok 0 s"]
