@@ -167,7 +167,7 @@ class PrometheusSource:
         for row in rows:
             labels = _labels(row)
             name = labels.pop("__name__", "")
-            replica = labels.get(self.replica_label, f"(no {self.replica_label} label)")
+            replica = labels.get(self.replica_label, self._unlabelled)
             value = _value(row)
             if value is None:
                 broken[replica] = f"Prometheus answered a {name or 'series'} row without a [time, value] pair"
@@ -175,7 +175,9 @@ class PrometheusSource:
             by_replica[replica].append(Sample(name, labels, value))
         poll = Poll(failures=broken)
         for replica, samples in sorted(by_replica.items()):
-            if replica in broken:
+            why = self._unusable(replica, samples)
+            if replica in broken or why:
+                poll.failures.setdefault(replica, why or "")
                 continue
             up = [s.value for s in samples if s.name == "up"]
             if up and not any(v == 1 for v in up):
@@ -190,6 +192,21 @@ class PrometheusSource:
             except Exception as exc:  # what the engine's reader did not foresee is that replica's bad data
                 poll.failures[replica] = f"unusable metrics: {describe(exc)}"
         return poll
+
+    def _unusable(self, replica: str, samples: list[Sample]) -> str | None:
+        """Why one replica's series cannot be read as one engine's: several scrape jobs carry them (each count
+        would be summed once per job)."""
+        jobs = sorted({s.labels["job"] for s in samples if "job" in s.labels})
+        if len(jobs) > 1:
+            return (
+                f"scraped by {len(jobs)} jobs ({', '.join(jobs)}), each count would be summed once per job: "
+                f"give --selector '{{job=\"{jobs[0]}\"}}'"
+            )
+        return None
+
+    @property
+    def _unlabelled(self) -> str:
+        return f"(no {self.replica_label} label)"
 
     async def close(self) -> None:
         if self._client is not None:

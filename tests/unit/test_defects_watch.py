@@ -41,3 +41,26 @@ def test_report_leaves_out_a_last_line_cut_mid_write(tmp_path, run_kvops, cut):
     path.write_text(HEADER + ROWS[: len(ROWS.splitlines()[0]) + 1 + cut])
     text = run_kvops("report", str(path)).stdout
     assert text.splitlines() == ["a:1: 1 polls (0 unknown), peak KV usage 10.0%", "  time in level: ok 0 s"]
+
+
+def _row(name: str, value: str, **labels: str) -> dict:
+    return {"metric": {"__name__": name, **labels}, "value": [1.7e9, value]}
+
+
+def test_prometheus_series_of_two_jobs_are_not_summed_into_one_engine():
+    """The same engine scraped by two jobs (a ServiceMonitor and a pod-annotation job): `kvops watch --prometheus`
+    without --selector read running 6, waiting 4 and a pool of twice its size for an engine running 3."""
+    from kvops.watch.sources import PrometheusSource
+
+    source = PrometheusSource("vllm", "http://prometheus:9090", selector=None, replica_label="instance", timeout=1)
+    rows = [
+        _row(name, value, instance="a:8000", job=job, engine="0", model_name="m")
+        for job in ("vllm", "pods")
+        for name, value in (("vllm:kv_cache_usage_perc", "0.5"), ("vllm:num_requests_running", "3"))
+    ]
+    poll = source.group(rows + [_row("vllm:kv_cache_usage_perc", "0.2", instance="b:8000", job="vllm", engine="0")])
+    assert poll.failures == {
+        "a:8000": "scraped by 2 jobs (pods, vllm), each count would be summed once per job: "
+        """give --selector '{job="pods"}'"""
+    }
+    assert list(poll.readings) == ["b:8000"]
