@@ -194,8 +194,14 @@ class PrometheusSource:
         return poll
 
     def _unusable(self, replica: str, samples: list[Sample]) -> str | None:
-        """Why one replica's series cannot be read as one engine's: several scrape jobs carry them (each count
-        would be summed once per job)."""
+        """Why one replica's series cannot be read as one engine's: they lack the replica label (every replica would
+        read as one), or several scrape jobs carry them (each count would be summed once per job)."""
+        if replica == self._unlabelled:
+            names = sorted(set.intersection(*(set(s.labels) for s in samples)))  # the target's, not each family's
+            return (
+                f"series without a {self.replica_label} label (they have {', '.join(names) or 'none'}): "
+                "--replica-label names the label that tells replicas apart"
+            )
         jobs = sorted({s.labels["job"] for s in samples if "job" in s.labels})
         if len(jobs) > 1:
             return (

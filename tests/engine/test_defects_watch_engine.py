@@ -16,7 +16,8 @@ needs_prometheus = pytest.mark.skipif(
 
 @needs_prometheus
 def test_one_engine_scraped_by_two_jobs_is_named_not_read_twice(tmp_path, run_kvops):
-    """A real Prometheus scraping one engine under two jobs: `--once --json` read running 6 for 3, the pool doubled."""
+    """A real Prometheus scraping one engine under two jobs: `--once --json` read running 6 for 3, the pool doubled;
+    with `--replica-label pod` (no such label) the replica '(no pod label)' was read as an engine."""
     with (
         MetricsServer(vllm_exposition(0.5, running=3, waiting=2)) as engine,
         PrometheusServer(tmp_path / "prometheus", {"vllm": [engine.target], "pods": [engine.target]}) as prometheus,
@@ -28,3 +29,5 @@ def test_one_engine_scraped_by_two_jobs_is_named_not_read_twice(tmp_path, run_kv
         assert both[0]["error"].startswith("scraped by 2 jobs (pods, vllm)")
         one = json.loads(run_kvops(*watch, "--selector", '{job="vllm"}').stdout)["replicas"]
         assert (one[0]["reading"]["running"], one[0]["reading"]["waiting"]) == (3, 2)
+        unlabelled = json.loads(run_kvops(*watch, "--replica-label", "pod", expect=3).stdout)["replicas"]
+        assert unlabelled[0]["error"].startswith("series without a pod label (they have instance, job)")

@@ -64,3 +64,21 @@ def test_prometheus_series_of_two_jobs_are_not_summed_into_one_engine():
         """give --selector '{job="pods"}'"""
     }
     assert list(poll.readings) == ["b:8000"]
+
+
+def test_prometheus_series_without_the_replica_label_are_not_one_replica():
+    """`--replica-label pod` over series labelled by instance only: every replica was read as one, named
+    '(no pod label)', its usage the fleet's highest and its counts the fleet's sums."""
+    from kvops.watch.sources import PrometheusSource
+
+    source = PrometheusSource("vllm", "http://prometheus:9090", selector=None, replica_label="pod", timeout=1)
+    rows = [
+        _row("vllm:kv_cache_usage_perc", usage, instance=instance, job="vllm", engine="0", model_name="m")
+        for instance, usage in (("a:8000", "0.5"), ("b:8000", "0.1"))
+    ]
+    poll = source.group(rows)
+    assert poll.readings == {}
+    assert poll.failures == {
+        "(no pod label)": "series without a pod label (they have engine, instance, job, model_name): "
+        "--replica-label names the label that tells replicas apart"
+    }
