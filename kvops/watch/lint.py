@@ -23,8 +23,11 @@ from kvops.engines.metrics import Catalogue
 from kvops.frozen import frozen
 
 SUFFIXES = (".yaml", ".yml", ".json", ".rules", ".txt", ".prom", ".py", ".jsonnet", ".libsonnet")
-RANGE = re.compile(r"\[(\d+)(ms|s|m|h|d)(?::[^\]]*)?\]")
-SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+# a range, or a subquery `[range:step]` (`[range:]`: at the evaluation interval, taken to be the scrape interval)
+DURATION = r"\d+(?:ms|s|m|h|d)"
+RANGE = re.compile(rf"\[({DURATION})(?::({DURATION})?)?\]")
+UNIT = re.compile(r"(\d+)(ms|s|m|h|d|w|y)")
+SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
 
 
 @frozen
@@ -105,10 +108,16 @@ def _names(path: str, number: int, line: str, catalogue: Catalogue, release: str
 
 def _ranges(path: str, number: int, line: str, scrape_seconds: float) -> Iterator[Finding]:
     for match in RANGE.finditer(line):
-        seconds = int(match.group(1)) * SECONDS[match.group(2)]
-        if seconds < 2 * scrape_seconds:
+        # a subquery with its own step holds a point per step, whatever the scrape interval
+        step = _seconds(match.group(2)) if match.group(2) else scrape_seconds
+        if _seconds(match.group(1)) < 2 * step:
+            at = f"its {step:g} s step" if match.group(2) else f"a {scrape_seconds:g} s scrape interval"
             message = (
-                f"holds fewer than 2 samples at a {scrape_seconds:g} s scrape interval: rate(), increase() and "
-                f"delta() return nothing, so what is built on it never fires; use at least [{4 * scrape_seconds:g}s]"
+                f"holds fewer than 2 samples at {at}: rate(), increase() and "
+                f"delta() return nothing, so what is built on it never fires; use at least [{4 * step:g}s]"
             )
             yield Finding(path, number, match.group(0), "range too short", message, True)
+
+
+def _seconds(duration: str) -> float:
+    return sum(int(count) * SECONDS[unit] for count, unit in UNIT.findall(duration))

@@ -82,3 +82,21 @@ def test_prometheus_series_without_the_replica_label_are_not_one_replica():
         "(no pod label)": "series without a pod label (they have engine, instance, job, model_name): "
         "--replica-label names the label that tells replicas apart"
     }
+
+
+def _lint(run_kvops, tmp_path, text: str, expect: int) -> list[tuple[int, str, str]]:
+    import json
+
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(text)
+    ran = run_kvops("lint", "--json", "--scrape-interval", "15", str(rules), expect=expect)
+    return [(f["line"], f["name"], f["message"].split(":")[0]) for f in json.loads(ran.stdout)["findings"]]
+
+
+def test_lint_reads_a_subquery_step_not_the_scrape_interval(run_kvops, tmp_path):
+    """`kvops lint` on `max_over_time(rate(x[1m])[20s:5s])` (four points, one per 5 s step) failed it as a range
+    of fewer than 2 samples at the 15 s scrape interval, and exited 1."""
+    text = "a: max_over_time(rate(vllm:num_preemptions_total[1m])[20s:5s])\nb: max_over_time(up[5s:10s])\n"
+    assert _lint(run_kvops, tmp_path, text, expect=1) == [
+        (2, "[5s:10s]", "holds fewer than 2 samples at its 10 s step")
+    ]
