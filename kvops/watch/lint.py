@@ -23,8 +23,9 @@ from kvops.engines.metrics import Catalogue
 from kvops.frozen import frozen
 
 SUFFIXES = (".yaml", ".yml", ".json", ".rules", ".txt", ".prom", ".py", ".jsonnet", ".libsonnet")
-# a range, or a subquery `[range:step]` (`[range:]`: at the evaluation interval, taken to be the scrape interval)
-DURATION = r"\d+(?:ms|s|m|h|d)"
+# a duration as Prometheus parses it (model/duration.go: units in order, any number of them, `1m30s`); a range,
+# or a subquery `[range:step]` (`[range:]`: at the evaluation interval, taken to be the scrape interval)
+DURATION = r"(?:\d+(?:ms|s|m|h|d|w|y))+"
 RANGE = re.compile(rf"\[({DURATION})(?::({DURATION})?)?\]")
 UNIT = re.compile(r"(\d+)(ms|s|m|h|d|w|y)")
 SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}

@@ -100,3 +100,12 @@ def test_lint_reads_a_subquery_step_not_the_scrape_interval(run_kvops, tmp_path)
     assert _lint(run_kvops, tmp_path, text, expect=1) == [
         (2, "[5s:10s]", "holds fewer than 2 samples at its 10 s step")
     ]
+
+
+def test_lint_reads_a_range_of_several_units(run_kvops, tmp_path):
+    """`rate(x[0m20s])` (20 s at a 15 s scrape: one sample in most windows) passed `kvops lint` unseen: only a
+    range of one unit was read; Prometheus takes `1m30s` as well (model/duration.go)."""
+    text = "a: rate(vllm:num_preemptions_total[0m20s])\nb: rate(up[1m30s]) + max_over_time(up[1w])\n"
+    assert _lint(run_kvops, tmp_path, text, expect=1) == [
+        (1, "[0m20s]", "holds fewer than 2 samples at a 15 s scrape interval")
+    ]
