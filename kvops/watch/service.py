@@ -133,7 +133,9 @@ async def watch(options: WatchOptions, log: EventLog) -> None:
     try:
         # bound (a port in use has failed already), but listening only once the first poll is done: a request before
         # it would get the limits for missing data (fail-closed: critical's) whatever the engine's usage
-        await watcher.poll()
+        await watcher.poll_or_stop(stop)
+        if stop.is_set():
+            return
         for listener in listeners:
             await listener.start()
         log.emit(

@@ -393,11 +393,22 @@ class Watcher:
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(stop.wait(), next_at - now)
                 continue
-            await self.poll()
+            await self.poll_or_stop(stop)
             next_at += interval
             now = self.clock()
             if next_at < now:
                 next_at = now + interval - (now - next_at) % interval
+
+    async def poll_or_stop(self, stop: asyncio.Event) -> None:
+        """Poll, unless `stop` is set first: a poll waiting on a slow source is cancelled, so SIGTERM does not wait out
+        --timeout (the poll had not changed anything yet: its row is not recorded)."""
+        polling, stopping = asyncio.ensure_future(self.poll()), asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait({polling, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (polling, stopping):
+                task.cancel()
+            await asyncio.gather(polling, stopping, return_exceptions=True)
 
     async def flush(self) -> None:
         """Wait for the delivery in flight, then send what is still in the outbox (one try)."""

@@ -109,3 +109,49 @@ def test_lint_reads_a_range_of_several_units(run_kvops, tmp_path):
     assert _lint(run_kvops, tmp_path, text, expect=1) == [
         (1, "[0m20s]", "holds fewer than 2 samples at a 15 s scrape interval")
     ]
+
+
+@pytest.mark.parametrize("first", [True, False])
+def test_sigterm_mid_poll_stops_at_once_with_every_finished_poll_recorded(tmp_path, first):
+    """SIGTERM while a poll waited on a hanging /metrics: `kvops watch --timeout 20` exited only once the poll had
+    timed out, 20 s later (past a pod's grace period: SIGKILL, no `stopped` event)."""
+    import json
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.support.metrics_server import MetricsServer, vllm_exposition
+    from tests.support.processes import REPO, checkout_env
+
+    record = tmp_path / "record.csv"
+    with MetricsServer(vllm_exposition(0.5)) as server:
+        server.set(vllm_exposition(0.5), delay=30 if first else 0)
+        watch = subprocess.Popen(
+            [sys.executable, "-m", "kvops", "watch", "--engine", "vllm", "--metrics-url", server.url]
+            + ["--timeout", "20", "--interval", "0.2", "--record", str(record)],
+            cwd=REPO,
+            env=checkout_env(),
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while (server.hits < 1 if first else _lines(record) < 3) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            server.set(vllm_exposition(0.5), delay=30)
+            time.sleep(1.0)  # a poll is waiting on the hang
+            sent = time.monotonic()
+            watch.send_signal(signal.SIGTERM)
+            assert watch.wait(timeout=15) == 0
+            assert time.monotonic() - sent < 5
+        finally:
+            watch.kill()
+        events = [json.loads(line)["event"] for line in watch.stdout.read().splitlines()]
+    assert events[-1] == "stopped" and ("started" in events) is not first
+    rows = record.read_text().splitlines()
+    assert rows[0].startswith("time,replica") and all(row.endswith(",ok,") for row in rows[1:])
+
+
+def _lines(path) -> int:
+    return path.read_text().count("\n") if path.exists() else 0
