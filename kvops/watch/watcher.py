@@ -243,7 +243,7 @@ class Watcher:
         replica.consecutive_failures += 1
         replica.failures_total += 1
         self.poll_failures_total += 1
-        before = replica.level
+        before = replica.level if replica.tracker.last_good is not None else Level.UNKNOWN  # never read: not ok
         after = replica.tracker.update(None, now)  # the last level through the policy's grace, then unknown
         if reason != replica.error or replica.consecutive_failures == self.policy.stale_after_failures:
             stale = replica.consecutive_failures >= self.policy.stale_after_failures

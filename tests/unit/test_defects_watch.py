@@ -155,3 +155,31 @@ def test_sigterm_mid_poll_stops_at_once_with_every_finished_poll_recorded(tmp_pa
 
 def _lines(path) -> int:
     return path.read_text().count("\n") if path.exists() else 0
+
+
+def test_a_replica_never_read_does_not_change_from_ok_to_unknown(tmp_path):
+    """`kvops watch` started beside a dead /metrics logged `level_changed` from ok to unknown (severity error) and
+    counted a change into unknown on /kvops/metrics, for a replica it had never read as ok."""
+    import asyncio
+    import io
+    import json
+
+    from kvops.policy import load_policy
+    from kvops.watch.sources import ScrapeSource
+    from kvops.watch.watcher import EventLog, Watcher
+    from tests.support.metrics_server import MetricsServer
+
+    with MetricsServer() as server:
+        url = server.url
+    log = io.StringIO()
+    watcher = Watcher(load_policy(None), "vllm", ScrapeSource("vllm", url, timeout=1), log=EventLog(log))
+
+    async def poll_once():
+        try:
+            return await watcher.poll()
+        finally:
+            await watcher.close()
+
+    assert asyncio.run(poll_once()).level.label == "unknown"
+    assert [json.loads(line)["event"] for line in log.getvalue().splitlines()] == ["poll_failed"]
+    assert watcher.level_changes["unknown"] == 0
