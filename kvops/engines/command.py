@@ -83,7 +83,8 @@ def after_image(words: list[str], images: tuple[str, ...]) -> list[str] | None:
     return None
 
 
-RELEASE_TAG = re.compile(r"v?(\d+\.\d+(?:\.\d+)?)(?:\.post\d+)?")  # v0.8.5, 3.0.1, v0.6.1.post1
+# v0.8.5, 3.0.1, v0.6.1.post1, v0.10.1.1 (a hotfix), 2.4.1-rocm and 3.3.5-intel-xpu (TGI's builds for other devices)
+RELEASE_TAG = re.compile(r"v?(\d+\.\d+(?:\.\d+){0,2})(?:\.post\d+)?(?:-[a-z][a-z0-9.-]*)?")
 
 
 def image_tag(words: list[str], images: tuple[str, ...]) -> tuple[str, str] | None:

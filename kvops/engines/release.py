@@ -1,8 +1,9 @@
 """Engine versions as users and logs write them, engine-neutral: each engine's `releases.py` says which rules a
 version follows.
 
-"0.10.1.dev101+gbda9d0535", "0.16.1rc1.dev206", "0.8.5.post1", "v3.2.1" and "1.0" all name a release by its first
-three numbers; what follows them (rc, dev, post, a local build tag) keeps the release's rules.
+"0.10.1.dev101+gbda9d0535", "0.16.1rc1.dev206", "0.8.5.post1", "0.10.1.1", "v3.2.1" and "1.0" all name a release by
+its first three numbers; what follows them (a hotfix's fourth number, rc, dev, post, a local build tag) keeps the
+release's rules.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from kvops.errors import UsageError
 from kvops.frozen import frozen
 
 _VERSION = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?")
-# what may follow a release's numbers as engines print them: PEP 440's (0.10.1rc1.dev101+gbda9d0535), TGI's -dev0
-_SUFFIXES = re.compile(r"(?:[-.]?(?:rc|dev|post|a|b)\d*)*(?:\+\S+)?")
+# what may follow a release's numbers as engines print them: a hotfix's fourth number (vLLM 0.9.0.1, 0.10.1.1 on
+# PyPI), PEP 440's (0.10.1rc1.dev101+gbda9d0535), TGI's -dev0
+_SUFFIXES = re.compile(r"(?:\.\d+)?(?:[-.]?(?:rc|dev|post|a|b)\d*)*(?:\+\S+)?")
 
 
 @dataclass(frozen=True, order=True)
@@ -43,6 +45,12 @@ class Version:
         if not _SUFFIXES.fullmatch(text.strip()[match.end() :]):
             raise UsageError(f"--engine-version {text!r} is not a release; give one like 0.32.0, 0.8.5.post1 or 3.3.7")
         return version
+
+    @property
+    def release_tag(self) -> str:
+        """The release's numbers as its image tags them: three, and a hotfix's fourth (0.10.1.1)."""
+        hotfix = re.match(r"\d+\.\d+\.\d+(\.\d+)", self.text)
+        return f"{self.major}.{self.minor}.{self.patch}{hotfix.group(1) if hotfix else ''}"
 
     def at_least(self, major: int, minor: int, patch: int = 0) -> bool:
         return (self.major, self.minor, self.patch) >= (major, minor, patch)

@@ -86,7 +86,7 @@ class ReleaseOptions:
 
 def image(version: Version, vendor: str | None) -> str:
     """The official image of a release (its own tag, `v` + the release as typed) for the device's vendor."""
-    tag = f"{version.major}.{version.minor}.{version.patch}"
+    tag = version.release_tag
     if vendor == "amd":
         return ROCM_IMAGE.format(version=tag) if version >= ROCM_IMAGE_SINCE else ROCM_BUILDS
     return IMAGE.format(version=tag)

@@ -1,0 +1,44 @@
+"""Launch lines from vLLM's and TGI's docs and recipes, pasted into `kvops plan --from-command`, and what kvops emits
+for them in every format: each test replays a defect a new user met."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.unit.cli.test_plan import plan_doc
+
+
+@pytest.mark.parametrize(
+    "command, release",
+    [
+        # vLLM's hotfix releases carry a fourth number (PyPI: vllm 0.9.0.1, 0.10.1.1): the tag named no release and
+        # the line was planned for the newest, 0.34.0, without a word
+        ("docker run --gpus all --ipc=host vllm/vllm-openai:v0.10.1.1 --model Qwen/Qwen3-8B", "0.10.1.1"),
+        # TGI's images for other devices suffix the release (2.4.1-rocm): planned for 3.3.7, without a word
+        (
+            "docker run ghcr.io/huggingface/text-generation-inference:2.4.1-rocm --model-id Qwen/Qwen2.5-7B-Instruct",
+            "2.4.1",
+        ),
+    ],
+)
+def test_a_docker_tag_with_a_hotfix_number_or_a_device_suffix_plans_its_release(run_kvops, command, release):
+    doc = plan_doc(run_kvops, "--gpu", "h100", "--from-command", command)
+    assert doc["engine_version"]["version"] == release
+    assert any(
+        line.endswith(f"planned for the release its tag names, {release} (--engine-version overrides it)")
+        for line in doc["from_command"]
+    )
+
+
+def test_a_hotfix_release_is_a_release_and_its_image_is_its_own(run_kvops):
+    """`--engine-version 0.10.1.1` was "not a release"; its docker line now runs the hotfix's own image."""
+    ran = run_kvops("plan", "-m", "qwen3-8b", "--gpu", "h100", "--engine-version", "0.10.1.1", "--format", "docker")
+    assert " vllm/vllm-openai:v0.10.1.1 " in ran.stdout
+    assert (
+        plan_doc(run_kvops, "-m", "qwen3-8b", "--gpu", "h100", "--engine-version", "0.10.1.1")["engine_version"][
+            "family"
+        ]
+        == plan_doc(run_kvops, "-m", "qwen3-8b", "--gpu", "h100", "--engine-version", "0.10.1")["engine_version"][
+            "family"
+        ]
+    )
