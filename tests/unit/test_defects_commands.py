@@ -42,3 +42,15 @@ def test_a_hotfix_release_is_a_release_and_its_image_is_its_own(run_kvops):
             "family"
         ]
     )
+
+
+@pytest.mark.parametrize("written, level", [("-O3", "3"), ("-O 0", "0"), ("-O=1", "1")])
+def test_the_short_optimization_level_is_read_as_vllm_reads_it(run_kvops, written, level):
+    """vLLM's recipes write -O3 (FlexibleArgumentParser turns -ON, -O=N and -O N into --optimization-level N:
+    vllm/utils/argparse_utils.py, 0.32.0); kvops called it "unknown: not a vllm serve option", though -O0 captures no
+    CUDA graphs at all."""
+    doc = plan_doc(run_kvops, "--gpu", "h100", "--from-command", f"vllm serve Qwen/Qwen3-8B {written} --port 8001")
+    says = "not modelled: the compilation level changes the CUDA graphs' memory; measure the run (kvops calibrate)"
+    assert f"-O {level}: {says}" in doc["from_command"]
+    kept = [*written.split(), "--port", "8001"]
+    assert doc["command"]["argv"][-len(kept) :] == kept  # kept as written

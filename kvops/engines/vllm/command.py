@@ -60,6 +60,7 @@ def read_serve_args(args: list[str]) -> StatedCommand:
     """The deployment options a `vllm serve` argument list states, and a line for each option not read."""
     table = flags.serve_options()
     positional, options = split_options(args, lambda name: table.get(name) or NEWER_KINDS.get(name))
+    options = [_optimization_level(word) for word in options]
     stated = StatedCommand("vllm")
     if positional:
         stated.values["model"] = positional[0]
@@ -100,6 +101,15 @@ def read_serve_args(args: list[str]) -> StatedCommand:
     if revision:
         stated.values["model"] = f"{stated.values['model']}@{revision}"
     return stated
+
+
+def _optimization_level(word: Word) -> Word:
+    """-O3, -O=3 and -O 3 are --optimization-level 3 (vllm/utils/argparse_utils.py, FlexibleArgumentParser.parse_args,
+    vLLM 0.32.0), kept as written: argparse knows no -O."""
+    if word.canonical is not None or not word.written.startswith("-O") or word.written.startswith("--"):
+        return word
+    level = word.value if word.written == "-O" else word.written[2:].removeprefix("=")
+    return Word("-O", "--optimization-level", level, tokens=word.tokens)
 
 
 def _parallel_devices(stated: StatedCommand) -> None:
