@@ -20,6 +20,7 @@ from typing import Any
 from kvops import engines
 from kvops.deploy.autoscale import Scaling
 from kvops.deploy.stack import Stack, dump_yaml
+from kvops.engines.flags import flag_args, with_kept
 from kvops.errors import KvopsError
 from kvops.watch.saturation import GatewayLevels
 
@@ -88,6 +89,9 @@ def dynamo_environment(stack: Stack) -> list[tuple[str, str]]:
     ]
 
 
+CHART_OWNS = ("--port", "--host")  # helm/templates/deployment-vllm-multi.yaml passes its own
+
+
 def production_stack_values(stack: Stack) -> dict[str, Any]:
     """The chart's modelSpec entry for the plan (helm/values.schema.json, servingEngineSpec.modelSpec)."""
     flags = stack.plan.flags
@@ -107,7 +111,9 @@ def production_stack_values(stack: Stack) -> dict[str, Any]:
         for flag, value in flags.items()
         if flag not in named and flag != "model" and not (flag in plugins and value == plugins[flag])
     }
-    config["extraArgs"] = [word for flag, value in rest.items() for word in _words(flag, value)]
+    # a pasted command's options the plan did not read go too, but the port and host: the chart serves on its own
+    kept = tuple(option for option in inputs.kept_options if option[0] not in CHART_OWNS)
+    config["extraArgs"] = with_kept(flag_args(rest), dict(flags), kept)
     return {
         "servingEngineSpec": {
             "modelSpec": [
@@ -182,12 +188,6 @@ def dynamo_files(stack: Stack) -> dict[str, str]:
     return {
         "dynamo-frontend.env": stack.header("Dynamo's frontend rejection thresholds at kvops' critical level") + lines
     }
-
-
-def _words(flag: str, value: Any) -> list[str]:
-    if value is True:
-        return [f"--{flag}"]
-    return [f"--{flag}", f"{value:g}" if isinstance(value, float) else str(value)]
 
 
 def _labels(stack: Stack) -> dict[str, str]:

@@ -54,3 +54,28 @@ def test_the_short_optimization_level_is_read_as_vllm_reads_it(run_kvops, writte
     assert f"-O {level}: {says}" in doc["from_command"]
     kept = [*written.split(), "--port", "8001"]
     assert doc["command"]["argv"][-len(kept) :] == kept  # kept as written
+
+
+def test_production_stack_values_keep_the_pasted_commands_options(run_kvops):
+    """`manifests -t production-stack --from-command ...` wrote extraArgs from the plan's own flags alone: the served
+    name, chat template and --hf-overrides of the pasted line were gone, without a word. The chart passes its own
+    --port and --host (helm/templates/deployment-vllm-multi.yaml), so those stay out."""
+    import yaml
+
+    command = (
+        "vllm serve Qwen/Qwen3-8B --served-model-name qwen 'my model' --chat-template /t/chat.jinja --port 9000 "
+        """--host 0.0.0.0 --hf-overrides '{"architectures": ["Qwen3ForCausalLM"]}' --max-num-seqs 64"""
+    )
+    ran = run_kvops("manifests", "-t", "production-stack", "--gpu", "h100", "--from-command", command)
+    values = next(yaml.safe_load_all(ran.stdout))["servingEngineSpec"]["modelSpec"][0]["vllmConfig"]
+    extra = values["extraArgs"]
+    assert extra[extra.index("--served-model-name") :] == [
+        "--served-model-name",
+        "qwen",
+        "my model",
+        "--chat-template",
+        "/t/chat.jinja",
+        "--hf-overrides",
+        '{"architectures": ["Qwen3ForCausalLM"]}',
+    ]
+    assert values["maxNumSeqs"] == 64 and "--port" not in extra and "--host" not in extra
