@@ -65,13 +65,13 @@ GRAFANA_DASHBOARDS = {
 def compose(stack: Stack) -> dict[str, Any]:
     plan = stack.plan
     container = engines.get(stack.engine).container
-    command = in_container(plan, stack.engine_args())
+    command = literal(in_container(plan, stack.engine_args()))
     engine: dict[str, Any] = {"image": plan.image, "command": command, "environment": ["HF_TOKEN"]}
     engine.update(container.compose_shared_memory)
     engine["volumes"] = [f"{container.compose_cache}:{container.model_cache}"]
     mount = model_mount(plan)
     if mount:
-        engine["volumes"].append(f"{mount[0]}:{mount[1]}:ro")
+        engine["volumes"] += literal([f"{mount[0]}:{mount[1]}:ro"])
     engine.update(_gpus(stack))
     services: dict[str, Any] = {stack.engine: engine}
     volumes: dict[str, Any] = {container.compose_cache: {}} if container.compose_cache_is_volume else {}
@@ -121,6 +121,12 @@ def compose(stack: Stack) -> dict[str, Any]:
     if volumes:
         document["volumes"] = volumes
     return document
+
+
+def literal(words: list[str]) -> list[str]:
+    """Words as Compose passes them: it interpolates `$VAR` and `${VAR}` in the whole file, and `$$` is a literal `$`
+    (the Compose specification, "Interpolation"), so a `$` in a pasted value reaches the engine as written."""
+    return [word.replace("$", "$$") for word in words]
 
 
 def prometheus_config(stack: Stack) -> dict[str, Any]:

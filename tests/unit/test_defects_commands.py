@@ -79,3 +79,20 @@ def test_production_stack_values_keep_the_pasted_commands_options(run_kvops):
         '{"architectures": ["Qwen3ForCausalLM"]}',
     ]
     assert values["maxNumSeqs"] == 64 and "--port" not in extra and "--host" not in extra
+
+
+def test_a_dollar_in_a_pasted_value_reaches_the_engine_through_compose(run_kvops, tmp_path):
+    """Compose interpolates `$VAR` in the whole file and reads `$$` as one `$` (the Compose specification,
+    "Interpolation"): a chat template path or JSON value with a `$` in it was written as is, so Compose would have
+    put its own $HOME in the engine's arguments (or refused an unset variable's)."""
+    import re
+
+    import yaml
+
+    command = """vllm serve Qwen/Qwen3-8B --chat-template '/t/$HOME.jinja' --hf-overrides '{"note": "$PATH"}'"""
+    run_kvops("manifests", "-t", "compose", "--out", str(tmp_path), "--gpu", "h100", "--from-command", command)
+    written = yaml.safe_load((tmp_path / "compose.yaml").read_text())["services"]["vllm"]["command"]
+    assert not [word for word in written if re.search(r"(?<!\$)\$(?!\$)", word.replace("$$", ""))]
+    engine = [word.replace("$$", "$") for word in written]  # what Compose passes
+    assert engine[engine.index("--chat-template") + 1] == "/t/$HOME.jinja"
+    assert engine[engine.index("--hf-overrides") + 1] == '{"note": "$PATH"}'
