@@ -156,6 +156,7 @@ class DeploymentOptions:
             command_lines=self.command_lines,
             kept_options=self.kept_options,
             port=self.port,
+            scheduler_flags=self.scheduler_flags,
             device=self.device,
             cpu_amx=self.device == "cpu" and has_amx_tiles(),
             max_model_len=self.max_model_len,

@@ -144,6 +144,8 @@ class PlanInputs:
         tuple[str, ...], ...
     ] = ()  # the words of those options, as given: appended to the plan's command
     port: int | None = None  # the engine's --port as the pasted command gave it (None: the engine's default)
+    # the scheduler's flags a pasted command states: no memory term, but checked against the plan as vLLM checks them
+    scheduler_flags: tuple[tuple[str, Any], ...] = ()
     profile: Profile | None = None
     warn_level: float = 0.70
     kv_offloading_size: float | None = None  # vLLM --kv-offloading-size: GiB of host memory, all TP ranks

@@ -96,3 +96,31 @@ def test_a_dollar_in_a_pasted_value_reaches_the_engine_through_compose(run_kvops
     engine = [word.replace("$$", "$") for word in written]  # what Compose passes
     assert engine[engine.index("--chat-template") + 1] == "/t/$HOME.jinja"
     assert engine[engine.index("--hf-overrides") + 1] == '{"note": "$PATH"}'
+
+
+@pytest.mark.parametrize(
+    "options, says",
+    [
+        (
+            "--max-num-active-seqs 2048",
+            "--max-num-active-seqs 2048 is above --max-num-seqs 1024: vLLM refuses to start",
+        ),
+        (
+            "--max-model-len 8192 --long-prefill-token-threshold 16384",
+            "--long-prefill-token-threshold 16384 is above --max-model-len 8192: vLLM refuses to start",
+        ),
+    ],
+)
+def test_scheduler_flags_vllm_refuses_beside_the_plan_are_one_line(run_kvops, options, says):
+    """vLLM's SchedulerConfig.verify_max_model_len (vllm/config/scheduler.py, 0.32.0-0.34.0) raises on both; the plan
+    emitted them beside its own --max-num-seqs and --max-model-len as a command that would not start."""
+    ran = run_kvops("plan", "--gpu", "h100", "--from-command", f"vllm serve Qwen/Qwen3-8B {options}", expect=2)
+    assert says in ran.stderr and len(ran.stderr.strip().splitlines()) == 1
+
+
+def test_scheduler_flags_within_the_plan_still_plan(run_kvops):
+    command = (
+        "vllm serve Qwen/Qwen3-8B --max-model-len 8192 --long-prefill-token-threshold 2048 --max-num-active-seqs 64"
+    )
+    doc = plan_doc(run_kvops, "--gpu", "h100", "--from-command", command)
+    assert doc["command"]["argv"][-4:] == ["--long-prefill-token-threshold", "2048", "--max-num-active-seqs", "64"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from math import floor
+from typing import Any
 
 from kvops.dtypes import KvDtype, resolve_kv_dtype, serving_dtype
 from kvops.engines import common
@@ -197,6 +198,7 @@ def _plan_pass(
     wanted = chosen_seqs if forced and inputs.max_num_seqs is None else None
     seqs = wanted or _state_blocks_cap(draft, _max_num_seqs(draft, under_warn, defaults), kv_layout, pool)
     seqs = _within_token_budget(inputs, seqs, batched)
+    _check_scheduler_flags(dict(inputs.scheduler_flags), seqs, length)
     chosen = engine_flags(inputs, length, draft, seqs, batched, block_size, kv_flag, release_options, page)
     add_notes(draft, kv_layout, dtype, capacity)
     return draft.plan(capacity, chosen, verdict(draft, kv_layout, pool, capacity, seqs))
@@ -419,6 +421,23 @@ def _within_token_budget(inputs: PlanInputs, seqs: int, batched: int) -> int:
             f"sequence takes a token of a step's budget); give at most {batched} sequences or a larger budget"
         )
     return seqs
+
+
+def _check_scheduler_flags(flags: dict[str, Any], seqs: int, length: int) -> None:
+    """A pasted command's scheduler flags that vLLM refuses beside the plan's --max-num-seqs and --max-model-len
+    (SchedulerConfig.verify_max_model_len, vllm/config/scheduler.py, 0.32.0-0.34.0)."""
+    active = flags.get("max_num_active_seqs")
+    if active is not None and active > seqs:
+        raise UsageError(
+            f"--max-num-active-seqs {active} is above --max-num-seqs {seqs}: vLLM refuses to start ('max_num_active_seqs "
+            f"cannot be greater than max_num_seqs'); give at most {seqs}, or --max-num-seqs {active}"
+        )
+    threshold = flags.get("long_prefill_token_threshold")
+    if threshold is not None and threshold > length:
+        raise UsageError(
+            f"--long-prefill-token-threshold {threshold} is above --max-model-len {length}: vLLM refuses to start "
+            f"('long_prefill_token_threshold cannot be greater than the max_model_len'); give at most {length}"
+        )
 
 
 def _state_blocks_cap(draft: Draft, seqs: int, kv_layout: layout.KVCacheLayout, pool: layout.Pool) -> int:
