@@ -35,13 +35,13 @@ def get(name: str) -> Engine:
 
 def read_command(text: str) -> StatedCommand:
     """The deployment a pasted launch command states, read by the engine whose program or image it names."""
-    from kvops.engines.command import command_words
+    from kvops.engines.command import command_words, with_environment
 
-    words = command_words(text)
+    words, environment = command_words(text)
     for name in NAMES:
         stated = get(name).read_command(words)
         if stated is not None:
-            return stated
+            return with_environment(stated, environment)
     programs = "; ".join(" ".join(get(name).program) for name in NAMES)
     raise UsageError(
         f"--from-command: {words[0]!r} starts no engine kvops plans; paste a line that runs {programs}, python -m vllm.entrypoints.openai.api_server, or docker run with their images"

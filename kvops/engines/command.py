@@ -57,19 +57,57 @@ def _shown(word: Word) -> str:
     return word.written if word.value is None else f"{word.written} {word.value}"
 
 
-def command_words(text: str) -> list[str]:
-    """The words of a pasted command: shell quoting, line continuations and a leading `VAR=value ...` removed."""
+def command_words(text: str) -> tuple[list[str], list[str]]:
+    """The words of a pasted command (shell quoting and line continuations removed), and the environment variables
+    it sets: a leading `VAR=value ...`, and a `docker run`'s `-e VAR=value` before its image."""
     try:
         words = shlex.split(text.replace("\\\n", " "))
     except ValueError as exc:
         raise UsageError(f"--from-command {text!r} is not a shell command ({exc})") from None
+    environment = []
     while words and "=" in words[0] and not words[0].startswith("-"):
-        words.pop(0)
+        environment.append(words.pop(0).split("=", 1)[0])
     if not words:
         raise UsageError(
             "--from-command names no command; paste the line that starts the engine, e.g. 'vllm serve MODEL ...'"
         )
-    return words
+    return words, environment + _docker_environment(words)
+
+
+def _docker_environment(words: list[str]) -> list[str]:
+    """The names a `docker run` line sets with -e/--env NAME[=value]."""
+    if words[0] not in ("docker", "podman", "sudo"):
+        return []
+    names = []
+    for index, word in enumerate(words[:-1]):
+        given = (
+            words[index + 1] if word in ("-e", "--env") else word.partition("=")[2] if word.startswith("--env=") else ""
+        )
+        if given:  # -e NAME=value, or -e NAME: the host's value
+            names.append(given.split("=", 1)[0])
+    return names
+
+
+ENVIRONMENT = (
+    "the environment: not in the plan's command, and not modelled; set it in the engine's environment as you did "
+    "(the docker, k8s and compose outputs do not carry it)"
+)
+
+
+# variables that pick what kvops plans by option instead
+ENVIRONMENT_NOTES = {
+    "HF_TOKEN": "the Hub token: the docker, k8s and compose outputs pass it (from the host's environment, or the "
+    "Secret hf-token)",
+    "VLLM_USE_V1": "picks vLLM's engine, which the plan takes from --engine-version instead: 0.8.5-v0 plans the V0 "
+    "engine of 0.8-0.10, 0.7.3-v1 the V1 engine of 0.7 (the plan's command does not carry the variable)",
+}
+
+
+def with_environment(stated: StatedCommand, names: list[str]) -> StatedCommand:
+    """A line for each environment variable the pasted command sets, named without its value (a token stays out of
+    the plan)."""
+    stated.lines.extend(f"{name}: {ENVIRONMENT_NOTES.get(name, ENVIRONMENT)}" for name in names)
+    return stated
 
 
 def after_image(words: list[str], images: tuple[str, ...]) -> list[str] | None:

@@ -124,3 +124,19 @@ def test_scheduler_flags_within_the_plan_still_plan(run_kvops):
     )
     doc = plan_doc(run_kvops, "--gpu", "h100", "--from-command", command)
     assert doc["command"]["argv"][-4:] == ["--long-prefill-token-threshold", "2048", "--max-num-active-seqs", "64"]
+
+
+def test_the_environment_a_pasted_line_sets_is_named_not_dropped(run_kvops):
+    """`VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 vllm serve ...` (and docker's -e) vanished without a word: the plan's command
+    lacks the variable, so vLLM refuses the longer context it started with; VLLM_USE_V1=0 picked the V0 engine the
+    plan did not model. Each is named (never its value: a token stays out of the plan)."""
+    command = (
+        "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 docker run --gpus all -e VLLM_USE_V1=0 --env=HF_TOKEN=hf_secret "
+        "vllm/vllm-openai:v0.9.2 Qwen/Qwen3-8B --max-model-len 8192"
+    )
+    doc = plan_doc(run_kvops, "--gpu", "h100", "--from-command", command)
+    lines = doc["from_command"]
+    assert "VLLM_ALLOW_LONG_MAX_MODEL_LEN: the environment: not in the plan's command" in "\n".join(lines)
+    assert any(line.startswith("VLLM_USE_V1: picks vLLM's engine") and "0.8.5-v0" in line for line in lines)
+    assert any(line.startswith("HF_TOKEN: the Hub token") for line in lines)
+    assert "hf_secret" not in str(doc)
