@@ -173,7 +173,7 @@ def split_options(
         if dashes and name.startswith("--"):
             head, dot, tail = name[2:].partition(".")
             name = "--" + head.replace("_", "-") + dot + tail
-        known = lookup(name.split(".", 1)[0] if name.startswith("--") else name)
+        known = lookup(name.split(".", 1)[0])  # a dotted field of a config option: --speculative-config.method
         kind = known[1] if known else (VALUE if index < len(args) and not args[index].startswith("-") else SWITCH)
         if "." in name and known:  # vLLM's dotted form: --speculative-config.method eagle3
             kind = VALUE

@@ -140,3 +140,41 @@ def test_the_environment_a_pasted_line_sets_is_named_not_dropped(run_kvops):
     assert any(line.startswith("VLLM_USE_V1: picks vLLM's engine") and "0.8.5-v0" in line for line in lines)
     assert any(line.startswith("HF_TOKEN: the Hub token") for line in lines)
     assert "hf_secret" not in str(doc)
+
+
+@pytest.mark.parametrize(
+    "fields, config",
+    [
+        ("--compilation-config.cudagraph_mode NONE", {"cudagraph_mode": "NONE"}),
+        (
+            "-cc.cudagraph_mode=PIECEWISE -cc.max_cudagraph_capture_size 64",
+            {"cudagraph_mode": "PIECEWISE", "max_cudagraph_capture_size": 64},
+        ),
+        ("--compilation-config.cudagraph_capture_sizes+ 1,2,4", {"cudagraph_capture_sizes": [1, 2, 4]}),
+    ],
+)
+def test_a_compilation_configs_dotted_fields_are_read_as_vllm_reads_them(run_kvops, fields, config):
+    """vLLM's parser takes a config option's fields dotted (vllm/utils/argparse_utils.py, 0.32.0: the value as JSON,
+    `+` a comma list; -cc is --compilation-config): kvops refused the first ("--compilation-config 'NONE' is not a
+    JSON object") and called -cc.* unknown, so a run without CUDA graphs was planned with them."""
+    import json
+
+    doc = plan_doc(run_kvops, "--gpu", "h100", "--from-command", f"vllm serve Qwen/Qwen3-8B {fields}")
+    assert json.loads(doc["flags"]["compilation-config"]) == config
+    assert not [line for line in doc["from_command"] if "cc." in line or "compilation" in line]
+    if config == {"cudagraph_mode": "NONE"}:
+        assert next(term for term in doc["memory"]["terms"] if term["name"] == "cuda_graphs")["bytes"] == 0
+
+
+def test_a_speculative_configs_dotted_number_is_a_number(run_kvops):
+    import json
+
+    command = "vllm serve Qwen/Qwen3-8B --speculative-config.method ngram --speculative-config.prompt_lookup_max 3"
+    doc = plan_doc(
+        run_kvops, "--gpu", "h100", "--from-command", command + " --speculative-config.num_speculative_tokens 4"
+    )
+    assert json.loads(doc["flags"]["speculative-config"]) == {
+        "method": "ngram",
+        "prompt_lookup_max": 3,
+        "num_speculative_tokens": 4,
+    }

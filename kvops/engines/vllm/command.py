@@ -67,6 +67,7 @@ def read_serve_args(args: list[str]) -> StatedCommand:
         for extra in positional[1:]:
             stated.lines.append(f"{extra}: unknown: vllm serve takes one positional argument, the model")
     speculative: dict[str, Any] = {}
+    compilation: dict[str, Any] = {}
     for word in options:
         if word.canonical is None and word.written in NEWER_SWITCHES:  # not in 0.32's table: 0.34's own options
             stated.values[NEWER_SWITCHES[word.written][0]] = NEWER_SWITCHES[word.written][1]
@@ -80,6 +81,8 @@ def read_serve_args(args: list[str]) -> StatedCommand:
             )
         elif word.canonical in _SPECULATIVE:
             _speculative_part(word, speculative)
+        elif word.canonical == "--compilation-config" and "." in word.written:
+            _merged(compilation, _dotted(word))
         elif word.canonical in READERS:
             READERS[word.canonical](word, stated)
         elif word.canonical in flags.NOT_MODELLED:
@@ -92,6 +95,8 @@ def read_serve_args(args: list[str]) -> StatedCommand:
             stated.ignore(word)
     if speculative:
         stated.values["speculative_config"] = json.dumps(speculative)
+    if compilation:  # vLLM passes the dotted fields as one JSON value after the others: it replaces a JSON form
+        stated.values["compilation_config"] = json.dumps(compilation)
     if "scheduler_flags" in stated.values:
         stated.values["scheduler_flags"] = tuple(stated.values["scheduler_flags"].items())
     _parallel_devices(stated)
@@ -239,13 +244,49 @@ def _speculative_part(word: Word, speculative: dict[str, Any]) -> None:
         except (json.JSONDecodeError, TypeError, ValueError):
             raise UsageError(f"{word.written} {word.value!r} is not a JSON object") from None
         return
-    key = {"--spec-method": "method", "--spec-model": "model", "--spec-tokens": "num_speculative_tokens"}.get(
-        word.canonical or "", word.written.split(".", 1)[-1]
-    )
+    if "." in word.written:
+        _merged(speculative, _dotted(word))
+        return
+    key = {"--spec-method": "method", "--spec-model": "model", "--spec-tokens": "num_speculative_tokens"}[
+        word.canonical or ""
+    ]
     value: Any = word.value
     if key == "num_speculative_tokens" and str(value).isdigit():
         value = int(str(value))
     speculative[key] = value
+
+
+def _dotted(word: Word) -> dict[str, Any]:
+    """A config option's dotted field (--compilation-config.cudagraph_mode NONE, -cc.pass_config.fuse_norm_quant=true,
+    --compilation-config.cudagraph_capture_sizes+ 1,2,4) as FlexibleArgumentParser.parse_args reads it
+    (vllm/utils/argparse_utils.py, 0.32.0): the value as JSON, else as written; `+` takes a comma-separated list."""
+    path = word.written.split(".")[1:]
+    text = str(word.value)
+    value: Any
+    if path[-1].endswith("+"):
+        path[-1], value = path[-1][:-1], [_json_or_text(item) for item in text.split(",")]
+    else:
+        value = _json_or_text(text)
+    for key in reversed(path):
+        value = {key: value}
+    return dict(value)
+
+
+def _json_or_text(text: str) -> Any:
+    """A dotted field's value: JSON where it is (vLLM's models take "4" and 4 alike), else the text."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def _merged(into: dict[str, Any], update: dict[str, Any]) -> None:
+    """`update` merged into `into`, nested dicts field by field, as vLLM merges repeated dotted fields."""
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merged(into[key], value)
+        else:
+            into[key] = value
 
 
 # switches vLLM releases after 0.32 added (vllm/engine/arg_utils.py l.1413 in the 0.34.0 wheel), read though
