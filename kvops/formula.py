@@ -5,7 +5,7 @@
 L layers, B sequences (batch x beams), T cached tokens, Hkv KV heads (per GPU: max(1, Hkv // tp)), D head dim,
 s bytes per value. Computed per layer group: a sliding-window layer caches min(T, W) tokens, a chunked local
 layer min(T, C), an MLA layer kv_lora_rank + qk_rope_head_dim values per token whatever the tp, a sparse
-indexer its fp8 key per token; a recurrent-state layer (Mamba-2, Gated DeltaNet) adds a fixed state per
+indexer its fp8 key per token; a recurrent-state layer (Mamba-1, Mamba-2, Gated DeltaNet) adds a fixed state per
 sequence and nothing per token. With a block size N (paged engines) each sequence holds ceil(tokens / N) x N
 token slots per layer group.
 """
@@ -17,7 +17,7 @@ from math import ceil
 from kvops.dtypes import KV_DTYPES, KvDtype, canonical_dtype_name
 from kvops.errors import UsageError
 from kvops.frozen import frozen
-from kvops.model.spec import LayerGroup, MambaState, ModelSpec
+from kvops.model.spec import LayerGroup, ModelSpec, RecurrentState
 
 # Beam search is reported to cost 20-30% more than batch x beams; an estimate, never in the formula's figures.
 BEAM_SEARCH_OVERHEAD_ESTIMATE = (0.20, 0.30)
@@ -94,7 +94,7 @@ class KVCost:
         return self.total_bytes * self.tp
 
 
-def state_dtype_bytes(layer: MambaState, model_dtype: str) -> tuple[float, float]:
+def state_dtype_bytes(layer: RecurrentState, model_dtype: str) -> tuple[float, float]:
     """Bytes per value of the conv and SSM states as the model declares them: its own dtype, the SSM state in the
     dtype its config names (Qwen3.5's mamba_ssm_dtype, Nemotron-H's mamba_ssm_cache_dtype) when it names one."""
     model = KV_DTYPES[model_dtype].bytes
@@ -112,7 +112,7 @@ def group_cost(
     model_dtype: str = "bf16",
 ) -> GroupCost:
     layer = group.layer
-    if isinstance(layer, MambaState):
+    if isinstance(layer, RecurrentState):
         conv, ssm = state_dtype_bytes(layer, model_dtype)
         return GroupCost(
             kind=layer.kind,
@@ -176,8 +176,8 @@ def tp_fits(spec: ModelSpec, tp: int) -> bool:
     if spec.num_attention_heads % tp:
         return False
     for _, layer in spec.caches():
-        if isinstance(layer, MambaState):
-            if layer.heads % tp or (layer.groups % tp and layer.variant == "gdn"):
+        if isinstance(layer, RecurrentState):
+            if not layer.splits(tp):
                 return False
         elif layer.kind in ("full", "sliding", "chunked"):
             kv = layer.num_kv_heads

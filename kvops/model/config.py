@@ -26,6 +26,7 @@ from kvops.model.spec import (
     EncoderShape,
     FullAttention,
     LayerKind,
+    Mamba1State,
     MambaState,
     ModelSpec,
     MultiLatentAttention,
@@ -111,6 +112,7 @@ def spec_from_config(
             head_dim=head_dim,
             wrapper=config,
             layers=layers,
+            beside=next((layer for _, layer in extra_caches if isinstance(layer, (MambaState, Mamba1State))), None),
         )
     except KeyError as missing:  # a field the architecture's count needs (a vision tower's width, an FFN size)
         raise ConfigError(f"{where}: missing {missing.args[0]!r}, which the parameter count needs") from None
@@ -351,9 +353,9 @@ def _hybrid_kinds(text: dict, num_layers: int, where: str, notes: list[str]) -> 
     return kinds
 
 
-def _state_layer(text: dict, reader: _Reader) -> MambaState | None:
-    """The recurrent layer's state shape: Gated DeltaNet (Qwen3-Next, Qwen3.5) or Mamba-2 (Granite-4.0-H,
-    Nemotron-H), under each family's field names."""
+def _state_layer(text: dict, reader: _Reader) -> MambaState | Mamba1State | None:
+    """The recurrent layer's state shape: Gated DeltaNet (Qwen3-Next, Qwen3.5), Mamba-1 (Jamba) or Mamba-2
+    (Granite-4.0-H, Nemotron-H, Falcon-H1), under each family's field names."""
     if text.get("linear_num_value_heads"):
         value_heads, value_dim = (
             reader.positive(("linear_num_value_heads",)),
@@ -369,6 +371,12 @@ def _state_layer(text: dict, reader: _Reader) -> MambaState | None:
             head_dim=value_dim,
             ssm_dtype=str(text.get("mamba_ssm_dtype") or ""),
         )
+    if text.get("model_type") == "jamba":  # jamba.py: MambaMixer(intermediate_size=mamba_expand * hidden_size)
+        return Mamba1State(
+            conv_kernel=reader.positive(("mamba_d_conv",)),
+            intermediate=reader.positive(("mamba_expand",)) * reader.positive(_HIDDEN),
+            state_size=reader.positive(("mamba_d_state",)),
+        )
     heads = _first(text, ("mamba_num_heads", "mamba_n_heads"))
     if heads is None:
         return None
@@ -376,7 +384,8 @@ def _state_layer(text: dict, reader: _Reader) -> MambaState | None:
     return MambaState(
         variant="mamba2",
         conv_kernel=reader.positive(("conv_kernel", "mamba_d_conv")),
-        conv_channels=int(heads) * head_dim,
+        # Falcon-H1's mixer is mamba_d_ssm wide where it says so (falcon_h1.py); the others, heads x head_dim
+        conv_channels=int(text.get("mamba_d_ssm") or int(heads) * head_dim),
         groups=reader.positive(("n_groups", "mamba_n_groups")),
         group_dim=reader.positive(("ssm_state_size", "mamba_d_state")),
         heads=int(heads),

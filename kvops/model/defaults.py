@@ -179,6 +179,11 @@ ARCHITECTURE_DEFAULTS: dict[str, dict] = {
         "use_conv_bias": True,
         "mamba_proj_bias": False,
     },
+    "falcon_h1": {  # transformers' FalconH1Config
+        "mamba_conv_bias": True,
+        "mamba_proj_bias": False,
+        "mamba_rms_norm": False,
+    },
     "granitemoehybrid": {
         "mamba_conv_bias": True,
         "mamba_proj_bias": False,

@@ -14,7 +14,7 @@ from typing import Any
 
 from kvops.errors import ConfigError
 from kvops.frozen import frozen
-from kvops.model.spec import CacheKind, MambaState, ParameterCount
+from kvops.model.spec import CacheKind, Mamba1State, MambaState, ParameterCount, StateKind
 
 
 @frozen
@@ -50,10 +50,12 @@ def count_parameters(
     head_dim: int,
     wrapper: dict[str, Any] | None = None,
     layers: tuple[CacheKind, ...] = (),
+    beside: StateKind | None = None,
 ) -> ParameterCount:
     """`text` is the language model's config (text_config merged), `wrapper` the whole config.json, `layers` each
-    layer's cache kind (which mixer it has: attention, a recurrent state, or none)."""
-    shape = _Shape(text, hidden, num_heads, kv_heads, head_dim)
+    layer's cache kind (which mixer it has: attention, a recurrent state, or none), `beside` a recurrent mixer every
+    layer runs beside its attention (Falcon-H1)."""
+    shape = _Shape(text, hidden, num_heads, kv_heads, head_dim, beside)
     vocab = int(text.get("vocab_size") or 0)
     embed_dim = int(text.get("word_embed_proj_dim") or hidden)
     embeddings = vocab * embed_dim
@@ -147,8 +149,9 @@ _GATED_Q = {"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"}  # attn_output_gat
 class _Shape:
     """The per-layer pieces of one architecture."""
 
-    def __init__(self, text: dict, hidden: int, num_heads: int, kv_heads: int, head_dim: int):
+    def __init__(self, text: dict, hidden: int, num_heads: int, kv_heads: int, head_dim: int, beside: StateKind | None):
         self.text = text
+        self.beside = beside
         self.model_type = str(text.get("model_type") or "")
         self.hidden = hidden
         self.num_heads = num_heads
@@ -161,10 +164,13 @@ class _Shape:
 
     def decoder_layer(self, index: int, kind: CacheKind | None, mlp: str | None = None) -> int:
         mlp = mlp or self.mlp_kind(index)
-        return self.mixer(kind, index) + self.norms(kind, mlp) + self.mlp(mlp, index)
+        parallel = self.mixer(self.beside) if self.beside else 0
+        return self.mixer(kind, index) + parallel + self.norms(kind, mlp) + self.mlp(mlp, index)
 
     def mixer(self, kind: CacheKind | None, index: int = 0) -> int:
         """The token mixer of a layer: attention (of this layer's heads), a recurrent layer, or none."""
+        if isinstance(kind, Mamba1State):
+            return _mamba1(self.text, kind, self.hidden)
         if isinstance(kind, MambaState):
             return (
                 _gated_delta_net(kind, self.hidden) if kind.variant == "gdn" else _mamba2(self.text, kind, self.hidden)
@@ -212,6 +218,9 @@ class _Shape:
             return "nas"
         if not self.num_experts or index in (self.text.get("mlp_only_layers") or ()):
             return "dense"
+        if self.text.get("expert_layer_period"):  # Jamba: experts where index % period == offset
+            offset = int(self.text.get("expert_layer_offset") or 0)
+            return "moe" if index % int(self.text["expert_layer_period"]) == offset else "dense"
         frequency = self.text.get("moe_layer_freq")
         if isinstance(frequency, list):  # MiMo-V2: 1 marks a MoE layer
             return "moe" if index < len(frequency) and frequency[index] else "dense"
@@ -305,7 +314,22 @@ def _mamba2(text: dict, state: MambaState, hidden: int) -> int:
         conv_dim if text.get("use_conv_bias", text.get("mamba_conv_bias", True)) else 0
     )
     out_proj = inner * hidden + (hidden if bias else 0)
-    return in_proj + conv + 3 * heads + inner + out_proj
+    norm = inner if text.get("mamba_rms_norm", True) else 0  # the gated norm (Falcon-H1's is off by default)
+    return in_proj + conv + 3 * heads + norm + out_proj
+
+
+def _mamba1(text: dict, state: Mamba1State, hidden: int) -> int:
+    """Jamba's Mamba-1 mixer (vLLM's MambaMixer): in_proj to x and z, the depthwise conv, x_proj to dt, B and C,
+    dt_proj with its bias, A and D per channel and state, the dt, B and C norms, out_proj."""
+    inner, state_size = state.intermediate, state.state_size
+    dt_rank = _field(text, "mamba_dt_rank")
+    bias = bool(text.get("mamba_proj_bias", False))
+    in_proj = hidden * 2 * inner + (2 * inner if bias else 0)
+    conv = inner * state.conv_kernel + (inner if text.get("mamba_conv_bias", True) else 0)
+    x_proj = inner * (dt_rank + 2 * state_size)
+    dt_proj = dt_rank * inner + inner
+    out_proj = inner * hidden + (hidden if bias else 0)
+    return in_proj + conv + x_proj + dt_proj + inner * state_size + inner + dt_rank + 2 * state_size + out_proj
 
 
 def _gated_delta_net(state: MambaState, hidden: int) -> int:

@@ -4,8 +4,8 @@ The KV formula, per layer:  bytes per token = Hkv_per_gpu x (Dk + Dv) x s  (K an
 head dims, bytes per value; Dk = Dv = D for most models, so 2 x Hkv x D x s). A sliding-window layer caches at
 most W tokens, a chunked local-attention layer (Llama 4) at most its chunk; an MLA layer caches one latent of
 kv_lora_rank + qk_rope_head_dim values per token, the same on every tensor-parallel rank; a sparse-attention
-indexer (DeepSeek-V3.2) caches one fp8 key with fp32 scales per token beside it. A state layer (Mamba-2, Gated
-DeltaNet) caches no tokens: one fixed-size recurrent state (a convolution window and the SSM state) per sequence.
+indexer (DeepSeek-V3.2) caches one fp8 key with fp32 scales per token beside it. A state layer (Mamba-1, Mamba-2,
+Gated DeltaNet) caches no tokens: one fixed-size recurrent state (a convolution window and the SSM state) per sequence.
 """
 
 from __future__ import annotations
@@ -206,41 +206,27 @@ class SparseIndexer:
         return "indexer"
 
 
-@frozen
-class MambaState:
-    """A recurrent layer's per-sequence state, as vLLM shapes it (MambaStateShapeCalculator): a convolution
-    window of (conv_kernel - 1) x conv_dim values and an SSM state; both split by tp. No per-token cost.
-
-    variant "mamba2" (Mamba-2: SSM heads x head_dim x state, conv over intermediate + 2 x groups x state;
-    groups that do not split evenly are replicated) or "gdn" (Gated DeltaNet: value heads x value dim x key dim,
-    conv over 2 x key heads x key dim + value heads x value dim).
-    `ssm_dtype`: the dtype the config declares for the SSM state ("" when it declares none).
-    """
+class RecurrentState:
+    """What every recurrent layer's state shares: no per-token cost, one fixed-size state per sequence (a
+    convolution window and an SSM state, both split by tp), as vLLM's MambaSpec pages it. Each kind gives its shapes
+    (MambaStateShapeCalculator) and the tensor-parallel sizes they split by."""
 
     kind: ClassVar[str] = "mamba"
     variant: str
-    conv_kernel: int
-    conv_channels: int  # intermediate (mamba2) or value heads x value dim (gdn), before tp
-    groups: int  # mamba2 groups, or gdn key heads
-    group_dim: int  # mamba2 state size, or gdn key head dim
-    heads: int  # SSM heads (mamba2) or value heads (gdn)
-    head_dim: int  # SSM head dim (mamba2) or value head dim (gdn)
-    ssm_dtype: str = ""
-
+    ssm_dtype: str  # the dtype the config declares for the SSM state ("" when it declares none)
     num_kv_heads: ClassVar[int] = 0
+
+    def conv_shape(self, tp: int, speculative_tokens: int = 0) -> tuple[int, ...]:
+        raise NotImplementedError
+
+    def ssm_shape(self, tp: int) -> tuple[int, ...]:
+        raise NotImplementedError
+
+    def splits(self, tp: int) -> bool:
+        raise NotImplementedError
 
     def heads_per_gpu(self, tp: int) -> int:
         return 0
-
-    def conv_shape(self, tp: int, speculative_tokens: int = 0) -> tuple[int, int]:
-        groups = self.groups
-        if self.variant == "mamba2" and groups % tp:  # replicated so each head shard has its groups
-            groups = tp
-        conv_dim = self.conv_channels + 2 * groups * self.group_dim
-        return (self.conv_kernel - 1 + speculative_tokens, conv_dim // tp)
-
-    def ssm_shape(self, tp: int) -> tuple[int, int, int]:
-        return (self.heads // tp, self.head_dim, self.group_dim)
 
     def state_bytes(self, conv_bytes: float, ssm_bytes: float, tp: int, speculative_tokens: int = 0) -> int:
         """One sequence's state on one GPU: conv window and SSM state at their dtypes' sizes."""
@@ -258,13 +244,68 @@ class MambaState:
         return 0
 
     def formula(self, dtype: KvDtype, tp: int) -> str:
-        conv, ssm = self.conv_shape(tp), self.ssm_shape(tp)
-        return (
-            f"state per sequence: conv {conv[0]}x{conv[1]} + ssm {ssm[0]}x{ssm[1]}x{ssm[2]} values (no per-token cost)"
-        )
+        conv = "x".join(map(str, self.conv_shape(tp)))
+        ssm = "x".join(map(str, self.ssm_shape(tp)))
+        return f"state per sequence: conv {conv} + ssm {ssm} values (no per-token cost)"
 
     def label(self) -> str:
         return f"{self.variant} state"
+
+
+@frozen
+class MambaState(RecurrentState):
+    """Mamba-2 or Gated DeltaNet: a convolution window of (conv_kernel - 1) x conv_dim values and an SSM state of
+    heads x head_dim x state.
+
+    variant "mamba2" (Mamba-2: SSM heads x head_dim x state, conv over intermediate + 2 x groups x state;
+    groups that do not split evenly are replicated) or "gdn" (Gated DeltaNet: value heads x value dim x key dim,
+    conv over 2 x key heads x key dim + value heads x value dim).
+    """
+
+    variant: str
+    conv_kernel: int
+    conv_channels: int  # intermediate (mamba2) or value heads x value dim (gdn), before tp
+    groups: int  # mamba2 groups, or gdn key heads
+    group_dim: int  # mamba2 state size, or gdn key head dim
+    heads: int  # SSM heads (mamba2) or value heads (gdn)
+    head_dim: int  # SSM head dim (mamba2) or value head dim (gdn)
+    ssm_dtype: str = ""
+
+    def conv_shape(self, tp: int, speculative_tokens: int = 0) -> tuple[int, int]:
+        groups = self.groups
+        if self.variant == "mamba2" and groups % tp:  # replicated so each head shard has its groups
+            groups = tp
+        conv_dim = self.conv_channels + 2 * groups * self.group_dim
+        return (self.conv_kernel - 1 + speculative_tokens, conv_dim // tp)
+
+    def ssm_shape(self, tp: int) -> tuple[int, int, int]:
+        return (self.heads // tp, self.head_dim, self.group_dim)
+
+    def splits(self, tp: int) -> bool:
+        return not self.heads % tp and not (self.variant == "gdn" and self.groups % tp)
+
+
+@frozen
+class Mamba1State(RecurrentState):
+    """Mamba-1 (Jamba's MambaMixer): a convolution window of (conv_kernel - 1) x intermediate values and an SSM
+    state of intermediate x state_size, both split by tp (`mamba1_state_shape`); the window keeps no row per
+    speculative token."""
+
+    variant: ClassVar[str] = "mamba1"  # type: ignore[misc]  # one Mamba-1 kind: no field to set
+    head_dim: ClassVar[int] = 0
+    conv_kernel: int
+    intermediate: int  # mamba_expand x hidden_size, before tp
+    state_size: int
+    ssm_dtype: str = ""
+
+    def conv_shape(self, tp: int, speculative_tokens: int = 0) -> tuple[int, int]:
+        return (self.conv_kernel - 1, self.intermediate // tp)
+
+    def ssm_shape(self, tp: int) -> tuple[int, int]:
+        return (self.intermediate // tp, self.state_size)
+
+    def splits(self, tp: int) -> bool:
+        return not self.intermediate % tp
 
 
 @frozen
@@ -277,7 +318,8 @@ class NoCache:
     head_dim: ClassVar[int] = 0
 
 
-LayerKind = FullAttention | SlidingWindow | ChunkedLocal | MultiLatentAttention | SparseIndexer | MambaState
+StateKind = MambaState | Mamba1State
+LayerKind = FullAttention | SlidingWindow | ChunkedLocal | MultiLatentAttention | SparseIndexer | StateKind
 CacheKind = LayerKind | NoCache
 
 

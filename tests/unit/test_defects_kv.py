@@ -18,7 +18,6 @@ from tests.support.paths import REPO
 
 MODELS = REPO / "tests" / "fixtures" / "models"
 FALCON_H1 = MODELS / "falcon-h1-7b-instruct"  # tiiuae/Falcon-H1-7B-Instruct's config.json, the fields sizing reads
-JAMBA = MODELS / "jamba-1.5-mini"  # ai21labs/AI21-Jamba-1.5-Mini's config.json
 MEMORY = 3 * 2**30 + 12345
 POINT = ("--kv-cache-memory-bytes", str(MEMORY), "--max-model-len", "4096", "--max-num-batched-tokens", "2048")
 
@@ -47,9 +46,6 @@ def test_falcon_h1_state_per_sequence(run_kvops):
 @pytest.mark.parametrize(
     ("name", "config", "why"),
     [
-        # vLLM builds 4 attention layers (i % 8 == 4) and 28 Mamba-1 mixers (jamba.py); kvops had read 32 full
-        # attention layers: 128 KiB a token against vLLM's 16 KiB, and no state
-        ("jamba", json.loads((JAMBA / "config.json").read_text()), "recurrent layers of 'jamba'"),
         # 70 lightning (linear) attention layers and 10 softmax ones; kvops had read 80 full layers (320 KiB a token)
         (
             "minimax-text-01",

@@ -4,7 +4,7 @@ what one request holds.
 Mirrors the installed engine:
 - specs: every cache a layer keeps becomes one spec (`kv_cache_interface`): full attention, sliding window,
   chunked local attention (Llama 4), MLA, the sparse-attention indexer (an MLA-type spec of fp8 keys), and the
-  recurrent state of Mamba-2 / Gated DeltaNet layers (`MambaSpec`: one page holds a sequence's whole state).
+  recurrent state of Mamba-1 / Mamba-2 / Gated DeltaNet layers (`MambaSpec`: one page holds a sequence's whole state).
 - hybrid state models: before the specs are built, `Platform._align_hybrid_block_size` raises the attention block
   size until an attention page holds the largest state page, and pads the state page to the attention page
   (block sizes such as 528 on a GPU); the state pages a request holds follow the mamba cache mode ("align", the
@@ -32,7 +32,7 @@ from kvops.dtypes import KV_DTYPES, KvDtype, canonical_dtype_name
 from kvops.errors import KvopsError, UsageError
 from kvops.formula import check_tp
 from kvops.frozen import frozen
-from kvops.model.spec import LayerKind, MambaState, ModelSpec, MultiLatentAttention
+from kvops.model.spec import LayerKind, MambaState, ModelSpec, MultiLatentAttention, RecurrentState
 
 GPU_BLOCK_SIZE = 16  # CacheConfig.DEFAULT_BLOCK_SIZE (FlashAttention, FlashInfer, Triton)
 GPU_MLA_BLOCK_SIZE = 64  # FlashMLA's only kernel block size
@@ -285,10 +285,15 @@ def kv_layout(
 def layer_spec(
     spec: ModelSpec, layer: LayerKind, dtype: KvDtype, tp: int, block_size: int, options: LayoutOptions
 ) -> CacheSpec:
-    if isinstance(layer, MambaState):
+    if isinstance(layer, RecurrentState):
         mode = options.mamba_cache_mode
         checkpoint = 0
-        if mode == "align" and layer.variant == "mamba2" and options.mamba2_prefill_checkpoint:
+        if (
+            mode == "align"
+            and isinstance(layer, MambaState)
+            and layer.variant == "mamba2"
+            and options.mamba2_prefill_checkpoint
+        ):
             checkpoint = MAMBA2_CHECKPOINT_PAGES
         pages = MAMBA_STATE_PAGES[mode] + options.speculative_tokens + checkpoint
         page = state_page_bytes(spec, layer, tp, options)
@@ -322,7 +327,7 @@ def check_dcp(spec: ModelSpec, tp: int, dcp: int) -> None:
         )
 
 
-def state_dtypes(spec: ModelSpec, layer: MambaState, options: LayoutOptions) -> tuple[float, float]:
+def state_dtypes(spec: ModelSpec, layer: RecurrentState, options: LayoutOptions) -> tuple[float, float]:
     """Bytes per value of the conv and SSM states in vLLM: --mamba-cache-dtype for the conv state (auto: the
     model's dtype), --mamba-ssm-cache-dtype for the SSM state (auto: the dtype the model's config class declares,
     Nemotron-H float32 by default, else the conv state's); vLLM's CPU build keeps SSM states in float32 (it resets
@@ -342,7 +347,7 @@ def _dtype_bytes(name: str) -> float | None:
     return KV_DTYPES[canonical].bytes if canonical else None
 
 
-def state_page_bytes(spec: ModelSpec, layer: MambaState, tp: int, options: LayoutOptions) -> int:
+def state_page_bytes(spec: ModelSpec, layer: RecurrentState, tp: int, options: LayoutOptions) -> int:
     conv, ssm = state_dtypes(spec, layer, options)
     return layer.state_bytes(conv, ssm, tp, options.speculative_tokens)
 
@@ -350,7 +355,7 @@ def state_page_bytes(spec: ModelSpec, layer: MambaState, tp: int, options: Layou
 def aligned_block_size(spec: ModelSpec, dtype: KvDtype, tp: int, block_size: int, options: LayoutOptions) -> int:
     """The attention block size: for models with recurrent state, raised until one attention page holds the
     largest state page (`_align_hybrid_block_size`), a multiple of the kernel block alignment."""
-    states = [layer for _, layer in spec.caches() if isinstance(layer, MambaState)]
+    states = [layer for _, layer in spec.caches() if isinstance(layer, RecurrentState)]
     attention = spec.attention_layers()
     if not states or not attention:
         return block_size
