@@ -19,7 +19,9 @@ decisions route are mounted whatever the task; the token-in/token-out route with
 - `serve/sagemaker/api_router.py` `/invocations`: a `ChatCompletionRequest` if it validates, else a
   `CompletionRequest` (`generate/factories.py`, in that order).
 - `scale_out/token_in_token_out/protocol.py` `GenerateRequest` (`/inference/v1/generate`): `sampling_params`
-  (`vllm/sampling_params.py` `SamplingParams`: `max_tokens` default 16, `n`, `min_tokens`).
+  (`vllm/sampling_params.py` `SamplingParams`: `max_tokens`, `n`, `min_tokens`). Its dataclass default, 16, is not
+  what runs: a `max_tokens` left out goes up to the context (`scale_out/token_in_token_out/serving.py`,
+  `is_sampling_param_provided`), and a null one too (`vllm/v1/engine/input_processor.py`).
 - `generate/structured_decisions/api_router.py` (`/v1/systemone`), `generate/generative_scoring/api_router.py`
   (`/generative_scoring`), and from 0.34 `openai/decisions/api_router.py` (`/v1/decisions`, `DecisionRequest`:
   questions answered by the model's probabilities): generation with no token field to cap; refused at critical.
@@ -124,7 +126,7 @@ RESPONSES = Fields(tokens=("max_output_tokens",), add="max_output_tokens")
 MESSAGES = Fields(tokens=("max_tokens",), below=(("thinking.budget_tokens", 1),))
 COHERE_CHAT = Fields(tokens=("max_tokens",), add="max_tokens")
 TOKENS_IN_OUT = Fields(
-    tokens=("max_tokens",), add="max_tokens", default=16, n="n", within="sampling_params", below=(("min_tokens", 0),)
+    tokens=("max_tokens",), add="max_tokens", n="n", within="sampling_params", below=(("min_tokens", 0),)
 )
 
 ROUTES = RouteTable(

@@ -1,0 +1,48 @@
+"""Defects a hostile SRE found in the guard at runtime (the middleware in vLLM's API server, the admission proxy, the
+policy and the KVOPS_* settings), each replayed as it was seen."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvops.policy import Level
+from tests.support.aio import ServerThread
+from tests.support.upstream import RecordingUpstream
+from tests.unit.plugins.test_middleware import WARN, Stub, call, middleware, received
+from tests.unit.watch.test_hostile_proxy import guarded_proxy, post
+
+
+@pytest.fixture
+def upstream():
+    """A stand-in engine on 127.0.0.1 that records what it receives (as tests/unit/watch/conftest.py's)."""
+    recorder = RecordingUpstream()
+    with ServerThread(recorder.app) as server:
+        server.recorder = recorder
+        yield server
+
+
+# --- /inference/v1/generate without max_tokens runs to the context, not 16 -----------------------------------------
+# vLLM 0.32-0.34 (vllm/entrypoints/scale_out/token_in_token_out/serving.py, is_sampling_param_provided): a
+# sampling_params without max_tokens gets the context's remainder; a null one too (vllm/v1/engine/input_processor.py).
+# The guard read SamplingParams' dataclass default, 16, under the cap: at warn both passed uncapped.
+
+UNLIMITED_GENERATE = [
+    {"token_ids": [1, 2, 3], "sampling_params": {}},
+    {"token_ids": [1, 2, 3], "sampling_params": {"max_tokens": None}},
+    {"token_ids": [1, 2, 3], "sampling_params": {"temperature": 0}},
+]
+
+
+@pytest.mark.parametrize("body", UNLIMITED_GENERATE)
+def test_the_middleware_caps_a_generate_request_without_max_tokens_at_warn(body):
+    app = Stub()
+    answer = call(middleware(app, WARN), "/inference/v1/generate", body)
+    assert answer.status == 200 and answer.headers["x-kvops-clamped"] == "max_tokens unset->512"
+    assert received(app)["sampling_params"]["max_tokens"] == 512
+
+
+def test_the_proxy_caps_a_generate_request_without_max_tokens_at_warn(upstream):
+    with guarded_proxy(upstream.url, Level.WARN) as proxy:
+        status, headers, _ = post(proxy.port, "/inference/v1/generate", {"token_ids": [1], "sampling_params": {}})
+    assert status == 200 and headers["X-KVops-Clamped"] == "max_tokens unset->512"
+    assert upstream.recorder.received[-1].json()["sampling_params"] == {"max_tokens": 512}
