@@ -27,10 +27,13 @@ KVOPS_POLICY_POLL_SECONDS      how often to read it, off the scheduling path (de
 KVOPS_POLICY_TIMEOUT_SECONDS   give up on one read after this long (default 1)
 KVOPS_POLICY_MAX_AGE_SECONDS   ignore a reading whose updated_at is older than this (default 30)
 KVOPS_LOG_SECONDS              at most one summary line of what the guard did per this many seconds (default 10)
+
+Any other KVOPS_* name (a misspelling) stops the startup with one line naming the nearest setting.
 """
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 from collections.abc import Callable, Mapping
@@ -51,6 +54,30 @@ RESUME_ORDERS = ("after-new", "first")
 
 class GuardConfigError(KvopsError):
     """A KVOPS_* variable the guard cannot use, named with what would be valid."""
+
+
+# Every KVOPS_* variable a kvops process reads: the guard's (above), the middleware's, the watcher's and the benches'
+# (bench/sim_experiments.py), which may share vLLM's environment. Any other is a misspelling that would leave its
+# setting at the default unsaid.
+SETTINGS = frozenset(
+    {
+        *("KVOPS_ADMISSION", "KVOPS_OUTPUT_QUANTILE", "KVOPS_OUTPUT_HISTORY", "KVOPS_OUTPUT_MIN_ENDS"),
+        *("KVOPS_COLD_START", "KVOPS_HEADROOM_BLOCKS", "KVOPS_PAUSE_STEPS", "KVOPS_PREEMPT", "KVOPS_RESUME"),
+        *("KVOPS_RESUME_WAIT_STEPS", "KVOPS_LEVELS", "KVOPS_POLICY_URL", "KVOPS_POLICY_POLL_SECONDS"),
+        *("KVOPS_POLICY_TIMEOUT_SECONDS", "KVOPS_POLICY_MAX_AGE_SECONDS", "KVOPS_LOG_SECONDS"),
+        *("KVOPS_POLICY", "KVOPS_TRUST_PRIORITY_FROM", "KVOPS_ADMIN_TOKEN", "KVOPS_BENCH_ARRIVALS"),
+    }
+)
+
+
+def check_names(env: Mapping[str, str], error: type[KvopsError] = GuardConfigError) -> None:
+    """`error` naming the first KVOPS_* variable in `env` that no kvops process reads, with the nearest that one does."""
+    unknown = sorted(name for name in env if name.startswith("KVOPS_") and name not in SETTINGS)
+    if not unknown:
+        return
+    near = difflib.get_close_matches(unknown[0], SETTINGS, n=1, cutoff=0.8)
+    hint = f"did you mean {near[0]}?" if near else f"valid: {', '.join(sorted(SETTINGS))}"
+    raise error(f"{unknown[0]} is not a kvops setting (it would be ignored); {hint}")
 
 
 @dataclass(frozen=True)
@@ -77,6 +104,7 @@ class GuardConfig:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> GuardConfig:
         env = os.environ if env is None else env
+        check_names(env)
         path = env.get("KVOPS_POLICY") or None
         url = env.get("KVOPS_POLICY_URL") or None
         return cls(

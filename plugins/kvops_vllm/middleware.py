@@ -27,6 +27,8 @@ level runs one sequence per request (`Limits.batch_refusal`: 429). Settings in t
 
 KVOPS_POLICY                the policy YAML (the same file as `kvops watch` and the KV guard; default: the shipped one)
 KVOPS_TRUST_PRIORITY_FROM   CIDR[,CIDR]: the gateway's networks, as `kvops watch --trust-priority-from` (default: none)
+
+A KVOPS_* name no kvops process reads (a misspelling) stops the startup with one line (`kvops_vllm.config.check_names`).
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ from kvops.watch.guard import (
     request_class,
     sites,
 )
+from kvops_vllm.config import check_names
 from kvops_vllm.stats import GaugeUsage
 
 Scope = MutableMapping[str, Any]
@@ -89,6 +92,7 @@ class MiddlewareSettings:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> MiddlewareSettings:
         env = os.environ if env is None else env
+        check_names(env, MiddlewareConfigError)
         path = env.get("KVOPS_POLICY") or None
         try:
             trusted = parse_networks(env.get("KVOPS_TRUST_PRIORITY_FROM") or "")

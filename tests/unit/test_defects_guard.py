@@ -46,3 +46,41 @@ def test_the_proxy_caps_a_generate_request_without_max_tokens_at_warn(upstream):
         status, headers, _ = post(proxy.port, "/inference/v1/generate", {"token_ids": [1], "sampling_params": {}})
     assert status == 200 and headers["X-KVops-Clamped"] == "max_tokens unset->512"
     assert upstream.recorder.received[-1].json()["sampling_params"] == {"max_tokens": 512}
+
+
+# --- a misspelt KVOPS_* variable was ignored: its setting silently stayed at the default -----------------------------
+# KVOPS_TRUST_PRIORITY=10.0.0.0/8 in vLLM's environment left every request standard (the gateway's protected
+# requests refused at critical); KVOPS_ADMISION=reserve left the guard on peak, and nothing said so.
+
+
+@pytest.mark.parametrize(
+    ("name", "meant"),
+    [("KVOPS_TRUST_PRIORITY", "KVOPS_TRUST_PRIORITY_FROM"), ("KVOPS_POLICY_PATH", "KVOPS_POLICY")],
+)
+def test_the_middleware_refuses_a_misspelt_setting_with_one_line(name, meant):
+    from kvops_vllm.middleware import MiddlewareConfigError, MiddlewareSettings
+
+    with pytest.raises(MiddlewareConfigError, match=f"^{name} is not a kvops setting .*did you mean {meant}\\?$"):
+        MiddlewareSettings.from_env({name: "10.0.0.0/8"})
+
+
+def test_the_guard_refuses_a_misspelt_setting_and_names_every_valid_one_when_none_is_near():
+    from kvops_vllm.config import GuardConfig, GuardConfigError
+
+    with pytest.raises(
+        GuardConfigError, match=r"^KVOPS_ADMISION is not a kvops setting .*did you mean KVOPS_ADMISSION"
+    ):
+        GuardConfig.from_env({"KVOPS_ADMISION": "reserve"})
+    with pytest.raises(GuardConfigError, match=r"^KVOPS_X is not a kvops setting .*valid: KVOPS_ADMIN_TOKEN, "):
+        GuardConfig.from_env({"KVOPS_X": "1"})
+
+
+def test_every_setting_the_guard_documents_and_the_middlewares_and_watchers_are_known():
+    import re
+
+    from kvops_vllm import config
+
+    documented = set(re.findall(r"^(KVOPS_\w+)", config.__doc__ or "", re.MULTILINE))
+    assert documented and documented <= config.SETTINGS
+    assert {"KVOPS_POLICY", "KVOPS_TRUST_PRIORITY_FROM", "KVOPS_ADMIN_TOKEN"} <= config.SETTINGS
+    config.GuardConfig.from_env(dict.fromkeys(config.SETTINGS, ""))  # blank: each at its default
