@@ -252,10 +252,14 @@ def _validate(site: Site) -> None:
         return
     if not isinstance(holder, dict):
         raise BodyError(f'"{fields.within}" must be a JSON object')
-    for name in (*fields.tokens, fields.n, fields.best_of):
-        value = holder.get(name) if name else None
+    for name in fields.tokens:  # 0 generates nothing: vLLM's completions score a prompt so (echo, no new tokens)
+        value = holder.get(name)
+        if value is not None and (type(value) is not int or value < 0):
+            raise BodyError(f'"{name}" must be a whole number of tokens, 0 or more, got {_shown(value)}')
+    for sequences in (fields.n, fields.best_of):
+        value = holder.get(sequences) if sequences else None
         if value is not None and (type(value) is not int or value < 1):
-            raise BodyError(f'"{name}" must be a positive integer, got {_shown(value)}')
+            raise BodyError(f'"{sequences}" must be a positive integer, got {_shown(value)}')
     if fields.beam_search and fields.beam_search in holder and type(holder[fields.beam_search]) is not bool:
         raise BodyError(f'"{fields.beam_search}" must be true or false')
 

@@ -84,3 +84,30 @@ def test_every_setting_the_guard_documents_and_the_middlewares_and_watchers_are_
     assert documented and documented <= config.SETTINGS
     assert {"KVOPS_POLICY", "KVOPS_TRUST_PRIORITY_FROM", "KVOPS_ADMIN_TOKEN"} <= config.SETTINGS
     config.GuardConfig.from_env(dict.fromkeys(config.SETTINGS, ""))  # blank: each at its default
+
+
+# --- max_tokens 0 (a prompt scored, nothing generated) was refused 400 at every clamping level ----------------------
+# vLLM's completions serve {"echo": true, "max_tokens": 0} (vllm/entrypoints/openai/completion/protocol.py,
+# echo_without_generation): how lm-evaluation-harness scores log-likelihoods. From warn on the guard answered
+# '"max_tokens" must be a positive integer, got 0', and evaluation jobs failed only while the pool was under pressure.
+
+SCORE_PROMPT = {"model": "m", "prompt": "the cache grows", "echo": True, "logprobs": 1, "max_tokens": 0}
+
+
+def test_the_middleware_passes_a_prompt_scored_with_max_tokens_0_at_warn_and_degrade():
+    from tests.unit.plugins.test_middleware import DEGRADE
+
+    for usage in (WARN, DEGRADE):
+        app = Stub()
+        answer = call(middleware(app, usage), "/v1/completions", SCORE_PROMPT)
+        assert answer.status == 200 and "x-kvops-clamped" not in answer.headers
+        assert received(app) == SCORE_PROMPT
+
+
+def test_the_proxy_passes_a_prompt_scored_with_max_tokens_0_and_still_refuses_a_negative_one(upstream):
+    with guarded_proxy(upstream.url, Level.WARN) as proxy:
+        status, headers, _ = post(proxy.port, "/v1/completions", SCORE_PROMPT)
+        refused, _, body = post(proxy.port, "/v1/completions", {**SCORE_PROMPT, "max_tokens": -1})
+    assert status == 200 and "X-KVops-Clamped" not in headers
+    assert upstream.recorder.received[-1].json() == SCORE_PROMPT
+    assert refused == 400 and b'\\"max_tokens\\" must be a whole number of tokens, 0 or more, got -1' in body

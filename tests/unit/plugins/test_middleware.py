@@ -240,7 +240,7 @@ def test_a_list_of_prompts_counts_as_that_many_requests_where_the_level_runs_one
     ("raw", "message"),
     [
         (b"not json", "request body is not JSON"),
-        (b'{"max_tokens": "100000"}', '"max_tokens" must be a positive integer'),
+        (b'{"max_tokens": "100000"}', '"max_tokens" must be a whole number of tokens'),
         (b"[" * 200 + b"]" * 200, "nested deeper than 128"),
     ],
 )

@@ -253,7 +253,7 @@ def test_an_upstream_that_sends_garbage_is_502(answer):
         (b'{"a": ' + b"[" * 129 + b"]" * 129 + b"}", "nested deeper than 128 levels"),
         (b'{"prompt": "x", "max_tokens": ' + b"9" * 5000 + b"}", "integer too long"),
         (b'{"prompt": "\xff\xfe"}', "not UTF-8"),
-        (b'{"prompt": "x", "max_tokens": 1e999}', '"max_tokens" must be a positive integer, got Infinity'),
+        (b'{"prompt": "x", "max_tokens": 1e999}', '"max_tokens" must be a whole number of tokens, 0 or more, got Inf'),
         (b'{"prompt": "x", "n": true}', '"n" must be a positive integer, got true'),
     ],
     ids=["100k-deep", "129-deep", "5000-digits", "not-utf8", "huge-float", "bool-n"],

@@ -256,7 +256,7 @@ def test_headers_and_other_paths_pass_untouched_and_secrets_are_not_logged(proxy
         (b"{nope", 400, "request body is not JSON"),
         (b"[1, 2]", 400, "must be a JSON object"),
         (b'{"prompt": "x", "n": "four"}', 400, '"n" must be a positive integer, got "four"'),
-        (b'{"prompt": "x", "max_tokens": 0}', 400, '"max_tokens" must be a positive integer, got 0'),
+        (b'{"prompt": "x", "max_tokens": -1}', 400, '"max_tokens" must be a whole number of tokens, 0 or more, got -1'),
         (b'{"prompt": "' + b"x" * 2048 + b'"}', 413, "exceeds the proxy's limit of 1024 bytes"),
     ],
 )
