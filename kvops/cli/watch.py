@@ -301,9 +301,18 @@ def _networks(text: str | None) -> tuple:
 def _proxy_settings(upstream, engine, max_body_size, connect, first_byte, idle, body, trusted):
     if not upstream:
         return None
+    from urllib.parse import urlsplit
+
     from kvops.units import format_bytes, parse_bytes
     from kvops.watch.proxy import ProxySettings
 
+    parts = urlsplit(upstream)
+    if "@" in parts.netloc or parts.query or parts.fragment or upstream.endswith(("?", "#")):
+        raise click.BadParameter(
+            f"{upstream!r}: the proxy sends no credentials, query or fragment of its own (each client's headers and "
+            "query go through); give scheme://host:port[/prefix]",
+            param_hint="--proxy",
+        )
     limit = parse_bytes(max_body_size, "--max-body-size")
     if limit > MAX_BODY_LIMIT:
         raise click.BadParameter(

@@ -111,3 +111,28 @@ def test_the_proxy_passes_a_prompt_scored_with_max_tokens_0_and_still_refuses_a_
     assert status == 200 and "X-KVops-Clamped" not in headers
     assert upstream.recorder.received[-1].json() == SCORE_PROMPT
     assert refused == 400 and b'\\"max_tokens\\" must be a whole number of tokens, 0 or more, got -1' in body
+
+
+# --- kvops watch --proxy with credentials or a query in the URL dropped them unsaid ---------------------------------
+# `--proxy http://user:pw@10.0.0.5:8000` started and sent the upstream no Authorization (401 to every client);
+# `--proxy http://10.0.0.5:8000?api-version=1` started and sent no query: the proxy keeps only scheme, host, port, path.
+
+
+@pytest.mark.parametrize(
+    "url", ["http://user:pw@127.0.0.1:8000", "http://127.0.0.1:8000/v1?api-version=1", "http://127.0.0.1:8000#x"]
+)
+def test_watch_refuses_a_proxy_url_whose_credentials_or_query_it_would_drop(run_kvops, url):
+    ran = run_kvops(
+        "watch",
+        "--engine",
+        "vllm",
+        "--metrics-url",
+        "http://127.0.0.1:1/metrics",
+        "--listen",
+        ":9",
+        "--proxy",
+        url,
+        expect=2,
+    )
+    assert f"Invalid value for --proxy: {url!r}: the proxy sends no credentials, query or fragment" in ran.stderr
+    assert "Traceback" not in ran.stderr and len(ran.stderr.strip().splitlines()) == 1
