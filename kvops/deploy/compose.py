@@ -80,7 +80,7 @@ def compose(stack: Stack) -> dict[str, Any]:
     if not stack.proxied:
         engine["ports"] = [f"{stack.engine_port}:{stack.engine_port}"]
     if stack.with_plugin:
-        engine["environment"] += [f"{name}={value}" for name, value in stack.plugin_env("kvops").items()]
+        engine["environment"] += [f"{name}={value}" for name, value in stack.plugin_env().items()]
         engine["volumes"] += [f"kvops-python:{PLUGIN_DIR}:ro", f"./policy.yaml:{POLICY_FILE}:ro"]
         engine["depends_on"] = {"kvops-plugin": {"condition": "service_completed_successfully"}}
         services["kvops-plugin"] = {

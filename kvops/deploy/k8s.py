@@ -110,7 +110,7 @@ def deployment(stack: Stack, gateway: bool = False) -> dict[str, Any]:
     pod: dict[str, Any] = {}
     if stack.with_plugin:
         engine.setdefault("env", []).extend(
-            {"name": name, "value": value} for name, value in stack.plugin_env(LOCALHOST).items()
+            {"name": name, "value": value} for name, value in stack.plugin_env().items()
         )
         engine.setdefault("volumeMounts", []).extend(
             [

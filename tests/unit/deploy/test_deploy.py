@@ -157,8 +157,7 @@ def test_the_engine_container_is_the_plans_and_the_sidecar_runs_kvops_watch(run_
     added_env = [
         {"name": "PYTHONPATH", "value": "/opt/kvops/python"},
         {"name": "KVOPS_POLICY", "value": "/etc/kvops/policy.yaml"},
-        {"name": "KVOPS_POLICY_URL", "value": "http://127.0.0.1:9400/kvops/policy"},
-    ]
+    ]  # no KVOPS_POLICY_URL: the middleware applies the levels, by the header a gateway sets
     assert engine["env"] == plan_container["env"] + added_env
     assert {key: value for key, value in engine.items() if key not in ("env", "volumeMounts", "args")} == {
         key: value for key, value in plan_container.items() if key not in ("env", "volumeMounts", "args")
@@ -325,7 +324,7 @@ def test_compose_stack_passes_the_compose_specification(engine):
     assert (directory / "kvops-dashboard.json").read_text() == (REPO / "configs" / "grafana" / "kvops.json").read_text()
     if engine == "vllm":
         assert services["vllm"]["depends_on"]["kvops-plugin"]["condition"] == "service_completed_successfully"
-        assert "KVOPS_POLICY_URL=http://kvops:9400/kvops/policy" in services["vllm"]["environment"]
+        assert not any(name.startswith("KVOPS_POLICY_URL") for name in services["vllm"]["environment"])
 
 
 def test_the_compose_validator_catches_a_bad_file():
