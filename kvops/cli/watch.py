@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import click
@@ -218,11 +219,13 @@ def watch(
     """
     from kvops.files import is_http_url
     from kvops.policy import load_policy
+    from kvops.settings import check_names
     from kvops.watch.service import WatchOptions, admin_token, run
     from kvops.watch.service import once as poll_once
     from kvops.watch.service import watch as run_watch
     from kvops.watch.watcher import EventLog
 
+    check_names(os.environ)
     listen_at = _listen(listen, "--listen") if listen else None
     proxy_at = _listen(proxy_listen, "--proxy-listen") if proxy_listen else None
     if (metrics_url is None) == (prometheus is None):

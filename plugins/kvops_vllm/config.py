@@ -33,7 +33,6 @@ Any other KVOPS_* name (a misspelling) stops the startup with one line naming th
 
 from __future__ import annotations
 
-import difflib
 import math
 import os
 from collections.abc import Callable, Mapping
@@ -43,6 +42,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from kvops.errors import KvopsError
 from kvops.policy import Policy, load_policy
+from kvops.settings import check_names
 
 POLICY_PATH = "/kvops/policy"
 ADMISSIONS = ("peak", "reserve")
@@ -54,30 +54,6 @@ RESUME_ORDERS = ("after-new", "first")
 
 class GuardConfigError(KvopsError):
     """A KVOPS_* variable the guard cannot use, named with what would be valid."""
-
-
-# Every KVOPS_* variable a kvops process reads: the guard's (above), the middleware's, the watcher's and the benches'
-# (bench/sim_experiments.py), which may share vLLM's environment. Any other is a misspelling that would leave its
-# setting at the default unsaid.
-SETTINGS = frozenset(
-    {
-        *("KVOPS_ADMISSION", "KVOPS_OUTPUT_QUANTILE", "KVOPS_OUTPUT_HISTORY", "KVOPS_OUTPUT_MIN_ENDS"),
-        *("KVOPS_COLD_START", "KVOPS_HEADROOM_BLOCKS", "KVOPS_PAUSE_STEPS", "KVOPS_PREEMPT", "KVOPS_RESUME"),
-        *("KVOPS_RESUME_WAIT_STEPS", "KVOPS_LEVELS", "KVOPS_POLICY_URL", "KVOPS_POLICY_POLL_SECONDS"),
-        *("KVOPS_POLICY_TIMEOUT_SECONDS", "KVOPS_POLICY_MAX_AGE_SECONDS", "KVOPS_LOG_SECONDS"),
-        *("KVOPS_POLICY", "KVOPS_TRUST_PRIORITY_FROM", "KVOPS_ADMIN_TOKEN", "KVOPS_BENCH_ARRIVALS"),
-    }
-)
-
-
-def check_names(env: Mapping[str, str], error: type[KvopsError] = GuardConfigError) -> None:
-    """`error` naming the first KVOPS_* variable in `env` that no kvops process reads, with the nearest that one does."""
-    unknown = sorted(name for name in env if name.startswith("KVOPS_") and name not in SETTINGS)
-    if not unknown:
-        return
-    near = difflib.get_close_matches(unknown[0], SETTINGS, n=1, cutoff=0.8)
-    hint = f"did you mean {near[0]}?" if near else f"valid: {', '.join(sorted(SETTINGS))}"
-    raise error(f"{unknown[0]} is not a kvops setting (it would be ignored); {hint}")
 
 
 @dataclass(frozen=True)
@@ -104,7 +80,7 @@ class GuardConfig:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> GuardConfig:
         env = os.environ if env is None else env
-        check_names(env)
+        check_names(env, GuardConfigError)
         path = env.get("KVOPS_POLICY") or None
         url = env.get("KVOPS_POLICY_URL") or None
         return cls(

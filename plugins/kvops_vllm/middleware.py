@@ -46,6 +46,7 @@ from kvops.engines.api import ErrorShape, Route
 from kvops.engines.vllm.api import ROUTES
 from kvops.errors import KvopsError
 from kvops.policy import Level, LevelTracker, Limits, Policy, Priorities, Refusal, RequestClass, load_policy
+from kvops.settings import check_names
 from kvops.watch.guard import (
     PRIORITY_HEADER,
     BodyError,
@@ -60,7 +61,6 @@ from kvops.watch.guard import (
     request_class,
     sites,
 )
-from kvops_vllm.config import check_names
 from kvops_vllm.stats import GaugeUsage
 
 Scope = MutableMapping[str, Any]

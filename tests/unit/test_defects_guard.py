@@ -78,12 +78,23 @@ def test_the_guard_refuses_a_misspelt_setting_and_names_every_valid_one_when_non
 def test_every_setting_the_guard_documents_and_the_middlewares_and_watchers_are_known():
     import re
 
+    from kvops.settings import SETTINGS
     from kvops_vllm import config
 
     documented = set(re.findall(r"^(KVOPS_\w+)", config.__doc__ or "", re.MULTILINE))
-    assert documented and documented <= config.SETTINGS
-    assert {"KVOPS_POLICY", "KVOPS_TRUST_PRIORITY_FROM", "KVOPS_ADMIN_TOKEN"} <= config.SETTINGS
-    config.GuardConfig.from_env(dict.fromkeys(config.SETTINGS, ""))  # blank: each at its default
+    assert documented and documented <= SETTINGS
+    assert {"KVOPS_POLICY", "KVOPS_TRUST_PRIORITY_FROM", "KVOPS_ADMIN_TOKEN"} <= SETTINGS
+    config.GuardConfig.from_env(dict.fromkeys(SETTINGS, ""))  # blank: each at its default
+
+
+def test_the_watcher_refuses_a_misspelt_setting_with_one_line(run_kvops, monkeypatch):
+    """KVOPS_TRUST_PRIORITY_FORM=10.0.0.0/8 beside `kvops watch --proxy` left every request standard, unsaid."""
+    monkeypatch.setenv("KVOPS_TRUST_PRIORITY_FORM", "10.0.0.0/8")
+    ran = run_kvops("watch", "--engine", "vllm", "--metrics-url", "http://127.0.0.1:1/metrics", "--once", expect=4)
+    assert ran.stderr.splitlines() == [
+        "kvops: error: KVOPS_TRUST_PRIORITY_FORM is not a kvops setting (it would be ignored); "
+        "did you mean KVOPS_TRUST_PRIORITY_FROM?"
+    ]
 
 
 # --- max_tokens 0 (a prompt scored, nothing generated) was refused 400 at every clamping level ----------------------
