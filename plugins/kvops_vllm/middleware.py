@@ -28,7 +28,7 @@ level runs one sequence per request (`Limits.batch_refusal`: 429). Settings in t
 KVOPS_POLICY                the policy YAML (the same file as `kvops watch` and the KV guard; default: the shipped one)
 KVOPS_TRUST_PRIORITY_FROM   CIDR[,CIDR]: the gateway's networks, as `kvops watch --trust-priority-from` (default: none)
 
-A KVOPS_* name no kvops process reads (a misspelling) stops the startup with one line (`kvops_vllm.config.check_names`).
+A KVOPS_* name no kvops process reads (a misspelling) stops the startup with one line (`kvops.settings.check_names`).
 """
 
 from __future__ import annotations
