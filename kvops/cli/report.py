@@ -41,6 +41,10 @@ def report(csv_file, out, policy_path, as_json):
             "  time in level: "
             + ", ".join(f"{level} {seconds:g} s" for level, seconds in summary.seconds_in_level.items())
         )
+        if summary.runs > 1:
+            click.echo(
+                f"  not watched: {summary.unwatched_seconds:g} s between {summary.runs} runs (counted in no level)"
+            )
         for at, before, after in summary.level_changes:
             click.echo(f"  {at:9.3f} s  {before} -> {after}")
     if out:

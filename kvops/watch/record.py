@@ -1,7 +1,10 @@
 """`--record FILE.csv`: one row per poll and replica, flushed as written (a killed watcher loses nothing).
 
 Columns: time (unix seconds), replica, level, kv_usage (0-1, empty while unknown), the saturation readings,
-the signals firing (`+`-joined), the fleet's level, and the error that made the replica unknown.
+the signals firing (`+`-joined), the fleet's level, the error that made the replica unknown, and the run the row
+belongs to: `run_started` (the time of the run's first poll) and its poll `interval` (empty for `--once`). The run
+columns come last, so a reader by position or by name reads the eleven before them as it did; a record begun
+without them (kvops before they existed) is appended to in its own columns.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from pathlib import Path
 from kvops.errors import UsageError
 from kvops.policy import Level
 
-COLUMNS = [
+LEGACY_COLUMNS = [
     "time",
     "replica",
     "level",
@@ -26,17 +29,23 @@ COLUMNS = [
     "fleet_level",
     "error",
 ]
+COLUMNS = LEGACY_COLUMNS + ["run_started", "interval"]
 
 
 class Recorder:
-    def __init__(self, path: str | Path):
+    """Appends to `path`; each row names its run (`interval` None: a single `--once` poll)."""
+
+    def __init__(self, path: str | Path, interval: float | None = None):
         self.path = Path(path)
+        self.interval = interval
+        self.run_started: float | None = None
         try:
             fresh = not self.path.exists() or self.path.stat().st_size == 0
+            header = COLUMNS
             if not fresh:
                 with self.path.open(newline="") as existing:
                     header = next(csv.reader(existing), [])
-                if header != COLUMNS:
+                if header not in (COLUMNS, LEGACY_COLUMNS):
                     raise UsageError(
                         f"--record {path}: exists with other columns; give a new file (columns: {','.join(COLUMNS)})"
                     )
@@ -44,11 +53,15 @@ class Recorder:
         except OSError as exc:
             raise UsageError(f"--record {path}: cannot write ({exc.strerror or exc})") from None
         self.writer = csv.writer(self.file)
+        self.with_runs = header == COLUMNS
         if fresh:
             self.writer.writerow(COLUMNS)
             self.file.flush()
 
     def write(self, snapshot, replicas: Iterable) -> None:
+        if self.run_started is None:
+            self.run_started = snapshot.updated_at
+        run = [f"{self.run_started:.3f}", _number(self.interval)] if self.with_runs else []
         for replica in replicas:
             reading = replica.reading if replica.level != Level.UNKNOWN else None
             self.writer.writerow(
@@ -64,6 +77,7 @@ class Recorder:
                     "+".join(s.name for s in replica.signal_states if s.firing) if reading else "",
                     snapshot.level.label,
                     replica.error or "",
+                    *run,
                 ]
             )
         self.file.flush()

@@ -1,5 +1,8 @@
 """`kvops report`: a `kvops watch --record` CSV read back, summarised per replica (time in each level, level
-changes, peak usage); `kvops.render.plots.plot_report` draws it."""
+changes, peak usage); `kvops.render.plots.plot_report` draws it.
+
+A row's level holds until the next row of the same run: no time is counted across a run's start (a watcher
+restarted onto the same record), nor after a run's last row. A record without the run columns is one run."""
 
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ from pathlib import Path
 from kvops.errors import UsageError
 from kvops.frozen import frozen
 from kvops.policy import Level
-from kvops.watch.record import COLUMNS
+from kvops.watch.record import COLUMNS, LEGACY_COLUMNS
 
 LEVELS = [level.label for level in Level]
 
@@ -24,6 +27,8 @@ class ReplicaSummary:
     max_kv_usage: float | None
     seconds_in_level: dict[str, float]
     level_changes: list[tuple[float, str, str]]  # (seconds from start, from, to)
+    runs: int = 1
+    unwatched_seconds: float = 0.0  # between one run's last row and the next run's first
 
     def to_dict(self) -> dict:
         return {
@@ -33,6 +38,8 @@ class ReplicaSummary:
             "max_kv_usage": self.max_kv_usage,
             "seconds_in_level": self.seconds_in_level,
             "level_changes": [{"at_seconds": at, "from": a, "to": b} for at, a, b in self.level_changes],
+            "runs": self.runs,
+            "unwatched_seconds": self.unwatched_seconds,
         }
 
 
@@ -43,6 +50,7 @@ def load(path: str | Path):
 
     frame = pd.DataFrame(_rows(path), columns=COLUMNS)
     frame["seconds"] = frame["time"] - frame["time"].min()
+    frame["run"] = frame["run_started"].fillna(-1.0)  # a record without run columns: one run
     return frame
 
 
@@ -55,22 +63,24 @@ def _rows(path: str | Path) -> list[list]:
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"{path}: not a kvops watch --record CSV ({exc})") from None
     lines = list(csv.reader(io.StringIO(text)))
-    if not lines or lines[0] != COLUMNS:
+    if not lines or lines[0] not in (COLUMNS, LEGACY_COLUMNS):
         raise UsageError(f"{path}: not a kvops watch --record CSV (columns: {','.join(COLUMNS)})")
     if not text.endswith("\n") and len(lines) > 1:
         lines.pop()  # cut short mid-write
-    rows = [_row(path, number, line) for number, line in enumerate(lines[1:], start=2) if line]
+    header = lines[0]
+    rows = [_row(path, number, line, header) for number, line in enumerate(lines[1:], start=2) if line]
     if not rows:
         raise UsageError(f"{path}: no rows yet")
     return rows
 
 
-def _row(path: str | Path, number: int, line: list[str]) -> list:
-    """One record row with its numbers read; UsageError naming the line and the field that is not the watcher's."""
+def _row(path: str | Path, number: int, line: list[str], header: list[str]) -> list:
+    """One record row with its numbers read; UsageError naming the line and the field that is not the watcher's.
+    A row of a record without the run columns gets them empty (NaN)."""
     where = f"{path}:{number}"
-    if len(line) != len(COLUMNS):
-        raise UsageError(f"{where}: {len(line)} fields, a record row has {len(COLUMNS)} ({','.join(COLUMNS)})")
-    row: dict[str, object] = dict(zip(COLUMNS, line))
+    if len(line) != len(header):
+        raise UsageError(f"{where}: {len(line)} fields, a record row has {len(header)} ({','.join(header)})")
+    row: dict[str, object] = dict(zip(COLUMNS, line + [""] * (len(COLUMNS) - len(line))))
     for column in ("level", "fleet_level"):
         if row[column] not in LEVELS:
             raise UsageError(f"{where}: {column} {row[column]!r} is not one of {', '.join(LEVELS)}")
@@ -78,6 +88,8 @@ def _row(path: str | Path, number: int, line: list[str]) -> list:
     row["kv_usage"] = usage = _float(where, "kv_usage", line[3])
     if not 0.0 <= usage <= 1.0 and usage == usage:
         raise UsageError(f"{where}: kv_usage {line[3]!r} is outside 0-1")
+    row["run_started"] = _float(where, "run_started", str(row["run_started"]))
+    row["interval"] = _float(where, "interval", str(row["interval"]))
     return [row[column] for column in COLUMNS]
 
 
@@ -97,7 +109,7 @@ def summarise(frame) -> list[ReplicaSummary]:
     summaries = []
     for replica, rows in frame.groupby("replica", sort=True):
         rows = rows.sort_values("time")
-        durations = rows["time"].shift(-1) - rows["time"]
+        durations = _durations(rows)
         seconds = {
             level.label: round(float(durations[rows["level"] == level.label].sum()), 3)
             for level in Level
@@ -117,6 +129,22 @@ def summarise(frame) -> list[ReplicaSummary]:
                 None if usage != usage else float(usage),
                 seconds,
                 changes,
+                runs=rows["run"].nunique(),
+                unwatched_seconds=_unwatched(rows),
             )
         )
     return summaries
+
+
+def _durations(rows):
+    """Each row's time to the next row of its run (0 for a run's last row): a level is never credited with the
+    time a watcher was not running."""
+    by_run = rows.groupby("run", sort=False)["time"]
+    return (by_run.shift(-1) - rows["time"]).fillna(0.0)
+
+
+def _unwatched(rows) -> float:
+    """The time between runs (by their first and last rows) that no run covered."""
+    spans = rows.groupby("run")["time"].agg(["min", "max"]).sort_values("min")
+    covered_until = spans["max"].cummax().shift()
+    return round(float((spans["min"] - covered_until).clip(lower=0).sum()), 3)

@@ -90,7 +90,8 @@ def make_source(options: WatchOptions) -> MetricsSource:
     )
 
 
-def make_watcher(options: WatchOptions, log: EventLog) -> Watcher:
+def make_watcher(options: WatchOptions, log: EventLog, polls_once: bool = False) -> Watcher:
+    """The watcher of `options`; its record names a run of one poll when `polls_once`, else the poll interval."""
     from kvops.watch.record import Recorder
 
     generator = None
@@ -104,7 +105,7 @@ def make_watcher(options: WatchOptions, log: EventLog) -> Watcher:
         webhook=options.webhook,
         runbook_url=options.runbook_url,
         generator_url=generator,
-        recorder=Recorder(options.record) if options.record else None,
+        recorder=Recorder(options.record, None if polls_once else options.interval) if options.record else None,
         request_tokens=options.request_tokens,
         log=log,
     )
@@ -112,7 +113,7 @@ def make_watcher(options: WatchOptions, log: EventLog) -> Watcher:
 
 async def once(options: WatchOptions) -> Snapshot:
     """Poll once (post the alerts that fire, record the row) and return the snapshot."""
-    watcher = make_watcher(options, EventLog(None))
+    watcher = make_watcher(options, EventLog(None), polls_once=True)
     try:
         return await watcher.poll()
     finally:

@@ -289,7 +289,8 @@ def test_record_and_report(tmp_path, run_kvops):
     rows = csv_path.read_text().splitlines()
     assert (
         rows[0]
-        == "time,replica,level,kv_usage,running,waiting,preemptions_total,progress_total,signals,fleet_level,error"
+        == "time,replica,level,kv_usage,running,waiting,preemptions_total,progress_total,signals,fleet_level,error,"
+        "run_started,interval"
     )
     assert len(rows) == 1 + 8
     assert rows[6].startswith(f"1005.000,{server.target},unknown,,") and "not the Prometheus text format" in rows[6]
@@ -319,7 +320,7 @@ def test_record_refuses_a_foreign_csv(tmp_path, run_kvops):
         )
     assert (
         result.stderr.strip()
-        == f"kvops: error: --record {path}: exists with other columns; give a new file (columns: time,replica,level,kv_usage,running,waiting,preemptions_total,progress_total,signals,fleet_level,error)"
+        == f"kvops: error: --record {path}: exists with other columns; give a new file (columns: time,replica,level,kv_usage,running,waiting,preemptions_total,progress_total,signals,fleet_level,error,run_started,interval)"
     )
     assert run_kvops("report", str(path), expect=2).stderr.startswith(
         f"kvops: error: {path}: not a kvops watch --record CSV"
