@@ -115,7 +115,9 @@ async def once(options: WatchOptions) -> Snapshot:
     """Poll once (post the alerts that fire, record the row) and return the snapshot."""
     watcher = make_watcher(options, EventLog(None), polls_once=True)
     try:
-        return await watcher.poll()
+        snapshot = await watcher.poll()
+        refuse_wrong_url(watcher)
+        return snapshot
     finally:
         await _close(watcher)
 
@@ -137,6 +139,7 @@ async def watch(options: WatchOptions, log: EventLog) -> None:
         await watcher.poll_or_stop(stop)
         if stop.is_set():
             return
+        refuse_wrong_url(watcher)
         for listener in listeners:
             await listener.start()
         log.emit(
@@ -158,6 +161,15 @@ async def watch(options: WatchOptions, log: EventLog) -> None:
         log.emit(
             "stopped", polls=watcher.polls, poll_failures=watcher.poll_failures_total, level=watcher.current.level.label
         )
+
+
+def refuse_wrong_url(watcher: Watcher) -> None:
+    """UsageError when the first poll's answer showed --prometheus is not Prometheus' base URL (an API path, an
+    engine's /metrics): a bad option, not an engine of unknown level. Once Prometheus has answered, a later such
+    answer is missing data like any other."""
+    source = watcher.source
+    if isinstance(source, PrometheusSource) and not source.answered and source.not_prometheus:
+        raise UsageError(source.not_prometheus)
 
 
 async def _close(watcher: Watcher) -> None:

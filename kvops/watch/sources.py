@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -135,6 +136,8 @@ class PrometheusSource:
         names = list(self.engine.SERIES) + (["up"] if self.matchers else [])
         self.query = "{" + ",".join([f'__name__=~"{"|".join(names)}"'] + self.matchers) + "}"
         self._client: Any = None  # a prometheus_api_client.PrometheusConnect, made on the first query
+        self.answered = False  # some query has had a Prometheus answer
+        self.not_prometheus: str | None = None  # the last answer's proof that the URL is not the API's base
 
     async def poll(self) -> Poll:
         try:
@@ -142,7 +145,9 @@ class PrometheusSource:
         except asyncio.TimeoutError:
             return Poll(error=f"no answer from Prometheus {self.url} within {self.timeout:g} s")
         except Exception as exc:  # requests' connection errors, HTTP errors, a body that is not Prometheus JSON
-            return Poll(error=f"cannot query Prometheus {self.url}: {describe(exc)}")
+            self.not_prometheus = self._not_prometheus(exc)
+            return Poll(error=self.not_prometheus or f"cannot query Prometheus {self.url}: {describe(exc)}")
+        self.answered, self.not_prometheus = True, None
         try:
             return self.group(rows)
         except MalformedAnswer as exc:
@@ -155,6 +160,31 @@ class PrometheusSource:
 
             self._client = PrometheusConnect(self.url, disable_ssl=True, retry=Retry(total=0), timeout=self.timeout)
         return self._client.custom_query(self.query)
+
+    def _not_prometheus(self, exc: Exception) -> str | None:
+        """One line saying the URL is not Prometheus' base URL, when the query's answer shows it: HTTP 404 at
+        `URL/api/v1/query`, or a body that is not the API's JSON (an engine's /metrics under it); else None."""
+        from requests.exceptions import JSONDecodeError
+
+        status = re.match(r"HTTP Status Code (\d+)", str(exc))  # custom_query's PrometheusApiClientException
+        if status and status.group(1) == "404":
+            why = "answered 404"
+        elif isinstance(exc, (JSONDecodeError, KeyError, TypeError)):  # not JSON; JSON without data.result
+            why = "answered a body that is not a Prometheus query result"
+        else:
+            return None
+        asked = f"{self.url}/api/v1/query {why}"
+        return (
+            f"--prometheus {self.url} is not Prometheus' base URL ({asked}): give the server's base URL, {self._hint()}"
+        )
+
+    def _hint(self) -> str:
+        """The base URL when the one given is an API path (cut before its /api/v1), else an example."""
+        parts = urlsplit(self.url)
+        if "/api/v1/" in parts.path + "/":
+            return parts._replace(path=parts.path[: (parts.path + "/").index("/api/v1/")], query="").geturl()
+        engine = "; an engine's /metrics is --metrics-url" if parts.path.endswith("/metrics") else ""
+        return f"e.g. http://prometheus:9090{engine}"
 
     def group(self, rows: Any) -> Poll:
         """Query results -> one reading (or failure) per replica. A row whose labels cannot be read makes the whole

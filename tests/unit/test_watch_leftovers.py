@@ -125,3 +125,84 @@ def test_a_new_record_reads_by_name_and_position_as_before(tmp_path, run_kvops):
     assert (frame["kv_usage"] == 0.3).all() and (frame["level"] == "ok").all()
     summary = json.loads(run_kvops("report", str(path), "--json").stdout)["replicas"][0]
     assert summary["runs"] == 2 and summary["seconds_in_level"] == {"ok": 0.0}
+
+
+def _once_prometheus(url: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "kvops", "watch", "--engine", "vllm", "--prometheus", url, "--once", "--timeout", "20"],
+        cwd=REPO,
+        env=checkout_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_prometheus_given_an_engines_metrics_is_a_bad_option():
+    """`--prometheus http://engine:8000/metrics --once`: `unknown`, exit 3 (the engine's level unknown), with
+    "JSONDecodeError: Expecting value". Now one line, the exit code of a bad option (4 with --once)."""
+    with MetricsServer(vllm_exposition(0.5)) as engine:
+        base = f"http://{engine.target}"
+        for url, hint in ((engine.url, "; an engine's /metrics is --metrics-url"), (base, "")):
+            ran = _once_prometheus(url)
+            assert (ran.returncode, ran.stdout) == (4, "")
+            assert ran.stderr == (
+                f"kvops: error: --prometheus {url} is not Prometheus' base URL ({url}/api/v1/query answered a body "
+                f"that is not a Prometheus query result): give the server's base URL, e.g. http://prometheus:9090{hint}\n"
+            )
+
+
+def test_prometheus_given_its_query_path_names_the_base_url():
+    """`--prometheus http://prometheus:9090/api/v1/query --once`: "HTTP Status Code 404", exit 3; now the base URL
+    to give, exit 4. (A stand-in answering 404 as Prometheus does to an unknown path; the real one is in
+    tests/engine/test_alerting_end_to_end.py.)"""
+    with MetricsServer("404 page not found\n") as server:
+        server.set(status=404)
+        base = f"http://{server.target}/prom"
+        ran = _once_prometheus(base + "/api/v1/query")
+    assert ran.returncode == 4 and ran.stderr == (
+        f"kvops: error: --prometheus {base}/api/v1/query is not Prometheus' base URL ({base}/api/v1/query/api/v1/query "
+        f"answered 404): give the server's base URL, {base}\n"
+    )
+
+
+def test_prometheus_refused_is_still_an_unknown_engine():
+    """Nothing listening at the URL is missing data (exit 3), not a bad option: only an answer proves it wrong."""
+    from tests.support.vllm_server import free_port
+
+    port = free_port()  # opened and closed: nothing listens there now
+    ran = _once_prometheus(f"http://127.0.0.1:{port}")
+    assert ran.returncode == 3 and "cannot query Prometheus" in ran.stdout and ran.stderr == ""
+
+
+def test_a_running_watcher_given_a_wrong_prometheus_url_exits_before_listening():
+    """Without --once a wrong --prometheus URL exits as a bad option does (2, one line) after the first poll,
+    before listening; a Prometheus that answered once and then 404s is missing data, the watcher goes on."""
+    from tests.support.vllm_server import free_port
+    from tests.support.watch_process import WatchProcess
+
+    with MetricsServer(vllm_exposition(0.5)) as engine:
+        ran = subprocess.run(
+            [sys.executable, "-m", "kvops", "watch", "--engine", "vllm", "--prometheus", engine.url]
+            + ["--listen", f"127.0.0.1:{free_port()}", "--timeout", "20"],
+            cwd=REPO,
+            env=checkout_env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert ran.returncode == 2 and ran.stderr.startswith(f"kvops: error: --prometheus {engine.url} is not")
+    assert '"event": "started"' not in ran.stdout
+    answer = {"status": "success", "data": {"resultType": "vector", "result": [_kv_row(0.5)]}}
+    prometheus = MetricsServer("", routes={"/api/v1/query": json.dumps(answer)})
+    arguments = ("--engine", "vllm", "--prometheus", f"http://{prometheus.target}", "--interval", "0.2")
+    with prometheus, WatchProcess(*arguments) as watch:
+        prometheus.set(status=404)
+        failed = watch.wait_event(lambda e: e["event"] == "poll_failed", timeout=60)
+        assert watch.process.poll() is None
+    assert "/api/v1/query answered 404" in failed["error"]
+
+
+def _kv_row(usage: float) -> dict:
+    labels = {"__name__": "vllm:kv_cache_usage_perc", "instance": "a:8000", "job": "vllm", "engine": "0"}
+    return {"metric": labels, "value": [1.7e9, str(usage)]}
