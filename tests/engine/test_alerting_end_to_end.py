@@ -3,14 +3,18 @@ promtool and Alertmanager on free 127.0.0.1 ports, and the watcher's own endpoin
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
+import time
 
 import pytest
+import yaml
 
-from tests.support.daemons import PROMETHEUS, PrometheusServer
+from tests.support.daemons import ALERTMANAGER, PROMETHEUS, AlertmanagerServer, PrometheusServer
 from tests.support.metrics_server import MetricsServer, vllm_exposition
 from tests.support.processes import REPO, checkout_env
+from tests.support.receiver import WebhookReceiver
 
 needs_prometheus = pytest.mark.skipif(
     PROMETHEUS is None, reason="prometheus not installed (apt-get install prometheus; .ci/run does)"
@@ -44,3 +48,120 @@ def test_watch_given_a_real_prometheus_query_path_names_its_base_url(tmp_path):
         f"({prometheus.url}/api/v1/query/api/v1/query answered 404): give the server's base URL, {prometheus.url}\n"
     )
     assert right.returncode == 0 and right.stdout.startswith("level ok   kv usage 50.0%"), right.stdout
+
+
+def _wait(fetch, predicate, timeout: float = 60, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = fetch()
+        if predicate(value):
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not met within {timeout:.0f} s; last: {value}")
+        time.sleep(0.2)
+
+
+def _states(prometheus: PrometheusServer) -> dict[str, str]:
+    """Prometheus' alerts by name, with their state (pending, firing)."""
+    return {a["labels"]["alertname"]: a["state"] for a in prometheus.get_json("/api/v1/alerts")["data"]["alerts"]}
+
+
+def _notified(receiver: WebhookReceiver, name: str, status: str) -> list[dict]:
+    """Alertmanager's webhook notifications (whole bodies) holding alert `name` with `status`."""
+    with receiver.lock:
+        bodies = [post["body"] for post in receiver.posts]
+    return [b for b in bodies if any(a["labels"]["alertname"] == name and a["status"] == status for a in b["alerts"])]
+
+
+@pytest.mark.skipif(ALERTMANAGER is None, reason="prometheus-alertmanager not installed (.ci/run installs it)")
+@needs_prometheus
+def test_rules_route_through_prometheus_and_alertmanager_as_the_runbooks_say(tmp_path, run_kvops):
+    """`kvops alerts` rules evaluated by a real Prometheus on a stand-in vLLM /metrics, sent to a real Alertmanager
+    routing to a webhook: each level alert waits its `for:` (the policy's dwell) pending, fires with its severity,
+    `serving_engine`, the target's labels and `runbook_url` BASE/<alertname>.md; grouped by instance, the critical
+    alert inhibits warn and degrade on `severity` as runbooks/README.md says to; it resolves after keep_firing_for."""
+    dwell, base = 6, "https://runbooks.example.org/kvops"
+    (tmp_path / "policy.yaml").write_text(f"min_dwell_seconds: {dwell}\n")
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(
+        run_kvops(
+            "alerts",
+            "--engine",
+            "vllm",
+            "--policy",
+            str(tmp_path / "policy.yaml"),
+            "--scrape-interval",
+            "1",
+            "--selector",
+            '{job="vllm"}',
+            "--runbook-url",
+            base,
+        ).stdout
+    )
+    with WebhookReceiver() as receiver, MetricsServer(vllm_exposition(0.2)) as engine:
+        alertmanager = AlertmanagerServer(tmp_path / "am")
+        route = {"receiver": "hook", "group_by": ["instance"], "group_wait": "1s", "group_interval": "1s"}
+        config = {
+            "route": {**route, "repeat_interval": "1h"},
+            "receivers": [{"name": "hook", "webhook_configs": [{"url": receiver.url, "send_resolved": True}]}],
+            "inhibit_rules": [
+                {
+                    "source_matchers": ['severity="critical"'],
+                    "target_matchers": ['severity="warning"'],
+                    "equal": ["instance", "serving_engine"],
+                }
+            ],
+        }
+        (alertmanager.workdir / "alertmanager.yml").write_text(yaml.safe_dump(config))
+        prometheus_config = {
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "rule_files": [str(rules)],
+            "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{alertmanager.port}"]}]}]},
+            "scrape_configs": [{"job_name": "vllm", "static_configs": [{"targets": [engine.target]}]}],
+        }
+        with alertmanager, PrometheusServer(tmp_path / "prometheus", config=prometheus_config) as prometheus:
+            prometheus.wait_for_series('vllm:kv_cache_usage_perc{job="vllm"}')
+            engine.set(vllm_exposition(0.97))
+            raised = time.monotonic()
+            states = functools.partial(_states, prometheus)
+            assert (
+                _wait(states, lambda s: "KVCacheCritical" in s, what="KVCacheCritical pending")["KVCacheCritical"]
+                == "pending"
+            )
+            (body,) = _wait(lambda: _notified(receiver, "KVCacheCritical", "firing"), bool, what="critical notified")[
+                :1
+            ]
+            assert time.monotonic() - raised >= dwell
+            assert body["groupLabels"] == {"instance": engine.target}
+            assert [a["labels"]["alertname"] for a in body["alerts"]] == ["KVCacheCritical"]  # warn, degrade inhibited
+            (critical,) = body["alerts"]
+            assert critical["labels"] == {
+                "alertname": "KVCacheCritical",
+                "severity": "critical",
+                "serving_engine": "vllm",
+                "instance": engine.target,
+                "job": "vllm",
+                "engine": "0",
+                "model_name": "tiny-llama",
+            }
+            assert critical["annotations"] == {
+                "summary": f"KV cache of {engine.target} is 95% full or more",
+                "description": f"KV cache usage on {engine.target} is 97% (critical at 95%): new requests are "
+                "rejected with 503 and Retry-After: 10.",
+                "runbook_url": f"{base}/kvcachecritical.md",
+            }
+            assert (REPO / "runbooks" / "kvcachecritical.md").exists()
+            held = {a["labels"]["alertname"]: a for a in alertmanager.alerts()}
+            assert {name: held[name]["labels"]["severity"] for name in held} == {
+                "KVCacheWarn": "warning",
+                "KVCacheDegrade": "warning",
+                "KVCacheCritical": "critical",
+            }
+            assert held["KVCacheWarn"]["status"]["inhibitedBy"] and held["KVCacheDegrade"]["status"]["inhibitedBy"]
+            assert held["KVCacheWarn"]["annotations"]["runbook_url"] == f"{base}/kvcachewarn.md"
+            engine.set(vllm_exposition(0.2))
+            lowered = time.monotonic()
+            (resolved,) = _wait(lambda: _notified(receiver, "KVCacheCritical", "resolved"), bool, what="resolved")[:1]
+            assert time.monotonic() - lowered >= dwell  # keep_firing_for: the dwell on the way down
+            assert resolved["status"] == "resolved" and resolved["alerts"][0]["endsAt"] > critical["startsAt"]
+            _wait(alertmanager.alerts, lambda alerts: not alerts, what="Alertmanager holds no active alert")
