@@ -11,7 +11,10 @@ import time
 import pytest
 import yaml
 
-from tests.support.daemons import ALERTMANAGER, PROMETHEUS, AlertmanagerServer, PrometheusServer
+from kvops.policy import load_policy
+from kvops.watch.alerts import catalogue
+from kvops.watch.rules import widened
+from tests.support.daemons import ALERTMANAGER, PROMETHEUS, PROMTOOL, AlertmanagerServer, PrometheusServer
 from tests.support.metrics_server import MetricsServer, vllm_exposition
 from tests.support.processes import REPO, checkout_env
 from tests.support.receiver import WebhookReceiver
@@ -165,3 +168,36 @@ def test_rules_route_through_prometheus_and_alertmanager_as_the_runbooks_say(tmp
             assert time.monotonic() - lowered >= dwell  # keep_firing_for: the dwell on the way down
             assert resolved["status"] == "resolved" and resolved["alerts"][0]["endsAt"] > critical["startsAt"]
             _wait(alertmanager.alerts, lambda alerts: not alerts, what="Alertmanager holds no active alert")
+
+
+@pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (apt-get install prometheus; .ci/run does)")
+def test_each_level_alert_fires_at_its_threshold_and_not_just_below(tmp_path, run_kvops):
+    """`promtool test rules` at the policy's edges, which tests/unit/watch/test_alerts.py does not try: each level
+    alert fires at exactly its threshold (the policy's "at or above", as the watcher enters a level) and not at
+    0.001 below it, nor before its `for:`."""
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(run_kvops("alerts", "--engine", "vllm", "--scrape-interval", "15").stdout)
+    series = 'vllm:kv_cache_usage_perc{job="vllm",instance="gpu-0:8000",engine="0"}'
+    labels = {"job": "vllm", "instance": "gpu-0:8000", "engine": "0", "serving_engine": "vllm"}
+    kinds = {kind.name: kind for kind in catalogue(widened(load_policy(), 15), "vllm")}
+    cases = []
+    for name, threshold, severity in (
+        ("KVCacheWarn", 0.70, "warning"),
+        ("KVCacheDegrade", 0.85, "warning"),
+        ("KVCacheCritical", 0.95, "critical"),
+    ):
+        for usage, at, fires in ((threshold, "1m", True), (threshold - 0.001, "1m", False), (threshold, "15s", False)):
+            annotations = kinds[name].annotations("gpu-0:8000", f"{threshold:.0%}", "runbooks")
+            expected = [{"exp_labels": {**labels, "severity": severity}, "exp_annotations": annotations}]
+            expected = expected if fires else []
+            cases.append(
+                {
+                    "interval": "15s",
+                    "input_series": [{"series": series, "values": f"{usage}x8"}],
+                    "alert_rule_test": [{"eval_time": at, "alertname": name, "exp_alerts": expected}],
+                }
+            )
+    tests = tmp_path / "tests.yaml"
+    tests.write_text(yaml.safe_dump({"rule_files": [str(rules)], "evaluation_interval": "15s", "tests": cases}))
+    ran = subprocess.run([PROMTOOL, "test", "rules", str(tests)], capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
