@@ -8,6 +8,7 @@ import pytest
 from kvops.policy import Level
 from tests.support.aio import ServerThread
 from tests.support.upstream import RecordingUpstream
+from tests.support.vllm_server import free_port
 from tests.unit.plugins.test_middleware import WARN, Stub, call, middleware, received
 from tests.unit.watch.test_hostile_proxy import guarded_proxy, post
 
@@ -140,7 +141,7 @@ def test_watch_refuses_a_proxy_url_whose_credentials_or_query_it_would_drop(run_
         "--metrics-url",
         "http://127.0.0.1:1/metrics",
         "--listen",
-        ":9",
+        f"127.0.0.1:{free_port()}",  # were the URL let through, it would listen there, not on a port others assume closed
         "--proxy",
         url,
         expect=2,
