@@ -606,7 +606,9 @@ def deployment_options(ctx: click.Context, params: dict[str, Any], launcher: tup
         typed_here.add("launcher")
     options = DeploymentOptions(**values, given=frozenset(typed_here))
     if params.get("from_command"):
-        options = options.under(_from_command(params["from_command"]))
+        typed_version = values.get("engine_version") if "engine_version" in typed_here else None
+        file_version = values.get("engine_version") if "engine_version" in in_file else None
+        options = options.under(_from_command(params["from_command"], typed_version, file_version))
     return replace(options, given=options.given | in_file)
 
 
@@ -662,12 +664,13 @@ def _vllm_spellings(params: dict[str, Any]) -> tuple[dict[str, Any], set[str]]:
     return params, derived
 
 
-def _from_command(text: str) -> DeploymentOptions:
-    """The options a pasted launch command states, with a line for each flag it does not use."""
+def _from_command(text: str, version: str | None, fallback: str | None) -> DeploymentOptions:
+    """The options a pasted launch command states to the release planned (`version` typed, else the line's image
+    tag, else `fallback`, the file's), with a line for each flag it does not use."""
     from kvops.deployment import DeploymentOptions
     from kvops.engines import read_command
 
-    stated = read_command(text)
+    stated = read_command(text, version, fallback)
     return DeploymentOptions.stated(
         engine=stated.engine, **stated.values, command_lines=tuple(stated.lines), kept_options=tuple(stated.kept)
     )

@@ -33,13 +33,14 @@ def get(name: str) -> Engine:
     return engine
 
 
-def read_command(text: str) -> StatedCommand:
-    """The deployment a pasted launch command states, read by the engine whose program or image it names."""
+def read_command(text: str, version: str | None = None, fallback: str | None = None) -> StatedCommand:
+    """The deployment a pasted launch command states, read by the engine whose program or image it names, as the
+    release planned reads it (`version` typed, else the line's image tag, else `fallback`, a file's)."""
     from kvops.engines.command import command_words, with_environment
 
     words, environment = command_words(text)
     for name in NAMES:
-        stated = get(name).read_command(words)
+        stated = get(name).read_command(words, version, fallback)
         if stated is not None:
             return with_environment(stated, environment)
     programs = "; ".join(" ".join(get(name).program) for name in NAMES)

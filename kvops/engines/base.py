@@ -53,8 +53,11 @@ class Engine(Protocol):
         """The official image for the device's vendor (None: no device given)."""
         ...
 
-    def read_command(self, words: list[str]) -> StatedCommand | None:
-        """What a pasted launch command states, when its words start this engine (None: they do not)."""
+    def read_command(
+        self, words: list[str], version: str | None = None, fallback: str | None = None
+    ) -> StatedCommand | None:
+        """What a pasted launch command states, when its words start this engine (None: they do not), to the release
+        planned: `version` typed, else one the line names (an image tag), else `fallback` (a file's)."""
         ...
 
     def plan_once(self, inputs: PlanInputs) -> Plan:

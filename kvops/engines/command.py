@@ -44,6 +44,8 @@ class StatedCommand:
     # the options not read, each (its canonical spelling or as written, then its words as given): the plan's
     # command keeps them
     kept: list[tuple[str, ...]] = field(default_factory=list)
+    # config options read field by field (--compilation-config.cudagraph_mode NONE), emitted as one JSON value each
+    configs: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def ignore(self, word: Word, why: str = IGNORED) -> None:
         self.lines.append(f"{_shown(word)}: {why}")
@@ -191,9 +193,18 @@ def split_options(
         if known and kind == VALUE and value is None:
             raise UsageError(f"--from-command: {name} needs a value; the engine refuses it without one")
         canonical = known[0] if known else None
-        negated = canonical is not None and name.startswith("--no-") and not canonical.startswith("--no-")
+        negated = canonical is not None and _negates(name, canonical)
         options.append(Word(name, canonical, value, negated, tuple(args[start:index])))
     return positional, options
+
+
+def _negates(name: str, canonical: str) -> bool:
+    """The spelling turns the switch off: --no-X of --X, and --disable-X of --enable-X (or the reverse), which vLLM
+    pairs from 0.33 (vllm/utils/argparse_utils.py EnableDisableAction)."""
+    if name.startswith("--no-"):
+        return not canonical.startswith("--no-")
+    pairs = (("--disable-", "--enable-"), ("--enable-", "--disable-"))
+    return any(name.startswith(off) and canonical == on + name.removeprefix(off) for off, on in pairs)
 
 
 # --- values as the engines read them ---------------------------------------------------------------------------

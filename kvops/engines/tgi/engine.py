@@ -52,8 +52,10 @@ class TgiEngine:
     def image(self, vendor: str | None) -> str:
         return flags.image(vendor)
 
-    def read_command(self, words: list[str]) -> StatedCommand | None:
-        from kvops.engines.tgi import command
+    def read_command(
+        self, words: list[str], version: str | None = None, fallback: str | None = None
+    ) -> StatedCommand | None:
+        from kvops.engines.tgi import command  # one option table (TGI 3.3.7's) for every release
 
         return command.read_command(words)
 

@@ -50,10 +50,12 @@ class VllmEngine:
     def image(self, vendor: str | None) -> str:
         return flags.image(vendor)
 
-    def read_command(self, words: list[str]) -> StatedCommand | None:
+    def read_command(
+        self, words: list[str], version: str | None = None, fallback: str | None = None
+    ) -> StatedCommand | None:
         from kvops.engines.vllm import command
 
-        return command.read_command(words)
+        return command.read_command(words, version, fallback)
 
     def plan_once(self, inputs: PlanInputs) -> Plan:
         from kvops.engines import targets

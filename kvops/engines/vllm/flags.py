@@ -7,7 +7,9 @@ from functools import lru_cache
 
 from kvops.dtypes import KvDtype
 from kvops.engines.flags import flag_args, with_kept
+from kvops.engines.release import Version, newest_read
 from kvops.errors import UsageError
+from kvops.frozen import frozen
 from kvops.packaged import packaged_text
 
 PROGRAM = ("vllm", "serve")
@@ -116,8 +118,6 @@ NOT_MODELLED = {
     "--enable-tower-connector-lora": "LoRA slots on the vision tower and connector",
     "--enable-moe-shared-loras": "LoRA slots on the shared experts",
     "--compilation-config": "CUDA graph capture sizes change the graphs' memory",
-    "--cudagraph-capture-sizes": "CUDA graph capture sizes change the graphs' memory",
-    "--max-cudagraph-capture-size": "CUDA graph capture sizes change the graphs' memory",
     "--optimization-level": "the compilation level changes the CUDA graphs' memory",
     "--hf-overrides": "overrides the config.json fields the plan read",
     "--num-gpu-blocks-override": "fixes the KV block count instead of sizing it",
@@ -154,12 +154,15 @@ HOST_MEMORY = {
     "--kv-offloading-size": "host memory for evicted KV blocks: the GPU budget is unchanged",
     "--kv-offloading-backend": "host memory for evicted KV blocks: the GPU budget is unchanged",
 }
-# options of older vLLM releases users still pass, and what they were
+# options of older vLLM releases users still pass, and what they were: said when the planned release refuses them
 REMOVED = {
-    "--swap-space": "it was the CPU swap space (host memory), removed with the V0 engine",
-    "--disable-log-requests": "removed; requests are not logged unless --enable-log-requests",
+    "--swap-space": "it was the CPU swap space (host memory) of the V0 engine",
+    "--disable-log-requests": "requests are not logged unless --enable-log-requests",
     "--num-lookahead-slots": "removed with the V0 engine",
     "--use-v2-block-manager": "removed with the V0 engine",
+    "--num-scheduler-steps": "multi-step scheduling, removed with the V0 engine",
+    "--rope-scaling": "a model config field: give it as --hf-overrides '{\"rope_scaling\": ...}'",
+    "--rope-theta": "a model config field: give it as --hf-overrides '{\"rope_theta\": ...}'",
 }
 # vLLM's --quantization names -> kvops's weight formats (`QuantizationMethods`, vLLM 0.32.0)
 QUANTIZATION_OF_FLAG = {
@@ -189,15 +192,56 @@ RENAMED_QUANTIZATION = {"auto_round": "inc", "auto-round": "inc"}
 REMOVED_QUANTIZATION = {"bitsandbytes", "gguf", "deepspeedfp", "hqq", "tpu_int8", "ptpc_fp8", "bitblas", "marlin"}
 
 
+SERVE_FLAGS = "serve_flags.json"  # each release's full `vllm serve` option table (tests/support/vllm_flags.py)
+
+
+@frozen
+class ServeTable:
+    """The full `vllm serve` option table kvops reads a planned release with: the newest table at or before it.
+    `full`: the release is at or after the table's, so an option not in it is one the release's parser refuses
+    (False for a release older than every table: 0.32.0's is read, and an option not in it may be the release's)."""
+
+    release: Version
+    full: bool
+    spellings: dict[str, tuple[str, str]]  # every spelling -> (its first long spelling, how many words follow it)
+
+    def get(self, spelling: str) -> tuple[str, str] | None:
+        return self.spellings.get(spelling)
+
+
 @lru_cache(maxsize=1)
-def serve_options() -> dict[str, tuple[str, str]]:
-    """Every spelling of a `vllm serve` option -> (its first long spelling, how many words follow it)."""
-    data = json.loads(packaged_text("kvops.engines.vllm", "serve_flags.json"))
-    table: dict[str, tuple[str, str]] = {}
-    for canonical, option in data["options"].items():
-        for spelling in option["spellings"]:
-            table[spelling] = (canonical, option["kind"])
-    return table
+def _serve_tables() -> dict[str, dict]:
+    tables: dict[str, dict] = json.loads(packaged_text("kvops.engines.vllm", SERVE_FLAGS))["releases"]
+    return tables
+
+
+@lru_cache(maxsize=16)
+def serve_table(version: Version) -> ServeTable:
+    """The option table a plan for `version` reads a pasted command with."""
+    tables = _serve_tables()
+    chosen = newest_read(tables, version)
+    spellings = {
+        spelling: (canonical, option["kind"])
+        for canonical, option in tables[chosen.text]["options"].items()
+        for spelling in option["spellings"]
+    }
+    return ServeTable(chosen, chosen <= version, spellings)
+
+
+def tables_with(spelling: str) -> list[Version]:
+    """The releases whose full table takes `spelling`, oldest first."""
+    found = [
+        Version.parse(name)
+        for name, table in _serve_tables().items()
+        if any(spelling in option["spellings"] for option in table["options"].values())
+    ]
+    return sorted(found)
+
+
+def table_releases() -> str:
+    """The releases kvops has a full table of, as a range: 0.32.0-0.34.0."""
+    names = sorted(Version.parse(name) for name in _serve_tables())
+    return f"{names[0]}-{names[-1]}" if len(names) > 1 else str(names[0])
 
 
 def check_weight_format(name: str) -> None:

@@ -126,6 +126,19 @@ def first_with(option: str) -> Version | None:
     return found[0] if found else None
 
 
+def last_with(option: str) -> Version | None:
+    """The newest release read that takes `option` (None: none does)."""
+    table = _table()
+    found = sorted(Version.parse(name) for name, data in table.items() if option in data["options"])
+    return found[-1] if found else None
+
+
+def read_after(version: Version) -> Version | None:
+    """The next release whose wheel was read after `version` (None: it is the newest read)."""
+    later = sorted(Version.parse(name) for name in _table() if Version.parse(name) > version)
+    return later[0] if later else None
+
+
 def first_with_kv_dtype(value: str) -> Version | None:
     table = _table()
     found = sorted(

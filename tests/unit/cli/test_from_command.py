@@ -26,8 +26,9 @@ def test_a_vllm_serve_line_sets_the_plan(run_kvops):
     assert stated["flags"]["gpu-memory-utilization"] == 0.85
     assert stated["flags"]["max-num-seqs"] == 8
     assert stated["command"]["port"] == 8000  # read: the plan serves on it
+    # vLLM 0.34.0 (planned) refuses an option of no release: named, and left out so the command starts
     assert any(line.startswith("--no-such-flag: unknown") for line in stated["from_command"])
-    assert stated["command"]["argv"][-3:] == ["--port", "8000", "--no-such-flag"]  # kept as given
+    assert stated["command"]["argv"][-2:] == ["--port", "8000"]  # kept as given
 
 
 def test_options_given_beside_the_command_win(run_kvops):
