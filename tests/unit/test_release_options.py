@@ -1,6 +1,7 @@
 """A pasted launch command read with the option table of the release planned (serve_flags.json: vLLM 0.32.0, 0.33.0,
 0.34.0): an option that release's parser refuses is left out of every emitted command and named in one line; the
-CUDA-graph options given on their own are planned as the compilation config's fields. The emitted commands are parsed by each release's own parser in tests/engine/test_release_options_engine.py."""
+CUDA-graph options given on their own are planned as the compilation config's fields; TGI's rope warning follows the
+line. The emitted commands are parsed by each release's own parser in tests/engine/test_release_options_engine.py."""
 
 from __future__ import annotations
 
@@ -157,6 +158,32 @@ def test_a_graph_option_beside_the_same_field_in_the_config_is_refused_as_vllm_d
 def test_capture_sizes_take_integers_space_apart(run_kvops):
     ran = run_kvops("plan", *GPU, "--from-command", "vllm serve M --cudagraph-capture-sizes 1,2,4", expect=2)
     assert "space apart" in ran.stderr
+
+
+# --- TGI: the rope warning follows the line ---------------------------------------------------------------------
+
+
+def tgi_warning(run_kvops, rope: str) -> str:
+    pasted = f"text-generation-launcher --model-id M {rope} --max-total-tokens 65536"
+    doc = json.loads(run_kvops("plan", "--format", "json", "--engine", "tgi", *GPU, "--from-command", pasted).stdout)
+    [warning] = [text for text in doc["warnings"] if "max_position_embeddings" in text]
+    return warning
+
+
+@pytest.mark.parametrize(
+    "rope, says",
+    [
+        ("--rope-scaling dynamic --rope-factor 2.0", "--rope-factor 2.0 stretch it to 81,920 positions"),
+        ("--rope-scaling dynamic", "TGI takes the factor as 1.0 without --rope-factor): give --rope-factor 1.6"),
+        ("--rope-factor=4", "stretches it to 163,840 positions (linear"),
+        ("--rope-scaling dynamic --rope-factor 1.2", "49,152 positions only: give --rope-factor 1.6"),
+        ("", "(extend it with --rope-scaling and --rope-factor 1.6, or plan a shorter context)"),
+    ],
+)
+def test_tgis_rope_warning_follows_what_the_line_gives(run_kvops, rope, says):
+    warning = tgi_warning(run_kvops, rope)
+    assert says in warning
+    assert ("extend it with" in warning) == (rope == "")
 
 
 def test_the_emitted_line_is_shell_words(run_kvops):

@@ -362,14 +362,55 @@ def _reservation(workload: Workload, length: int, speculate: int = 0) -> int:
     return max(1, budget.reservation_tokens(workload.prompt_tokens or 0, workload.gen_tokens or 0, speculate))
 
 
+ROPE_OPTIONS = ("--rope-scaling", "--rope-factor")
+ROPE_ENVIRONMENT = ("ROPE_SCALING", "ROPE_FACTOR")  # the same options from the environment (clap `env`)
+
+
+def _beyond_positions(inputs: PlanInputs, positions: int, length: int) -> str:
+    """The warning for a context past the model's trained positions, worded on the rope scaling the pasted line
+    gives: TGI takes --rope-scaling alone at factor 1.0 and --rope-factor alone as linear scaling (the `rope`
+    match in launcher/src/main.rs), so the positions reached are max_position_embeddings x the factor."""
+    head = (
+        f"--max-total-tokens {length} exceeds {inputs.spec.name}'s max_position_embeddings {positions}: TGI takes "
+        "it, but the model was not trained for longer sequences"
+    )
+    given = {option: value for option in ROPE_OPTIONS if (value := _kept_value(inputs, option)) is not None}
+    needed = ceil(10 * length / positions) / 10
+    if not given:
+        environment = [
+            name for name in ROPE_ENVIRONMENT if any(line.startswith(f"{name}:") for line in inputs.command_lines)
+        ]
+        if environment:
+            return f"{head}; the line's environment sets {' and '.join(environment)} (their values not read): check they stretch it {needed}x"
+        return f"{head} (extend it with --rope-scaling and --rope-factor {needed}, or plan a shorter context)"
+    stated = " ".join(f"{option} {value}" for option, value in given.items())
+    try:
+        factor = float(given.get("--rope-factor", "1.0"))
+    except ValueError:
+        return f"{head}; the line's {stated}: --rope-factor is not a number TGI takes"
+    how = "" if "--rope-scaling" in given else " (linear: TGI's scaling without --rope-scaling)"
+    if "--rope-factor" not in given:
+        how = " (TGI takes the factor as 1.0 without --rope-factor)"
+    reach = floor(positions * factor)
+    stretch = "stretch" if len(given) > 1 else "stretches"
+    if reach >= length:
+        return f"{head}; the line's {stated} {stretch} it to {reach:,} positions{how}: check the quality at that length"
+    return f"{head}; the line's {stated} {stretch} it to {reach:,} positions only{how}: give --rope-factor {needed}, or plan a shorter context"
+
+
+def _kept_value(inputs: PlanInputs, option: str) -> str | None:
+    """The value a pasted command gave an option kept as given (--opt value, or --opt=value), None without it."""
+    for canonical, *words in inputs.kept_options:
+        if canonical == option and words:
+            return words[0].partition("=")[2] if "=" in words[0] else (words[1] if len(words) > 1 else "")
+    return None
+
+
 def _warnings(inputs: PlanInputs, release: releases.TgiRelease, notes: list[str], length: int) -> list[str]:
     spec = inputs.spec
     warnings = []
     if spec.max_position_embeddings and length > spec.max_position_embeddings:
-        warnings.append(
-            f"--max-total-tokens {length} exceeds {spec.name}'s max_position_embeddings {spec.max_position_embeddings}: TGI takes it, "
-            "but the model was not trained for longer sequences (extend it with ROPE_SCALING and ROPE_FACTOR, or plan a shorter context)"
-        )
+        warnings.append(_beyond_positions(inputs, spec.max_position_embeddings, length))
     if spec.sliding_window:
         notes.append(
             f"{spec.name} has sliding-window layers (window {spec.sliding_window}): TGI still reserves and caches the full context for every request (Model.info window_size None)"
