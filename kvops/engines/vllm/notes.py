@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from kvops.dtypes import KvDtype
 from kvops.engines import common
-from kvops.engines.vllm import flags, layout
+from kvops.engines.vllm import context, flags, layout
 from kvops.engines.vllm.capacity import Draft, VllmCapacity
 from kvops.engines.vllm.launch import guard_named
+from kvops.model.spec import ModelSpec
 from kvops.plan import PlanInputs
 
 
@@ -60,9 +61,10 @@ def add_notes(draft: Draft, kv_layout: layout.KVCacheLayout, dtype: KvDtype, cap
     inputs = draft.inputs
     draft.notes.append(guard_note(inputs, capacity))
     spec, length = inputs.spec, capacity.max_model_len
-    if spec.max_position_embeddings and length > spec.max_position_embeddings:
+    limit = context.max_len_limit(spec)
+    if limit and length > limit:
         draft.warnings.append(
-            f"--max-model-len {length} exceeds {spec.name}'s max_position_embeddings {spec.max_position_embeddings}; vLLM refuses it unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1"
+            f"--max-model-len {length} exceeds {spec.name}'s {_limit_source(spec, limit)}; vLLM refuses it unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1"
         )
     windows = sorted({group.window for group in kv_layout.groups if group.kind == "sliding" and group.window})
     if windows:
@@ -85,3 +87,10 @@ def add_notes(draft: Draft, kv_layout: layout.KVCacheLayout, dtype: KvDtype, cap
         draft.notes.append(
             f"{inputs.workload.sequences} sequences per request (n x beams): vLLM runs each as its own request; with prefix caching the prompt's full blocks are shared"
         )
+
+
+def _limit_source(spec: ModelSpec, limit: int) -> str:
+    """Where vLLM's limit comes from: max_position_embeddings, times a RoPE scaling factor where one applies."""
+    if limit == spec.max_position_embeddings:
+        return f"max_position_embeddings {limit}"
+    return f"max_position_embeddings {spec.max_position_embeddings} x RoPE scaling factor {context.scaling_factor(spec):g} = {limit}"

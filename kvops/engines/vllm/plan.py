@@ -10,7 +10,7 @@ from typing import Any
 
 from kvops.dtypes import KvDtype, resolve_kv_dtype, serving_dtype
 from kvops.engines import common
-from kvops.engines.vllm import architectures, budget, layout, options, releases
+from kvops.engines.vllm import architectures, budget, context, layout, options, releases
 from kvops.engines.vllm.capacity import CacheGroup, Draft, VllmCapacity
 from kvops.engines.vllm.drafting import eagle_with_chunked, lookahead_tokens, speculative_notes
 from kvops.engines.vllm.launch import engine_flags
@@ -61,10 +61,11 @@ def _full_attention(inputs: PlanInputs) -> PlanInputs:
     max_model_len', ModelConfig.get_and_verify_max_len)."""
     spec = inputs.spec.without_sliding_window()
     window = inputs.spec.sliding_window
-    if window is not None and isinstance(inputs.max_model_len, int) and inputs.max_model_len > window:
+    cap = None if window is None else context.max_len_limit(spec)  # the window (if shorter), RoPE-scaled
+    if cap is not None and isinstance(inputs.max_model_len, int) and inputs.max_model_len > cap:
         raise UsageError(
             f"--max-model-len {inputs.max_model_len} with --disable-sliding-window: vLLM caps {inputs.spec.name}'s "
-            f"context at its sliding window, {window} tokens; lower it or keep the window"
+            f"context at its sliding window, {cap} tokens; lower it or keep the window"
         )
     return replace(inputs, spec=spec)
 
@@ -109,8 +110,9 @@ def _plan_pass(
     kv_layout = layout.kv_layout(cached, dtype, tp, block_size, options=layout_settings)
     if inputs.num_gpu_blocks_override is not None:  # the profile's KV memory is replaced by blocks x block bytes
         inputs = replace(inputs, kv_cache_memory_bytes=inputs.num_gpu_blocks_override * kv_layout.bytes_per_block)
-    model_limit = common.model_limit(spec, inputs.max_model_len)
-    fixed_len = inputs.max_model_len if isinstance(inputs.max_model_len, int) else model_limit
+    model_limit = context.model_limit(spec, inputs.max_model_len)
+    given = inputs.max_model_len
+    fixed_len = given if isinstance(given, int) else model_limit if given == "auto" else context.model_default(spec)
     defaults = budget.launch_defaults(inputs, release, fixed_len)
     batched, default_seqs = budget.resolve_batch(
         defaults, fixed_len, inputs.batched_tokens, inputs.max_num_seqs, inputs.chunked_prefill

@@ -1,0 +1,78 @@
+"""The context vLLM derives from a model's config.json: `_get_and_verify_max_len` in vllm/config/model.py
+(l.2527 in the 0.32.0 wheel, l.2545 in 0.33.0, l.2589 in 0.34.0; the same rule in all three).
+
+- The limit (what a longer --max-model-len is refused against) is the config's own (max_position_embeddings, ...),
+  times the RoPE scaling `factor` unless the type already scales max_position_embeddings: su, longrope, llama3,
+  yarn, deepseek_yarn and deepseek_llama_scaling leave it as it is; linear, dynamic and the rest multiply it. A
+  gemma3 model's limit is already scaled, and kept. A null factor reads as 1.
+- The default (no --max-model-len) is that limit, except under longrope: the config's top-level
+  original_max_position_embeddings, where it has one ("to avoid performance degradation for shorter sequences").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from kvops.engines import common
+from kvops.model.config import language_config
+from kvops.model.spec import ModelSpec
+
+# the RoPE types whose max_position_embeddings is already the scaled context (vllm/config/model.py)
+UNSCALED_TYPES = ("su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling")
+
+
+def _rope_parameters(spec: ModelSpec) -> Iterator[Mapping[str, Any]]:
+    """Each RoPE parameter set the config declares (rope_parameters, or the older rope_scaling), one per layer type
+    where it is nested by layer type, as vllm/transformers_utils/config.py `iter_rope_parameters` yields them."""
+    text = language_config(dict(spec.config_json or {}))
+    params = text.get("rope_parameters") or text.get("rope_scaling")
+    if not isinstance(params, Mapping) or not params:
+        return
+    if all(isinstance(value, Mapping) for value in params.values()):
+        yield from (value for value in params.values() if value)
+    else:
+        yield params
+
+
+def _rope_type(params: Mapping[str, Any]) -> str:
+    return str(params.get("rope_type") or params.get("type") or "default")
+
+
+def scaling_factor(spec: ModelSpec) -> float:
+    """The factor vLLM multiplies the config's limit by: the last scaling type's that does not already scale it."""
+    if "gemma3" in spec.model_type or "gemma3" in str((spec.config_json or {}).get("model_type", "")):
+        return 1.0
+    factor: float | None = 1.0
+    for params in _rope_parameters(spec):
+        if _rope_type(params) not in UNSCALED_TYPES:
+            factor = params.get("factor", factor)
+    return float(factor) if factor is not None else 1.0
+
+
+def max_len_limit(spec: ModelSpec) -> int | None:
+    """The longest --max-model-len vLLM accepts for the model (None: the config names no limit)."""
+    if not spec.max_position_embeddings:
+        return None
+    return int(spec.max_position_embeddings * scaling_factor(spec))
+
+
+def default_max_len(spec: ModelSpec) -> int | None:
+    """The --max-model-len vLLM runs without one: the limit, or longrope's original_max_position_embeddings."""
+    limit = max_len_limit(spec)
+    original = (spec.config_json or {}).get("original_max_position_embeddings")
+    if limit and original and any(_rope_type(params) in ("longrope", "su") for params in _rope_parameters(spec)):
+        return int(original)
+    return limit
+
+
+def model_limit(spec: ModelSpec, given: int | str | None = None) -> int:
+    """common.model_limit with vLLM's RoPE scaling applied: the longest context a plan may ask for."""
+    limit = max_len_limit(spec)
+    return limit if limit else common.model_limit(spec, given)
+
+
+def model_default(spec: ModelSpec) -> int:
+    """The context a plan runs at when none is given, as vLLM picks it."""
+    default = default_max_len(spec)
+    return default if default else common.model_limit(spec)

@@ -1,0 +1,92 @@
+"""Defects an earlier session found and left (2026-12-07), each replayed as the command that showed it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kvops.model import load_model
+
+# RoPE scaling as config.json states it, the config's max_position_embeddings (and longrope's original), and what
+# vLLM 0.32.0-0.34.0 derive (vllm/config/model.py `_get_and_verify_max_len`): (default, limit). Checked against
+# the 0.32.0 CPU build's own ModelConfig (test_rope_scaling_matches_the_installed_vllm).
+ROPE_CASES = {
+    "linear": ({"rope_type": "linear", "factor": 4.0}, {}, (16384, 16384)),
+    "dynamic": ({"type": "dynamic", "factor": 2.0}, {}, (8192, 8192)),
+    "yarn": (
+        {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096},
+        {"max_position_embeddings": 16384},
+        (16384, 16384),
+    ),
+    "llama3": (
+        {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192, "low_freq_factor": 1.0}
+        | {"high_freq_factor": 4.0},
+        {"max_position_embeddings": 131072},
+        (131072, 131072),
+    ),
+    "longrope": (
+        {"type": "longrope", "short_factor": [1.0] * 64, "long_factor": [1.0] * 64},
+        {"max_position_embeddings": 131072, "original_max_position_embeddings": 4096},
+        (4096, 131072),
+    ),
+    "null-factor": ({"rope_type": "linear", "factor": None}, {}, (4096, 4096)),
+}
+
+
+def model_dir(tmp_path: Path, name: str, **fields) -> str:
+    """Llama-3-8B's config.json with `fields` replaced (None removes one), in its own folder."""
+    config = dict(load_model("llama-3-8b").config_json)
+    config.update(fields)
+    config = {key: value for key, value in config.items() if value is not None}
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    return str(folder)
+
+
+def rope_model(tmp_path: Path, case: str) -> str:
+    scaling, fields = ROPE_CASES[case][:2]
+    return model_dir(tmp_path, case, **{"max_position_embeddings": 4096, "rope_scaling": scaling, **fields})
+
+
+def plan_doc(run_kvops, *args: str, expect: int = 0) -> dict:
+    return json.loads(run_kvops("plan", *args, "--format", "json", expect=expect).stdout)
+
+
+@pytest.mark.parametrize("case", sorted(ROPE_CASES))
+def test_rope_scaling_sets_the_context_as_vllm_derives_it(run_kvops, tmp_path, case):
+    """1. A linear or dynamic RoPE factor was ignored (a plan at 4,096 where vLLM runs 16,384, and a warning that
+    vLLM refuses what it takes), and longrope planned at 131,072 where vLLM runs original_max_position_embeddings."""
+    model = rope_model(tmp_path, case)
+    default, limit = ROPE_CASES[case][2]
+    doc = plan_doc(run_kvops, "-m", model, "--gpu", "h100")
+    assert doc["flags"]["max-model-len"] == default
+    at_limit = plan_doc(run_kvops, "-m", model, "--gpu", "h100", "--max-model-len", str(limit))
+    assert not [w for w in at_limit["warnings"] if "VLLM_ALLOW_LONG_MAX_MODEL_LEN" in w]
+    beyond = plan_doc(run_kvops, "-m", model, "--gpu", "h100", "--max-model-len", str(limit + 1))
+    assert [w for w in beyond["warnings"] if "exceeds" in w and str(limit) in w]
+
+
+def test_rope_scaling_leaves_gemma3_as_configured(run_kvops):
+    """vLLM skips the factor for gemma3 (its max_position_embeddings is already scaled): so does kvops."""
+    doc = plan_doc(run_kvops, "-m", "gemma-3-27b-it", "--gpu", "h200")
+    assert doc["flags"]["max-model-len"] == load_model("gemma-3-27b-it").max_position_embeddings
+
+
+def test_rope_scaling_matches_the_installed_vllm(tmp_path, monkeypatch):
+    """The table above, against the installed vLLM's own ModelConfig (skipped without vLLM)."""
+    pytest.importorskip("vllm")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    from vllm.config import ModelConfig
+
+    from kvops.engines.vllm import context
+    from kvops.model import load_model as load
+
+    for case, (_, _, (default, limit)) in ROPE_CASES.items():
+        model = rope_model(tmp_path, case)
+        spec = load(model)
+        config = ModelConfig(model=model, skip_tokenizer_init=True, dtype="bfloat16")
+        assert config.max_model_len == context.default_max_len(spec) == default, case
+        assert context.max_len_limit(spec) == limit, case
