@@ -90,3 +90,33 @@ def test_rope_scaling_matches_the_installed_vllm(tmp_path, monkeypatch):
         config = ModelConfig(model=model, skip_tokenizer_init=True, dtype="bfloat16")
         assert config.max_model_len == context.default_max_len(spec) == default, case
         assert context.max_len_limit(spec) == limit, case
+
+
+@pytest.mark.parametrize("layers", ["0,32", "40", "sliding_window,99"])
+def test_skip_layers_past_the_model_are_one_line(run_kvops, layers):
+    """2. `--kv-cache-dtype-skip-layers 0,40` on a 32-layer model was planned and emitted as given: vLLM matches no
+    layer to 40 and quantizes it with the rest. Typed or pasted, it is one line naming the range."""
+    ran = run_kvops(
+        "plan",
+        "-m",
+        "llama-3-8b",
+        "--gpu",
+        "h100",
+        "--kv-dtype",
+        "fp8",
+        "--kv-cache-dtype-skip-layers",
+        layers,
+        expect=2,
+    )
+    assert "has 32 layers; valid: 0 to 31, or sliding_window" in ran.stderr
+    assert len(ran.stderr.strip().splitlines()) == 1
+    pasted = f"vllm serve meta-llama/Meta-Llama-3-8B --kv-cache-dtype fp8 --kv-cache-dtype-skip-layers {layers}"
+    ran = run_kvops("plan", "--gpu", "h100", "--from-command", pasted, expect=2)
+    assert "valid: 0 to 31" in ran.stderr
+
+
+def test_skip_layers_within_the_model_stand(run_kvops):
+    doc = plan_doc(
+        run_kvops, "-m", "llama-3-8b", "--gpu", "h100", "--kv-dtype", "fp8", "--kv-cache-dtype-skip-layers", "0,31"
+    )
+    assert doc["flags"]["kv-cache-dtype-skip-layers"] == ["0", "31"]

@@ -37,6 +37,7 @@ def plan_once(inputs: PlanInputs) -> Plan:
     release = releases.release(inputs.engine_version)
     architectures.check_served(inputs.spec, release.version, release.label)
     architectures.check_built(inputs.spec, release.label)
+    _check_skip_layers(inputs.spec, inputs.kv_skip_layers)
     if inputs.disable_sliding_window:
         inputs = _full_attention(inputs)
     sizing = budget.kv_sizing(inputs, release)
@@ -386,6 +387,18 @@ def unquantized_layers(inputs: PlanInputs, dtype: KvDtype, release: releases.Vll
     if "sliding_window" in named:
         skipped |= {index for index, layer in spec.caches() if isinstance(layer, SlidingWindow)}
     return boundary_layers(spec, dtype, release) | skipped
+
+
+def _check_skip_layers(spec: ModelSpec, named: tuple[str, ...]) -> None:
+    """An index past the model's layers matches no layer in vLLM (attention.py compares it with each layer's own
+    index): the cache stays quantized where the user meant to keep it whole, so it is refused."""
+    last = spec.num_layers - 1
+    beyond = [item for item in named if item.isdigit() and int(item) > last]
+    if beyond:
+        raise UsageError(
+            f"--kv-cache-dtype-skip-layers {','.join(beyond)}: {spec.name} has {spec.num_layers} layers; "
+            f"valid: 0 to {last}, or sliding_window (vLLM matches no layer to it)"
+        )
 
 
 def boundary_layers(spec: ModelSpec, dtype: KvDtype, release: releases.VllmRelease) -> frozenset[int]:
