@@ -36,9 +36,8 @@ FORMATS = ("kvops", "timed_trace", "mooncake", "burstgpt", "azure", "sharegpt", 
 @click.option(
     "--burstiness",
     type=Finite(0, 100, "the gamma shape", low_open=True),
-    default=1.0,
-    show_default=True,
-    help="Arrival burstiness: 1 is Poisson, below 1 burstier (vLLM's benchmark's gamma shape).",
+    help="Arrival burstiness of the gaps drawn at --rate: 1 is Poisson, below 1 burstier (vLLM's benchmark's gamma "
+    "shape) [default: 1].",
 )
 @click.option(
     "--prompt-tokens",

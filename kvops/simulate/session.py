@@ -116,6 +116,7 @@ def run(request: Request, options: DeploymentOptions, progress: Progress | None 
     check_max_tokens_mode(request.max_tokens)
     measured = _measured(request)
     _check_draws(request)
+    _check_rate_search(request)
     setup = prepare(request, options, measured.trace if measured else None)
     other_draws = _other_draws(request, setup.trace)
     warnings = _warnings(setup)
@@ -148,6 +149,17 @@ def run(request: Request, options: DeploymentOptions, progress: Progress | None 
         one_draw=request.traffic.seed if synthetic and not spreads else None,
         warnings=tuple(warnings),
     )
+
+
+def _check_rate_search(request: Request) -> None:
+    """--max-rate and --replicas raise the arrival rate until the SLO fails; --concurrency clients hold each request
+    back until one of them is free, so the queue stays with them, unmeasured, and no rate overloads the engine."""
+    searched = _given(("--max-rate", request.max_rate or None), ("--replicas", request.target_rate))
+    if searched and request.traffic.concurrency is not None:
+        raise UsageError(
+            f"{searched[0]} searches the arrival rate, and --concurrency {request.traffic.concurrency} caps the "
+            "requests in flight whatever the rate: leave out --concurrency (or the search, to replay at that many clients)"
+        )
 
 
 def _check_draws(request: Request) -> None:

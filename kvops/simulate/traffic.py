@@ -21,7 +21,7 @@ class Traffic:
     trace_model: str | None = None  # BurstGPT's Model column
     requests: int | None = None  # the first N of the trace; synthetic: how many (default 1,000)
     rate: float | None = None  # requests per second: a synthetic or untimed trace's, or a timed trace scaled to it
-    burstiness: float = 1.0  # gamma shape of the inter-arrival times: 1 is Poisson, below 1 burstier
+    burstiness: float | None = None  # gamma shape of drawn inter-arrival times: 1 (None) is Poisson, below 1 burstier
     prompt_tokens: str = "sharegpt"
     output_tokens: str = "sharegpt"
     seed: int = 0
@@ -31,9 +31,10 @@ class Traffic:
 def build_trace(traffic: Traffic, tokenizer=None) -> Trace:
     """The requests, timed: a file's own times, or arrivals at `rate`; untimed only with a concurrency."""
     if traffic.trace is None:
+        _check_burstiness(traffic, timed=False)
         count = traffic.requests or SYNTHETIC_REQUESTS
         trace = synthetic_trace(
-            count, traffic.rate, traffic.burstiness, traffic.prompt_tokens, traffic.output_tokens, traffic.seed
+            count, traffic.rate, _shape(traffic), traffic.prompt_tokens, traffic.output_tokens, traffic.seed
         )
     else:
         trace = read_trace(
@@ -45,6 +46,7 @@ def build_trace(traffic: Traffic, tokenizer=None) -> Trace:
         )
         if not trace.requests:
             raise UsageError(f"--trace {traffic.trace}: no requests in it")
+        _check_burstiness(traffic, trace.timed)
         if traffic.rate is not None:
             trace = _at_rate(trace, traffic)
     if not trace.timed and traffic.concurrency is None:
@@ -58,10 +60,28 @@ def _at_rate(trace: Trace, traffic: Traffic) -> Trace:
     """An untimed trace's requests sent at `rate`; a timed one's gaps scaled to it (its burstiness kept)."""
     rate = traffic.rate or 0.0
     if not trace.timed:
-        timed = trace.with_arrivals(arrivals(len(trace.requests), rate, traffic.burstiness, traffic.seed))
+        timed = trace.with_arrivals(arrivals(len(trace.requests), rate, _shape(traffic), traffic.seed))
         return Trace(timed.requests, f"{trace.source}, Poisson-or-gamma arrivals at {rate:g}/s", True, trace.skipped)
     own = trace.rate
     if own is None:
         raise UsageError(f"--rate: the requests of {trace.source} all arrive at once; nothing to scale")
     scaled = trace.scaled(rate / own)
     return Trace(scaled.requests, f"{trace.source}, scaled to {rate:g}/s", True, trace.skipped)
+
+
+def _shape(traffic: Traffic) -> float:
+    return 1.0 if traffic.burstiness is None else traffic.burstiness
+
+
+def _check_burstiness(traffic: Traffic, timed: bool) -> None:
+    """--burstiness shapes the gaps drawn at --rate: a trace's own arrival times keep theirs (--rate scales them),
+    and requests sent by --concurrency clients draw none."""
+    if traffic.burstiness is None:
+        return
+    if timed:
+        raise UsageError(
+            f"--burstiness draws arrival gaps; --trace {traffic.trace} has its own arrival times (--rate scales them, "
+            "their burstiness kept): leave it out"
+        )
+    if traffic.rate is None:
+        raise UsageError("--burstiness shapes the arrivals drawn at --rate: give --rate too, or leave it out")

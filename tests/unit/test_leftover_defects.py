@@ -120,3 +120,48 @@ def test_skip_layers_within_the_model_stand(run_kvops):
         run_kvops, "-m", "llama-3-8b", "--gpu", "h100", "--kv-dtype", "fp8", "--kv-cache-dtype-skip-layers", "0,31"
     )
     assert doc["flags"]["kv-cache-dtype-skip-layers"] == ["0", "31"]
+
+
+def timed_trace(tmp_path: Path) -> str:
+    path = tmp_path / "timed.jsonl"
+    rows = [{"arrival_s": index * 0.25, "prompt_tokens": 200, "output_tokens": 50} for index in range(20)]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return str(path)
+
+
+SIMULATE = ("simulate", "-m", "llama-3.1-8b-instruct", "--gpu", "l4", "--max-model-len", "8192")
+
+
+@pytest.mark.parametrize(
+    ("traffic", "said"),
+    [
+        (
+            ("--burstiness", "0.2"),
+            "--trace {trace} has its own arrival times (--rate scales them, their burstiness kept)",
+        ),
+        (("--burstiness", "1", "--rate", "8"), "--trace {trace} has its own arrival times"),
+        (("--concurrency", "4", "--max-rate"), "--max-rate searches the arrival rate, and --concurrency 4 caps"),
+        (("--concurrency", "4", "--replicas", "10"), "--replicas searches the arrival rate, and --concurrency 4 caps"),
+    ],
+)
+def test_simulate_refuses_what_a_timed_trace_would_ignore(run_kvops, tmp_path, traffic, said):
+    """3. --burstiness on a trace with its own arrival times was ignored without a word; --max-rate (or --replicas)
+    with --concurrency searched a rate the clients hold back, then called the trace too short to load a replica."""
+    trace = timed_trace(tmp_path)
+    ran = run_kvops(*SIMULATE, "--trace", trace, *traffic, expect=2)
+    assert said.format(trace=trace) in ran.stderr
+    assert len(ran.stderr.strip().splitlines()) == 1
+
+
+def test_simulate_burstiness_needs_drawn_arrivals(run_kvops):
+    ran = run_kvops(*SIMULATE, "--requests", "20", "--concurrency", "4", "--burstiness", "0.5", expect=2)
+    assert "--burstiness shapes the arrivals drawn at --rate: give --rate too" in ran.stderr
+
+
+def test_simulate_burstiness_still_shapes_drawn_arrivals():
+    from kvops.simulate.traffic import Traffic, build_trace
+
+    poisson = build_trace(Traffic(requests=50, rate=4, seed=3))
+    bursty = build_trace(Traffic(requests=50, rate=4, burstiness=0.2, seed=3))
+    assert [r.arrival_s for r in poisson.requests] != [r.arrival_s for r in bursty.requests]
+    assert poisson == build_trace(Traffic(requests=50, rate=4, burstiness=1.0, seed=3))
