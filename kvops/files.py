@@ -273,23 +273,37 @@ def write_files(directory: Path, files: dict[str, str], option: str = "--out") -
 
 
 def write_text(path: str, text: str, option: str) -> None:
+    """Write `text` to `path`, its folder made if missing (as every command that writes a file makes it)."""
     try:
+        make_folder(path)
         Path(path).write_text(text)
     except OSError as exc:
         raise KvopsError(f"{option} {path}: cannot write ({exc.strerror or exc})") from None
 
 
+def make_folder(path: str | Path) -> None:
+    """The folder a file is written into, made with its parents where missing (OSError where it cannot be)."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+
+
+def _nearest_folder(path: Path) -> Path:
+    """The path, or its nearest ancestor that exists: where a missing folder would be made."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
 def check_output_path(path: str, option: str, suffix: str | None = None) -> None:
     """A file a command will write when its work is done, checked before the work: a name, in a folder that exists
-    and can be written, with `suffix` where the format needs one."""
+    or can be made (the writer makes it, as `make_folder`), with `suffix` where the format needs one."""
     if not path.strip() or path == "-":
         raise UsageError(f"{option} {path!r}: give a file name to write")
     target = Path(path)
     if suffix is not None and target.suffix.lower() != suffix:
         raise UsageError(f"{option} {path}: the file is written as {suffix[1:].upper()}: give a name ending {suffix}")
-    folder = target.parent
+    folder = _nearest_folder(target.parent)
     if target.is_dir() or not folder.is_dir() or not os.access(folder, os.W_OK):
-        raise UsageError(f"{option} {path}: cannot write there (no such folder, or not writable)")
+        raise UsageError(f"{option} {path}: cannot write there ({folder} is not a writable folder)")
 
 
 def is_http_url(url: str) -> bool:

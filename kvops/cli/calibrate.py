@@ -40,13 +40,15 @@ def calibrate(
     """Predicted against actual, term by term, for an engine run; save what it measured as a profile."""
     from kvops import engines
     from kvops.calibrate import calibrate_run
-    from kvops.files import LOG_LIMIT, fetch_metrics, read_text, write_text
+    from kvops.files import LOG_LIMIT, check_output_path, fetch_metrics, read_text, write_text
     from kvops.render.plan import calibration_text
 
     if tgi_log and (vllm_log or metrics_url):
         raise click.UsageError("--tgi-log cannot be combined with --vllm-log or --metrics (one engine per calibration)")
     if not (vllm_log or tgi_log or metrics_url):
         raise click.UsageError("give --vllm-log FILE, --tgi-log FILE or --metrics URL")
+    if save_path:
+        check_output_path(save_path, "--save")
     engine = engines.get("tgi" if tgi_log else "vllm")
     log_path = tgi_log or vllm_log
     source = " + ".join(str(item) for item in (vllm_log, tgi_log, metrics_url) if item)

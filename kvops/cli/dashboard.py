@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import click
 
 
@@ -25,12 +23,14 @@ import click
 def dashboard(policy_path, out):
     """The Grafana dashboard: KV usage on the policy's bands, level, queue, preemptions, tokens/s, proxy clamps and rejections, KV demand against the pool, prefix-cache hit rate, GPU memory, TTFT and TPOT, the host KV tier."""
     from kvops.deploy.grafana import dashboard as render
-    from kvops.files import write_files
+    from kvops.files import check_output_path, write_text
     from kvops.policy import load_policy
 
+    if out:
+        check_output_path(out, "--out")
     text = render(load_policy(policy_path))
     if out:
-        write_files(Path(out).parent, {Path(out).name: text})
+        write_text(out, text, "--out")
         click.echo(f"wrote {out}")
     else:
         click.echo(text, nl=False)

@@ -45,7 +45,7 @@ def tokens(tokenizer_path, chat_template, system_prompt, system_prompt_file, gen
     FILES: text files (one prompt each) or .jsonl files with {"prompt": ...} or {"messages": [...]} per line.
     """
     needs("hub", "tokenizers", "jinja2")
-    from kvops.files import read_text
+    from kvops.files import check_output_path, read_text, write_text
     from kvops.tokens import LocalTokenizer, distribution, prompt_tokens, read_prompts
 
     if system_prompt and system_prompt_file:
@@ -55,6 +55,8 @@ def tokens(tokenizer_path, chat_template, system_prompt, system_prompt_file, gen
             "--out writes a workload for kvops plan, which sizes each request by its prompt and its output: give "
             "--gen-tokens N too"
         )
+    if out:
+        check_output_path(out, "--out")
     system = read_text(system_prompt_file, "--system-prompt-file") if system_prompt_file else system_prompt
     tokenizer = LocalTokenizer(tokenizer_path)
     prompts = [prompt for file in files for prompt in read_prompts(Path(file))]
@@ -66,7 +68,7 @@ def tokens(tokenizer_path, chat_template, system_prompt, system_prompt_file, gen
         for prompt, count in zip(prompts, counts)
     ]
     if out:
-        Path(out).write_text("".join(json.dumps(row) + "\n" for row in rows))
+        write_text(out, "".join(json.dumps(row) + "\n" for row in rows), "--out")
     summary = distribution(counts)
     if as_json:
         print_json(

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvops.errors import KvopsError
+from kvops.files import make_folder
 from kvops.simulate.measured import Figures
 from kvops.simulate.results import SPREAD_FIGURES, Spread, Summary, request_rows
 from kvops.units import format_bytes
@@ -283,6 +284,7 @@ def _ms(seconds: float) -> str:
 def write_csv(answer: Answer, path: str) -> None:
     """One row per request of every arm (the first column names the arm)."""
     try:
+        make_folder(path)
         with open(path, "w", newline="") as stream:
             writer = None
             for arm in answer.arms:
@@ -317,6 +319,7 @@ def write_plot(answer: Answer, path: Path) -> None:
     usage.set_title(f"{answer.plan.inputs.spec.name}: {answer.setup.trace.source}", fontsize=9)
     figure.tight_layout()
     try:
+        make_folder(path)
         figure.savefig(path, dpi=110)
     except OSError as exc:
         raise KvopsError(f"--plot {path}: cannot write ({exc.strerror or exc})") from None

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from kvops.errors import UsageError
+from kvops.files import make_folder
 from kvops.policy import Level
 
 LEGACY_COLUMNS = [
@@ -49,6 +50,7 @@ class Recorder:
                     raise UsageError(
                         f"--record {path}: exists with other columns; give a new file (columns: {','.join(COLUMNS)})"
                     )
+            make_folder(self.path)
             self.file = self.path.open("a", newline="")
         except OSError as exc:
             raise UsageError(f"--record {path}: cannot write ({exc.strerror or exc})") from None

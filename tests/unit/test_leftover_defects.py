@@ -165,3 +165,44 @@ def test_simulate_burstiness_still_shapes_drawn_arrivals():
     bursty = build_trace(Traffic(requests=50, rate=4, burstiness=0.2, seed=3))
     assert [r.arrival_s for r in poisson.requests] != [r.arrival_s for r in bursty.requests]
     assert poisson == build_trace(Traffic(requests=50, rate=4, burstiness=1.0, seed=3))
+
+
+CORPUS_LOG = "corpus/vllm/vllm-0.19.0-h100-llama-3.1-8b-instruct-tp1-8192-llmd.log"
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("dashboard", "-o", "{out}"),
+        ("calibrate", "--vllm-log", "{log}", "--save", "{out}"),
+    ],
+)
+def test_a_missing_output_folder_is_made_by_every_command(run_kvops, tmp_path, command):
+    """4. `kvops dashboard -o DIR/d.json` made DIR; `kvops calibrate --save DIR/p.json` failed there after its
+    work ('No such file or directory'), and simulate --csv refused it: every command that writes a file now makes
+    its missing folder."""
+    from tests.support.paths import FIXTURES
+
+    out = tmp_path / "new" / "sub" / "file.json"
+    args = [part.format(out=out, log=FIXTURES / CORPUS_LOG) for part in command]
+    run_kvops(*args)
+    assert out.is_file() and out.read_text().strip()
+
+
+@pytest.mark.parametrize("command", [("dashboard", "-o"), ("calibrate", "--vllm-log", CORPUS_LOG, "--save")])
+def test_an_output_under_a_file_is_one_line_before_the_work(run_kvops, tmp_path, command):
+    from tests.support.paths import FIXTURES
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    args = [str(FIXTURES / part) if part == CORPUS_LOG else part for part in command]
+    ran = run_kvops(*args, str(blocker / "d.json"), expect=2)
+    assert f"{blocker / 'd.json'}: cannot write there ({blocker} is not a writable folder)" in ran.stderr
+    assert len(ran.stderr.strip().splitlines()) == 1
+
+
+def test_check_output_path_takes_a_folder_to_make(tmp_path):
+    from kvops.files import check_output_path
+
+    check_output_path(str(tmp_path / "a" / "b" / "c.csv"), "--csv")
+    assert not (tmp_path / "a").exists()  # checked, not made: the writer makes it

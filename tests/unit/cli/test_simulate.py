@@ -311,7 +311,10 @@ def test_draws_need_traffic_that_a_seed_draws(run_kvops, tmp_path):
         (("--max-tokens", "cap:0"), "--max-tokens 'cap:0'; valid: trace, exact, none, cap:N (N tokens, 1 or more)"),
         (("--max-tokens", "cap:abc"), "--max-tokens 'cap:abc'; valid"),
         (("--max-tokens", "foo"), "--max-tokens 'foo'; valid"),
-        (("--csv", "/nonexistent-folder/x.csv"), "--csv /nonexistent-folder/x.csv: cannot write there"),
+        (
+            ("--csv", "/dev/null/x.csv"),
+            "--csv /dev/null/x.csv: cannot write there (/dev/null is not a writable folder)",
+        ),
         (("--plot", "p.txt"), "--plot p.txt: the file is written as PNG: give a name ending .png"),
         (("--csv", "out.png", "--plot", "out.png"), "--csv and --plot both name out.png: give each its own file"),
         (("--csv", ""), "--csv '': give a file name to write"),
