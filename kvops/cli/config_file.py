@@ -258,7 +258,7 @@ def _seed(block: Any, where: str) -> tuple[dict[str, Any], list[str]]:
     if block.get("max_length") is not None:
         options["max-model-len"] = str(block["max_length"])
     if compression.get("enabled") and compression.get("method"):
-        method = str(compression["method"])
+        method = _kv_dtype(compression["method"], f"{where}: kv_cache.compression.method")
         options["kv-dtype"] = method
         notes.append(
             f"{where}: kv_cache.compression.method {method} -> --kv-dtype {method} (kv_cache.precision "
@@ -266,10 +266,20 @@ def _seed(block: Any, where: str) -> tuple[dict[str, Any], list[str]]:
             f"{' > '.join(SEED_QUALITY)}: evaluate a quantized KV on your own traffic before serving"
         )
     elif block.get("precision") is not None:
-        options["kv-dtype"] = str(block["precision"])
+        options["kv-dtype"] = _kv_dtype(block["precision"], f"{where}: kv_cache.precision")
     if swap.get("enabled") and swap.get("max_size") is not None:
         options["kv-offloading-size"] = _gib(str(swap["max_size"]), f"{where}: kv_cache.swap.max_size")
     return options, notes
+
+
+def _kv_dtype(value: Any, at: str) -> str:
+    """A seed key mapped to --kv-dtype, checked here so that a bad one is named as the file wrote it."""
+    from kvops.dtypes import KV_DTYPE_CHOICES, canonical_dtype_name
+
+    text = str(value)
+    if text.strip().lower() != "auto" and canonical_dtype_name(text) is None:
+        raise click.UsageError(f"{at} {text!r} is not a KV dtype; valid: {', '.join(KV_DTYPE_CHOICES)}")
+    return text
 
 
 def _gib(text: str, where: str) -> str:

@@ -206,3 +206,20 @@ def test_check_output_path_takes_a_folder_to_make(tmp_path):
 
     check_output_path(str(tmp_path / "a" / "b" / "c.csv"), "--csv")
     assert not (tmp_path / "a").exists()  # checked, not made: the writer makes it
+
+
+@pytest.mark.parametrize(
+    ("block", "said"),
+    [
+        ("  precision: fp99\n", "kv_cache.precision 'fp99' is not a KV dtype; valid: auto,"),
+        ("  compression: {enabled: true, method: int3}\n", "kv_cache.compression.method 'int3' is not a KV dtype"),
+    ],
+)
+def test_a_bad_seed_kv_dtype_is_named_as_the_file_wrote_it(run_kvops, tmp_path, block, said):
+    """6. `kv_cache: {precision: fp99}` in a -f file was refused as "--kv-dtype 'fp99'", an option the user never
+    typed; it now names the file and the key."""
+    path = tmp_path / "kvops.yaml"
+    path.write_text("model: llama-3-8b\ngpu: h100\nkv_cache:\n" + block)
+    ran = run_kvops("plan", "-f", str(path), expect=2)
+    assert f"{path}: {said}" in ran.stderr
+    assert "--kv-dtype" not in ran.stderr and len(ran.stderr.strip().splitlines()) == 1
