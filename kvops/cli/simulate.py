@@ -214,12 +214,12 @@ def simulate(ctx: click.Context, as_json: bool, **params: Any) -> None:
         seed=params.pop("seed"),
         concurrency=params.pop("concurrency"),
     )
-    scheduler_flags = _scheduler_flags(ctx, params)
+    in_file, scheduler_flags = _scheduler_flags(ctx, params)
     deployment = deployment_options(ctx, params)
     request = session.Request(
         traffic=traffic,
         max_tokens=params.pop("max_tokens_mode"),
-        scheduler_flags={**dict(deployment.scheduler_flags), **scheduler_flags},
+        scheduler_flags={**in_file, **dict(deployment.scheduler_flags), **scheduler_flags},
         step_time_file=params.pop("step_time_file"),
         slo_ttft_s=parse_duration(params.pop("slo_ttft"), "--slo-ttft"),
         slo_tpot_s=parse_duration(params.pop("slo_tpot"), "--slo-tpot"),
@@ -261,20 +261,23 @@ SCHEDULER_OPTIONS = {
 }
 
 
-def _scheduler_flags(ctx: click.Context, params: dict[str, Any]) -> dict[str, Any]:
-    """The scheduler's options typed here (or in the -f file): they win over a --from-command line's, which win over
-    the defaults."""
-    from kvops.cli.options import typed
+def _scheduler_flags(ctx: click.Context, params: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The scheduler's options from the -f file, and those typed here, as deployment_options ranks every option:
+    typed wins over a --from-command line's, which wins over the file's, which win over the defaults."""
+    from click.core import ParameterSource
 
-    flags = {}
+    pasted = bool(params.get("from_command"))
+    in_file, flags = {}, {}
     for parameter, field in SCHEDULER_OPTIONS.items():
         value = params.pop(parameter)
-        if typed(ctx, parameter) or not params.get("from_command"):
+        if pasted and ctx.get_parameter_source(parameter) == ParameterSource.DEFAULT_MAP:
+            in_file[field] = value
+        elif not pasted or ctx.get_parameter_source(parameter) == ParameterSource.COMMANDLINE:
             flags[field] = value
     # --num-gpu-blocks-override comes with the engine options (cli/options.py): the KV pool a run logged; the plan
     # takes it too (its capacity is then that pool)
     flags["num_gpu_blocks_override"] = params.get("num_gpu_blocks_override")
-    return flags
+    return in_file, flags
 
 
 def _check_synthetic_options(ctx: click.Context, trace: str | None) -> None:

@@ -223,3 +223,24 @@ def test_a_bad_seed_kv_dtype_is_named_as_the_file_wrote_it(run_kvops, tmp_path, 
     ran = run_kvops("plan", "-f", str(path), expect=2)
     assert f"{path}: {said}" in ran.stderr
     assert "--kv-dtype" not in ran.stderr and len(ran.stderr.strip().splitlines()) == 1
+
+
+def test_simulate_ranks_scheduler_flags_typed_then_pasted_then_file(run_kvops, tmp_path):
+    """7. `kvops simulate -f FILE --from-command '...'`: the file's --scheduling-policy (and the other scheduler
+    flags) beat the pasted command's, where --max-num-seqs followed it; each now ranks as the docs say."""
+    pytest.importorskip("vllm")
+    path = tmp_path / "kvops.yaml"
+    path.write_text(
+        "model: llama-3.1-8b-instruct\ngpu: l4\nmax-model-len: 4096\nmax-num-seqs: 64\n"
+        "scheduling-policy: fcfs\nlong-prefill-token-threshold: 100\n"
+    )
+    pasted = "vllm serve meta-llama/Llama-3.1-8B-Instruct --max-num-seqs 32 --scheduling-policy priority"
+    base = ("simulate", "-f", str(path), "--from-command", pasted, "--requests", "5", "--rate", "2", "--json")
+
+    def settings(*typed: str) -> dict:
+        return json.loads(run_kvops(*base, *typed).stdout)["arms"][0]["engine_settings"]
+
+    ran = settings()
+    assert (ran["max_num_seqs"], ran["policy"], ran["long_prefill_token_threshold"]) == (32, "priority", 100)
+    ran = settings("--scheduling-policy", "fcfs", "--max-num-seqs", "16")
+    assert (ran["max_num_seqs"], ran["policy"], ran["long_prefill_token_threshold"]) == (16, "fcfs", 100)
