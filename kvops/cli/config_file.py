@@ -78,7 +78,7 @@ def _load(ctx: click.Context, param: click.Parameter, path: Path | None) -> None
         raise click.BadParameter(f"{path}: want a mapping of option names to values", param=param)
     multiple = {param.name for param in ctx.command.params if getattr(param, "multiple", False)}
     flags = {p.name: p for p in ctx.command.params if isinstance(p, click.Option) and p.is_flag and p.name}
-    values, notes = options_from(data, _option_names(ctx.command), str(path), multiple, flags)
+    values, notes = options_from(data, _option_names(ctx.command), str(path), multiple, flags, _off_names(ctx.command))
     values = {
         name: _beside(path, value) if name in _path_params(ctx.command) else value for name, value in values.items()
     }
@@ -177,14 +177,26 @@ def _type(param: click.Parameter) -> dict[str, Any]:
 
 
 def _option_names(command: click.Command) -> dict[str, str]:
-    """Every long option of the command (dashes) -> its parameter name."""
+    """Every long option of the command (dashes), a switch's off form (`--no-enforce-eager`) too -> its parameter
+    name."""
     names = {}
     for param in command.params:
         if isinstance(param, click.Option) and param.name not in (None, "config_file", "file_schema"):
-            for opt in param.opts:
+            for opt in (*param.opts, *param.secondary_opts):
                 if opt.startswith("--"):
                     names[opt[2:]] = param.name
     return names
+
+
+def _off_names(command: click.Command) -> set[str]:
+    """The long options that are a switch's off form (click's secondary options: `--no-enforce-eager`)."""
+    return {
+        opt[2:]
+        for param in command.params
+        if isinstance(param, click.Option)
+        for opt in param.secondary_opts
+        if opt.startswith("--")
+    }
 
 
 def options_from(
@@ -193,12 +205,15 @@ def options_from(
     where: str,
     multiple: Collection[str | None] = (),
     flags: dict[str, click.Option] | None = None,
+    off: Collection[str] = (),
 ) -> tuple[dict[str, Any], list[str]]:
     """The file's values by parameter name, and a note for each key no engine implements. Pure. A list is taken
     for an option given more than once (`multiple`) only; a mapping for none; true or false for a switch (`flags`)
-    only, as the switch typed or left out."""
+    only: true as the key typed, false as its other form typed (`enforce-eager: false` is --no-enforce-eager,
+    `no-enforce-eager: true` too) or, for a switch with no off form, left out. `off` names the off forms."""
     values: dict[str, Any] = {}
     notes: list[str] = []
+    switched: dict[str, str] = {}  # a switch's parameter -> the key that set it
     for key, value in data.items():
         name = str(key).replace("_", "-")
         if key == "kv_cache":
@@ -210,11 +225,18 @@ def options_from(
                 raise click.UsageError(f"{where}: {key} is a {type(value).__name__}; --{name} takes one value")
             flag = (flags or {}).get(options[name])
             if flag is not None:
-                values[options[name]] = _switch(flag, value, f"{where}: {key}")
+                if options[name] in switched:
+                    raise click.UsageError(f"{where}: {switched[options[name]]} and {key} set one switch; keep one")
+                switched[options[name]] = str(key)
+                values[options[name]] = _switch(flag, value, f"{where}: {key}", name in off)
             elif isinstance(value, bool):
                 raise click.UsageError(f"{where}: {key} is {str(value).lower()}; --{name} takes a value, not a switch")
             elif value is not None:  # `key:` with no value (null) leaves the option at its default
                 values[options[name]] = _flag_value(value)
+        elif name.startswith("no-") and options.get(name[3:]) in (flags or {}):
+            raise click.UsageError(
+                f"{where}: unknown key {key!r}: --{name[3:]} has no off form; write {name[3:]}: false, or leave it out"
+            )
         else:
             raise click.UsageError(
                 f"{where}: unknown key {key!r}; valid: kv_cache (the seed's block) or an option of this command: "
@@ -223,10 +245,13 @@ def options_from(
     return values, notes
 
 
-def _switch(flag: click.Option, value: Any, at: str) -> Any:
-    """A switch's value: true is the switch typed (its flag_value: False for --no-vmm), false or null left out."""
+def _switch(flag: click.Option, value: Any, at: str, off_form: bool = False) -> Any:
+    """A switch's value: true is the key typed; false its other form typed (a `--X/--no-X` pair: click's True and
+    False) or, for a lone switch, left out; null left out."""
     if value is not None and not isinstance(value, bool):
         raise click.UsageError(f"{at} {value!r}: a switch, true or false")
+    if flag.secondary_opts and value is not None:
+        return value != off_form
     unset = getattr(click.core, "UNSET", None)  # click 8.3 marks a flag_value or default not given so
     on = True if flag.flag_value is unset else flag.flag_value
     off = (not on if isinstance(on, bool) else None) if flag.default is unset else flag.default

@@ -198,10 +198,10 @@ def engine_options(function: Callable, model_required: bool = True, engine: bool
             help="vLLM data-parallel replicas (sets --gpus to dp x tp x pp); MoE experts split over tp x dp ranks.",
         ),
         click.option(
-            "--enable-expert-parallel",
+            "--enable-expert-parallel/--no-enable-expert-parallel",
             "-ep",
             "expert_parallel",
-            is_flag=True,
+            default=False,
             help="vLLM: whole experts per rank over tp x dp ranks instead of every expert split by tp.",
         ),
         click.option(
@@ -249,7 +249,9 @@ def engine_options(function: Callable, model_required: bool = True, engine: bool
             help="vLLM --max-num-batched-tokens / TGI --max-batch-prefill-tokens [default: the engine's].",
         ),
         click.option("--block-size", type=POSITIVE, help="vLLM --block-size [16 on GPU, 64 for MLA, 128 on CPU]."),
-        click.option("--enforce-eager", is_flag=True, help="vLLM: no CUDA graphs (their memory goes to KV)."),
+        click.option(
+            "--enforce-eager/--no-enforce-eager", default=False, help="vLLM: no CUDA graphs (their memory goes to KV)."
+        ),
         click.option(
             "--num-gpu-blocks-override",
             type=POSITIVE,
@@ -262,11 +264,10 @@ def engine_options(function: Callable, model_required: bool = True, engine: bool
             help="vLLM 0.34+: size KV from the memory free after warmup (on by default on CUDA/ROCm) or from the profile.",
         ),
         click.option(
-            "--no-vmm",
+            "--vmm/--no-vmm",
             "vmm",
-            flag_value=False,
             default=True,
-            help="vLLM 0.34+: the driver has no virtual memory management (WSL2): vLLM falls back to profiling.",
+            help="vLLM 0.34+: --no-vmm, the driver has no virtual memory management (WSL2): vLLM falls back to profiling [default: vmm].",
         ),
         click.option(
             "--compilation-config",
@@ -274,11 +275,10 @@ def engine_options(function: Callable, model_required: bool = True, engine: bool
             help="vLLM --compilation-config: cudagraph_mode NONE, cudagraph_capture_sizes or max_cudagraph_capture_size change the CUDA graphs' memory.",
         ),
         click.option(
-            "--disable-custom-all-reduce",
+            "--no-disable-custom-all-reduce/--disable-custom-all-reduce",
             "custom_all_reduce",
-            flag_value=False,
             default=True,
-            help="vLLM: tensor parallelism over NCCL alone (no custom all-reduce buffers).",
+            help="vLLM --disable-custom-all-reduce: tensor parallelism over NCCL alone (no custom all-reduce buffers) [default: no-disable].",
         ),
         click.option(
             "--kv-offloading-size",
@@ -305,9 +305,9 @@ def engine_options(function: Callable, model_required: bool = True, engine: bool
             help='vLLM speculative decoding, e.g. \'{"method": "eagle3", "model": "ORG/HEAD", "num_speculative_tokens": 3}\': the drafter\'s layers share the KV pool.',
         ),
         click.option(
-            "--language-model-only",
+            "--language-model-only/--no-language-model-only",
             "text_only",
-            is_flag=True,
+            default=False,
             help="vLLM: text only; the vision tower is not loaded (its weights leave the budget).",
         ),
         click.option(
@@ -316,9 +316,10 @@ def engine_options(function: Callable, model_required: bool = True, engine: bool
             help="vLLM: GiB of weights per GPU kept in host memory.",
         ),
         click.option(
-            "--disable-hybrid-kv-cache-manager",
-            is_flag=True,
-            help="vLLM: one block table for all layers (sliding and chunked layers cache the whole context).",
+            "--no-disable-hybrid-kv-cache-manager/--disable-hybrid-kv-cache-manager",
+            "hybrid_manager",
+            default=True,
+            help="vLLM --disable-hybrid-kv-cache-manager: one block table for all layers (sliding and chunked layers cache the whole context) [default: no-disable].",
         ),
         click.option(
             "--enable-prefix-caching/--no-enable-prefix-caching",
@@ -346,8 +347,8 @@ def engine_options(function: Callable, model_required: bool = True, engine: bool
             help="vLLM async scheduling [default: on, off on the CPU]; off, one batch is in flight, not two (a sliding window's blocks, the simulated steps).",
         ),
         click.option(
-            "--disable-sliding-window",
-            is_flag=True,
+            "--disable-sliding-window/--no-disable-sliding-window",
+            default=False,
             help="vLLM: sliding-window layers attend to the whole context and cache it; the context is cut to the window.",
         ),
         click.option(
@@ -358,7 +359,9 @@ def engine_options(function: Callable, model_required: bool = True, engine: bool
             help="vLLM: layers whose KV cache keeps the model's dtype under --kv-dtype: indices and/or sliding_window, comma-separated.",
         ),
         click.option(
-            "--enable-lora", is_flag=True, help="vLLM: serve LoRA adapters; their slots are allocated at load."
+            "--enable-lora/--no-enable-lora",
+            default=False,
+            help="vLLM: serve LoRA adapters; their slots are allocated at load.",
         ),
         click.option(
             "--max-loras",
@@ -375,7 +378,9 @@ def engine_options(function: Callable, model_required: bool = True, engine: bool
             help="vLLM: the rank every slot is allocated at: 1, 8, 16, 32, 64, 128, 256, 320 or 512.",
         ),
         click.option(
-            "--fully-sharded-loras", is_flag=True, help="vLLM: split the slots' rank and output by tensor parallel."
+            "--fully-sharded-loras/--no-fully-sharded-loras",
+            default=False,
+            help="vLLM: split the slots' rank and output by tensor parallel.",
         ),
         click.option(
             "--lora-dtype",
@@ -641,7 +646,7 @@ def typed(ctx: click.Context, name: str) -> bool:
 
 def _vllm_spellings(params: dict[str, Any]) -> tuple[dict[str, Any], set[str]]:
     """vLLM's option forms as DeploymentOptions fields (--data-parallel-size as GPUs in all, --cpu-offload-gb in
-    bytes, --dtype canonical, the hybrid manager switch inverted), and the fields so given."""
+    bytes, --dtype canonical), and the fields so given."""
     derived = set()
     data_parallel = params.pop("data_parallel", None)
     if data_parallel:
@@ -658,9 +663,6 @@ def _vllm_spellings(params: dict[str, Any]) -> tuple[dict[str, Any], set[str]]:
         derived.add("cpu_offload_bytes")
     if "dtype" in params:
         params["dtype"] = SERVING_DTYPES[str(params["dtype"]).lower()]
-    if params.pop("disable_hybrid_kv_cache_manager", False):
-        params["hybrid_manager"] = False
-        derived.add("hybrid_manager")
     return params, derived
 
 
