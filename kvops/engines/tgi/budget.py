@@ -1,9 +1,10 @@
 """TGI 3.x (text-generation-inference v3.3.7): how the shards size the KV pool, and what a request reserves.
 
 From the source (huggingface/text-generation-inference @ db931fcf, one commit after v3.3.7):
-- `launcher/src/main.rs::resolve_attention`: flashinfer (block size 1) when the config's head dim is 64, 128 or
-  256 and the model is not falcon/deepseek_v2; otherwise flashdecoding (block 256) on compute capability >= 8,
-  paged (block 16) below; `Dockerfile_amd` sets ATTENTION=paged on ROCm. `models/globals.py::BLOCK_SIZE`.
+- `launcher/src/main.rs::resolve_attention`: flashinfer (block size 1) when config.json's head dim (top level, or
+  hidden_size / heads; text_config.head_dim from 3.2.1) is 64, 128 or 256 and the model is not falcon/deepseek_v2;
+  otherwise flashdecoding (block 256) on compute capability >= 8, paged (block 16) below; `Dockerfile_amd` sets
+  ATTENTION=paged on ROCm. `models/globals.py::BLOCK_SIZE`.
 - `FlashCausalLM.warmup`: after loading the weights and running a worst-case prefill of
   `max_batch_prefill_tokens` tokens, `free = mem_get_info free - (1 - CUDA_MEMORY_FRACTION x TGI_WIGGLE_ROOM)
   x total` (`get_cuda_free_memory`, TGI_WIGGLE_ROOM 0.90); `num_blocks = free // (layers x BLOCK_SIZE x kv_heads
@@ -57,20 +58,59 @@ class Attention:
         return self.backend in CHUNKING_ATTENTION
 
 
-def resolve_attention(spec: ModelSpec, vendor: str, release: TgiRelease | None = None) -> Attention:
+# Catalog GPUs below compute capability 8 (torch.cuda.get_device_capability): from 2.3.1 the launcher's fallback
+# attention there is paged, not flashdecoding (launcher/src/main.rs `resolve_attention`, `major < 8`).
+PRE_AMPERE = {"T4": (7, 5)}
+
+
+def launcher_head_dim(spec: ModelSpec, release: TgiRelease | None) -> int | None:
+    """The head dim the launcher reads from config.json (`Config::get_head_dim`, launcher/src/main.rs): the top-level
+    head_dim, else hidden_size (or n_embd) / num_attention_heads when it divides; from 3.2.1 text_config.head_dim;
+    from 3.3.0 256 for gemma3. A VLM's nested text config is not read otherwise: kvops' own head dim may differ."""
+    config = spec.config_json
+    if config is None:  # no config.json at hand (a built-in shape): kvops' own head dim
+        return None if spec.is_mla else spec.head_dim
+    if config.get("head_dim"):
+        return int(config["head_dim"])
+    hidden, heads = config.get("hidden_size") or config.get("n_embd"), config.get("num_attention_heads")
+    if hidden and heads and hidden % heads == 0:
+        return int(hidden // heads)
+    text = config.get("text_config")
+    if (release is not None and not release.version.at_least(3, 2, 1)) or not isinstance(text, dict):
+        return None
+    if text.get("head_dim"):
+        return int(text["head_dim"])
+    at_least_3_3 = release is None or release.version.at_least(3, 3)
+    return 256 if at_least_3_3 and config.get("model_type") == "gemma3" else None
+
+
+def _forced(release: TgiRelease | None) -> tuple[str, ...]:
+    """Model types the launcher sends to the fallback attention whatever their head dim: gemma2 too in 2.3.x."""
+    if release is not None and not release.version.at_least(2, 4):
+        return ("gemma2", "falcon", "deepseek_v2")
+    return ("falcon", "deepseek_v2")
+
+
+def resolve_attention(spec: ModelSpec, vendor: str, release: TgiRelease | None = None, gpu: str = "") -> Attention:
+    """The launcher's `resolve_attention` (launcher/src/main.rs, 2.3+; 2.2.0 set FLASH_DECODING for gemma2)."""
     if release is not None and not release.attention_sets_block_size:
+        if release.version.at_least(2, 2) and spec.model_type == "gemma2":
+            return Attention("flashdecoding", False, f"{release.label} forces flash decoding for gemma2 (softcap)")
         return Attention("paged", False, f"{release.label} pages its KV cache in blocks of 16 (models/globals.py)")
     if vendor == "amd":
         return Attention("paged", False, "ROCm image (Dockerfile_amd) sets ATTENTION=paged, PREFIX_CACHING=0")
-    head_dim = None if spec.is_mla else spec.head_dim
-    if spec.model_type in ("falcon", "deepseek_v2"):
-        return Attention("flashdecoding", True, f"launcher forces flashdecoding for {spec.model_type}")
+    old = release is not None and not release.version.at_least(2, 3, 1)  # 2.3.0: no compute capability check
+    fallback = "paged" if gpu in PRE_AMPERE and not old else "flashdecoding"
+    why = f" (compute capability {'.'.join(map(str, PRE_AMPERE[gpu]))} < 8)" if fallback == "paged" else ""
+    head_dim = launcher_head_dim(spec, release)
+    if spec.model_type in _forced(release) and head_dim in (64, 128, 256):
+        return Attention(fallback, fallback != "paged", f"launcher forces {fallback} for {spec.model_type}{why}")
     if head_dim in (64, 128, 256):
-        return Attention("flashinfer", True, f"head dim {head_dim} is supported by flashinfer")
+        return Attention("flashinfer", True, f"config.json head dim {head_dim} is supported by flashinfer")
     return Attention(
-        "flashdecoding",
+        fallback,
         False,
-        f"head dim {'unknown' if head_dim is None else head_dim} is not 64/128/256: flashdecoding, no prefix caching",
+        f"config.json head dim {'unknown' if head_dim is None else head_dim} is not 64/128/256: {fallback}{why}, no prefix caching",
     )
 
 

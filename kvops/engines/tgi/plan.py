@@ -98,7 +98,7 @@ def plan_once(inputs: PlanInputs) -> Plan:
     dtype = resolve_kv_dtype(inputs.kv_dtype, spec.dtype)
     kv_flag = budget.tgi_kv_dtype(dtype, spec.dtype)
     speculate = inputs.speculative.tokens if inputs.speculative else 0
-    attention = replace(budget.resolve_attention(spec, gpu.vendor, release), speculate=speculate)
+    attention = replace(budget.resolve_attention(spec, gpu.vendor, release, gpu.id), speculate=speculate)
     budget.check_fp8(attention, kv_flag, gpu.vendor)
     per_token = budget.kv_bytes_per_token(spec, dtype, tp)
     model_limit = common.model_limit(spec, inputs.max_model_len)
