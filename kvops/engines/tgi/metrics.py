@@ -39,6 +39,11 @@ CAPACITY_LOG_LINE = re.compile(r"Setting max batch total tokens to (\d{1,18})\b"
 
 
 PREFIX = "tgi_"  # every series the router exports
+# The batch's max_tokens is its requests' block tables summed (server/text_generation_server/models/flash_causal_lm.py,
+# FlashCausalLMBatch.from_pb and to_pb, TGI 2.x-3.3.7): a prompt block shared through the prefix cache (on by default
+# from 3.0) counts once per request holding it, so the gauge can pass the pool; it then reads as full, the side that
+# promises less, where an error would leave the replica's level unknown while it serves.
+OVER_COUNTED = "TGI counts a block the prefix cache shares once per request that holds it; is the capacity right?"
 
 
 def reading(samples: Samples, capacity_tokens: int | None = None) -> Reading:
@@ -63,13 +68,14 @@ def reading(samples: Samples, capacity_tokens: int | None = None) -> Reading:
         raise MetricsError(
             f"no {BATCH_MAX_TOKENS} among {len(samples.seen)} metric names: not a TGI /metrics, or the metric was renamed"
         )
-    if reserved < 0 or reserved > capacity_tokens:
-        raise MetricsError(
-            f"{BATCH_MAX_TOKENS} {reserved:g} is outside 0-{capacity_tokens} (the batch token capacity): is the capacity right?"
-        )
+    if reserved < 0:
+        raise MetricsError(f"{BATCH_MAX_TOKENS} {reserved:g} is below 0: not a TGI /metrics?")
+    basis = f"{BATCH_MAX_TOKENS} {reserved:g} / {capacity_tokens} max batch total tokens"
+    if reserved > capacity_tokens:
+        basis += f" (read as full: {OVER_COUNTED})"
     return Reading(
-        kv_usage=reserved / capacity_tokens,
-        basis=f"{BATCH_MAX_TOKENS} {reserved:g} / {capacity_tokens} max batch total tokens",
+        kv_usage=min(reserved / capacity_tokens, 1.0),
+        basis=basis,
         running=samples.total(BATCH_SIZE),
         waiting=samples.total(QUEUE_SIZE),
         progress_total=samples.total(INFERENCE_COUNT, method="decode"),

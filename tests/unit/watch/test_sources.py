@@ -114,8 +114,8 @@ def test_tgi_fresh_router_serves_nothing_and_reads_as_empty():
             "no tgi_batch_current_max_tokens among",
         ),
         (
-            lambda t: t.replace("tgi_batch_current_max_tokens 12288", "tgi_batch_current_max_tokens 20000"),
-            "20000 is outside 0-16000 (the batch token capacity)",
+            lambda t: t.replace("tgi_batch_current_max_tokens 12288", "tgi_batch_current_max_tokens -5"),
+            "-5 is below 0",
         ),
         (
             lambda t: t.replace("tgi_batch_current_max_tokens 12288", "tgi_batch_current_max_tokens NaN"),
@@ -276,3 +276,15 @@ def test_selectors():
     for bad in ('job="vllm"', "{job=vllm}", '{job="vllm" pod="a"}'):
         with pytest.raises(ValueError, match="is not a label selector"):
             selector_matchers(bad)
+
+
+def test_tgi_tokens_past_the_capacity_read_as_full_and_say_why():
+    """With prefix caching TGI's batch max_tokens counts a shared prompt block once per request holding it, so it can
+    pass max_batch_total_tokens while the router serves: full, not an unknown level (it had been an error)."""
+    metrics = TgiMetrics()
+    metrics.request()
+    metrics.prefill()
+    metrics.batch(size=6, max_tokens=20000, queue=0)
+    reading = tgi.reading(Samples.from_exposition(metrics.render()), 16000)
+    assert reading.kv_usage == 1.0
+    assert "read as full: TGI counts a block the prefix cache shares once per request" in reading.basis
