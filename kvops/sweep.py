@@ -10,7 +10,7 @@ from kvops import engines
 from kvops.dtypes import resolve_kv_dtype
 from kvops.engines.device_total import device_total
 from kvops.errors import KvopsError
-from kvops.formula import kv_cost
+from kvops.formula import check_tp
 from kvops.gpus import Gpu
 from kvops.model.spec import ModelSpec
 from kvops.plan import PlanInputs
@@ -93,7 +93,9 @@ def _row(inputs: PlanInputs) -> dict[str, Any] | None:
     spec, gpu = inputs.spec, inputs.gpu
     try:
         dtype = resolve_kv_dtype(inputs.kv_dtype, spec.dtype)
-        per_token = kv_cost(spec, tokens=1, dtype=dtype, tp=inputs.tp).bytes_per_token
+        check_tp(spec, inputs.tp)
+        # as the engine lays the cache out, whether or not it plans: TGI caches MLA models' full K/V heads
+        per_token = engines.get(inputs.engine).kv_bytes_per_token(spec, dtype, inputs.tp)
     except KvopsError:
         return None  # a tp the model's heads do not split by
     row: dict[str, Any] = {
@@ -125,7 +127,6 @@ def _row(inputs: PlanInputs) -> dict[str, Any] | None:
     cap = plan.capacity
     weights = plan.term("weights")
     assert cap is not None  # a sweep plans a fixed context, so the pool is always sized
-    row["kv_bytes_per_token_per_gpu"] = engines.get(inputs.engine).kv_bytes_per_token(spec, dtype, inputs.tp)
     batch = cap.to_dict()
     return {
         **row,
