@@ -173,8 +173,9 @@ class KvBudget:
     engine: str
     gpu: str
     memory_fraction: float | None
-    kv_cache_bytes: int
+    kv_cache_bytes: int  # what the capacity is sized on, as Plan.kv_cache_bytes: the engine's KV less margin_bytes
     basis: str
+    margin_bytes: int = 0  # kvops' margin below the engine's predicted KV
 
     @property
     def label(self) -> str:
@@ -186,7 +187,10 @@ class KvBudget:
             "engine": self.engine,
             "gpu": self.gpu,
             "memory_fraction": self.memory_fraction,
-            "kv_cache_bytes": self.kv_cache_bytes,
+            # as `kvops plan --json` names them: the engine's predicted KV, the margin, the line drawn
+            "kv_cache_bytes": self.kv_cache_bytes + self.margin_bytes,
+            "margin_bytes": self.margin_bytes,
+            "capacity_kv_bytes": self.kv_cache_bytes,
             "basis": self.basis,
         }
 
@@ -208,5 +212,6 @@ def kv_budget(
         fraction = round(requested.bytes / total.bytes, 4) if requested and total and total.bytes else 1.0
         setting = f"--{adapter.memory_fraction_flag} unset ({fraction:g})"
     kv = max(result.kv_cache_bytes, 0)
+    margin = max(result.engine_kv_bytes, 0) - kv
     basis = f"{adapter.title} {setting} on {gpu.id}: {format_bytes(kv)} for {spec.name}"
-    return KvBudget(spec.name, engine, gpu.id, fraction, kv, basis)
+    return KvBudget(spec.name, engine, gpu.id, fraction, kv, basis, margin)

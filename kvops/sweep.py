@@ -33,6 +33,8 @@ COLUMNS = [
     "problem",
     "weights_bytes",
     "kv_cache_bytes",
+    "margin_bytes",
+    "capacity_kv_bytes",
     "kv_bytes_per_token_per_gpu",
     "num_blocks",
     "kv_tokens",
@@ -119,6 +121,8 @@ def _row(inputs: PlanInputs) -> dict[str, Any] | None:
             "problem": str(exc),
             "weights_bytes": None,
             "kv_cache_bytes": None,
+            "margin_bytes": None,
+            "capacity_kv_bytes": None,
             "num_blocks": 0,
             "kv_tokens": 0,
             "max_concurrency": 0.0,
@@ -135,7 +139,10 @@ def _row(inputs: PlanInputs) -> dict[str, Any] | None:
         "fits": plan.fits,
         "problem": plan.problem,
         "weights_bytes": weights.bytes if weights else None,
-        "kv_cache_bytes": plan.kv_cache_bytes,
+        # as `kvops plan --json` names them: the engine's predicted KV, kvops' margin, what the capacity is sized on
+        "kv_cache_bytes": plan.engine_kv_bytes,
+        "margin_bytes": plan.kv_margin_bytes,
+        "capacity_kv_bytes": plan.kv_cache_bytes,
         "num_blocks": cap.num_blocks,
         "kv_tokens": cap.kv_tokens,
         "max_concurrency": cap.max_concurrency,
@@ -147,6 +154,6 @@ def sweep_frame(rows: list[dict[str, Any]]) -> pandas.DataFrame:
     import pandas
 
     frame = pandas.DataFrame(rows, columns=COLUMNS)
-    for column in ("weights_bytes", "kv_cache_bytes"):
+    for column in ("weights_bytes", "kv_cache_bytes", "margin_bytes", "capacity_kv_bytes"):
         frame[column] = frame[column].astype("Int64")
     return frame

@@ -118,3 +118,24 @@ def test_sweep_bytes_per_token_is_the_engines_whether_or_not_it_plans():
     for row in rows:
         dtype = resolve_kv_dtype(row["kv_dtype"], spec.dtype)
         assert row["kv_bytes_per_token_per_gpu"] == kv_bytes_per_token(spec, dtype, 1), row
+
+
+@pytest.mark.parametrize("engine", ["vllm", "tgi"])
+def test_sweep_and_plot_name_the_kv_figures_as_plan_json_does(run_kvops, tmp_path, engine):
+    """kvops sweep's kv_cache_bytes column and kvops plot --json's kv_budgets[].kv_cache_bytes were the KV after kvops'
+    margin (Mistral-7B-v0.1 on an H100: 66,228,931,140), which `kvops plan --json` calls capacity_kv_bytes, beside
+    its kv_cache_bytes, the engine's predicted 66,861,538,673; all three now carry the plan's three figures."""
+    from kvops.sweep import sweep_rows
+
+    args = ["-m", "mistral-7b-v0.1", "--gpu", "h100", "--max-model-len", "8192", "-e", engine, "--json"]
+    memory = json.loads(run_kvops("plan", *args).stdout)["memory"]
+    wanted = {key: memory[key] for key in ("kv_cache_bytes", "margin_bytes", "capacity_kv_bytes")}
+    (row,) = sweep_rows(
+        [load_model("mistral-7b-v0.1")], [find_gpu("h100")], engines=(engine,), kv_dtypes=("auto",), tps=(1,)
+    )
+    assert {key: row[key] for key in wanted} == wanted
+    plot = json.loads(
+        run_kvops("plot", *args[:4], *args[6:], "--max-tokens", "8192", "--out", str(tmp_path / "kv.png")).stdout
+    )
+    (budget,) = plot["kv_budgets"]
+    assert {key: budget[key] for key in wanted} == wanted

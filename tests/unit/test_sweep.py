@@ -55,7 +55,7 @@ def test_fp8_doubles_kv_tokens(frame):
     vllm = frame[(frame.engine == "vllm") & frame.fits]
     index = ["model", "gpu", "tp"]
     blocks = vllm.pivot_table(index=index, columns="kv_dtype_resolved", values="num_blocks", aggfunc="first")
-    kv = vllm.pivot_table(index=index, columns="kv_dtype_resolved", values="kv_cache_bytes", aggfunc="first")
+    kv = vllm.pivot_table(index=index, columns="kv_dtype_resolved", values="capacity_kv_bytes", aggfunc="first")
     checked = 0
     # caches fp8 does not halve: recurrent state (vLLM pads it to the attention page), the sparse indexer's fp8 keys
     stateful = {
