@@ -203,7 +203,7 @@ def context_warnings(spec: ModelSpec, tokens: int) -> list[str]:
     limit = spec.max_position_embeddings
     if limit and tokens > limit:
         return [
-            f"{tokens} tokens exceed {spec.name}'s max_position_embeddings {limit}; the figures are computed, but the model was not trained for this length"
+            f"{tokens:,} tokens exceed {spec.name}'s max_position_embeddings {limit:,}; the figures are computed, but the model was not trained for this length"
         ]
     return []
 

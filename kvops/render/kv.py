@@ -70,22 +70,22 @@ def kv_text(spec: ModelSpec, cost: KVCost, fit: MemoryFit | None = None) -> str:
         f"  {'group':<8} {'layers':>6} {'kv heads':>8} {'head dim':>8} {'window':>7} {'per token':>12} {'cached':>8} {'per sequence':>14}",
     ]
     for group in cost.groups:
-        window = str(group.window) if group.window else "-"
+        window = f"{group.window:,}" if group.window else "-"
         cached = group.token_slots
         lines.append(
             f"  {group.kind:<8} {group.layers:>6} {group.kv_heads:>8} {group.head_dim:>8} {window:>7} "
-            f"{format_bytes(group.bytes_per_token):>12} {cached:>8} {format_bytes(group.bytes):>14}"
+            f"{format_bytes(group.bytes_per_token):>12} {cached:>8,} {format_bytes(group.bytes):>14}"
         )
     lines.append("")
     formulas = " + ".join(f"({group.formula})" for group in cost.groups)
     rows = [
         ("bytes per token", format_bytes(cost.bytes_per_token), formulas),
-        ("effective batch", str(cost.effective_batch), f"batch {cost.batch} x beams {cost.beams}"),
+        ("effective batch", f"{cost.effective_batch:,}", f"batch {cost.batch:,} x beams {cost.beams:,}"),
         ("token tax", format_bytes(cost.token_tax_bytes), "added per generated token, whole batch"),
         (
             "total",
             format_bytes(cost.total_bytes),
-            f"{cost.effective_batch} x {format_bytes(cost.sequence_bytes)} per sequence of {cost.tokens} tokens, per GPU ({cost.total_bytes} B)",
+            f"{cost.effective_batch:,} x {format_bytes(cost.sequence_bytes)} per sequence of {cost.tokens:,} tokens, per GPU ({cost.total_bytes} B)",
         ),
     ]
     if cost.tp > 1:
@@ -120,7 +120,7 @@ def _fit_rows(spec: ModelSpec, cost: KVCost, fit: MemoryFit) -> list[tuple[str, 
     arithmetic = f"{format_bytes(fit.memory_bytes)} / {format_bytes(cost.bytes_per_token)} per token ({fit.memory_bytes} B / {cost.bytes_per_token} B)"
     if per_sequence is None or per_sequence * cost.effective_batch > fit.tokens:
         arithmetic += "; every token on every layer, windows not applied (longest sequence: applied)"
-    longest = f"tokens per sequence for {cost.effective_batch} sequences in {format_bytes(fit.memory_bytes)}, windows{' and blocks' if cost.block_size else ''} applied"
+    longest = f"tokens per sequence for {cost.effective_batch:,} sequences in {format_bytes(fit.memory_bytes)}, windows{' and blocks' if cost.block_size else ''} applied"
     if per_sequence is None:
         longest += ": every layer's window fits"
     limit = spec.max_position_embeddings

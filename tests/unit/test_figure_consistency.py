@@ -139,3 +139,15 @@ def test_sweep_and_plot_name_the_kv_figures_as_plan_json_does(run_kvops, tmp_pat
     )
     (budget,) = plot["kv_budgets"]
     assert {key: budget[key] for key in wanted} == wanted
+
+
+def test_kv_text_writes_counts_with_thousands_separators_as_plan_does(run_kvops):
+    """kvops kv -m gemma-2-9b -t 100000 -b 10000 printed "cached 100000", "window 4096", "effective batch 10000" and
+    "of 100000 tokens" beside its own "tokens that fit 145,817" and plan's "8,192"; every count now has separators
+    (the exact byte counts in parentheses stay bare, as plan writes them)."""
+    import re
+
+    ran = run_kvops("kv", "-m", "gemma-2-9b", "-t", "100000", "-b", "10000", "--memory", "17.8GiB")
+    text = re.sub(r"\(\d+ B\)|\(\d+ B / \d+ B\)", "", ran.stdout + ran.stderr)
+    assert not re.findall(r"\d{4,}", text), text
+    assert "100,000 tokens" in text and "10,000" in text and "4,096" in text

@@ -38,7 +38,7 @@ def test_kv_json_has_the_documented_keys(run_kvops):
 def test_kv_human_output_shows_the_formula(run_kvops):
     out = run_kvops("kv", "-m", "mistral-7b-v0.1", "--prompt-tokens", "6000", "--gen-tokens", "2192", "-b", "4").stdout
     assert "2 x 8 kv_heads x 128 head_dim x 2 B x 32 layers" in out
-    assert "512 KiB" in out and "2 GiB" in out and "8192 tokens" in out
+    assert "512 KiB" in out and "2 GiB" in out and "8,192 tokens" in out
 
 
 def test_quantized_cache_says_what_its_scales_cost(run_kvops):
@@ -52,7 +52,7 @@ def test_quantized_cache_says_what_its_scales_cost(run_kvops):
 
 def test_long_context_is_computed_with_a_warning(run_kvops):
     result = run_kvops("kv", "-m", "opt-125m", "-t", "4096")
-    assert "max_position_embeddings 2048" in result.stderr and "total" in result.stdout
+    assert "max_position_embeddings 2,048" in result.stderr and "total" in result.stdout
 
 
 @pytest.mark.parametrize(
