@@ -195,8 +195,7 @@ def head_size(spec: ModelSpec) -> int:
 
 def kv_bytes_per_token(spec: ModelSpec, dtype: KvDtype, shards: int) -> int:
     """Per shard: every layer caches the whole context (no window), 2 x layers x heads x head_size x dtype size."""
-    size = 1 if dtype.bits == 8 else dtype.bits // 8
-    return 2 * spec.num_layers * kv_heads_per_shard(spec, shards) * head_size(spec) * size
+    return 2 * spec.num_layers * kv_heads_per_shard(spec, shards) * head_size(spec) * dtype.bits // 8
 
 
 def reservation_tokens(input_tokens: int, max_new_tokens: int, speculate: int = 0) -> int:

@@ -41,3 +41,15 @@ def test_gemma2_is_sent_to_flash_decoding_in_2_2_and_2_3():
         assert resolve_attention(gemma2, "nvidia", release(version), "A100-80GB").block_size == 256
     assert resolve_attention(gemma2, "nvidia", release("2.1.1"), "A100-80GB").block_size == 16
     assert resolve_attention(gemma2, "nvidia", release("2.4.0"), "A100-80GB").block_size == 1
+
+
+def test_bytes_per_token_of_a_sub_byte_kv_is_not_zero():
+    """kvops sweep --engines tgi --kv-dtypes int4 printed 0 bytes a token on the refused rows (bits // 8 per value)."""
+    from kvops.dtypes import resolve_kv_dtype
+    from kvops.engines.tgi.budget import kv_bytes_per_token
+    from kvops.model.locate import load_model
+
+    spec = load_model("mistral-7b-v0.1")
+    full = kv_bytes_per_token(spec, resolve_kv_dtype("auto", "bfloat16"), 1)
+    assert full == 2 * 32 * 8 * 128 * 2
+    assert kv_bytes_per_token(spec, resolve_kv_dtype("int4", "bfloat16"), 1) == full // 4
