@@ -142,10 +142,11 @@ class RateSearch:
 
 
 def at_rate(trace: Trace, rate: float) -> Trace:
-    """The trace's requests at `rate` per second: its arrival gaps scaled (their burstiness kept)."""
+    """The trace's requests at `rate` per second: its arrival gaps scaled (their burstiness kept), to the arrivals
+    `--rate rate` replays (drawn arrivals: as drawn at that rate)."""
     if not trace.timed or not trace.requests:
         raise KvopsError("a rate needs a timed trace")
-    own = trace.rate
+    own = trace.nominal_rate
     if own is None:
         raise KvopsError("the trace's requests all arrive at once: it has no rate to scale")
     return trace.scaled(rate / own)

@@ -220,7 +220,8 @@ def synthetic_trace(
     timing = "untimed" if rate is None else _timing(rate, burstiness)
     shape = f"prompt {prompt}, output {output}, seed {seed}"
     source = f"synthetic ({n:,} requests, {timing}, {shape})"
-    return Trace(requests, source, timed=rate is not None)
+    drawn = rate if rate is not None and math.isfinite(rate) else None
+    return Trace(requests, source, timed=rate is not None, drawn_rate=drawn)
 
 
 def _pairs(prompt: Lengths | ShareGPTLike, output: Lengths | ShareGPTLike) -> PairDraw:

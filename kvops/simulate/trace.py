@@ -79,12 +79,15 @@ class TraceRequest:
 @frozen
 class Trace:
     """Requests in arrival order and where they came from. `timed` is False when the file had no arrival times (all
-    arrive at 0: the caller gives a rate or a concurrency); `skipped` counts rows a reader's documented rule dropped."""
+    arrive at 0: the caller gives a rate or a concurrency); `skipped` counts rows a reader's documented rule dropped.
+    `drawn_rate` is the rate arrivals were drawn at (`--rate`), where they were: vLLM's benchmark draws n gaps and
+    puts the last arrival at n / rate, so the mean gap from the first arrival to the last is not exactly 1 / rate."""
 
     requests: tuple[TraceRequest, ...]
     source: str
     timed: bool = True
     skipped: int = 0
+    drawn_rate: float | None = None
 
     def __post_init__(self) -> None:
         requests = tuple(self.requests)
@@ -100,14 +103,15 @@ class Trace:
         if len(arrivals) != len(self.requests):
             raise ValueError(f"{len(arrivals)} arrival times for {len(self.requests)} requests")
         timed = tuple(replace(request, arrival_s=float(at)) for request, at in zip(self.requests, arrivals))
-        return replace(self, requests=timed, timed=True)
+        return replace(self, requests=timed, timed=True, drawn_rate=None)
 
     def scaled(self, rate_factor: float) -> Trace:
         """Time compressed by `rate_factor`: 2 replays the trace at twice its rate, every arrival at half its time."""
         if not 0 < rate_factor < math.inf:
             raise UsageError(f"rate factor {rate_factor}: expected a positive number (2 replays at twice the rate)")
         faster = tuple(replace(request, arrival_s=request.arrival_s / rate_factor) for request in self.requests)
-        return replace(self, requests=faster)
+        drawn = self.drawn_rate * rate_factor if self.drawn_rate is not None else None
+        return replace(self, requests=faster, drawn_rate=drawn)
 
     def head(self, n: int) -> Trace:
         """The first n requests."""
@@ -117,6 +121,11 @@ class Trace:
     def span_s(self) -> float | None:
         """From the first arrival to the last (None untimed)."""
         return self.requests[-1].arrival_s - self.requests[0].arrival_s if self.timed and self.requests else None
+
+    @property
+    def nominal_rate(self) -> float | None:
+        """The rate `--rate` names for these arrivals: the rate they were drawn at, else their mean rate."""
+        return self.drawn_rate if self.drawn_rate is not None else self.rate
 
     @property
     def rate(self) -> float | None:

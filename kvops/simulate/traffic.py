@@ -61,7 +61,8 @@ def _at_rate(trace: Trace, traffic: Traffic) -> Trace:
     rate = traffic.rate or 0.0
     if not trace.timed:
         timed = trace.with_arrivals(arrivals(len(trace.requests), rate, _shape(traffic), traffic.seed))
-        return Trace(timed.requests, f"{trace.source}, Poisson-or-gamma arrivals at {rate:g}/s", True, trace.skipped)
+        source = f"{trace.source}, Poisson-or-gamma arrivals at {rate:g}/s"
+        return Trace(timed.requests, source, True, trace.skipped, drawn_rate=rate)
     own = trace.rate
     if own is None:
         raise UsageError(f"--rate: the requests of {trace.source} all arrive at once; nothing to scale")

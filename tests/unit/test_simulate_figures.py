@@ -1,0 +1,45 @@
+"""`kvops simulate`'s figures against their definitions, and its answers against each other: what a capacity
+planner reads off one run must be what another run of the same question gives."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvops.simulate.simulation import at_rate
+from kvops.simulate.traffic import Traffic, build_trace
+
+L4 = ("-m", "llama-3.1-8b", "--gpu", "L4", "--max-model-len", "4096")
+
+
+def arrivals(trace) -> list[float]:
+    return [request.arrival_s for request in trace.requests]
+
+
+@pytest.mark.parametrize("requests", [30, 200])
+def test_a_rate_the_search_tries_replays_as_rate_replays_it(requests):
+    """`--max-rate` scaled drawn arrivals to a mean rate of (n - 1) / span, where `--rate R` draws them as vLLM's
+    benchmark does (the last at n / R): its answer R, typed back as --rate R, replayed other arrivals (200 requests
+    at --rate 5: the search's 7.144/s was --rate 7.116; 30 requests, 1.6% apart)."""
+    drawn = build_trace(Traffic(rate=5.0, requests=requests))
+    for rate in (2.5, 7.1441, 11.0):
+        wanted = arrivals(build_trace(Traffic(rate=rate, requests=requests)))
+        assert arrivals(at_rate(drawn, rate)) == pytest.approx(wanted, rel=1e-9)
+
+
+def test_an_untimed_trace_sent_at_a_rate_is_searched_in_the_rates_rate_names(tmp_path):
+    path = tmp_path / "untimed.jsonl"
+    path.write_text("".join(json.dumps({"prompt_tokens": 100, "output_tokens": 20}) + "\n" for _ in range(40)))
+    sent = build_trace(Traffic(trace=str(path), rate=3.0))
+    wanted = arrivals(build_trace(Traffic(trace=str(path), rate=9.0)))
+    assert arrivals(at_rate(sent, 9.0)) == pytest.approx(wanted, rel=1e-9)
+
+
+def test_a_timed_trace_is_searched_at_its_mean_rate_as_rate_scales_it(tmp_path):
+    path = tmp_path / "timed.jsonl"
+    lines = [{"arrival_s": 1.0 + 0.3 * index**1.1, "prompt_tokens": 100, "output_tokens": 20} for index in range(40)]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    own = build_trace(Traffic(trace=str(path)))
+    wanted = arrivals(build_trace(Traffic(trace=str(path), rate=6.0)))
+    assert arrivals(at_rate(own, 6.0)) == pytest.approx(wanted, rel=1e-9)
