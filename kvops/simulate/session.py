@@ -136,8 +136,11 @@ def run(request: Request, options: DeploymentOptions, progress: Progress | None 
         arm = request.arms[0]
         if request.target_rate is not None:
             answer = replicas_for(setup, arm, request.target_rate, request.attainment, progress)
+            warnings += _search_bounds(setup, answer.search, answer)
             return Answer(setup, replicas=answer, rate_search=answer.search, warnings=tuple(warnings))
-        return Answer(setup, rate_search=max_rate(setup, arm, request.attainment, progress), warnings=tuple(warnings))
+        search = max_rate(setup, arm, request.attainment, progress)
+        warnings += _search_bounds(setup, search, None)
+        return Answer(setup, rate_search=search, warnings=tuple(warnings))
     arms = tuple(compare(setup, list(request.arms), progress))
     spreads = _spreads(setup, request, arms, other_draws, progress) if other_draws else ()
     synthetic = request.traffic.trace is None
@@ -298,6 +301,31 @@ def _tokenizer(request: Request):
         raise UsageError("--tokenizer needs kvops[hub]: pip install 'kvops[hub]'") from None
     local = LocalTokenizer(request.tokenizer)
     return lambda text: local.count(text, special_tokens=True)
+
+
+def _latency_bounds(setup: Setup) -> set[str]:
+    """Which way the step time's latencies may be off here, as the warnings say: "lower" where they are read as a
+    lower bound (a GPU no public run scores, or held-out runs ran slower), "upper" where held-out runs ran faster."""
+    step_time = setup.step_time
+    coefficients = step_time.coefficients
+    bounds = {"lower"} if coefficients.unscored(step_time.hardware.name) else set()
+    for held in coefficients.held_out:
+        if held.applies(step_time.hardware.name, step_time.cost.tp):
+            bounds |= {"lower"} if held.low > 1 else {"upper"} if held.high < 1 else set()
+    return bounds
+
+
+def _search_bounds(setup: Setup, search: RateSearch, replicas: Replicas | None) -> list[str]:
+    """What a bound on the latencies makes of the rate search's answers: latencies read as a lower bound make the
+    max rate an upper bound and the replicas a lower bound, and the other way round."""
+    bounds = _latency_bounds(setup)
+    if len(bounds) != 1 or search.max_rate_rps <= 0:
+        return []
+    low = bounds == {"lower"}
+    rate = f"the max rate ({search.max_rate_rps:.3g} requests/s) as {'an upper' if low else 'a lower'} bound"
+    count = f" and the replicas ({replicas.replicas}) as {'a lower' if low else 'an upper'} bound" if replicas else ""
+    side = "lower" if low else "upper"
+    return [f"with latencies read as {'a' if low else 'an'} {side} bound, read {rate}{count}"]
 
 
 def _warnings(setup: Setup) -> list[str]:

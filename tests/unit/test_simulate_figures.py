@@ -43,3 +43,18 @@ def test_a_timed_trace_is_searched_at_its_mean_rate_as_rate_scales_it(tmp_path):
     own = build_trace(Traffic(trace=str(path)))
     wanted = arrivals(build_trace(Traffic(trace=str(path), rate=6.0)))
     assert arrivals(at_rate(own, 6.0)) == pytest.approx(wanted, rel=1e-9)
+
+
+@pytest.mark.vllm
+def test_a_rate_search_on_latencies_read_as_a_lower_bound_says_its_answers_are_bounds_too(run_kvops):
+    """On a GPU no public run scores, the latencies were said to be a lower bound and the max rate and the replicas
+    were printed as plain answers: a step time that runs fast finds a rate too high and too few replicas."""
+    ran = run_kvops("simulate", *L4, "--requests", "80", "--rate", "2", "--replicas", "20")
+    doc = ran.stdout.splitlines()
+    rate = next(line for line in doc if line.startswith("max rate")).split()[2]
+    replicas = next(line for line in doc if line.startswith("replicas")).split()[1]
+    assert "read its latencies as a lower bound" in ran.stderr
+    assert (
+        f"with latencies read as a lower bound, read the max rate ({rate} requests/s) as an upper bound and the "
+        f"replicas ({replicas}) as a lower bound" in ran.stderr
+    )
