@@ -259,7 +259,24 @@ def _rate_lines(search: RateSearch, answer: Answer) -> list[str]:
         if search.max_rate_rps > 0
         else f"max rate         none of the rates tried meets the SLO for {search.attainment:.0%} of requests ({search.arm})"
     )
-    return [*lines, f"  saturation: {search.saturation_rps:.3g} requests/s with every request sent at once", verdict]
+    return [
+        *lines,
+        f"  saturation: {search.saturation_rps:.3g} requests/s with every request sent at once",
+        *_twice_over_lines(search),
+        verdict,
+    ]
+
+
+def _twice_over_lines(search: RateSearch) -> list[str]:
+    """The trace twice over at the max rate: whether that rate holds for longer than the trace lasts."""
+    point = search.twice_over
+    if point is None:
+        return []
+    held = "holds" if search.sustained else "does not hold: read it as an upper bound"
+    return [
+        f"  twice over: {point.summary.requests:,} requests at {point.rate_rps:.3g}/s, {point.attainment:.0%} meet "
+        f"the SLO; the max rate {held}"
+    ]
 
 
 def table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> list[str]:

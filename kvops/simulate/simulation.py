@@ -130,6 +130,13 @@ class RateSearch:
     max_rate_rps: float
     saturation_rps: float  # completed requests per second with every request sent at once
     points: tuple[RatePoint, ...]
+    twice_over: RatePoint | None = None  # the trace followed by itself again, at the max rate
+
+    @property
+    def sustained(self) -> bool:
+        """Whether the max rate held for twice the trace: a rate a short trace meets only while its queue builds
+        is no rate a replica sustains."""
+        return self.twice_over is None or self.twice_over.attainment >= self.attainment
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -138,6 +145,8 @@ class RateSearch:
             "max_rate_rps": round(self.max_rate_rps, 4),
             "saturation_rps": round(self.saturation_rps, 4),
             "points": [point.to_dict() for point in sorted(self.points, key=lambda point: point.rate_rps)],
+            "twice_over": self.twice_over.to_dict() if self.twice_over else None,
+            "sustained": self.sustained,
         }
 
 
@@ -150,6 +159,16 @@ def at_rate(trace: Trace, rate: float) -> Trace:
     if own is None:
         raise KvopsError("the trace's requests all arrive at once: it has no rate to scale")
     return trace.scaled(rate / own)
+
+
+def twice_over(trace: Trace) -> Trace:
+    """The trace followed by itself again, one mean gap after its last arrival: the same traffic for twice as long
+    (the copies' prompts are their own: `prompt_tokens` keys a request's tokens by its index)."""
+    requests = trace.requests
+    rate = trace.rate
+    shift = requests[-1].arrival_s - requests[0].arrival_s + (1 / rate if rate else 0.0)
+    again = tuple(replace(request, arrival_s=request.arrival_s + shift) for request in requests)
+    return replace(trace, requests=requests + again, drawn_rate=None)
 
 
 def all_at_once(trace: Trace) -> Trace:
@@ -187,7 +206,16 @@ def max_rate(setup: Setup, arm: str, attainment: float, progress: Progress | Non
         candidate = (low + high) / 2 if low else high / 2
         if not low and high < saturated / 64:
             break
-    return RateSearch(arm, attainment, low, saturated, tuple(points))
+    return RateSearch(arm, attainment, low, saturated, tuple(points), _twice_over(setup, arm, low, progress))
+
+
+def _twice_over(setup: Setup, arm: str, rate: float, progress: Progress | None) -> RatePoint | None:
+    """The trace twice over at `rate`: a finite trace sent at a rate it cannot sustain meets the SLO while its queue
+    builds, and more of the same traffic at that rate does not."""
+    if rate <= 0:
+        return None
+    result = run_arm(setup, arm, twice_over(at_rate(setup.trace, rate)), progress).summary
+    return RatePoint(rate, result.attainment, result.goodput_rps, result)
 
 
 @frozen

@@ -58,3 +58,19 @@ def test_a_rate_search_on_latencies_read_as_a_lower_bound_says_its_answers_are_b
         f"with latencies read as a lower bound, read the max rate ({rate} requests/s) as an upper bound and the "
         f"replicas ({replicas}) as a lower bound" in ran.stderr
     )
+
+
+@pytest.mark.vllm
+def test_a_max_rate_a_short_trace_meets_only_while_its_queue_builds_is_said_not_to_hold(run_kvops):
+    """80 requests at --rate 2 on an L4 searched 25.9/s: the trace arrives in 3 s and drains long after; the same
+    traffic twice over at that rate meets the SLO for 44% (1,000 requests at the 7.1/s 200 requests found: 21%)."""
+    ran = run_kvops("simulate", *L4, "--requests", "80", "--rate", "2", "--max-rate", "--json")
+    search = json.loads(ran.stdout)["max_rate"]
+    twice = search["twice_over"]
+    assert twice["rate_rps"] == search["max_rate_rps"] and twice["slo_attainment"] < 0.9
+    assert search["sustained"] is False
+    warning = next(line for line in json.loads(ran.stdout)["warnings"] if line.startswith("--max-rate: at "))
+    assert "the trace twice over (160 requests back to back) meets the SLO for" in warning
+    assert "read the max rate as an upper bound and the replicas from it as a lower one" in warning
+    text = run_kvops("simulate", *L4, "--requests", "80", "--rate", "2", "--max-rate").stdout
+    assert "the max rate does not hold: read it as an upper bound" in text
