@@ -130,7 +130,10 @@ def summarize(log: RunLog, slo: Slo) -> Summary:
     entries = log.requests
     done = [entry for entry in entries if completed(entry)]
     start = min((entry.sent for entry in entries), default=0.0)
-    duration = max(log.end_s - start, 1e-9)
+    # from the first send to the last answer its client has (the last step's end plus the API server's time), as
+    # vLLM's benchmark times its run
+    end = max([log.end_s, *(entry.finished for entry in done)])
+    duration = max(end - start, 1e-9)
     met = sum(1 for entry in done if slo.met(entry))
     timeline = log.timeline
     return Summary(

@@ -3,6 +3,7 @@ planner reads off one run must be what another run of the same question gives.""
 
 from __future__ import annotations
 
+import csv
 import json
 
 import pytest
@@ -74,3 +75,17 @@ def test_a_max_rate_a_short_trace_meets_only_while_its_queue_builds_is_said_not_
     assert "read the max rate as an upper bound and the replicas from it as a lower one" in warning
     text = run_kvops("simulate", *L4, "--requests", "80", "--rate", "2", "--max-rate").stdout
     assert "the max rate does not hold: read it as an upper bound" in text
+
+
+@pytest.mark.vllm
+def test_throughput_and_goodput_are_over_the_first_send_to_the_last_answer(run_kvops, tmp_path):
+    """The span ended at the last step, before the API server's time on its answer (8 ms on the gpu profile)."""
+    path = tmp_path / "rows.csv"
+    ran = run_kvops("simulate", *L4, "--requests", "30", "--rate", "4", "--csv", str(path), "--json")
+    arm = json.loads(ran.stdout)["arms"][0]
+    rows = list(csv.DictReader(path.open()))
+    first = min(float(row["sent_ms"]) for row in rows)
+    last = max(float(row["sent_ms"]) + float(row["e2e_ms"]) for row in rows if row["e2e_ms"])
+    assert arm["duration_s"] == pytest.approx((last - first) / 1000, abs=2e-3)
+    met = sum(row["slo_met"] == "True" for row in rows)
+    assert arm["goodput_rps"] == pytest.approx(met / ((last - first) / 1000), rel=1e-3)
