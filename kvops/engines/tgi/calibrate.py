@@ -24,15 +24,14 @@ def calibrate(log: TgiLog, plan: Plan | None, source: str) -> Calibration:
     notes: list[str] = []
     warnings: list[str] = []
     total_tokens = log.get("max_batch_total_tokens")
-    rows.append(
-        Comparison(
-            "max_batch_total_tokens",
-            "tokens",
-            predicted.get("max_batch_total_tokens"),
-            total_tokens,
-            log.lines.get("max_batch_total_tokens", ""),
+    rows.append(pool_row(log, predicted.get("max_batch_total_tokens")))
+    rows += launch_rows(log, plan)
+    failed = log.get("pool_out_of_memory")
+    if failed and total_tokens is None:
+        notes.append(
+            f"the warmup ran out of memory holding a {failed[0]}-token pool with {failed[1]} prefill tokens "
+            "(TGI 0.9.0-0.9.3 allocates the stated --max-batch-total-tokens): a plan's pool above it overstates what fits"
         )
-    )
     blocks = log.get("kv_blocks")
     if blocks:
         rows.append(
@@ -88,13 +87,64 @@ def calibrate(log: TgiLog, plan: Plan | None, source: str) -> Calibration:
         gpu=plan.inputs.gpu.id if plan and plan.inputs.gpu else None,
         engine_version=str(release.version) if isinstance(release, TgiRelease) else None,
         tp=log.args.get("num_shard") or (plan.inputs.tp if plan else None),
-        max_num_batched_tokens=log.args.get("max_batch_prefill_tokens") or log.get("max_batch_prefill_tokens"),
+        max_num_batched_tokens=_stated(
+            log, "max_batch_prefill_tokens", ("max_batch_prefill_tokens", "warmup_max_prefill_tokens")
+        )[0],
         overhead_bytes=overhead if overhead is not None and overhead >= 0 else None,
         kv_cache_bytes=kv_actual,
         num_gpu_blocks=blocks[0] if blocks else None,
         block_size=blocks[1] if blocks else None,
     )
     return Calibration("tgi", source, rows, profile, notes, warnings)
+
+
+def pool_row(log: TgiLog, predicted: int | None) -> Comparison:
+    """The KV pool: the one the router set, else the one a 0.9.0-0.9.3 warmup tried (and failed) to allocate."""
+    if log.get("max_batch_total_tokens") is not None:
+        return Comparison(
+            "max_batch_total_tokens",
+            "tokens",
+            predicted,
+            log.get("max_batch_total_tokens"),
+            log.lines["max_batch_total_tokens"],
+        )
+    failed = log.get("pool_out_of_memory")
+    if failed:
+        return Comparison("max_batch_total_tokens", "tokens", predicted, failed[0], log.lines["pool_out_of_memory"])
+    return Comparison("max_batch_total_tokens", "tokens", predicted, log.args.get("max_batch_total_tokens"), "")
+
+
+def launch_rows(log: TgiLog, plan: Plan | None) -> list[Comparison]:
+    """The prefill budget and the context the launch ran with (its args, the launcher's defaults, the router's
+    warmup call), against the plan's."""
+    capacity = plan.capacity if plan is not None and isinstance(plan.capacity, TgiCapacity) else None
+    rows = []
+    for term, names, planned in (
+        (
+            "max_batch_prefill_tokens",
+            ("max_batch_prefill_tokens", "warmup_max_prefill_tokens"),
+            capacity.max_batch_prefill_tokens if capacity else None,
+        ),
+        (
+            "max_total_tokens",
+            ("launcher_max_total_tokens", "max_total_tokens", "warmup_max_total_tokens"),
+            capacity.max_model_len if capacity else None,
+        ),
+    ):
+        actual, source = _stated(log, term, names)
+        if actual is not None:
+            rows.append(Comparison(term, "tokens", planned, actual, source))
+    return rows
+
+
+def _stated(log: TgiLog, arg: str, names: tuple[str, ...]) -> tuple[int | None, str]:
+    """A launch figure from the `Args` dump, else the first log line that states it."""
+    if log.args.get(arg) is not None:
+        return log.args[arg], f"the launcher's Args: {arg}: {log.args[arg]}"
+    for name in names:
+        if log.get(name) is not None:
+            return log.get(name), log.lines[name]
+    return None, ""
 
 
 def pool_overhead(plan: Plan, kv_bytes: int) -> int:

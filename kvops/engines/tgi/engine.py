@@ -117,9 +117,10 @@ class TgiEngine:
         from kvops.engines.tgi.logs import parse_tgi_log
 
         log = parse_tgi_log(text)
-        if log.get("max_batch_total_tokens") is None:
+        figures = ("max_batch_total_tokens", "warmup_max_prefill_tokens", "pool_out_of_memory")
+        if all(log.get(name) is None for name in figures):
             raise KvopsError(
-                f"{where}: no 'Setting max batch total tokens to N' line: is this a TGI launcher log of a started server?"
+                f"{where}: no 'Setting max batch total tokens to N' line (nor a warmup's): is this a TGI launcher log?"
             )
         return log
 

@@ -8,6 +8,12 @@
   "Default `max_input_tokens` to N" and "Default `max_total_tokens` to N" (2.x), "Sharding model on N processes",
   and the `Args { ... }` dump on one line or many (model_id, num_shard, cuda_memory_fraction, ...), with or without
   its `Args` prefix (some posts keep only the braces);
+- router (router/client/src/v3/sharded_client.rs in 2.x, backends/v3/src/client/sharded_client.rs in 3.x): the
+  span of its `warmup` call, `warmup{max_input_length=500 max_prefill_tokens=550 max_total_tokens=13107 ...}` (3.x
+  prints a figure the user left to the shard as `None`, one given as `Some(N)`), on every line logged inside it,
+  a failed warmup's error among them: the figures the launch ran with;
+- shard (flash_causal_lm.py, 0.9.0-0.9.3): "Not enough memory to handle 16000 total tokens with 2 prefill tokens"
+  (its warmup allocates the stated `--max-batch-total-tokens`, default 16000, as the pool; 0.9.4 on sizes it itself);
 - the release: the image tag a quoted command runs (`text-generation-inference:3.2.1`).
 """
 
@@ -42,6 +48,20 @@ PATTERNS: list[LogPattern] = [
     ("launcher_max_input_tokens", re.compile(r"Default `max_input_tokens` to " + _COUNT), lambda m: int(m.group(1))),
     ("launcher_max_total_tokens", re.compile(r"Default `max_total_tokens` to " + _COUNT), lambda m: int(m.group(1))),
     ("version", re.compile(r"text-generation-inference:v?(\d+\.\d+\.\d+)\b"), lambda m: m.group(1)),
+    (
+        "warmup",
+        re.compile(
+            r"warmup\{max_input_length=(?:Some\()?(\d{1,18}|None)\)? max_prefill_tokens="
+            + _COUNT
+            + r" max_total_tokens=(?:Some\()?(\d{1,18}|None)\b"
+        ),
+        lambda m: (_count(m.group(1)), int(m.group(2)), _count(m.group(3))),
+    ),
+    (
+        "pool_out_of_memory",
+        re.compile(r"Not enough memory to handle " + _COUNT + r" total tokens with " + _COUNT + r" prefill tokens"),
+        lambda m: (int(m.group(1)), int(m.group(2))),
+    ),
 ]
 _ARGS = re.compile(r"Args \{(.*?)(?:\}\s*$|$)")
 _BARE_ARGS = re.compile(r"^\s*\{ model_id: .*\}\s*$")
@@ -53,6 +73,9 @@ _ARG_FIELDS = {
     "max_total_tokens": re.compile(r"max_total_tokens: (?:Some\()?(\d+)"),
     "max_input_tokens": re.compile(r"max_input_(?:tokens|length): (?:Some\()?(\d+)"),
     "kv_cache_dtype": re.compile(r"kv_cache_dtype: Some\((\w+)\)"),
+    # a bare count is 0.9.0-0.9.3's `u32` (default 16000): the pool itself; `Some(N)` (0.9.4 on) only caps the one
+    # the warmup sizes, and a flash model's is ignored (backends/v3/src/lib.rs), so it is left out
+    "max_batch_total_tokens": re.compile(r"max_batch_total_tokens: (\d+)"),
 }
 
 
@@ -68,10 +91,27 @@ def parse_tgi_log(text: str) -> TgiLog:
     lines = [_message(raw) for raw in text.splitlines()]
     for line in lines:
         log.read(line, PATTERNS)
+    _spread_warmup(log)
     dump = _args_dump(lines)
     if dump:
         log.args = _args(dump)
     return log
+
+
+def _count(text: str) -> int | None:
+    return None if text == "None" else int(text)
+
+
+def _spread_warmup(log: TgiLog) -> None:
+    """The warmup span's figures as facts of their own (`warmup_max_prefill_tokens`, ...), each with its line."""
+    warmup = log.facts.pop("warmup", None)
+    line, words = log.lines.pop("warmup", ""), log.matches.pop("warmup", "")
+    if warmup is None:
+        return
+    for name, value in zip(("max_input_tokens", "max_prefill_tokens", "max_total_tokens"), warmup):
+        if value is not None:
+            log.facts[f"warmup_{name}"] = value
+            log.lines[f"warmup_{name}"], log.matches[f"warmup_{name}"] = line, words
 
 
 def _args_dump(lines: list[str]) -> str | None:

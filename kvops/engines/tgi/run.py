@@ -20,16 +20,22 @@ def stated_options(log: TgiLog) -> DeploymentOptions:
         options["tp"] = shards
     if args.get("cuda_memory_fraction"):
         options["memory_fraction"] = args["cuda_memory_fraction"]
-    prefill = args.get("max_batch_prefill_tokens") or log.get("max_batch_prefill_tokens")
+    prefill = (
+        args.get("max_batch_prefill_tokens")
+        or log.get("max_batch_prefill_tokens")
+        or log.get("warmup_max_prefill_tokens")
+    )
     if prefill:
         options["batched_tokens"] = prefill
     # the launcher's defaults (2.x) are inputs; the router's "defaulted to" lines (3.x) come from the pool itself
-    total = args.get("max_total_tokens") or log.get("launcher_max_total_tokens")
+    total = args.get("max_total_tokens") or log.get("launcher_max_total_tokens") or log.get("warmup_max_total_tokens")
     if total:
         options["max_model_len"] = total
     if args.get("kv_cache_dtype") in KV_DTYPE_OF_FLAG:
         options["kv_dtype"] = KV_DTYPE_OF_FLAG[args["kv_cache_dtype"]]
-    max_input = args.get("max_input_tokens") or log.get("launcher_max_input_tokens")
+    max_input = (
+        args.get("max_input_tokens") or log.get("launcher_max_input_tokens") or log.get("warmup_max_input_tokens")
+    )
     if max_input:
         options["max_input_tokens"] = max_input
     if log.get("version"):
