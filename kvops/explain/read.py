@@ -31,13 +31,29 @@ def read_run(
 def read_log(path: str) -> VllmLog:
     from kvops.engines.vllm.logs import parse_vllm_log
 
-    log = parse_vllm_log(read_text(path, "--vllm-log", LOG_LIMIT))
+    text = read_text(path, "--vllm-log", LOG_LIMIT)
+    if is_tgi_log(text):
+        raise KvopsError(
+            f"--vllm-log {path}: this is a TGI log, which explain does not read: run kvops calibrate --tgi-log {path} "
+            "--gpu GPU to compare its KV pool and launch figures with a plan"
+        )
+    log = parse_vllm_log(text)
     if not log.facts and log.failure is None:
         raise KvopsError(
             f"--vllm-log {path}: no vLLM lines found (looked for 'Model loading took', 'Available KV cache memory', 'KV cache size', "
             "'non-default args', out-of-memory and KV-cache errors)"
         )
     return log
+
+
+def is_tgi_log(text: str) -> bool:
+    """A TGI launcher, router or shard log: its targets (`text_generation_launcher`, ...) or a line only TGI prints."""
+    from kvops.engines.tgi.logs import parse_tgi_log
+
+    if "text_generation_" in text:
+        return True
+    log = parse_tgi_log(text)
+    return bool(log.facts or log.args)
 
 
 def read_metrics(url: str):

@@ -78,3 +78,14 @@ def test_the_pool_0_9_could_not_hold_is_compared_with_the_plans(run_kvops):
     assert found["max_batch_prefill_tokens"]["actual"] == 4096 and found["max_total_tokens"]["actual"] == 4096
     assert any("ran out of memory holding a 16000-token pool with 2 prefill tokens" in note for note in notes)
     assert "kv_cache" not in found  # a pool that never held is no measure of the KV bytes
+
+
+def test_explain_given_a_tgi_log_says_so_and_what_to_run(run_kvops):
+    from kvops.explain.read import is_tgi_log
+
+    for log in [*TGI.glob("*.log"), *(CORPUS.parent / "logs").glob("tgi-*.log")]:
+        error = run_kvops("explain", "--vllm-log", str(log), expect=1).stderr
+        assert f"this is a TGI log, which explain does not read: run kvops calibrate --tgi-log {log}" in error
+        assert "vLLM on GPU" not in error and len(error.strip().splitlines()) == 1
+    vllm_logs = [*(CORPUS / "vllm").glob("*.log"), *(CORPUS.parent / "logs").glob("vllm-*.log")]
+    assert vllm_logs and not any(is_tgi_log(log.read_text()) for log in vllm_logs)
