@@ -27,7 +27,7 @@ FORMATS = ("kvops", "timed_trace", "mooncake", "burstgpt", "azure", "sharegpt", 
 )
 @click.option("--trace-format", type=click.Choice(FORMATS), help="The trace's format [default: read from the file].")
 @click.option("--trace-model", metavar="NAME", help="BurstGPT: only this Model column's rows.")
-@click.option("--requests", type=POSITIVE, help="The trace's first N requests; synthetic: how many [default 1000].")
+@click.option("--requests", type=POSITIVE, help="The trace's first N arrivals; synthetic: how many [default 1000].")
 @click.option(
     "--rate",
     type=Finite(0, 1e6, "requests per second", low_open=True),

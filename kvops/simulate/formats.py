@@ -54,6 +54,7 @@ from kvops.simulate.trace import (
     TraceError,
     TraceRequest,
     bad_field,
+    first_arrivals,
     is_integer,
     json_object,
     parse_jsonl,
@@ -108,7 +109,8 @@ def read_trace(
 ) -> Trace:
     """The trace in `path`, in format `fmt` (one of FORMATS) or the one its content shows. `tokenizer` counts
     ShareGPT's texts (else 4 characters a token, which the source says); `model_filter` keeps one BurstGPT model;
-    `limit` stops after that many requests, in file order."""
+    `limit` keeps the first that many to arrive (an untimed file's first that many lines; a timed one is read whole,
+    its lines need not be in arrival order)."""
     where = os.fspath(path)
     if fmt is not None and fmt not in FORMATS:
         raise TraceError(f'trace format "{fmt}": expected one of {", ".join(FORMATS)}')
@@ -259,10 +261,8 @@ def _read_hashed(stream: IO[bytes], where: str, options: Options, layout: Hashed
             skipped += 1
             continue
         prefix = _hashed_prefix(record.get("hash_ids", []), prompt, layout.block_tokens, blocks, at)
-        requests.append(TraceRequest(arrival, prompt, output, prefix=prefix))
-        if options.limit is not None and len(requests) >= options.limit:
-            break
-    return _trace(requests, where, layout.name, skipped, EMPTY)
+        requests.append(TraceRequest(arrival, prompt, output, prefix=prefix, line=number))
+    return _trace(first_arrivals(requests, options.limit), where, layout.name, skipped, EMPTY)
 
 
 def _hashed_prefix(
@@ -305,7 +305,7 @@ def _count(value: Any, name: str, at: str) -> int:
 def _read_burstgpt(stream: IO[bytes], where: str, options: Options) -> Trace:
     rows = csv.reader(lines_of(stream, where))
     stamp, model, prompt, output = _columns(rows, BURSTGPT_COLUMNS, where, "BurstGPT")
-    kept: list[tuple[float, int, int]] = []
+    kept: list[tuple[float, int, int, int]] = []
     skipped = 0
     models: set[str] = set()
     for row in rows:
@@ -321,13 +321,14 @@ def _read_burstgpt(stream: IO[bytes], where: str, options: Options) -> Trace:
         if not tokens or not generated:
             skipped += 1
             continue
-        kept.append((arrival, tokens, generated))
-        if options.limit is not None and len(kept) >= options.limit:
-            break
+        kept.append((arrival, tokens, generated, rows.line_num))
     if options.model_filter is not None and not kept and not skipped:
         raise TraceError(f'{where}: no rows with Model "{options.model_filter}" (models: {", ".join(sorted(models))})')
-    start = min((arrival for arrival, _, _ in kept), default=0.0)
-    requests = [TraceRequest(arrival - start, tokens, generated) for arrival, tokens, generated in kept]
+    start = min((arrival for arrival, _, _, _ in kept), default=0.0)
+    requests = [
+        TraceRequest(arrival - start, tokens, generated, line=line) for arrival, tokens, generated, line in kept
+    ]
+    requests = first_arrivals(requests, options.limit)
     name = "BurstGPT CSV" + (f", model {options.model_filter}" if options.model_filter is not None else "")
     return _trace(requests, where, name, skipped, "failures (0 Response tokens) and empty prompts")
 
@@ -335,7 +336,7 @@ def _read_burstgpt(stream: IO[bytes], where: str, options: Options) -> Trace:
 def _read_azure(stream: IO[bytes], where: str, options: Options) -> Trace:
     rows = csv.reader(lines_of(stream, where))
     stamp, prompt, output = _columns(rows, AZURE_COLUMNS, where, "Azure LLM inference")
-    kept: list[tuple[int, float, int, int]] = []
+    kept: list[tuple[int, float, int, int, int]] = []
     skipped = 0
     seconds_of: dict[str, int] = {}  # "date time offset" -> seconds since the epoch: rows share their second
     for row in rows:
@@ -348,15 +349,13 @@ def _read_azure(stream: IO[bytes], where: str, options: Options) -> Trace:
         if not tokens or not generated:
             skipped += 1
             continue
-        kept.append((whole, fraction, tokens, generated))
-        if options.limit is not None and len(kept) >= options.limit:
-            break
-    start = min(((whole, fraction) for whole, fraction, _, _ in kept), default=(0, 0.0))
+        kept.append((whole, fraction, tokens, generated, rows.line_num))
+    start = min(((whole, fraction) for whole, fraction, _, _, _ in kept), default=(0, 0.0))
     requests = [
-        TraceRequest((whole - start[0]) + (fraction - start[1]), tokens, generated)
-        for whole, fraction, tokens, generated in kept
+        TraceRequest((whole - start[0]) + (fraction - start[1]), tokens, generated, line=line)
+        for whole, fraction, tokens, generated, line in kept
     ]
-    return _trace(requests, where, "Azure LLM inference CSV", skipped, EMPTY)
+    return _trace(first_arrivals(requests, options.limit), where, "Azure LLM inference CSV", skipped, EMPTY)
 
 
 def _instant(text: str, seconds_of: dict[str, int], at: str) -> tuple[int, float]:

@@ -214,6 +214,7 @@ def request_rows(log: RunLog, slo: Slo) -> list[dict[str, Any]]:
                 "refusals": entry.refusals,
                 "capped": entry.capped,
                 "outcome": entry.outcome,
+                "trace_line": "" if entry.line is None else entry.line,
             }
         )
     return rows

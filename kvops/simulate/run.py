@@ -77,6 +77,7 @@ class RequestLog:
     capped: bool = False  # the API server capped its new tokens below what it would have generated (door)
     queued: float = -1.0  # when the scheduler received it (vLLM's QUEUED stamp): once the API server has handed it
     # in, or at the end of the step the engine core was running then
+    line: int | None = None  # its line in the trace file (None: not read from a file's lines)
 
 
 @dataclass
@@ -233,7 +234,7 @@ def _send(
     sent = senders.due_new()
     senders.next += 1
     senders.in_flight += 1
-    entry = RequestLog(sent, request.prompt_tokens, 0)  # its output length is set when it is served
+    entry = RequestLog(sent, request.prompt_tokens, 0, line=request.line)  # its output length is set when served
     logs.append(entry)
     if max_model_len - request.prompt_tokens < 1:
         entry.outcome = (

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from itertools import pairwise
 from typing import Any, TypeGuard
 
@@ -54,7 +54,8 @@ class TraceRequest:
     """One request. `output_tokens` is what it really generates before it stops; `max_tokens` is what the client sends
     (None: omitted, so the engine allows up to max-model-len minus the prompt). `prefix` is the shared start of the
     prompt as segments (key, tokens): two requests whose prompts start with the same segments (key and tokens alike)
-    share those tokens exactly; the rest of the prompt is the request's own."""
+    share those tokens exactly; the rest of the prompt is the request's own. `line` is the line of the trace file it
+    was read from (None: a JSON document's entry, or generated); it does not count in comparisons."""
 
     arrival_s: float
     prompt_tokens: int
@@ -62,6 +63,7 @@ class TraceRequest:
     max_tokens: int | None = None
     priority: int = 0
     prefix: tuple[Segment, ...] = ()
+    line: int | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if not (0 <= self.arrival_s < math.inf and self.prompt_tokens >= 1 and self.output_tokens >= 1):
@@ -148,6 +150,13 @@ class Trace:
         }
 
 
+def first_arrivals(requests: list[TraceRequest], limit: int | None) -> list[TraceRequest]:
+    """The first `limit` requests to arrive (all: None), in arrival order; a file's lines need not be in it, so a
+    timed file is read whole before it is cut."""
+    ordered = sorted(requests, key=_arrival)
+    return ordered if limit is None else ordered[: max(limit, 0)]
+
+
 def _arrival(request: TraceRequest) -> float:
     return request.arrival_s
 
@@ -161,7 +170,7 @@ def _stats(values: list[int]) -> dict[str, float | None]:
 
 
 def parse_jsonl(lines: Iterable[str], where: str, limit: int | None = None) -> Trace:
-    """kvops' JSONL trace (the module docstring), at most `limit` requests; `where` names the file in errors."""
+    """kvops' JSONL trace (the module docstring), its first `limit` arrivals; `where` names the file in errors."""
     requests: list[TraceRequest] = []
     timed_at: tuple[bool, int] | None = None  # whether the first request line had arrival_s, and its number
     for number, line in enumerate(lines, 1):
@@ -173,12 +182,13 @@ def parse_jsonl(lines: Iterable[str], where: str, limit: int | None = None) -> T
         if timed != timed_at[0]:
             state = "missing, but line {} has one" if timed_at[0] else "given, but line {} has none"
             raise TraceError(f'{at}: field "arrival_s": {state.format(timed_at[1])} (give it on every line or on none)')
-        requests.append(request)
-        if limit is not None and len(requests) >= limit:
+        requests.append(replace(request, line=number))
+        if limit is not None and len(requests) >= limit and not timed:
             break
     if not requests:
         raise TraceError(f"{where}: no requests (kvops JSONL: one JSON object per line, e.g. {EXAMPLE})")
     timed = timed_at is not None and timed_at[0]
+    requests = first_arrivals(requests, limit)
     return Trace(tuple(requests), f"{where} (kvops JSONL, {len(requests):,} requests)", timed=timed)
 
 
