@@ -149,7 +149,7 @@ def _arms_table(arms: tuple[ArmResult, ...]) -> list[str]:
         "req/s",
         "goodput",
         "SLO met",
-        "preempted",
+        "preemptions",
         "recomputed",
         "peak KV",
     )
@@ -169,7 +169,7 @@ def _arms_table(arms: tuple[ArmResult, ...]) -> list[str]:
                 f"{summary.throughput_rps:.3g}",
                 f"{summary.goodput_rps:.3g}/s",
                 f"{summary.attainment:.0%}",
-                f"{summary.preemptions:,}",
+                _preemptions(summary),
                 f"{summary.recomputed_tokens:,}",
                 f"{summary.peak_usage:.0%}",
             )
@@ -206,6 +206,14 @@ def _spread_cell(values: tuple[float, ...], unit: str) -> str:
     if unit == "ms":
         return f"{_ms(middle / 1000)} [{_ms(low / 1000)}-{_ms(high / 1000)}]"
     return f"{middle:.3g}/s [{low:.3g}-{high:.3g}]"
+
+
+def _preemptions(summary: Summary) -> str:
+    """The preemptions (events), and how many requests they hit where fewer (`preempted_requests` in --json)."""
+    events = f"{summary.preemptions:,}"
+    if summary.preempted_requests == summary.preemptions:
+        return events
+    return f"{events} ({summary.preempted_requests:,} req)"
 
 
 def _degraded(summary: Summary) -> str:
@@ -249,11 +257,11 @@ def _rate_lines(search: RateSearch, answer: Answer) -> list[str]:
             f"{point.goodput_rps:.3g}",
             _ms(point.summary.ttft.p99),
             _ms(point.summary.tpot.p99),
-            f"{point.summary.preemptions:,}",
+            _preemptions(point.summary),
         )
         for point in sorted(search.points, key=lambda point: point.rate_rps)
     ]
-    lines = table(("rate/s", "SLO met", "goodput/s", "TTFT p99", "TPOT p99", "preempted"), rows)
+    lines = table(("rate/s", "SLO met", "goodput/s", "TTFT p99", "TPOT p99", "preemptions"), rows)
     verdict = (
         f"max rate         {search.max_rate_rps:.3g} requests/s on one replica meet the SLO for {search.attainment:.0%} of requests ({search.arm})"
         if search.max_rate_rps > 0

@@ -230,7 +230,7 @@ SPREAD_FIGURES: tuple[tuple[str, str, Callable[[Summary], float], str], ...] = (
     ("e2e_p99_ms", "E2E p99", lambda summary: summary.e2e.p99 * 1000, "ms"),
     ("goodput_rps", "goodput", lambda summary: summary.goodput_rps, "/s"),
     ("slo_attainment", "SLO met", lambda summary: summary.attainment, "share"),
-    ("preemptions", "preempted", lambda summary: float(summary.preemptions), "count"),
+    ("preemptions", "preemptions", lambda summary: float(summary.preemptions), "count"),
 )
 
 

@@ -67,3 +67,21 @@ def test_simulate_csv_names_each_requests_line_in_the_trace(run_kvops, tmp_path)
     assert [row["trace_line"] for row in rows] == ["4", "6", "5"]
     assert [row["prompt_tokens"] for row in rows] == ["104", "106", "105"]
     assert [float(row["sent_ms"]) for row in rows] == [100.0, 200.0, 300.0]  # from the trace's start
+
+
+def test_the_report_says_preemptions_are_events_and_how_many_requests_they_hit():
+    """The column read "preempted" and counted events; the requests preempted were only in --json."""
+    from types import SimpleNamespace
+
+    from kvops.render.simulate import _preemptions
+
+    assert _preemptions(SimpleNamespace(preemptions=239, preempted_requests=168)) == "239 (168 req)"
+    assert _preemptions(SimpleNamespace(preemptions=8, preempted_requests=8)) == "8"
+
+
+def test_simulate_text_heads_the_column_preemptions_and_json_keeps_both_keys(run_kvops):
+    pytest.importorskip("vllm")
+    small = ("-m", "llama-3.1-8b", "--gpu", "H100", "--max-model-len", "4096", "--requests", "8", "--rate", "8")
+    assert " preemptions " in run_kvops("simulate", *small).stdout
+    (arm,) = json.loads(run_kvops("simulate", *small, "--json").stdout)["arms"]
+    assert {"preemptions", "preempted_requests"} <= set(arm)
