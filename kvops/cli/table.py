@@ -35,9 +35,7 @@ def table(model, batches, tokens_list, tp, kv_dtype, block_size, table_format):
     spec = load_model(model)
     dtype = resolve_kv_dtype(kv_dtype, spec.dtype)
     needs("plot", "pandas")
-    from kvops.render.tables import kv_table, render_table
+    from kvops.render.tables import kv_table, render_table, table_header
 
     frame = kv_table(spec, batches=batch_values, tokens=token_values, dtype=dtype, tp=tp, block_size=block_size)
-    if table_format == "text":
-        click.echo(f"{spec.name}   kv dtype {dtype.name}   tp {tp}   {spec.layer_pattern()}")
-    click.echo(render_table(frame, table_format))
+    click.echo(render_table(frame, table_format, table_header(spec, dtype, tp, block_size)))

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import json
+from typing import TYPE_CHECKING, Any
 
 from kvops.dtypes import KvDtype
 from kvops.formula import kv_cost
@@ -47,12 +48,27 @@ def kv_table(
     return pandas.DataFrame(rows, columns=["batch", "tokens", *BYTE_COLUMNS])
 
 
-def render_table(frame: pandas.DataFrame, table_format: str) -> str:
+def table_header(spec: ModelSpec, dtype: KvDtype, tp: int, block_size: int | None) -> dict[str, Any]:
+    """What the rows were computed for: the text's first line, and the top of the JSON."""
+    return {
+        "model": spec.name,
+        "kv_dtype": dtype.name,
+        "tp": tp,
+        "layer_pattern": spec.layer_pattern(),
+        "block_size": block_size,
+    }
+
+
+def render_table(frame: pandas.DataFrame, table_format: str, header: dict[str, Any]) -> str:
+    """The table in `table_format`; JSON is the header's fields and `rows`, one object per row; text starts with
+    the header's line; CSV and markdown are the rows alone."""
     if table_format == "csv":
         return frame.to_csv(index=False).rstrip("\n")
     if table_format == "json":
-        return frame.to_json(orient="records", indent=2)
+        return json.dumps({**header, "rows": json.loads(frame.to_json(orient="records"))}, indent=2)
     human = frame.copy()
+    for column in ("batch", "tokens"):
+        human[column] = human[column].map("{:,}".format)
     for column in BYTE_COLUMNS:
         human[column] = human[column].map(format_bytes)
     human = human.rename(
@@ -60,7 +76,9 @@ def render_table(frame: pandas.DataFrame, table_format: str) -> str:
     )
     if table_format == "markdown":
         return _markdown(human)
-    return human.to_string(index=False)
+    block = f"   block size {header['block_size']:,}" if header["block_size"] else ""
+    title = f"{header['model']}   kv dtype {header['kv_dtype']}   tp {header['tp']}{block}   {header['layer_pattern']}"
+    return title + "\n" + human.to_string(index=False)
 
 
 def _markdown(frame: pandas.DataFrame) -> str:

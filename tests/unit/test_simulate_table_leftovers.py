@@ -85,3 +85,22 @@ def test_simulate_text_heads_the_column_preemptions_and_json_keeps_both_keys(run
     assert " preemptions " in run_kvops("simulate", *small).stdout
     (arm,) = json.loads(run_kvops("simulate", *small, "--json").stdout)["arms"]
     assert {"preemptions", "preempted_requests"} <= set(arm)
+
+
+def test_table_json_carries_the_header_and_text_names_the_block_size_with_separators(run_kvops):
+    """--format json was a bare list without model, dtype, tp or block size; the text left out --block-size and
+    printed 16384 where `kvops kv` prints 16,384."""
+    pytest.importorskip("pandas")
+    args = ("table", "-m", "mistral-7b-v0.1", "--batches", "1", "--tokens", "16384", "--block-size", "16")
+    doc = json.loads(run_kvops(*args, "--format", "json").stdout)
+    assert {key: doc[key] for key in ("model", "kv_dtype", "tp", "block_size", "layer_pattern")} == {
+        "model": "mistralai/Mistral-7B-v0.1",
+        "kv_dtype": "bf16",
+        "tp": 1,
+        "block_size": 16,
+        "layer_pattern": "sliding 4096 on all 32 layers",
+    }
+    assert doc["rows"][0]["tokens"] == 16384
+    text = run_kvops(*args).stdout
+    assert "block size 16" in text.splitlines()[0] and "16,384" in text
+    assert "| 16,384 |" in run_kvops(*args, "--format", "markdown").stdout

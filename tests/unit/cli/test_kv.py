@@ -121,7 +121,7 @@ def test_table_formats(run_kvops, table_format):
         assert "1,8192,131072,1073741824,536870912" in lines
         assert len(lines) == 1 + 3 * 4
     elif table_format == "json":
-        rows = json.loads(out)
+        rows = json.loads(out)["rows"]
         assert {
             "batch": 8,
             "tokens": 1024,
