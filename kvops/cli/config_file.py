@@ -78,7 +78,8 @@ def _load(ctx: click.Context, param: click.Parameter, path: Path | None) -> None
         raise click.BadParameter(f"{path}: want a mapping of option names to values", param=param)
     multiple = {param.name for param in ctx.command.params if getattr(param, "multiple", False)}
     flags = {p.name: p for p in ctx.command.params if isinstance(p, click.Option) and p.is_flag and p.name}
-    values, notes = options_from(data, _option_names(ctx.command), str(path), multiple, flags, _off_names(ctx.command))
+    off = {opt[2:] for flag in flags.values() for opt in flag.secondary_opts}  # --no-enforce-eager: a switch's off form
+    values, notes = options_from(data, _option_names(ctx.command), str(path), multiple, flags, off)
     values = {
         name: _beside(path, value) if name in _path_params(ctx.command) else value for name, value in values.items()
     }
@@ -186,17 +187,6 @@ def _option_names(command: click.Command) -> dict[str, str]:
                 if opt.startswith("--"):
                     names[opt[2:]] = param.name
     return names
-
-
-def _off_names(command: click.Command) -> set[str]:
-    """The long options that are a switch's off form (click's secondary options: `--no-enforce-eager`)."""
-    return {
-        opt[2:]
-        for param in command.params
-        if isinstance(param, click.Option)
-        for opt in param.secondary_opts
-        if opt.startswith("--")
-    }
 
 
 def options_from(

@@ -6,21 +6,9 @@ from __future__ import annotations
 import pytest
 
 from kvops.policy import Level
-from tests.support.aio import ServerThread
-from tests.support.upstream import RecordingUpstream
 from tests.support.vllm_server import free_port
 from tests.unit.plugins.test_middleware import WARN, Stub, call, middleware, received
 from tests.unit.watch.test_hostile_proxy import guarded_proxy, post
-
-
-@pytest.fixture
-def upstream():
-    """A stand-in engine on 127.0.0.1 that records what it receives (as tests/unit/watch/conftest.py's)."""
-    recorder = RecordingUpstream()
-    with ServerThread(recorder.app) as server:
-        server.recorder = recorder
-        yield server
-
 
 # --- /inference/v1/generate without max_tokens runs to the context, not 16 -----------------------------------------
 # vLLM 0.32-0.34 (vllm/entrypoints/scale_out/token_in_token_out/serving.py, is_sampling_param_provided): a

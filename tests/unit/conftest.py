@@ -1,4 +1,4 @@
-"""What the proxy tests share: a recording upstream engine on 127.0.0.1."""
+"""What the unit tests share: a recording upstream engine on 127.0.0.1 (the proxy tests, the guard defects)."""
 
 from __future__ import annotations
 
