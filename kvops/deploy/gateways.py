@@ -3,9 +3,12 @@
 Each function builds what that project reads, checked against its own source or schema in tests/fixtures/gateways/:
 
 - llm-d: an EndpointPickerConfig (llm-d.ai/v1alpha1, apix/config/v1alpha1/endpointpickerconfig_types.go) whose
-  utilization-detector sheds sheddable traffic from the degrade level and stops routing to an endpoint at the
-  critical level, and InferenceObjectives (llm-d.ai/v1alpha2) for a sheddable class (priority -1) and a standard
-  one (0); the sidecar reads X-KVops-Priority only from the gateway's networks, named in a ConfigMap (empty: none);
+  utilization-detector sheds sheddable traffic from the degrade level and, listed in the scheduling profile as the
+  filter it also is, stops routing to an endpoint at the critical level; the profile keeps the picker's default
+  scorers and weights (pkg/epp/config/loader/defaults.go), and the picker reads the engine's /metrics on the
+  engine's own port (metrics-data-source `port`), not through the admission proxy the InferencePool targets. And
+  InferenceObjectives (llm-d.ai/v1alpha2) for a sheddable class (priority -1) and a standard one (0); the sidecar
+  reads X-KVops-Priority only from the gateway's networks, named in a ConfigMap (empty: none);
 - Dynamo: the frontend's rejection thresholds as environment variables (DYN_ACTIVE_DECODE_BLOCKS_THRESHOLD, ...,
   components/src/dynamo/common/configuration/groups/router_args.py);
 - production-stack: Helm values for the model (the plan's vllmConfig), and a KEDA ScaledObject on the KV demand
@@ -28,9 +31,13 @@ TARGETS = ("llm-d", "dynamo", "production-stack")
 LLMD_CONFIG_API = "llm-d.ai/v1alpha1"
 LLMD_OBJECTIVE_API = "llm-d.ai/v1alpha2"
 DETECTOR = "utilization-detector"
-SCORERS = ("queue-scorer", "kv-cache-utilization-scorer")
+# the picker's default scorers and weights (llm-d-router pkg/epp/config/loader/defaults.go, loadDefaultConfig)
+SCORERS = (("queue-scorer", 2.0), ("kv-cache-utilization-scorer", 2.0), ("prefix-cache-scorer", 3.0))
 PICKER = "max-score-picker"
-# The classes a client names with the x-gateway-inference-objective header: sheddable first under saturation.
+METRICS_SOURCE, METRICS_EXTRACTOR = "metrics-data-source", "core-metrics-extractor"
+# The header a client names its class with (pkg/epp/metadata/consts.go, since llm-d-router 0.9; the old name is an
+# alias the picker still reads), and the classes: sheddable first under saturation.
+OBJECTIVE_HEADER, OLD_OBJECTIVE_HEADER = "x-llm-d-inference-objective", "x-gateway-inference-objective"
 OBJECTIVES = (("sheddable", -1), ("standard", 0))
 
 
@@ -41,6 +48,8 @@ def levels(stack: Stack) -> GatewayLevels:
 
 
 def endpoint_picker_config(stack: Stack) -> dict[str, Any]:
+    """The picker's config: the detector as the flow controller's saturation detector (read with the feature gate
+    off too, by the legacy admission) and as the profile's filter; the engine's metrics scraped on its own port."""
     gate = levels(stack)
     detector = {
         "name": DETECTOR,
@@ -51,14 +60,20 @@ def endpoint_picker_config(stack: Stack) -> dict[str, Any]:
             "headroom": gate.headroom,
         },
     }
-    plugins = [detector] + [{"name": name, "type": name} for name in (*SCORERS, PICKER)]
+    metrics = {"name": METRICS_SOURCE, "type": METRICS_SOURCE, "parameters": {"port": stack.engine_port}}
+    plugins = [detector, *({"name": name, "type": name} for name, _ in SCORERS), {"name": PICKER, "type": PICKER}]
+    plugins += [metrics, {"name": METRICS_EXTRACTOR, "type": METRICS_EXTRACTOR}]
+    profile = [
+        {"pluginRef": DETECTOR},
+        *({"pluginRef": name, "weight": weight} for name, weight in SCORERS),
+        {"pluginRef": PICKER},
+    ]
     return {
         "apiVersion": LLMD_CONFIG_API,
         "kind": "EndpointPickerConfig",
         "plugins": plugins,
-        "schedulingProfiles": [
-            {"name": "default", "plugins": [{"pluginRef": name} for name in (*SCORERS, PICKER)]},
-        ],
+        "schedulingProfiles": [{"name": "default", "plugins": profile}],
+        "dataLayer": {"sources": [{"pluginRef": METRICS_SOURCE, "extractors": [{"pluginRef": METRICS_EXTRACTOR}]}]},
         "flowControl": {"saturationDetector": {"pluginRef": DETECTOR}},
     }
 
@@ -173,11 +188,12 @@ def llm_d_files(stack: Stack) -> dict[str, str]:
         )
         + dump_yaml(gateway_trust_config_map(stack)),
         "epp-config.yaml": stack.header(
-            "llm-d's endpoint picker at kvops' levels: merge into your EndpointPickerConfig"
+            "llm-d's endpoint picker at kvops' levels (its --config-file; your InferencePool's targetPorts: the pods' "
+            f"kvops-proxy port, {stack.proxy_port})"
         )
         + dump_yaml(endpoint_picker_config(stack)),
         "inferenceobjectives.yaml": stack.header(
-            "request classes: name one with the x-gateway-inference-objective header"
+            f"request classes: name one with the {OBJECTIVE_HEADER} header ({OLD_OBJECTIVE_HEADER} before llm-d-router 0.9)"
         )
         + "---\n".join(dump_yaml(o) for o in inference_objectives(stack)),
     }

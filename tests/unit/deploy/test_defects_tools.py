@@ -1,0 +1,62 @@
+"""Defects in what `kvops manifests` emits for the tools SREs run it with (llm-d's endpoint picker, KEDA), each
+replayed against the tool's own source facts (tests/fixtures/gateways/upstream.json) or vendored schema
+(tests/fixtures/gateways/SOURCES.md)."""
+
+from __future__ import annotations
+
+import yaml
+
+from tests.unit.deploy.test_deploy import k8s_objects
+from tests.unit.deploy.test_gateways import UPSTREAM, written
+
+LLM_D = UPSTREAM["llm-d"]
+
+
+def picker_config(run_kvops, tmp_path, *args: str) -> dict:
+    return yaml.safe_load(written(run_kvops, tmp_path, "--target", "llm-d", *args)["epp-config.yaml"])
+
+
+def plugin(config: dict, name: str) -> dict:
+    return next(p for p in config["plugins"] if p["name"] == name)
+
+
+def test_the_utilization_detector_filters_endpoints_in_the_scheduling_profile(run_kvops, tmp_path):
+    """The detector stops routing to an endpoint past threshold x (1 + headroom) only as a Filter of the profile:
+    a config that names its profiles gets no filter added (ensureSchedulingLayer). The profile listed only the
+    scorers and the picker, so endpoints past kvops' critical level still took traffic; and it dropped the
+    picker's default prefix-cache-scorer and weights (2, 2, 3)."""
+    config = picker_config(run_kvops, tmp_path)
+    (profile,) = config["schedulingProfiles"]
+    refs = {ref["pluginRef"]: ref.get("weight") for ref in profile["plugins"]}
+    filters = [p["name"] for p in config["plugins"] if p["type"] in LLM_D["scheduling"]["filters"]]
+    assert filters == ["utilization-detector"] and all(name in refs for name in filters)
+    assert config["flowControl"]["saturationDetector"]["pluginRef"] == "utilization-detector"
+    weights = LLM_D["scheduling"]["default_profile_weights"]
+    assert {name: refs[name] for name in weights if name in refs} == weights
+
+
+def test_the_picker_scrapes_the_engine_not_the_admission_proxy(run_kvops, tmp_path):
+    """The picker scrapes <pod IP>:<InferencePool target port>/metrics, every 50 ms by default; behind llm-d the
+    pool targets the sidecar's proxy (the only door that applies the levels), which forwarded each scrape to the
+    engine and counted it in kvops_proxy_requests_total: 20 requests/s per picker on the dashboard's admission
+    panel. The metrics source now scrapes the engine's own port (its `port`, llm-d-router 0.10)."""
+    files = written(run_kvops, tmp_path, "--target", "llm-d")
+    config = yaml.safe_load(files["epp-config.yaml"])
+    source = plugin(config, "metrics-data-source")
+    assert set(source["parameters"]) <= set(LLM_D["metrics_data_source"]["parameters"])
+    (deployment,) = k8s_objects(files["deployment.yaml"])
+    engine, sidecar = deployment["spec"]["template"]["spec"]["containers"]
+    ports = {p["name"]: p["containerPort"] for c in (engine, sidecar) for p in c["ports"]}
+    assert source["parameters"]["port"] == ports["http"] == 8000 and ports["kvops-proxy"] == 9401
+    (layer,) = config["dataLayer"]["sources"]
+    assert set(layer) <= set(LLM_D["endpoint_picker_config"]["data_layer_source_fields"])
+    assert layer == {"pluginRef": "metrics-data-source", "extractors": [{"pluginRef": "core-metrics-extractor"}]}
+    assert "kvops-proxy port, 9401" in files["epp-config.yaml"].splitlines()[0]
+
+
+def test_the_request_class_header_is_the_pickers_current_one(run_kvops, tmp_path):
+    """llm-d-router 0.9 renamed x-gateway-inference-objective to x-llm-d-inference-objective (the old name an
+    alias); kvops told clients the old one."""
+    header = LLM_D["objective_header"]
+    first = written(run_kvops, tmp_path, "--target", "llm-d")["inferenceobjectives.yaml"].splitlines()[0]
+    assert f"with the {header['current']} header" in first
