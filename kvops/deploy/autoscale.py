@@ -4,8 +4,16 @@ Both scale the engine's Deployment on `kvops:kv_demand_tokens` (kvops/watch/head
 the rules of `kvops alerts --plan`), against a target demand per replica of the warn level times the plan's pool:
 KEDA's Prometheus trigger with metricType AverageValue, and the HPA's Pods metric with an averageValue, both run
 ceil(sum of demand / target) replicas. The scale-down cool-down is the plan's readiness budget (the engine
-container's readinessProbe periodSeconds x failureThreshold): removing a replica sooner than a new one can start
-makes the fleet oscillate. `runbooks/README.md` says how to choose the target.
+container's readinessProbe periodSeconds x failureThreshold), the HPA's scale-down stabilization window (KEDA passes
+its own through advanced.horizontalPodAutoscalerConfig): removing a replica sooner than a new one can start makes
+the fleet oscillate. `runbooks/README.md` says how to choose the target.
+
+KEDA (kedacore/keda v2.20.2): with minReplicaCount >= 1 its cooldownPeriod and pollingInterval do nothing (they
+govern scaling to and from zero; its admission webhook warns of both, apis/keda/v1alpha1/scaledobject_webhook.go),
+so the ScaledObject sets neither. Its Prometheus trigger reads an empty result as 0 unless ignoreNullValues is false
+(pkg/scalers/prometheus_scaler.go): the demand is absent only where no engine series is scraped or the rules are not
+loaded, which is not zero demand, so the trigger errs and the HPA keeps the replicas it has, as the HPA on
+prometheus-adapter does when the adapter finds no series.
 """
 
 from __future__ import annotations
@@ -73,8 +81,6 @@ def scaled_object(
             "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": target},
             "minReplicaCount": scale.min_replicas,
             "maxReplicaCount": scale.max_replicas,
-            "pollingInterval": stack.scrape_interval,
-            "cooldownPeriod": scale.cooldown_seconds,
             "advanced": {"horizontalPodAutoscalerConfig": {"behavior": _behavior(scale)}},
             "triggers": [
                 {
@@ -84,6 +90,7 @@ def scaled_object(
                         "serverAddress": scale.prometheus_url,
                         "query": query,
                         "threshold": str(scale.target_tokens),
+                        "ignoreNullValues": "false",  # no series is not zero demand: hold the replicas
                     },
                 }
             ],

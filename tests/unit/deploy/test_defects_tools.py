@@ -4,10 +4,11 @@ replayed against the tool's own source facts (tests/fixtures/gateways/upstream.j
 
 from __future__ import annotations
 
+import pytest
 import yaml
 
 from tests.unit.deploy.test_deploy import k8s_objects
-from tests.unit.deploy.test_gateways import UPSTREAM, written
+from tests.unit.deploy.test_gateways import FIXTURES, UPSTREAM, written
 
 LLM_D = UPSTREAM["llm-d"]
 
@@ -60,3 +61,71 @@ def test_the_request_class_header_is_the_pickers_current_one(run_kvops, tmp_path
     header = LLM_D["objective_header"]
     first = written(run_kvops, tmp_path, "--target", "llm-d")["inferenceobjectives.yaml"].splitlines()[0]
     assert f"with the {header['current']} header" in first
+
+
+def strict(schema: dict) -> dict:
+    """A CRD schema as `kubectl apply --validate=strict` reads it: an object's unknown fields are errors, not pruned."""
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: strict(value) if isinstance(value, dict) else value for key, value in schema.items()}
+    if "items" in out:
+        out["items"] = strict(out["items"])
+    if "properties" in out:
+        out["properties"] = {name: strict(value) for name, value in out["properties"].items()}
+        out.setdefault("additionalProperties", False)
+    return out
+
+
+def keda_schema() -> dict:
+    crd = yaml.safe_load((FIXTURES / "keda.sh_scaledobjects.yaml").read_text())
+    (version,) = (v for v in crd["spec"]["versions"] if v["name"] == "v1alpha1")
+    return strict(version["schema"]["openAPIV3Schema"])
+
+
+def scaled_objects(run_kvops, tmp_path) -> list[dict]:
+    k8s = written(run_kvops, tmp_path / "k8s", "--autoscale", "keda", "--replicas", "2")["scaledobject.yaml"]
+    stack = written(run_kvops, tmp_path / "stack", "--target", "production-stack")["scaledobject.yaml"]
+    return [*k8s_objects(k8s), *k8s_objects(stack)]
+
+
+def test_scaled_objects_pass_kedas_own_crd_and_set_nothing_it_ignores(run_kvops, tmp_path, jsonschema):
+    """KEDA 2.20's webhook warned on every apply: "CooldownPeriod is configured but is not relevant" and the same
+    for PollingInterval, both only for scaling to and from zero (minReplicaCount was 1 or more: --replicas)."""
+    facts = UPSTREAM["keda"]
+    for scaled in scaled_objects(run_kvops, tmp_path):
+        jsonschema.validate(scaled, keda_schema())
+        spec = scaled["spec"]
+        assert spec["minReplicaCount"] >= 1
+        assert not set(spec) & set(facts["irrelevant_with_min_replicas_above_zero"])
+        (trigger,) = spec["triggers"]
+        assert set(trigger["metadata"]) <= set(facts["prometheus_trigger_metadata"])
+
+
+def test_the_vendored_keda_crd_catches_a_misspelt_field(jsonschema):
+    scaled = {
+        "apiVersion": "keda.sh/v1alpha1",
+        "kind": "ScaledObject",
+        "metadata": {"name": "vllm"},
+        "spec": {
+            "scaleTargetRef": {"name": "vllm"},
+            "minReplicaCount": 1,
+            "triggers": [{"type": "prometheus", "metadata": {}}],
+        },
+    }
+    jsonschema.validate(scaled, keda_schema())
+    scaled["spec"]["minReplicas"] = scaled["spec"].pop("minReplicaCount")
+    with pytest.raises(jsonschema.ValidationError, match="'minReplicas' was unexpected"):
+        jsonschema.validate(scaled, keda_schema())
+    scaled["spec"]["minReplicaCount"] = scaled["spec"].pop("minReplicas")
+    scaled["spec"]["triggers"][0]["metadata"]["threshold"] = 312256
+    with pytest.raises(jsonschema.ValidationError, match="312256 is not of type 'string'"):
+        jsonschema.validate(scaled, keda_schema())
+
+
+def test_an_absent_demand_is_not_zero_demand_to_keda(run_kvops, tmp_path):
+    """KEDA's Prometheus trigger read an empty result (no engine series, rules not loaded, a wrong job label) as 0
+    and scaled the fleet to its minimum; with ignoreNullValues false it errs and the HPA keeps its replicas."""
+    assert UPSTREAM["keda"]["ignore_null_values_default"] is True
+    for scaled in scaled_objects(run_kvops, tmp_path):
+        (trigger,) = scaled["spec"]["triggers"]
+        assert trigger["metadata"]["ignoreNullValues"] == "false"
