@@ -62,7 +62,7 @@ def endpoint_picker_config(stack: Stack) -> dict[str, Any]:
     }
     metrics = {"name": METRICS_SOURCE, "type": METRICS_SOURCE, "parameters": {"port": stack.engine_port}}
     plugins = [detector, *({"name": name, "type": name} for name, _ in SCORERS), {"name": PICKER, "type": PICKER}]
-    plugins += [metrics, {"name": METRICS_EXTRACTOR, "type": METRICS_EXTRACTOR}]
+    plugins += [metrics, metrics_extractor(stack.engine)]
     profile = [
         {"pluginRef": DETECTOR},
         *({"pluginRef": name, "weight": weight} for name, weight in SCORERS),
@@ -76,6 +76,20 @@ def endpoint_picker_config(stack: Stack) -> dict[str, Any]:
         "dataLayer": {"sources": [{"pluginRef": METRICS_SOURCE, "extractors": [{"pluginRef": METRICS_EXTRACTOR}]}]},
         "flowControl": {"saturationDetector": {"pluginRef": DETECTOR}},
     }
+
+
+def metrics_extractor(engine_name: str) -> dict[str, Any]:
+    """The picker's reader of the engine's metrics. It maps vLLM's itself; for another engine (TGI) it is given the
+    engine's waiting and running gauges, else it finds none of vLLM's names on the pods, never marks their metrics
+    fresh, and scores every pod saturated: sheddable traffic always shed. No KV gauge: the picker's KV term stays 0
+    and the admission proxy in each pod applies the KV levels."""
+    extractor: dict[str, Any] = {"name": METRICS_EXTRACTOR, "type": METRICS_EXTRACTOR}
+    load = engines.get(engine_name).gateway_load_metrics
+    if load is not None:
+        waiting, running = load
+        mapping = {"name": engine_name, "queuedRequestsSpec": waiting, "runningRequestsSpec": running}
+        extractor["parameters"] = {"defaultEngine": engine_name, "engineConfigs": [mapping]}
+    return extractor
 
 
 def inference_objectives(stack: Stack) -> list[dict[str, Any]]:

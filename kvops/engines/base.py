@@ -48,6 +48,9 @@ class Engine(Protocol):
     admission_middleware: str | None
     signals: tuple[str, ...]  # the saturation signals its metrics support (the policy's signal names)
     needs_capacity: bool  # its KV usage is computed from a capacity the watcher must be given
+    # its (waiting, running) gauges, for a gateway that has no mapping of its own for this engine (llm-d's picker
+    # maps vLLM's); None: the gateways read the engine already
+    gateway_load_metrics: tuple[str, str] | None
 
     def image(self, vendor: str | None) -> str:
         """The official image for the device's vendor (None: no device given)."""

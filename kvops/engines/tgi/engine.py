@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from kvops.deployment import DeploymentOptions
 from kvops.engines.base import Container
 from kvops.engines.tgi import flags
+from kvops.engines.tgi.metrics import BATCH_SIZE, QUEUE_SIZE
 from kvops.errors import KvopsError, UsageError
 
 if TYPE_CHECKING:
@@ -48,6 +49,8 @@ class TgiEngine:
     admission_middleware = None  # nor a middleware: its router is Rust
     signals = ("queue_growth", "stall")  # TGI never preempts and exports no prefix-cache counters
     needs_capacity = True  # KV usage = tgi_batch_current_max_tokens / max batch total tokens
+    # llm-d's picker maps no TGI metrics; TGI exports no KV gauge of its own (its usage is a ratio kvops computes)
+    gateway_load_metrics = (QUEUE_SIZE, BATCH_SIZE)
 
     def image(self, vendor: str | None) -> str:
         return flags.image(vendor)

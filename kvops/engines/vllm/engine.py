@@ -44,6 +44,7 @@ class VllmEngine:
     admission_middleware = flags.MIDDLEWARE
     signals = ("queue_growth", "preemptions", "stall", "prefix_cache_hit_rate", "offload_usage", "offload_load_latency")
     needs_capacity = False
+    gateway_load_metrics = None  # llm-d's picker maps vLLM's metrics itself
     # its own queue limit refuses requests with 503 and counts them (vllm:admission_rejections, 0.32+): an alert
     refuses_at_queue_limit = True
 

@@ -129,3 +129,35 @@ def test_an_absent_demand_is_not_zero_demand_to_keda(run_kvops, tmp_path):
     for scaled in scaled_objects(run_kvops, tmp_path):
         (trigger,) = scaled["spec"]["triggers"]
         assert trigger["metadata"]["ignoreNullValues"] == "false"
+
+
+def gauges(exposition: str) -> set[str]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {family.name for family in text_string_to_metric_families(exposition) if family.type == "gauge"}
+
+
+def test_the_picker_reads_tgis_own_gauges(run_kvops, tmp_path):
+    """llm-d's picker maps vLLM's metrics by default; on a TGI pod it found none of them, never marked the pod's
+    metrics fresh, and scored every pod saturated (fail-closed): sheddable traffic always shed. For TGI the
+    extractor is now given TGI's queue and batch gauges (as TGI's router exports them: the fake's wire format)."""
+    from tests.support.metrics_server import vllm_exposition
+    from tests.support.tgi_fake import TgiMetrics
+
+    facts = LLM_D["core_metrics_extractor"]
+    tgi = TgiMetrics()
+    tgi.batch(size=3, max_tokens=9000, queue=2)
+    exported = {"tgi": gauges(tgi.render()), "vllm": gauges(vllm_exposition(0.3, running=1, waiting=2))}
+    defaults = facts["built_in_engines"]["vllm"]
+    assert set(defaults.values()) <= exported["vllm"] and not set(defaults.values()) & exported["tgi"]
+
+    vllm = plugin(picker_config(run_kvops, tmp_path / "vllm"), "core-metrics-extractor")
+    assert "parameters" not in vllm  # the built-in vLLM mapping, the default engine
+    extractor = plugin(picker_config(run_kvops, tmp_path / "tgi", "--engine", "tgi"), "core-metrics-extractor")
+    parameters = extractor["parameters"]
+    assert set(parameters) <= set(facts["parameters"])
+    (mapping,) = parameters["engineConfigs"]
+    assert set(mapping) <= set(facts["engine_config_fields"]) and mapping["name"] not in facts["built_in_engines"]
+    assert parameters["defaultEngine"] == mapping["name"] == "tgi"
+    specs = {mapping["queuedRequestsSpec"], mapping["runningRequestsSpec"]}
+    assert specs == {"tgi_queue_size", "tgi_batch_current_size"} and specs <= exported["tgi"]
