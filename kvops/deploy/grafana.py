@@ -23,6 +23,10 @@ DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 ENGINE = 'job=~"$job"'
 KVOPS = 'job=~"kvops-$job"'
 RATE = "$__rate_interval"
+# The engine jobs: those of the sidecars that export kvops_level (kvops-<job>, what `kvops manifests --name` and
+# compose scrape them as), less the prefix (Grafana keeps a regex's capture group as the value); refreshed on load.
+JOBS_QUERY = "label_values(kvops_level, job)"
+JOBS_REGEX = "/^kvops-(.+)$/"
 # NVIDIA's dcgm-exporter: framebuffer used and free, MiB. vLLM reserves --gpu-memory-utilization of it at start.
 DCGM_USED, DCGM_FREE = "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE"
 BAND_COLORS = {
@@ -200,13 +204,18 @@ def dashboard(policy: Policy) -> str:
                 {
                     "name": "job",
                     "label": "engine job",
-                    "type": "custom",
-                    "query": "vllm,tgi",
+                    "type": "query",
+                    "datasource": DATASOURCE,
+                    "definition": JOBS_QUERY,
+                    "query": JOBS_QUERY,
+                    "regex": JOBS_REGEX,
+                    "refresh": 2,
+                    "sort": 1,
                     "multi": True,
                     "includeAll": True,
                     "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
                     "hide": 0,
-                    "description": "The engine's Prometheus job; the sidecar's is kvops-<job>.",
+                    "description": "The engine's Prometheus job, from the sidecars' jobs (kvops-<job>): every deployment's name.",
                 },
             ]
         },
