@@ -161,3 +161,29 @@ def test_the_picker_reads_tgis_own_gauges(run_kvops, tmp_path):
     assert parameters["defaultEngine"] == mapping["name"] == "tgi"
     specs = {mapping["queuedRequestsSpec"], mapping["runningRequestsSpec"]}
     assert specs == {"tgi_queue_size", "tgi_batch_current_size"} and specs <= exported["tgi"]
+
+
+def vllm_metrics_source(version: str) -> str | None:
+    """The metric-registering source of a vLLM release: the installed one's, or a wheel .ci/newer_vllm unpacked."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("vllm")
+    installed = Path(spec.origin).parent if spec and spec.origin else None
+    cached = Path.home() / ".cache" / "kvops-ci" / f"vllm-{version}" / "vllm"
+    for tree in (cached, installed):
+        release = tree / "_version.py" if tree else None
+        if release and release.is_file() and f"'{version}" in release.read_text().replace('"', "'"):
+            return "".join(path.read_text() for path in sorted((tree / "v1" / "metrics").glob("*.py")))
+    return None
+
+
+@pytest.mark.parametrize("version", ["0.32.0", "0.33.0", "0.34.0"])
+def test_the_pickers_vllm_mapping_reads_names_each_release_exports(version):
+    """The picker's built-in vLLM mapping (the one kvops leaves in place for vLLM) names series every supported
+    release registers; a renamed one would leave the pods stale, hence saturated."""
+    source = vllm_metrics_source(version)
+    if source is None:
+        pytest.skip(f"vLLM {version} is neither installed nor unpacked (.ci/newer_vllm unpacks 0.33.0 and 0.34.0)")
+    for name in LLM_D["core_metrics_extractor"]["built_in_engines"]["vllm"].values():
+        assert f'"{name}"' in source, (version, name)
