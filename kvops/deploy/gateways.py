@@ -202,8 +202,8 @@ def llm_d_files(stack: Stack) -> dict[str, str]:
         )
         + dump_yaml(gateway_trust_config_map(stack)),
         "epp-config.yaml": stack.header(
-            "llm-d's endpoint picker at kvops' levels (its --config-file; your InferencePool's targetPorts: the pods' "
-            f"kvops-proxy port, {stack.proxy_port})"
+            f"llm-d's endpoint picker at kvops' levels (its --config-file), for InferencePool {stack.name} (the "
+            f"objectives' poolRef) whose targetPorts is the pods' kvops-proxy port, {stack.proxy_port}"
         )
         + dump_yaml(endpoint_picker_config(stack)),
         "inferenceobjectives.yaml": stack.header(

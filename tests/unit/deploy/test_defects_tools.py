@@ -52,7 +52,10 @@ def test_the_picker_scrapes_the_engine_not_the_admission_proxy(run_kvops, tmp_pa
     (layer,) = config["dataLayer"]["sources"]
     assert set(layer) <= set(LLM_D["endpoint_picker_config"]["data_layer_source_fields"])
     assert layer == {"pluginRef": "metrics-data-source", "extractors": [{"pluginRef": "core-metrics-extractor"}]}
-    assert "kvops-proxy port, 9401" in files["epp-config.yaml"].splitlines()[0]
+    assert (
+        "InferencePool vllm (the objectives' poolRef) whose targetPorts is the pods' kvops-proxy port, 9401"
+        in (files["epp-config.yaml"].splitlines()[0])
+    )
 
 
 def test_the_request_class_header_is_the_pickers_current_one(run_kvops, tmp_path):
