@@ -59,6 +59,35 @@ def language_config(config: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
+def _unnested(text: dict[str, Any]) -> dict[str, Any]:
+    """DBRX keeps its KV heads and experts in attn_config and ffn_config (transformers' DbrxConfig; vLLM's
+    DbrxModelArchConfigConvertor and dbrx.py read them there): given the top-level names kvops reads."""
+    attention, ffn = text.get("attn_config"), text.get("ffn_config")
+    if text.get("model_type") != "dbrx" or not isinstance(attention, dict) or not isinstance(ffn, dict):
+        return text
+    named = {
+        "num_key_value_heads": attention.get("kv_n_heads"),
+        "num_local_experts": ffn.get("moe_num_experts"),
+        "num_experts_per_tok": ffn.get("moe_top_k"),
+        "intermediate_size": ffn.get("ffn_hidden_size"),
+    }
+    return {**{key: value for key, value in named.items() if isinstance(value, int)}, **text}
+
+
+def _kv_heads(text: dict[str, Any], num_heads: int, notes: list[str]) -> Any:
+    """The KV heads attention caches. Multi-query attention (Falcon-7B, StarCoder: `multi_query`, unless Falcon's
+    `new_decoder_architecture` names them in num_kv_heads) caches one, whatever num_kv_heads says: vLLM's
+    FalconModelArchConfigConvertor, transformers' GPTBigCodeConfig."""
+    if text.get("multi_query") and not text.get("new_decoder_architecture"):
+        notes.append("multi_query: multi-query attention, 1 KV head")
+        return 1
+    kv_heads = _first(text, _KV_HEADS)
+    if kv_heads is None:
+        notes.append(f"no num_key_value_heads: multi-head attention, {num_heads} KV heads")
+        return num_heads
+    return kv_heads
+
+
 def spec_from_config(
     config: dict[str, Any],
     *,
@@ -73,7 +102,7 @@ def spec_from_config(
     parameter count, if known. Every field it reads is typed and bounded first (`fields.check_config`)."""
     check_config(config, where)
     notes: list[str] = []
-    language = language_config(config)
+    language = _unnested(language_config(config))
     text = with_defaults(language, notes)
     if text.get("model_type") in NOT_MODELLED:
         raise ConfigError(f"{where}: {NOT_MODELLED[text['model_type']]}")
@@ -82,11 +111,7 @@ def spec_from_config(
     num_heads = reader.positive(_HEADS)
     hidden = reader.positive(_HIDDEN)
 
-    kv_heads = _first(text, _KV_HEADS)
-    if kv_heads is None:
-        kv_heads = num_heads
-        notes.append(f"no num_key_value_heads: multi-head attention, {num_heads} KV heads")
-    kv_heads = reader.check_positive("num_key_value_heads", kv_heads)
+    kv_heads = reader.check_positive("num_key_value_heads", _kv_heads(text, num_heads, notes))
     _check_shape(text, where, num_layers, num_heads, kv_heads)
 
     head_dim = text.get("head_dim")
@@ -493,6 +518,7 @@ def _max_positions(text: dict) -> int | None:
     value = (
         text.get("max_position_embeddings")
         or text.get("n_positions")
+        or text.get("max_seq_len")
         or text.get("max_sequence_length")
         or text.get("seq_length")
     )

@@ -139,3 +139,97 @@ def test_a_qwen2_window_on_some_layers_is_refused_as_vllm_refuses_it(run_kvops, 
     assert "sliding window on 4 of 8 layers" in ran.stderr
     (tmp_path / "config.json").write_text(json.dumps({**QWEN2_PARTIAL_WINDOW, "max_window_layers": 8}))
     assert plan(run_kvops, tmp_path)["kv_cache_groups"] == 1  # no layer slides: served, one group
+
+
+# tiiuae/falcon-7b's config.json (transformers' own FalconConfig form): multi-query attention, 71 query heads
+FALCON_7B = {
+    "architectures": ["FalconForCausalLM"],
+    "model_type": "falcon",
+    "alibi": False,
+    "bias": False,
+    "hidden_size": 4544,
+    "multi_query": True,
+    "new_decoder_architecture": False,
+    "num_attention_heads": 71,
+    "num_hidden_layers": 32,
+    "parallel_attn": True,
+    "vocab_size": 65024,
+    "torch_dtype": "bfloat16",
+}
+# databricks/dbrx-instruct's config.json: the KV heads and experts nested in attn_config and ffn_config
+DBRX = {
+    "architectures": ["DbrxForCausalLM"],
+    "model_type": "dbrx",
+    "attn_config": {"clip_qkv": 8, "kv_n_heads": 8, "rope_theta": 500000},
+    "d_model": 6144,
+    "ffn_config": {"ffn_hidden_size": 10752, "moe_jitter_eps": 0.01, "moe_num_experts": 16, "moe_top_k": 4},
+    "max_seq_len": 32768,
+    "n_heads": 48,
+    "n_layers": 40,
+    "tie_word_embeddings": False,
+    "vocab_size": 100352,
+    "torch_dtype": "bfloat16",
+}
+
+
+@pytest.mark.parametrize(
+    ("config", "bytes_per_token"),
+    [
+        # kvops read 71 KV heads (568 KiB a token, 71 x vLLM's): FalconModelArchConfigConvertor gives 1
+        (FALCON_7B, 2 * 32 * 1 * 64 * 2),
+        # kvops read 48 KV heads (960 KiB a token, 6 x vLLM's): DbrxModelArchConfigConvertor reads kv_n_heads
+        (DBRX, 2 * 40 * 8 * 128 * 2),
+    ],
+    ids=["falcon-7b", "dbrx"],
+)
+def test_kv_heads_named_outside_num_key_value_heads(config, bytes_per_token, run_kvops, tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    kv = json.loads(run_kvops("kv", "--model", str(tmp_path), "--tokens", "1", "--json").stdout)
+    assert kv["bytes_per_token"] == bytes_per_token
+
+
+def test_dbrx_weights_count_its_experts(run_kvops, tmp_path):
+    # 16 experts of 3 x 6144 x 10752 in each of 40 layers: kvops counted a dense 4 x hidden MLP, 22.9B parameters
+    # where DBRX has 132B (its model card); now 131.6B
+    (tmp_path / "config.json").write_text(json.dumps(DBRX))
+    text = run_kvops("plan", "--model", str(tmp_path), "--gpu", "H100-80GB", "--tp", "8", "--json").stdout
+    assert "131,596,523,520 parameters" in text
+
+
+def test_context_as_vllm_derives_it(run_kvops, tmp_path):
+    # Command-R's model_max_length (131,072) wins over its max_position_embeddings (8,192), DBRX's max_seq_len is its
+    # context, and a config naming none runs at 2,048 (vllm/transformers_utils/model_arch_config_convertor.py
+    # derive_max_model_len_and_key; vllm/config/model.py _get_and_verify_max_len): kvops planned Command-R at 8,192,
+    # and refused DBRX and Falcon-7B ("give --max-model-len N")
+    (tmp_path / "dbrx").mkdir()
+    (tmp_path / "dbrx" / "config.json").write_text(json.dumps(DBRX))
+    (tmp_path / "falcon").mkdir()
+    (tmp_path / "falcon" / "config.json").write_text(json.dumps(FALCON_7B))
+    for model, gpus, context in (
+        ("command-r", "4", 131072),
+        (tmp_path / "dbrx", "8", 32768),
+        (tmp_path / "falcon", "1", 2048),
+    ):
+        out = run_kvops("plan", "--model", str(model), "--gpu", "H100-80GB", "--tp", gpus, "--json").stdout
+        assert json.loads(out)["capacity"]["max_model_len"] == context
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("config", [FALCON_7B, DBRX], ids=["falcon-7b", "dbrx"])
+def test_kv_heads_and_context_match_vllm(config, tiny_model, tmp_path, monkeypatch):
+    """The figures above from vLLM itself: its model built on the meta device, each layer's page at block 16."""
+    from kvops.dtypes import KV_DTYPES
+    from kvops.engines.vllm import context
+    from kvops.model.locate import load_model
+    from tests.support.vllm_specs import BuiltModel
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    warnings.simplefilter("ignore")
+    built = BuiltModel(config, tmp_path / "model", tiny_model, max_num_batched_tokens=2048)
+    built.as_gpu(16)
+    pages = {spec.page_size_bytes for spec in built.specs().values()}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    spec = load_model(str(tmp_path))
+    per_layer = spec.attention_layers()[0].bytes_per_token(KV_DTYPES["bf16"], 1)
+    assert pages == {16 * per_layer}
+    assert built.vllm_config.model_config.max_model_len == context.model_default(spec)

@@ -1,12 +1,15 @@
 """The context vLLM derives from a model's config.json: `_get_and_verify_max_len` in vllm/config/model.py
 (l.2527 in the 0.32.0 wheel, l.2545 in 0.33.0, l.2589 in 0.34.0; the same rule in all three).
 
-- The limit (what a longer --max-model-len is refused against) is the config's own (max_position_embeddings, ...),
-  times the RoPE scaling `factor` unless the type already scales max_position_embeddings: su, longrope, llama3,
+- The limit (what a longer --max-model-len is refused against) is the config's own: the smallest of
+  max_position_embeddings, n_positions, max_seq_len, seq_length, ... present, model_max_length over them all
+  (Command-R's 131,072 over its max_position_embeddings of 8,192: `derive_max_model_len_and_key` in
+  vllm/transformers_utils/model_arch_config_convertor.py), times the RoPE scaling `factor` unless the type already scales max_position_embeddings: su, longrope, llama3,
   yarn, deepseek_yarn and deepseek_llama_scaling leave it as it is; linear, dynamic and the rest multiply it. A
   gemma3 model's limit is already scaled, and kept. A null factor reads as 1.
 - The default (no --max-model-len) is that limit, except under longrope: the config's top-level
   original_max_position_embeddings, where it has one ("to avoid performance degradation for shorter sequences").
+  A config that names no context runs at 2,048 (vLLM warns so) and takes any --max-model-len.
 """
 
 from __future__ import annotations
@@ -20,6 +23,20 @@ from kvops.model.spec import ModelSpec
 
 # the RoPE types whose max_position_embeddings is already the scaled context (vllm/config/model.py)
 UNSCALED_TYPES = ("su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling")
+# the config keys vLLM reads a context from (derive_max_model_len_and_key)
+CONTEXT_KEYS = (
+    "max_position_embeddings",
+    "n_positions",
+    "max_seq_len",
+    "seq_length",
+    "model_max_length",
+    "max_target_positions",
+    "max_sequence_length",
+    "max_seq_length",
+    "seq_len",
+)
+# the context vLLM runs a model at whose config names none
+UNNAMED_CONTEXT = 2048
 
 
 def _rope_parameters(spec: ModelSpec) -> Iterator[Mapping[str, Any]]:
@@ -50,11 +67,23 @@ def scaling_factor(spec: ModelSpec) -> float:
     return float(factor) if factor is not None else 1.0
 
 
+def config_context(spec: ModelSpec) -> int | None:
+    """The context the config names, as vLLM reads it: model_max_length where given, else the smallest key."""
+    if spec.config_json is None:
+        return spec.max_position_embeddings
+    text = language_config(dict(spec.config_json))
+    named = {key: text[key] for key in CONTEXT_KEYS if isinstance(text.get(key), int) and text[key] > 0}
+    if "model_max_length" in named:
+        return int(named["model_max_length"])
+    return min(named.values(), default=None)
+
+
 def max_len_limit(spec: ModelSpec) -> int | None:
     """The longest --max-model-len vLLM accepts for the model (None: the config names no limit)."""
-    if not spec.max_position_embeddings:
+    named = config_context(spec)
+    if not named:
         return None
-    return int(spec.max_position_embeddings * scaling_factor(spec))
+    return int(named * scaling_factor(spec))
 
 
 def default_max_len(spec: ModelSpec) -> int | None:
@@ -67,12 +96,14 @@ def default_max_len(spec: ModelSpec) -> int | None:
 
 
 def model_limit(spec: ModelSpec, given: int | str | None = None) -> int:
-    """common.model_limit with vLLM's RoPE scaling applied: the longest context a plan may ask for."""
+    """The longest context a plan may ask for: vLLM's limit; where the config names none, the one given, or the
+    2,048 vLLM runs at."""
     limit = max_len_limit(spec)
-    return limit if limit else common.model_limit(spec, given)
+    if limit:
+        return limit
+    return UNNAMED_CONTEXT if given is None else common.model_limit(spec, given)
 
 
 def model_default(spec: ModelSpec) -> int:
     """The context a plan runs at when none is given, as vLLM picks it."""
-    default = default_max_len(spec)
-    return default if default else common.model_limit(spec)
+    return default_max_len(spec) or UNNAMED_CONTEXT
