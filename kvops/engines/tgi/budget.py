@@ -10,7 +10,8 @@ From the source (huggingface/text-generation-inference @ db931fcf, one commit af
   x total` (`get_cuda_free_memory`, TGI_WIGGLE_ROOM 0.90); `num_blocks = free // (layers x BLOCK_SIZE x kv_heads
   x head_size x 2 x dtype_size)` (+ the warmup batch's own blocks, already counted as used); the router sets
   max batch total tokens to `num_blocks x BLOCK_SIZE`. The whole pool is allocated at startup.
-- KV heads per shard `num_key_value_heads // num_shard` (must divide; MQA stays 1); no sliding-window saving:
+- KV heads per shard `num_key_value_heads // num_shard` (must divide, one head too: only gpt_bigcode and Falcon's
+  multi-query attention keep it whole on every shard); no sliding-window saving:
   `Model.info` returns window_size None, every request reserves its full length.
 - `backends/v3/src/queue.rs`: a request reserves `input + max_new_tokens + speculate - 1` tokens up front, with
   max_new_tokens cut to `DEFAULT_GENERATION_LENGTH` = 1024 per round (`router/src/validation.rs`); no preemption,
@@ -171,18 +172,39 @@ def check_fp8(attention: Attention, kv_flag: str | None, vendor: str) -> None:
         )
 
 
+# Models whose TGI attention keeps a single KV head whole on every shard (`FlashCausalLM` leaves a count of 1 unsplit
+# for them): gpt_bigcode/santacoder (flash_santacoder_modeling.py) and Falcon's multi-query attention
+# (flash_rw_modeling.py FlashRWAttention; the new decoder architecture refuses more shards than KV groups).
+REPLICATED_KV_HEAD = ("gpt_bigcode", "santacoder", "falcon", "RefinedWebModel")
+
+
 def kv_heads_per_shard(spec: ModelSpec, shards: int) -> int:
-    """`FlashCausalLM`: num_key_value_heads // shards when > 1 (must divide, flash_llama_modeling's check)."""
+    """`FlashCausalLM`: num_key_value_heads // shards. The heads must divide by the shards (flash_llama_modeling's
+    ValueError from v2.1.0; before, every release failed the same launch on `_load_gqa`'s shape assertion: 1 // 2 is
+    0 heads); only the multi-query models above keep one head on every shard."""
     heads = spec.num_attention_heads if spec.is_mla else spec.num_kv_heads
     if spec.num_attention_heads % shards:
         raise UsageError(
             f"TGI refuses --num-shard {shards}: `num_heads` must be divisible by `num_shards` (got `num_heads`: {spec.num_attention_heads} and `num_shards`: {shards}"
         )
-    if heads > 1 and heads % shards:
-        raise UsageError(
-            f"TGI refuses --num-shard {shards}: `num_key_value_heads` must be divisible by `num_shards` (got `num_key_value_heads`: {heads} and `num_shards`: {shards}"
+    if heads == 1 and _replicates_kv_head(spec):
+        return 1
+    if heads % shards:
+        single = (
+            f" (TGI splits KV heads over the shards and keeps one whole on each only for the multi-query models {', '.join(REPLICATED_KV_HEAD)})"
+            if heads == 1
+            else ""
         )
-    return heads // shards if heads > 1 else heads
+        valid = [str(n) for n in range(1, heads + 1) if heads % n == 0 and spec.num_attention_heads % n == 0]
+        raise UsageError(
+            f"TGI refuses --num-shard {shards}: `num_key_value_heads` must be divisible by `num_shards` (got `num_key_value_heads`: {heads} and `num_shards`: {shards}{single}; give --num-shard {' or '.join(valid)}"
+        )
+    return heads // shards
+
+
+def _replicates_kv_head(spec: ModelSpec) -> bool:
+    config = spec.config_json or {}
+    return spec.model_type in REPLICATED_KV_HEAD and not config.get("new_decoder_architecture")
 
 
 def head_size(spec: ModelSpec) -> int:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
+
 import pytest
 
 from kvops.dtypes import KV_DTYPES
@@ -23,6 +26,7 @@ from kvops.engines.tgi.releases import NON_TORCH_PRIOR, release
 from kvops.errors import UsageError
 from kvops.gpus import find_gpu
 from kvops.model import load_model
+from kvops.model.config import spec_from_config
 from kvops.overheads import POOLED, shipped_fit
 from kvops.plan import PlanInputs
 
@@ -48,6 +52,30 @@ def test_kv_heads_must_divide_by_shards_in_tgi_words():
         match=r"`num_key_value_heads` must be divisible by `num_shards` \(got `num_key_value_heads`: 8 and `num_shards`: 16",
     ):
         kv_bytes_per_token(load_model("llama-3.1-70b"), KV_DTYPES["bf16"], 16)
+
+
+# google/gemma-2b's config.json: a Llama-style model with one KV head
+GEMMA_2B = {
+    "architectures": ["GemmaForCausalLM"], "model_type": "gemma", "head_dim": 256, "hidden_size": 2048,
+    "intermediate_size": 16384, "max_position_embeddings": 8192, "num_attention_heads": 8, "num_hidden_layers": 18,
+    "num_key_value_heads": 1, "torch_dtype": "bfloat16", "vocab_size": 256000,
+}  # fmt: skip
+
+
+def test_one_kv_head_is_not_replicated_over_shards_for_a_llama_style_model(run_kvops, tmp_path):
+    """TGI splits KV heads (1 // 2 = 0 heads: flash_llama_modeling's ValueError from v2.1.0, _load_gqa's shape
+    assertion before, at every tag); kvops had kept the head whole on each shard and planned --num-shard 2 as
+    fitting (915,109 KV tokens on 2 x A10G)."""
+    gemma = spec_from_config(GEMMA_2B, name="gemma-2b", source="path", where="gemma-2b/config.json")
+    assert kv_bytes_per_token(gemma, KV_DTYPES["bf16"], 1) == 2 * 18 * 1 * 256 * 2
+    with pytest.raises(UsageError, match=r"`num_key_value_heads`: 1 and `num_shards`: 2 .*; give --num-shard 1$"):
+        kv_bytes_per_token(gemma, KV_DTYPES["bf16"], 2)
+    (tmp_path / "config.json").write_text(json.dumps(GEMMA_2B))
+    refused = run_kvops("plan", "--engine", "tgi", "-m", str(tmp_path), "--gpu", "a10g", "--tp", "2", expect=2)
+    assert "TGI refuses --num-shard 2" in refused.stderr and "Traceback" not in refused.stderr
+    # the multi-query models TGI does replicate it for (flash_santacoder_modeling.py, flash_rw_modeling.py)
+    bigcode = replace(gemma, model_type="gpt_bigcode")
+    assert kv_bytes_per_token(bigcode, KV_DTYPES["bf16"], 2) == kv_bytes_per_token(bigcode, KV_DTYPES["bf16"], 1)
 
 
 def test_kv_cache_dtype_takes_only_fp8_values():
