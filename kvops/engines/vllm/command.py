@@ -69,10 +69,10 @@ def read_serve_args(args: list[str], version: Version | None = None) -> StatedCo
     positional, words = split_options(args, lookup)
     stated = StatedCommand("vllm")
     for word in [_optimization_level(word) for word in words]:
-        if word.canonical is None and table.full:
+        if word.canonical is None and (table.full or flags.removed_by(word.written, planned)):
             stated.lines.append(_refused(word, planned, table))
         else:
-            _read_option(word, stated, table)
+            _read_option(word, stated, table, planned)
     if positional:
         stated.values["model"] = positional[0]
         for extra in positional[1:]:
@@ -89,10 +89,14 @@ def read_serve_args(args: list[str], version: Version | None = None) -> StatedCo
     return stated
 
 
-def _read_option(word: Word, stated: StatedCommand, table: flags.ServeTable) -> None:
+def _read_option(word: Word, stated: StatedCommand, table: flags.ServeTable, planned: Version) -> None:
     """One option into the stated deployment, or its line (and the option kept in the plan's command)."""
     if word.canonical is None and word.written in NEWER_SWITCHES:  # not in 0.32's table: 0.34's own options
         stated.values[NEWER_SWITCHES[word.written][0]] = NEWER_SWITCHES[word.written][1]
+    elif word.canonical is None and (removed := flags.REMOVED.get(word.written)) and removed.since:
+        stated.ignore(
+            word, f"kept: vLLM {planned} takes it (vllm serve refuses it from vLLM {removed.since}); not modelled"
+        )
     elif word.canonical is None:  # a release older than every table: it may take what 0.32.0's table lacks
         why = flags.HOST_MEMORY.get(word.written)
         where = f"not a vllm serve option in vLLM {table.release}, the oldest release kvops has the table of; kept"
@@ -172,22 +176,24 @@ def _refused(word: Word, planned: Version, table: flags.ServeTable) -> str:
     last_read = options.last_with(spelling)
     older = [release for release in having if release < table.release]
     newer = [release for release in having if release > planned]
+    removed = flags.REMOVED.get(spelling)
     if older:
         since = f"removed after vLLM {older[-1]}"
     elif newer:
         since = f"vLLM {newer[0]} and later take it"
+    elif removed is not None and removed.since is not None:
+        since = f"removed in vLLM {removed.since}"
     elif last_read is not None:
         since = f"removed between vLLM {last_read} and {options.read_after(last_read)}, as their wheels show"
-    elif spelling in flags.REMOVED:
+    elif removed is not None:
         since = "removed before 0.32.0"
     else:
         return (
             f"{shown}: unknown: not a vllm serve option of vLLM {planned} nor of any release kvops has the table "
             f"of ({flags.table_releases()}), so vLLM {planned} refuses it; left out of the plan's command"
         )
-    removed = flags.REMOVED.get(spelling)
     return f"{shown}: left out of the plan's command: vLLM {planned}'s vllm serve refuses it ({since})" + (
-        f"; {removed}" if removed else ""
+        f"; {removed.what}" if removed else ""
     )
 
 

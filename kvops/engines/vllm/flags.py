@@ -154,16 +154,41 @@ HOST_MEMORY = {
     "--kv-offloading-size": "host memory for evicted KV blocks: the GPU budget is unchanged",
     "--kv-offloading-backend": "host memory for evicted KV blocks: the GPU budget is unchanged",
 }
-# options of older vLLM releases users still pass, and what they were: said when the planned release refuses them
+
+
+@frozen
+class Removed:
+    """An option of older vLLM releases users still pass: the first release whose `vllm serve` refuses it (None:
+    not read, only known to be before 0.32.0) and what it was."""
+
+    since: Version | None
+    what: str
+
+
+# options of older vLLM releases users still pass, and what they were: said when the planned release refuses them.
+# `since` is read in the PyPI wheels' vllm/engine/arg_utils.py: --num-scheduler-steps is in 0.10.0's (l.803) and
+# not in 0.10.1's; --rope-scaling and --rope-theta are in 0.11.0's (l.541, l.543) and not in 0.11.1's.
 REMOVED = {
-    "--swap-space": "it was the CPU swap space (host memory) of the V0 engine",
-    "--disable-log-requests": "requests are not logged unless --enable-log-requests",
-    "--num-lookahead-slots": "removed with the V0 engine",
-    "--use-v2-block-manager": "removed with the V0 engine",
-    "--num-scheduler-steps": "multi-step scheduling, removed with the V0 engine",
-    "--rope-scaling": "a model config field: give it as --hf-overrides '{\"rope_scaling\": ...}'",
-    "--rope-theta": "a model config field: give it as --hf-overrides '{\"rope_theta\": ...}'",
+    "--swap-space": Removed(None, "it was the CPU swap space (host memory) of the V0 engine"),
+    "--disable-log-requests": Removed(None, "requests are not logged unless --enable-log-requests"),
+    "--num-lookahead-slots": Removed(None, "removed with the V0 engine"),
+    "--use-v2-block-manager": Removed(None, "removed with the V0 engine"),
+    "--num-scheduler-steps": Removed(Version(0, 10, 1), "multi-step scheduling, removed with the V0 engine"),
+    "--rope-scaling": Removed(
+        Version(0, 11, 1), "a model config field: give it as --hf-overrides '{\"rope_scaling\": ...}'"
+    ),
+    "--rope-theta": Removed(
+        Version(0, 11, 1), "a model config field: give it as --hf-overrides '{\"rope_theta\": ...}'"
+    ),
 }
+
+
+def removed_by(spelling: str, planned: Version) -> Removed | None:
+    """The removal of `spelling` when the planned release is at or after the first one that refuses it."""
+    removed = REMOVED.get(spelling)
+    return removed if removed is not None and removed.since is not None and planned >= removed.since else None
+
+
 # vLLM's --quantization names -> kvops's weight formats (`QuantizationMethods`, vLLM 0.32.0)
 QUANTIZATION_OF_FLAG = {
     "fp8": "fp8",
