@@ -41,6 +41,7 @@ DEFAULT_GENERATION_LENGTH = 1024  # router/src/validation.rs
 BLOCK_SIZES = {"flashinfer": 1, "flashdecoding": 256, "paged": 16}
 CHUNKING_ATTENTION = ("flashinfer", "flashdecoding")  # Model.__init__: prefill chunking only with these
 KV_CACHE_DTYPES = ("fp8_e4m3fn", "fp8_e5m2")  # launcher enum KVCacheDtype
+LEGACY_EXTRA_BLOCKS = 10  # the blocks 0.9.0-0.9.3 allocate beyond --max-batch-total-tokens
 
 
 @frozen
@@ -245,8 +246,13 @@ class TgiPool:
         return self.usable_blocks // -(-reservation // self.block_size)
 
 
-def pool(kv_budget: int, bytes_per_token: int, block_size: int) -> TgiPool:
-    return TgiPool(max(0, kv_budget) // (bytes_per_token * block_size), block_size)
+def pool(kv_budget: int, bytes_per_token: int, block_size: int, release: TgiRelease | None = None) -> TgiPool:
+    """The whole blocks the KV budget holds; for 0.9.0-0.9.3, the --max-batch-total-tokens whose ceil(N / 16) + 10
+    blocks ("Adds some wiggle room", flash_causal_lm.py warmup) fit in it."""
+    blocks = max(0, kv_budget) // (bytes_per_token * block_size)
+    if release is not None and not release.sizes_pool:
+        blocks = max(0, blocks - LEGACY_EXTRA_BLOCKS)
+    return TgiPool(blocks, block_size)
 
 
 # --- the memory terms -----------------------------------------------------------------------------------

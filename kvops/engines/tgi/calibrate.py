@@ -24,10 +24,18 @@ def calibrate(log: TgiLog, plan: Plan | None, source: str) -> Calibration:
     notes: list[str] = []
     warnings: list[str] = []
     total_tokens = log.get("max_batch_total_tokens")
-    rows.append(pool_row(log, predicted.get("max_batch_total_tokens")))
-    rows += launch_rows(log, plan)
     failed = log.get("pool_out_of_memory")
-    if failed and total_tokens is None:
+    stated = failed[0] if failed else log.args.get("max_batch_total_tokens")
+    stated_pool = plan is not None and isinstance(plan.release, TgiRelease) and not plan.release.sizes_pool
+    if stated and total_tokens is None and stated_pool:
+        assert plan is not None
+        rows += stated_pool_rows(log, plan, stated)
+        if failed:
+            warnings.append(failed_pool_warning(plan, failed))
+    else:
+        rows.append(pool_row(log, predicted.get("max_batch_total_tokens")))
+    rows += launch_rows(log, plan)
+    if failed and total_tokens is None and not stated_pool:
         notes.append(
             f"the warmup ran out of memory holding a {failed[0]}-token pool with {failed[1]} prefill tokens "
             "(TGI 0.9.0-0.9.3 allocates the stated --max-batch-total-tokens): a plan's pool above it overstates what fits"
@@ -112,6 +120,48 @@ def pool_row(log: TgiLog, predicted: int | None) -> Comparison:
     if failed:
         return Comparison("max_batch_total_tokens", "tokens", predicted, failed[0], log.lines["pool_out_of_memory"])
     return Comparison("max_batch_total_tokens", "tokens", predicted, log.args.get("max_batch_total_tokens"), "")
+
+
+def stated_pool_rows(log: TgiLog, plan: Plan, stated: int) -> list[Comparison]:
+    """0.9.0-0.9.3: the pool is the --max-batch-total-tokens the run stated (TGI allocates it as given, it sizes
+    none), so the plan predicts that; what kvops says fits beside it is the room, which a failed run bounds."""
+    room = plan.capacity.kv_tokens if isinstance(plan.capacity, TgiCapacity) else None
+    failed = log.get("pool_out_of_memory") is not None
+    source = log.lines["pool_out_of_memory"] if failed else f"the launcher's Args: max_batch_total_tokens: {stated}"
+    held = f"the run could not hold {stated}" if failed else f"the run held {stated}"
+    return [
+        Comparison("max_batch_total_tokens", "tokens", stated, stated, source),
+        Comparison(
+            "kv_room_tokens",
+            "tokens",
+            room,
+            None,
+            f"the tokens kvops says fit beside the weights and the warmup; {held}",
+        ),
+    ]
+
+
+def failed_pool_warning(plan: Plan, failed: tuple[int, int]) -> str:
+    """What a 0.9.0-0.9.3 pool that did not fit says of the plan's memory terms."""
+    capacity, release = plan.capacity, plan.release
+    assert isinstance(capacity, TgiCapacity) and isinstance(release, TgiRelease)
+    stated, prefill_tokens = failed
+    blocks = -(-stated // capacity.block_size) + budget.LEGACY_EXTRA_BLOCKS
+    held = blocks * capacity.block_size * capacity.kv_bytes_per_token
+    missing = plan.kv_cache_bytes - held
+    terms = {term.name: term.bytes for term in plan.memory}
+    named = ", ".join(
+        f"{name} {format_bytes(terms[name])}" for name in ("weights", "activation", "non_torch") if name in terms
+    )
+    return (
+        f"{release.label} allocates the stated {stated}-token pool ({blocks:,} blocks of {capacity.block_size}, "
+        f"{format_bytes(held)} a shard) before its warmup prefill, and they did not fit (its {prefill_tokens} "
+        "prefill tokens are the requests' next tokens: the prefill's forward had run); kvops leaves room for "
+        f"{capacity.kv_tokens:,} tokens ({format_bytes(plan.kv_cache_bytes)}) beside {named} of a "
+        f"{format_bytes(terms['budget'])} budget: its terms miss at least {format_bytes(missing)} a shard on this "
+        f"launch, which {release.label}'s warmup (flash_causal_lm.py) does not explain, or the GPUs held other "
+        f"memory; keep --max-batch-total-tokens below {stated} here until a run that starts calibrates it"
+    )
 
 
 def launch_rows(log: TgiLog, plan: Plan | None) -> list[Comparison]:

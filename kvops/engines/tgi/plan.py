@@ -106,7 +106,7 @@ def plan_once(inputs: PlanInputs) -> Plan:
     _check_limits(inputs, chunks)
     prefill, prefill_note, emit_prefill = _prefill(inputs, release, chunks, model_limit)
     memory, kv_bytes = budget.memory_terms(inputs, release, prefill)
-    pool = budget.pool(kv_bytes, per_token, attention.block_size)
+    pool = budget.pool(kv_bytes, per_token, attention.block_size, release)
     notes = [
         f"engine release: {release.label}, {release.how}",
         f"attention {attention.backend} (block size {attention.block_size}): {attention.reason}; {chunk_reason}",
@@ -162,6 +162,8 @@ def plan_once(inputs: PlanInputs) -> Plan:
         "max-batch-prefill-tokens": prefill if emit_prefill else None,
         "max-concurrent-requests": concurrent,
         "cuda-memory-fraction": inputs.memory_fraction or budget.DEFAULT_CUDA_MEMORY_FRACTION,
+        # 0.9.0-0.9.3 allocate this, not what fits: the plan's pool, or their 16000 default would be taken
+        "max-batch-total-tokens": None if release.sizes_pool else pool.max_batch_total_tokens,
     }
     engine_flags = {name: value for name, value in engine_flags.items() if value is not None}
     launcher = options.for_version(release.version)
@@ -422,9 +424,7 @@ def _warnings(inputs: PlanInputs, release: releases.TgiRelease, notes: list[str]
     notes.append(
         f"each request reserves input + min(max_new_tokens, {budget.DEFAULT_GENERATION_LENGTH}) tokens up front; TGI never preempts, requests wait in the queue"
     )
-    notes.append(
-        f'--max-batch-total-tokens is not emitted: TGI ignores it on flash models ("{flags.MAX_BATCH_TOTAL_TOKENS_IGNORED}") and sizes the pool from free memory'
-    )
+    notes.append(_pool_flag_note(release))
     fraction = inputs.memory_fraction or 1.0
     total = device_total(inputs)
     spare = floor(total * fraction) - floor(total * fraction * release.wiggle_room)
@@ -435,6 +435,16 @@ def _warnings(inputs: PlanInputs, release: releases.TgiRelease, notes: list[str]
             f"CUDA graphs (~{format_bytes(graphs)}, captured after the KV pool) may not fit in the {format_bytes(spare)} TGI_WIGGLE_ROOM leaves: consider --cuda-graphs 0"
         )
     return warnings
+
+
+def _pool_flag_note(release: releases.TgiRelease) -> str:
+    if release.sizes_pool:
+        return f'--max-batch-total-tokens is not emitted: TGI ignores it on flash models ("{flags.MAX_BATCH_TOTAL_TOKENS_IGNORED}") and sizes the pool from free memory'
+    return (
+        f"--max-batch-total-tokens is the KV pool the plan sizes: {release.label} does not size one, it allocates the "
+        "flag's value (default 16000) as ceil(N / 16) + 10 blocks before its warmup prefill and fails the warmup "
+        "('Not enough memory to handle N total tokens with P prefill tokens') when they do not fit"
+    )
 
 
 def _verdict(

@@ -4,7 +4,9 @@ at each tag (`server/text_generation_server/models/flash_causal_lm.py::warmup`, 
 
 `free` is `torch.cuda.mem_get_info` after the weights, the warmup batch's blocks and a worst-case prefill of
 `max_batch_prefill_tokens`; `f` is `--cuda-memory-fraction`; `T` the device total torch reports.
-- 0.9-1.4.0: KV = free - (1 - f) x T (no wiggle room).
+- 0.9.0-0.9.3: no sizing: the pool is the `--max-batch-total-tokens` given (default 16000), allocated before the
+  warmup prefill, which fails when the two do not fit; a plan emits the KV the formula below leaves as that flag.
+- 0.9.4-1.4.0: KV = free - (1 - f) x T (no wiggle room).
 - 1.4.1-2.3: KV = 0.95 x (free - (1 - f) x T) ("Leave 5% for some wiggle room"; TGI_WIGGLE_ROOM 0.95 from 2.3).
 - 2.4: the same with TGI_WIGGLE_ROOM 0.90.
 - 3.x: KV = free - (1 - f x W) x T, W = TGI_WIGGLE_ROOM: 0.95 (3.0), 0.93 (3.1-3.2), 0.90 (3.3+).
@@ -67,6 +69,13 @@ class TgiRelease:
         if version.at_least(2, 4):
             return 0.90
         return 0.95 if version.at_least(1, 4, 1) else 1.0
+
+    @property
+    def sizes_pool(self) -> bool:
+        """0.9.4+: the warmup sizes the pool from free memory. 0.9.0-0.9.3 allocate the `--max-batch-total-tokens`
+        given (default 16000) as ceil(N / 16) + 10 blocks and fail the warmup when it does not fit
+        (flash_causal_lm.py `warmup(batch, max_total_tokens)`)."""
+        return self.version.at_least(0, 9, 4)
 
     @property
     def attention_sets_block_size(self) -> bool:

@@ -9,6 +9,11 @@ from kvops.deployment import DeploymentOptions
 from kvops.engines.tgi.flags import KV_DTYPE_OF_FLAG
 from kvops.engines.tgi.logs import TgiLog
 
+# The release a log in 0.9.0-0.9.3's words is planned as (the `u32` max_batch_total_tokens of its Args, "Not enough
+# memory to handle N total tokens with P prefill tokens"): the last of the four, the first with Llama 2's grouped KV
+# heads; kvops plans the four alike (a pool as given, blocks of 16, no wiggle room).
+LEGACY_POOL_RELEASE = "0.9.3"
+
 
 def stated_options(log: TgiLog) -> DeploymentOptions:
     args = log.args
@@ -40,4 +45,6 @@ def stated_options(log: TgiLog) -> DeploymentOptions:
         options["max_input_tokens"] = max_input
     if log.get("version"):
         options["engine_version"] = log.get("version")
+    elif log.get("pool_out_of_memory") or log.args.get("max_batch_total_tokens"):
+        options["engine_version"] = LEGACY_POOL_RELEASE
     return DeploymentOptions.stated(**options)

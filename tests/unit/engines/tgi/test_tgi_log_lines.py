@@ -80,6 +80,48 @@ def test_the_pool_0_9_could_not_hold_is_compared_with_the_plans(run_kvops):
     assert "kv_cache" not in found  # a pool that never held is no measure of the KV bytes
 
 
+def test_a_0_9_3_pool_is_the_stated_one_and_the_failure_bounds_kvops_room(run_kvops):
+    """TGI 0.9.0-0.9.3 size no pool: the warmup allocates the stated --max-batch-total-tokens (ceil(16000 / 16) + 10
+    = 1,010 blocks, flash_causal_lm.py at v0.9.3). calibrate had compared kvops' own room with it as a sized pool:
+    97,424 against 16,000 (-83.6%) with --engine-version 0.9.x, 59,782 planned as 3.3.7 without it. The log's
+    wording is 0.9.0-0.9.3's and Llama 2's grouped KV heads came in 0.9.3: planned as 0.9.3, the pool is the stated
+    16,000, and the room kvops leaves (16 blocks x 16 below 97,424: the 10 extra blocks) is what the failure refutes."""
+    report = json.loads(
+        run_kvops(
+            "calibrate", "--tgi-log", str(TGI / "tgi-0.9-a10g-x8-llama-2-70b-fail.log"), "-e", "tgi",
+            "-m", "meta-llama/Llama-2-70b-hf", "--gpu", "A10G", "--json",
+        ).stdout
+    )  # fmt: skip
+    found = {row["term"]: row for row in report["comparisons"]}
+    assert report["profile"]["engine_version"] == "0.9.3"
+    assert found["max_batch_total_tokens"]["predicted"] == found["max_batch_total_tokens"]["actual"] == 16000
+    assert found["kv_room_tokens"]["predicted"] == 97_264 and found["kv_room_tokens"]["actual"] is None
+    [warning] = report["warnings"]
+    assert "TGI 0.9.3 allocates the stated 16000-token pool (1,010 blocks of 16, 631.25 MiB a shard)" in warning
+    assert "its terms miss at least ~3.1 GiB a shard" in warning
+
+
+def test_a_0_9_3_plan_emits_the_pool_it_sizes_as_max_batch_total_tokens(run_kvops):
+    """0.9.0-0.9.3 take the flag as the pool (default 16000): the plan had left it out ("TGI ignores it on flash
+    models"), so TGI allocated 16,000 tokens where the plan said 97,424."""
+    doc = json.loads(
+        run_kvops(
+            "plan", "-e", "tgi", "-m", "meta-llama/Llama-2-70b-hf", "--gpu", "A10G", "--tp", "8",
+            "--engine-version", "0.9.3", "--max-model-len", "4096", "--json",
+        ).stdout
+    )  # fmt: skip
+    capacity = doc["capacity"]
+    assert doc["flags"]["max-batch-total-tokens"] == capacity["max_batch_total_tokens"] == 97_264
+    # ceil(97,264 / 16) + 10 blocks of 40,960 B a token: what the KV budget holds, whole
+    assert (97_264 // 16 + 10) * 16 * capacity["kv_bytes_per_token"] <= doc["memory"]["kv_cache_bytes"]
+    assert any(note.startswith("--max-batch-total-tokens is the KV pool the plan sizes") for note in doc["notes"])
+    newer = json.loads(
+        run_kvops("plan", "-e", "tgi", "-m", "meta-llama/Llama-2-70b-hf", "--gpu", "A10G", "--tp", "8",
+                  "--engine-version", "0.9.4", "--max-model-len", "4096", "--json").stdout
+    )  # fmt: skip
+    assert "max-batch-total-tokens" not in newer["flags"]
+
+
 def test_explain_given_a_tgi_log_says_so_and_what_to_run(run_kvops):
     from kvops.explain.read import is_tgi_log
 
