@@ -14,7 +14,7 @@ From the source (huggingface/text-generation-inference @ db931fcf, one commit af
   multi-query attention keep it whole on every shard); no sliding-window saving:
   `Model.info` returns window_size None, every request reserves its full length.
 - `backends/v3/src/queue.rs`: a request reserves `input + max_new_tokens + speculate - 1` tokens up front, with
-  max_new_tokens cut to `DEFAULT_GENERATION_LENGTH` = 1024 per round (`router/src/validation.rs`); no preemption,
+  max_new_tokens cut to `DEFAULT_GENERATION_LENGTH` = 1024 per round from 3.1.1 (`router/src/validation.rs`); no preemption,
   requests wait. Block 0 is kept for health checks (`block_allocator.rs`, `radix.rs`).
 """
 
@@ -221,9 +221,15 @@ def kv_bytes_per_token(spec: ModelSpec, dtype: KvDtype, shards: int) -> int:
     return 2 * spec.num_layers * kv_heads_per_shard(spec, shards) * head_size(spec) * dtype.bits // 8
 
 
-def reservation_tokens(input_tokens: int, max_new_tokens: int, speculate: int = 0) -> int:
-    """Tokens the queue reserves for one request before it runs."""
-    return input_tokens + min(max_new_tokens, DEFAULT_GENERATION_LENGTH) + speculate - 1
+def reservation_tokens(input_tokens: int, max_new_tokens: int, release: TgiRelease, speculate: int = 0) -> int:
+    """Tokens the queue reserves for one request before it runs: its max_new_tokens, cut to 1024 a round from
+    3.1.1 (router/src/validation.rs, PR #3016; 3.0.x cut only a request that gave none)."""
+    return input_tokens + generation_round(max_new_tokens, release) + speculate - 1
+
+
+def generation_round(max_new_tokens: int, release: TgiRelease) -> int:
+    """The max_new_tokens the router validates and queues a request with."""
+    return min(max_new_tokens, DEFAULT_GENERATION_LENGTH) if release.version.at_least(3, 1, 1) else max_new_tokens
 
 
 @frozen

@@ -121,18 +121,15 @@ def plan_once(inputs: PlanInputs) -> Plan:
     sequences = inputs.workload.sequences
     target = inputs.concurrency if isinstance(inputs.concurrency, int) else 1
     length = _max_total_tokens(inputs, release, pool, model_limit, target * sequences, notes)
-    if (
-        not chunks
-        and not isinstance(inputs.max_model_len, int)
-        and inputs.max_input_tokens is None
-        and length > prefill + 1
-    ):
-        length = prefill + 1
-        notes.append(
-            f"prefill chunking is off: max-total-tokens held to --max-batch-prefill-tokens + 1 ({length}); raise --max-batch-prefill-tokens for longer prompts (it costs warmup memory)"
-        )
     max_input = inputs.max_input_tokens if inputs.max_input_tokens is not None else max(1, length - 1)
-    reservation = _reservation(inputs.workload, length, speculate)
+    if not chunks and inputs.max_input_tokens is None and max_input > prefill:
+        max_input = prefill
+        notes.append(
+            f"prefill chunking is off: max-input-tokens held to --max-batch-prefill-tokens ({prefill}), the longest "
+            f"prompt TGI takes in one prefill; max-total-tokens stays {length}: generated tokens need no prefill "
+            "(raise --max-batch-prefill-tokens for longer prompts: it costs warmup memory)"
+        )
+    reservation = _reservation(inputs.workload, length, release, speculate)
     blocks_per_request = sequences * -(-reservation // attention.block_size)
     under_warn = floor(inputs.warn_level * pool.usable_blocks / blocks_per_request) if blocks_per_request else 0
     at_full = pool.usable_blocks // blocks_per_request if blocks_per_request else 0
@@ -188,7 +185,7 @@ def plan_once(inputs: PlanInputs) -> Plan:
         args=tuple(with_kept(flag_args(engine_flags), engine_flags, inputs.kept_options)),
         image=options.image(release.version, gpu.vendor),
         port=inputs.port or flags.PORT,
-        verdict=_verdict(inputs, memory, kv_bytes, pool, capacity, max_input, attention),
+        verdict=_verdict(inputs, release, memory, kv_bytes, pool, capacity, max_input, attention),
         warnings=tuple(warnings),
         notes=tuple(notes),
         release=release,
@@ -316,6 +313,7 @@ def _prefill(inputs: PlanInputs, release: TgiRelease, chunks: bool, model_limit:
         return inputs.batched_tokens, "", True
     given = inputs.max_input_tokens or (inputs.max_model_len - 1 if isinstance(inputs.max_model_len, int) else None)
     if release.version.at_least(3, 0):
+        given = given or (None if chunks else inputs.workload.prompt_tokens)  # a stated prompt, in one prefill
         fraction = inputs.memory_fraction or budget.DEFAULT_CUDA_MEMORY_FRACTION
         found = prefill_default.default(
             inputs.spec.config_json, inputs.gpu, inputs.tp, fraction, release.version, inputs.quantization
@@ -358,10 +356,10 @@ def _max_total_tokens(
     return min(model_limit, pool.max_batch_total_tokens) if pool.max_batch_total_tokens > 1 else model_limit
 
 
-def _reservation(workload: Workload, length: int, speculate: int = 0) -> int:
+def _reservation(workload: Workload, length: int, release: TgiRelease, speculate: int = 0) -> int:
     if workload.total_tokens is None:  # the worst request: max input plus one new token, or short input plus many
         return max(1, length - 1 + speculate)
-    return max(1, budget.reservation_tokens(workload.prompt_tokens or 0, workload.gen_tokens or 0, speculate))
+    return max(1, budget.reservation_tokens(workload.prompt_tokens or 0, workload.gen_tokens or 0, release, speculate))
 
 
 ROPE_OPTIONS = ("--rope-scaling", "--rope-factor")
@@ -421,8 +419,13 @@ def _warnings(inputs: PlanInputs, release: releases.TgiRelease, notes: list[str]
         notes.append(
             f"{inputs.workload.sequences} sequences per request: TGI's best_of runs each as an independent request with its own full reservation and concurrency permit"
         )
+    generated = (
+        f"min(max_new_tokens, {budget.DEFAULT_GENERATION_LENGTH})"
+        if release.version.at_least(3, 1, 1)
+        else "max_new_tokens"
+    )
     notes.append(
-        f"each request reserves input + min(max_new_tokens, {budget.DEFAULT_GENERATION_LENGTH}) tokens up front; TGI never preempts, requests wait in the queue"
+        f"each request reserves input + {generated} tokens up front; TGI never preempts, requests wait in the queue"
     )
     notes.append(_pool_flag_note(release))
     fraction = inputs.memory_fraction or 1.0
@@ -449,6 +452,7 @@ def _pool_flag_note(release: releases.TgiRelease) -> str:
 
 def _verdict(
     inputs: PlanInputs,
+    release: TgiRelease,
     memory: list,
     kv_bytes: int,
     pool: budget.TgiPool,
@@ -477,6 +481,10 @@ def _verdict(
             max(need, prefill * capacity.kv_bytes_per_token),
             kv_bytes,
         )
+    refused = _refused_requests(inputs, release, capacity, max_input)
+    if refused:
+        asked = inputs.workload.total_tokens or length
+        return Verdict(refused, -(-asked // attention.block_size) * block_bytes, kv_bytes, states_need=True)
     under_warn, per_request, reservation = (
         capacity.requests_under_warn,
         capacity.blocks_per_request,
@@ -495,6 +503,29 @@ def _verdict(
             f"not one request reserving {reservation} tokens stays under the warn level",
             ceil(per_request / inputs.warn_level + 1) * block_bytes,
             kv_bytes,
+        )
+    return None
+
+
+def _refused_requests(inputs: PlanInputs, release: TgiRelease, capacity: TgiCapacity, max_input: int) -> str | None:
+    """Why TGI's router refuses every request of the stated size (router/src/validation.rs `validate_input`, its
+    checks in its order), or None."""
+    prompt, gen = inputs.workload.prompt_tokens, inputs.workload.gen_tokens
+    if prompt is None or gen is None:
+        return None
+    generated = budget.generation_round(gen, release)
+    length = capacity.max_model_len
+    if prompt + generated > length:
+        return (
+            f"requests of {prompt} prompt + {gen} generated tokens exceed --max-total-tokens {length}: TGI refuses "
+            f"every one ('`inputs` tokens + `max_new_tokens` must be <= {length}. Given: {prompt} `inputs` tokens and "
+            f"{generated} `max_new_tokens`'); raise --max-model-len or state shorter requests"
+        )
+    if prompt > max_input:
+        return (
+            f"requests of {prompt} prompt tokens exceed --max-input-tokens {max_input}: TGI refuses every one "
+            f"('`inputs` must have less than {max_input} tokens. Given: {prompt}'); raise --max-input-tokens"
+            f"{'' if capacity.prefill_chunking else ' and --max-batch-prefill-tokens'} or state shorter prompts"
         )
     return None
 

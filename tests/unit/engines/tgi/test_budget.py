@@ -94,9 +94,14 @@ def test_fp8_rules_of_the_kv_cache_constructor():
         check_fp8(resolve_attention(load_model("llama-3-8b"), "amd"), "fp8_e5m2", "amd")
 
 
-def test_a_request_reserves_input_plus_at_most_1024_new_tokens():
-    assert reservation_tokens(1000, 500) == 1499
-    assert reservation_tokens(1000, 4000) == 1000 + 1024 - 1
+def test_a_request_reserves_input_plus_at_most_1024_new_tokens_from_3_1_1():
+    """router/src/validation.rs cuts a given max_new_tokens to 1024 a round from 3.1.1 (PR #3016); 3.0.x and 2.x
+    queue it whole (kvops had cut it at every release)."""
+    newest = release(None)
+    assert reservation_tokens(1000, 500, newest) == 1499
+    assert reservation_tokens(1000, 4000, newest) == 1000 + 1024 - 1
+    for older in ("3.1.0", "2.4.1"):
+        assert reservation_tokens(1000, 4000, release(older)) == 1000 + 4000 - 1
 
 
 def test_capacity_is_whole_blocks_with_block_zero_for_health_checks():

@@ -26,6 +26,38 @@ def test_gemma3_without_prefill_chunking_gets_a_prefill_batch_that_holds_its_lon
     assert longer["max-batch-prefill-tokens"] >= longer["max-input-tokens"] == 8191
 
 
+def test_without_chunking_the_prefill_bounds_the_prompt_not_the_context(run_kvops):
+    """ROCm's paged attention has no prefill chunking. The plan held --max-total-tokens to the prefill + 1 (4097) for
+    Llama-3.1-8B on an MI300X, so the router refused every request of 4,000 + 500 tokens ('`inputs` tokens +
+    `max_new_tokens` must be <= 4097', router/src/validation.rs) while the plan said they fit, and every request's
+    prompt plus output was held to 4,097 of a 131,072 context. Only the prompt must fit one prefill
+    (backends/v3/src/main.rs: max_batch_prefill_tokens >= max_input_tokens)."""
+    doc = plan(run_kvops, "-m", "llama-3.1-8b", "--gpu", "mi300x", "--prompt-tokens", "4000", "--gen-tokens", "500")
+    flags = doc["flags"]
+    assert doc["capacity"]["prefill_chunking"] is False and doc["fits"] is True
+    assert (flags["max-input-tokens"], flags["max-batch-prefill-tokens"], flags["max-total-tokens"]) == (
+        4096, 4096, 131072,
+    )  # fmt: skip
+    assert any(note.startswith("prefill chunking is off: max-input-tokens held to") for note in doc["notes"])
+    longer = plan(run_kvops, "-m", "llama-3.1-8b", "--gpu", "mi300x", "--prompt-tokens", "6000", "--gen-tokens", "100")
+    assert longer["flags"]["max-batch-prefill-tokens"] == longer["flags"]["max-input-tokens"] == 6000
+
+
+def test_stated_requests_the_router_refuses_do_not_fit(run_kvops):
+    """A stated workload beyond the limits was planned as fitting. TGI validates input + max_new_tokens, the latter
+    cut to 1024 from 3.1.1 (PR #3016), whole before."""
+    wrong = run_kvops(
+        "plan", "-e", "tgi", "-m", "llama-3.1-8b", "--gpu", "h100", "--prompt-tokens", "3000", "--gen-tokens", "3000",
+        "--max-model-len", "5000", "--engine-version", "3.1.0", expect=3,
+    ).stderr  # fmt: skip
+    assert "'`inputs` tokens + `max_new_tokens` must be <= 5000. Given: 3000 `inputs` tokens and 3000" in wrong
+    newest = plan(
+        run_kvops, "-m", "llama-3.1-8b", "--gpu", "h100", "--prompt-tokens", "3000", "--gen-tokens", "3000",
+        "--max-model-len", "5000",
+    )  # fmt: skip
+    assert newest["fits"] is True and newest["capacity"]["reservation_tokens_per_request"] == 3000 + 1024 - 1
+
+
 def test_a_text_model_chunks_its_prefill_and_keeps_the_launcher_default(run_kvops):
     """TGI 3.3.7 on an H100: 900 TFLOP/s over Llama-3-8B's 15.0 GFLOPs a token is 59,870, held to its
     max_position_embeddings 8192; the plan warms up with it and leaves the flag to TGI (prefill.py)."""
