@@ -328,9 +328,15 @@ def _prefill(inputs: PlanInputs, release: TgiRelease, chunks: bool, model_limit:
         )
         return given or 0, f"max-batch-prefill-tokens {given:,}: raised from {found.why}, {raised}", True
     max_input = given if given is not None else _legacy_max_total(release, model_limit) - 1
+    if release.version.at_least(2, 4, 1):  # launcher main.rs: 4096.min(max_position_embeddings, itself <= 4096)
+        default = min(LEGACY_PREFILL, inputs.spec.max_position_embeddings or LEGACY_PREFILL)
+        return max(default, max_input), "", True  # without chunking the router refuses less than max_input
     if release.version.at_least(2, 0):
         return max_input + 50, "", True  # launcher main.rs: "Adding some edge ... for block_size alignment"
-    return max(4096, max_input), "", True  # the 1.x launcher's clap default, which must hold one prompt
+    return max(LEGACY_PREFILL, max_input), "", True  # the 1.x launcher's clap default, which must hold one prompt
+
+
+LEGACY_PREFILL = 4096  # max-batch-prefill-tokens: the 0.9-1.x clap default, 2.4.1's cap
 
 
 def _legacy_max_total(release: TgiRelease, model_limit: int) -> int:

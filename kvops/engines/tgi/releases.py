@@ -118,6 +118,8 @@ class TgiRelease:
                 "4096 (qwen2-vl 10000 from 3.1.1, gemma3 8000 from 3.2.0), at most max_position_embeddings and a "
                 "VRAM cap"
             )
+        if self.version.at_least(2, 4, 1):
+            return "default max-batch-prefill-tokens: 4096, at most max_position_embeddings"
         if self.version.at_least(2, 0):
             return "default max-batch-prefill-tokens: max_input_tokens + 50"
         return "default max-batch-prefill-tokens: 4096"

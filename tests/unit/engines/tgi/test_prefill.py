@@ -97,4 +97,7 @@ def test_the_plan_warms_up_with_the_launchers_default_and_leaves_the_flag_to_tgi
     assert given["flags"]["max-batch-prefill-tokens"] == 4096 == given["capacity"]["max_batch_prefill_tokens"]
     assert given["capacity"]["kv_tokens"] > doc["capacity"]["kv_tokens"]  # a smaller warmup leaves more KV
     old = plan(run_kvops, "-m", "llama-3.1-8b-instruct", "--gpu", "h100", "--engine-version", "2.4.1")
-    assert old["flags"]["max-batch-prefill-tokens"] == 4145  # 2.x: max_input_tokens + 50, the same on any card
+    # 2.4.1's launcher: 4096.min(max_position_embeddings) (it had kept 2.0-2.4.0's max_input_tokens + 50: 4145)
+    assert old["flags"]["max-batch-prefill-tokens"] == 4096 >= old["flags"]["max-input-tokens"] == 4095
+    before = plan(run_kvops, "-m", "llama-3.1-8b-instruct", "--gpu", "h100", "--engine-version", "2.4.0")
+    assert before["flags"]["max-batch-prefill-tokens"] == 4145  # 2.0-2.4.0: max_input_tokens + 50, on any card
