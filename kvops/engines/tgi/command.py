@@ -83,7 +83,11 @@ def read_launcher_args(args: list[str]) -> StatedCommand:
         elif word.canonical in READERS:
             READERS[word.canonical](word, stated)
         elif word.canonical == "--max-batch-total-tokens":
-            stated.ignore(word, f"ignored: TGI sizes its pool at warmup ({flags.MAX_BATCH_TOTAL_TOKENS_IGNORED})")
+            stated.ignore(
+                word,
+                f"ignored: TGI sizes its pool at warmup from 0.9.4 ({flags.MAX_BATCH_TOTAL_TOKENS_IGNORED}); "
+                "0.9.0-0.9.3 allocate this figure as the pool, and a plan for them emits the pool it sizes instead",
+            )
         elif word.canonical in NOT_MODELLED:
             stated.ignore(word, f"not modelled: {NOT_MODELLED[word.canonical]}; measure the run (kvops calibrate)")
         else:

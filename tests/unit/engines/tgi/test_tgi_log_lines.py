@@ -120,6 +120,17 @@ def test_a_0_9_3_plan_emits_the_pool_it_sizes_as_max_batch_total_tokens(run_kvop
                   "--engine-version", "0.9.4", "--max-model-len", "4096", "--json").stdout
     )  # fmt: skip
     assert "max-batch-total-tokens" not in newer["flags"]
+    pasted = json.loads(
+        run_kvops(
+            "plan", "--gpu", "A10G", "--json", "--from-command",
+            "docker run ghcr.io/huggingface/text-generation-inference:0.9.3 --model-id meta-llama/Llama-2-70b-hf "
+            "--num-shard 8 --max-batch-total-tokens 16000 --max-total-tokens 4096 --max-input-length 3072",
+        ).stdout
+    )  # fmt: skip
+    assert pasted["command"]["argv"].count("--max-batch-total-tokens") == 1
+    assert pasted["flags"]["max-batch-total-tokens"] == 97_264
+    [line] = [text for text in pasted["from_command"] if text.startswith("--max-batch-total-tokens 16000")]
+    assert "0.9.0-0.9.3 allocate this figure as the pool" in line
 
 
 def test_explain_given_a_tgi_log_says_so_and_what_to_run(run_kvops):
