@@ -24,6 +24,7 @@ NUM_BLOCKS_NOTE = "TGI's max batch total tokens = num_blocks x block size; block
 # CUDA graphs TGI captures after sizing its pool (batch sizes 1-32): public vLLM logs show 0.17 GiB (TP4,
 # noonghunna/club-3090#127) to 0.5 GiB (TP2, club-3090#104) for theirs; no TGI log in the corpus states it.
 CUDA_GRAPHS_ESTIMATE = 512 * (1 << 20)
+LEGACY_PREFILL = 4096  # max-batch-prefill-tokens: the 0.9-1.x clap default, 2.4.1's cap
 
 
 @frozen
@@ -334,9 +335,6 @@ def _prefill(inputs: PlanInputs, release: TgiRelease, chunks: bool, model_limit:
     if release.version.at_least(2, 0):
         return max_input + 50, "", True  # launcher main.rs: "Adding some edge ... for block_size alignment"
     return max(LEGACY_PREFILL, max_input), "", True  # the 1.x launcher's clap default, which must hold one prompt
-
-
-LEGACY_PREFILL = 4096  # max-batch-prefill-tokens: the 0.9-1.x clap default, 2.4.1's cap
 
 
 def _legacy_max_total(release: TgiRelease, model_limit: int) -> int:
