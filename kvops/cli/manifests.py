@@ -90,7 +90,7 @@ IMAGE = re.compile(
     type=click.IntRange(1, 65535),
     default=9400,
     show_default=True,
-    help="The sidecar's port: /kvops/* and the proxy.",
+    help="The sidecar's port, /kvops/*; its admission proxy, where it applies the levels, listens on the next one.",
 )
 @click.option(
     "--scrape-interval",
@@ -120,9 +120,11 @@ def manifests(
 ):
     """Deployment artifacts for an engine with the kvops sidecar, from the plan, the alert rules and the watcher.
 
-    The engine runs the plan's flags (as `kvops plan` prints them); beside it `kvops watch --proxy` watches it and
-    admits requests (the Service, or the published compose port, goes through it); Prometheus scrapes both and
-    evaluates `kvops alerts`. Exits 3 when the plan does not fit, like `kvops plan`.
+    The engine runs the plan's flags (as `kvops plan` prints them); beside it `kvops watch` watches it. The levels
+    apply to requests in vLLM's own API server (--middleware) where one API server serves it; elsewhere (TGI,
+    data-parallel vLLM, a gateway's fleet) the sidecar's admission proxy applies them, and the Service, or the
+    published compose port, goes through it. Prometheus scrapes both and evaluates `kvops alerts`. Exits 3 when the
+    plan does not fit, like `kvops plan`.
     """
     from kvops import engines
     from kvops.deploy.stack import Stack
@@ -156,17 +158,6 @@ def manifests(
     plan = make_plan(options.plan_inputs())
     if not plan.fits:
         raise PlanError(does_not_fit_message(plan))
-    for message in plan.all_warnings:
-        warn(message)
-    if plan.local_model and target != "compose":  # compose mounts it (kvops/deploy/compose.py)
-        warn(
-            f"the engine loads {plan.local_model}, a folder on this machine: a pod sees it only where a volume holds it "
-            "at that path; mount one, or plan with the model's Hub id"
-        )
-    if kvops_port == plan.port:
-        raise click.BadParameter(
-            f"{kvops_port} is the engine's port; the sidecar needs another", param_hint="--kvops-port"
-        )
     policy_path = options.policy
     figures = PlanFigures.from_plan(engine.name, plan.to_dict())
     deployment = f"{release}-{name}-deployment-vllm" if target == "production-stack" else None
@@ -196,7 +187,16 @@ def manifests(
         replicas=replicas,
         policy=load_policy(policy_path),
         figures=figures,
+        fleet=target == "llm-d",
     )
+    _check_ports(stack)
+    for message in plan.all_warnings:
+        warn(message)
+    if plan.local_model and target != "compose":  # compose mounts it (kvops/deploy/compose.py)
+        warn(
+            f"the engine loads {plan.local_model}, a folder on this machine: a pod sees it only where a volume holds it "
+            "at that path; mount one, or plan with the model's Hub id"
+        )
     files = target_files(stack, target, autoscale, max_replicas, prometheus_url, deployment)
     if out_dir:
         write_files(Path(out_dir), files)
@@ -232,6 +232,29 @@ def _check_values(prometheus_url: str, kvops_image: str) -> None:
         raise click.BadParameter(
             f"{kvops_image!r} is not an image reference (e.g. registry.example.com/kvops:0.1.0)",
             param_hint="--kvops-image",
+        )
+
+
+def _check_ports(stack) -> None:
+    """The sidecar's port and, where its proxy applies the levels, the next one are free in the engine's pod and
+    within TCP's range."""
+    if stack.kvops_port == stack.engine_port:
+        raise click.BadParameter(
+            f"{stack.kvops_port} is the engine's port; the sidecar needs another", param_hint="--kvops-port"
+        )
+    if not stack.proxied:
+        return
+    if stack.proxy_port > 65535:
+        raise click.BadParameter(
+            f"{stack.kvops_port}: the sidecar's admission proxy listens on the next port, {stack.proxy_port}, past "
+            "65535; give at most 65534",
+            param_hint="--kvops-port",
+        )
+    if stack.proxy_port == stack.engine_port:
+        raise click.BadParameter(
+            f"{stack.kvops_port}: the sidecar's admission proxy listens on the next port, {stack.proxy_port}, the "
+            "engine's port; give another",
+            param_hint="--kvops-port",
         )
 
 

@@ -37,7 +37,7 @@ def manifests(stack: Stack) -> dict[str, str]:
         "policy-configmap.yaml": stack.header("kvops policy for the sidecar and the KV guard")
         + dump_yaml(policy_config_map(stack)),
         "deployment.yaml": stack.header(f"{stack.engine} with the kvops sidecar") + dump_yaml(deployment(stack)),
-        "service.yaml": stack.header("clients go through the kvops admission proxy") + dump_yaml(service(stack)),
+        "service.yaml": stack.header(_service_says(stack)) + dump_yaml(service(stack)),
         "podmonitor.yaml": stack.header("Prometheus scrapes the engine's /metrics and the sidecar's /kvops/metrics")
         + dump_yaml(pod_monitor(stack)),
         "prometheusrule.yaml": stack.header("kvops alerts") + stack.rules,
@@ -174,6 +174,13 @@ def service(stack: Stack) -> dict[str, Any]:
             ],
         },
     }
+
+
+def _service_says(stack: Stack) -> str:
+    """Where the Service sends clients, as its file's header says."""
+    if stack.proxied:
+        return "clients go through the kvops admission proxy"
+    return f"clients reach the engine's own port: its admission middleware ({stack.middleware}) applies the levels"
 
 
 def pod_monitor(stack: Stack) -> dict[str, Any]:
