@@ -4,8 +4,12 @@ not do what its page or its own output said."""
 
 from __future__ import annotations
 
+import json
+import re
+
 import yaml
 
+from tests.support.paths import REPO
 from tests.unit.deploy.test_deploy import EXAMPLE, k8s_objects
 
 
@@ -64,3 +68,26 @@ def test_the_help_says_who_applies_the_levels(run_kvops):
     text = " ".join(run_kvops("manifests", "--help").stdout.split())
     assert "vLLM's own API server (--middleware)" in text
     assert "its admission proxy, where it applies the levels, listens on the next one" in text
+
+
+def _claimed(doc: str, pattern: str) -> int:
+    match = re.search(pattern, (REPO / doc).read_text())
+    assert match, f"{doc} no longer says {pattern!r}"
+    return int(match.group(1))
+
+
+def test_the_catalog_sizes_the_planning_page_gives_are_the_catalogs(run_kvops):
+    """docs/planning.md said `--gpu` takes "the 29 parts of kvops/catalog/gpus.json" and `kvops models` lists "the
+    89 entries": `kvops plan --help` names 31 GPUs and `kvops models --json` lists 94 models."""
+    from kvops.gpus import gpu_catalog
+
+    models = json.loads(run_kvops("models", "--json").stdout)
+    assert _claimed("docs/planning.md", r"`kvops models` lists the\s+(\d+) entries") == len(models)
+    assert _claimed("docs/planning.md", r"the (\d+) parts of `kvops/catalog/gpus.json`") == len(gpu_catalog())
+
+
+def test_the_sweep_page_gives_its_default_engines(run_kvops):
+    """docs/planning.md listed `--engines vllm,tgi` beside the other options' defaults; the default is vLLM alone."""
+    text = " ".join((REPO / "docs/planning.md").read_text().split())
+    assert "by default vLLM, `--engines vllm,tgi` adds TGI" in text
+    assert "[default: vllm]" in " ".join(run_kvops("sweep", "--help").stdout.split())
