@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 
+import pytest
 import yaml
 
+from tests.support.daemons import PROMETHEUS, PrometheusServer
+from tests.support.metrics_server import MetricsServer, vllm_exposition
 from tests.support.paths import REPO
 from tests.unit.deploy.test_deploy import EXAMPLE, k8s_objects
 
@@ -91,3 +95,67 @@ def test_the_sweep_page_gives_its_default_engines(run_kvops):
     text = " ".join((REPO / "docs/planning.md").read_text().split())
     assert "by default vLLM, `--engines vllm,tgi` adds TGI" in text
     assert "[default: vllm]" in " ".join(run_kvops("sweep", "--help").stdout.split())
+
+
+def _console_sample(doc: str, starts: str) -> tuple[str, list[str]]:
+    """The `$ ` command of a console block of a document that starts with `starts`, and the lines under it."""
+    lines = (REPO / doc).read_text().splitlines()
+    number = next(n for n, line in enumerate(lines) if line.startswith(f"$ {starts}"))
+    shown = []
+    for line in lines[number + 1 :]:
+        if line.startswith(("$ ", "```")):
+            break
+        shown.append(line)
+    return lines[number][2:], shown
+
+
+def _rows_sorted(lines: list[str]) -> list[str]:
+    """A `--once` table's replica rows in name order: ephemeral ports order the live replicas as they fall."""
+    head = next(n for n, line in enumerate(lines) if line.startswith("replica "))
+    return lines[: head + 1] + sorted(lines[head + 1 :])
+
+
+@pytest.mark.skipif(PROMETHEUS is None, reason="prometheus not installed (apt-get install prometheus; .ci/run does)")
+def test_the_once_sample_through_prometheus_is_what_it_prints(run_kvops, tmp_path):
+    """docs/watching.md's `kvops watch --prometheus ... --once` showed no `headroom:` line, which the command prints
+    whenever the engines export their pool (vllm:cache_config_info): run as shown, through a real Prometheus scraping
+    an idle recorded vLLM 0.32 exposition and one at 72%, its output (addresses mapped to the page's) is the page's."""
+    command, shown = _console_sample("docs/watching.md", "kvops watch --engine vllm --prometheus")
+    documented = re.search(r"--prometheus (\S+)", command).group(1)
+    idle_name, loaded_name = (line.split()[0] for line in shown[-2:])
+    with (
+        MetricsServer(vllm_exposition(0.0)) as idle,
+        MetricsServer(vllm_exposition(0.72)) as loaded,
+        PrometheusServer(tmp_path / "prometheus", {"vllm": [idle.target, loaded.target]}) as prometheus,
+    ):
+        prometheus.wait_for_series("vllm:kv_cache_usage_perc", count=2)
+        words = shlex.split(command.replace(documented, prometheus.url))
+        printed = run_kvops(*words[1:], expect=1).stdout  # warn: exit 1
+    for live, page in ((prometheus.url, documented), (idle.target, idle_name), (loaded.target, loaded_name)):
+        printed = printed.replace(live, page)
+    assert _rows_sorted(printed.rstrip("\n").splitlines()) == _rows_sorted(shown)
+
+
+def _section(doc: str, heading: str) -> str:
+    text = (REPO / doc).read_text()
+    start = text.index(heading)
+    end = text.find("\n## ", start + len(heading))
+    return text[start : end if end > 0 else None]
+
+
+def test_the_alerts_page_names_every_alert_the_command_writes(run_kvops, tmp_path):
+    """docs/watching.md's table of `kvops alerts` lacked KVOffloadSaturated and KVOffloadLoadSlow (in every vLLM rule
+    file) and GPUMemoryHigh (with --plan), and its synopsis showed `--engine tgi` without the capacity it requires
+    (exit 2: 'needs the batch token capacity')."""
+    section = _section("docs/watching.md", "## Alert rules and runbooks: `kvops alerts`")
+    for engine in ("vllm", "tgi"):
+        plan = tmp_path / f"{engine}.json"
+        plan.write_text(run_kvops("plan", "--engine", engine, *EXAMPLE, "--json").stdout)
+        written = re.findall(
+            r"^  - alert: (\w+)$", run_kvops("alerts", "--engine", engine, "--plan", str(plan)).stdout, re.M
+        )
+        assert written and [name for name in written if f"`{name}`" not in section] == [], engine
+    refused = run_kvops("alerts", "--engine", "tgi", expect=2).stderr
+    synopsis = next(line for line in section.splitlines() if line.startswith("kvops alerts --engine tgi "))
+    for option in ("--max-batch-total-tokens", "--plan", "--startup-log"):
+        assert option in refused and option in synopsis
