@@ -44,7 +44,8 @@ def calibrate(log: VllmLog | None, config: CacheConfig | None, plan: Plan | None
     if pinned and (kv_actual is None or abs(kv_actual - pinned) < 0.01 * (1 << 30)):
         kv_actual, kv_where = pinned, "--kv-cache-memory-bytes (vLLM allocates exactly this)"
     total = facts.get("total_memory_bytes") if log and log.device != "cpu" else None
-    run_gpu = plan.inputs.gpu.id if plan and plan.inputs.gpu else None
+    # without a plan, the part whose total the log printed: a profile without its GPU gave every GPU's plan that total
+    run_gpu = plan.inputs.gpu.id if plan and plan.inputs.gpu else (gpu_of_total(total) if total else None)
     if total and plan and plan.inputs.gpu:
         other = _other_gpu(total, plan)
         if other:
