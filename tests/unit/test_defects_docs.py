@@ -187,3 +187,14 @@ def test_a_profile_calibrated_without_a_model_keeps_its_gpus_total_to_that_gpu(r
     for gpu, total in (("h100", "~79.19 GiB"), ("rtx-3090", "~23.56 GiB")):
         head = run_kvops("plan", "-m", "llama-3-8b", "--gpu", gpu, "--profile", str(profile)).stdout.splitlines()[0]
         assert f"({total} each, as the engine sees it)" in head, head
+
+
+def test_the_front_page_of_the_manual_links_every_page_and_the_core_commands():
+    """docs/index.md, the manual's front page, listed neither Simulating traffic nor Accuracy (both in mkdocs.yml's
+    nav), its install table left out `kvops lint` (core) and `kvops simulate` (vLLM beside kvops)."""
+    pages = re.findall(r"^  - [^:]+: (\S+\.md)$", (REPO / "mkdocs.yml").read_text(), re.M)
+    manual = _section("docs/index.md", "## The manual")
+    assert [page for page in pages if page != "index.md" and f"]({page})" not in manual] == []
+    install = _section("docs/index.md", "## Install")
+    core = next(line for line in install.splitlines() if line.startswith("| `kvops` |"))
+    assert "`lint`" in core and "`kvops simulate`" in install
