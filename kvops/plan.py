@@ -215,6 +215,11 @@ class Capacity(Protocol):
         """Tokens one request of the planned workload holds (or reserves) at its peak."""
         ...
 
+    @property
+    def holding(self) -> str:
+        """What one request of the planned workload holds, as the plan's summary says it ("each holding N KV tokens")."""
+        ...
+
     def lines(self) -> list[str]:
         """The capacity as the plan's text report shows it."""
         ...

@@ -200,7 +200,7 @@ def _summary(plan: Plan) -> list[str]:
             (
                 "requests",
                 f"{capacity.requests_under_warn:,} at once under the warn level ({warn}), "
-                f"{capacity.requests_at_full:,} at 100%{replica}, each holding {capacity.request_tokens:,} KV tokens",
+                f"{capacity.requests_at_full:,} at 100%{replica}, {capacity.holding}",
             ),
             ("workload", _workload(plan.inputs.workload, capacity.request_tokens)),
         ]

@@ -55,6 +55,10 @@ class TgiCapacity:
     def request_tokens(self) -> int:
         return self.reservation_tokens_per_request
 
+    @property
+    def holding(self) -> str:
+        return f"each holding {self.reservation_tokens_per_request:,} KV tokens"  # the full context, windows or not
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "num_blocks": self.num_blocks,

@@ -67,6 +67,23 @@ class VllmCapacity:
     def request_tokens(self) -> int:
         return self.tokens_per_request
 
+    @property
+    def holding(self) -> str:
+        """A sliding or chunked layer keeps its window of a longer request, so the request holds fewer KV tokens than
+        it has: its blocks say it."""
+        windows = [
+            group
+            for group in self.cache_groups
+            if group.kind in ("sliding", "chunked") and group.window and group.window < self.tokens_per_request
+        ]
+        if not windows:
+            return f"each holding {self.tokens_per_request:,} KV tokens"
+        kept = min(windows, key=lambda group: group.window or 0)
+        return (
+            f"each of {self.tokens_per_request:,} tokens in {self.blocks_per_request:,} blocks ({kept.kind} layers "
+            f"keep {kept.window:,} of them)"
+        )
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "num_blocks": self.num_blocks,
