@@ -18,7 +18,7 @@ from kvops.explain.actions import Action, next_action
 from kvops.explain.failures import Diagnosis, diagnose
 from kvops.explain.kv_now import KvNow, kv_now
 from kvops.explain.memory import LOG_ROUNDING, Figure, device_total, inconsistent, memory_figures
-from kvops.explain.run import TERM_LABELS, Run
+from kvops.explain.run import TERM_LABELS, Run, planned_capacity
 from kvops.plan import Plan, PlanInputs
 from kvops.planner import predict
 from kvops.policy import Level, Limits, Policy
@@ -67,7 +67,7 @@ def explain(run: Run, inputs: PlanInputs | None, policy: Policy, notes: list[str
     kv = kv_now(run, predicted, policy)
     level = policy.raw_level(kv.usage) if kv else None
     diagnosis = diagnose(run.failure, run, figures, predicted)
-    action = next_action(run, inputs, kv, level, diagnosis, figures, notes)
+    action = next_action(run, inputs, kv, level, diagnosis, figures, notes, planned_capacity(predicted))
     if any(item.basis in ("reported", "derived") for item in figures) and run.log:
         notes.append(f"figures read from the log are rounded: {LOG_ROUNDING}")
     notes += inconsistent(figures)

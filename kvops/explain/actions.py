@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, replace
 from math import ceil, floor
 from typing import Any
 
+from kvops.engines.vllm.capacity import VllmCapacity
 from kvops.engines.vllm.logs import KvTokensTooFew, KvTooSmall, NoKvMemory, StartupFreeMemory
 from kvops.errors import KvopsError
 from kvops.explain.failures import Diagnosis
@@ -18,6 +19,8 @@ from kvops.planner import plan
 from kvops.policy import Level
 from kvops.profile import Profile
 from kvops.units import format_bytes
+
+LOG_GIB_ROUNDING = (1 << 30) // 200  # a GiB figure of two decimals is off by up to 0.005 GiB
 
 
 @dataclass
@@ -46,9 +49,11 @@ def next_action(
     diagnosis: Diagnosis | None,
     figures: list[Figure],
     notes: list[str],
+    capacity: VllmCapacity | None = None,
 ) -> Action:
+    """`capacity`: the predicted plan's pool, whose block bytes make a log's block count exact."""
     if diagnosis is not None:
-        return _failure_action(run, inputs, diagnosis, figures, notes)
+        return _failure_action(run, inputs, diagnosis, figures, notes, capacity)
     if kv is None or level is None:
         return Action(None, "no live KV usage to act on: give --metrics URL for the level and headroom", "none")
     if level <= Level.OK:
@@ -74,7 +79,12 @@ def next_action(
 
 
 def _failure_action(
-    run: Run, inputs: PlanInputs | None, diagnosis: Diagnosis, figures: list[Figure], notes: list[str]
+    run: Run,
+    inputs: PlanInputs | None,
+    diagnosis: Diagnosis,
+    figures: list[Figure],
+    notes: list[str],
+    capacity: VllmCapacity | None,
 ) -> Action:
     failure = run.failure
     if isinstance(failure, StartupFreeMemory) and failure.total_bytes > 0:  # a log is input: 0/0 GiB is no advice
@@ -87,14 +97,16 @@ def _failure_action(
         )
     if inputs is not None:
         action = _planner(
-            _replan_inputs(run, inputs, diagnosis, figures), notes, pinned_by_user=bool(run.pinned_kv_bytes)
+            _replan_inputs(run, inputs, diagnosis, figures, capacity), notes, pinned_by_user=bool(run.pinned_kv_bytes)
         )
         if action is not None:
             return action
     return _engine_advice(run, diagnosis, inputs)
 
 
-def _replan_inputs(run: Run, inputs: PlanInputs, diagnosis: Diagnosis, figures: list[Figure]) -> PlanInputs:
+def _replan_inputs(
+    run: Run, inputs: PlanInputs, diagnosis: Diagnosis, figures: list[Figure], capacity: VllmCapacity | None
+) -> PlanInputs:
     """The run as the planner must see it to reproduce the failure: its measured terms (weights, and the overhead
     its budget implies) when the log states its budget, else its real KV pool pinned."""
     failure = run.failure
@@ -116,7 +128,7 @@ def _replan_inputs(run: Run, inputs: PlanInputs, diagnosis: Diagnosis, figures: 
         and kv.bytes is not None
         and not run.pinned_kv_bytes
     ):
-        overhead = requested - weights.bytes - kv.bytes
+        overhead = requested - weights.bytes - _logged_blocks_bytes(run, kv.bytes, capacity)
         profile = Profile(
             "vllm",
             run.log_source or "the log",
@@ -137,6 +149,21 @@ def _replan_inputs(run: Run, inputs: PlanInputs, diagnosis: Diagnosis, figures: 
             max_model_len=inputs.max_model_len if isinstance(failure, NoKvMemory) else failure.max_model_len,
         )
     return inputs
+
+
+def _logged_blocks_bytes(run: Run, logged: int, capacity: VllmCapacity | None) -> int:
+    """The KV bytes a log states in GiB to two decimals (+-5 MiB), narrowed by the block count it also states
+    ('# GPU blocks: 80') where the two agree in the plan's block bytes: vLLM cut the pool into
+    floor(bytes / block bytes) blocks, so the middle of the bytes that make that many blocks re-plans the run's own
+    count (80, where the rounded 0.39 GiB made 79)."""
+    blocks = run.facts.get("num_gpu_blocks")
+    if not blocks or capacity is None:
+        return logged
+    per_block = capacity.bytes_per_block
+    least = blocks * per_block
+    if not (least <= logged + LOG_GIB_ROUNDING and logged - LOG_GIB_ROUNDING < least + per_block):
+        return logged
+    return least + per_block // 2
 
 
 def _planner(inputs: PlanInputs, notes: list[str], pinned_by_user: bool = False) -> Action | None:

@@ -217,3 +217,14 @@ def test_the_readmes_first_plan_does_not_say_a_windowed_request_holds_its_whole_
     assert "each holding 32,768 KV tokens" not in summary
     # a full-attention model's request holds its tokens, as before
     assert "each holding 2,500 KV tokens" in run_kvops("plan", *EXAMPLE).stdout
+
+
+def test_the_failed_runs_next_action_holds_the_blocks_its_log_states(run_kvops):
+    """docs/explain.md's failed run (a v0.6.4 log: '# GPU blocks: 80', vLLM's own 'maximum number of tokens that can
+    be stored in KV cache (1280)') re-planned the run on its 'kv_cache_size=0.39GiB', rounded to two decimals: "the KV
+    cache holds 79 (1,264 tokens): ... refuses to start: '... (1264)'", three lines under the log's 1280. The block
+    count the log states narrows the rounded GiB."""
+    log = "tests/fixtures/logs/vllm-v0-kv-too-small.log"
+    args = ("explain", "--vllm-log", str(REPO / log), "-m", "qwen2.5-72b-instruct", "--quantization", "gptq")
+    problem = json.loads(run_kvops(*args, "--enforce-eager", "--json").stdout)["action"]["problem"]
+    assert "the KV cache holds 80 (1,280 tokens)" in problem and "stored in KV cache (1280)'" in problem
