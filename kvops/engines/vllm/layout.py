@@ -27,6 +27,7 @@ The per-layer, per-token cost comes from the ModelSpec's layer kinds (kvops.mode
 from __future__ import annotations
 
 from dataclasses import replace
+from math import lcm
 
 from kvops.dtypes import KV_DTYPES, KvDtype, canonical_dtype_name
 from kvops.errors import KvopsError, UsageError
@@ -44,6 +45,10 @@ MAMBA_STATE_PAGES = {"align": 2, "none": 1, "all": 0}  # MambaSpec.max_memory_us
 # ('all', V1 0.12-0.31: a state page per block of tokens, cdiv(max_model_len, block_size), beside these)
 # Mamba-2 mixers (MambaMixer2.get_kv_cache_spec) keep one more page in align mode: the prefill checkpoint
 MAMBA2_CHECKPOINT_PAGES = 1
+# Gated DeltaNet layers under FlashInfer's GDN prefill (vLLM 0.33+) keep one too, exported at offsets that are
+# multiples of 64 tokens, so blocks are a multiple of 64 (FLASHINFER_GDN_CHECKPOINT_ALIGNMENT, gdn_attn.py)
+GDN_CHECKPOINT_PAGES = 1
+GDN_CHECKPOINT_ALIGNMENT = 64
 FULL_TYPE = ("full", "mla", "indexer")
 # Sparse MLA (DeepSeek-V3.2) with an 8-bit cache is stored as fp8_ds_mla: 512 fp8 latent values, 4 fp32 scales and
 # 64 bf16 rotary values per token (`_canonicalize_sparse_mla_kv_cache_dtype`, FLASHMLA_SPARSE)
@@ -71,6 +76,8 @@ class LayoutOptions:
     mamba_ssm_cache_dtype: str = "auto"  # --mamba-ssm-cache-dtype
     speculative_tokens: int = 0  # num_speculative_tokens: extra state pages and conv rows
     mamba2_prefill_checkpoint: bool = True  # align mode: a Mamba-2 mixer's prefill checkpoint page (vLLM 0.32+)
+    # align mode: Gated DeltaNet layers' prefill checkpoint page and 64-token blocks (FlashInfer's GDN prefill, 0.33+)
+    gdn_prefill_checkpoint: bool = False
     # layers that keep the model's own KV dtype (kv_cache_dtype_skip_layers: TurboQuant's boundary layers)
     unquantized_layers: frozenset[int] = frozenset()
     dcp: int = 1  # --decode-context-parallel-size: a block's tokens spread over this many ranks (check_dcp)
@@ -287,14 +294,7 @@ def layer_spec(
 ) -> CacheSpec:
     if isinstance(layer, RecurrentState):
         mode = options.mamba_cache_mode
-        checkpoint = 0
-        if (
-            mode == "align"
-            and isinstance(layer, MambaState)
-            and layer.variant == "mamba2"
-            and options.mamba2_prefill_checkpoint
-        ):
-            checkpoint = MAMBA2_CHECKPOINT_PAGES
+        checkpoint = checkpoint_pages(layer, options) if mode == "align" else 0
         pages = MAMBA_STATE_PAGES[mode] + options.speculative_tokens + checkpoint
         page = state_page_bytes(spec, layer, tp, options)
         return CacheSpec(
@@ -307,6 +307,19 @@ def layer_spec(
     # under decode context parallelism a block spans dcp x block_size tokens, each rank's page holding block_size of
     # them (`resolve_dcp_kv_block_size`, v1/core/kv_cache_utils.py; `max_num_blocks_per_req`, v1/kv_cache_interface.py)
     return CacheSpec(layer.kind, block_size * per_token, block_size * options.dcp, window or None)
+
+
+def checkpoint_pages(layer: RecurrentState, options: LayoutOptions) -> int:
+    """The prefill checkpoint pages a state layer keeps in align mode: a Mamba-2 mixer's (MambaMixer2.
+    get_kv_cache_spec, 0.32+), a Gated DeltaNet layer's under FlashInfer's GDN prefill (GatedDeltaNetAttention.
+    get_kv_cache_spec, 0.33+)."""
+    if not isinstance(layer, MambaState):
+        return 0
+    if layer.variant == "mamba2" and options.mamba2_prefill_checkpoint:
+        return MAMBA2_CHECKPOINT_PAGES
+    if layer.variant == "gdn" and options.gdn_prefill_checkpoint:
+        return GDN_CHECKPOINT_PAGES
+    return 0
 
 
 def check_dcp(spec: ModelSpec, tp: int, dcp: int) -> None:
@@ -354,7 +367,9 @@ def state_page_bytes(spec: ModelSpec, layer: RecurrentState, tp: int, options: L
 
 def aligned_block_size(spec: ModelSpec, dtype: KvDtype, tp: int, block_size: int, options: LayoutOptions) -> int:
     """The attention block size: for models with recurrent state, raised until one attention page holds the
-    largest state page (`_align_hybrid_block_size`), a multiple of the kernel block alignment."""
+    largest state page (`_align_hybrid_block_size`), a multiple of the kernel block alignment, and in align mode of
+    the state layers' prefill checkpoint alignment where every one of them exports checkpoints (0.33+:
+    `get_mamba_prefill_checkpoint_alignment`, model_executor/layers/mamba/abstract.py)."""
     states = [layer for _, layer in spec.caches() if isinstance(layer, RecurrentState)]
     attention = spec.attention_layers()
     if not states or not attention:
@@ -365,9 +380,23 @@ def aligned_block_size(spec: ModelSpec, dtype: KvDtype, tp: int, block_size: int
     alignment = max(kernel, block_size)
     if spec.is_mla:
         alignment = max(alignment, HYBRID_MLA_BLOCK_ALIGNMENT)
+    if options.mamba_cache_mode == "align" and all(_gdn_checkpoint(layer, options) for layer in states):
+        alignment = lcm(alignment, GDN_CHECKPOINT_ALIGNMENT)
     aligned = alignment * -(-state_page // (alignment * per_token))
     aligned = kernel * -(-aligned // kernel)
     return max(block_size, aligned)
+
+
+def gdn_key_head_dim(spec: ModelSpec) -> int:
+    """The key head dim of the model's Gated DeltaNet layers (vLLM's head_k_dim; 0 without such layers)."""
+    return max(
+        (layer.group_dim for _, layer in spec.caches() if isinstance(layer, MambaState) and layer.variant == "gdn"),
+        default=0,
+    )
+
+
+def _gdn_checkpoint(layer: RecurrentState, options: LayoutOptions) -> bool:
+    return isinstance(layer, MambaState) and layer.variant == "gdn" and options.gdn_prefill_checkpoint
 
 
 def _promoted(specs: list[tuple[int, CacheSpec]]) -> list[tuple[int, CacheSpec]]:

@@ -317,6 +317,10 @@ def layout_options(
         hybrid_manager=inputs.hybrid_manager and release.hybrid_manager and not eagle_with_chunked(inputs),
         mamba_cache_mode=mamba_cache_mode(inputs, release),
         mamba2_prefill_checkpoint=release.mamba2_prefill_checkpoint,
+        gdn_prefill_checkpoint=inputs.device == "gpu"
+        and release.gdn_prefill_checkpoints(
+            inputs.gpu.id if inputs.gpu else None, layout.gdn_key_head_dim(inputs.spec)
+        ),
         mamba_cache_dtype=inputs.mamba_cache_dtype,
         mamba_ssm_cache_dtype=inputs.mamba_ssm_cache_dtype,
         speculative_tokens=speculative.tokens if speculative else 0,

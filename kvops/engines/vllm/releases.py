@@ -146,6 +146,15 @@ _SLIDING_IN_FLIGHT = Rule(
     "v1/kv_cache_interface.py SlidingWindowSpec.max_admission_blocks_per_request; config/vllm.py "
     "max_in_flight_tokens (l.525 in the 0.26.0 wheel; 0.25.1 counts max_num_batched_tokens)",
 )
+_GDN_PREFILL_CHECKPOINT = Rule(
+    "Gated DeltaNet layers (Qwen3-Next, Qwen3.5) on GPUs where FlashInfer runs their prefill (Hopper; Blackwell "
+    "with 128-dim keys) keep a prefill checkpoint: in align mode one more state page per request, and hybrid blocks "
+    "a multiple of 64 tokens",
+    "model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py _resolve_gdn_prefill_backend and GatedDeltaNetAttention "
+    "get_kv_cache_spec (num_prefill_checkpoint_blocks=1); v1/attention/backends/gdn_attn.py "
+    "FLASHINFER_GDN_CHECKPOINT_ALIGNMENT = 64; platforms/interface.py _align_hybrid_block_size (0.33.0 and 0.34.0 "
+    "wheels; not in 0.32.0)",
+)
 _HYBRID_MANAGER = Rule(
     "sliding-window layers form their own KV cache groups and keep only their window (the hybrid KV cache manager)",
     "v1/core/kv_cache_utils.py get_kv_cache_groups; on by default from 0.9.1 (config.py l.2120 in the 0.9.1 wheel: "
@@ -176,6 +185,17 @@ _BATCH_160_GIB = Rule(
     "API server: 16384 batched tokens and 1024 sequences on GPUs with >= 160 GiB; 8192/1024 at >= 70 GiB except the A100; else 2048/256",
     "engine/arg_utils.py l.2582 in the 0.28.0 wheel (the >= 160 GiB tier; not in 0.27.0)",
 )
+
+
+# NVIDIA GPUs of the catalog (kvops/catalog/gpus.json ids) by the compute capability vLLM's kernel choices test
+HOPPER_GPUS = frozenset(
+    ("H100-80GB", "H100-NVL", "H100-PCIe", "H200", "H200-NVL", "H20", "H20-3e", "H800", "GH200", "GH200-120GB")
+)  # SM90
+BLACKWELL_GPUS = frozenset(
+    ("B200", "GB200", "B300", "GB300", "RTX-5060-Ti", "RTX-5090", "RTX-PRO-6000")
+)  # SM100/SM103 and SM120; the PyPI wheels of 0.33-0.34 link CUDA 13 (libcudart.so.13), which FlashInfer's GDN
+# prefill needs there
+FLASHINFER_GDN_KEY_DIM = 128  # the key head dim FlashInfer's GDN prefill runs on Blackwell
 
 
 @frozen
@@ -274,6 +294,15 @@ class VllmRelease:
         get_kv_cache_spec, l.1107 in the 0.32.0 wheel; not in 0.31.0)."""
         return not self.v0 and self.version.at_least(0, 32)
 
+    def gdn_prefill_checkpoints(self, gpu_id: str | None, key_head_dim: int) -> bool:
+        """Gated DeltaNet layers export prefill checkpoints in align mode: from 0.33.0, where vLLM runs FlashInfer's
+        GDN prefill (`_resolve_gdn_prefill_backend`: Hopper, or Blackwell with 128-dim keys on CUDA 13); on other
+        GPUs, AMD and the CPU build it runs Triton's, which exports none. An unknown GPU (--gpu-memory alone) is
+        taken to run Triton's."""
+        if self.v0 or not self.version.at_least(0, 33):
+            return False
+        return gpu_id in HOPPER_GPUS or (gpu_id in BLACKWELL_GPUS and key_head_dim == FLASHINFER_GDN_KEY_DIM)
+
     @property
     def hybrid_prefix_caching(self) -> bool:
         """Models with state layers run with prefix caching (mamba cache mode 'align') unless told not to, from
@@ -344,6 +373,8 @@ class VllmRelease:
         rules.append(_HYBRID_MANAGER if self.hybrid_manager else _NO_HYBRID_MANAGER)
         rules.append(_SLIDING_IN_FLIGHT if self.sliding_counts_in_flight else _SLIDING_BATCHED)
         rules.append(_HYBRID_PREFIX_CACHING if self.hybrid_prefix_caching else _HYBRID_NO_PREFIX_CACHING)
+        if self.version.at_least(0, 33):
+            rules.append(_GDN_PREFILL_CHECKPOINT)
         if self.version.at_least(0, 28):
             return [*rules, _BATCH_160_GIB]
         if self.version.at_least(0, 9):

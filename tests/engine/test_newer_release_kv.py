@@ -1,0 +1,350 @@
+"""`kvops plan --engine-version <release> --json` against that release's own KV cache arithmetic, for vLLM 0.33 and
+0.34 (run by .ci/newer_vllm with the release's wheel ahead of the installed CPU build; skipped on other releases).
+
+For every catalog model, at a few context lengths and pinned KV budgets (--kv-cache-memory-bytes, which 0.34 sizes
+without the extensible KV cache), the release's own planner (v1/core/kv_cache_planning.py get_global_kv_cache_groups
+and get_kv_cache_configs, as v1/engine/core.py calls them) and capacity report (v1/core/kv_cache_utils.py
+get_kv_cache_capacity) give the block count, block sizes, bytes per block, groups, KV tokens and max concurrency
+that the plan's capacity must repeat. The specs are the release's own: each layer's `get_kv_cache_spec` from the
+model it builds on the meta device, as a GPU engine holds them (block size 16, 64 for MLA; the hybrid block
+alignment of the release's platform code with FlashAttention's kernel sizes: tests/support/vllm_specs.py). Models
+the CPU build cannot instantiate take their specs from the release's spec classes and state-shape calculator.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import warnings
+from dataclasses import replace
+
+import pytest
+
+from kvops.dtypes import KV_DTYPES
+from kvops.engines.vllm.layout import LayoutOptions, aligned_block_size, default_block_size, state_dtypes
+from kvops.model.catalog import catalog
+from kvops.model.locate import catalog_spec
+from tests.engine.test_vllm_view import UNBUILDABLE
+from tests.support.vllm_specs import BuiltModel, engine_config
+
+NEWER = ("0.33.0", "0.34.0")
+ENTRIES = {entry.id: entry for entry in catalog()}
+# (max_model_len, KV bytes): a roomy pool, a tight one, and one that holds a request only at the shortest length
+POINTS = ((4096, 40 * 2**30 + 777), (8192, 7 * 2**30 + 12345), (1024, 2**27 + 5))
+BATCHED, SEQUENCES = 8192, 1024
+HOPPER, AMPERE = "H100-80GB", "A100-80GB"
+REFUSALS = ("No available memory", "To serve at least one request")
+
+
+def _release() -> str:
+    """The vLLM on the path, read from its metadata (the wheel's tree put ahead carries its own)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("vllm")
+    except PackageNotFoundError:
+        return ""
+
+
+RELEASE = _release()
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.skipif(
+        RELEASE not in NEWER,
+        reason=f"needs the wheel of vLLM {' or '.join(NEWER)} ahead (.ci/newer_vllm), not {RELEASE or 'this build'}",
+    ),
+]
+
+
+@pytest.fixture(autouse=True)
+def quiet(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    warnings.simplefilter("ignore")
+
+
+@pytest.fixture(autouse=True)
+def triton_cpu_waived(monkeypatch):
+    """0.34's CPU platform refuses an x86 host without triton-cpu (platforms/cpu.py check_and_update_config); here
+    the model is only built on the meta device and asked for its specs, which run no kernel: that check alone is
+    told Triton is there, the rest of vLLM still sees it missing."""
+    import vllm.triton_utils
+    from vllm.platforms.cpu import CpuPlatform
+
+    check = CpuPlatform.check_and_update_config.__func__
+
+    def with_triton_said(cls, vllm_config):
+        present = vllm.triton_utils.HAS_TRITON
+        vllm.triton_utils.HAS_TRITON = True
+        try:
+            return check(cls, vllm_config)
+        finally:
+            vllm.triton_utils.HAS_TRITON = present
+
+    monkeypatch.setattr(CpuPlatform, "check_and_update_config", classmethod(with_triton_said))
+
+
+def vllm_pool(config, specs: dict, length: int, memory: int) -> dict | None:
+    """What the release reports for this KV memory at `length` (None where it refuses to start)."""
+    from vllm.v1.core import kv_cache_planning, kv_cache_utils
+
+    config.model_config.max_model_len = length
+    groups = kv_cache_planning.get_global_kv_cache_groups(config, [dict(specs)])
+    try:
+        configs = kv_cache_planning.get_kv_cache_configs(config, [dict(specs)], [memory], groups)
+    except ValueError as refused:
+        assert any(reason in str(refused) for reason in REFUSALS), refused
+        return None
+    scheduler = kv_cache_utils.generate_scheduler_kv_cache_config(configs)
+    tokens, concurrency = kv_cache_utils.get_kv_cache_capacity(config, scheduler)
+    shared = [group for group in scheduler.kv_cache_groups if group.kv_cache_spec.prefix_cacheable]
+    return {
+        "num_blocks": configs[0].num_blocks,
+        "kv_cache_size_tokens": tokens,
+        "max_concurrency": round(concurrency, 4),
+        "block_size": min(group.kv_cache_spec.block_size for group in shared or scheduler.kv_cache_groups),
+        "bytes_per_block": kv_cache_planning._pool_bytes_per_block(config, configs[0].kv_cache_groups),
+        "group_block_sizes": sorted(group.kv_cache_spec.block_size for group in scheduler.kv_cache_groups),
+    }
+
+
+def planned(run_kvops, model: str, gpu: str, length: int, memory: int, tp: int, dtype: str) -> dict:
+    """The plan's capacity for the same model, GPU, length, pinned KV memory, batch and tensor parallelism (the GPU's
+    memory raised so that every model's weights fit: only the KV memory is compared)."""
+    ran = run_kvops(
+        "plan", "-m", model, "--engine-version", RELEASE, "--gpu", gpu, "--gpu-memory", "8TiB", "--tp", str(tp),
+        "--kv-dtype", dtype, "--kv-cache-memory-bytes", str(memory), "--max-model-len", str(length),
+        "--max-num-batched-tokens", str(BATCHED), "--max-num-seqs", str(SEQUENCES), "--format", "json",
+        expect=None,
+    )  # fmt: skip
+    assert ran.exit_code in (0, 3), ran.stderr
+    return json.loads(ran.stdout)
+
+
+def compare(run_kvops, model: str, gpu: str, config, specs: dict, tp: int = 1, dtype: str = "bf16") -> int:
+    """Each point's figures, the release's against the plan's; the points the release accepts."""
+    checked = 0
+    for length, memory in POINTS:
+        theirs = vllm_pool(config, specs, length, memory)
+        plan = planned(run_kvops, model, gpu, length, memory, tp, dtype)
+        capacity = plan["capacity"]
+        if theirs is None:
+            assert plan["fits"] is False, (model, tp, dtype, length, "vLLM refuses to start; the plan fits")
+            continue
+        assert capacity is not None, (model, tp, dtype, length, plan.get("problem"))
+        assert capacity["max_in_flight_tokens"] == config.max_in_flight_tokens
+        ours = {
+            "num_blocks": capacity["num_blocks"],
+            "kv_cache_size_tokens": capacity["kv_cache_size_tokens"],
+            "max_concurrency": round(capacity["max_concurrency"], 4),
+            "block_size": capacity["block_size"],
+            "bytes_per_block": capacity["bytes_per_block"],
+            "group_block_sizes": sorted(group["block_size"] for group in capacity["kv_cache_group_specs"]),
+        }
+        assert ours == theirs, (model, RELEASE, gpu, tp, dtype, length, memory)
+        checked += 1
+    return checked
+
+
+def gpu_config(built: BuiltModel, block: int):
+    """The engine config a GPU engine would have: its block sizes and hybrid alignment, the batch asked for (the
+    CPU build lowers it for MLA models), two batches in flight (async scheduling)."""
+    built.as_gpu(block)
+    config = built.vllm_config
+    config.cache_config.kv_cache_layout = "LBHNC"
+    config.scheduler_config.max_num_batched_tokens = BATCHED
+    config.scheduler_config.async_scheduling = True
+    return config
+
+
+def gdn_prefill(gpu: str):
+    """The GDN prefill kernel the release picks on this GPU (`_resolve_gdn_prefill_backend`,
+    model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py): FlashInfer on Hopper (SM90), whose align-mode prefill
+    checkpoints add a state page and a 64-token block alignment; Triton on an A100, as on this CPU build."""
+    from unittest import mock
+
+    if gpu == AMPERE:
+        return contextlib.nullcontext()
+    return mock.patch(
+        "vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn._resolve_gdn_prefill_backend",
+        return_value=("auto", "flashinfer"),
+    )
+
+
+def gpus(model: str) -> list[str]:
+    """Hopper for every model; an A100 as well for Gated DeltaNet models, whose state layout depends on the GPU."""
+    spec = catalog_spec(ENTRIES[model])
+    gated_delta_net = any(getattr(layer, "variant", "") == "gdn" for _, layer in spec.caches())
+    return [HOPPER, AMPERE] if gated_delta_net else [HOPPER]
+
+
+@pytest.mark.parametrize(
+    ("model", "gpu"), [(model, gpu) for model in ENTRIES if model not in UNBUILDABLE for gpu in gpus(model)]
+)
+def test_plan_repeats_the_release_pool(model, gpu, run_kvops, tiny_model, tmp_path):
+    """bf16 at tp 1 (every model), an fp8 cache and tp 2 where the model's specs allow them."""
+    import torch
+    from vllm.config import ParallelConfig
+    from vllm.v1.kv_cache_interface import AttentionSpec, MLAAttentionSpec
+
+    spec = catalog_spec(ENTRIES[model])
+    with gdn_prefill(gpu):
+        built = BuiltModel(
+            ENTRIES[model].config, tmp_path / "model", tiny_model, max_model_len=1024, max_num_batched_tokens=BATCHED
+        )
+        config = gpu_config(built, default_block_size(spec, "gpu"))
+    checked = 0
+    for tp, dtype in ((1, "bf16"), (1, "fp8"), (2, "bf16")):
+        if (tp, dtype) != (1, "bf16") and (spec.has_state or (tp > 1 and _heterogeneous(spec))):
+            continue  # the hybrid alignment above is for a bf16 cache at tp 1
+        if spec.num_attention_heads % tp:
+            continue
+        kv_heads = config.model_config.get_num_kv_heads(ParallelConfig(tensor_parallel_size=tp))
+        torch_dtype = {"bf16": torch.bfloat16, "fp8": torch.uint8}[dtype]
+        specs = {}
+        for name, layer in built.specs().items():
+            if isinstance(layer, AttentionSpec) and not str(getattr(layer, "cache_role", "")).endswith("INDEXER"):
+                heads = layer.num_kv_heads if isinstance(layer, MLAAttentionSpec) or tp == 1 else kv_heads
+                layer = replace(layer, dtype=torch_dtype, num_kv_heads=heads)
+            specs[name] = layer
+        config.parallel_config.tensor_parallel_size = tp
+        checked += compare(run_kvops, model, gpu, config, specs, tp, dtype)
+    assert checked
+
+
+def _heterogeneous(spec) -> bool:
+    return len({(layer.num_kv_heads, layer.head_dim) for layer in spec.attention_layers()}) > 1
+
+
+@pytest.mark.parametrize("model", sorted(UNBUILDABLE))
+def test_plan_repeats_the_release_pool_of_models_the_cpu_build_cannot_build(model, run_kvops, tiny_model, tmp_path):
+    """Their specs from the release's spec classes and MambaStateShapeCalculator, fed the layer facts kvops read
+    (checked against the release's ModelConfig in test_vllm_view.py); a GPU engine's block size and hybrid
+    alignment, on an A100 (no GDN prefill checkpoints: the test above checks those on the Qwen3-Next model the CPU
+    build instantiates, whose layer class Qwen3.5 shares)."""
+    spec = catalog_spec(ENTRIES[model])
+    config = engine_config(
+        {"architectures": ["LlamaForCausalLM"], **_tiny_text()},
+        tmp_path / "m",
+        tiny_model,
+        max_num_batched_tokens=BATCHED,
+    )
+    config.cache_config.kv_cache_layout = "LBHNC"
+    config.cache_config.mamba_cache_mode = "align" if spec.has_state else "none"
+    config.scheduler_config.async_scheduling = True
+    assert compare(run_kvops, model, AMPERE, config, _specs_from_classes(spec))
+
+
+def _specs_from_classes(spec) -> dict:
+    import torch
+    from vllm.model_executor.layers.mamba.mamba_utils import MambaStateShapeCalculator
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        MambaSpec,
+        MLAAttentionSpec,
+        SlidingWindowSpec,
+        SparseCacheRole,
+    )
+
+    options = LayoutOptions()
+    block = aligned_block_size(spec, KV_DTYPES["bf16"], 1, default_block_size(spec, "gpu"), options)
+    specs = {}
+    for index, layer in spec.caches():
+        common = {"block_size": block, "dtype": torch.bfloat16}
+        if layer.kind == "mamba":
+            if layer.variant == "gdn":
+                shapes = MambaStateShapeCalculator.gated_delta_net_state_shape(
+                    1, layer.groups, layer.heads, layer.group_dim, layer.head_dim, layer.conv_kernel
+                )
+            else:
+                shapes = MambaStateShapeCalculator.mamba2_state_shape(
+                    1, layer.conv_channels, layer.groups, layer.heads, layer.head_dim, layer.group_dim,
+                    layer.conv_kernel,
+                )  # fmt: skip
+            conv, ssm = state_dtypes(spec, layer, options)
+            dtypes = tuple({2: torch.bfloat16, 4: torch.float32}[size] for size in (conv, ssm))
+            page = block * spec.attention_layers()[0].bytes_per_token(KV_DTYPES["bf16"], 1)
+            # MambaMixer2.get_kv_cache_spec adds one prefill checkpoint page; GDN layers do not
+            checkpoint = {"num_prefill_checkpoint_blocks": 1} if layer.variant == "mamba2" else {}
+            specs[f"layers.{index}.mixer"] = MambaSpec(
+                **checkpoint, shapes=shapes, dtypes=dtypes, block_size=block, page_size_padded=page,
+                mamba_cache_mode="align",
+            )  # fmt: skip
+        elif layer.kind == "indexer":
+            specs[f"layers.{index}.indexer"] = MLAAttentionSpec(
+                block_size=block, num_kv_heads=1, head_size=layer.head_dim, dtype=torch.uint8,
+                cache_role=SparseCacheRole.INDEXER,
+            )  # fmt: skip
+        elif layer.kind == "mla":
+            specs[f"layers.{index}.attn"] = MLAAttentionSpec(num_kv_heads=1, head_size=layer.head_dim, **common)
+        elif layer.kind == "sliding":
+            specs[f"layers.{index}.attn"] = SlidingWindowSpec(
+                num_kv_heads=layer.num_kv_heads, head_size=layer.head_dim, sliding_window=layer.window, **common
+            )
+        else:
+            specs[f"layers.{index}.attn"] = FullAttentionSpec(
+                num_kv_heads=layer.num_kv_heads, head_size=layer.head_dim, head_size_v=layer.value_dim, **common
+            )
+    return specs
+
+
+def _tiny_text() -> dict:
+    from tests.support.tiny_model import TINY_LLAMA
+
+    return dict(TINY_LLAMA)
+
+
+# Hybrid, sliding-window, chunked, MLA and plain models: the layouts whose segments differ
+EXTENSIBLE_MODELS = (
+    "ibm-granite/granite-4.0-h-small",
+    "nvidia/NVIDIA-Nemotron-Nano-9B-v2",
+    "Qwen/Qwen3-Next-80B-A3B-Instruct",
+    "google/gemma-3-12b-it",
+    "openai/gpt-oss-20b",
+    "meta-llama/Llama-4-Scout-17B-16E-Instruct",
+    "deepseek-ai/DeepSeek-V2-Lite",
+    "meta-llama/Llama-3.1-8B-Instruct",
+)
+
+
+@pytest.mark.skipif(RELEASE != "0.34.0", reason="the extensible KV cache is 0.34's")
+@pytest.mark.parametrize("model", EXTENSIBLE_MODELS)
+def test_the_extensible_cache_commits_the_release_blocks(model, run_kvops, tiny_model, tmp_path):
+    """0.34 on a GPU sizes KV after warmup and commits whole blocks within it, each layer's segment mapped in 2 MiB
+    granules (v1/worker/extensible_kv_cache.py ExtensibleKVCache._segments and blocks_within): the plan's blocks
+    for its KV bytes are the ones the release's code commits for them, in the reservation `get_kv_cache_configs`
+    lays out (block-compact, layer-outermost: FlashAttention declares no layout, the default preference's first)."""
+    from types import SimpleNamespace
+
+    from vllm.v1.core import kv_cache_planning
+    from vllm.v1.worker.extensible_kv_cache import ExtensibleKVCache
+
+    spec = catalog_spec(ENTRIES[model])
+    with gdn_prefill(HOPPER):
+        built = BuiltModel(
+            ENTRIES[model].config, tmp_path / "model", tiny_model, max_model_len=1024, max_num_batched_tokens=BATCHED
+        )
+        config = gpu_config(built, default_block_size(spec, "gpu"))
+    config.cache_config.kv_cache_layout = "LBNHC"
+    length = 4096
+    ran = run_kvops(
+        "plan", "-m", model, "--engine-version", RELEASE, "--gpu", HOPPER, "--gpu-memory", "2TiB",
+        "--max-model-len", str(length), "--max-num-batched-tokens", str(BATCHED), "--max-num-seqs", str(SEQUENCES),
+        "--format", "json",
+    )  # fmt: skip
+    plan = json.loads(ran.stdout)
+    assert plan["engine_version"]["extensible_kv_cache"] is True
+    kv_bytes = plan["memory"]["capacity_kv_bytes"]  # the engine's predicted KV less kvops' own margin
+    config.model_config.max_model_len = length
+    specs = built.specs()
+    groups = kv_cache_planning.get_global_kv_cache_groups(config, [dict(specs)])
+    reservation = kv_cache_planning.get_kv_cache_configs(config, [dict(specs)], [2 * kv_bytes], groups)[0]
+    cache = object.__new__(ExtensibleKVCache)
+    cache.size = reservation.kv_cache_tensors[0].size
+    cache.capacity_blocks = reservation.num_blocks
+    cache._is_block_outermost = False
+    cache.segment_offsets, cache.segment_strides = cache._segments(
+        reservation.kv_cache_tensors, config.cache_config.get_resolved_kv_cache_layout()
+    )
+    cache.bytes_per_block = sum(cache.segment_strides)
+    cache.buffer = SimpleNamespace(granularity=2 << 20)
+    assert plan["capacity"]["num_blocks"] == cache.blocks_within(kv_bytes), (model, kv_bytes)
