@@ -17,7 +17,7 @@ from kvops.units import format_bytes
 if TYPE_CHECKING:
     from kvops.simulate.calibration import Calibration
     from kvops.simulate.session import Answer
-    from kvops.simulate.simulation import ArmResult, RateSearch
+    from kvops.simulate.simulation import ArmResult, RateSearch, Replicas
     from kvops.simulate.steptime import StepTime
 
 
@@ -41,12 +41,24 @@ def text(answer: Answer) -> str:
     if answer.calibration is not None:
         lines += ["", *_calibration_lines(answer.calibration)]
     if answer.replicas is not None:
-        replicas, point = answer.replicas, answer.replicas.per_replica
-        lines.append(
-            f"replicas         {replicas.replicas} for {replicas.target_rps:g} requests/s: each at {point.rate_rps:.3g}/s, "
-            f"{point.attainment:.0%} of requests meet the SLO (target {answer.replicas.search.attainment:.0%})"
-        )
+        lines += _replicas_lines(answer.replicas)
     return "\n".join(lines)
+
+
+def _replicas_lines(replicas: Replicas) -> list[str]:
+    """The answer, each replica's share checked on the trace twice over, and the same check one replica fewer."""
+    point, fewer = replicas.per_replica, replicas.fewer
+    target = replicas.search.attainment
+    lines = [
+        f"replicas         {replicas.replicas} for {replicas.target_rps:g} requests/s: each at {point.rate_rps:.3g}/s "
+        f"(an equal share), the trace twice over ({point.summary.requests:,} requests): {point.attainment:.0%} meet "
+        f"the SLO (target {target:.0%})"
+    ]
+    if fewer is not None:
+        lines.append(
+            f"  one fewer: {replicas.replicas - 1} at {fewer.rate_rps:.3g}/s each, {fewer.attainment:.0%} meet the SLO"
+        )
+    return lines
 
 
 def _header(answer: Answer) -> list[str]:

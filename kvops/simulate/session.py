@@ -318,7 +318,7 @@ def _latency_bounds(setup: Setup) -> set[str]:
 def _search_bounds(setup: Setup, search: RateSearch, replicas: Replicas | None) -> list[str]:
     """What a bound on the latencies makes of the rate search's answers: latencies read as a lower bound make the
     max rate an upper bound and the replicas a lower bound, and the other way round."""
-    found = _unsustained(search)
+    found = _unsustained(search, replicas is not None)
     bounds = _latency_bounds(setup)
     if len(bounds) != 1 or search.max_rate_rps <= 0:
         return found
@@ -329,17 +329,23 @@ def _search_bounds(setup: Setup, search: RateSearch, replicas: Replicas | None) 
     return [*found, f"with latencies read as {'a' if low else 'an'} {side} bound, read {rate}{count}"]
 
 
-def _unsustained(search: RateSearch) -> list[str]:
-    """A max rate the trace meets only for its length: twice over at that rate, it misses the attainment."""
+def _unsustained(search: RateSearch, replicas_checked: bool) -> list[str]:
+    """A max rate the trace meets only for its length: twice over at that rate, it misses the attainment. The
+    replicas are checked twice over at their own share, so they are not read from it."""
     point = search.twice_over
     if search.sustained or point is None:
         return []
     requests = point.summary.requests
+    read = (
+        "the replicas were checked on the trace twice over at their share"
+        if replicas_checked
+        else "read the max rate as an upper bound and the replicas from it as a lower one, or give more requests "
+        "(--requests)"
+    )
     return [
         f"--max-rate: at {search.max_rate_rps:.3g} requests/s the trace twice over ({requests:,} requests back to "
         f"back) meets the SLO for {point.attainment:.0%} of requests, below {search.attainment:.0%}: "
-        f"{requests // 2:,} requests end before that rate's queue settles, so a replica does not sustain it; read the "
-        "max rate as an upper bound and the replicas from it as a lower one, or give more requests (--requests)"
+        f"{requests // 2:,} requests end before that rate's queue settles, so a replica does not sustain it; {read}"
     ]
 
 

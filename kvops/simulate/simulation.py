@@ -112,6 +112,7 @@ class RatePoint:
     def to_dict(self) -> dict[str, Any]:
         return {
             "rate_rps": round(self.rate_rps, 4),
+            "requests": self.summary.requests,
             "slo_attainment": round(self.attainment, 4),
             "goodput_rps": round(self.goodput_rps, 4),
             "ttft_p99_ms": round(self.summary.ttft.p99 * 1000, 3),
@@ -212,24 +213,27 @@ def max_rate(setup: Setup, arm: str, attainment: float, progress: Progress | Non
 def _twice_over(setup: Setup, arm: str, rate: float, progress: Progress | None) -> RatePoint | None:
     """The trace twice over at `rate`: a finite trace sent at a rate it cannot sustain meets the SLO while its queue
     builds, and more of the same traffic at that rate does not."""
-    if rate <= 0:
-        return None
-    result = run_arm(setup, arm, twice_over(at_rate(setup.trace, rate)), progress).summary
-    return RatePoint(rate, result.attainment, result.goodput_rps, result)
+    return _sustained_point(setup, arm, rate, progress) if rate > 0 else None
 
 
 @frozen
 class Replicas:
+    """The fewest replicas, each taking an equal share of `target_rps`, at which the trace twice over meets the SLO
+    attainment at each one's share (`per_replica`); `fewer` is the same check one replica fewer, which missed (None:
+    one replica)."""
+
     target_rps: float
     replicas: int
     per_replica: RatePoint
     search: RateSearch
+    fewer: RatePoint | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "target_rps": self.target_rps,
             "replicas": self.replicas,
             "per_replica": self.per_replica.to_dict(),
+            "one_fewer": self.fewer.to_dict() if self.fewer else None,
             "max_rate_per_replica": self.search.to_dict(),
         }
 
@@ -237,16 +241,39 @@ class Replicas:
 def replicas_for(
     setup: Setup, arm: str, target_rps: float, attainment: float, progress: Progress | None = None
 ) -> Replicas:
-    """How many replicas, each taking an equal share of `target_rps` of this traffic, meet the SLO attainment."""
+    """The fewest replicas, each taking an equal share of `target_rps` of this traffic, whose share meets the SLO
+    attainment for the trace twice over (as the max rate's check: a share met only while a short trace's queue
+    builds is not sustained). It starts at the count the max rate implies, bisects up from there where that count
+    misses, and checks one replica fewer, so the answer is the smallest count that meets it."""
     search = max_rate(setup, arm, attainment, progress)
     if search.max_rate_rps <= 0:
         raise KvopsError(
             f"no rate of this traffic meets {attainment:.0%} of the SLO on one replica: no number of replicas will"
         )
-    count = max(1, ceil(target_rps / search.max_rate_rps))
-    while True:
-        result = run_arm(setup, arm, at_rate(setup.trace, target_rps / count), progress).summary
-        point = RatePoint(target_rps / count, result.attainment, result.goodput_rps, result)
-        if point.attainment >= attainment:
-            return Replicas(target_rps, count, point, search)
-        count += 1
+    checked: dict[int, RatePoint] = {}
+
+    def meets(count: int) -> bool:
+        if len(checked) >= MAX_SEARCH_RUNS:
+            raise KvopsError(
+                f"--replicas: {MAX_SEARCH_RUNS} replica counts up to {max(checked)} tried, none met {attainment:.0%} "
+                "of the SLO for the trace twice over; give more requests (--requests) or a looser SLO"
+            )
+        checked[count] = _sustained_point(setup, arm, target_rps / count, progress)
+        return checked[count].attainment >= attainment
+
+    missing, meeting = 0, max(1, ceil(target_rps / search.max_rate_rps))  # missing: the most known to miss
+    while not meets(meeting):
+        missing, meeting = meeting, max(meeting + 1, ceil(meeting * 1.5))
+    while meeting - missing > 1:
+        middle = (missing + meeting) // 2 if missing else meeting - 1
+        if meets(middle):
+            meeting = middle
+        else:
+            missing = middle
+    return Replicas(target_rps, meeting, checked[meeting], search, checked.get(meeting - 1))
+
+
+def _sustained_point(setup: Setup, arm: str, rate: float, progress: Progress | None) -> RatePoint:
+    """The trace twice over at `rate`."""
+    result = run_arm(setup, arm, twice_over(at_rate(setup.trace, rate)), progress).summary
+    return RatePoint(rate, result.attainment, result.goodput_rps, result)
