@@ -156,8 +156,14 @@ def run(request: Request, options: DeploymentOptions, progress: Progress | None 
 
 def _check_rate_search(request: Request) -> None:
     """--max-rate and --replicas raise the arrival rate until the SLO fails; --concurrency clients hold each request
-    back until one of them is free, so the queue stays with them, unmeasured, and no rate overloads the engine."""
+    back until one of them is free, so the queue stays with them, unmeasured, and no rate overloads the engine. The
+    search runs one arm: more arms in --compare would go unsearched."""
     searched = _given(("--max-rate", request.max_rate or None), ("--replicas", request.target_rate))
+    if searched and len(request.arms) > 1:
+        raise UsageError(
+            f"{searched[0]} searches one arm, and --compare names {len(request.arms)} ({','.join(request.arms)}): give "
+            "--compare ARM with one of them, and run once per arm to compare their rates"
+        )
     if searched and request.traffic.concurrency is not None:
         raise UsageError(
             f"{searched[0]} searches the arrival rate, and --concurrency {request.traffic.concurrency} caps the "
@@ -378,9 +384,28 @@ def _warnings(setup: Setup) -> list[str]:
             read = "as a lower bound" if held.low > 1 else "as an upper bound" if held.high < 1 else "within that range"
             shown = held.describe(scaled=held.gpu in coefficients.gpu_scales)
             found.append(f"{shown}: read its latencies {read}, or --calibrate on a benchmark of your own")
+    found += _priority_warnings(setup)
     longest = max((request.prompt_tokens for request in setup.trace.requests), default=0)
     if plan.capacity is not None and longest >= plan.capacity.max_model_len:
         found.append(
             f"requests with prompts of {plan.capacity.max_model_len:,} tokens or more are rejected, as vLLM rejects them (max-model-len {plan.capacity.max_model_len:,})"
         )
     return found
+
+
+def _priority_warnings(setup: Setup) -> list[str]:
+    """A trace's priorities order requests only under --scheduling-policy priority (vLLM's fcfs queue ignores them),
+    and that policy orders a trace without priorities as fcfs does."""
+    prioritized = sum(1 for request in setup.trace.requests if request.priority != 0)
+    policy = setup.scheduler_flags.get("policy", "fcfs")
+    if prioritized and policy != "priority":
+        return [
+            f"{prioritized:,} requests of the trace carry a priority, and --scheduling-policy {policy} serves them in "
+            "arrival order: give --scheduling-policy priority to run them by priority"
+        ]
+    if not prioritized and policy == "priority":
+        return [
+            "--scheduling-policy priority: no request of the trace carries a priority (every one is 0), so it orders "
+            "them by arrival, as fcfs does"
+        ]
+    return []

@@ -59,3 +59,34 @@ def test_replicas_is_the_fewest_whose_share_holds_for_the_trace_twice_over_and_o
     twice_over = write_jsonl(tmp_path / "twice.jsonl", twice(requests))
     assert attainment_at(run_kvops, twice_over, 20 / count) == pytest.approx(share["slo_attainment"], abs=0.0125)
     assert attainment_at(run_kvops, twice_over, 20 / (count - 1)) < 0.9
+
+
+def test_a_rate_search_with_several_arms_is_refused_where_it_searched_the_first_alone(run_kvops):
+    """`--max-rate --compare stock,guard` searched stock and printed its max rate; guard went unsearched, unsaid."""
+    for search in (("--max-rate",), ("--replicas", "20")):
+        refused = run_kvops(
+            "simulate", *DEPLOYMENT, "--requests", "40", "--rate", "1", *search, "--compare", "stock,guard", expect=2
+        )
+        assert refused.stderr.strip().splitlines()[-1] == (
+            f"kvops: error: {search[0]} searches one arm, and --compare names 2 (stock,guard): give --compare ARM "
+            "with one of them, and run once per arm to compare their rates"
+        )
+
+
+def test_a_trace_s_priorities_under_fcfs_and_priority_scheduling_without_them_are_said(run_kvops, tmp_path):
+    """A trace carrying priorities ran in arrival order under the default fcfs policy, with nothing said; and
+    --scheduling-policy priority on a trace without any ordered it as fcfs, with nothing said either."""
+    requests = long_requests(4)
+    plain = write_jsonl(tmp_path / "plain.jsonl", requests)
+    ranked = write_jsonl(
+        tmp_path / "ranked.jsonl", [{**request, "priority": 1} for request in requests[:3]] + requests[3:]
+    )
+    said = run_kvops("simulate", *DEPLOYMENT, "--trace", str(ranked)).stderr
+    assert "3 requests of the trace carry a priority, and --scheduling-policy fcfs serves them in arrival order" in said
+    assert (
+        "priority"
+        not in run_kvops("simulate", *DEPLOYMENT, "--trace", str(ranked), "--scheduling-policy", "priority").stderr
+    )
+    said = run_kvops("simulate", *DEPLOYMENT, "--trace", str(plain), "--scheduling-policy", "priority").stderr
+    assert "no request of the trace carries a priority (every one is 0), so it orders them by arrival" in said
+    assert "priority" not in run_kvops("simulate", *DEPLOYMENT, "--trace", str(plain)).stderr
