@@ -126,14 +126,22 @@ def tpot(entry: RequestLog) -> float:
     return (entry.finished - entry.first_token) / (entry.tokens - 1) if entry.tokens > 1 else 0.0
 
 
+def _last_answer(log: RunLog) -> float:
+    """When the run ends as vLLM's benchmark times it: the last answer a client has (its step's end plus the API
+    server's time; a prompt rejected at its send is answered then). Not the engine's last step, which with async
+    scheduling can be a step scheduled after a request's last token, for a request that stopped by itself. Where a
+    request was refused or left unserved, it has no answer time: the run then ends with the engine's last step."""
+    entries = log.requests
+    if any(not completed(entry) and not entry.outcome.startswith("rejected") for entry in entries):
+        return max([log.end_s, *(entry.finished for entry in entries)])
+    return max((max(entry.finished, entry.sent) for entry in entries), default=log.end_s)
+
+
 def summarize(log: RunLog, slo: Slo) -> Summary:
     entries = log.requests
     done = [entry for entry in entries if completed(entry)]
     start = min((entry.sent for entry in entries), default=0.0)
-    # from the first send to the last answer its client has (the last step's end plus the API server's time), as
-    # vLLM's benchmark times its run
-    end = max([log.end_s, *(entry.finished for entry in done)])
-    duration = max(end - start, 1e-9)
+    duration = max(_last_answer(log) - start, 1e-9)
     met = sum(1 for entry in done if slo.met(entry))
     timeline = log.timeline
     return Summary(
