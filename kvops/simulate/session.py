@@ -405,7 +405,7 @@ def _priority_warnings(setup: Setup) -> list[str]:
         ]
     if not prioritized and policy == "priority":
         return [
-            "--scheduling-policy priority: no request of the trace carries a priority (every one is 0), so it orders "
+            "--scheduling-policy priority: no request of this traffic carries a priority (every one is 0), so it orders "
             "them by arrival, as fcfs does"
         ]
     return []

@@ -89,7 +89,7 @@ def test_a_trace_s_priorities_under_fcfs_and_priority_scheduling_without_them_ar
         not in run_kvops("simulate", *DEPLOYMENT, "--trace", str(ranked), "--scheduling-policy", "priority").stderr
     )
     said = run_kvops("simulate", *DEPLOYMENT, "--trace", str(plain), "--scheduling-policy", "priority").stderr
-    assert "no request of the trace carries a priority (every one is 0), so it orders them by arrival" in said
+    assert "no request of this traffic carries a priority (every one is 0), so it orders them by arrival" in said
     assert "priority" not in run_kvops("simulate", *DEPLOYMENT, "--trace", str(plain)).stderr
 
 
