@@ -158,7 +158,8 @@ FORMATS = ("kvops", "timed_trace", "mooncake", "burstgpt", "azure", "sharegpt", 
     "target_rate",
     type=Finite(0, 1e9, "requests per second", low_open=True),
     metavar="RATE",
-    help="The replicas this traffic needs at RATE requests per second, at the SLO attainment.",
+    help="The fewest replicas that serve this traffic at RATE requests per second at the SLO attainment, each an "
+    "equal share (as a random split gives it), checked on the trace twice over and one replica fewer.",
 )
 @click.option(
     "--attainment",
