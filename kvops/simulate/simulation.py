@@ -70,6 +70,12 @@ def run_arm(setup: Setup, arm: str, trace: Trace | None = None, progress: Progre
             raise KvopsError(f"--compare {arm}: no degrade policy was given to run")
         door = degrade.door(setup.policy)
         change = " ".join(part for part in (change, f"--middleware {engine.admission_middleware}") if part)
+        # what the API server in front ran: the middleware and the policy as it levels each request
+        settings = {
+            **settings,
+            "middleware": engine.admission_middleware,
+            "degrade_policy": setup.policy.for_admission().to_dict(),
+        }
     step_time = setup.step_time.with_graphs(
         settings.get("cuda_graph_sizes", ()), settings.get("cuda_decode_graph_sizes", ())
     )

@@ -110,3 +110,30 @@ def test_goodput_recomputed_from_the_csv_of_requests_that_stop_by_themselves(run
     assert arm["duration_s"] == pytest.approx((last - first) / 1000, abs=1e-3)
     met = sum(row["slo_met"] == "True" for row in rows)
     assert arm["goodput_rps"] == pytest.approx(met / ((last - first) / 1000), rel=1e-3)
+
+
+def test_a_degraded_arm_s_engine_settings_name_the_middleware_and_the_policy_it_ran(run_kvops, tmp_path):
+    """`--compare stock,stock+degrade --policy FILE`: the degraded arm's engine_settings were stock's, word for word,
+    with neither the middleware nor the policy's levels, so --json did not say what that arm ran."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("levels:\n  warn: 0.5\n")
+    arms = json.loads(
+        run_kvops(
+            "simulate",
+            *DEPLOYMENT,
+            "--requests",
+            "4",
+            "--rate",
+            "1",
+            "--compare",
+            "stock,stock+degrade",
+            "--policy",
+            str(policy),
+            "--json",
+        ).stdout
+    )["arms"]
+    stock, degraded = (arm["engine_settings"] for arm in arms)
+    assert "middleware" not in stock and "degrade_policy" not in stock
+    assert degraded["middleware"] == "kvops_vllm.middleware.KVOpsMiddleware"
+    assert degraded["degrade_policy"]["levels"]["warn"] == 0.5
+    assert {key: value for key, value in degraded.items() if key not in ("middleware", "degrade_policy")} == stock
