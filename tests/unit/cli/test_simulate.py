@@ -196,7 +196,9 @@ def test_a_degrade_arm_runs_the_policy_at_the_api_server(run_kvops, tmp_path):
     policy.write_text("levels: {warn: 0.001, degrade: 0.002, critical: 0.003}\n")
     ran = run_kvops("simulate", *SMALL, "--compare", "stock,stock+degrade", "--policy", str(policy), "--json")
     stock, degraded = json.loads(ran.stdout)["arms"]
-    assert degraded["engine_settings"] == stock["engine_settings"]
+    engine = {key: value for key, value in degraded["engine_settings"].items() if key != "degrade_policy"}
+    assert engine == {**stock["engine_settings"], "middleware": "kvops_vllm.middleware.KVOpsMiddleware"}
+    assert degraded["engine_settings"]["degrade_policy"]["levels"]["critical"] == 0.003
     assert (stock["refusals"], stock["refused"]) == (0, 0)
     assert degraded["refusals"] > 0 and degraded["completed"] + degraded["refused"] == 40
     assert json.loads(ran.stdout)["clients"]["retries_after_refusal"] == 2
