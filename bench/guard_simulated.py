@@ -13,7 +13,9 @@ runs the benchmark style (every length known). An arm `ARM+degrade` (e.g. stock+
 degrade policy in vLLM's API server (the middleware; --policy, default the shipped one), as `kvops simulate` does.
 Printed per point: SLO goodput (requests/s meeting both targets) and its ratio to stock, p99 TTFT and TPOT,
 preemptions, recomputed tokens, requests given up after refusals and answers capped; with several seeds, each
-arm's median and range over them. This is workload (c) of the guard's
+arm's median and range over them. --why adds, per point and arm, where its SLO goodput differs from stock's: the
+requests that met the SLO under stock alone (the target they missed under the arm, how many stock had preempted,
+when they were sent) and under the arm alone, and the arm's paused request-steps. This is workload (c) of the guard's
 benchmark (bench/guard_goodput.py), which the 2-core machine could not read, at the scale users run.
 """
 
@@ -24,7 +26,7 @@ import itertools
 import statistics
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -32,7 +34,8 @@ sys.path[:0] = [str(REPO), str(REPO / "plugins")]
 
 from kvops.deployment import DeploymentOptions  # noqa: E402
 from kvops.simulate import session  # noqa: E402
-from kvops.simulate.results import Slo  # noqa: E402
+from kvops.simulate.results import Slo, ttft  # noqa: E402
+from kvops.simulate.run import RunLog  # noqa: E402
 from kvops.simulate.simulation import Setup, all_at_once, at_rate, run_arm  # noqa: E402
 from kvops.simulate.traffic import Traffic  # noqa: E402
 
@@ -71,12 +74,16 @@ def main() -> None:
     parser.add_argument("--max-tokens", default="none", help="what clients send: none (default), exact, cap:N")
     parser.add_argument("--seeds", default="0", help="traces to run, e.g. 0,1,2: each seed draws another trace")
     parser.add_argument("--policy", help="the degrade policy YAML of ARM+degrade arms [default: the shipped one]")
+    parser.add_argument(
+        "--why", action="store_true", help="per point, the requests that met the SLO under one arm alone"
+    )
     options = parser.parse_args()
     arms = options.arms.split(",")
     factors = [float(factor) for factor in options.factors.split(",")]
     seeds = [int(seed) for seed in options.seeds.split(",")]
     # per point and arm, one per seed: (goodput ratio, preemption share, goodput, stock's goodput)
     spread: dict[tuple[str, str, float, str], list[tuple[float, float, float, float]]] = {}
+    differences: dict[tuple[str, str, float, str], SloDifference] = {}  # --why, summed over the seeds
     for name, traffic, seed in itertools.product(options.deployments.split(","), options.traffic.split(","), seeds):
         started = time.monotonic()
         setup = setup_for(name, traffic, seed, arms, options)
@@ -95,7 +102,8 @@ def main() -> None:
         )
         for factor in factors:
             trace = at_rate(setup.trace, factor * saturated)
-            results = {arm: run_arm(setup, arm, trace).summary for arm in arms}
+            logs = {arm: run_arm(setup, arm, trace) for arm in arms}
+            results = {arm: result.summary for arm, result in logs.items()}
             stock, stock_preempted = results[arms[0]].goodput_rps, results[arms[0]].preemptions
             for arm, summary in results.items():
                 ratio = summary.goodput_rps / stock if stock else float("nan")
@@ -107,9 +115,63 @@ def main() -> None:
                     f"{summary.recomputed_tokens:>10,} {summary.refused:>7,} {summary.capped:>6,}",
                     flush=True,
                 )
+                if options.why and arm != arms[0]:
+                    difference = slo_difference(logs[arms[0]].log, logs[arm].log, setup.slo)
+                    key = (name, traffic, factor, arm)
+                    differences[key] = differences.get(key, SloDifference()).plus(difference)
+                    print(f"        {difference.describe(arms[0], arm)}; paused {summary.counters.get('paused', 0):,}")
         print(f"  ({time.monotonic() - started:.0f} s)")
     if len(seeds) > 1:
         print_spread(spread, arms[1:], len(seeds))
+        for (name, traffic, factor, arm), difference in differences.items():
+            print(f"  {name} {traffic} {factor:g} x {arm}, summed: {difference.describe(arms[0], arm)}")
+
+
+COUNTED = ("stock_alone", "arm_ttft_missed", "stock_preempted", "arm_alone", "stock_ttft_missed")
+
+
+@dataclass(frozen=True)
+class SloDifference:
+    """Requests that met the SLO under stock alone, and under the arm alone; what the other missed."""
+
+    stock_alone: int = 0
+    arm_ttft_missed: int = 0  # of those, the arm's first token came too late (else its TPOT missed)
+    stock_preempted: int = 0  # of those, stock had preempted (a TPOT target of several lone TPOTs lets it still meet)
+    arm_alone: int = 0
+    stock_ttft_missed: int = 0
+    first_sent: float = float("inf")  # the earliest and latest sends among the requests either met alone
+    last_sent: float = 0.0
+
+    def plus(self, other: SloDifference) -> SloDifference:
+        counts = [getattr(self, name) + getattr(other, name) for name in COUNTED]
+        return SloDifference(*counts, min(self.first_sent, other.first_sent), max(self.last_sent, other.last_sent))
+
+    def describe(self, stock: str, arm: str) -> str:
+        sent = f", sent {self.first_sent:.1f}-{self.last_sent:.1f} s" if self.stock_alone or self.arm_alone else ""
+        return (
+            f"met the SLO under {stock} alone {self.stock_alone} ({arm}'s TTFT missed {self.arm_ttft_missed}, its "
+            f"TPOT {self.stock_alone - self.arm_ttft_missed}; {self.stock_preempted} preempted under {stock}), under "
+            f"{arm} alone {self.arm_alone} ({stock}'s TTFT missed {self.stock_ttft_missed}, its TPOT "
+            f"{self.arm_alone - self.stock_ttft_missed}){sent}"
+        )
+
+
+def slo_difference(stock: RunLog, arm: RunLog, slo: Slo) -> SloDifference:
+    """Where two runs of one trace differ on the SLO, request by request (the same index is the same request)."""
+    stock_alone, arm_alone = [], []
+    for ours, theirs in zip(stock.requests, arm.requests):
+        if slo.met(ours) != slo.met(theirs):
+            (stock_alone if slo.met(ours) else arm_alone).append((ours, theirs))
+    alone = stock_alone + arm_alone
+    return SloDifference(
+        len(stock_alone),
+        sum(ttft(theirs) > slo.ttft_s for _, theirs in stock_alone),
+        sum(ours.preemptions > 0 for ours, _ in stock_alone),
+        len(arm_alone),
+        sum(ttft(ours) > slo.ttft_s for ours, _ in arm_alone),
+        min((ours.sent for ours, _ in alone), default=float("inf")),
+        max((ours.sent for ours, _ in alone), default=0.0),
+    )
 
 
 def print_spread(
