@@ -130,6 +130,31 @@ def errors(predicted: dict[str, float], measured: dict[str, float]) -> dict[str,
     }
 
 
+def signed(predicted: dict[str, float], measured: dict[str, float]) -> dict[str, float]:
+    """Each metric's predicted / measured - 1: positive where the simulation is slower (or higher) than the run."""
+    return {
+        metric: predicted[metric] / measured[metric] - 1
+        for metric in METRICS
+        if predicted.get(metric) is not None and measured.get(metric)
+    }
+
+
+def signed_lines(per_draw: list[list[Scored]], scored: list[Scored]) -> list[str]:
+    """Each experiment's signed errors on its median prediction, then on each draw (E2E, TTFT, TPOT means)."""
+    lines = []
+    for position, item in enumerate(scored):
+        cells = []
+        for metric in ("e2e_mean_ms", "ttft_mean_ms", "tpot_mean_ms"):
+            each = [signed(draw[position].predicted, item.experiment.measured) for draw in per_draw]
+            median = signed(item.predicted, item.experiment.measured)
+            if metric not in median or any(metric not in errors for errors in each):
+                continue
+            draws = " ".join(f"{100 * errors[metric]:+.1f}" for errors in each)
+            cells.append(f"{metric.removesuffix('_mean_ms')} {100 * median[metric]:+.1f}% [{draws}]")
+        lines.append(f"  {item.experiment.short:<48} " + "  ".join(cells))
+    return lines
+
+
 def leave_one_out(chosen: list[Experiment], window_s: float) -> list[Scored]:
     shipped = steptime.coefficients("gpu")
     print(f"linearizing {len(chosen)} experiments around the shipped coefficients", flush=True)
@@ -142,7 +167,9 @@ def leave_one_out(chosen: list[Experiment], window_s: float) -> list[Scored]:
         own = [simulate_stage(experiment, index, profile, window_s) for index in range(len(experiment.stages))]
         predicted = whole_run(experiment, own)
         scored.append(Scored(experiment, predicted, errors(predicted, experiment.measured)))
-        shown = ", ".join(f"{metric} {100 * error:.1f}%" for metric, error in scored[-1].errors.items())
+        shown = ", ".join(
+            f"{metric} {100 * error:+.1f}%" for metric, error in signed(predicted, experiment.measured).items()
+        )
         print(f"  {experiment.short}: {shown}", flush=True)
     return scored
 
@@ -261,6 +288,9 @@ def report(per_draw: list[list[Scored]], scored: list[Scored], apart: list[Score
     else:
         print("\nkvops simulate, leave-one-out (median absolute percentage error over experiments):")
     for line in median_table(kinds(scored)):
+        print(line)
+    print("\neach experiment, signed (simulated / measured - 1; + slow), its median prediction [each draw]:")
+    for line in signed_lines(per_draw, scored):
         print(line)
     print("\nthe same experiments, other simulators (sim-to-real's runs of them; each over those it predicted):")
     for line in median_table(peer_errors(scored)):
