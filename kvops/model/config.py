@@ -32,12 +32,19 @@ from kvops.model.spec import (
     MultiLatentAttention,
     NoCache,
     ParameterCount,
+    ShortConvState,
     SlidingWindow,
     SparseIndexer,
+    StateKind,
 )
 
 # Architectures whose cache kvops cannot compute yet: one line instead of a wrong number.
+_MAMBA_ONLY = (
+    "attention-free Mamba models (no KV cache: one recurrent state per sequence) are not modelled by kvops yet; plan "
+    "it with a measured --profile or --kv-cache-memory-bytes"
+)
 NOT_MODELLED = {
+    **dict.fromkeys(("mamba", "falcon_mamba", "mamba2"), _MAMBA_ONLY),
     "deepseek_v4": "DeepSeek-V4's compressed sparse attention (compressed, sliding and indexer caches per layer) is not modelled by kvops yet; plan it with a measured --profile or --kv-cache-memory-bytes",
 }
 
@@ -45,7 +52,8 @@ NOT_MODELLED = {
 _LAYERS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
 _HEADS = ("num_attention_heads", "n_head", "num_heads", "n_heads")
 _HIDDEN = ("hidden_size", "n_embd", "d_model", "dim")
-_KV_HEADS = ("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num")
+# num_attention_groups: StepFun's Step3 / Step-3.5 (vllm/transformers_utils/configs/step3_vl.py, step3p5.py)
+_KV_HEADS = ("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num", "num_attention_groups")
 _INTERMEDIATE = ("intermediate_size", "ffn_dim", "n_inner", "ffn_hidden_size")
 
 
@@ -60,6 +68,31 @@ def language_config(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def _unnested(text: dict[str, Any]) -> dict[str, Any]:
+    """Fields some architectures nest, under the top-level names kvops reads (DBRX, Step-3.5)."""
+    return _lfm2_layer_types(_step3p5_sliding(_dbrx(text)))
+
+
+def _lfm2_layer_types(text: dict[str, Any]) -> dict[str, Any]:
+    """LFM2 configs may list their attention layers in full_attn_idxs alone; transformers' Lfm2Config makes the
+    others short-convolution layers ("conv"), and vLLM's lfm2.py reads the layer_types it derives."""
+    indices = text.get("full_attn_idxs")
+    if "layer_types" in text or not isinstance(indices, list) or not isinstance(_first(text, _LAYERS), int):
+        return text
+    kinds = ["full_attention" if index in indices else "conv" for index in range(_first(text, _LAYERS))]
+    return {**text, "layer_types": kinds}
+
+
+def _step3p5_sliding(text: dict[str, Any]) -> dict[str, Any]:
+    """Step-3.5 gives the layers of attention_other_setting's attention_type their own heads and head_dim
+    (vllm/model_executor/models/step3p5.py Step3p5DecoderLayer): its sliding layers', as the swa_* fields."""
+    other = text.get("attention_other_setting")
+    if not isinstance(other, dict) or other.get("attention_type") != "sliding_attention":
+        return text
+    named = {"swa_num_key_value_heads": other.get("num_attention_groups"), "swa_head_dim": other.get("head_dim")}
+    return {**{key: value for key, value in named.items() if isinstance(value, int)}, **text}
+
+
+def _dbrx(text: dict[str, Any]) -> dict[str, Any]:
     """DBRX keeps its KV heads and experts in attn_config and ffn_config (transformers' DbrxConfig; vLLM's
     DbrxModelArchConfigConvertor and dbrx.py read them there): given the top-level names kvops reads."""
     attention, ffn = text.get("attn_config"), text.get("ffn_config")
@@ -217,6 +250,8 @@ def _layer_kinds(
     text: dict, reader: _Reader, num_layers: int, kv_heads: int, head_dim: int, notes: list[str]
 ) -> tuple[tuple[CacheKind, ...], tuple[tuple[int, LayerKind], ...]]:
     """Each decoder layer's cache, and the extra caches some layers keep beside it (the sparse indexer)."""
+    if text.get("model_type") in EXPANDED_MLA:
+        return _expanded_mla_layers(text, reader, num_layers, notes), ()
     if text.get("kv_lora_rank"):
         return _mla_layers(text, reader, num_layers, head_dim, notes)
     if text.get("block_configs"):
@@ -236,6 +271,21 @@ def _layer_kinds(
         attention[i] if kind == "attention" else state if kind == "mamba" and state is not None else none
         for i, kind in enumerate(kinds)
     ), ()
+
+
+# MLA projections whose attention vLLM runs as plain multi-head attention, caching every head's full key and value
+EXPANDED_MLA = ("minicpm3",)
+
+
+def _expanded_mla_layers(text: dict, reader: _Reader, num_layers: int, notes: list[str]) -> tuple[CacheKind, ...]:
+    """MiniCPM3: low-rank (MLA) projections, but vllm/model_executor/models/minicpm3.py builds an Attention of all
+    num_attention_heads as KV heads at qk_nope_head_dim + qk_rope_head_dim each, not a latent cache."""
+    heads = reader.positive(_HEADS)
+    head_dim = reader.positive(("qk_nope_head_dim",)) + reader.positive(("qk_rope_head_dim",))
+    notes.append(
+        f"{text['model_type']}: MLA projections, but vLLM caches all {heads} heads' keys and values of {head_dim} dims"
+    )
+    return (FullAttention(heads, head_dim),) * num_layers
 
 
 def _mla_layers(
@@ -314,7 +364,7 @@ def _attention_kinds(
     sliding_flags = _sliding_layers(text, num_layers, reader.where, notes)
     if not any(sliding_flags):
         return (full,) * num_layers
-    window = reader.positive(("sliding_window",))
+    window = reader.positive(("sliding_window",)) + _window_includes_current(text, notes)
     sliding = SlidingWindow(
         int(text.get("swa_num_key_value_heads") or kv_heads),
         int(text.get("swa_head_dim") or head_dim),
@@ -326,6 +376,19 @@ def _attention_kinds(
             f"sliding layers: {sliding.num_kv_heads} KV heads x {sliding.head_dim}; full layers: {full.num_kv_heads} x {full.head_dim}"
         )
     return tuple(sliding if is_sliding else full for is_sliding in sliding_flags)
+
+
+# the families whose sliding layer attends to [pos - sliding_window, pos]: sliding_window + 1 tokens
+_INCLUSIVE_WINDOW = ("cohere2", "cohere2_moe")
+
+
+def _window_includes_current(text: dict, notes: list[str]) -> int:
+    """1 where a sliding layer sees sliding_window + 1 tokens, as vLLM builds Command R7B / Command A's
+    (vllm/model_executor/models/commandr.py and cohere2_moe.py: per_layer_sliding_window=config.sliding_window + 1)."""
+    if text.get("model_type") not in _INCLUSIVE_WINDOW:
+        return 0
+    notes.append(f"sliding layers attend to sliding_window + 1 = {int(text['sliding_window']) + 1} tokens")
+    return 1
 
 
 def _without_shared_kv(text: dict, layers: tuple[LayerKind, ...], notes: list[str]) -> tuple[CacheKind, ...]:
@@ -351,14 +414,18 @@ def _chunked_layers(text: dict, num_layers: int, notes: list[str]) -> list[bool]
     return [bool(flag) for flag in flags]
 
 
+# layer_types entries of a recurrent layer: Mamba, linear attention, LFM2's short convolution ("conv")
+_RECURRENT_TYPES = ("mamba", "linear_attention", "conv")
+
+
 def _hybrid_kinds(text: dict, num_layers: int, where: str, notes: list[str]) -> list[str] | None:
     """For hybrid models, "attention", "mamba" (a recurrent state) or "none" per layer, by the rule the model's
     own code applies; None for attention-only models."""
     pattern = text.get("hybrid_override_pattern")
     if pattern:  # Nemotron-H: M Mamba-2, * attention, - MLP, E MoE
         kinds = [{"M": "mamba", "*": "attention"}.get(char, "none") for char in pattern]
-    elif text.get("layer_types") and {"mamba", "linear_attention"} & set(text["layer_types"]):
-        kinds = [{"mamba": "mamba", "linear_attention": "mamba"}.get(kind, "attention") for kind in text["layer_types"]]
+    elif text.get("layer_types") and set(_RECURRENT_TYPES) & set(text["layer_types"]):
+        kinds = ["mamba" if kind in _RECURRENT_TYPES else "attention" for kind in text["layer_types"]]
     elif text.get("full_attention_interval") and text.get("linear_num_value_heads"):  # Qwen3-Next
         interval = int(text["full_attention_interval"])
         kinds = ["attention" if (i + 1) % interval == 0 else "mamba" for i in range(num_layers)]
@@ -378,9 +445,13 @@ def _hybrid_kinds(text: dict, num_layers: int, where: str, notes: list[str]) -> 
     return kinds
 
 
-def _state_layer(text: dict, reader: _Reader) -> MambaState | Mamba1State | None:
-    """The recurrent layer's state shape: Gated DeltaNet (Qwen3-Next, Qwen3.5), Mamba-1 (Jamba) or Mamba-2
-    (Granite-4.0-H, Nemotron-H, Falcon-H1), under each family's field names."""
+def _state_layer(text: dict, reader: _Reader) -> StateKind | None:
+    """The recurrent layer's state shape: Gated DeltaNet (Qwen3-Next, Qwen3.5), Mamba-1 (Jamba), Mamba-2
+    (Granite-4.0-H, Nemotron-H, Falcon-H1) or a short convolution (LFM2), under each family's field names."""
+    if text.get("conv_L_cache"):  # lfm2.py: ShortConv(dim=config.conv_dim), a conv_L_cache-wide window
+        return ShortConvState(
+            conv_kernel=reader.positive(("conv_L_cache",)), channels=reader.positive(("conv_dim", *_HIDDEN))
+        )
     if text.get("linear_num_value_heads"):
         value_heads, value_dim = (
             reader.positive(("linear_num_value_heads",)),

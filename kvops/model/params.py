@@ -14,7 +14,7 @@ from typing import Any
 
 from kvops.errors import ConfigError
 from kvops.frozen import frozen
-from kvops.model.spec import CacheKind, Mamba1State, MambaState, ParameterCount, StateKind
+from kvops.model.spec import CacheKind, Mamba1State, MambaState, ParameterCount, ShortConvState, StateKind
 
 
 @frozen
@@ -63,6 +63,10 @@ def count_parameters(
         embeddings += 2 * embed_dim * hidden
     if shape.model_type == "opt":
         embeddings += (int(text.get("max_position_embeddings") or 0) + 2) * hidden  # learned positions, offset 2
+    if shape.model_type in _LEARNED_POSITIONS:
+        embeddings += int(text.get("n_positions") or text.get("max_position_embeddings") or 0) * hidden
+    if shape.model_type == "bloom":  # word_embeddings_layernorm
+        embeddings += 2 * hidden
     lm_head = 0 if text.get("tie_word_embeddings", shape.model_type in _TIED_BY_DEFAULT) else vocab * embed_dim
     if lm_head and shape.model_type in _LM_HEAD_BIAS:
         lm_head += vocab
@@ -128,17 +132,29 @@ def _mtp(shape: _Shape, vocab: int, kinds: tuple) -> int:
     return 0
 
 
-_TIED_BY_DEFAULT = {"opt", "gemma", "gemma2", "gemma3", "gemma3_text", "gemma4_text"}
+# tie_word_embeddings unset: transformers' configuration classes tie these (GPT-2, StarCoder, BLOOM, Falcon keep
+# PretrainedConfig's True)
+_TIED_BY_DEFAULT = {
+    *("opt", "gemma", "gemma2", "gemma3", "gemma3_text", "gemma4_text"),
+    *("gpt2", "gpt_bigcode", "bloom", "falcon"),
+}
+# The GPT-style families (vllm/model_executor/models/gpt2.py, gpt_j.py, gpt_neox.py, bloom.py, falcon.py,
+# nemotron.py; GPTBigCode through transformers' modeling_gpt_bigcode.py): LayerNorms, a two-matrix MLP
+_GPT_STYLE = {"gpt2", "gptj", "gpt_neox", "gpt_bigcode", "bloom", "falcon", "nemotron"}
 # Families whose modules carry biases the config does not flag (attention_bias / mlp_bias absent or false):
-_QKV_BIAS = {"qwen2", "qwen2_moe", "opt", "gpt_oss", "phi"}  # q, k and v projections
-_OUT_BIAS = {"opt", "gpt_oss", "phi"}  # the attention output projection
-_LM_HEAD_BIAS = {"phi"}  # an untied head with a bias per vocabulary entry
-# LayerNorm (weight and bias) instead of RMSNorm; a plain two-matrix MLP (fc1, fc2) with biases instead of SwiGLU
-_LAYER_NORM = {"opt", "phi"}
-_PLAIN_MLP = {"opt", "phi"}
-# One norm per block: Cohere and Phi-2 run attention and MLP in parallel on the same normed input, Nemotron-H's
-# blocks hold one mixer each
-_ONE_NORM_PER_BLOCK = {"cohere", "nemotron_h", "phi"}
+_QKV_BIAS = {"qwen2", "qwen2_moe", "opt", "gpt_oss", "phi", "gpt2", "gpt_neox", "gpt_bigcode", "bloom"}  # q, k, v
+_OUT_BIAS = {"opt", "gpt_oss", "phi", "gpt2", "gpt_neox", "gpt_bigcode", "bloom"}  # the attention output
+_LM_HEAD_BIAS = {"phi", "gptj"}  # an untied head with a bias per vocabulary entry
+# LayerNorm (weight and bias) instead of RMSNorm; a plain two-matrix MLP (fc1, fc2) instead of SwiGLU, with its
+# biases except where the config turns them off (Falcon's bias, Nemotron's mlp_bias)
+_LAYER_NORM = {"opt", "phi"} | _GPT_STYLE
+_PLAIN_MLP = {"opt", "phi"} | _GPT_STYLE
+_UNBIASED_MLP = {"falcon", "nemotron"}
+# learned absolute positions of n_positions x hidden (GPT-2, StarCoder)
+_LEARNED_POSITIONS = {"gpt2", "gpt_bigcode"}
+# One norm per block: Cohere, Phi-2 and GPT-J run attention and MLP in parallel on the same normed input,
+# Nemotron-H's blocks hold one mixer each
+_ONE_NORM_PER_BLOCK = {"cohere", "nemotron_h", "phi", "gptj"}
 # one head_dim-wide norm for q and one for k
 _QK_NORM_PER_HEAD = {"qwen3", "qwen3_moe", "gemma3", "gemma3_text", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"}
 _MTP_SHARES_EMBEDDINGS = {"glm_moe_dsa"}
@@ -171,6 +187,8 @@ class _Shape:
         """The token mixer of a layer: attention (of this layer's heads), a recurrent layer, or none."""
         if isinstance(kind, Mamba1State):
             return _mamba1(self.text, kind, self.hidden)
+        if isinstance(kind, ShortConvState):
+            return _short_conv(self.text, kind, self.hidden)
         if isinstance(kind, MambaState):
             return (
                 _gated_delta_net(kind, self.hidden) if kind.variant == "gdn" else _mamba2(self.text, kind, self.hidden)
@@ -206,9 +224,18 @@ class _Shape:
         per_norm = 2 * self.hidden if self.model_type in _LAYER_NORM else self.hidden  # a LayerNorm has a bias
         if self.model_type in {"gemma2", "gemma3", "gemma3_text"}:
             return 4 * self.hidden  # pre and post norms around attention and MLP
-        if self.model_type in _ONE_NORM_PER_BLOCK:
+        if self.model_type in _ONE_NORM_PER_BLOCK or self._falcon_parallel():
             return per_norm
         return 2 * per_norm
+
+    def _falcon_parallel(self) -> bool:
+        """Falcon-7B's parallel attention shares one LayerNorm; the new decoder architecture (Falcon-40B, 180B)
+        keeps two (ln_attn, ln_mlp), as vllm/model_executor/models/falcon.py builds them."""
+        return (
+            self.model_type == "falcon"
+            and bool(self.text.get("parallel_attn", True))
+            and not self.text.get("new_decoder_architecture")
+        )
 
     def mlp_kind(self, index: int) -> str:
         """ "dense", "moe" or "none" for layer `index`, by the family's rule."""
@@ -241,12 +268,15 @@ class _Shape:
         return self.text.get("mlp_hidden_act") != "relu2"
 
     def dense_mlp(self) -> int:
-        if self.model_type in _PLAIN_MLP:  # fc1 and fc2 with their biases
-            ffn = _field(self.text, "ffn_dim" if "ffn_dim" in self.text else "intermediate_size")
-            return 2 * self.hidden * ffn + ffn + self.hidden
+        if self.model_type in _PLAIN_MLP:  # fc1 and fc2, with their biases where the family has them
+            ffn = int(_first_of(self.text, _FFN_SIZES) or 4 * self.hidden)
+            biased = self.model_type not in _UNBIASED_MLP and self.text.get("bias", True)
+            return 2 * self.hidden * ffn + (ffn + self.hidden if biased else 0)
         if self.model_type == "granitemoehybrid":  # no dense MLP: the shared MLP beside (or without) the experts
             return 3 * self.hidden * int(self.text.get("shared_intermediate_size") or 0)
-        inter = int(self.text.get("intermediate_size_mlp") or self.text.get("intermediate_size") or 4 * self.hidden)
+        inter = int(
+            _first_of(self.text, ("intermediate_size_mlp", "intermediate_size", "ffn_hidden_size")) or 4 * self.hidden
+        )
         return (3 if self._gated() else 2) * self.hidden * inter
 
     def expert_intermediate(self) -> int:
@@ -291,6 +321,14 @@ class _Shape:
         return self.text.get("topk_method") == "noaux_tc" or self.model_type == "glm4_moe"
 
 
+# the MLP's width under each family's name (OPT, Phi and GPT-NeoX, GPT-2 and GPT-J, Falcon); absent or null: 4 x hidden
+_FFN_SIZES = ("ffn_dim", "intermediate_size", "n_inner", "ffn_hidden_size")
+
+
+def _first_of(text: dict, keys: tuple[str, ...]) -> Any:
+    return next((text[key] for key in keys if text.get(key) is not None), None)
+
+
 def _nas_ffn(ffn: dict, hidden: int) -> int:
     """A Nemotron NAS block's FFN: none, one linear map, or a gated MLP of ffn_mult x hidden (DeciLM's
     _ffn_mult_to_intermediate_size: 2/3 of it, rounded up to a multiple of 256)."""
@@ -316,6 +354,15 @@ def _mamba2(text: dict, state: MambaState, hidden: int) -> int:
     out_proj = inner * hidden + (hidden if bias else 0)
     norm = inner if text.get("mamba_rms_norm", True) else 0  # the gated norm (Falcon-H1's is off by default)
     return in_proj + conv + 3 * heads + norm + out_proj
+
+
+def _short_conv(text: dict, state: ShortConvState, hidden: int) -> int:
+    """LFM2's ShortConv (vllm/model_executor/models/lfm2.py): in_proj to B, C and x, the depthwise conv, out_proj;
+    biases where conv_bias says so."""
+    channels, bias = state.channels, bool(text.get("conv_bias", False))
+    in_proj = hidden * 3 * channels + (3 * channels if bias else 0)
+    conv = channels * state.conv_kernel + (channels if bias else 0)
+    return in_proj + conv + channels * hidden + (hidden if bias else 0)
 
 
 def _mamba1(text: dict, state: Mamba1State, hidden: int) -> int:
@@ -362,7 +409,7 @@ def _gqa_attention(text: dict, hidden: int, num_heads: int, kv_heads: int, head_
     kv = 2 * hidden * kv_heads * head_dim
     out = num_heads * head_dim * hidden
     bias = 0
-    if text.get("attention_bias") or text.get("model_type") in _QKV_BIAS:
+    if text.get("attention_bias") or text.get("add_qkv_bias") or text.get("model_type") in _QKV_BIAS:  # ChatGLM
         bias = num_heads * head_dim + 2 * kv_heads * head_dim
         if text.get("model_type") in _OUT_BIAS:
             bias += hidden  # output projection bias

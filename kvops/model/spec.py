@@ -309,6 +309,32 @@ class Mamba1State(RecurrentState):
 
 
 @frozen
+class ShortConvState(RecurrentState):
+    """LFM2's short convolution: a window of (conv_kernel - 1) x channels values split by tp and no SSM state
+    (`short_conv_state_shape`, vllm/model_executor/layers/mamba/mamba_utils.py); the window keeps a row per
+    speculative token."""
+
+    variant: ClassVar[str] = "short_conv"  # type: ignore[misc]  # one kind: no field to set
+    head_dim: ClassVar[int] = 0
+    conv_kernel: int  # conv_L_cache
+    channels: int  # conv_dim, before tp
+    ssm_dtype: str = ""
+
+    def conv_shape(self, tp: int, speculative_tokens: int = 0) -> tuple[int, int]:
+        return (self.conv_kernel - 1 + speculative_tokens, self.channels // tp)
+
+    def ssm_shape(self, tp: int) -> tuple[int]:
+        return (0,)
+
+    def splits(self, tp: int) -> bool:
+        return not self.channels % tp
+
+    def formula(self, dtype: KvDtype, tp: int) -> str:
+        conv = "x".join(map(str, self.conv_shape(tp)))
+        return f"state per sequence: conv {conv} values, no SSM state (no per-token cost)"
+
+
+@frozen
 class NoCache:
     """A layer that keeps nothing per sequence: an MLP or MoE-only block (Nemotron-H), an attention that is a
     no-op or a linear map (Nemotron NAS), or one that reads another layer's KV (shared KV layers)."""
@@ -318,7 +344,7 @@ class NoCache:
     head_dim: ClassVar[int] = 0
 
 
-StateKind = MambaState | Mamba1State
+StateKind = MambaState | Mamba1State | ShortConvState
 LayerKind = FullAttention | SlidingWindow | ChunkedLocal | MultiLatentAttention | SparseIndexer | StateKind
 CacheKind = LayerKind | NoCache
 

@@ -1,0 +1,361 @@
+"""Architectures outside kvops' catalog that vLLM 0.32 serves, against the model vLLM builds from their config.json.
+
+Each config below is the published config.json of the named Hugging Face repository (huggingface.co/<repo>, file
+config.json), cut to the fields kvops and vLLM read. vLLM's figures come from its model built on the meta device
+(tests/support/vllm_specs.py): each layer's KV-cache page at block 16, its parameters (less the rows vLLM pads its
+vocabulary to), its max_model_len. The 0.33.0 and 0.34.0 wheels build these layers the same way (the files cited).
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+# stepfun-ai/step3, config.json text_config (Step3TextForCausalLM): one KV head for all 64 query heads, named
+# num_attention_groups (vllm/transformers_utils/configs/step3_vl.py Step3TextConfig)
+STEP3_TEXT = {
+    "architectures": ["Step3TextForCausalLM"],
+    "model_type": "step3_text",
+    "hidden_size": 7168,
+    "intermediate_size": 18432,
+    "num_attention_heads": 64,
+    "num_attention_groups": 1,
+    "head_dim": 256,
+    "share_q_dim": 2048,
+    "num_hidden_layers": 61,
+    "max_seq_len": 65536,
+    "max_position_embedding": 65536,
+    "vocab_size": 128815,
+    "moe_intermediate_size": 5120,
+    "moe_num_experts": 48,
+    "moe_top_k": 3,
+    "moe_layers_enum": ",".join(str(index) for index in range(4, 60)),
+    "share_expert_dim": 5120,
+    "norm_expert_weight": False,
+    "rms_norm_eps": 1e-05,
+    "rope_theta": 500000,
+    "torch_dtype": "bfloat16",
+}
+# openbmb/MiniCPM3-4B, config.json: MLA projections (kv_lora_rank 256)
+MINICPM3 = {
+    "architectures": ["MiniCPM3ForCausalLM"],
+    "model_type": "minicpm3",
+    "hidden_size": 2560,
+    "intermediate_size": 6400,
+    "num_attention_heads": 40,
+    "num_key_value_heads": 40,
+    "num_hidden_layers": 62,
+    "max_position_embeddings": 32768,
+    "qk_nope_head_dim": 64,
+    "qk_rope_head_dim": 32,
+    "q_lora_rank": 768,
+    "kv_lora_rank": 256,
+    "v_head_dim": 64,
+    "vocab_size": 73448,
+    "scale_emb": 12,
+    "scale_depth": 1.4,
+    "dim_model_base": 256,
+    "rms_norm_eps": 1e-05,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
+# LiquidAI/LFM2-1.2B, config.json: 6 attention layers (full_attn_idxs), the other 10 short convolutions
+LFM2 = {
+    "architectures": ["Lfm2ForCausalLM"],
+    "model_type": "lfm2",
+    "hidden_size": 2048,
+    "block_dim": 2048,
+    "block_ff_dim": 12288,
+    "block_auto_adjust_ff_dim": True,
+    "block_ffn_dim_multiplier": 1.0,
+    "block_multiple_of": 256,
+    "conv_dim": 2048,
+    "conv_dim_out": 2048,
+    "conv_L_cache": 3,
+    "conv_bias": False,
+    "full_attn_idxs": [2, 5, 8, 10, 12, 14],
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "num_hidden_layers": 16,
+    "max_position_embeddings": 128000,
+    "vocab_size": 65536,
+    "norm_eps": 1e-05,
+    "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
+}
+# CohereForAI/c4ai-command-r7b-12-2024, config.json: every 4th layer global, the rest sliding over 4096
+COMMAND_R7B = {
+    "architectures": ["Cohere2ForCausalLM"],
+    "model_type": "cohere2",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "num_hidden_layers": 32,
+    "max_position_embeddings": 8192,
+    "sliding_window": 4096,
+    "sliding_window_pattern": 4,
+    "vocab_size": 256000,
+    "logit_scale": 0.25,
+    "rope_theta": 50000,
+    "layer_norm_eps": 1e-05,
+    "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
+}
+
+
+@pytest.mark.parametrize(
+    ("config", "bytes_per_token", "why"),
+    [
+        # kvops read 64 KV heads (num_key_value_heads absent): 3,997,696 B a token, 64 x vLLM's. step3_text.py
+        # builds Attention(num_kv_heads=1): 61 layers x 2 x 1 x 256 x 2 B
+        (STEP3_TEXT, 61 * 2 * 1 * 256 * 2, "num_attention_groups"),
+        # kvops read an MLA latent (256 + 32) x 2 B = 35,712 B a token, 1/26.7 of vLLM's: minicpm3.py builds
+        # Attention(num_heads, qk_head_dim, num_kv_heads=num_heads), 62 layers x 2 x 40 x (64 + 32) x 2 B
+        (MINICPM3, 62 * 2 * 40 * 96 * 2, "minicpm3"),
+        # kvops read 16 attention layers (32,768 B a token): lfm2.py builds 6 (full_attn_idxs) and 10 ShortConv
+        (LFM2, 6 * 2 * 8 * 64 * 2, "lfm2"),
+    ],
+    ids=["step3", "minicpm3", "lfm2"],
+)
+def test_kv_bytes_per_token(config, bytes_per_token, why, run_kvops, tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    kv = json.loads(run_kvops("kv", "--model", str(tmp_path), "--tokens", "1", "--json").stdout)
+    assert kv["bytes_per_token"] == bytes_per_token, why
+
+
+def test_lfm2_short_convolution_state(run_kvops, tmp_path):
+    # vllm/model_executor/layers/mamba/mamba_utils.py short_conv_state_shape: (conv_L_cache - 1) x conv_dim, no SSM
+    (tmp_path / "config.json").write_text(json.dumps(LFM2))
+    kv = json.loads(run_kvops("kv", "--model", str(tmp_path), "--tokens", "8192", "--json").stdout)
+    state = next(group for group in kv["layer_groups"] if group["kind"] == "mamba")
+    assert (state["layers"], state["bytes_per_sequence"]) == (10, 10 * 2 * 2048 * 2)
+
+
+def test_command_r7b_sliding_layers_keep_window_plus_one(run_kvops, tmp_path):
+    # commandr.py: per_layer_sliding_window=config.sliding_window + 1 (the layer sees [pos - 4096, pos]); kvops
+    # kept 4096 tokens on the 24 sliding layers
+    (tmp_path / "config.json").write_text(json.dumps(COMMAND_R7B))
+    kv = json.loads(run_kvops("kv", "--model", str(tmp_path), "--tokens", "8192", "--json").stdout)
+    sliding = next(group for group in kv["layer_groups"] if group["kind"] == "sliding")
+    assert (sliding["layers"], sliding["window"], sliding["cached_tokens"]) == (24, 4097, 4097)
+
+
+# GPT-style families: LayerNorms, a two-matrix MLP, biases, learned positions, tied heads by their config class
+GPT2 = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": 768, "n_head": 12, "n_layer": 12}
+GPT2 |= {
+    "n_positions": 1024,
+    "n_ctx": 1024,
+    "vocab_size": 50257,
+    "activation_function": "gelu_new",
+}  # openai-community/gpt2
+GPT_J = {"architectures": ["GPTJForCausalLM"], "model_type": "gptj", "n_embd": 4096, "n_head": 16, "n_layer": 28}
+GPT_J |= {
+    "n_positions": 2048,
+    "rotary_dim": 64,
+    "vocab_size": 50400,
+    "tie_word_embeddings": False,
+}  # EleutherAI/gpt-j-6b
+GPT_NEOX_20B = {  # EleutherAI/gpt-neox-20b
+    "architectures": ["GPTNeoXForCausalLM"],
+    "model_type": "gpt_neox",
+    "hidden_size": 6144,
+    "intermediate_size": 24576,
+    "num_attention_heads": 64,
+    "num_hidden_layers": 44,
+    "max_position_embeddings": 2048,
+    "rotary_pct": 0.25,
+    "use_parallel_residual": True,
+    "vocab_size": 50432,
+    "tie_word_embeddings": False,
+    "torch_dtype": "float16",
+}
+STARCODER = {"architectures": ["GPTBigCodeForCausalLM"], "model_type": "gpt_bigcode", "n_embd": 6144, "n_head": 48}
+STARCODER |= {
+    "n_layer": 40,
+    "n_inner": 24576,
+    "n_positions": 8192,
+    "multi_query": True,
+    "vocab_size": 49152,
+}  # bigcode/starcoder
+BLOOM_7B1 = {"architectures": ["BloomForCausalLM"], "model_type": "bloom", "hidden_size": 4096, "n_head": 32}
+BLOOM_7B1 |= {"n_layer": 30, "vocab_size": 250880}  # bigscience/bloom-7b1
+FALCON_7B = {"architectures": ["FalconForCausalLM"], "model_type": "falcon", "hidden_size": 4544, "bias": False}
+FALCON_7B |= {"multi_query": True, "new_decoder_architecture": False, "num_attention_heads": 71, "parallel_attn": True}
+FALCON_7B |= {
+    "num_hidden_layers": 32,
+    "vocab_size": 65024,
+    "alibi": False,
+    "torch_dtype": "bfloat16",
+}  # tiiuae/falcon-7b
+FALCON_40B = {**FALCON_7B, "hidden_size": 8192, "new_decoder_architecture": True, "num_attention_heads": 128}
+FALCON_40B |= {"num_kv_heads": 8, "num_hidden_layers": 60}  # tiiuae/falcon-40b
+NEMOTRON_MINI = {  # nvidia/Nemotron-Mini-4B-Instruct
+    "architectures": ["NemotronForCausalLM"],
+    "model_type": "nemotron",
+    "hidden_size": 3072,
+    "intermediate_size": 9216,
+    "num_attention_heads": 24,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "kv_channels": 128,
+    "num_hidden_layers": 32,
+    "max_position_embeddings": 4096,
+    "partial_rotary_factor": 0.5,
+    "vocab_size": 256000,
+    "hidden_act": "relu2",
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
+CHATGLM3 = {  # THUDM/chatglm3-6b: the SwiGLU MLP is ffn_hidden_size wide, q, k and v carry biases (add_qkv_bias)
+    "architectures": ["ChatGLMModel"],
+    "model_type": "chatglm",
+    "add_bias_linear": False,
+    "add_qkv_bias": True,
+    "apply_residual_connection_post_layernorm": False,
+    "ffn_hidden_size": 13696,
+    "hidden_size": 4096,
+    "kv_channels": 128,
+    "multi_query_attention": True,
+    "multi_query_group_num": 2,
+    "num_attention_heads": 32,
+    "num_layers": 28,
+    "original_rope": True,
+    "padded_vocab_size": 65024,
+    "post_layer_norm": True,
+    "rmsnorm": True,
+    "seq_length": 8192,
+    "tie_word_embeddings": False,
+    "vocab_size": 65024,
+    "torch_dtype": "float16",
+}
+
+# (config, kvops' count before, the count now: vLLM's loaded parameters, the published figure where it is the same)
+COUNTS = {
+    "gpt2": (GPT2, 190_460_160, 124_439_808),  # the model card's 124,439,808
+    "gpt-j-6b": (GPT_J, 7_929_303_040, 6_050_882_784),
+    "gpt-neox-20b": (GPT_NEOX_20B, 27_195_365_376, 20_554_567_680),  # the paper's 20,554,567,680
+    "starcoder": (STARCODER, 21_806_684_160, 15_517_456_384),
+    "bloom-7b1": (BLOOM_7B1, 10_108_522_496, 7_069_016_064),  # the model card's 7,069,016,064
+    "falcon-7b": (FALCON_7B, 9_860_121_024, 6_921_720_704),
+    "falcon-40b": (FALCON_40B, 57_941_106_688, 41_303_293_952),
+    "nemotron-mini-4b": (NEMOTRON_MINI, 5_096_279_040, 4_190_509_056),
+    "chatglm3-6b": (CHATGLM3, 7_168_299_008, 6_243_584_000),
+}
+
+
+@pytest.mark.parametrize("name", list(COUNTS))
+def test_parameter_count_of_gpt_style_families(name, tmp_path):
+    """kvops counted a SwiGLU MLP of 3 matrices (of 4 x hidden where the width is named n_inner, ffn_hidden_size or
+    nothing), RMSNorms, no biases and an untied head for every family: 30-53% over what vLLM loads."""
+    from kvops.model.locate import load_model
+
+    config, _, count = COUNTS[name]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert load_model(str(tmp_path)).parameters == count
+
+
+@pytest.mark.parametrize("model_type", ["mamba", "falcon_mamba", "mamba2"])
+def test_attention_free_mamba_is_one_line(model_type, run_kvops, tmp_path):
+    # kvops said "missing 'num_attention_heads', which the KV formula needs" of a model vLLM serves (mamba.py)
+    config = {"architectures": ["MambaForCausalLM"], "model_type": model_type, "hidden_size": 4096}
+    (tmp_path / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 64, "vocab_size": 65024}))
+    ran = run_kvops("kv", "--model", str(tmp_path), "--tokens", "1", expect=None)
+    assert ran.exit_code != 0 and len(ran.stderr.strip().splitlines()) == 1
+    assert "attention-free Mamba models" in ran.stderr
+
+
+def _loaded_parameters(vllm_config: Any) -> int:
+    """The parameters of vLLM's model built on the meta device, each once (a tied head is the embedding), less the
+    rows VocabParallelEmbedding pads the vocabulary to."""
+    import torch
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+    from vllm.model_executor.model_loader.utils import initialize_model
+
+    with set_current_vllm_config(vllm_config), torch.device("meta"):
+        model = initialize_model(vllm_config=vllm_config)
+    padding = {}
+    for module in model.modules():
+        if isinstance(module, VocabParallelEmbedding):
+            rows = module.num_embeddings_padded - module.org_vocab_size
+            for tensor in (module.weight, getattr(module, "bias", None)):
+                if tensor is not None:
+                    padding[id(tensor)] = rows * (tensor.numel() // tensor.shape[0])
+    sizes = {id(tensor): tensor.numel() for tensor in model.parameters()}
+    return sum(size - padding.get(key, 0) for key, size in sizes.items())
+
+
+def _built(config: dict, tmp_path: Path, tiny_model: Path, monkeypatch, **engine_args: Any):
+    from tests.support.vllm_specs import BuiltModel
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    warnings.simplefilter("ignore")
+    built = BuiltModel(config, tmp_path / "vllm", tiny_model, max_num_batched_tokens=2048, **engine_args)
+    built.as_gpu(16)
+    return built
+
+
+def _spec(config: dict, tmp_path: Path):
+    from kvops.model.locate import load_model
+
+    (tmp_path / "kvops").mkdir()
+    (tmp_path / "kvops" / "config.json").write_text(json.dumps(config))
+    return load_model(str(tmp_path / "kvops"))
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("config", [STEP3_TEXT, MINICPM3, COMMAND_R7B], ids=["step3", "minicpm3", "command-r7b"])
+def test_attention_pages_windows_and_context_match_vllm(config, tiny_model, tmp_path, monkeypatch):
+    """Each layer's page at block 16 and its window, and the context, as vLLM builds them."""
+    from kvops.dtypes import KV_DTYPES
+    from kvops.engines.vllm import context
+
+    built = _built(config, tmp_path, tiny_model, monkeypatch)
+    theirs = sorted(
+        (spec.page_size_bytes, getattr(spec, "sliding_window", None) or 0) for spec in built.specs().values()
+    )
+    spec = _spec(config, tmp_path)
+    bf16 = KV_DTYPES["bf16"]
+    ours = sorted((16 * layer.bytes_per_token(bf16, 1), getattr(layer, "window", 0)) for layer in spec.layers)
+    assert ours == theirs
+    assert built.vllm_config.model_config.max_model_len == context.model_default(spec)
+
+
+@pytest.mark.vllm
+def test_lfm2_pool_matches_vllm(tiny_model, tmp_path, monkeypatch):
+    """6 attention pages and 10 short-convolution states, unified as vLLM pads them: its pool, block for block."""
+    from vllm.v1.core import kv_cache_utils
+
+    from kvops.dtypes import KV_DTYPES
+    from kvops.engines.vllm.layout import kv_layout, pool
+
+    memory = 3 * 2**30 + 12345
+    built = _built(LFM2, tmp_path, tiny_model, monkeypatch, max_model_len=4096)
+    vllm_config = built.vllm_config
+    vllm_config.cache_config.kv_cache_layout = "LBHNC"
+    vllm_config.scheduler_config.async_scheduling = True
+    configs = kv_cache_utils.get_kv_cache_configs(vllm_config, [built.specs()], [memory])
+    scheduler = kv_cache_utils.generate_scheduler_kv_cache_config(configs)
+    tokens, _ = kv_cache_utils.get_kv_cache_capacity(vllm_config, scheduler)
+    ours = pool(
+        kv_layout(_spec(LFM2, tmp_path), KV_DTYPES["bf16"], 1, 16), memory, 4096, vllm_config.max_in_flight_tokens
+    )
+    assert (ours.num_blocks, ours.kv_cache_size_tokens) == (configs[0].num_blocks, tokens) == (16384, 258111)
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("name", [name for name in COUNTS if name != "bloom-7b1"])
+def test_parameter_count_matches_what_vllm_loads(name, tiny_model, tmp_path, monkeypatch):
+    # BLOOM is left out: bloom.py computes its ALiBi slopes from a tensor, which the meta device cannot give
+    from tests.support.vllm_specs import engine_config
+
+    config, _, count = COUNTS[name]
+    _built(config, tmp_path, tiny_model, monkeypatch)  # the process group; its model's layers are registered
+    fresh = engine_config(config, tmp_path / "count", tiny_model, max_num_batched_tokens=2048)
+    assert _loaded_parameters(fresh) == count
