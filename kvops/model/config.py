@@ -69,7 +69,23 @@ def language_config(config: dict[str, Any]) -> dict[str, Any]:
 
 def _unnested(text: dict[str, Any]) -> dict[str, Any]:
     """Fields some architectures nest, under the top-level names kvops reads (DBRX, Step-3.5)."""
-    return _lfm2_layer_types(_step3p5_sliding(_dbrx(text)))
+    return _lfm2_layer_types(_step3p5_sliding(_step3_experts(_dbrx(text))))
+
+
+def _step3_experts(text: dict[str, Any]) -> dict[str, Any]:
+    """Step3's experts under its own names (vllm/model_executor/models/step3_text.py): moe_num_experts of
+    moe_top_k in the layers moe_layers_enum lists (all but the first where it lists none), the others dense."""
+    if text.get("model_type") != "step3_text" or not isinstance(text.get("moe_num_experts"), int):
+        return text
+    layers = _first(text, _LAYERS)
+    listed = str(text.get("moe_layers_enum") or "").strip()
+    moe = {int(index) for index in listed.split(",")} if listed else set(range(1, int(layers or 0)))
+    named = {
+        "num_local_experts": text["moe_num_experts"],
+        "num_experts_per_tok": text.get("moe_top_k"),
+        "mlp_only_layers": [index for index in range(int(layers or 0)) if index not in moe],
+    }
+    return {**{key: value for key, value in named.items() if value is not None}, **text}
 
 
 def _lfm2_layer_types(text: dict[str, Any]) -> dict[str, Any]:

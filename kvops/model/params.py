@@ -306,6 +306,8 @@ class _Shape:
 
     def shared_experts(self) -> int:
         text, hidden = self.text, self.hidden
+        if text.get("share_expert_dim"):  # Step3: one shared SwiGLU expert of share_expert_dim beside the routed
+            return 3 * hidden * _field(text, "share_expert_dim")
         if text.get("shared_expert_intermediate_size"):  # Qwen MoE: one shared expert and its sigmoid gate
             return 3 * hidden * _field(text, "shared_expert_intermediate_size") + hidden
         if text.get("moe_shared_expert_intermediate_size"):  # Nemotron-H
@@ -406,6 +408,8 @@ def _mtp_module(shape: _Shape, vocab: int) -> int:
 
 def _gqa_attention(text: dict, hidden: int, num_heads: int, kv_heads: int, head_dim: int) -> int:
     q = hidden * num_heads * head_dim
+    if share_q := int(text.get("share_q_dim") or 0):  # Step3: q through a share_q_dim bottleneck and its norm
+        q = hidden * share_q + share_q + share_q * num_heads * head_dim
     kv = 2 * hidden * kv_heads * head_dim
     out = num_heads * head_dim * hidden
     bias = 0
