@@ -19,7 +19,7 @@ from kvops.dtypes import canonical_dtype_name
 from kvops.errors import ConfigError
 from kvops.model.defaults import with_defaults
 from kvops.model.fields import check_config
-from kvops.model.params import PublishedCount, count_parameters, merge_kernel
+from kvops.model.params import PublishedCount, count_parameters, merge_kernel, vocabulary
 from kvops.model.spec import (
     CacheKind,
     ChunkedLocal,
@@ -45,6 +45,7 @@ _MAMBA_ONLY = (
 )
 NOT_MODELLED = {
     **dict.fromkeys(("mamba", "falcon_mamba", "mamba2"), _MAMBA_ONLY),
+    "longcat_flash": "LongCat-Flash's blocks (two MLA attentions each, 2 x num_layers caches, zero-computation experts) are not modelled by kvops yet; plan it with a measured --profile or --kv-cache-memory-bytes",
     "deepseek_v4": "DeepSeek-V4's compressed sparse attention (compressed, sliding and indexer caches per layer) is not modelled by kvops yet; plan it with a measured --profile or --kv-cache-memory-bytes",
 }
 
@@ -164,6 +165,8 @@ def spec_from_config(
     _check_shape(text, where, num_layers, num_heads, kv_heads)
 
     head_dim = text.get("head_dim")
+    if head_dim is None and hidden % num_heads and text.get("kv_lora_rank"):
+        head_dim = text.get("qk_rope_head_dim")  # MLA: transformers' head_dim is qk_rope_head_dim (GLM-4.7-Flash)
     if head_dim is None:
         if hidden % num_heads:
             raise ConfigError(
@@ -204,7 +207,7 @@ def spec_from_config(
         layers=layers,
         hidden_size=hidden,
         num_attention_heads=num_heads,
-        vocab_size=int(text.get("vocab_size") or 0),
+        vocab_size=vocabulary(text),
         intermediate_size=int(_first(text, _INTERMEDIATE) or 4 * hidden),
         max_position_embeddings=_max_positions(text),
         parameters=loaded,
@@ -547,6 +550,9 @@ def _sliding_layers(text: dict, num_layers: int, where: str, notes: list[str]) -
         notes.append(f"sliding_window {window} ignored: use_sliding_window is false")
         return [False] * num_layers
     pattern = text.get("sliding_window_pattern")
+    if isinstance(pattern, str):  # EXAONE 4: "LLLG", one letter a layer, repeated (L slides, G is global)
+        notes.append(f"sliding_window_pattern {pattern!r}: {pattern.count('G')} of every {len(pattern)} layers global")
+        return [pattern[i % len(pattern)] == "L" for i in range(num_layers)]
     if isinstance(pattern, int) and pattern > 0:
         # Gemma 3: every pattern-th layer (1-based) is global, the rest slide.
         notes.append(f"sliding_window_pattern {pattern}: every {pattern}th layer is full attention")

@@ -109,7 +109,7 @@ _RANGES: dict[tuple[str, ...], tuple[int, int]] = {
         "init_pos_emb_width",
         "mm_tokens_per_image",
     ): (0, MAX_WIDTH),
-    ("vocab_size",): (0, MAX_VOCAB),
+    ("vocab_size", "padded_vocab_size"): (0, MAX_VOCAB),
     (
         "max_position_embeddings",
         "n_positions",
@@ -180,12 +180,22 @@ def check_config(config: Any, where: str) -> None:
         _check_block(block, where, f"block_configs[{index}]")
 
 
+def _window_letters(value: str, where: str, name: str) -> None:
+    """EXAONE 4 writes its pattern as letters, one a layer, repeated: "LLLG" (L sliding, G global)."""
+    if not value or set(value) - {"L", "G"}:
+        raise ConfigError(
+            f"{where}: {name!r} is {_shown(value)}; valid: a whole number, or letters L (sliding) and G (global)"
+        )
+
+
 def _check_fields(fields: dict, where: str, prefix: str) -> None:
     for key, value in fields.items():
         if value is None:
             continue
         name = f"{prefix}{key}"
-        if key in WHOLE_NUMBERS:
+        if key == "sliding_window_pattern" and isinstance(value, str):
+            _window_letters(value, where, name)
+        elif key in WHOLE_NUMBERS:
             whole_number(value, where, name, *WHOLE_NUMBERS[key])
         elif key in NUMBERS:
             number(value, where, name, *NUMBERS[key])

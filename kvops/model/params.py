@@ -56,7 +56,7 @@ def count_parameters(
     layer's cache kind (which mixer it has: attention, a recurrent state, or none), `beside` a recurrent mixer every
     layer runs beside its attention (Falcon-H1)."""
     shape = _Shape(text, hidden, num_heads, kv_heads, head_dim, beside)
-    vocab = int(text.get("vocab_size") or 0)
+    vocab = vocabulary(text)
     embed_dim = int(text.get("word_embed_proj_dim") or hidden)
     embeddings = vocab * embed_dim
     if embed_dim != hidden:  # OPT-350m style projections in and out
@@ -90,6 +90,12 @@ def count_parameters(
         layers=per_layer,
         layer_experts=layer_experts,
     )
+
+
+def vocabulary(text: dict[str, Any]) -> int:
+    """The embedding rows: ChatGLM's padded_vocab_size where it names one (chatglm.py builds its embedding and head
+    of it; GLM-4-9B-Chat names no vocab_size), else vocab_size."""
+    return int(text.get("padded_vocab_size") or text.get("vocab_size") or 0)
 
 
 def _per_layer_embeddings(text: dict[str, Any], hidden: int, num_layers: int) -> int:
@@ -154,9 +160,14 @@ _UNBIASED_MLP = {"falcon", "nemotron"}
 _LEARNED_POSITIONS = {"gpt2", "gpt_bigcode"}
 # One norm per block: Cohere, Phi-2 and GPT-J run attention and MLP in parallel on the same normed input,
 # Nemotron-H's blocks hold one mixer each
-_ONE_NORM_PER_BLOCK = {"cohere", "nemotron_h", "phi", "gptj"}
+_ONE_NORM_PER_BLOCK = {"cohere", "cohere2", "cohere2_moe", "nemotron_h", "phi", "gptj"}
 # one head_dim-wide norm for q and one for k
-_QK_NORM_PER_HEAD = {"qwen3", "qwen3_moe", "gemma3", "gemma3_text", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"}
+_QK_NORM_PER_HEAD = {
+    *("qwen3", "qwen3_moe", "gemma3", "gemma3_text", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"),
+    "exaone4",  # vllm/model_executor/models/exaone4.py q_norm, k_norm of head_dim
+}
+# one norm over all query heads and one over all key heads (vllm/model_executor/models/olmoe.py; OLMo 2 and 3)
+_QK_NORM_PER_LAYER = {"olmoe", "olmo2", "olmo3"}
 _MTP_SHARES_EMBEDDINGS = {"glm_moe_dsa"}
 _PATTERN_MLP = {"-": "dense", "E": "moe"}  # Nemotron-H pattern characters with an MLP
 _GATED_Q = {"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"}  # attn_output_gate: q_proj also yields the gate
@@ -214,9 +225,15 @@ class _Shape:
         return q_rank * heads * dim + self.hidden * dim + 2 * dim + self.hidden * heads
 
     def qk_norms(self, head_dim: int, kv_heads: int) -> int:
-        if self.model_type in _QK_NORM_PER_HEAD or (self.model_type == "glm4_moe" and self.text.get("use_qk_norm")):
+        if (
+            self.model_type in _QK_NORM_PER_HEAD
+            or (self.model_type == "glm4_moe" and self.text.get("use_qk_norm"))
+            or (self.model_type == "apertus" and self.text.get("qk_norm"))
+        ):
             return 2 * head_dim
-        if self.text.get("qk_norm_type") == "per_layer" and self.text.get("use_qk_norm"):  # MiniMax-M2
+        if self.model_type in _QK_NORM_PER_LAYER or (
+            self.text.get("qk_norm_type") == "per_layer" and self.text.get("use_qk_norm")  # MiniMax-M2
+        ):
             return (self.num_heads + kv_heads) * head_dim
         return 0
 
@@ -264,8 +281,9 @@ class _Shape:
         return self.moe_mlp() if kind == "moe" else self.dense_mlp()
 
     def _gated(self) -> bool:
-        """Gate, up and down projections (SwiGLU); Nemotron-H's relu2 MLPs and experts have up and down only."""
-        return self.text.get("mlp_hidden_act") != "relu2"
+        """Gate, up and down projections (SwiGLU); Nemotron-H's relu2 MLPs and experts and Apertus' xIELU MLP
+        (vllm/model_executor/models/apertus.py: up_proj, down_proj) have up and down only."""
+        return self.text.get("mlp_hidden_act") != "relu2" and self.text.get("hidden_act") != "xielu"
 
     def dense_mlp(self) -> int:
         if self.model_type in _PLAIN_MLP:  # fc1 and fc2, with their biases where the family has them
@@ -277,7 +295,8 @@ class _Shape:
         inter = int(
             _first_of(self.text, ("intermediate_size_mlp", "intermediate_size", "ffn_hidden_size")) or 4 * self.hidden
         )
-        return (3 if self._gated() else 2) * self.hidden * inter
+        xielu = 2 if self.text.get("hidden_act") == "xielu" else 0  # the activation's alpha_p and alpha_n
+        return (3 if self._gated() else 2) * self.hidden * inter + xielu
 
     def expert_intermediate(self) -> int:
         size = self.text.get("moe_intermediate_size") or self.text.get("intermediate_size")

@@ -235,6 +235,96 @@ CHATGLM3 = {  # THUDM/chatglm3-6b: the SwiGLU MLP is ffn_hidden_size wide, q, k 
     "torch_dtype": "float16",
 }
 
+EXAONE4_32B = {  # LGAI-EXAONE/EXAONE-4.0-32B: its pattern written as letters, its layers listed in layer_types
+    "architectures": ["Exaone4ForCausalLM"],
+    "model_type": "exaone4",
+    "hidden_size": 5120,
+    "intermediate_size": 27392,
+    "num_attention_heads": 40,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "num_hidden_layers": 64,
+    "max_position_embeddings": 131072,
+    "sliding_window": 4096,
+    "sliding_window_pattern": "LLLG",
+    "layer_types": ["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"] * 16,
+    "rope_scaling": {
+        "factor": 16.0,
+        "high_freq_factor": 4.0,
+        "low_freq_factor": 1.0,
+        "original_max_position_embeddings": 8192,
+        "rope_type": "llama3",
+    },
+    "vocab_size": 102400,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
+GLM_47_FLASH = {  # zai-org/GLM-4.7-Flash: MLA, hidden_size 2048 not a multiple of its 20 heads, no head_dim
+    "architectures": ["Glm4MoeLiteForCausalLM"],
+    "model_type": "glm4_moe_lite",
+    "hidden_size": 2048,
+    "intermediate_size": 10240,
+    "moe_intermediate_size": 1536,
+    "num_attention_heads": 20,
+    "num_key_value_heads": 20,
+    "num_hidden_layers": 47,
+    "kv_lora_rank": 512,
+    "q_lora_rank": 768,
+    "qk_rope_head_dim": 64,
+    "qk_nope_head_dim": 192,
+    "v_head_dim": 256,
+    "n_routed_experts": 64,
+    "n_shared_experts": 1,
+    "num_experts_per_tok": 4,
+    "first_k_dense_replace": 1,
+    "topk_method": "noaux_tc",
+    "n_group": 1,
+    "topk_group": 1,
+    "max_position_embeddings": 202752,
+    "vocab_size": 154880,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
+OLMOE = {  # allenai/OLMoE-1B-7B-0924: q and k normed over all their heads
+    "architectures": ["OlmoeForCausalLM"],
+    "model_type": "olmoe",
+    "hidden_size": 2048,
+    "intermediate_size": 1024,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 16,
+    "num_hidden_layers": 16,
+    "num_experts": 64,
+    "num_experts_per_tok": 8,
+    "max_position_embeddings": 4096,
+    "vocab_size": 50304,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
+APERTUS_8B = {  # swiss-ai/Apertus-8B-2509: an xIELU MLP of up and down projections
+    "architectures": ["ApertusForCausalLM"],
+    "model_type": "apertus",
+    "hidden_size": 4096,
+    "intermediate_size": 21504,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "num_hidden_layers": 32,
+    "max_position_embeddings": 65536,
+    "vocab_size": 131072,
+    "hidden_act": "xielu",
+    "qk_norm": True,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
+GLM4_9B_CHAT = {  # THUDM/glm-4-9b-chat: ChatGLM's vocabulary as padded_vocab_size only
+    **{key: value for key, value in CHATGLM3.items() if key != "vocab_size"},
+    "num_layers": 40,
+    "padded_vocab_size": 151552,
+    "seq_length": 131072,
+    "rope_ratio": 500,
+    "torch_dtype": "bfloat16",
+}
+
+
 # (config, kvops' count before, the count now: vLLM's loaded parameters, the published figure where it is the same)
 COUNTS = {
     "gpt2": (GPT2, 190_460_160, 124_439_808),  # the model card's 124,439,808
@@ -250,7 +340,20 @@ COUNTS = {
     # and its q through share_q_dim: kvops counted a dense model (step3_text.py); the whole Step3 with its
     # vision tower is 321B (its model card)
     "step3": (STEP3_TEXT, 54_681_123_840, 316_294_538_240),
+    # exaone4.py and olmoe.py norm q and k (per head, and over all heads); kvops left the norms out
+    "exaone4-32b": (EXAONE4_32B, None, 32_003_216_384),  # kvops refused the config (below)
+    "olmoe": (OLMOE, 6_919_096_320, 6_919_161_856),
+    # commandr.py: one input_layernorm a layer (attention and MLP in parallel); kvops counted two
+    "command-r7b": (COMMAND_R7B, 8_028_164_096, 8_028_033_024),
+    # chatglm.py embeds padded_vocab_size rows; kvops read no vocabulary and a 4 x hidden MLP
+    "glm-4-9b-chat": (GLM4_9B_CHAT, 9_479_458_816, 9_399_951_360),
+    "glm-4.7-flash": (GLM_47_FLASH, None, 29_943_393_920),  # kvops refused the config (below)
+    # apertus.py: ApertusMLP is up_proj and down_proj around xIELU (its alpha_p and alpha_n), q and k normed per
+    # head; kvops counted a SwiGLU MLP: 10,871,902,208. vLLM cannot build it on the meta device (XIELU computes
+    # its parameters from tensors), so this figure is read from apertus.py, not measured
+    "apertus-8b": (APERTUS_8B, 10_871_902_208, 8_053_338_176),
 }
+UNBUILDABLE_ON_META = ("bloom-7b1", "apertus-8b")
 
 
 @pytest.mark.parametrize("name", list(COUNTS))
@@ -313,8 +416,49 @@ def _spec(config: dict, tmp_path: Path):
     return load_model(str(tmp_path / "kvops"))
 
 
+@pytest.mark.parametrize(
+    ("config", "refusal"),
+    [
+        (EXAONE4_32B, "'sliding_window_pattern' is 'LLLG' (a string)"),
+        (GLM_47_FLASH, "no head_dim and hidden_size 2048 is not divisible by num_attention_heads 20"),
+    ],
+    ids=["exaone4", "glm-4.7-flash"],
+)
+def test_configs_kvops_refused_vllm_serves(config, refusal, run_kvops, tmp_path):
+    """kvops refused both with the line quoted; vLLM serves them: EXAONE 4's layers come from layer_types (its
+    letters, L sliding and G global, say the same), GLM-4.7-Flash's MLA cache needs no head_dim (transformers'
+    Glm4MoeLiteConfig maps head_dim to qk_rope_head_dim)."""
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    ran = run_kvops("kv", "--model", str(tmp_path), "--tokens", "1", "--json")
+    assert refusal not in ran.stderr
+    layers = {group["kind"]: group["layers"] for group in json.loads(ran.stdout)["layer_groups"]}
+    assert layers == ({"full": 16, "sliding": 48} if config is EXAONE4_32B else {"mla": 47})
+
+
+def test_exaone4_letters_alone_give_the_layers(run_kvops, tmp_path):
+    letters = {key: value for key, value in EXAONE4_32B.items() if key != "layer_types"}
+    (tmp_path / "config.json").write_text(json.dumps(letters))
+    kv = json.loads(run_kvops("kv", "--model", str(tmp_path), "--tokens", "1", "--json").stdout)
+    assert {group["kind"]: group["layers"] for group in kv["layer_groups"]} == {"full": 16, "sliding": 48}
+
+
+def test_longcat_flash_is_one_line(run_kvops, tmp_path):
+    # longcat_flash.py builds two MLA attentions in each of num_layers blocks (56 caches of 28 blocks); kvops read
+    # 28 layers and then refused for "moe_intermediate_size or intermediate_size"
+    config = {"architectures": ["LongcatFlashForCausalLM"], "model_type": "longcat_flash", "hidden_size": 6144}
+    config |= {"num_layers": 28, "num_attention_heads": 64, "kv_lora_rank": 512, "qk_rope_head_dim": 64}
+    (tmp_path / "config.json").write_text(json.dumps({**config, "n_routed_experts": 512, "vocab_size": 131072}))
+    ran = run_kvops("kv", "--model", str(tmp_path), "--tokens", "1", expect=None)
+    assert ran.exit_code != 0 and len(ran.stderr.strip().splitlines()) == 1
+    assert "LongCat-Flash's blocks" in ran.stderr
+
+
 @pytest.mark.vllm
-@pytest.mark.parametrize("config", [STEP3_TEXT, MINICPM3, COMMAND_R7B], ids=["step3", "minicpm3", "command-r7b"])
+@pytest.mark.parametrize(
+    "config",
+    [STEP3_TEXT, MINICPM3, COMMAND_R7B, EXAONE4_32B, GLM_47_FLASH],
+    ids=["step3", "minicpm3", "command-r7b", "exaone4", "glm-4.7-flash"],
+)
 def test_attention_pages_windows_and_context_match_vllm(config, tiny_model, tmp_path, monkeypatch):
     """Each layer's page at block 16 and its window, and the context, as vLLM builds them."""
     from kvops.dtypes import KV_DTYPES
@@ -354,9 +498,9 @@ def test_lfm2_pool_matches_vllm(tiny_model, tmp_path, monkeypatch):
 
 
 @pytest.mark.vllm
-@pytest.mark.parametrize("name", [name for name in COUNTS if name != "bloom-7b1"])
+@pytest.mark.parametrize("name", [name for name in COUNTS if name not in UNBUILDABLE_ON_META])
 def test_parameter_count_matches_what_vllm_loads(name, tiny_model, tmp_path, monkeypatch):
-    # BLOOM is left out: bloom.py computes its ALiBi slopes from a tensor, which the meta device cannot give
+    # BLOOM's ALiBi slopes and Apertus' xIELU are computed from tensors, which the meta device cannot give
     from tests.support.vllm_specs import engine_config
 
     config, _, count = COUNTS[name]
