@@ -148,12 +148,27 @@ _TIED_BY_DEFAULT = {
 # nemotron.py; GPTBigCode through transformers' modeling_gpt_bigcode.py): LayerNorms, a two-matrix MLP
 _GPT_STYLE = {"gpt2", "gptj", "gpt_neox", "gpt_bigcode", "bloom", "falcon", "nemotron"}
 # Families whose modules carry biases the config does not flag (attention_bias / mlp_bias absent or false):
-_QKV_BIAS = {"qwen2", "qwen2_moe", "opt", "gpt_oss", "phi", "gpt2", "gpt_neox", "gpt_bigcode", "bloom"}  # q, k, v
-_OUT_BIAS = {"opt", "gpt_oss", "phi", "gpt2", "gpt_neox", "gpt_bigcode", "bloom"}  # the attention output
-_LM_HEAD_BIAS = {"phi", "gptj"}  # an untied head with a bias per vocabulary entry
+_QKV_BIAS = {
+    "qwen2",
+    "qwen2_moe",
+    "opt",
+    "gpt_oss",
+    "phi",
+    "phimoe",
+    "gpt2",
+    "gpt_neox",
+    "gpt_bigcode",
+    "bloom",
+}  # q, k, v
+_OUT_BIAS = {"opt", "gpt_oss", "phi", "phimoe", "gpt2", "gpt_neox", "gpt_bigcode", "bloom"}  # the attention output
+_LM_HEAD_BIAS = {
+    "phi",
+    "phimoe",
+    "gptj",
+}  # phimoe.py: biases on qkv, o_proj and the head, LayerNorms  # an untied head with a bias per vocabulary entry
 # LayerNorm (weight and bias) instead of RMSNorm; a plain two-matrix MLP (fc1, fc2) instead of SwiGLU, with its
 # biases except where the config turns them off (Falcon's bias, Nemotron's mlp_bias)
-_LAYER_NORM = {"opt", "phi"} | _GPT_STYLE
+_LAYER_NORM = {"opt", "phi", "phimoe"} | _GPT_STYLE
 _PLAIN_MLP = {"opt", "phi"} | _GPT_STYLE
 _UNBIASED_MLP = {"falcon", "nemotron"}
 # learned absolute positions of n_positions x hidden (GPT-2, StarCoder)

@@ -325,6 +325,26 @@ GLM4_9B_CHAT = {  # THUDM/glm-4-9b-chat: ChatGLM's vocabulary as padded_vocab_si
 }
 
 
+PHI35_MOE = {  # microsoft/Phi-3.5-MoE-instruct
+    "architectures": ["PhiMoEForCausalLM"],
+    "model_type": "phimoe",
+    "hidden_size": 4096,
+    "intermediate_size": 6400,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "num_hidden_layers": 32,
+    "num_local_experts": 16,
+    "num_experts_per_tok": 2,
+    "max_position_embeddings": 131072,
+    "sliding_window": 131072,
+    "attention_bias": True,
+    "lm_head_bias": True,
+    "vocab_size": 32064,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
+
+
 # (config, kvops' count before, the count now: vLLM's loaded parameters, the published figure where it is the same)
 COUNTS = {
     "gpt2": (GPT2, 190_460_160, 124_439_808),  # the model card's 124,439,808
@@ -352,6 +372,8 @@ COUNTS = {
     # head; kvops counted a SwiGLU MLP: 10,871,902,208. vLLM cannot build it on the meta device (XIELU computes
     # its parameters from tensors), so this figure is read from apertus.py, not measured
     "apertus-8b": (APERTUS_8B, 10_871_902_208, 8_053_338_176),
+    # phimoe.py: LayerNorms (with biases), an o_proj bias and a head bias; kvops counted RMSNorms and neither
+    "phi-3.5-moe": (PHI35_MOE, 41_872_723_968, 41_873_153_344),
 }
 UNBUILDABLE_ON_META = ("bloom-7b1", "apertus-8b")
 
