@@ -70,7 +70,25 @@ def language_config(config: dict[str, Any]) -> dict[str, Any]:
 
 def _unnested(text: dict[str, Any]) -> dict[str, Any]:
     """Fields some architectures nest, under the top-level names kvops reads (DBRX, Step-3.5)."""
-    return _lfm2_layer_types(_step3p5_sliding(_step3_experts(_dbrx(text))))
+    return _lfm2_layer_types(_step3p5_sliding(_ernie_experts(_step3_experts(_dbrx(text)))))
+
+
+def _ernie_experts(text: dict[str, Any]) -> dict[str, Any]:
+    """ERNIE 4.5 MoE's experts under its own names (vllm/model_executor/models/ernie45_moe.py): moe_num_experts
+    of moe_k, moe_num_shared_experts beside them, in the layers from moe_layer_start_index to
+    moe_layer_end_index whose index + 1 is a multiple of moe_layer_interval; the others dense."""
+    if text.get("model_type") != "ernie4_5_moe" or not isinstance(text.get("moe_num_experts"), int):
+        return text
+    layers = int(_first(text, _LAYERS) or 0)
+    start, end = int(text.get("moe_layer_start_index") or 0), text.get("moe_layer_end_index")
+    end, interval = layers - 1 if end is None else int(end), int(text.get("moe_layer_interval") or 1)
+    named = {
+        "num_local_experts": text["moe_num_experts"],
+        "num_experts_per_tok": text.get("moe_k"),
+        "n_shared_experts": text.get("moe_num_shared_experts"),
+        "mlp_only_layers": [i for i in range(layers) if not (start <= i <= end and (i + 1) % interval == 0)],
+    }
+    return {**{key: value for key, value in named.items() if value is not None}, **text}
 
 
 def _step3_experts(text: dict[str, Any]) -> dict[str, Any]:

@@ -353,8 +353,9 @@ class _Shape:
         return int(text.get("n_shared_experts") or 0) * 3 * hidden * self.expert_intermediate()
 
     def _correction_bias(self) -> bool:
-        """DeepSeek-V3's noaux_tc routing (also GLM-4.5) keeps an e_score_correction_bias per expert."""
-        return self.text.get("topk_method") == "noaux_tc" or self.model_type == "glm4_moe"
+        """DeepSeek-V3's noaux_tc routing (also GLM-4.5, and ERNIE 4.5 MoE's gate in ernie45_moe.py) keeps an
+        e_score_correction_bias per expert."""
+        return self.text.get("topk_method") == "noaux_tc" or self.model_type in ("glm4_moe", "ernie4_5_moe")
 
 
 # the MLP's width under each family's name (OPT, Phi and GPT-NeoX, GPT-2 and GPT-J, Falcon); absent or null: 4 x hidden
