@@ -70,7 +70,22 @@ def language_config(config: dict[str, Any]) -> dict[str, Any]:
 
 def _unnested(text: dict[str, Any]) -> dict[str, Any]:
     """Fields some architectures nest, under the top-level names kvops reads (DBRX, Step-3.5)."""
-    return _lfm2_layer_types(_step3p5_sliding(_ernie_experts(_step3_experts(_dbrx(text)))))
+    return _lfm2_layer_types(_step3p5_sliding(_hunyuan_experts(_ernie_experts(_step3_experts(_dbrx(text))))))
+
+
+def _hunyuan_experts(text: dict[str, Any]) -> dict[str, Any]:
+    """Hunyuan MoE, which vLLM runs on transformers' modeling_hunyuan_v1_moe.py: experts and the one shared MLP
+    (use_mixed_mlp_moe) are intermediate_size wide (the config's per-layer moe_intermediate_size is not read),
+    moe_topk experts a token (an int, or one a layer)."""
+    if text.get("model_type") != "hunyuan_v1_moe":
+        return text
+    top_k = text.get("moe_topk")
+    named = {
+        "num_experts_per_tok": top_k[0] if isinstance(top_k, list) and top_k else top_k,
+        "n_shared_experts": 1 if text.get("use_mixed_mlp_moe") else 0,
+    }
+    unread = {key: value for key, value in text.items() if key != "moe_intermediate_size"}
+    return {**{key: value for key, value in named.items() if isinstance(value, int)}, **unread}
 
 
 def _ernie_experts(text: dict[str, Any]) -> dict[str, Any]:

@@ -133,6 +133,8 @@ _RANGES: dict[tuple[str, ...], tuple[int, int]] = {
     ): (0, MAX_EXPERTS),
 }
 WHOLE_NUMBERS: dict[str, tuple[int, int]] = {name: bounds for names, bounds in _RANGES.items() for name in names}
+# numbers Hunyuan's MoE configs give one a layer (transformers' HunYuanMoEV1Config: int | list)
+PER_LAYER_NUMBERS = ("moe_intermediate_size",)
 WHOLE_NUMBERS.update(dict.fromkeys(("patch_size", "temporal_patch_size"), (1, MAX_WIDTH)))  # divisors
 NUMBERS = {"partial_rotary_factor": (0.0, 1.0)}
 TEXTS = ("model_type", "hybrid_override_pattern", "mtp_hybrid_override_pattern")
@@ -195,6 +197,8 @@ def _check_fields(fields: dict, where: str, prefix: str) -> None:
         name = f"{prefix}{key}"
         if key == "sliding_window_pattern" and isinstance(value, str):
             _window_letters(value, where, name)
+        elif key in PER_LAYER_NUMBERS and isinstance(value, list):
+            _check_list(value, where, name, (int,), WHOLE_NUMBERS[key])
         elif key in WHOLE_NUMBERS:
             whole_number(value, where, name, *WHOLE_NUMBERS[key])
         elif key in NUMBERS:
@@ -209,12 +213,15 @@ def _check_fields(fields: dict, where: str, prefix: str) -> None:
             _check_list(value, where, name, LISTS[key])
 
 
-def _check_list(value: Any, where: str, name: str, kinds: tuple[type, ...]) -> None:
+def _check_list(
+    value: Any, where: str, name: str, kinds: tuple[type, ...], bounds: tuple[int, int] = (-MAX_LAYERS, MAX_LAYERS)
+) -> None:
     if not isinstance(value, list) or len(value) > MAX_LAYERS:
         raise ConfigError(f"{where}: {name!r} is {_shown(value)}; valid: a list of at most {MAX_LAYERS} items")
     wanted = "strings" if kinds == (str,) else "whole numbers" if kinds == (int,) else "objects"
     for index, item in enumerate(value):
-        small = isinstance(item, int) and -MAX_LAYERS <= item <= MAX_LAYERS  # a layer index or a 0/1 flag
+        # by default a layer index or a 0/1 flag
+        small = isinstance(item, int) and not isinstance(item, bool) and bounds[0] <= item <= bounds[1]
         if not isinstance(item, kinds) or (kinds == (int,) and not small):
             raise ConfigError(f"{where}: '{name}[{index}]' is {_shown(item)}; valid: a list of {wanted}")
 

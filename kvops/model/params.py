@@ -244,6 +244,7 @@ class _Shape:
             self.model_type in _QK_NORM_PER_HEAD
             or (self.model_type == "glm4_moe" and self.text.get("use_qk_norm"))
             or (self.model_type == "apertus" and self.text.get("qk_norm"))
+            or (self.model_type in ("hunyuan_v1_moe", "hunyuan_v1_dense") and self.text.get("use_qk_norm"))
         ):
             return 2 * head_dim
         if self.model_type in _QK_NORM_PER_LAYER or (

@@ -369,6 +369,29 @@ ERNIE45_21B = {  # baidu/ERNIE-4.5-21B-A3B-PT: its experts under moe_* names
 }
 
 
+HUNYUAN_A13B = {  # tencent/Hunyuan-A13B-Instruct: per-layer lists, which transformers' HunYuanMoEV1Config allows
+    "architectures": ["HunYuanMoEV1ForCausalLM"],
+    "model_type": "hunyuan_v1_moe",
+    "hidden_size": 4096,
+    "intermediate_size": 3072,
+    "moe_intermediate_size": [3072] * 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "attention_head_dim": 128,
+    "num_hidden_layers": 32,
+    "num_experts": 64,
+    "moe_topk": [8] * 32,
+    "num_shared_expert": [1] * 32,
+    "use_mixed_mlp_moe": True,
+    "use_qk_norm": True,
+    "max_position_embeddings": 32768,
+    "vocab_size": 128167,
+    "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
+}
+
+
 # (config, kvops' count before, the count now: vLLM's loaded parameters, the published figure where it is the same)
 COUNTS = {
     "gpt2": (GPT2, 190_460_160, 124_439_808),  # the model card's 124,439,808
@@ -401,6 +424,9 @@ COUNTS = {
     # ernie45_moe.py: moe_num_experts (64) of moe_k in layers 1-27, moe_num_shared_experts, a correction bias per
     # expert; kvops counted a dense 3.3B model of its 21.8B (6.5x under)
     "ernie-4.5-21b-a3b": (ERNIE45_21B, 3_347_724_800, 21_825_437_888),
+    # kvops refused the config ("'moe_intermediate_size' is a list of 32"); vLLM runs it on transformers'
+    # modeling_hunyuan_v1_moe.py: 64 experts and one shared MLP of intermediate_size, q and k normed per head
+    "hunyuan-a13b": (HUNYUAN_A13B, None, 80_393_183_232),
 }
 UNBUILDABLE_ON_META = ("bloom-7b1", "apertus-8b")
 
