@@ -168,7 +168,7 @@ _LM_HEAD_BIAS = {
 }  # phimoe.py: biases on qkv, o_proj and the head, LayerNorms  # an untied head with a bias per vocabulary entry
 # LayerNorm (weight and bias) instead of RMSNorm; a plain two-matrix MLP (fc1, fc2) instead of SwiGLU, with its
 # biases except where the config turns them off (Falcon's bias, Nemotron's mlp_bias)
-_LAYER_NORM = {"opt", "phi", "phimoe"} | _GPT_STYLE
+_LAYER_NORM = {"opt", "phi", "phimoe", "stablelm"} | _GPT_STYLE  # stablelm.py: nn.LayerNorm
 _PLAIN_MLP = {"opt", "phi"} | _GPT_STYLE
 _UNBIASED_MLP = {"falcon", "nemotron"}
 # learned absolute positions of n_positions x hidden (GPT-2, StarCoder)
@@ -255,8 +255,8 @@ class _Shape:
 
     def norms(self, kind: CacheKind | None, mlp: str) -> int:
         per_norm = 2 * self.hidden if self.model_type in _LAYER_NORM else self.hidden  # a LayerNorm has a bias
-        if self.model_type in {"gemma2", "gemma3", "gemma3_text"}:
-            return 4 * self.hidden  # pre and post norms around attention and MLP
+        if self.model_type in {"gemma2", "gemma3", "gemma3_text", "glm4"}:
+            return 4 * self.hidden  # pre and post norms around attention and MLP (glm4.py: post_self_attn_layernorm)
         if self.model_type in _ONE_NORM_PER_BLOCK or self._falcon_parallel():
             return per_norm
         return 2 * per_norm
@@ -449,7 +449,13 @@ def _gqa_attention(text: dict, hidden: int, num_heads: int, kv_heads: int, head_
     kv = 2 * hidden * kv_heads * head_dim
     out = num_heads * head_dim * hidden
     bias = 0
-    if text.get("attention_bias") or text.get("add_qkv_bias") or text.get("model_type") in _QKV_BIAS:  # ChatGLM
+    # ChatGLM's add_qkv_bias, StableLM's use_qkv_bias
+    if (
+        text.get("attention_bias")
+        or text.get("add_qkv_bias")
+        or text.get("use_qkv_bias")
+        or text.get("model_type") in _QKV_BIAS
+    ):
         bias = num_heads * head_dim + 2 * kv_heads * head_dim
         if text.get("model_type") in _OUT_BIAS:
             bias += hidden  # output projection bias

@@ -392,6 +392,39 @@ HUNYUAN_A13B = {  # tencent/Hunyuan-A13B-Instruct: per-layer lists, which transf
 }
 
 
+GLM4_9B_0414 = {  # THUDM/GLM-4-9B-0414
+    "architectures": ["Glm4ForCausalLM"],
+    "model_type": "glm4",
+    "hidden_size": 4096,
+    "intermediate_size": 13696,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 2,
+    "head_dim": 128,
+    "num_hidden_layers": 40,
+    "max_position_embeddings": 32768,
+    "partial_rotary_factor": 0.5,
+    "attention_bias": True,
+    "vocab_size": 151552,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
+STABLELM2 = {  # stabilityai/stablelm-2-1_6b
+    "architectures": ["StableLmForCausalLM"],
+    "model_type": "stablelm",
+    "hidden_size": 2048,
+    "intermediate_size": 5632,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 32,
+    "num_hidden_layers": 24,
+    "max_position_embeddings": 4096,
+    "partial_rotary_factor": 0.25,
+    "use_qkv_bias": True,
+    "vocab_size": 100352,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
+
+
 # (config, kvops' count before, the count now: vLLM's loaded parameters, the published figure where it is the same)
 COUNTS = {
     "gpt2": (GPT2, 190_460_160, 124_439_808),  # the model card's 124,439,808
@@ -427,6 +460,10 @@ COUNTS = {
     # kvops refused the config ("'moe_intermediate_size' is a list of 32"); vLLM runs it on transformers'
     # modeling_hunyuan_v1_moe.py: 64 experts and one shared MLP of intermediate_size, q and k normed per head
     "hunyuan-a13b": (HUNYUAN_A13B, None, 80_393_183_232),
+    # glm4.py: post_self_attn_layernorm and post_mlp_layernorm beside the two pre-norms; kvops counted two a layer
+    "glm-4-9b-0414": (GLM4_9B_0414, 9_399_951_360, 9_400_279_040),
+    # stablelm.py: LayerNorms (with biases) and q, k, v biases (use_qkv_bias); kvops counted RMSNorms, no biases
+    "stablelm-2-1.6b": (STABLELM2, 1_644_267_520, 1_644_515_328),
 }
 UNBUILDABLE_ON_META = ("bloom-7b1", "apertus-8b")
 
