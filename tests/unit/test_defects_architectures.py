@@ -554,6 +554,18 @@ def test_exaone4_letters_alone_give_the_layers(run_kvops, tmp_path):
     assert {group["kind"]: group["layers"] for group in kv["layer_groups"]} == {"full": 16, "sliding": 48}
 
 
+def test_zamba2_is_one_line(run_kvops, tmp_path):
+    # zamba2.py builds a Mamba-2 mixer in each of the 54 layers and its shared attention (2 x hidden wide,
+    # attention_head_dim 160) on the 9 hybrid_layer_ids; kvops read 54 attention layers of head_dim 80 (552,960 B
+    # a token where vLLM caches 184,320 and 54 states). transformers' Zamba2Config defaults (Zyphra/Zamba2-2.7B)
+    config = {"architectures": ["Zamba2ForCausalLM"], "model_type": "zamba2", "hidden_size": 2560}
+    config |= {"num_hidden_layers": 54, "num_attention_heads": 32, "attention_head_dim": 160, "vocab_size": 32000}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    ran = run_kvops("kv", "--model", str(tmp_path), "--tokens", "1", expect=None)
+    assert ran.exit_code != 0 and len(ran.stderr.strip().splitlines()) == 1
+    assert "Zamba2's layers" in ran.stderr
+
+
 def test_longcat_flash_is_one_line(run_kvops, tmp_path):
     # longcat_flash.py builds two MLA attentions in each of num_layers blocks (56 caches of 28 blocks); kvops read
     # 28 layers and then refused for "moe_intermediate_size or intermediate_size"
