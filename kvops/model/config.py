@@ -110,7 +110,7 @@ def _ernie_experts(text: dict[str, Any]) -> dict[str, Any]:
 def _step3_experts(text: dict[str, Any]) -> dict[str, Any]:
     """Step3's experts under its own names (vllm/model_executor/models/step3_text.py): moe_num_experts of
     moe_top_k in the layers moe_layers_enum lists (all but the first where it lists none), the others dense."""
-    if text.get("model_type") != "step3_text" or not isinstance(text.get("moe_num_experts"), int):
+    if text.get("model_type") not in ("step3_text", "step3p5") or not isinstance(text.get("moe_num_experts"), int):
         return text
     layers = _first(text, _LAYERS)
     listed = str(text.get("moe_layers_enum") or "").strip()
@@ -139,7 +139,11 @@ def _step3p5_sliding(text: dict[str, Any]) -> dict[str, Any]:
     other = text.get("attention_other_setting")
     if not isinstance(other, dict) or other.get("attention_type") != "sliding_attention":
         return text
-    named = {"swa_num_key_value_heads": other.get("num_attention_groups"), "swa_head_dim": other.get("head_dim")}
+    named = {
+        "swa_num_key_value_heads": other.get("num_attention_groups"),
+        "swa_head_dim": other.get("head_dim"),
+        "swa_num_attention_heads": other.get("num_attention_heads"),
+    }
     return {**{key: value for key, value in named.items() if isinstance(value, int)}, **text}
 
 

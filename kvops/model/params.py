@@ -14,7 +14,15 @@ from typing import Any
 
 from kvops.errors import ConfigError
 from kvops.frozen import frozen
-from kvops.model.spec import CacheKind, Mamba1State, MambaState, ParameterCount, ShortConvState, StateKind
+from kvops.model.spec import (
+    CacheKind,
+    Mamba1State,
+    MambaState,
+    ParameterCount,
+    ShortConvState,
+    SlidingWindow,
+    StateKind,
+)
 
 
 @frozen
@@ -225,9 +233,14 @@ class _Shape:
         if self.text.get("kv_lora_rank"):
             return _mla_attention(self.text, self.hidden, self.num_heads) + self.indexer()
         kv_heads, head_dim = (kind.num_kv_heads, kind.head_dim) if kind is not None else (self.kv_heads, self.head_dim)
-        attention = _gqa_attention(self.text, self.hidden, self.num_heads, kv_heads, head_dim)
+        heads = self.num_heads
+        if isinstance(kind, SlidingWindow) and self.text.get("swa_num_attention_heads"):  # Step-3.5's sliding layers
+            heads = _field(self.text, "swa_num_attention_heads")
+        attention = _gqa_attention(self.text, self.hidden, heads, kv_heads, head_dim)
         if self.model_type in _GATED_Q and self.text.get("attn_output_gate", True):
-            attention += self.hidden * self.num_heads * head_dim
+            attention += self.hidden * heads * head_dim
+        if self.text.get("use_head_wise_attn_gate"):  # step3p5.py g_proj: one gate a query head
+            attention += self.hidden * heads
         return attention + self.qk_norms(head_dim, kv_heads)
 
     def indexer(self) -> int:
@@ -244,7 +257,7 @@ class _Shape:
             self.model_type in _QK_NORM_PER_HEAD
             or (self.model_type == "glm4_moe" and self.text.get("use_qk_norm"))
             or (self.model_type == "apertus" and self.text.get("qk_norm"))
-            or (self.model_type in ("hunyuan_v1_moe", "hunyuan_v1_dense") and self.text.get("use_qk_norm"))
+            or (self.model_type in ("hunyuan_v1_moe", "hunyuan_v1_dense", "step3p5") and self.text.get("use_qk_norm"))
         ):
             return 2 * head_dim
         if self.model_type in _QK_NORM_PER_LAYER or (
@@ -334,6 +347,8 @@ class _Shape:
         """Routed experts, the router (with its bias or correction bias) and shared experts of one MoE layer."""
         router = self.hidden * self.num_experts
         if self.model_type == "gpt_oss" or self.text.get("use_routing_bias") or self._correction_bias():
+            router += self.num_experts
+        if self.model_type == "step3p5" and self.text.get("use_moe_router_bias", True):  # step3p5.py router_bias
             router += self.num_experts
         latent = int(self.text.get("moe_latent_size") or 0)
         projections = 2 * self.hidden * latent  # into and out of the experts' latent width

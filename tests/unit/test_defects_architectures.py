@@ -40,6 +40,44 @@ STEP3_TEXT = {
     "rope_theta": 500000,
     "torch_dtype": "bfloat16",
 }
+# Step-3.5-Flash's shape (stepfun-ai/Step-3.5-Flash as public ports of it give it: 45 layers, 1 full then 3 sliding
+# over 512, 8 KV groups, 96 query heads on the sliding layers, 288 experts of 1280 in layers 3-44); the figures
+# checked are vLLM's own for this config (vllm/model_executor/models/step3p5.py)
+STEP35 = {
+    "architectures": ["Step3p5ForCausalLM"],
+    "model_type": "step3p5",
+    "hidden_size": 4096,
+    "intermediate_size": 11264,
+    "num_hidden_layers": 45,
+    "num_attention_heads": 64,
+    "num_attention_groups": 8,
+    "head_dim": 128,
+    "vocab_size": 128896,
+    "max_seq_len": 262144,
+    "max_position_embeddings": 262144,
+    "moe_num_experts": 288,
+    "moe_top_k": 8,
+    "moe_intermediate_size": 1280,
+    "share_expert_dim": 1280,
+    "moe_layers_enum": ",".join(str(index) for index in range(3, 45)),
+    "layer_types": (["full_attention"] + ["sliding_attention"] * 3) * 11 + ["full_attention"],
+    "sliding_window": 512,
+    "attention_other_setting": {
+        "attention_type": "sliding_attention",
+        "num_attention_heads": 96,
+        "num_attention_groups": 8,
+        "head_dim": 128,
+    },
+    "use_head_wise_attn_gate": True,
+    "use_qk_norm": True,
+    "rope_theta": [5000000.0] + [10000.0] * 44,
+    "partial_rotary_factors": [0.5] + [1.0] * 44,
+    "yarn_only_types": ["full_attention"],
+    "moe_router_activation": "sigmoid",
+    "need_fp32_gate": True,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
 # openbmb/MiniCPM3-4B, config.json: MLA projections (kv_lora_rank 256)
 MINICPM3 = {
     "architectures": ["MiniCPM3ForCausalLM"],
@@ -115,13 +153,15 @@ COMMAND_R7B = {
         # kvops read 64 KV heads (num_key_value_heads absent): 3,997,696 B a token, 64 x vLLM's. step3_text.py
         # builds Attention(num_kv_heads=1): 61 layers x 2 x 1 x 256 x 2 B
         (STEP3_TEXT, 61 * 2 * 1 * 256 * 2, "num_attention_groups"),
+        # Step-3.5: kvops read 64 KV heads, 1,474,560 B a token; step3p5.py builds 8 (num_attention_groups)
+        (STEP35, 45 * 2 * 8 * 128 * 2, "num_attention_groups"),
         # kvops read an MLA latent (256 + 32) x 2 B = 35,712 B a token, 1/26.7 of vLLM's: minicpm3.py builds
         # Attention(num_heads, qk_head_dim, num_kv_heads=num_heads), 62 layers x 2 x 40 x (64 + 32) x 2 B
         (MINICPM3, 62 * 2 * 40 * 96 * 2, "minicpm3"),
         # kvops read 16 attention layers (32,768 B a token): lfm2.py builds 6 (full_attn_idxs) and 10 ShortConv
         (LFM2, 6 * 2 * 8 * 64 * 2, "lfm2"),
     ],
-    ids=["step3", "minicpm3", "lfm2"],
+    ids=["step3", "step3.5", "minicpm3", "lfm2"],
 )
 def test_kv_bytes_per_token(config, bytes_per_token, why, run_kvops, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(config))
@@ -464,6 +504,9 @@ COUNTS = {
     "glm-4-9b-0414": (GLM4_9B_0414, 9_399_951_360, 9_400_279_040),
     # stablelm.py: LayerNorms (with biases) and q, k, v biases (use_qkv_bias); kvops counted RMSNorms, no biases
     "stablelm-2-1.6b": (STABLELM2, 1_644_267_520, 1_644_515_328),
+    # step3p5.py: Step3's expert names, 96 query heads on the sliding layers (attention_other_setting), a head-wise
+    # gate (g_proj), q/k norms and a router bias; kvops counted a dense model of 64 heads
+    "step-3.5": (STEP35, 13_324_627_968, 196_956_130_368),
 }
 UNBUILDABLE_ON_META = ("bloom-7b1", "apertus-8b")
 
@@ -580,8 +623,8 @@ def test_longcat_flash_is_one_line(run_kvops, tmp_path):
 @pytest.mark.vllm
 @pytest.mark.parametrize(
     "config",
-    [STEP3_TEXT, MINICPM3, COMMAND_R7B, EXAONE4_32B, GLM_47_FLASH],
-    ids=["step3", "minicpm3", "command-r7b", "exaone4", "glm-4.7-flash"],
+    [STEP3_TEXT, STEP35, MINICPM3, COMMAND_R7B, EXAONE4_32B, GLM_47_FLASH],
+    ids=["step3", "step3.5", "minicpm3", "command-r7b", "exaone4", "glm-4.7-flash"],
 )
 def test_attention_pages_windows_and_context_match_vllm(config, tiny_model, tmp_path, monkeypatch):
     """Each layer's page at block 16 and its window, and the context, as vLLM builds them."""
