@@ -418,6 +418,7 @@ class ModelSpec:
     architectures: tuple[str, ...] = ()
     aliases: tuple[str, ...] = ()
     source_path: str | None = None
+    window_cap: int | None = None  # --disable-sliding-window: the context capped at the sliding window
     extra_caches: tuple[tuple[int, LayerKind], ...] = ()  # a second cache in some layers (the indexer), by index
     mtp_layers: int = 0  # MTP modules the checkpoint carries (num_nextn_predict_layers)
     revision: str | None = None  # the Hub revision read, when the model came from the Hub
@@ -485,7 +486,7 @@ class ModelSpec:
             (index, _full(layer) if isinstance(layer, SlidingWindow) else layer) for index, layer in self.extra_caches
         )
         limit = window if self.max_position_embeddings is None else min(self.max_position_embeddings, window)
-        return replace(self, layers=full, extra_caches=extra, max_position_embeddings=limit)
+        return replace(self, layers=full, extra_caches=extra, max_position_embeddings=limit, window_cap=window)
 
     @property
     def attention_chunk(self) -> int | None:

@@ -68,14 +68,16 @@ def scaling_factor(spec: ModelSpec) -> float:
 
 
 def config_context(spec: ModelSpec) -> int | None:
-    """The context the config names, as vLLM reads it: model_max_length where given, else the smallest key."""
+    """The context the config names, as vLLM reads it: model_max_length where given, else the smallest key; under
+    --disable-sliding-window no longer than the window."""
     if spec.config_json is None:
         return spec.max_position_embeddings
     text = language_config(dict(spec.config_json))
     named = {key: text[key] for key in CONTEXT_KEYS if isinstance(text.get(key), int) and text[key] > 0}
-    if "model_max_length" in named:
-        return int(named["model_max_length"])
-    return min(named.values(), default=None)
+    derived = named["model_max_length"] if "model_max_length" in named else min(named.values(), default=None)
+    if spec.window_cap is None:
+        return derived
+    return spec.window_cap if derived is None else min(derived, spec.window_cap)
 
 
 def max_len_limit(spec: ModelSpec) -> int | None:

@@ -140,6 +140,11 @@ def _plan_pass(
         f"{spread} ({page} B){per_stage}{_state_pages(kv_layout, layout_settings.mamba_cache_mode, inputs, release)}",
     )
     speculative_notes(draft, cached)
+    if given is None and context.config_context(spec) is None:
+        draft.notes.append(
+            f"max-model-len {context.UNNAMED_CONTEXT}: the config names no context, and vLLM runs this one (it warns "
+            "so: vllm/config/model.py _get_and_verify_max_len); give --max-model-len for another"
+        )
     if kv_layout.padding_layers:
         draft.warnings.append(
             f"vLLM pads {kv_layout.padding_layers} layer slot(s) to even out its KV cache groups: that share of each block holds nothing"
