@@ -233,3 +233,12 @@ def test_kv_heads_and_context_match_vllm(config, tiny_model, tmp_path, monkeypat
     per_layer = spec.attention_layers()[0].bytes_per_token(KV_DTYPES["bf16"], 1)
     assert pages == {16 * per_layer}
     assert built.vllm_config.model_config.max_model_len == context.model_default(spec)
+
+
+def test_context_keys_a_config_leaves_to_its_class_defaults():
+    # Gemma 3's text_config states no max_position_embeddings: transformers' Gemma3TextConfig gives 131,072, which
+    # vLLM reads from the config object; read from config.json's keys alone, the plan fell to 2,048
+    from kvops.engines.vllm import context
+    from kvops.model.locate import load_model
+
+    assert context.model_default(load_model("gemma-3-27b")) == 131072

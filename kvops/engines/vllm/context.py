@@ -19,6 +19,7 @@ from typing import Any
 
 from kvops.engines import common
 from kvops.model.config import language_config
+from kvops.model.defaults import with_defaults
 from kvops.model.spec import ModelSpec
 
 # the RoPE types whose max_position_embeddings is already the scaled context (vllm/config/model.py)
@@ -72,7 +73,7 @@ def config_context(spec: ModelSpec) -> int | None:
     --disable-sliding-window no longer than the window."""
     if spec.config_json is None:
         return spec.max_position_embeddings
-    text = language_config(dict(spec.config_json))
+    text = with_defaults(language_config(dict(spec.config_json)), [])  # vLLM reads the config class's defaults too
     named = {key: text[key] for key in CONTEXT_KEYS if isinstance(text.get(key), int) and text[key] > 0}
     derived = named["model_max_length"] if "model_max_length" in named else min(named.values(), default=None)
     if spec.window_cap is None:
