@@ -203,15 +203,16 @@ def test_the_front_page_of_the_manual_links_every_page_and_the_core_commands():
 def test_the_readmes_first_plan_does_not_say_a_windowed_request_holds_its_whole_context(run_kvops):
     """README's first command, `kvops plan --model mistral-7b-v0.1 --gpu H100-80GB`, said "118 at 100%, each holding
     32,768 KV tokens" under "KV tokens 807,100": 118 such requests would hold 3.9 million. Mistral's sliding layers
-    keep 4,096 tokens: a 32,768-token request holds 257 blocks of 16 (what 118 x 257 of 31,551 usable blocks say)."""
+    keep 4,096 tokens: a 32,768-token request held 257 blocks of 16 (what 118 x 257 of 31,551 usable blocks say);
+    at vLLM 0.34's 64-token default block, 4,096 / 64 + 1 = 65."""
     summary = " ".join(run_kvops("plan", "--model", "mistral-7b-v0.1", "--gpu", "H100-80GB").stdout.split())
     capacity = json.loads(run_kvops("plan", "--model", "mistral-7b-v0.1", "--gpu", "H100-80GB", "--json").stdout)[
         "capacity"
     ]
-    assert (capacity["tokens_per_request"], capacity["blocks_per_request"], capacity["block_size"]) == (32768, 257, 16)
+    assert (capacity["tokens_per_request"], capacity["blocks_per_request"], capacity["block_size"]) == (32768, 65, 64)
     assert capacity["requests_at_full"] * capacity["blocks_per_request"] <= capacity["usable_blocks"]
     assert (
-        f"{capacity['requests_at_full']} at 100%, each of 32,768 tokens in 257 blocks (sliding layers keep 4,096 of "
+        f"{capacity['requests_at_full']} at 100%, each of 32,768 tokens in 65 blocks (sliding layers keep 4,096 of "
         "them)" in summary
     )
     assert "each holding 32,768 KV tokens" not in summary

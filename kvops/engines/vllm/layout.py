@@ -35,7 +35,7 @@ from kvops.formula import check_tp
 from kvops.frozen import frozen
 from kvops.model.spec import LayerKind, MambaState, ModelSpec, MultiLatentAttention, RecurrentState
 
-GPU_BLOCK_SIZE = 16  # CacheConfig.DEFAULT_BLOCK_SIZE (FlashAttention, FlashInfer, Triton)
+GPU_BLOCK_SIZE = 16  # CacheConfig.DEFAULT_BLOCK_SIZE (FlashAttention, FlashInfer, Triton) through 0.33
 GPU_MLA_BLOCK_SIZE = 64  # FlashMLA's only kernel block size
 CPU_BLOCK_SIZE = 128  # platforms/cpu.py when the user gives none
 CPU_MLA_BLOCK_SIZE = 16  # the reference CPU MLA kernel (a host without AMX tiles)
@@ -55,13 +55,15 @@ FULL_TYPE = ("full", "mla", "indexer")
 FP8_DS_MLA_BYTES = 656  # FullAttentionSpec and its subclasses: one uniform type
 
 
-def default_block_size(spec: ModelSpec, device: str, cpu_amx: bool = False) -> int:
-    """vLLM's block size when the user gives none. On the CPU build an MLA model takes the reference MLA kernel's 16
-    unless the host has AMX tiles, where vLLM runs its AMX MLA kernel at the default 128 (`CpuPlatform.
-    check_and_update_config`, vllm/platforms/cpu.py: `torch.cpu._is_amx_tile_supported()` on x86)."""
+def default_block_size(spec: ModelSpec, device: str, cpu_amx: bool = False, gpu_block: int = GPU_BLOCK_SIZE) -> int:
+    """vLLM's block size when the user gives none: on a GPU the release's default (`gpu_block`: 16, 64 from 0.34),
+    which FlashAttention, FlashInfer and Triton take as it is; FlashMLA's 64 for MLA. On the CPU build an MLA model
+    takes the reference MLA kernel's 16 unless the host has AMX tiles, where vLLM runs its AMX MLA kernel at the
+    default 128 (`CpuPlatform.check_and_update_config`, vllm/platforms/cpu.py: `torch.cpu._is_amx_tile_supported()`
+    on x86)."""
     if device == "cpu":
         return CPU_MLA_BLOCK_SIZE if spec.is_mla and not cpu_amx else CPU_BLOCK_SIZE
-    return GPU_MLA_BLOCK_SIZE if spec.is_mla else GPU_BLOCK_SIZE
+    return max(GPU_MLA_BLOCK_SIZE, gpu_block) if spec.is_mla else gpu_block
 
 
 @frozen

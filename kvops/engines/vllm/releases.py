@@ -146,6 +146,11 @@ _SLIDING_IN_FLIGHT = Rule(
     "v1/kv_cache_interface.py SlidingWindowSpec.max_admission_blocks_per_request; config/vllm.py "
     "max_in_flight_tokens (l.525 in the 0.26.0 wheel; 0.25.1 counts max_num_batched_tokens)",
 )
+_BLOCK_SIZE_64 = Rule(
+    "default --block-size 64 on GPUs (16 through 0.33): FlashAttention, FlashInfer and Triton take it as it is",
+    "vllm/config/cache.py CacheConfig.DEFAULT_BLOCK_SIZE (l.185: 64 in the 0.34.0 wheel, 16 in 0.33.0); "
+    "platforms/interface.py update_block_size_for_backend, v1/attention/backend.py get_preferred_block_size",
+)
 _GDN_PREFILL_CHECKPOINT = Rule(
     "Gated DeltaNet layers (Qwen3-Next, Qwen3.5) on GPUs where FlashInfer runs their prefill (Hopper; Blackwell "
     "with 128-dim keys) keep a prefill checkpoint: in align mode one more state page per request, and hybrid blocks "
@@ -294,6 +299,12 @@ class VllmRelease:
         get_kv_cache_spec, l.1107 in the 0.32.0 wheel; not in 0.31.0)."""
         return not self.v0 and self.version.at_least(0, 32)
 
+    @property
+    def default_gpu_block_size(self) -> int:
+        """The block size a GPU engine takes when none is given: 64 from 0.34.0 (config/cache.py DEFAULT_BLOCK_SIZE),
+        16 before."""
+        return 64 if not self.v0 and self.version.at_least(0, 34) else 16
+
     def gdn_prefill_checkpoints(self, gpu_id: str | None, key_head_dim: int) -> bool:
         """Gated DeltaNet layers export prefill checkpoints in align mode: from 0.33.0, where vLLM runs FlashInfer's
         GDN prefill (`_resolve_gdn_prefill_backend`: Hopper, or Blackwell with 128-dim keys on CUDA 13); on other
@@ -375,6 +386,8 @@ class VllmRelease:
         rules.append(_HYBRID_PREFIX_CACHING if self.hybrid_prefix_caching else _HYBRID_NO_PREFIX_CACHING)
         if self.version.at_least(0, 33):
             rules.append(_GDN_PREFILL_CHECKPOINT)
+        if self.default_gpu_block_size != 16:
+            rules.append(_BLOCK_SIZE_64)
         if self.version.at_least(0, 28):
             return [*rules, _BATCH_160_GIB]
         if self.version.at_least(0, 9):

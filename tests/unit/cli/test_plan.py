@@ -84,7 +84,8 @@ def test_max_num_seqs_is_vllms_default_and_the_notes_count_the_requests_under_th
         "500",
     )
     cap = doc["capacity"]
-    assert cap["blocks_per_request"] == -(-1500 // 16)
+    assert cap["block_size"] == 64  # vLLM 0.34's default block (16 through 0.33)
+    assert cap["blocks_per_request"] == -(-1500 // 64)
     under = cap["requests_under_warn"]
     assert under * cap["blocks_per_request"] <= 0.70 * cap["usable_blocks"] < (under + 1) * cap["blocks_per_request"]
     assert doc["flags"]["max-num-seqs"] == 256  # vLLM's default on an L4
@@ -96,8 +97,10 @@ def test_n_and_beams_share_the_prompt_blocks_and_multiply_sequences(run_kvops):
     four = plan_doc(
         run_kvops, "-m", "llama-3-8b", "--gpu", "h100", "--prompt-tokens", "1600", "--gen-tokens", "400", "--n", "4"
     )
-    assert one["capacity"]["blocks_per_request"] == 125
-    assert four["capacity"]["blocks_per_request"] == 100 + 4 * 25  # prompt blocks once, each sample its own 25
+    # vLLM 0.34's 64-token blocks: 2,000 tokens in 32; the 1,600-token prompt's 25 full blocks held once, each
+    # sample its own 7 for its 400 tokens
+    assert one["capacity"]["blocks_per_request"] == 32
+    assert four["capacity"]["blocks_per_request"] == 25 + 4 * 7
 
 
 def test_shell_line_is_the_argv_shell_quoted(run_kvops, tmp_path):
@@ -414,7 +417,8 @@ def test_does_not_fit_exits_3_with_need_have_and_computed_ways_out(run_kvops):
     )
     assert ran.stdout == ""
     first, *rest = ran.stderr.strip().splitlines()
-    assert first.startswith("kvops: error: does not fit: 4 concurrent requests of 8192 tokens need 2048 blocks")
+    # 4 x 8192 tokens in vLLM 0.34's 64-token blocks
+    assert first.startswith("kvops: error: does not fit: 4 concurrent requests of 8192 tokens need 512 blocks")
     assert "of KV cache; the plan has" in first
     ways = "\n".join(rest)
     assert "+ --kv-dtype fp8: fits" in ways and "quantized KV costs quality" in ways
@@ -443,15 +447,16 @@ def test_weights_too_big_says_so_and_finds_the_tp_that_fits(run_kvops):
 def test_max_model_len_auto_is_the_longest_context_at_the_target_concurrency(run_kvops):
     doc = plan_doc(run_kvops, "-m", "llama-3-8b", "--gpu", "l4", "--max-model-len", "auto", "--concurrency", "4")
     cap = doc["capacity"]
-    length = doc["flags"]["max-model-len"]
-    assert 4 * -(-length // 16) <= 0.70 * cap["usable_blocks"] < 4 * -(-(length + 16) // 16)
+    length, block = doc["flags"]["max-model-len"], cap["block_size"]
+    assert block == 64  # vLLM 0.34's default block
+    assert 4 * -(-length // block) <= 0.70 * cap["usable_blocks"] < 4 * -(-(length + block) // block)
     assert cap["requests_under_warn"] >= 4
 
 
 def test_concurrency_auto_is_the_most_sequences_at_the_context(run_kvops):
     doc = plan_doc(run_kvops, "-m", "llama-3-8b", "--gpu", "h100", "--max-model-len", "32768", "--concurrency", "auto")
     cap = doc["capacity"]
-    assert cap["requests_under_warn"] == int(0.70 * cap["usable_blocks"] // 2048)
+    assert cap["requests_under_warn"] == int(0.70 * cap["usable_blocks"] // (32768 // 64))  # 0.34's 64-token blocks
     assert doc["flags"]["max-num-seqs"] == cap["requests_under_warn"]
 
 

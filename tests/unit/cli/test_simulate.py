@@ -108,8 +108,8 @@ def test_compare_runs_the_arms_on_the_same_trace_and_says_the_ratio(run_kvops):
 def test_a_hybrid_models_state_groups_run_in_the_mode_vllm_runs_them(run_kvops, tmp_path, caching):
     """Nemotron Nano 9B v2 (Mamba-2 and attention): with prefix caching its state groups are in align mode with
     the Mamba-2 mixer's prefill checkpoint page, as vLLM runs them (vLLM 0.34 refuses a state group that caches
-    prefixes in any other mode), and a shared 3,000-token prefix is found in whole blocks of 1,312 tokens; without
-    it, none mode and no hits."""
+    prefixes in any other mode), and a shared 3,000-token prefix is found in whole blocks of 1,344 tokens (the
+    hybrid block aligned from 0.34's 64-token default: 1,312 from 0.33's 16); without it, none mode and no hits."""
     trace = tmp_path / "shared.jsonl"
     rows = [
         {
@@ -126,10 +126,10 @@ def test_a_hybrid_models_state_groups_run_in_the_mode_vllm_runs_them(run_kvops, 
     doc = json.loads(run_kvops("simulate", *hybrid, "--trace", str(trace), caching, "--json").stdout)
     states = [group for group in doc["pool"]["kv_cache_group_specs"] if group["kind"] == "mamba"]
     (arm,) = doc["arms"]
-    assert doc["pool"]["block_size"] == 1312 and states and arm["completed"] == 40
+    assert doc["pool"]["block_size"] == 1344 and states and arm["completed"] == 40
     if caching == "--enable-prefix-caching":
         assert {(group["mamba_cache_mode"], group["prefill_checkpoint_blocks"]) for group in states} == {("align", 1)}
-        assert arm["prefix_cached_tokens"] == 38 * 2 * 1312  # all but each prefix's first: its 2 whole blocks
+        assert arm["prefix_cached_tokens"] == 38 * 2 * 1344  # all but each prefix's first: its 2 whole blocks
     else:
         assert {(group["mamba_cache_mode"], group["prefill_checkpoint_blocks"]) for group in states} == {("none", 0)}
         assert arm["prefix_cached_tokens"] == 0

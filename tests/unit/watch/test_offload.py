@@ -39,12 +39,13 @@ def test_the_plan_counts_the_tiers_chunks_tokens_and_reload(run_kvops):
     plan = json.loads(run_kvops("plan", *GPU_PLAN, "--kv-offloading-size", "64", "--json").stdout)
     assert (plan["flags"]["kv-offloading-size"], plan["flags"]["kv-offloading-backend"]) == (64.0, "native")
     per_block = plan["capacity"]["bytes_per_block"]
-    assert per_block == 1081344  # 32 layers x 2 x 8 KV heads x 128 x 16 tokens x int8 + per-token-head scales
+    # 32 layers x 2 x 8 KV heads x 128 x 64 tokens (vLLM 0.34's default block) x int8 + per-token-head scales
+    assert per_block == 4 * 1081344
     (note,) = [n for n in plan["notes"] if n.startswith("host KV tier")]
     chunks = 64 * 2**30 // per_block  # one GPU block per chunk, already a multiple of the 4096 B page
-    assert f"{chunks:,} chunks" in note and f"{chunks * 16:,} KV tokens" in note
-    # a planned request (8,192 tokens = 512 blocks, 528 MiB) over PCIe Gen5 x16 at 80% of 63 GB/s: ~11 ms
-    reload_ms = 512 * per_block / (32e9 * 16 * 128 / 130 / 8 * 0.8) * 1000
+    assert f"{chunks:,} chunks" in note and f"{chunks * 64:,} KV tokens" in note
+    # a planned request (8,192 tokens = 128 blocks, 528 MiB) over PCIe Gen5 x16 at 80% of 63 GB/s: ~11 ms
+    reload_ms = 128 * per_block / (32e9 * 16 * 128 / 130 / 8 * 0.8) * 1000
     assert f"~{reload_ms:.2g} ms over PCIe Gen5 x16" in note and "over the 5 ms load target" in note
 
 

@@ -169,7 +169,9 @@ def test_turboquant_keeps_the_boundary_layers_at_the_models_dtype():
     at 196 B per KV head, 4 at 512 B, 8 KV heads, one uniform-type group summing the pages."""
     plan = plan_of(model="llama-3-8b", gpu="h100", kv_dtype="turboquant_k8v4", max_model_len=8192)
     assert plan.flags["kv-cache-dtype"] == "turboquant_k8v4"
-    assert plan.capacity.bytes_per_block == 16 * 8 * (28 * 196 + 4 * 512)
+    # 64 tokens a block, vLLM 0.34's default (TurboQuant's kernels take 16, 32, 64 and 128)
+    assert plan.capacity.block_size == 64
+    assert plan.capacity.bytes_per_block == 64 * 8 * (28 * 196 + 4 * 512)
 
 
 def test_a_kv_dtype_the_release_does_not_take_names_the_release_that_adds_it():
@@ -246,7 +248,9 @@ def test_the_mamba_cache_mode_is_the_releases(run_kvops):
     assert blocks("--engine-version", "0.27.0", "--enable-prefix-caching") == 63 + 9 * 63
     assert blocks("--engine-version", "0.31.0") == 63 + 9 * 2
     assert blocks("--engine-version", "0.31.0", "--mamba-cache-mode", "all") == 63 + 9 * 63
-    assert blocks("--engine-version", "0.34.0") == 63 + 9 * 3
+    # 0.34 aligns the hybrid block from its 64-token default: 576 tokens, 57 attention blocks at 32,768
+    assert blocks("--engine-version", "0.34.0") == 57 + 9 * 3
+    assert blocks("--engine-version", "0.34.0", "--block-size", "16") == 63 + 9 * 3
     qwen = ("-m", "Qwen/Qwen3.5-9B", "--gpu", "h100", "--max-model-len", "4096", "--engine-version", "0.27.0")
     asked_all = doc(run_kvops, *qwen, "--mamba-cache-mode", "all")  # Gated DeltaNet: vLLM falls back to align
     assert asked_all["capacity"]["blocks_per_request_at_max_model_len"] == 8 + 3 * 2
