@@ -53,6 +53,9 @@ def simulate(trace: Path, rate: float, arms: str) -> dict:
         "L4",
         "--max-model-len",
         "8192",
+        # the figures in docs/kv-guard.md were made at vLLM <= 0.33's 16-token blocks (0.34 defaults to 64)
+        "--block-size",
+        "16",
     ]
     command += ["--trace", str(trace), "--rate", str(rate), "--max-tokens", "none", "--compare", arms, "--json"]
     ran = subprocess.run(command, capture_output=True, text=True, check=True)

@@ -39,10 +39,13 @@ from kvops.simulate.run import RunLog  # noqa: E402
 from kvops.simulate.simulation import Setup, all_at_once, at_rate, run_arm  # noqa: E402
 from kvops.simulate.traffic import Traffic  # noqa: E402
 
+# block_size=16: the figures in docs/kv-guard.md were made at vLLM <= 0.33's 16-token blocks (0.34 defaults to 64)
 DEPLOYMENTS = {
-    "8b-h100": DeploymentOptions(model="llama-3.1-8b-instruct", gpu="H100", max_model_len=8192),
-    "8b-l4": DeploymentOptions(model="llama-3.1-8b-instruct", gpu="L4", max_model_len=8192),
-    "70b-4xh100": DeploymentOptions(model="llama-3.1-70b-instruct", gpu="H100", tp=4, max_model_len=8192),
+    "8b-h100": DeploymentOptions(model="llama-3.1-8b-instruct", gpu="H100", max_model_len=8192, block_size=16),
+    "8b-l4": DeploymentOptions(model="llama-3.1-8b-instruct", gpu="L4", max_model_len=8192, block_size=16),
+    "70b-4xh100": DeploymentOptions(
+        model="llama-3.1-70b-instruct", gpu="H100", tp=4, max_model_len=8192, block_size=16
+    ),
 }
 # ShareGPT-like lengths with Poisson arrivals, and the same lengths in bursts (gamma inter-arrivals of shape 0.25:
 # BurstGPT's conversation traffic fits a gamma of shape well below 1, Wang et al., KDD '25)
