@@ -6,9 +6,9 @@ without the extensible KV cache), the release's own planner (v1/core/kv_cache_pl
 and get_kv_cache_configs, as v1/engine/core.py calls them) and capacity report (v1/core/kv_cache_utils.py
 get_kv_cache_capacity) give the block count, block sizes, bytes per block, groups, KV tokens and max concurrency
 that the plan's capacity must repeat. The specs are the release's own: each layer's `get_kv_cache_spec` from the
-model it builds on the meta device, as a GPU engine holds them (the block size the plan emits, 16 or 64 for MLA;
-the hybrid block alignment of the release's platform code with FlashAttention's kernel sizes:
-tests/support/vllm_specs.py). Models the CPU build cannot instantiate take their specs from the release's spec
+model it builds on the meta device, as a GPU engine holds them (no --block-size given: the block the release's
+platform code picks from its own default, 16 in 0.33 and 64 in 0.34, with FlashAttention, FlashMLA for MLA, and its
+hybrid block alignment: tests/support/vllm_specs.py). Models the CPU build cannot instantiate take their specs from the release's spec
 classes and state-shape calculator. Beside the catalog, Jamba's and Falcon-H1's configs (tests/fixtures/models).
 """
 
@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from kvops.dtypes import KV_DTYPES
-from kvops.engines.vllm.layout import LayoutOptions, aligned_block_size, default_block_size, state_dtypes
+from kvops.engines.vllm.layout import LayoutOptions, aligned_block_size, state_dtypes
 from kvops.model.catalog import catalog
 from kvops.model.locate import catalog_spec, load_model
 from kvops.model.spec import ModelSpec
@@ -176,16 +176,22 @@ def compare(run_kvops, model: str, gpu: str, config, specs: dict, tp: int = 1, d
     return checked
 
 
-def planned_block_size(spec) -> int:
-    """The block size the plan emits (`--block-size`, kvops' default: 16, 64 for MLA), which the release takes as
-    given (FlashAttention runs multiples of 16, FlashMLA 64). 0.34's own default is 64 (config/cache.py
-    DEFAULT_BLOCK_SIZE); kvops pins 16 in the command it emits."""
-    return default_block_size(spec, "gpu")
+def release_block_size(spec) -> int:
+    """The block size a GPU engine of the release takes when no --block-size is given, before any hybrid
+    alignment: its `CacheConfig.DEFAULT_BLOCK_SIZE` (16 in 0.33, 64 in 0.34) as the backend prefers it
+    (`get_preferred_block_size`: FlashAttention runs multiples of 16, FlashMLA only 64)."""
+    from vllm.config.cache import CacheConfig
+    from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend
+    from vllm.v1.attention.backends.mla.flashmla import FlashMLABackend
+
+    backend = FlashMLABackend if spec.is_mla else FlashAttentionBackend
+    return backend.get_preferred_block_size(CacheConfig.DEFAULT_BLOCK_SIZE)
 
 
-def gpu_config(built: BuiltModel, block: int):
-    """The engine config a GPU engine would have: its block sizes and hybrid alignment, the batch asked for (the
-    CPU build lowers it for MLA models), two batches in flight (async scheduling)."""
+def gpu_config(built: BuiltModel, block: int | None = None):
+    """The engine config a GPU engine would have: its block sizes (None: the release's own pick, no --block-size
+    given) and hybrid alignment, the batch asked for (the CPU build lowers it for MLA models), two batches in flight
+    (async scheduling)."""
     built.as_gpu(block)
     config = built.vllm_config
     config.cache_config.kv_cache_layout = "LBHNC"
@@ -238,11 +244,37 @@ def test_plan_repeats_the_release_pool(model, gpu, run_kvops, tiny_model, tmp_pa
                     model_config(model), tmp_path / f"model-{dtype}-{caching}", tiny_model, max_model_len=1024,
                     max_num_batched_tokens=BATCHED, kv_cache_dtype=cache_dtype, enable_prefix_caching=caching,
                 )  # fmt: skip
-                config = gpu_config(built, planned_block_size(spec))
+                config = gpu_config(built)
         specs = built.specs() if spec.has_state else _attention_as(built, config, tp, dtype)
         config.parallel_config.tensor_parallel_size = tp
         checked += compare(run_kvops, model, gpu, config, specs, tp, dtype)
     assert checked
+
+
+# a full-attention model, an MLA one and a hybrid (Mamba-2 beside attention)
+DEFAULT_BLOCK_MODELS = (
+    "meta-llama/Llama-3.1-8B-Instruct",
+    "deepseek-ai/DeepSeek-V2-Lite",
+    "ibm-granite/granite-4.0-h-small",
+)
+
+
+@pytest.mark.parametrize("model", DEFAULT_BLOCK_MODELS)
+def test_the_plan_takes_the_release_default_block(model, run_kvops, tiny_model, tmp_path):
+    """No --block-size given: the command the plan emits names the block the release picks from its own default
+    (0.34: 64 on FlashAttention and FlashMLA; kvops emitted 16 until 2026-12-07), and the plan's pool is the one the
+    release builds at it, the hybrid's alignment from that block included."""
+    spec = model_spec(model)
+    built = BuiltModel(
+        model_config(model), tmp_path / "model", tiny_model, max_model_len=1024, max_num_batched_tokens=BATCHED
+    )
+    config = gpu_config(built)
+    length, memory = POINTS[0]
+    plan = planned(run_kvops, model, HOPPER, length, memory, 1, "bf16", True)
+    assert plan["flags"]["block-size"] == release_block_size(spec), (model, RELEASE)
+    assert plan["capacity"]["block_size"] == config.cache_config.block_size, (model, RELEASE)
+    specs = built.specs() if spec.has_state else _attention_as(built, config, 1, "bf16")
+    assert compare(run_kvops, model, HOPPER, config, specs)
 
 
 def _attention_as(built: BuiltModel, config, tp: int, dtype: str) -> dict:
@@ -297,7 +329,7 @@ def _specs_from_classes(spec) -> dict:
     )
 
     options = LayoutOptions()
-    block = aligned_block_size(spec, KV_DTYPES["bf16"], 1, planned_block_size(spec), options)
+    block = aligned_block_size(spec, KV_DTYPES["bf16"], 1, release_block_size(spec), options)
     specs = {}
     for index, layer in spec.caches():
         common = {"block_size": block, "dtype": torch.bfloat16}
@@ -369,12 +401,11 @@ def test_the_extensible_cache_commits_the_release_blocks(model, run_kvops, tiny_
     from vllm.v1.core import kv_cache_planning
     from vllm.v1.worker.extensible_kv_cache import ExtensibleKVCache
 
-    spec = model_spec(model)
     with gdn_prefill(HOPPER):
         built = BuiltModel(
             model_config(model), tmp_path / "model", tiny_model, max_model_len=1024, max_num_batched_tokens=BATCHED
         )
-        config = gpu_config(built, planned_block_size(spec))
+        config = gpu_config(built)
     config.cache_config.kv_cache_layout = "LBNHC"
     length = 4096
     ran = run_kvops(

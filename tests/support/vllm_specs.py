@@ -142,26 +142,39 @@ class BuiltModel:
             }
         return {name: spec for name, spec in specs.items() if spec is not None}
 
-    def as_gpu(self, block_size: int) -> None:
+    def as_gpu(self, block_size: int | None) -> None:
         """The cache settings a GPU engine would have: its block size, the SSM state dtype vLLM's model config
         rules choose (not the CPU build's float32), and the hybrid block alignment vLLM's platform base class
-        computes with FlashAttention's kernel block sizes in place of the CPU attention's."""
+        computes with FlashAttention's kernel block sizes in place of the CPU attention's. `block_size` None: no
+        --block-size given, the release's own pick (its platform base class's `update_block_size_for_backend` from
+        `CacheConfig.DEFAULT_BLOCK_SIZE`, 16 through 0.33 and 64 from 0.34, with FlashAttention, or FlashMLA for an
+        MLA model, as on a Hopper GPU)."""
         from unittest import mock
 
         from vllm.config import set_current_vllm_config
+        from vllm.config.cache import CacheConfig
         from vllm.platforms.interface import Platform
         from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend
 
         self.gpu = True
         cache = self.vllm_config.cache_config
         hf = self.vllm_config.model_config.hf_text_config
-        cache.block_size = block_size
+        cache.block_size = CacheConfig.DEFAULT_BLOCK_SIZE if block_size is None else block_size
         cache.mamba_page_size_padded = None
         cache.mamba_ssm_cache_dtype = (
             getattr(hf, "mamba_ssm_cache_dtype", None) or "float32"
             if hf.model_type == "nemotron_h"
             else getattr(hf, "mamba_ssm_dtype", None) or "auto"
         )
+        if block_size is None:
+            from vllm.v1.attention.backends.mla.flashmla import FlashMLABackend
+
+            cache.user_specified_block_size = False
+            backend = FlashMLABackend if self.vllm_config.model_config.use_mla else FlashAttentionBackend
+            backends = mock.patch.object(Platform, "_find_non_ssm_backends", return_value=[backend])
+            with set_current_vllm_config(self.vllm_config), backends:
+                Platform.update_block_size_for_backend.__func__(Platform, self.vllm_config)
+            return
         if self.vllm_config.model_config.is_hybrid:
             backends = mock.patch.object(Platform, "_find_non_ssm_backends", return_value=[FlashAttentionBackend])
             with set_current_vllm_config(self.vllm_config), backends:
