@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvops.engines.vllm.layout import VMM_GRANULE
+from kvops.engines.vllm import releases
+from kvops.engines.vllm.layout import VMM_GRANULE, gdn_key_head_dim
 from kvops.gpus import custom_gpu, gpu_catalog
 from kvops.model import load_model
 from kvops.model.catalog import catalog
@@ -35,10 +36,22 @@ def test_more_memory_never_lowers_capacity(frame):
     # (79.15 GiB) 2048, so the H100's larger profile run can leave it less KV than the A100 (get_batch_defaults);
     # and per vendor: the engines run other kernels on ROCm (TGI's paged attention, 16-token blocks). A launch the
     # engine refuses serves nothing: its capacity is 0 (its KV figure is of a start that fails), so a larger GPU
-    # may not refuse where a smaller one starts.
+    # may not refuse where a smaller one starts. And per kernel: from vLLM 0.33 a Gated DeltaNet model (Qwen3.5) runs
+    # FlashInfer's prefill on Hopper and Blackwell, which keeps a checkpoint page per request, and Triton's elsewhere
+    # (a 16.7 GB RTX 5060 Ti holds fewer of Qwen3.5-9B's tokens than a 15.8 GB T4).
     vendors = {gpu.id: gpu.vendor for gpu in gpu_catalog()}
-    frame = frame.assign(vendor=frame.gpu.map(vendors), served=frame.kv_tokens.where(frame.fits, 0))
-    for key, group in frame.groupby(["engine", "vendor", "model", "tp", "kv_dtype", "batched_tokens"]):
+    release = releases.release(None)
+    checkpoints = {
+        (model, gpu): release.gdn_prefill_checkpoints(gpu, gdn_key_head_dim(load_model(model)))
+        for model, gpu in set(zip(frame.model, frame.gpu, strict=True))
+    }
+    frame = frame.assign(
+        vendor=frame.gpu.map(vendors),
+        served=frame.kv_tokens.where(frame.fits, 0),
+        gdn_checkpoints=[checkpoints[pair] for pair in zip(frame.model, frame.gpu, strict=True)],
+    )
+    keys = ["engine", "vendor", "gdn_checkpoints", "model", "tp", "kv_dtype", "batched_tokens"]
+    for key, group in frame.groupby(keys):
         tokens = group.sort_values("gpu_memory_bytes").served.tolist()
         assert tokens == sorted(tokens), key
 
