@@ -16,11 +16,11 @@ import pytest
 
 from kvops.cpu_features import has_amx_tiles
 from kvops.dtypes import KV_DTYPES
-from kvops.engines.vllm.layout import LayoutOptions, default_block_size, kv_layout, pool, state_dtypes
+from kvops.engines.vllm.layout import LayoutOptions, default_block_size, kv_layout, pool
 from kvops.model.catalog import catalog
 from kvops.model.locate import catalog_spec
 from tests.engine.test_vllm_view import UNBUILDABLE
-from tests.support.vllm_specs import BuiltModel, engine_config
+from tests.support.vllm_specs import BuiltModel, engine_config, specs_from_classes
 
 ENTRIES = list(catalog())
 POINTS = ((4096, 40 * 2**30 + 777), (8192, 7 * 2**30 + 12345), (1024, 2**27 + 5))
@@ -115,16 +115,6 @@ def _heterogeneous(spec) -> bool:
 def test_pool_of_models_the_cpu_build_cannot_instantiate(model, tiny_model, tmp_path):
     """Their specs from vLLM's spec classes (and, for state layers, vLLM's MambaStateShapeCalculator); a GPU engine's
     block size, state dtypes and hybrid alignment."""
-    import torch
-    from vllm.model_executor.layers.mamba.mamba_utils import MambaStateShapeCalculator
-    from vllm.v1.kv_cache_interface import (
-        FullAttentionSpec,
-        MambaSpec,
-        MLAAttentionSpec,
-        SlidingWindowSpec,
-        SparseCacheRole,
-    )
-
     entry = next(entry for entry in ENTRIES if entry.id == model)
     spec = catalog_spec(entry)
     config = engine_config({"architectures": ["LlamaForCausalLM"], **_tiny_text()}, tmp_path / "m", tiny_model)
@@ -133,56 +123,7 @@ def test_pool_of_models_the_cpu_build_cannot_instantiate(model, tiny_model, tmp_
     options = LayoutOptions()
     block = default_block_size(spec, "gpu")
     layout = kv_layout(spec, KV_DTYPES["bf16"], 1, block, options=options)
-    attention_block = layout.attention_block_size
-    specs = {}
-    for index, layer in spec.caches():
-        common = {"block_size": attention_block, "dtype": torch.bfloat16}
-        if layer.kind == "mamba":
-            if layer.variant == "gdn":
-                shapes = MambaStateShapeCalculator.gated_delta_net_state_shape(
-                    1, layer.groups, layer.heads, layer.group_dim, layer.head_dim, layer.conv_kernel
-                )
-            else:
-                shapes = MambaStateShapeCalculator.mamba2_state_shape(
-                    1,
-                    layer.conv_channels,
-                    layer.groups,
-                    layer.heads,
-                    layer.head_dim,
-                    layer.group_dim,
-                    layer.conv_kernel,
-                )
-            conv, ssm = state_dtypes(spec, layer, options)
-            dtypes = tuple({2: torch.bfloat16, 4: torch.float32}[size] for size in (conv, ssm))
-            page = attention_block * spec.attention_layers()[0].bytes_per_token(KV_DTYPES["bf16"], 1)
-            # MambaMixer2.get_kv_cache_spec adds one prefill checkpoint page; GDN layers do not
-            checkpoint = {"num_prefill_checkpoint_blocks": 1} if layer.variant == "mamba2" else {}
-            specs[f"layers.{index}.mixer"] = MambaSpec(
-                **checkpoint,
-                shapes=shapes,
-                dtypes=dtypes,
-                block_size=attention_block,
-                page_size_padded=page,
-                mamba_cache_mode="align",
-            )
-        elif layer.kind == "indexer":
-            specs[f"layers.{index}.indexer"] = MLAAttentionSpec(
-                block_size=attention_block,
-                num_kv_heads=1,
-                head_size=layer.head_dim,
-                dtype=torch.uint8,
-                cache_role=SparseCacheRole.INDEXER,
-            )
-        elif layer.kind == "mla":
-            specs[f"layers.{index}.attn"] = MLAAttentionSpec(num_kv_heads=1, head_size=layer.head_dim, **common)
-        elif layer.kind == "sliding":
-            specs[f"layers.{index}.attn"] = SlidingWindowSpec(
-                num_kv_heads=layer.num_kv_heads, head_size=layer.head_dim, sliding_window=layer.window, **common
-            )
-        else:
-            specs[f"layers.{index}.attn"] = FullAttentionSpec(
-                num_kv_heads=layer.num_kv_heads, head_size=layer.head_dim, head_size_v=layer.value_dim, **common
-            )
+    specs = specs_from_classes(spec, layout.attention_block_size)
     assert compare(config, spec, specs, layout, "gpu")
 
 

@@ -23,13 +23,13 @@ from pathlib import Path
 import pytest
 
 from kvops.dtypes import KV_DTYPES
-from kvops.engines.vllm.layout import LayoutOptions, aligned_block_size, state_dtypes
+from kvops.engines.vllm.layout import LayoutOptions, aligned_block_size
 from kvops.model.catalog import catalog
 from kvops.model.locate import catalog_spec, load_model
 from kvops.model.spec import ModelSpec
 from tests.engine.test_vllm_view import UNBUILDABLE
 from tests.support.paths import REPO
-from tests.support.vllm_specs import BuiltModel, engine_config
+from tests.support.vllm_specs import BuiltModel, engine_config, specs_from_classes
 
 NEWER = ("0.33.0", "0.34.0")
 ENTRIES = {entry.id: entry for entry in catalog()}
@@ -318,56 +318,8 @@ def test_plan_repeats_the_release_pool_of_models_the_cpu_build_cannot_build(mode
 
 
 def _specs_from_classes(spec) -> dict:
-    import torch
-    from vllm.model_executor.layers.mamba.mamba_utils import MambaStateShapeCalculator
-    from vllm.v1.kv_cache_interface import (
-        FullAttentionSpec,
-        MambaSpec,
-        MLAAttentionSpec,
-        SlidingWindowSpec,
-        SparseCacheRole,
-    )
-
-    options = LayoutOptions()
-    block = aligned_block_size(spec, KV_DTYPES["bf16"], 1, release_block_size(spec), options)
-    specs = {}
-    for index, layer in spec.caches():
-        common = {"block_size": block, "dtype": torch.bfloat16}
-        if layer.kind == "mamba":
-            if layer.variant == "gdn":
-                shapes = MambaStateShapeCalculator.gated_delta_net_state_shape(
-                    1, layer.groups, layer.heads, layer.group_dim, layer.head_dim, layer.conv_kernel
-                )
-            else:
-                shapes = MambaStateShapeCalculator.mamba2_state_shape(
-                    1, layer.conv_channels, layer.groups, layer.heads, layer.head_dim, layer.group_dim,
-                    layer.conv_kernel,
-                )  # fmt: skip
-            conv, ssm = state_dtypes(spec, layer, options)
-            dtypes = tuple({2: torch.bfloat16, 4: torch.float32}[size] for size in (conv, ssm))
-            page = block * spec.attention_layers()[0].bytes_per_token(KV_DTYPES["bf16"], 1)
-            # MambaMixer2.get_kv_cache_spec adds one prefill checkpoint page; GDN layers do not
-            checkpoint = {"num_prefill_checkpoint_blocks": 1} if layer.variant == "mamba2" else {}
-            specs[f"layers.{index}.mixer"] = MambaSpec(
-                **checkpoint, shapes=shapes, dtypes=dtypes, block_size=block, page_size_padded=page,
-                mamba_cache_mode="align",
-            )  # fmt: skip
-        elif layer.kind == "indexer":
-            specs[f"layers.{index}.indexer"] = MLAAttentionSpec(
-                block_size=block, num_kv_heads=1, head_size=layer.head_dim, dtype=torch.uint8,
-                cache_role=SparseCacheRole.INDEXER,
-            )  # fmt: skip
-        elif layer.kind == "mla":
-            specs[f"layers.{index}.attn"] = MLAAttentionSpec(num_kv_heads=1, head_size=layer.head_dim, **common)
-        elif layer.kind == "sliding":
-            specs[f"layers.{index}.attn"] = SlidingWindowSpec(
-                num_kv_heads=layer.num_kv_heads, head_size=layer.head_dim, sliding_window=layer.window, **common
-            )
-        else:
-            specs[f"layers.{index}.attn"] = FullAttentionSpec(
-                num_kv_heads=layer.num_kv_heads, head_size=layer.head_dim, head_size_v=layer.value_dim, **common
-            )
-    return specs
+    block = aligned_block_size(spec, KV_DTYPES["bf16"], 1, release_block_size(spec), LayoutOptions())
+    return specs_from_classes(spec, block)
 
 
 def _tiny_text() -> dict:

@@ -187,3 +187,60 @@ def kv_cache_specs(config: dict[str, Any], folder: Path, tokenizer: Path, **engi
     after loading the model)."""
     model = BuiltModel(config, folder, tokenizer, **engine_args)
     return model.vllm_config, model.specs()
+
+
+def specs_from_classes(spec: Any, block: int) -> dict[str, Any]:
+    """{layer name: KVCacheSpec} for a model the CPU build cannot instantiate: vLLM's own spec classes (and, for
+    state layers, its MambaStateShapeCalculator) fed the layer facts kvops read, every layer at `block` tokens, as a
+    GPU engine in bf16 holds it (checked against the release's ModelConfig in tests/engine/test_vllm_view.py)."""
+    import torch
+    from vllm.model_executor.layers.mamba.mamba_utils import MambaStateShapeCalculator
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        MambaSpec,
+        MLAAttentionSpec,
+        SlidingWindowSpec,
+        SparseCacheRole,
+    )
+
+    from kvops.dtypes import KV_DTYPES
+    from kvops.engines.vllm.layout import LayoutOptions, state_dtypes
+
+    specs: dict[str, Any] = {}
+    for index, layer in spec.caches():
+        common = {"block_size": block, "dtype": torch.bfloat16}
+        if layer.kind == "mamba":
+            if layer.variant == "gdn":
+                shapes = MambaStateShapeCalculator.gated_delta_net_state_shape(
+                    1, layer.groups, layer.heads, layer.group_dim, layer.head_dim, layer.conv_kernel
+                )
+            else:
+                shapes = MambaStateShapeCalculator.mamba2_state_shape(
+                    1, layer.conv_channels, layer.groups, layer.heads, layer.head_dim, layer.group_dim,
+                    layer.conv_kernel,
+                )  # fmt: skip
+            conv, ssm = state_dtypes(spec, layer, LayoutOptions())
+            dtypes = tuple({2: torch.bfloat16, 4: torch.float32}[size] for size in (conv, ssm))
+            page = block * spec.attention_layers()[0].bytes_per_token(KV_DTYPES["bf16"], 1)
+            # MambaMixer2.get_kv_cache_spec adds one prefill checkpoint page; GDN layers do not
+            checkpoint = {"num_prefill_checkpoint_blocks": 1} if layer.variant == "mamba2" else {}
+            specs[f"layers.{index}.mixer"] = MambaSpec(
+                **checkpoint, shapes=shapes, dtypes=dtypes, block_size=block, page_size_padded=page,
+                mamba_cache_mode="align",
+            )  # fmt: skip
+        elif layer.kind == "indexer":
+            specs[f"layers.{index}.indexer"] = MLAAttentionSpec(
+                block_size=block, num_kv_heads=1, head_size=layer.head_dim, dtype=torch.uint8,
+                cache_role=SparseCacheRole.INDEXER,
+            )  # fmt: skip
+        elif layer.kind == "mla":
+            specs[f"layers.{index}.attn"] = MLAAttentionSpec(num_kv_heads=1, head_size=layer.head_dim, **common)
+        elif layer.kind == "sliding":
+            specs[f"layers.{index}.attn"] = SlidingWindowSpec(
+                num_kv_heads=layer.num_kv_heads, head_size=layer.head_dim, sliding_window=layer.window, **common
+            )
+        else:
+            specs[f"layers.{index}.attn"] = FullAttentionSpec(
+                num_kv_heads=layer.num_kv_heads, head_size=layer.head_dim, head_size_v=layer.value_dim, **common
+            )
+    return specs
