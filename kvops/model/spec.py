@@ -473,14 +473,15 @@ class ModelSpec:
         windows = [layer.window for layer in self.layers if isinstance(layer, SlidingWindow)]
         return max(windows) if windows else None
 
-    def without_sliding_window(self) -> ModelSpec:
+    def without_sliding_window(self, configured: int | None = None) -> ModelSpec:
         """The model as vLLM's --disable-sliding-window serves it: every sliding-window layer attends to (and caches)
         the whole context, and the context is capped at the window where it is shorter than the model's own
         (ModelConfig: `hf_text_config.sliding_window = None` after `get_and_verify_max_len` takes the window as
-        the longest context, vllm/config/model.py)."""
-        window = self.sliding_window
-        if window is None:
+        the longest context, vllm/config/model.py). `configured`: the config's sliding_window, where the layers'
+        differs from it (Command R7B's layers see sliding_window + 1 tokens; vLLM caps at the config's)."""
+        if self.sliding_window is None:
             return self
+        window = configured or self.sliding_window
         full = tuple(_full(layer) if isinstance(layer, SlidingWindow) else layer for layer in self.layers)
         extra = tuple(
             (index, _full(layer) if isinstance(layer, SlidingWindow) else layer) for index, layer in self.extra_caches

@@ -186,6 +186,14 @@ def test_command_r7b_sliding_layers_keep_window_plus_one(run_kvops, tmp_path):
     assert (sliding["layers"], sliding["window"], sliding["cached_tokens"]) == (24, 4097, 4097)
 
 
+def test_command_r7b_without_its_window_is_capped_at_the_configs(run_kvops, tmp_path):
+    # --disable-sliding-window caps the context at hf_text_config.sliding_window (vllm/config/model.py
+    # _get_and_verify_max_len), 4096, not at the 4097 tokens its layers see: kvops planned 4097, which vLLM refuses
+    (tmp_path / "config.json").write_text(json.dumps(COMMAND_R7B))
+    args = ("plan", "--model", str(tmp_path), "--gpu", "H100-80GB", "--disable-sliding-window", "--json")
+    assert json.loads(run_kvops(*args).stdout)["capacity"]["max_model_len"] == 4096
+
+
 # GPT-style families: LayerNorms, a two-matrix MLP, biases, learned positions, tied heads by their config class
 GPT2 = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": 768, "n_head": 12, "n_layer": 12}
 GPT2 |= {

@@ -81,6 +81,13 @@ def config_context(spec: ModelSpec) -> int | None:
     return spec.window_cap if derived is None else min(derived, spec.window_cap)
 
 
+def configured_window(spec: ModelSpec) -> int | None:
+    """The config's sliding_window, which vLLM caps the context at under --disable-sliding-window
+    (ModelConfig.get_sliding_window: hf_text_config.sliding_window)."""
+    window = language_config(dict(spec.config_json or {})).get("sliding_window")
+    return window if isinstance(window, int) and window > 0 else None
+
+
 def max_len_limit(spec: ModelSpec) -> int | None:
     """The longest --max-model-len vLLM accepts for the model (None: the config names no limit)."""
     named = config_context(spec)

@@ -60,7 +60,7 @@ def _full_attention(inputs: PlanInputs) -> PlanInputs:
     """--disable-sliding-window: the model with full attention in every layer and its context cut to the window;
     vLLM refuses a longer --max-model-len ('User-specified max_model_len ... is greater than the derived
     max_model_len', ModelConfig.get_and_verify_max_len)."""
-    spec = inputs.spec.without_sliding_window()
+    spec = inputs.spec.without_sliding_window(context.configured_window(inputs.spec))
     window = inputs.spec.sliding_window
     cap = None if window is None else context.max_len_limit(spec)  # the window (if shorter), RoPE-scaled
     if cap is not None and isinstance(inputs.max_model_len, int) and inputs.max_model_len > cap:
