@@ -708,13 +708,15 @@ def int_list(text: str, option: str) -> list[int]:
 
 
 def names(text: str, option: str, valid: tuple[str, ...] | None = None) -> list[str]:
-    """'a, b' -> ['a', 'b'], each one of `valid` when given."""
+    """'a, b' -> ['a', 'b'], each one of `valid` when given, and each once (a second would run or print again)."""
     found = [part.strip() for part in text.split(",") if part.strip()]
     if not found:
         raise click.BadParameter(f"{text!r} names nothing", param_hint=option)
-    for name in found:
+    for index, name in enumerate(found):
         if valid and name not in valid:
             raise click.BadParameter(f"{name!r}; valid: {', '.join(valid)}", param_hint=option)
+        if name in found[:index]:
+            raise click.BadParameter(f"{name!r} is named twice; name each once", param_hint=option)
     return found
 
 

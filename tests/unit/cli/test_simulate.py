@@ -418,3 +418,9 @@ def test_a_benchmark_of_another_model_is_said_to_be_one(run_kvops, tmp_path):
     )
     assert "the benchmark served Qwen/Qwen2.5-7B-Instruct, and this simulation plans meta-llama/" in ran.stderr
     assert "the benchmark" in ran.stdout and "simulated, stock" in ran.stdout  # its figures beside the arm's
+
+
+def test_an_arm_named_twice_is_one_line(run_kvops):
+    # --compare stock,stock simulated stock twice and printed two identical rows without a word
+    ran = run_kvops("simulate", "-m", "llama-3.1-8b", "--gpu", "l4", "--compare", "stock,stock", expect=2)
+    assert "Invalid value for --compare: 'stock' is named twice; name each once" in ran.stderr
