@@ -244,3 +244,16 @@ def specs_from_classes(spec: Any, block: int) -> dict[str, Any]:
                 num_kv_heads=layer.num_kv_heads, head_size=layer.head_dim, head_size_v=layer.value_dim, **common
             )
     return specs
+
+
+def vllm_pool(vllm_config: Any, specs: dict[str, Any], memory: int) -> tuple[int, int, float]:
+    """(blocks, KV tokens, max concurrency) vLLM's own KV planner gives these specs in `memory` bytes, on a GPU
+    engine's layout with async scheduling (kv_cache_utils.get_kv_cache_configs and get_kv_cache_capacity)."""
+    from vllm.v1.core import kv_cache_utils
+
+    vllm_config.cache_config.kv_cache_layout = "LBHNC"
+    vllm_config.scheduler_config.async_scheduling = True
+    configs = kv_cache_utils.get_kv_cache_configs(vllm_config, [specs], [memory])
+    scheduler = kv_cache_utils.generate_scheduler_kv_cache_config(configs)
+    tokens, concurrency = kv_cache_utils.get_kv_cache_capacity(vllm_config, scheduler)
+    return configs[0].num_blocks, tokens, concurrency

@@ -653,23 +653,16 @@ def test_attention_pages_windows_and_context_match_vllm(config, tiny_model, tmp_
 @pytest.mark.vllm
 def test_lfm2_pool_matches_vllm(tiny_model, tmp_path, monkeypatch):
     """6 attention pages and 10 short-convolution states, unified as vLLM pads them: its pool, block for block."""
-    from vllm.v1.core import kv_cache_utils
-
     from kvops.dtypes import KV_DTYPES
     from kvops.engines.vllm.layout import kv_layout, pool
+    from tests.support.vllm_specs import vllm_pool
 
     memory = 3 * 2**30 + 12345
     built = _built(LFM2, tmp_path, tiny_model, monkeypatch, max_model_len=4096)
-    vllm_config = built.vllm_config
-    vllm_config.cache_config.kv_cache_layout = "LBHNC"
-    vllm_config.scheduler_config.async_scheduling = True
-    configs = kv_cache_utils.get_kv_cache_configs(vllm_config, [built.specs()], [memory])
-    scheduler = kv_cache_utils.generate_scheduler_kv_cache_config(configs)
-    tokens, _ = kv_cache_utils.get_kv_cache_capacity(vllm_config, scheduler)
-    ours = pool(
-        kv_layout(_spec(LFM2, tmp_path), KV_DTYPES["bf16"], 1, 16), memory, 4096, vllm_config.max_in_flight_tokens
-    )
-    assert (ours.num_blocks, ours.kv_cache_size_tokens) == (configs[0].num_blocks, tokens) == (16384, 258111)
+    blocks, tokens, _ = vllm_pool(built.vllm_config, built.specs(), memory)
+    in_flight = built.vllm_config.max_in_flight_tokens
+    ours = pool(kv_layout(_spec(LFM2, tmp_path), KV_DTYPES["bf16"], 1, 16), memory, 4096, in_flight)
+    assert (ours.num_blocks, ours.kv_cache_size_tokens) == (blocks, tokens) == (16384, 258111)
 
 
 @pytest.mark.vllm

@@ -88,28 +88,20 @@ def test_an_architecture_vllm_removed_is_refused_in_one_line(run_kvops, tmp_path
 @pytest.mark.vllm
 def test_falcon_h1_pool_matches_vllm(tiny_model, tmp_path, monkeypatch):
     """The figures above from vLLM itself: its model built on the meta device, its pool arithmetic."""
-    from vllm.v1.core import kv_cache_utils
-
     from kvops.dtypes import KV_DTYPES
     from kvops.engines.vllm.layout import kv_layout, pool
     from kvops.model.locate import load_model
-    from tests.support.vllm_specs import BuiltModel
+    from tests.support.vllm_specs import BuiltModel, vllm_pool
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     warnings.simplefilter("ignore")
     config = json.loads((FALCON_H1 / "config.json").read_text())
     built = BuiltModel(config, tmp_path / "model", tiny_model, max_model_len=4096, max_num_batched_tokens=2048)
     built.as_gpu(16)
-    vllm_config = built.vllm_config
-    vllm_config.cache_config.kv_cache_layout = "LBHNC"
-    vllm_config.scheduler_config.async_scheduling = True
-    configs = kv_cache_utils.get_kv_cache_configs(vllm_config, [built.specs()], [MEMORY])
-    scheduler = kv_cache_utils.generate_scheduler_kv_cache_config(configs)
-    tokens, concurrency = kv_cache_utils.get_kv_cache_capacity(vllm_config, scheduler)
-    assert (configs[0].num_blocks, tokens, concurrency) == (45, 30720, 7.5)
+    assert vllm_pool(built.vllm_config, built.specs(), MEMORY) == (45, 30720, 7.5)
 
     spec = load_model(str(FALCON_H1))
-    ours = pool(kv_layout(spec, KV_DTYPES["bf16"], 1, 16), MEMORY, 4096, vllm_config.max_in_flight_tokens)
+    ours = pool(kv_layout(spec, KV_DTYPES["bf16"], 1, 16), MEMORY, 4096, built.vllm_config.max_in_flight_tokens)
     assert (ours.num_blocks, ours.kv_cache_size_tokens) == (45, 30720)
 
 
