@@ -31,7 +31,9 @@ decisions route are mounted whatever the task; the token-in/token-out route with
 Errors: `serve/engine/protocol.py` `ErrorResponse` `{"error": {"message", "type", "param", "code"}}`; a stream that
 fails sends it as a `data:` event, then `data: [DONE]` (`openai/completion/serving.py`). Anthropic's messages answer
 `{"type": "error", "error": {"type", "message"}}` and stream `event: error` (`anthropic/api_router.py`,
-`anthropic/serving.py`); Cohere's `{"message"}` (`cohere/protocol.py` `CohereError`).
+`anthropic/serving.py`), the type in Anthropic's own vocabulary from 0.33 (`anthropic/protocol.py`,
+`translate_error_type`: 503 `overloaded_error`, 429 `rate_limit_error`, ...; 0.32 passed vLLM's type through);
+Cohere's `{"message"}` (`cohere/protocol.py` `CohereError`).
 """
 
 from __future__ import annotations
@@ -56,8 +58,27 @@ _TYPES = {
 }
 
 
+# Anthropic's error types by status, as vLLM 0.33+ answers its messages route (anthropic/protocol.py,
+# translate_error_type): Anthropic's SDKs dispatch on them; a status not named is a server or a request error
+_ANTHROPIC_TYPES = {
+    HTTPStatus.BAD_REQUEST: "invalid_request_error",
+    HTTPStatus.UNAUTHORIZED: "authentication_error",
+    HTTPStatus.FORBIDDEN: "permission_error",
+    HTTPStatus.NOT_FOUND: "not_found_error",
+    HTTPStatus.REQUEST_ENTITY_TOO_LARGE: "request_too_large",
+    HTTPStatus.TOO_MANY_REQUESTS: "rate_limit_error",
+    HTTPStatus.SERVICE_UNAVAILABLE: "overloaded_error",
+}
+
+
 def _type(status: HTTPStatus) -> str:
     return _TYPES.get(status, "InternalServerError")
+
+
+def anthropic_type(status: HTTPStatus) -> str:
+    """The `error.type` vLLM's Anthropic messages route gives a status."""
+    fallback = "api_error" if status >= HTTPStatus.INTERNAL_SERVER_ERROR else "invalid_request_error"
+    return _ANTHROPIC_TYPES.get(status, fallback)
 
 
 def _sse(payload: dict[str, Any], event: str | None = None) -> bytes:
@@ -76,10 +97,10 @@ class OpenAIErrors:
 
 
 class AnthropicErrors:
-    """vLLM's Anthropic messages errors: the same types, in Anthropic's envelope."""
+    """vLLM's Anthropic messages errors: Anthropic's envelope and types."""
 
     def body(self, status: HTTPStatus, message: str) -> dict[str, Any]:
-        return {"type": "error", "error": {"type": _type(status), "message": message}}
+        return {"type": "error", "error": {"type": anthropic_type(status), "message": message}}
 
     def event(self, status: HTTPStatus, message: str) -> bytes:
         return _sse(self.body(status, message), event="error")

@@ -202,6 +202,7 @@ def test_critical_answers_503_with_retry_after_in_vllms_shape_and_vllm_sees_noth
 def test_the_anthropic_route_refuses_in_its_own_shape():
     answer = call(middleware(Stub(), CRITICAL), "/v1/messages", {"model": "m", "max_tokens": 10, "messages": []})
     assert answer.status == 503 and answer.json()["type"] == "error"
+    assert answer.json()["error"]["type"] == "overloaded_error"  # vLLM 0.33+: anthropic/protocol.py
 
 
 def test_the_priority_header_counts_only_from_the_gateways_networks():

@@ -107,7 +107,7 @@ CRITICAL = "KV cache pressure is critical; retry in 10 s"
             "/v1/completions",
             {"error": {"message": CRITICAL, "type": "ServiceUnavailableError", "param": None, "code": 503}},
         ),
-        ("/v1/messages", {"type": "error", "error": {"type": "ServiceUnavailableError", "message": CRITICAL}}),
+        ("/v1/messages", {"type": "error", "error": {"type": "overloaded_error", "message": CRITICAL}}),
         ("/cohere/v2/chat", {"message": CRITICAL}),
         (
             "/v1/audio/transcriptions",

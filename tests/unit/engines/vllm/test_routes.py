@@ -6,11 +6,12 @@ routers' source (`@router.post("/path")`, `app.add_api_route("/path", ...)`): mo
 from __future__ import annotations
 
 import re
+from http import HTTPStatus
 from pathlib import Path
 
 import pytest
 
-from kvops.engines.vllm.api import ROUTES
+from kvops.engines.vllm.api import ROUTES, AnthropicErrors
 
 pytestmark = pytest.mark.vllm
 
@@ -47,3 +48,21 @@ def test_every_route_the_installed_vllm_mounts_is_guarded_or_generates_nothing()
     mounted = mounted_routes()
     assert {"/v1/completions", "/v1/chat/completions", "/v1/messages"} <= mounted  # the reading finds routes
     assert mounted - guarded - NOT_GENERATION - UNGUARDED == set()
+
+
+# every status the admission proxy or the middleware answers itself
+ANSWERED = [400, 401, 403, 404, 408, 413, 415, 429, 500, 501, 502, 503, 504]
+
+
+@pytest.mark.parametrize("status", ANSWERED)
+def test_anthropic_refusals_carry_the_type_the_installed_vllm_gives_the_status(status):
+    """vLLM 0.33 and 0.34 answer /v1/messages in Anthropic's types (503 overloaded_error, not 0.32's
+    ServiceUnavailableError: vllm/entrypoints/anthropic/protocol.py translate_error_type), on which Anthropic's
+    SDKs dispatch. A release that drops or renames the table fails here; 0.32 passed vLLM's own type through."""
+    vllm = pytest.importorskip("vllm")
+    if tuple(int(part) for part in vllm.__version__.split(".")[:2]) < (0, 33):
+        pytest.skip(f"vLLM {vllm.__version__} passes vLLM's own error type to Anthropic clients")
+    from vllm.entrypoints.anthropic.protocol import translate_error_type
+
+    body = AnthropicErrors().body(HTTPStatus(status), "KV cache pressure is critical")
+    assert body["error"]["type"] == translate_error_type(status)
