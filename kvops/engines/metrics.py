@@ -251,6 +251,7 @@ class PromQL:
     offload_load_seconds_increase: str | None = None  # seconds spent loading from the host tier within $window
     offload_loads_increase: str | None = None  # loads from the host tier within $window
     refusals_increase: str | None = None  # requests the engine's own queue limit refused within $window
+    matchers: tuple[str, ...] = ()  # the selector every series above carries: rules read their recorded series by it
 
     @staticmethod
     def window(template: str, seconds: float) -> str:

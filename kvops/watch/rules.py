@@ -18,10 +18,11 @@ per replica (kvops/watch/headroom.py: `kvops:kv_usable_tokens`, `kvops:kv_demand
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from typing import Any
 
-from kvops.engines.metrics import PromQL, duration
+from kvops.engines.metrics import PromQL, duration, series
 from kvops.errors import UsageError
 from kvops.frozen import frozen
 from kvops.policy import GRADED, Level, Policy, SignalRule
@@ -38,6 +39,7 @@ from kvops.watch.alerts import (
 
 MIN_SCRAPES = 4  # a range holds at least this many scrape intervals
 REPLICA = "namespace, pod, job, instance"  # a replica's labels: a pod in Kubernetes, a target elsewhere
+LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")  # a matcher's label name (selector_matchers: no leading space)
 DEMAND = "kvops:kv_demand_tokens"
 USABLE = "kvops:kv_usable_tokens"
 HEADROOM = "kvops:kv_headroom_tokens"
@@ -148,28 +150,43 @@ def rule_groups(
         warn = policy.thresholds[Level.WARN]
         threshold = policy.gpu_memory_below if at >= warn else plan.memory_at_usage(warn)
         kind = gpu_memory_kind(policy, max(at, warn), threshold)
-        rules.append(_rule(kind, f"{GPU_MEMORY} >= {threshold:.4g}", engine, runbook_url, hold=dwell))
+        rules.append(
+            _rule(kind, f"{_recorded(GPU_MEMORY, promql)} >= {threshold:.4g}", engine, runbook_url, hold=dwell)
+        )
     return [{"name": f"kvops-{engine}", "rules": rules}, _recording_group(engine, promql, plan)]
 
 
 def _recording_group(engine: str, promql: PromQL, plan: PlanFigures) -> dict:
     """The headroom per replica (kvops/watch/headroom.py) and the GPU memory in use, from the plan's figures."""
-    r = plan.request_tokens
-    used = f"sum by ({REPLICA}) ({promql.usage}) * {plan.usable_tokens}"
-    running = f"sum by ({REPLICA}) ({promql.running}) * {r}"
-    waiting = f"sum by ({REPLICA}) ({promql.waiting}) * {r}"
-    memory = f"({plan.non_kv_bytes} + max by ({REPLICA}) ({promql.usage}) * {plan.kv_bytes}) / {plan.total_bytes}"
+    r, by = plan.request_tokens, _replica_labels(promql)
+    used = f"sum by ({by}) ({promql.usage}) * {plan.usable_tokens}"
+    running = f"sum by ({by}) ({promql.running}) * {r}"
+    waiting = f"sum by ({by}) ({promql.waiting}) * {r}"
+    memory = f"({plan.non_kv_bytes} + max by ({by}) ({promql.usage}) * {plan.kv_bytes}) / {plan.total_bytes}"
+    usable, demand = _recorded(USABLE, promql), _recorded(DEMAND, promql)
     records = [
-        (USABLE, f"count by ({REPLICA}) ({promql.usage}) * {plan.usable_tokens}"),
+        (USABLE, f"count by ({by}) ({promql.usage}) * {plan.usable_tokens}"),
         (DEMAND, f"(({used}) >= ({running}) or ({running})) + ({waiting})"),
-        (HEADROOM, f"{USABLE} - {DEMAND}"),
-        (DEMAND_RATIO, f"{DEMAND} / {USABLE}"),
+        (HEADROOM, f"{usable} - {demand}"),
+        (DEMAND_RATIO, f"{demand} / {usable}"),
         (GPU_MEMORY, memory),
     ]
     return {
         "name": f"kvops-{engine}-headroom",
         "rules": [{"record": name, "expr": expr, "labels": {"serving_engine": engine}} for name, expr in records],
     }
+
+
+def _replica_labels(promql: PromQL) -> str:
+    """A replica's labels and every label the selector names, so that its recorded series answer the selector."""
+    named = [found.group(0) for matcher in promql.matchers if (found := LABEL.match(matcher))]
+    return ", ".join(dict.fromkeys([*REPLICA.split(", "), *named]))
+
+
+def _recorded(name: str, promql: PromQL) -> str:
+    """A series these rules record, through the deployment's selector: another deployment's rules record the same
+    names (with its own plan's figures) into the same Prometheus."""
+    return series(name, list(promql.matchers))
 
 
 def _signal_expr(name: str, rule, promql: PromQL) -> str | None:

@@ -101,6 +101,7 @@ def promql(matchers: list[str], capacity_tokens: int | None = None) -> PromQL:
         running=series(BATCH_SIZE, matchers),
         waiting=series(QUEUE_SIZE, matchers),
         progress_increase=f"sum without (method) (increase({series(INFERENCE_COUNT, matchers, method='decode')}[$window]))",
+        matchers=tuple(matchers),
     )
 
 

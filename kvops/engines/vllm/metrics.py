@@ -176,6 +176,7 @@ def promql(matchers: list[str], capacity_tokens: int | None = None) -> PromQL:
             f"increase({series(OFFLOAD_TRANSFERS_DEPRECATED, matchers, **LOAD_DIRECTION)}[$window]))"
         ),
         refusals_increase=f"sum without (reason) (increase({of(ADMISSION_REJECTIONS)}[$window]))",
+        matchers=tuple(matchers),
     )
 
 

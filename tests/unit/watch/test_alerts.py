@@ -1,6 +1,7 @@
 """`kvops alerts`: rule files promtool accepts, whose every alert fires on input series (`promtool test rules`),
 thresholds from the policy, runbook links to pages that exist, and the checked-in files in configs/alerts."""
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -503,3 +504,63 @@ def test_gpu_memory_high_does_not_fire_below_the_warn_level(run_kvops, tmp_path)
     threshold = float(rule["expr"].split(">=")[1])
     assert 0.8 < threshold < 0.9
     assert "alerts where KV usage reaches 70%" in rule["annotations"]["description"]
+
+
+def test_two_deployments_rules_read_only_their_own_recorded_series(run_kvops, tmp_path):
+    """Two deployments' rules in one Prometheus (jobs a and b, as `kvops manifests --name a` and `--name b` deploy
+    them) each record kvops:gpu_memory_in_use_ratio and the headroom of their own job, but GPUMemoryHigh and the
+    headroom read those recordings with no selector: a's alert (80%, its H100 plan) fired on b's L4 pod at 86%,
+    which b's plan sizes for (its weights alone fill 82%: b has no such alert), and a's rules rewrote b's headroom
+    as a second series labelled serving_engine="vllm". Each now reads its own job's."""
+    deployments = {
+        "a": ("vllm", "-m", "llama-3-8b", "--gpu", "H100-80GB", "--max-model-len", "8192"),
+        "b": ("tgi", "-m", "qwen3-8b", "--gpu", "L4", "--max-model-len", "4096"),
+    }
+    files = []
+    for job, (engine, *args) in deployments.items():
+        plan = tmp_path / f"plan-{job}.json"
+        plan.write_text(run_kvops("plan", "--engine", engine, *args, "--json").stdout)
+        files.append(tmp_path / f"rules-{job}.yaml")
+        selector = f'{{job="{job}"}}'
+        files[-1].write_text(
+            run_kvops("alerts", "--engine", engine, "--plan", str(plan), "--selector", selector).stdout
+        )
+    capacity = int(re.search(r"KV usage = tgi_batch_current_max_tokens / (\d+)", files[1].read_text())[1])
+    b = 'job="b",instance="gpu-1:80"'
+    half = [(f"tgi_batch_current_max_tokens{{{b}}}", f"{capacity // 2}x40"), (f"tgi_batch_current_size{{{b}}}", "1x40")]
+    case = alert("GPUMemoryHigh", "5m", {}, series=[*half, (f"tgi_queue_size{{{b}}}", "0x40"), (f"up{{{b}}}", "1x40")])
+    case["promql_expr_test"] = [
+        {
+            "expr": "count by (serving_engine) (kvops:kv_headroom_tokens)",
+            "eval_time": "5m",
+            "exp_samples": [{"labels": '{serving_engine="tgi"}', "value": 1}],
+        }
+    ]
+    tests = tmp_path / "two-deployments-test.yaml"
+    tests.write_text(
+        yaml.safe_dump({"rule_files": [str(f) for f in files], "evaluation_interval": "15s", "tests": [case]})
+    )
+    result = promtool("test", "rules", str(tests))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_headroom_is_recorded_through_a_selector_naming_any_label(run_kvops, tmp_path):
+    """The headroom reads its recordings through the selector, so they keep the labels it names (model_name here),
+    beside a replica's: else `kvops:kv_usable_tokens{model_name="m"}` would match nothing."""
+    plan = tmp_path / "plan.json"
+    plan.write_text(
+        run_kvops("plan", "-m", "llama-3-8b", "--gpu", "H100-80GB", "--max-model-len", "8192", "--json").stdout
+    )
+    rules = tmp_path / "rules.yaml"
+    selector = '{job="vllm",model_name="m"}'
+    rules.write_text(run_kvops("alerts", "--engine", "vllm", "--plan", str(plan), "--selector", selector).stdout)
+    names = ("vllm:kv_cache_usage_perc", "vllm:num_requests_running", "vllm:num_requests_waiting")
+    case = alert("KVCacheWarn", "5m", {}, series=[(f"{name}{{{VLLM}}}", "0.1x40") for name in names])
+    case["promql_expr_test"] = [
+        {
+            "expr": "count(kvops:kv_headroom_tokens) + count(kvops:kv_demand_ratio)",
+            "eval_time": "5m",
+            "exp_samples": [{"labels": "{}", "value": 2}],
+        }
+    ]
+    run_promtool_tests(tmp_path, rules, [case])
