@@ -18,6 +18,7 @@ TARGETS = ("k8s", "compose", "llm-d", "dynamo", "production-stack")
 AUTOSCALERS = ("keda", "hpa")
 NAME = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")  # an RFC 1035 label, short enough for '<name>-kvops-policy'
 RELEASE = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")  # an RFC 1123 label, as Kubernetes names namespaces
 # an image reference: [registry[:port]/]path[:tag][@digest] (the distribution spec's grammar, loosely)
 IMAGE = re.compile(
     r"^[a-z0-9]([a-z0-9._-]*[a-z0-9])?(:[0-9]+)?(/[a-z0-9]([a-z0-9._-]*[a-z0-9])?)*(:[\w][\w.-]{0,127})?(@sha256:[0-9a-f]{64})?$"
@@ -76,6 +77,12 @@ IMAGE = re.compile(
     help="Name of the Deployment, Service and PodMonitor (compose: the project is kvops-NAME)  [default: the engine]",
 )
 @click.option(
+    "--namespace",
+    metavar="NS",
+    help="The namespace you apply the files in (kubectl -n NS): the rules and KEDA's query read its series alone, so a "
+    "deployment of the same name in another namespace scraped by the same Prometheus is not mixed in.",
+)
+@click.option(
     "--replicas", type=POSITIVE, default=1, show_default=True, help="k8s: pods, each an engine with its sidecar."
 )
 @click.option(
@@ -111,6 +118,7 @@ def manifests(
     release,
     out_dir,
     name,
+    namespace,
     replicas,
     kvops_image,
     kvops_port,
@@ -144,6 +152,7 @@ def manifests(
             param_hint="--name",
         )
     _check_target(target, engine.name, bool(options.guard), release)
+    _check_namespace(namespace, target, autoscale)
     _check_values(prometheus_url, kvops_image)
     if options.device != "gpu":
         raise UsageError(
@@ -166,9 +175,7 @@ def manifests(
         "rules" if target == "compose" else "prometheusrule",
         runbook_url=runbook_url,
         policy_path=policy_path,
-        selector=f'{{pod=~"{deployment}-.*"}}'
-        if deployment
-        else (f'{{job="{name}"}}' if name != engine.name else None),
+        selector=_selector(engine.name, name, deployment, namespace),
         scrape_interval=scrape_interval,
         capacity=engine.watch_capacity(plan),
         capacity_options={"--plan": "plan.json"},
@@ -188,6 +195,7 @@ def manifests(
         policy=load_policy(policy_path),
         figures=figures,
         fleet=target == "llm-d",
+        namespace=namespace,
     )
     _check_ports(stack)
     for message in plan.all_warnings:
@@ -203,6 +211,35 @@ def manifests(
         click.echo(f"wrote {out_dir}: {', '.join(files)}")
     else:
         click.echo("---\n".join(files.values()), nl=False)
+
+
+def _selector(engine: str, name: str, deployment: str | None, namespace: str | None) -> str | None:
+    """The engine's series: production-stack's chart pods, else the scrape job (the engine's name is the rules'
+    default), in the namespace where one is given."""
+    from kvops.deploy.autoscale import pod_matcher
+
+    matchers = [pod_matcher(deployment)] if deployment else [f'job="{name}"']
+    matchers += [f'namespace="{namespace}"'] if namespace else []
+    return None if matchers == [f'job="{engine}"'] else "{" + ",".join(matchers) + "}"
+
+
+def _check_namespace(namespace: str | None, target: str, autoscale: str | None) -> None:
+    """A namespace is a Kubernetes target's; KEDA's query without one sums every namespace's pods of that name."""
+    if namespace is None:
+        if autoscale == "keda":
+            warn(
+                "--autoscale keda without --namespace: the ScaledObject's query sums kvops:kv_demand_tokens of every "
+                "namespace whose pods carry this name; give --namespace NS, the namespace you apply the files in"
+            )
+        return
+    if target == "compose":
+        raise UsageError("--namespace names a Kubernetes namespace; --target compose has none")
+    if not NAMESPACE.match(namespace):
+        raise click.BadParameter(
+            f"{namespace!r} must be lowercase letters, digits and '-', starting and ending with a letter or digit, "
+            "at most 63 characters",
+            param_hint="--namespace",
+        )
 
 
 def _check_target(target: str, engine: str, guard: bool, release: str) -> None:

@@ -61,9 +61,15 @@ def scaling(stack: Stack, max_replicas: int | None, prometheus_url: str, readine
     )
 
 
-def demand_query(deployment: str, job: str | None) -> str:
-    """The fleet's demand: the pods of the Deployment (named <deployment>-<hash>-<id>)."""
-    matchers = ([f'job="{job}"'] if job else []) + [f'pod=~"{deployment}-.*"']
+def pod_matcher(deployment: str) -> str:
+    """The Deployment's pods, named <deployment>-<hash>-<id>."""
+    return f'pod=~"{deployment}-.*"'
+
+
+def demand_query(deployment: str, job: str | None, namespace: str | None = None) -> str:
+    """The fleet's demand: the pods of the Deployment, in its namespace where it is given."""
+    matchers = ([f'job="{job}"'] if job else []) + [pod_matcher(deployment)]
+    matchers += [f'namespace="{namespace}"'] if namespace else []
     return f"sum({DEMAND}{{{','.join(matchers)}}})"
 
 
@@ -72,7 +78,7 @@ def scaled_object(
 ) -> dict[str, Any]:
     """KEDA's ScaledObject (keda.sh/v1alpha1) with a Prometheus trigger, for the stack's Deployment or another's."""
     target = deployment or stack.name
-    query = demand_query(target, stack.engine_job if deployment is None else job)
+    query = demand_query(target, stack.engine_job if deployment is None else job, stack.namespace)
     return {
         "apiVersion": "keda.sh/v1alpha1",
         "kind": "ScaledObject",

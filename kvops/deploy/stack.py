@@ -51,6 +51,7 @@ class Stack:
     figures: PlanFigures | None = None  # the plan's pool, request and memory split (headroom, GPU memory)
     # behind a gateway that routes over the replicas (llm-d): the proxy applies the levels, never a middleware
     fleet: bool = False
+    namespace: str | None = None  # where the files are applied (kubectl -n): the queries read its series alone
 
     @property
     def engine(self) -> str:

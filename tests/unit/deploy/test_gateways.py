@@ -199,3 +199,36 @@ def test_production_stack_values_pass_the_charts_schema_and_keda_is_ours(run_kvo
 def test_gateway_mistakes_are_one_line(run_kvops, args, message):
     result = run_kvops("manifests", *EXAMPLE, *args, expect=2)
     assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_the_namespace_scopes_kedas_query_and_every_rule(run_kvops, tmp_path):
+    """KEDA's query and the rules named the job and pods but no namespace: where one Prometheus scrapes staging
+    and production, each running `vllm`, production scaled on both (tests/engine/test_namespaces_prometheus.py
+    replays it on a real Prometheus). `--namespace` names where the files are applied; the production-stack
+    query and rules too, whose selector is the chart's pods."""
+    files = written(run_kvops, tmp_path / "k8s", "--autoscale", "keda", "--namespace", "prod")
+    query = yaml.safe_load(files["scaledobject.yaml"])["spec"]["triggers"][0]["metadata"]["query"]
+    assert query == 'sum(kvops:kv_demand_tokens{job="vllm",pod=~"vllm-.*",namespace="prod"})'
+    groups = yaml.safe_load(files["prometheusrule.yaml"].split("\n", 1)[1])["spec"]["groups"]
+    exprs = [rule["expr"] for group in groups for rule in group["rules"]]
+    assert all('{job="vllm",namespace="prod"}' in expr for expr in exprs), exprs
+    stack = written(run_kvops, tmp_path / "stack", "--target", "production-stack", "--release", "r", "--namespace", "a")
+    query = yaml.safe_load(stack["scaledobject.yaml"])["spec"]["triggers"][0]["metadata"]["query"]
+    assert query == 'sum(kvops:kv_demand_tokens{pod=~"r-vllm-deployment-vllm-.*",namespace="a"})'
+
+
+def test_keda_without_a_namespace_says_what_it_sums(run_kvops):
+    result = run_kvops("manifests", *EXAMPLE, "--autoscale", "keda")
+    assert "--autoscale keda without --namespace" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--namespace", "Prod"], "'Prod' must be lowercase letters, digits and '-'"),
+        (["--target", "compose", "--out", "x", "--namespace", "prod"], "--target compose has none"),
+    ],
+)
+def test_namespace_mistakes_are_one_line(run_kvops, args, message):
+    result = run_kvops("manifests", *EXAMPLE, *args, expect=2)
+    assert message in result.stderr and "Traceback" not in result.stderr
