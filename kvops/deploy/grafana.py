@@ -6,7 +6,8 @@ Engine series come from each engine's adapter (`engines.get(name).metrics.dashbo
 key to its queries): a panel shows every engine's, each empty for the other engine. Engine series are selected by
 `job=~"$job"` (the middleware's counters too: they are on the engine's /metrics), the sidecar's by
 `job=~"kvops-$job"` (the jobs `kvops manifests` scrapes them as), the recording
-rules of `kvops alerts --plan` by the engine's job; the device's memory, where a DCGM exporter runs, by its own
+rules of `kvops alerts --plan` by the engine's job; each also by `namespace=~"$namespace"`, since a deployment's
+name, and so its job, can be in several namespaces; the device's memory, where a DCGM exporter runs, by its own
 metric names.
 """
 
@@ -20,13 +21,16 @@ from kvops.policy import GRADED, Level, Policy
 from kvops.watch.rules import DEMAND, GPU_MEMORY, USABLE
 
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
-ENGINE = 'job=~"$job"'
-KVOPS = 'job=~"kvops-$job"'
+# $namespace: two deployments of one name in two namespaces share a job (kvops manifests names it after the
+# deployment); All is ".*", which also matches series with no namespace label (compose's)
+ENGINE = 'job=~"$job",namespace=~"$namespace"'
+KVOPS = 'job=~"kvops-$job",namespace=~"$namespace"'
 RATE = "$__rate_interval"
 # The engine jobs: those of the sidecars that export kvops_level (kvops-<job>, what `kvops manifests --name` and
 # compose scrape them as), less the prefix (Grafana keeps a regex's capture group as the value); refreshed on load.
 JOBS_QUERY = "label_values(kvops_level, job)"
 JOBS_REGEX = "/^kvops-(.+)$/"
+NAMESPACES_QUERY = 'label_values(kvops_level{job=~"kvops-$job"}, namespace)'
 # NVIDIA's dcgm-exporter: framebuffer used and free, MiB. vLLM reserves --gpu-memory-utilization of it at start.
 DCGM_USED, DCGM_FREE = "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE"
 BAND_COLORS = {
@@ -216,6 +220,23 @@ def dashboard(policy: Policy) -> str:
                     "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
                     "hide": 0,
                     "description": "The engine's Prometheus job, from the sidecars' jobs (kvops-<job>): every deployment's name.",
+                },
+                {
+                    "name": "namespace",
+                    "label": "namespace",
+                    "type": "query",
+                    "datasource": DATASOURCE,
+                    "definition": NAMESPACES_QUERY,
+                    "query": NAMESPACES_QUERY,
+                    "refresh": 2,
+                    "sort": 1,
+                    "multi": True,
+                    "includeAll": True,
+                    "allValue": ".*",
+                    "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
+                    "hide": 0,
+                    "description": "The Kubernetes namespaces those jobs run in (none under compose): a deployment's name "
+                    "can be in several, and the panels that sum over replicas would mix them.",
                 },
             ]
         },

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kvops.deploy.grafana import JOBS_QUERY, JOBS_REGEX
+from kvops.deploy.grafana import JOBS_QUERY, JOBS_REGEX, NAMESPACES_QUERY
 from tests.support.daemons import PROMETHEUS, PrometheusServer
 from tests.support.metrics_server import MetricsServer, vllm_exposition
 from tests.support.paths import REPO
@@ -47,6 +47,13 @@ def grafana_job_values(prometheus: PrometheusServer) -> list[str]:
     return sorted(m.group(1) for value in values if (m := pattern.search(value)))
 
 
+def grafana_namespace_values(prometheus: PrometheusServer, job: str) -> list[str]:
+    """The namespace variable as Grafana fills it for the selected job: label_values(selector, label)."""
+    selector, label = re.fullmatch(r"label_values\((.+), (\w+)\)", NAMESPACES_QUERY).groups()
+    matched = selector.replace("$job", job)
+    return sorted(prometheus.get_json(f"/api/v1/label/{label}/values", **{"match[]": matched})["data"])
+
+
 def test_a_named_deployment_shows_on_the_dashboard_and_keda_reads_its_demand(run_kvops, tmp_path):
     named = manifests(run_kvops, tmp_path / "llama", "--name", "llama", "--autoscale", "keda")
     unnamed = manifests(run_kvops, tmp_path / "vllm", "--autoscale", "keda")
@@ -75,9 +82,14 @@ def test_a_named_deployment_shows_on_the_dashboard_and_keda_reads_its_demand(run
             # the variable lists the deployment; the options it had, vllm and tgi, select none of its series
             jobs = grafana_job_values(prometheus)
             assert jobs == ["llama"]
-            usage = dashboard["panels"][0]["targets"][0]["expr"]
+            usage = dashboard["panels"][0]["targets"][0]["expr"].replace("$namespace", ".*")  # All
             assert prometheus.query(usage.replace("$job", "llama"))[0]["value"][1] == "0.3"
             assert prometheus.query(usage.replace("$job", "(vllm|tgi)")) == []
+            # the namespace variable lists the deployment's; a deployment of the same name elsewhere is not shown
+            assert grafana_namespace_values(prometheus, "llama") == ["default"]
+            scoped = dashboard["panels"][0]["targets"][0]["expr"].replace("$job", "llama")
+            assert prometheus.query(scoped.replace("$namespace", "default"))[0]["value"][1] == "0.3"
+            assert prometheus.query(scoped.replace("$namespace", "staging")) == []
             # KEDA's trigger: one element (KEDA errs on more), the recorded demand; under another deployment's
             # job the result is empty, which KEDA read as 0 until ignoreNullValues was false
             (demand,) = prometheus.query(trigger["query"])

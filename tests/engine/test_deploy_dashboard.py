@@ -92,8 +92,9 @@ def post(url: str, body: dict) -> Message:
 
 
 def expression(expr: str, job: str) -> str:
-    """What Grafana sends: $job as the selected value(s) (All: the regex of every option), $__rate_interval as a range."""
-    return expr.replace("$job", job).replace("$__rate_interval", "30s")
+    """What Grafana sends: $job as the selected value(s) (All: the regex of every option), $namespace as All (its
+    allValue; compose's series have no namespace), $__rate_interval as a range."""
+    return expr.replace("$job", job).replace("$namespace", ".*").replace("$__rate_interval", "30s")
 
 
 def test_every_dashboard_query_runs_against_the_engines_and_the_watchers(middleware_engine, tmp_path):

@@ -377,3 +377,18 @@ def test_dashboard_bands_are_the_policys_levels(run_kvops, tmp_path):
         "2": "degrade",
         "3": "critical",
     }
+
+
+def test_every_dashboard_query_that_selects_a_job_selects_the_namespace_too(run_kvops):
+    """A deployment's name, and so its job, can run in several namespaces one Prometheus scrapes; the panels that
+    sum over replicas (requests by level, clamps, rejections, the demand) summed both. Every job selector now comes
+    with $namespace (tests/engine/test_defects_tools_engine.py reads it from a real Prometheus)."""
+    import re
+
+    from kvops.deploy.grafana import queries
+
+    document = json.loads(run_kvops("dashboard").stdout)
+    selectors = [s for expr in queries(document) for s in re.findall(r"\{[^{}]*\}", expr) if "job=~" in s]
+    assert selectors and all('namespace=~"$namespace"' in s for s in selectors), selectors
+    (variable,) = [v for v in document["templating"]["list"] if v["name"] == "namespace"]
+    assert variable["includeAll"] and variable["allValue"] == ".*"  # All matches compose's series, which have none
