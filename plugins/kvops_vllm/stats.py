@@ -1,6 +1,7 @@
 """The KV usage vLLM's API server process already holds, read in-process: no HTTP call, no registration.
 
-In vLLM 0.32.0 the API server's output handler (`vllm/v1/engine/async_llm.py`, `output_handler`) hands the
+In vLLM 0.32.0 to 0.34.0 (tests/engine/test_middleware_release.py runs each release's stat logger) the API server's
+output handler (`vllm/v1/engine/async_llm.py`, `output_handler`) hands the
 `SchedulerStats` of each `EngineCoreOutputs` it receives to its `StatLoggerManager`, whose `PrometheusStatLogger`
 sets `vllm:kv_cache_usage_perc` per engine (`vllm/v1/metrics/loggers.py`, `record`:
 `gauge_kv_cache_usage[engine_idx].set(scheduler_stats.kv_cache_usage)`), on the event loop the middleware runs on.
