@@ -71,7 +71,23 @@ def language_config(config: dict[str, Any]) -> dict[str, Any]:
 
 def _unnested(text: dict[str, Any]) -> dict[str, Any]:
     """Fields some architectures nest, under the top-level names kvops reads (DBRX, Step-3.5)."""
-    return _lfm2_layer_types(_step3p5_sliding(_hunyuan_experts(_ernie_experts(_step3_experts(_dbrx(text))))))
+    return _lfm2_layer_types(
+        _step3p5_sliding(_hunyuan_experts(_ernie_experts(_step3_experts(_kimi_linear_experts(_dbrx(text))))))
+    )
+
+
+def _kimi_linear_experts(text: dict[str, Any]) -> dict[str, Any]:
+    """Kimi Linear's experts under its own names (vllm/transformers_utils/configs/kimi_linear.py KimiLinearConfig:
+    num_experts_per_token, num_shared_experts; its router keeps a correction bias, topk_method noaux_tc by
+    default)."""
+    if text.get("model_type") != "kimi_linear":
+        return text
+    named = {
+        "num_experts_per_tok": text.get("num_experts_per_token"),
+        "n_shared_experts": text.get("num_shared_experts"),
+        "topk_method": "noaux_tc",
+    }
+    return {**{key: value for key, value in named.items() if value is not None}, **text}
 
 
 def _hunyuan_experts(text: dict[str, Any]) -> dict[str, Any]:
@@ -356,6 +372,9 @@ def _mla_layers(
         v_head_dim=reader.check_positive("v_head_dim", text.get("v_head_dim") or head_dim),
         sparse=sparse,
     )
+    kda = _kda_layers(text, reader, num_layers, notes)
+    if kda:
+        return tuple(kda[1] if index in kda[0] else latent for index in range(num_layers)), ()
     if not sparse:
         return (latent,) * num_layers, ()
     indexer = SparseIndexer(reader.positive(("index_head_dim",)))
@@ -363,6 +382,37 @@ def _mla_layers(
         f"sparse attention (index_topk {text['index_topk']}): each layer also caches an indexer key of {indexer.head_dim} B per token"
     )
     return (latent,) * num_layers, tuple((index, indexer) for index in range(num_layers))
+
+
+def _kda_layers(text: dict, reader: _Reader, num_layers: int, notes: list[str]) -> tuple[set[int], MambaState] | None:
+    """Kimi Linear: the layers linear_attn_config's kda_layers lists (1-based: KimiLinearConfig.is_kda_layer) keep a
+    Kimi Delta Attention state, not a latent (vllm/models/kimi_k3/nvidia/kda.py KimiK3DeltaAttention: a conv window
+    of 3 x num_heads x head_dim channels and num_heads x head_dim x head_dim recurrent values, float32 unless
+    --mamba-ssm-cache-dtype says: MambaStateShapeCalculator.kda_state_shape, MambaStateDtypeCalculator.
+    kda_state_dtype)."""
+    linear = text.get("linear_attn_config")
+    if not isinstance(linear, dict) or not isinstance(linear.get("kda_layers"), list) or not linear["kda_layers"]:
+        return None
+    if linear.get("gate_lower_bound") is not None:
+        raise ConfigError(
+            f"{reader.where}: linear_attn_config.gate_lower_bound: a bounded KDA gate runs FlashKDA's prefill, whose "
+            "checkpoint pages kvops does not model yet; plan it with a measured --profile or --kv-cache-memory-bytes"
+        )
+    layers = {number - 1 for number in linear["kda_layers"] if isinstance(number, int) and 0 < number <= num_layers}
+    where = _Reader(linear, f"{reader.where} linear_attn_config")
+    heads, head_dim = where.positive(("num_heads",)), where.positive(("head_dim",))
+    state = MambaState(
+        variant="kda",
+        conv_kernel=where.positive(("short_conv_kernel_size",)),
+        conv_channels=heads * head_dim,
+        groups=heads,
+        group_dim=head_dim,
+        heads=heads,
+        head_dim=head_dim,
+        ssm_dtype="float32",
+    )
+    notes.append(f"hybrid: {num_layers - len(layers)} MLA layers, {len(layers)} Kimi Delta Attention state layers")
+    return layers, state
 
 
 def _attention_layers(

@@ -217,6 +217,13 @@ class _Shape:
         parallel = self.mixer(self.beside) if self.beside else 0
         return self.mixer(kind, index) + parallel + self.norms(kind, mlp) + self.mlp(mlp, index)
 
+    def state_mixer(self, state: MambaState) -> int:
+        if state.variant == "gdn":
+            return _gated_delta_net(state, self.hidden)
+        if state.variant == "kda":
+            return _kimi_delta_attention(state, self.hidden)
+        return _mamba2(self.text, state, self.hidden)
+
     def mixer(self, kind: CacheKind | None, index: int = 0) -> int:
         """The token mixer of a layer: attention (of this layer's heads), a recurrent layer, or none."""
         if isinstance(kind, Mamba1State):
@@ -224,9 +231,7 @@ class _Shape:
         if isinstance(kind, ShortConvState):
             return _short_conv(self.text, kind, self.hidden)
         if isinstance(kind, MambaState):
-            return (
-                _gated_delta_net(kind, self.hidden) if kind.variant == "gdn" else _mamba2(self.text, kind, self.hidden)
-            )
+            return self.state_mixer(kind)
         if kind is not None and kind.kind == "none":
             attention = (self.text.get("block_configs") or [{}] * (index + 1))[index].get("attention") or {}
             return self.hidden * self.hidden if attention.get("replace_with_linear") else 0
@@ -445,6 +450,24 @@ def _gated_delta_net(state: MambaState, hidden: int) -> int:
         + 2 * state.heads
         + state.head_dim
         + value_dim * hidden
+    )
+
+
+def _kimi_delta_attention(state: MambaState, hidden: int) -> int:
+    """Kimi Delta Attention (vllm/models/kimi_k3/nvidia/kda.py KimiK3DeltaAttention): q, k, v, b (a head) and f_a (a
+    head dim) from the hidden state, f_b back up to the heads, the depthwise conv over q, k and v, dt bias and A,
+    the output gate's g_a and g_b, the per-head norm, o_proj."""
+    projection = state.heads * state.head_dim
+    return (
+        hidden * (3 * projection + state.heads + state.head_dim)
+        + state.head_dim * projection
+        + 3 * projection * state.conv_kernel
+        + projection
+        + state.heads
+        + hidden * state.head_dim
+        + state.head_dim * projection
+        + state.head_dim
+        + projection * hidden
     )
 
 

@@ -259,7 +259,8 @@ class MambaState(RecurrentState):
 
     variant "mamba2" (Mamba-2: SSM heads x head_dim x state, conv over intermediate + 2 x groups x state;
     groups that do not split evenly are replicated) or "gdn" (Gated DeltaNet: value heads x value dim x key dim,
-    conv over 2 x key heads x key dim + value heads x value dim).
+    conv over 2 x key heads x key dim + value heads x value dim) or "kda" (Kimi Delta Attention: Gated DeltaNet's
+    shapes with as many key as value heads, of one head dim).
     """
 
     variant: str
@@ -282,7 +283,7 @@ class MambaState(RecurrentState):
         return (self.heads // tp, self.head_dim, self.group_dim)
 
     def splits(self, tp: int) -> bool:
-        return not self.heads % tp and not (self.variant == "gdn" and self.groups % tp)
+        return not self.heads % tp and not (self.variant in ("gdn", "kda") and self.groups % tp)
 
 
 @frozen
