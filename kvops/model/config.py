@@ -90,6 +90,20 @@ def _kimi_linear_experts(text: dict[str, Any]) -> dict[str, Any]:
     return {**{key: value for key, value in named.items() if value is not None}, **text}
 
 
+def _one_width(text: dict[str, Any], where: str) -> dict[str, Any]:
+    """An intermediate_size listed per layer (Gemma 3n: vllm/model_executor/models/gemma3n.py reads
+    intermediate_size[layer_idx]) as the one width every layer has; widths that differ are not modelled."""
+    widths = text.get("intermediate_size")
+    if not isinstance(widths, list):
+        return text
+    if len(set(widths)) != 1:
+        raise ConfigError(
+            f"{where}: 'intermediate_size' is a list of widths that are not all the same; kvops counts one MLP width "
+            "for every layer: plan it with a measured --profile or --kv-cache-memory-bytes"
+        )
+    return {**text, "intermediate_size": widths[0]}
+
+
 def _hunyuan_experts(text: dict[str, Any]) -> dict[str, Any]:
     """Hunyuan MoE, which vLLM runs on transformers' modeling_hunyuan_v1_moe.py: experts and the one shared MLP
     (use_mixed_mlp_moe) are intermediate_size wide (the config's per-layer moe_intermediate_size is not read),
@@ -206,7 +220,7 @@ def spec_from_config(
     parameter count, if known. Every field it reads is typed and bounded first (`fields.check_config`)."""
     check_config(config, where)
     notes: list[str] = []
-    language = _unnested(language_config(config))
+    language = _one_width(_unnested(language_config(config)), where)
     text = with_defaults(language, notes)
     if text.get("model_type") in NOT_MODELLED:
         raise ConfigError(f"{where}: {NOT_MODELLED[text['model_type']]}")

@@ -134,7 +134,7 @@ _RANGES: dict[tuple[str, ...], tuple[int, int]] = {
 }
 WHOLE_NUMBERS: dict[str, tuple[int, int]] = {name: bounds for names, bounds in _RANGES.items() for name in names}
 # numbers Hunyuan's MoE configs give one a layer (transformers' HunYuanMoEV1Config: int | list)
-PER_LAYER_NUMBERS = ("moe_intermediate_size",)
+PER_LAYER_NUMBERS = ("moe_intermediate_size", "intermediate_size")
 WHOLE_NUMBERS.update(dict.fromkeys(("patch_size", "temporal_patch_size"), (1, MAX_WIDTH)))  # divisors
 NUMBERS = {"partial_rotary_factor": (0.0, 1.0)}
 TEXTS = ("model_type", "hybrid_override_pattern", "mtp_hybrid_override_pattern")

@@ -87,6 +87,7 @@ def count_parameters(
     blocks, experts = sum(per_layer), sum(layer_experts)
     final_norm = 2 * hidden if shape.model_type in _LAYER_NORM else hidden  # a LayerNorm has a bias
     total = embeddings + lm_head + blocks + final_norm + _per_layer_embeddings(text, hidden, num_layers)
+    total += _altup_projections(text, hidden)
     return ParameterCount(
         total=total,
         experts=experts,
@@ -104,6 +105,14 @@ def vocabulary(text: dict[str, Any]) -> int:
     """The embedding rows: ChatGLM's padded_vocab_size where it names one (chatglm.py builds its embedding and head
     of it; GLM-4-9B-Chat names no vocab_size), else vocab_size."""
     return int(text.get("padded_vocab_size") or text.get("vocab_size") or 0)
+
+
+def _altup_projections(text: dict[str, Any], hidden: int) -> int:
+    """Gemma 3n's AltUp projections into and out of its altup_num_inputs - 1 extra streams (gemma3n.py
+    altup_projections, altup_unembed_projections: hidden x hidden each)."""
+    if text.get("model_type") != "gemma3n_text":
+        return 0
+    return 2 * (_field(text, "altup_num_inputs") - 1) * hidden * hidden
 
 
 def _per_layer_embeddings(text: dict[str, Any], hidden: int, num_layers: int) -> int:
@@ -186,7 +195,8 @@ _LEARNED_POSITIONS = {"gpt2", "gpt_bigcode"}
 _ONE_NORM_PER_BLOCK = {"cohere", "cohere2", "cohere2_moe", "nemotron_h", "phi", "gptj"}
 # one head_dim-wide norm for q and one for k
 _QK_NORM_PER_HEAD = {
-    *("qwen3", "qwen3_moe", "gemma3", "gemma3_text", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"),
+    *("qwen3", "qwen3_moe", "gemma3", "gemma3_text", "gemma3n_text", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"),
+    "gemma4_text",  # vllm/model_executor/models/gemma4.py q_norm, k_norm of the layer's head_dim
     "exaone4",  # vllm/model_executor/models/exaone4.py q_norm, k_norm of head_dim
 }
 # one norm over all query heads and one over all key heads (vllm/model_executor/models/olmoe.py; OLMo 2 and 3)
@@ -215,7 +225,24 @@ class _Shape:
     def decoder_layer(self, index: int, kind: CacheKind | None, mlp: str | None = None) -> int:
         mlp = mlp or self.mlp_kind(index)
         parallel = self.mixer(self.beside) if self.beside else 0
-        return self.mixer(kind, index) + parallel + self.norms(kind, mlp) + self.mlp(mlp, index)
+        return self.mixer(kind, index) + parallel + self.norms(kind, mlp) + self.mlp(mlp, index) + self.altup_laurel()
+
+    def altup_laurel(self) -> int:
+        """Gemma 3n's AltUp (altup_num_inputs streams: correction and prediction coefficients, a modality router and
+        its norm, an output scale) and LAuReL (two low-rank maps of laurel_rank and a norm) in every layer
+        (vllm/model_executor/models/gemma3n.py Gemma3nAltUp, Gemma3nLaurelBlock)."""
+        if self.model_type != "gemma3n_text":
+            return 0
+        streams, rank = _field(self.text, "altup_num_inputs"), _field(self.text, "laurel_rank")
+        altup = streams * streams + streams**3 + streams * self.hidden + 2 * self.hidden
+        return altup + 2 * rank * self.hidden + self.hidden
+
+    def kv_shared_attention(self, index: int) -> int:
+        """Gemma 3n / Gemma 4: a layer that reads an earlier layer's KV keeps q_proj, o_proj and q_norm of its own
+        (vllm/model_executor/models/gemma3n.py Gemma3nAttention l.316-325, gemma4.py Gemma4Attention l.409-447)."""
+        full = (self.text.get("layer_types") or [])[index : index + 1] == ["full_attention"]
+        head_dim = int(self.text.get("global_head_dim") or self.head_dim) if full else self.head_dim
+        return 2 * self.hidden * self.num_heads * head_dim + head_dim
 
     def state_mixer(self, state: MambaState) -> int:
         if state.variant == "gdn":
@@ -232,6 +259,8 @@ class _Shape:
             return _short_conv(self.text, kind, self.hidden)
         if isinstance(kind, MambaState):
             return self.state_mixer(kind)
+        if kind is not None and kind.kind == "none" and self.text.get("num_kv_shared_layers"):
+            return self.kv_shared_attention(index)
         if kind is not None and kind.kind == "none":
             attention = (self.text.get("block_configs") or [{}] * (index + 1))[index].get("attention") or {}
             return self.hidden * self.hidden if attention.get("replace_with_linear") else 0
@@ -273,7 +302,7 @@ class _Shape:
 
     def norms(self, kind: CacheKind | None, mlp: str) -> int:
         per_norm = 2 * self.hidden if self.model_type in _LAYER_NORM else self.hidden  # a LayerNorm has a bias
-        if self.model_type in {"gemma2", "gemma3", "gemma3_text", "glm4"}:
+        if self.model_type in {"gemma2", "gemma3", "gemma3_text", "gemma3n_text", "gemma4_text", "glm4"}:
             return 4 * self.hidden  # pre and post norms around attention and MLP (glm4.py: post_self_attn_layernorm)
         if self.model_type in _ONE_NORM_PER_BLOCK or self._falcon_parallel():
             return per_norm
@@ -542,12 +571,12 @@ def vision_parameters(wrapper: dict[str, Any]) -> int:
 
 
 # Gemma 4's towers as their configs describe them, where a checkpoint's config leaves the defaults unwritten: the
-# E-series vision encoder is a 16-layer ViT of width 768 (12 heads), the audio encoder Gemma 3n's 12-layer Conformer
-# of width 1536 (public gemma-4 config excerpts, code-index ids 51768787626, 65721018737; Gemma3nAudioConfig's
-# defaults). An estimate of the layers' matrices (norms and biases left out): the checkpoint's own safetensors
+# E-series vision encoder is a 16-layer ViT of width 768 (12 heads), the audio encoder a 12-layer Conformer of width
+# 1024 projected to output_proj_dims 1536 (public gemma-4 config excerpts, code-index ids 51768787626, 65721018737;
+# transformers' Gemma4AudioConfig defaults, the tower vLLM's gemma4_mm.py builds with AutoModel.from_config). An estimate of the layers' matrices (norms and biases left out): the checkpoint's own safetensors
 # headers replace it when read.
 _GEMMA4_VISION = {"hidden_size": 768, "num_hidden_layers": 16, "intermediate_size": 3072}
-_CONFORMER_AUDIO = {"gemma4_audio": {"hidden_size": 1536, "num_hidden_layers": 12}, "gemma3n_audio": {}}
+_CONFORMER_AUDIO = {"gemma4_audio": {"hidden_size": 1024, "num_hidden_layers": 12}, "gemma3n_audio": {}}
 
 
 def _gemma4_vision(wrapper: dict, vision: dict, text_hidden: int) -> int:

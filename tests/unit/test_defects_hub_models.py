@@ -19,6 +19,7 @@ from tests.support.paths import REPO
 
 MODELS = REPO / "tests" / "fixtures" / "models"
 KIMI_LINEAR = MODELS / "kimi-linear-48b-a3b-instruct"
+GEMMA3N = MODELS / "gemma-3n-E4B-it-text"
 MEMORY = 3 * 2**30 + 12345
 POINT = ("--kv-cache-memory-bytes", str(MEMORY), "--max-model-len", "4096", "--max-num-batched-tokens", "2048")
 
@@ -95,3 +96,74 @@ def test_kimi_linear_matches_what_vllm_builds(tiny_model, tmp_path, monkeypatch)
     assert (ours.num_blocks, ours.kv_cache_size_tokens) == (blocks, tokens) == (208, 94663)
     fresh = engine_config(config, tmp_path / "count", tiny_model, max_num_batched_tokens=2048)
     assert _loaded_parameters(fresh) == load_model(str(KIMI_LINEAR)).parameters
+
+
+def test_gemma3n_per_layer_widths_are_read(run_kvops):
+    # kvops refused the published config: "'intermediate_size' is a list of 35; valid: a whole number"; vLLM reads
+    # intermediate_size[layer_idx] (vllm/model_executor/models/gemma3n.py). Its KV, as vLLM 0.32 builds it: the last
+    # 15 of 35 layers read an earlier layer's cache; of the 20 that keep one, 16 slide over 512 tokens and 4 are full
+    kv = json.loads(run_kvops("kv", "--model", str(GEMMA3N), "--tokens", "8192", "--json").stdout)
+    groups = {group["kind"]: (group["layers"], group["window"]) for group in kv["layer_groups"]}
+    assert groups == {"sliding": (16, 512), "full": (4, None)}
+    assert kv["bytes_per_token"] == 20 * 2 * 2 * 256 * 2
+
+
+def test_gemma3n_widths_that_differ_are_one_line(run_kvops, tmp_path):
+    config = _config(GEMMA3N)
+    config["intermediate_size"] = [16384] * 34 + [8192]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    ran = run_kvops("kv", "--model", str(tmp_path), "--tokens", "1", expect=None)
+    assert ran.exit_code != 0 and len(ran.stderr.strip().splitlines()) == 1
+    assert "'intermediate_size' is a list of widths that are not all the same" in ran.stderr
+
+
+def test_gemma3n_parameters():
+    # 6,835,235,568 as vLLM 0.32 builds Gemma3nForCausalLM. With its width given as one number kvops counted
+    # 6,674,403,584: no attention in the 15 KV-sharing layers (they keep q_proj, o_proj and q_norm), no AltUp or
+    # LAuReL in any layer, no AltUp projections, two norms a layer of four and no q/k norms
+    from kvops.model.locate import load_model
+
+    assert load_model(str(GEMMA3N)).parameters == 6_835_235_568
+
+
+@pytest.mark.vllm
+def test_gemma3n_matches_what_vllm_builds(tiny_model, tmp_path, monkeypatch):
+    """Each cache page at block 16 and its window, the context, the parameters. Built with no activation sparsity:
+    the meta device cannot compute its threshold (a tensor's .item()), and it changes no weight's shape."""
+    from kvops.dtypes import KV_DTYPES
+    from kvops.engines.vllm import context
+    from kvops.model.locate import load_model
+    from tests.support.vllm_specs import BuiltModel, engine_config
+    from tests.unit.test_defects_architectures import _loaded_parameters
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    warnings.simplefilter("ignore")
+    config = {**_config(GEMMA3N), "activation_sparsity_pattern": [0.0] * 35}
+    built = BuiltModel(config, tmp_path / "vllm", tiny_model, max_num_batched_tokens=2048)
+    built.as_gpu(16)
+    theirs = sorted(
+        (spec.page_size_bytes, getattr(spec, "sliding_window", None) or 0) for spec in built.specs().values()
+    )
+    spec = load_model(str(GEMMA3N))
+    ours = sorted(
+        (16 * layer.bytes_per_token(KV_DTYPES["bf16"], 1), getattr(layer, "window", 0))
+        for layer in spec.layers
+        if layer.kind != "none"
+    )
+    assert ours == theirs
+    assert built.vllm_config.model_config.max_model_len == context.model_default(spec) == 32768
+    fresh = engine_config(config, tmp_path / "count", tiny_model, max_num_batched_tokens=2048)
+    assert _loaded_parameters(fresh) == spec.parameters
+
+
+def test_gemma4_e4b_text_and_towers():
+    # vLLM 0.32 builds gemma-4-E4B's text model of 7,463,013,376 parameters (on the meta device, as
+    # test_gemma3n_matches_what_vllm_builds does); kvops counted 7,242,577,664: no attention in the 18 KV-sharing
+    # layers (q_proj, o_proj, q_norm: gemma4.py), two norms a layer of four, no q/k norms. Its audio tower, as
+    # transformers' Gemma4AudioConfig builds it for vLLM (AutoModel.from_config), is 1024 wide, 304,824,608
+    # parameters; kvops took 1536 (its output_proj_dims): 679M
+    from kvops.model.locate import load_model
+
+    count = load_model(str(MODELS / "gemma-4-E4B-it")).count
+    assert count.total == 7_463_013_376
+    assert 0.45e9 < count.vision < 0.48e9  # transformers' towers: 472,189,216 (the projections beside them)
