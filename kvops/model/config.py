@@ -47,6 +47,12 @@ NOT_MODELLED = {
     **dict.fromkeys(("mamba", "falcon_mamba", "mamba2"), _MAMBA_ONLY),
     "zamba2": "Zamba2's layers (a Mamba-2 state in every layer, a shared attention block of attention_head_dim on the hybrid_layer_ids) are not modelled by kvops yet; plan it with a measured --profile or --kv-cache-memory-bytes",
     "longcat_flash": "LongCat-Flash's blocks (two MLA attentions each, 2 x num_layers caches, zero-computation experts) are not modelled by kvops yet; plan it with a measured --profile or --kv-cache-memory-bytes",
+    **dict.fromkeys(
+        ("bailing_hybrid", "bailing_moe_linear"),
+        "Ling 2.5+/Ring-linear's hybrid layers (MLA beside lightning linear-attention or Kimi Delta Attention states, "
+        "by layer_group_size) are not modelled by kvops yet; plan it with a measured --profile or "
+        "--kv-cache-memory-bytes",
+    ),
     "deepseek_v4": "DeepSeek-V4's compressed sparse attention (compressed, sliding and indexer caches per layer) is not modelled by kvops yet; plan it with a measured --profile or --kv-cache-memory-bytes",
 }
 

@@ -167,3 +167,18 @@ def test_gemma4_e4b_text_and_towers():
     count = load_model(str(MODELS / "gemma-4-E4B-it")).count
     assert count.total == 7_463_013_376
     assert 0.45e9 < count.vision < 0.48e9  # transformers' towers: 472,189,216 (the projections beside them)
+
+
+@pytest.mark.parametrize("model_type", ["bailing_hybrid", "bailing_moe_linear"])
+def test_ling_hybrid_is_one_line(model_type, run_kvops, tmp_path):
+    # Ling 2.5/2.6 (BailingMoeV2_5ForCausalLM, model_type bailing_hybrid) and Ring-linear: vLLM 0.32's
+    # bailing_moe_linear.py keeps MLA on every layer_group_size-th layer and a lightning linear-attention state
+    # (linear_attention_state_shape: heads x head_dim x head_dim) on the others; bailing_moe_v3.py a KDA state.
+    # kvops read MLA on all 32 layers of this shape: 36 KiB a token where vLLM caches 4.5 KiB and 28 states
+    config = {"architectures": ["BailingMoeV2_5ForCausalLM"], "model_type": model_type, "hidden_size": 4096}
+    config |= {"num_hidden_layers": 32, "num_attention_heads": 32, "layer_group_size": 8, "kv_lora_rank": 512}
+    config |= {"qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128, "vocab_size": 157184}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    ran = run_kvops("kv", "--model", str(tmp_path), "--tokens", "1", expect=None)
+    assert ran.exit_code != 0 and len(ran.stderr.strip().splitlines()) == 1
+    assert "Ling 2.5+/Ring-linear's hybrid layers" in ran.stderr
