@@ -53,6 +53,8 @@ NOT_MODELLED = {
         "by layer_group_size) are not modelled by kvops yet; plan it with a measured --profile or "
         "--kv-cache-memory-bytes",
     ),
+    "dory": "Dory's layers (no attention in its 'mlp' layers, a KV cache per loop of its recurrent layers) are not modelled by kvops yet; plan it with a measured --profile or --kv-cache-memory-bytes",
+    "zaya": "ZAYA1's layers (attention beside a compressed-convolution state in every layer) are not modelled by kvops yet; plan it with a measured --profile or --kv-cache-memory-bytes",
     "deepseek_v4": "DeepSeek-V4's compressed sparse attention (compressed, sliding and indexer caches per layer) is not modelled by kvops yet; plan it with a measured --profile or --kv-cache-memory-bytes",
 }
 

@@ -182,3 +182,30 @@ def test_ling_hybrid_is_one_line(model_type, run_kvops, tmp_path):
     ran = run_kvops("kv", "--model", str(tmp_path), "--tokens", "1", expect=None)
     assert ran.exit_code != 0 and len(ran.stderr.strip().splitlines()) == 1
     assert "Ling 2.5+/Ring-linear's hybrid layers" in ran.stderr
+
+
+DORY = {"model_type": "dory", "hidden_size": 2048, "num_hidden_layers": 72, "num_attention_heads": 16}
+DORY |= {"num_key_value_heads": 4, "head_dim": 256, "sliding_window": 1024, "vocab_size": 151936}
+DORY |= {"layer_types": (["sliding_attention", "mlp"] * 3 + ["full_attention", "mlp"]) * 9}
+ZAYA = {"model_type": "zaya", "hidden_size": 2048, "num_hidden_layers": 40, "num_attention_heads": 8}
+ZAYA |= {"num_key_value_heads": 2, "head_dim": 128, "vocab_size": 262272, "layer_types": ["hybrid"] * 40}
+
+
+@pytest.mark.parametrize(
+    ("config", "refusal"),
+    [
+        # vLLM 0.34 dory.py: the 36 'mlp' layers have no attention (is_attention), and the recurrent block's layers
+        # keep a cache per loop (recurrent_kv_cache_mode "per_loop"); kvops read 45 full and 27 sliding layers,
+        # 288 KiB a token for DoryConfig's defaults (vllm/transformers_utils/configs/dory.py)
+        ({**DORY, "architectures": ["DoryForCausalLM"]}, "Dory's layers"),
+        # vLLM 0.34 zaya.py: each layer's ZayaCCA keeps a per-request convolution state (a MambaBase: pages beside
+        # the KV) besides its attention; kvops read attention alone (transformers' ZayaConfig defaults)
+        ({**ZAYA, "architectures": ["ZayaForCausalLM"]}, "ZAYA1's layers"),
+    ],
+    ids=["dory", "zaya"],
+)
+def test_newer_release_layers_kvops_cannot_plan_are_one_line(config, refusal, run_kvops, tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    ran = run_kvops("kv", "--model", str(tmp_path), "--tokens", "1", expect=None)
+    assert ran.exit_code != 0 and len(ran.stderr.strip().splitlines()) == 1
+    assert refusal in ran.stderr
