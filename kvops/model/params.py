@@ -294,6 +294,9 @@ class _Shape:
             or (self.model_type in ("hunyuan_v1_moe", "hunyuan_v1_dense", "step3p5") and self.text.get("use_qk_norm"))
         ):
             return 2 * head_dim
+        if self.model_type in ("bailing_moe", "bailing_moe_v2") and self.text.get("use_qk_norm"):
+            # bailing_moe.py: an RMSNorm per head, or without use_rmsnorm a LayerNorm (weight and bias)
+            return (2 if self.text.get("use_rmsnorm") else 4) * head_dim
         if self.model_type in _QK_NORM_PER_LAYER or (
             self.text.get("qk_norm_type") == "per_layer" and self.text.get("use_qk_norm")  # MiniMax-M2
         ):
@@ -380,7 +383,8 @@ class _Shape:
     def moe_mlp(self) -> int:
         """Routed experts, the router (with its bias or correction bias) and shared experts of one MoE layer."""
         router = self.hidden * self.num_experts
-        if self.model_type == "gpt_oss" or self.text.get("use_routing_bias") or self._correction_bias():
+        biased = self.text.get("use_routing_bias") or self.text.get("moe_router_enable_expert_bias")  # bailing_moe.py
+        if self.model_type == "gpt_oss" or biased or self._correction_bias():
             router += self.num_experts
         if self.model_type == "step3p5" and self.text.get("use_moe_router_bias", True):  # step3p5.py router_bias
             router += self.num_experts

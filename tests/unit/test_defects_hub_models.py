@@ -209,3 +209,35 @@ def test_newer_release_layers_kvops_cannot_plan_are_one_line(config, refusal, ru
     ran = run_kvops("kv", "--model", str(tmp_path), "--tokens", "1", expect=None)
     assert ran.exit_code != 0 and len(ran.stderr.strip().splitlines()) == 1
     assert refusal in ran.stderr
+
+
+def test_ling_2_parameters(run_kvops):
+    # Ling-mini-2.0 (BailingMoeV2ForCausalLM) as vLLM 0.32 builds it on the meta device (bailing_moe.py):
+    # 16,255,648,512;
+    # kvops counted 16,255,633,408: no per-head q/k norms (a LayerNorm each, weight and bias, without use_rmsnorm)
+    # and no router expert_bias (moe_router_enable_expert_bias). Its KV was vLLM's: 20 layers of 4 KV heads x 128,
+    # 40,960 B a token; context 32,768
+    from kvops.model.locate import load_model
+
+    assert load_model(str(MODELS / "ling-mini-2.0")).parameters == 16_255_648_512
+    kv = json.loads(run_kvops("kv", "--model", str(MODELS / "ling-mini-2.0"), "--tokens", "1", "--json").stdout)
+    assert kv["bytes_per_token"] == 20 * 2 * 4 * 128 * 2
+
+
+@pytest.mark.vllm
+def test_ling_2_matches_what_vllm_builds(tiny_model, tmp_path, monkeypatch):
+    """Built as a LlamaConfig carrying Ling's fields: its own config class is remote code (auto_map), which is not
+    here; bailing_moe.py reads the fields by name, and embedding_dropout (unused at inference) must exist."""
+    from kvops.model.locate import load_model
+    from tests.support.vllm_specs import BuiltModel, engine_config
+    from tests.unit.test_defects_architectures import _loaded_parameters
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    warnings.simplefilter("ignore")
+    config = {**_config(MODELS / "ling-mini-2.0"), "model_type": "llama", "embedding_dropout": 0.0}
+    built = BuiltModel(config, tmp_path / "vllm", tiny_model, max_num_batched_tokens=2048)
+    built.as_gpu(16)
+    assert sorted(spec.page_size_bytes for spec in built.specs().values()) == [16 * 2 * 4 * 128 * 2] * 20
+    assert built.vllm_config.model_config.max_model_len == 32768
+    fresh = engine_config(config, tmp_path / "count", tiny_model, max_num_batched_tokens=2048)
+    assert _loaded_parameters(fresh) == load_model(str(MODELS / "ling-mini-2.0")).parameters
