@@ -58,6 +58,12 @@ NOT_MODELLED = {
     "deepseek_v4": "DeepSeek-V4's compressed sparse attention (compressed, sliding and indexer caches per layer) is not modelled by kvops yet; plan it with a measured --profile or --kv-cache-memory-bytes",
 }
 
+# DomynEdge (vLLM 0.33+ domyn_edge.py): each layer's head_dim in per_layer_config, its window in window_sizes
+PER_LAYER_ATTENTION = (
+    "per-layer attention shapes (per_layer_config head dims, window_sizes windows: DomynEdge) are not modelled by "
+    "kvops yet; plan it with a measured --profile or --kv-cache-memory-bytes"
+)
+
 # Field names differ between architectures; the first one present wins.
 _LAYERS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
 _HEADS = ("num_attention_heads", "n_head", "num_heads", "n_heads")
@@ -232,6 +238,8 @@ def spec_from_config(
     text = with_defaults(language, notes)
     if text.get("model_type") in NOT_MODELLED:
         raise ConfigError(f"{where}: {NOT_MODELLED[text['model_type']]}")
+    if isinstance(text.get("per_layer_config"), list) and isinstance(text.get("window_sizes"), list):
+        raise ConfigError(f"{where}: {PER_LAYER_ATTENTION}")
     reader = _Reader(text, where)
     num_layers = reader.positive(_LAYERS)
     num_heads = reader.positive(_HEADS)

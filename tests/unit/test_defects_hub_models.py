@@ -241,3 +241,17 @@ def test_ling_2_matches_what_vllm_builds(tiny_model, tmp_path, monkeypatch):
     assert built.vllm_config.model_config.max_model_len == 32768
     fresh = engine_config(config, tmp_path / "count", tiny_model, max_num_batched_tokens=2048)
     assert _loaded_parameters(fresh) == load_model(str(MODELS / "ling-mini-2.0")).parameters
+
+
+def test_per_layer_attention_shapes_are_one_line(run_kvops, tmp_path):
+    # vLLM 0.34 domyn_edge.py builds layer i with per_layer_config[i].head_dim and a window of window_sizes[i][0] + 1
+    # (0: full attention); kvops read neither: 8 full layers of hidden / heads = 128 dims, 16 KiB a token, where this
+    # config caches 2 full layers of 256 (8 KiB) and 6 of 64 over 513 tokens
+    config = {"architectures": ["DomynEdgeForCausalLM"], "model_type": "domyn_edge", "hidden_size": 2048}
+    config |= {"num_hidden_layers": 8, "num_attention_heads": 16, "num_key_value_heads": 4, "vocab_size": 32000}
+    config |= {"per_layer_config": [{"head_dim": 64 if i % 4 else 256} for i in range(8)]}
+    config |= {"window_sizes": [[512 if i % 4 else 0, 0] for i in range(8)]}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    ran = run_kvops("kv", "--model", str(tmp_path), "--tokens", "1", expect=None)
+    assert ran.exit_code != 0 and len(ran.stderr.strip().splitlines()) == 1
+    assert "per-layer attention shapes" in ran.stderr
