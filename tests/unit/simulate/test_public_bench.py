@@ -80,10 +80,11 @@ def test_flags_the_run_names_are_passed() -> None:
 
 
 def test_signed_errors_and_summary() -> None:
-    run = {"id": "x", "gpu": "H100-80GB", "release": "0.11.0", "moe": False}
+    run = {"id": "x", "gpu": "H100-80GB", "release": "0.11.0", "moe": False, "traffic": {"max_concurrency": 4}}
     run["measured"] = {"mean_ttft_ms": 100.0, "mean_tpot_ms": 10.0, "output_throughput": 1000.0}
     sim = {"TTFT": 90.0, "TPOT": 11.0, "E2E": 5.0, "throughput": 1000.0}
     errors = SCRIPT.signed_errors(run, sim)
     assert errors == pytest.approx({"TTFT": -0.1, "TPOT": 0.1, "throughput": 0.0})  # no E2E measured: none scored
     lines = SCRIPT.summary_lines([run], {"x": errors})
-    assert any(line.startswith("vLLM 0.11") and "10.0% (1)" in line for line in lines)
+    assert any(line.startswith("vLLM 0.11") and "10.0% (-10%)" in line for line in lines)
+    assert any(line.startswith("closed loop") for line in lines)
