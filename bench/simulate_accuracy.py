@@ -232,6 +232,11 @@ def held_out_entries(assumed: list[Scored], fitted: list[Experiment]) -> list[di
     return entries
 
 
+def keep_experts(profile: dict, entries: list[dict]) -> None:
+    """The profile's held-out figures: `entries` beside the many-experts one bench/simulate_public_bench.py writes."""
+    profile["held_out"] = entries + [held for held in profile.get("held_out", []) if "experts_from" in held]
+
+
 def median_table(groups: dict[str, list[dict[str, float]]]) -> list[str]:
     """Median absolute percentage error per metric for each group of experiments' errors."""
     lines = [f"  {'':<44} {'n':>3} " + " ".join(f"{metric.removesuffix('_ms'):>14}" for metric in METRICS)]
@@ -340,9 +345,7 @@ def main() -> None:
     report(per_draw, scored, apart, assumed)
     if options.write_held_out:
         entries = held_out_entries(assumed, every)
-        update_step_time(
-            "the gpu profile's held-out figures", lambda profiles: profiles["gpu"].update(held_out=entries)
-        )
+        update_step_time("the gpu profile's held-out figures", lambda profiles: keep_experts(profiles["gpu"], entries))
     print(f"\nfitted parameters: {', '.join(PARAMETERS)}; shipped: {coefficient_vector(steptime.coefficients('gpu'))}")
     if options.json:
         rows = [

@@ -1,6 +1,6 @@
 """kvops simulate against public `vllm bench serve` runs it was never fitted on: held out entirely.
 
-    python bench/simulate_public_bench.py [--only ID[,ID]] [--draws 1] [--save FILE]
+    python bench/simulate_public_bench.py [--only ID[,ID]] [--draws 1] [--save FILE] [--write-held-out]
 
 The runs: bench/data/public_bench.json, each with its source, the date it was posted and what bounds its vLLM
 release (numbers only). None of them is in bench/data/sim_to_real.json, the step time's fit (24 runs of vLLM 0.15.1
@@ -25,6 +25,12 @@ runs of 100 requests at seeds 0..N-1 and takes each figure's median (`seeds`). F
 throughput; each error signed, simulated over measured minus 1 (negative: the simulator is fast, or for throughput,
 low). The summary is the median absolute error, over all runs, per GPU, per release, dense against mixtures of
 experts.
+
+--write-held-out writes, into the gpu profile of kvops/catalog/step_time.json, the range of measured mean TPOT over
+the simulated on the runs of mixtures of more routed experts than any the step time is fitted on (`held_out`,
+`experts_from`: the fewest experts among them), which `kvops simulate` warns with on such models. Runs whose requests
+stream fewer than FEW_OUTPUTS tokens each are left out of it: their TPOT is a burst's few gaps, the API server's
+time more than the GPU's. The entries bench/simulate_accuracy.py writes are kept, and it keeps these.
 """
 
 from __future__ import annotations
@@ -36,9 +42,11 @@ import statistics
 import subprocess
 import sys
 from collections.abc import Callable, Iterable
+from datetime import date
 from typing import Any
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "public_bench.json")
+FEW_OUTPUTS = 16  # output tokens a request below which its TPOT is not read as the GPU's
 SHAREGPT_SIGMA = (1.2, 1.0)
 SMALL_RUN = 100  # kvops' sharegpt model's spread of prompt and output lengths (synthetic.py)
 VLLM_DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vllm/config/cache.py of the releases scored (0.10-0.13)
@@ -204,11 +212,68 @@ def report(runs: list[dict[str, Any]], sims: dict[str, dict[str, Any]]) -> None:
     print("\n".join(summary_lines(scored, errors)))
 
 
+def routed_experts(run: dict[str, Any]) -> int:
+    """The routed experts of the run's model, as kvops reads its config (0: dense)."""
+    from kvops.model.locate import load_model
+
+    return load_model(run["kvops_model"]).num_experts
+
+
+def held_out_entry(runs: list[dict[str, Any]], sims: dict[str, dict[str, Any]], fitted_experts: int) -> dict | None:
+    """The profile's `held_out` entry for models of more routed experts than `fitted_experts`, the most of any model
+    the step time is fitted on: their runs' measured mean TPOT over the simulated."""
+    many = [
+        run
+        for run in runs
+        if "refused" not in sims.get(run["id"], {"refused": "not run"})
+        and run["measured"]["total_output_tokens"] >= FEW_OUTPUTS * run["measured"]["completed"]
+        and routed_experts(run) > fitted_experts
+    ]
+    if not many:
+        return None
+    ratios = [run["measured"]["mean_tpot_ms"] / sims[run["id"]]["TPOT"] for run in many]
+    models = sorted({run["model"].split("/")[-1] for run in many})
+    releases = sorted({run["release"] for run in many})
+    gpus = sorted({run["gpu"] for run in many})
+    return {
+        "experts_from": min(routed_experts(run) for run in many),
+        "runs": len(many),
+        "low": round(min(ratios), 2),
+        "high": round(max(ratios), 2),
+        "source": f"GPUStack's performance lab, vLLM {', '.join(releases)} on {', '.join(gpus)}: {', '.join(models)}; "
+        f"bench/simulate_public_bench.py, {date.today().isoformat()}",
+        "runs_of": "public vllm bench serve",
+    }
+
+
+def fitted_experts() -> int:
+    """The most routed experts of any model the gpu profile is fitted on (bench/data/sim_to_real.json's runs)."""
+    from sim_experiments import experiments
+
+    from kvops.model.locate import load_model
+
+    return max(load_model(experiment.model).num_experts for experiment in experiments())
+
+
+def write_held_out(entry: dict | None) -> None:
+    """Replace the profile's experts entry with `entry`, keeping the GPU and tp ones (bench/simulate_accuracy.py's)."""
+    from fit_steptime import update_step_time
+
+    def change(profiles: dict[str, Any]) -> None:
+        kept = [held for held in profiles["gpu"].get("held_out", []) if "experts_from" not in held]
+        profiles["gpu"]["held_out"] = kept + ([entry] if entry else [])
+
+    update_step_time("the gpu profile's held-out figures for many experts", change)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", help="comma-separated run ids")
     parser.add_argument("--draws", type=int, default=1, help="seeds 0..N-1 per run, each figure's median")
     parser.add_argument("--save", help="keep each run's figures, per seed, in this JSON file; a rerun reuses them")
+    parser.add_argument(
+        "--write-held-out", action="store_true", help="write the many-experts runs' range into the gpu profile"
+    )
     options = parser.parse_args()
     runs = load()
     if options.only:
@@ -225,6 +290,8 @@ def main() -> None:
             with open(options.save, "w") as handle:
                 json.dump(cache, handle, indent=1)
     report(runs, sims)
+    if options.write_held_out:
+        write_held_out(held_out_entry(runs, sims, fitted_experts()))
 
 
 if __name__ == "__main__":

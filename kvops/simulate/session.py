@@ -315,10 +315,16 @@ def _latency_bounds(setup: Setup) -> set[str]:
     step_time = setup.step_time
     coefficients = step_time.coefficients
     bounds = {"lower"} if coefficients.unscored(step_time.hardware.name) else set()
-    for held in coefficients.held_out:
-        if held.applies(step_time.hardware.name, step_time.cost.tp):
-            bounds |= {"lower"} if held.low > 1 else {"upper"} if held.high < 1 else set()
+    for held in _held_out(setup):
+        bounds |= {"lower"} if held.low > 1 else {"upper"} if held.high < 1 else set()
     return bounds
+
+
+def _held_out(setup: Setup) -> list[steptime.HeldOut]:
+    """The profile's figures on runs it was not fitted on that reach this deployment: its GPU, tp or experts."""
+    step_time = setup.step_time
+    where = (step_time.hardware.name, step_time.cost.tp, step_time.cost.num_experts)
+    return [held for held in step_time.coefficients.held_out if held.applies(*where)]
 
 
 def _search_bounds(setup: Setup, search: RateSearch, replicas: Replicas | None) -> list[str]:
@@ -359,7 +365,11 @@ def _warnings(setup: Setup) -> list[str]:
     plan = setup.plan
     found = []
     spec = plan.inputs.spec
-    if spec.num_experts and spec.experts_per_token / spec.num_experts <= SPARSE_ROUTING:
+    step_time = setup.step_time
+    coefficients = step_time.coefficients
+    held = _held_out(setup)
+    scored_experts = any(entry.experts_from for entry in held)  # runs of such models say more than the caveat
+    if spec.num_experts and spec.experts_per_token / spec.num_experts <= SPARSE_ROUTING and not scored_experts:
         found.append(
             f"{spec.name} routes each token to {spec.experts_per_token} of {spec.num_experts} experts: the step time "
             "prices the experts a batch touches as if tokens chose them uniformly, and on the one such model it is "
@@ -368,8 +378,6 @@ def _warnings(setup: Setup) -> list[str]:
             "(2,500-token requests, KV offloaded to the CPU), within 5% at 26-61; read TPOT at a few requests "
             "running as a lower bound, or --calibrate on a benchmark of your own at that load"
         )
-    step_time = setup.step_time
-    coefficients = step_time.coefficients
     if coefficients.unscored(step_time.hardware.name):
         others = sorted({held.gpu for held in coefficients.held_out if held.gpu} | set(coefficients.gpu_scales))
         priced = f", which priced the public runs on {', '.join(others)} too fast" if others else ""
@@ -379,11 +387,10 @@ def _warnings(setup: Setup) -> list[str]:
             "(kvops/catalog/step_time.json); read its latencies as a lower bound, or --calibrate on a benchmark of "
             "your own"
         )
-    for held in coefficients.held_out:
-        if held.applies(step_time.hardware.name, step_time.cost.tp):
-            read = "as a lower bound" if held.low > 1 else "as an upper bound" if held.high < 1 else "within that range"
-            shown = held.describe(scaled=held.gpu in coefficients.gpu_scales)
-            found.append(f"{shown}: read its latencies {read}, or --calibrate on a benchmark of your own")
+    for entry in held:
+        read = "as a lower bound" if entry.low > 1 else "as an upper bound" if entry.high < 1 else "within that range"
+        shown = entry.describe(scaled=entry.gpu in coefficients.gpu_scales)
+        found.append(f"{shown}: read its latencies {read}, or --calibrate on a benchmark of your own")
     found += _priority_warnings(setup)
     longest = max((request.prompt_tokens for request in setup.trace.requests), default=0)
     if plan.capacity is not None and longest >= plan.capacity.max_model_len:

@@ -152,8 +152,8 @@ class Coefficient:
 
 @frozen
 class HeldOut:
-    """How a profile did on runs it was not fitted on, of one GPU (or machine) or one tensor-parallel size: the range
-    of their measured mean TPOT over the simulated."""
+    """How a profile did on runs it was not fitted on, of one GPU (or machine), one tensor-parallel size, or models
+    of at least `experts_from` routed experts: the range of their measured mean TPOT over the simulated."""
 
     runs: int
     low: float
@@ -161,15 +161,23 @@ class HeldOut:
     source: str
     gpu: str | None = None
     tp: int | None = None
+    experts_from: int | None = None
     runs_of: str = "public vLLM"  # what the runs were, as the warning names them
 
-    def applies(self, gpu: str, tp: int) -> bool:
-        return self.gpu in (None, gpu) and self.tp in (None, tp)
+    def applies(self, gpu: str, tp: int, experts: int = 0) -> bool:
+        many = self.experts_from is None or experts >= self.experts_from
+        return self.gpu in (None, gpu) and self.tp in (None, tp) and many
 
     def describe(self, scaled: bool = False) -> str:
         """`scaled`: its GPU has a scale (gpu_scales), fitted on these runs, each scored at the scale fitted without
         it (bench/fit_gpu_scale.py and bench/simulate_accuracy.py hold out the same runs)."""
-        subject = f"on {self.gpu}" if self.gpu else f"at tp {self.tp}"
+        subject = (
+            f"on {self.gpu}"
+            if self.gpu
+            else f"at tp {self.tp}"
+            if self.tp
+            else f"for models of {self.experts_from} routed experts or more"
+        )
         runs = f"{self.runs} {self.runs_of} run{'s' if self.runs > 1 else ''}"
         spread = f"{self.low:.2f}" if self.low == self.high else f"{self.low:.2f}-{self.high:.2f}"
         how = ", each simulated at the GPU's scale fitted on the others," if scaled else " it was not fitted on"

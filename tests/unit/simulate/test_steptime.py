@@ -243,6 +243,10 @@ def test_held_out_runs_apply_by_gpu_or_tensor_parallel_size_and_round_trip():
     (tp8,) = [held for held in gpu.held_out if held.tp]
     assert tp8.applies("H100-80GB", 8) and not tp8.applies("H100-80GB", 4) and tp8.high < 1
     assert not any(held.applies("H100-80GB", 1) for held in gpu.held_out)  # what the profile is fitted on
+    (many,) = [held for held in gpu.held_out if held.experts_from]  # more routed experts than the fit's models
+    assert many.experts_from == 32 and many.applies("H100-80GB", 1, 128) and many.applies("A100-80GB", 8, 32)
+    assert not many.applies("H100-80GB", 2, 8) and not many.applies("H100-80GB", 1) and many.low > 1
+    assert many.describe().startswith("the step time for models of 32 routed experts or more: 17 public vllm bench")
     assert steptime.read_coefficients(json.dumps(gpu.to_dict()), "fit.json").held_out == gpu.held_out
     (other_machines,) = steptime.coefficients("cpu").held_out  # a CPU step time is its machine's
     assert other_machines.applies("cpu", 1) and other_machines.low < 1 < other_machines.high
