@@ -68,6 +68,9 @@ def explain(run: Run, inputs: PlanInputs | None, policy: Policy, notes: list[str
     level = policy.raw_level(kv.usage) if kv else None
     diagnosis = diagnose(run.failure, run, figures, predicted)
     action = next_action(run, inputs, kv, level, diagnosis, figures, notes, planned_capacity(predicted))
+    sizing = run.log.sizing() if run.log else None
+    if sizing:
+        notes.append(sizing)
     if any(item.basis in ("reported", "derived") for item in figures) and run.log:
         notes.append(f"figures read from the log are rounded: {LOG_ROUNDING}")
     notes += inconsistent(figures)

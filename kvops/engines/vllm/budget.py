@@ -738,9 +738,12 @@ def _cuda_graphs(inputs: PlanInputs, release_: VllmRelease, batched: int, max_nu
 
 
 def _profiled_graphs(profile: Profile, measured_bytes: int, graphs: CompiledGraphs) -> Term:
-    """The run's own estimate; for another number of capture sizes (another --max-num-seqs, say), scaled by their
-    number, as the fitted estimate is."""
-    measured = f"profile {profile.source}: 'Estimated CUDA graph memory'"
+    """The run's own figure (its estimate; under the extensible KV cache, the graphs it captured); for another number
+    of capture sizes (another --max-num-seqs, say), scaled by their number, as the fitted estimate is."""
+    measured = (
+        f"profile {profile.source}: the run's CUDA-graph memory ('Estimated CUDA graph memory'; under the extensible "
+        "KV cache, the graphs it captured)"
+    )
     runs = profile.cudagraph_captures
     if not runs or runs == graphs.captures:
         return Term("cuda_graphs", measured_bytes, "measured", measured)

@@ -56,7 +56,8 @@ def calibrate(log: VllmLog | None, config: CacheConfig | None, plan: Plan | None
     planned_total = plan.term("total") if plan else None
     plan_total = total or (planned_total.bytes if planned_total else None)
     util = run_utilization(log, config, plan, run_release)
-    cudagraph = log.cudagraph_bytes(plan_total) if log else None
+    extensible = bool(log and log.extensible)
+    cudagraph = _cuda_graphs(log, plan_total)
 
     add("weights", "bytes", facts.get("weights_bytes"), lines.get("weights_bytes", ""))
     add(
@@ -66,9 +67,18 @@ def calibrate(log: VllmLog | None, config: CacheConfig | None, plan: Plan | None
         lines.get("activation_bytes") or lines.get("peak_torch_bytes", ""),
     )
     add("non_torch", "bytes", log.non_torch_bytes if log else None, lines.get("non_torch_bytes", ""))
-    add("cuda_graphs", "bytes", cudagraph, lines.get("cudagraph_bytes") or lines.get("cudagraph_utilization", ""))
+    graph_line = "cudagraph_captured_bytes" if extensible else "cudagraph_bytes"
+    add("cuda_graphs", "bytes", cudagraph, lines.get(graph_line) or lines.get("cudagraph_utilization", ""))
     overhead = None
-    if not pinned and plan_total and facts.get("weights_bytes") is not None and kv_actual is not None:
+    # under the extensible KV cache, budget - weights - KV also holds vLLM's margin and the memory in use before
+    # startup (measure_kv_cache_bytes): not the activation + non-torch + CUDA graphs the overhead stands for
+    if (
+        not pinned
+        and not extensible
+        and plan_total
+        and facts.get("weights_bytes") is not None
+        and kv_actual is not None
+    ):
         overhead = budget.requested_memory(plan_total, util, run_release) - facts["weights_bytes"] - kv_actual
         source_total = "the log's total_gpu_memory" if total else "the engine-side total of the plan's GPU"
         add("overhead", "bytes", overhead, f"{source_total} x {util:g} - weights - available KV cache")
@@ -121,6 +131,17 @@ def calibrate(log: VllmLog | None, config: CacheConfig | None, plan: Plan | None
         block_size=_label(config, "block_size") or (log.args.get("block_size") if log else None),
     )
     return Calibration("vllm", source, rows, profile, notes, warnings)
+
+
+def _cuda_graphs(log: VllmLog | None, total: int | None) -> int | None:
+    """The CUDA-graph memory the run's KV sizing took: vLLM's estimate (0.21-0.33, 0.34 without the extensible KV
+    cache), or, under the extensible KV cache, the graphs it captured, resident when it measured free memory
+    (profile_cudagraph_memory returns 0 there: v1/worker/gpu/model_runner.py l.1123, 0.34.0)."""
+    if log is None:
+        return None
+    if log.extensible:
+        return log.get("cudagraph_captured_bytes")
+    return log.cudagraph_bytes(total)
 
 
 def run_utilization(

@@ -43,9 +43,10 @@ from typing import Any
 
 from kvops.engines.logs import LogFacts, LogPattern
 from kvops.engines.oom import TORCH_OOM, OutOfMemory, out_of_memory
+from kvops.engines.vllm.budget import MARGIN_FLOOR, MARGIN_FRACTION
 from kvops.engines.vllm.releases import VllmRelease, from_log
 from kvops.frozen import frozen
-from kvops.units import GiB
+from kvops.units import GiB, format_bytes
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m|\[[0-9;]*m(?=\()")
 _NUMBER = r"(\d+(?:\.\d+)?)"
@@ -353,13 +354,45 @@ class VllmLog(LogFacts):
         if extended is None and warmup is None:
             return
         if "kv_cache_bytes" in self.facts:
-            self.facts["reserved_kv_bytes"] = self.facts["kv_cache_bytes"]
+            self._keep("reserved_kv_bytes", self.facts["kv_cache_bytes"], "kv_cache_bytes")
         if extended is not None:
-            blocks, kv = extended
+            (blocks, kv), source = extended, "extended_kv"
         else:
             assert warmup is not None
-            blocks, kv = warmup["blocks"], warmup["kv_bytes"]
-        self.facts["kv_cache_bytes"], self.facts["num_gpu_blocks"] = kv, blocks
+            blocks, kv, source = warmup["blocks"], warmup["kv_bytes"], "after_warmup"
+        self._keep("kv_cache_bytes", kv, source)
+        self._keep("num_gpu_blocks", blocks, source)
+
+    def sizing(self) -> str | None:
+        """How the run sized its KV cache, in `kvops plan --explain`'s words (its "KV sizing" note and vllm_margin
+        term), where the log shows the extensible KV cache; None otherwise."""
+        if not self.extensible:
+            return None
+        kept = "extended_kv" if "extended_kv" in self.facts else "after_warmup"
+        text = (
+            "KV sizing: extensible: the extensible KV cache, sized after warmup and CUDA-graph capture from the "
+            f"memory actually free (log: '{self.matches[kept]}')"
+        )
+        if "reserved_kv_bytes" in self.facts:
+            text += (
+                f"; its '{self.matches['reserved_kv_bytes']}' is the address range reserved before warmup, not the "
+                "KV it kept"
+            )
+        warmup = self.facts.get("after_warmup")
+        if warmup is None:
+            return text
+        margin = max(MARGIN_FLOOR["nvidia"], int(warmup["peak_bytes"] * MARGIN_FRACTION))
+        return text + (
+            f"; vllm_margin {format_bytes(margin)} = max({format_bytes(MARGIN_FLOOR['nvidia'])}, {MARGIN_FRACTION:g} "
+            f"x transient {format_bytes(warmup['peak_bytes'])}) kept free beside the "
+            f"{format_bytes(warmup['transient_bytes'])} kept for transient activations (KV_CACHE_MARGIN_FLOOR_BYTES, "
+            f"{format_bytes(MARGIN_FLOOR['amd'])} on ROCm; KV_CACHE_MARGIN_FRACTION, v1/worker/extensible_kv_cache.py)"
+        )
+
+    def _keep(self, fact: str, value: Any, source: str) -> None:
+        """Set a fact with the line and words of the fact it was read from (quoted where it is reported)."""
+        self.facts[fact] = value
+        self.lines[fact], self.matches[fact] = self.lines[source], self.matches[source]
 
     @property
     def activation_bytes(self) -> int | None:

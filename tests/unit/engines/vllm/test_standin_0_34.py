@@ -1,0 +1,87 @@
+"""vLLM 0.34 GPU startup logs, read by `kvops calibrate` and `kvops explain`.
+
+The logs are STAND-INS, not captures: no public vLLM 0.32-0.34 GPU startup log exists (tests/fixtures/corpus/
+checked.txt), so each fixture is built from the exact format strings of the 0.34.0 wheel (its header names every
+line's file and line: v1/worker/extensible_kv_cache.py, v1/worker/gpu_worker.py, v1/worker/gpu/model_runner.py,
+v1/core/kv_cache_utils.py, v1/engine/core.py, ...) filled with self-consistent numbers."""
+
+from __future__ import annotations
+
+import json
+
+import yaml
+
+from kvops.engines.vllm.logs import parse_vllm_log
+from kvops.units import GiB
+from tests.support.paths import LOGS
+
+EXTENSIBLE = LOGS / "vllm-0.34.0-standin-extensible.log"
+LLAMA_H100 = ("-m", "llama-3.1-8b-instruct", "--gpu", "h100")
+
+
+def gib(value: float) -> int:
+    return round(value * GiB)
+
+
+def calibration(run_kvops, log, *args: str) -> dict:
+    return json.loads(run_kvops("calibrate", "--vllm-log", str(log), *LLAMA_H100, *args, "--json").stdout)
+
+
+def test_the_extensible_log_reads_every_figure_kvops_uses():
+    log = parse_vllm_log(EXTENSIBLE.read_text())
+    release = log.release()
+    assert release is not None and release.version.text == "0.34.0" and release.extensible
+    assert log.device == "gpu" and log.get("gpu_memory_utilization") == 1.0
+    assert (log.get("weights_bytes"), log.activation_bytes, log.non_torch_bytes) == (
+        gib(14.99),
+        gib(1.89),
+        gib(15.27) - gib(14.99),
+    )
+    assert (log.get("kv_cache_bytes"), log.get("num_gpu_blocks"), log.get("reserved_kv_bytes")) == (
+        gib(59.56),
+        7624,
+        gib(62.03),
+    )
+    assert (log.kv_cache_size_tokens, log.max_model_len, log.max_concurrency) == (487872, 131072, 3.72)
+    assert (log.get("total_memory_bytes"), log.get("startup_free_bytes")) == (gib(79.19), gib(78.69))
+    assert log.get("cudagraph_captured_bytes") == gib(0.52) and log.cudagraph_estimate_applied is None
+
+
+def test_the_kv_it_kept_is_quoted_from_the_extension_not_the_reservation(run_kvops):
+    """The KV and block count came from 'Extended KV cache to ...', but calibrate and explain quoted the line they
+    replaced, 'Available KV cache memory: 62.03 GiB' (the address range reserved before warmup)."""
+    rows = {row["term"]: row for row in calibration(run_kvops, EXTENSIBLE)["comparisons"]}
+    for term in ("kv_cache", "num_gpu_blocks"):
+        assert "Extended KV cache to 7624 blocks (59.56 GiB)" in rows[term]["source"]
+    doc = json.loads(run_kvops("explain", "--vllm-log", str(EXTENSIBLE), "--json").stdout)
+    assert doc["memory"]["kv_cache"]["source"] == "log: 'Extended KV cache to 7624 blocks (59.56 GiB)'"
+
+
+def test_calibrate_takes_the_captured_graphs_and_no_overhead_under_the_extensible_cache(run_kvops, tmp_path):
+    """Under the extensible KV cache vLLM applies no CUDA-graph estimate: it measures free memory with the captured
+    graphs resident (gpu/model_runner.py l.1123, extensible_kv_cache.py measure_kv_cache_bytes). Calibrate had no
+    cuda_graphs row and left the plan's estimate (~0.84 GiB) in the profile, and its overhead (budget - weights -
+    KV = 4.64 GiB, which also holds vLLM's margin and the memory in use before startup) was compared with the plan's
+    activation + non-torch + graphs (2.98 GiB) as +56%. A plan on the saved profile now lands on the run's blocks."""
+    saved = tmp_path / "profile.yaml"
+    report = calibration(run_kvops, EXTENSIBLE, "--save", str(saved))
+    rows = {row["term"]: row for row in report["comparisons"]}
+    assert rows["cuda_graphs"]["actual"] == gib(0.52) and "Graph capturing finished" in rows["cuda_graphs"]["source"]
+    assert "overhead" not in rows
+    profile = yaml.safe_load(saved.read_text())
+    assert profile["cudagraph_bytes"] == gib(0.52) and "overhead_bytes" not in profile
+    plan = json.loads(
+        run_kvops("plan", *LLAMA_H100, "--engine-version", "0.34.0", "--profile", str(saved), "--json").stdout
+    )
+    assert plan["capacity"]["num_blocks"] == 7624  # the estimate of the graphs left 7,512
+
+
+def test_explain_names_the_sizing_path_and_margin_as_the_plan_does(run_kvops):
+    """The plan names the path ('KV sizing: extensible') and vllm_margin max(1 GiB, 0.75 x transient); explain said
+    neither, so its 'free' 1.45 GiB and the 62.03 GiB 'Available KV cache memory' went unexplained."""
+    notes = json.loads(run_kvops("explain", "--vllm-log", str(EXTENSIBLE), "--json").stdout)["notes"]
+    sizing = next(note for note in notes if note.startswith("KV sizing: extensible:"))
+    assert "'Available KV cache memory: 62.03 GiB' is the address range reserved before warmup" in sizing
+    assert "vllm_margin ~1.42 GiB = max(1 GiB, 0.75 x transient ~1.89 GiB)" in sizing
+    plan = run_kvops("plan", *LLAMA_H100, "--engine-version", "0.34.0", "--explain").stdout
+    assert "KV sizing: extensible:" in plan and "max(1 GiB, 0.75 x transient" in plan
