@@ -6,9 +6,12 @@ Read (each as it appears in some release; the first occurrence wins, TP workers 
               "model weights take 21.21GiB";
 - KV budget:  "Available KV cache memory: 15.72 GiB" (V1), "... the rest of the memory reserved for KV Cache is
               1.57GiB." and "kv_cache_size=3.81GiB" (V0), "reserved 49.0 GiB memory for KV Cache as specified
-              by kv_cache_memory_bytes" (pinned), CPU "Explicitly set (1.0/31.28) GiB for KV cache";
+              by kv_cache_memory_bytes" (pinned), CPU "Explicitly set (1.0/31.28) GiB for KV cache"; with 0.34's
+              extensible KV cache, "Extended KV cache to 7624 blocks (59.56 GiB)" and "Memory after warmup: ..."
+              (the KV it kept; "Available KV cache memory" is then the range reserved before warmup);
 - totals:     "total_gpu_memory (23.58GiB) x gpu_memory_utilization (0.99)" and "total_gpu_memory=23.58GiB"
-              (V0), CPU "(1.0/31.28) GiB";
+              (V0), CPU "(1.0/31.28) GiB"; free at startup: the startup summary's, and a pinned run's
+              "Initial free memory 78.69 GiB, reserved ...";
 - overheads:  "non_torch_memory takes 0.20GiB", "PyTorch activation peak memory takes 0.37GiB" and
               "peak_torch_memory=17.98GiB" (weights + activation peak, V0), DEBUG
               "torch peak memory increase: X GiB", "Estimated CUDA graph memory: 0.17 GiB total", "The current
@@ -119,6 +122,12 @@ PATTERNS: list[LogPattern] = [
         lambda m: gib(m.group(1)),
     ),
     ("startup_free_bytes", _SUMMARY_FREE, lambda m: gib(m.group(1))),
+    # a pinned KV cache's line (gpu_worker.py determine_available_memory: init_snapshot.free_memory, 0.34.0 l.697)
+    (
+        "startup_free_bytes",
+        re.compile(r"Initial free memory " + _NUMBER + r" GiB, reserved [\d.]+ GiB memory for KV Cache"),
+        lambda m: gib(m.group(1)),
+    ),
     (
         "gpu_memory_utilization",
         re.compile(r"gpu_memory_utilization(?:=|\s+\(?)" + _NUMBER),

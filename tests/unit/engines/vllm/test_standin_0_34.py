@@ -42,7 +42,7 @@ def test_the_extensible_log_reads_every_figure_kvops_uses():
         7624,
         gib(62.03),
     )
-    assert (log.kv_cache_size_tokens, log.max_model_len, log.max_concurrency) == (487872, 131072, 3.72)
+    assert (log.kv_cache_size_tokens, log.max_model_len, log.max_concurrency) == (487936, 131072, 3.72)
     assert (log.get("total_memory_bytes"), log.get("startup_free_bytes")) == (gib(79.19), gib(78.69))
     assert log.get("cudagraph_captured_bytes") == gib(0.52) and log.cudagraph_estimate_applied is None
 
@@ -85,3 +85,23 @@ def test_explain_names_the_sizing_path_and_margin_as_the_plan_does(run_kvops):
     assert "vllm_margin ~1.42 GiB = max(1 GiB, 0.75 x transient ~1.89 GiB)" in sizing
     plan = run_kvops("plan", *LLAMA_H100, "--engine-version", "0.34.0", "--explain").stdout
     assert "KV sizing: extensible:" in plan and "max(1 GiB, 0.75 x transient" in plan
+
+
+PINNED = LOGS / "vllm-0.34.0-standin-pinned.log"
+
+
+def test_a_pinned_run_of_0_34_takes_the_older_path_and_its_startup_free_memory(run_kvops):
+    """--kv-cache-memory-bytes turns the extensible KV cache off (_resolve_extensible_kv_cache) and skips the
+    profile; its one memory line, 'Initial free memory 78.69 GiB, reserved 40.0 GiB ...' (gpu_worker.py), states
+    the memory free at startup, which kvops ignored: explain's 'free' counted the 0.5 GiB held before startup."""
+    log = parse_vllm_log(PINNED.read_text())
+    release = log.release()
+    assert release is not None and not release.extensible and log.sizing() is None
+    assert (log.get("kv_cache_bytes"), log.get("startup_free_bytes")) == (40 * GiB, gib(78.69))
+    assert (log.kv_cache_size_tokens, log.max_concurrency) == (327680, 2.5)
+    doc = json.loads(run_kvops("explain", "--vllm-log", str(PINNED), *LLAMA_H100, "--json").stdout)
+    assert doc["memory"]["before_engine"]["bytes"] == gib(79.19) - gib(78.69)
+    assert doc["memory"]["free"]["source"] == "total - held before startup - the engine's terms"
+    rows = {row["term"]: row for row in calibration(run_kvops, PINNED)["comparisons"]}
+    assert (rows["kv_cache"]["actual"], rows["kv_cache_size_tokens"]["actual"]) == (40 * GiB, 327680)
+    assert rows["kv_cache_size_tokens"]["difference"] == 0
