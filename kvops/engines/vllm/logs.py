@@ -21,7 +21,8 @@ Read (each as it appears in some release; the first occurrence wins, TP workers 
               "Maximum concurrency for 2,048 tokens per request: 997.08x" (two lines, 0.7-0.2x) or one line
               "GPU KV cache size: N tokens, Maximum concurrency for L tokens per request: C x" (newer; "CPU" on the
               CPU build);
-- config:     "non-default args: {...}" (the flags given), "Using max model len 1024", "(v0.32.0)";
+- config:     "non-default args: {...}" (the flags given), "Using max model len 1024", "(v0.32.0)", "vLLM server
+              version 0.34.0, serving model M" (the banner without its logo);
 - summary:    "Free memory on device (F/T GiB) on startup. Desired GPU memory utilization is (u, R GiB). Actual
               usage is A GiB for consumed memory (weights + non-torch), B GiB for peak activation, and C GiB for
               CUDAGraph memory. ... Current kv cache memory in use is K GiB." (0.11+; B includes the CUDA-graph
@@ -225,6 +226,9 @@ PATTERNS: list[LogPattern] = [
     ("max_model_len", re.compile(r"Using max model len (\d+)"), lambda m: int(m.group(1))),
     ("version", re.compile(r"(?:V[01] )?LLM engine \(v([^)\s]+)\)"), lambda m: m.group(1)),
     ("version", re.compile(r"vLLM API server version (\d[\w.+-]*)"), lambda m: m.group(1)),
+    # the banner's plain wording, without the logo (VLLM_DISABLE_LOG_LOGO, or a formatter that is not vLLM's):
+    # entrypoints/serve/utils/api_utils.py l.327 in 0.32.0, entrypoints/common/startup.py l.18 in 0.33.0-0.34.0
+    ("version", re.compile(r"vLLM server version (\d[\w.+-]*), serving model"), lambda m: m.group(1)),
     ("version", re.compile(r"\u2588 +version (\d[\w.+-]*)"), lambda m: m.group(1)),  # the startup banner
     ("version", re.compile(r"\bvLLM: (\d+\.\d[\w.+-]*?)\.?(?:\s|$)"), lambda m: m.group(1)),  # Unsloth's banner
     ("engine_generation", re.compile(r"Initializing an? (V[01]) LLM engine"), lambda m: m.group(1)),

@@ -105,3 +105,12 @@ def test_a_pinned_run_of_0_34_takes_the_older_path_and_its_startup_free_memory(r
     rows = {row["term"]: row for row in calibration(run_kvops, PINNED)["comparisons"]}
     assert (rows["kv_cache"]["actual"], rows["kv_cache_size_tokens"]["actual"]) == (40 * GiB, 327680)
     assert rows["kv_cache_size_tokens"]["difference"] == 0
+
+
+def test_the_banner_without_its_logo_names_the_release():
+    """With VLLM_DISABLE_LOG_LOGO, or a formatter that is not vLLM's own, the banner is one plain line, 'vLLM server
+    version 0.34.0, serving model M' (entrypoints/common/startup.py l.18, 0.33.0-0.34.0; api_utils.py l.327 in
+    0.32.0), which kvops did not read: a log cut before the engine core's line named no release."""
+    line = "(APIServer pid=1) INFO 12-07 10:00:01 [startup.py:38] vLLM server version 0.34.0, serving model m\n"
+    found = parse_vllm_log(line).release()
+    assert found is not None and found.version.text == "0.34.0"
