@@ -271,6 +271,12 @@ PATTERNS: list[LogPattern] = [
             "requested_bytes": gib(m.group(8)),
         },
     ),
+    # the engine core turning it off where a worker cannot map driver memory (v1/executor/abstract.py, 0.34.0 l.175)
+    (
+        "extensible_disabled",
+        re.compile(r"Disabling the extensible KV cache: (.+?)\. The KV cache will be sized from profiling estimates"),
+        lambda m: m.group(1),
+    ),
     ("v0_wording", _V0_WORDING, lambda m: m.group(0)),
     (
         "args",
@@ -378,7 +384,13 @@ class VllmLog(LogFacts):
 
     def sizing(self) -> str | None:
         """How the run sized its KV cache, in `kvops plan --explain`'s words (its "KV sizing" note and vllm_margin
-        term), where the log shows the extensible KV cache; None otherwise."""
+        term), where the log shows the extensible KV cache or vLLM turning it off; None otherwise."""
+        if "extensible_disabled" in self.facts:
+            return (
+                f"KV sizing: profiler: vLLM turned the extensible KV cache off (log: "
+                f"'{self.matches['extensible_disabled']}'): sized from the memory profile before warmup, as 0.20-0.33 "
+                "do (v1/executor/abstract.py disable_extensible_kv_cache)"
+            )
         if not self.extensible:
             return None
         kept = "extended_kv" if "extended_kv" in self.facts else "after_warmup"

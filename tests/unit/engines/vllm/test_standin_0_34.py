@@ -114,3 +114,34 @@ def test_the_banner_without_its_logo_names_the_release():
     line = "(APIServer pid=1) INFO 12-07 10:00:01 [startup.py:38] vLLM server version 0.34.0, serving model m\n"
     found = parse_vllm_log(line).release()
     assert found is not None and found.version.text == "0.34.0"
+
+
+TP2 = LOGS / "vllm-0.34.0-standin-tp2.log"
+NO_VMM = LOGS / "vllm-0.34.0-standin-no-vmm.log"
+
+
+def test_tensor_parallel_ranks_keep_the_smallest_measurement():
+    """Each rank measures its own memory after warmup and all commit the minimum (gpu_worker.py _min_across_ranks):
+    rank 1's 17,136 blocks come first in the log, the KV is the 17,120 every rank extended to."""
+    log = parse_vllm_log(TP2.read_text())
+    assert log.get("after_warmup")["blocks"] == 17136
+    assert (log.get("num_gpu_blocks"), log.get("kv_cache_bytes")) == (17120, gib(66.88))
+    assert (log.kv_cache_size_tokens, log.max_concurrency, log.args["tensor_parallel_size"]) == (1095680, 8.36, 2)
+
+
+def test_explain_names_the_profiler_path_vllm_fell_back_to(run_kvops):
+    """Where the driver cannot map memory, vLLM 0.34 turns the extensible KV cache off and says so ('Disabling the
+    extensible KV cache: ...', v1/executor/abstract.py); explain read the run right (its KV is 'Available KV cache
+    memory', its budget 0.92) but did not say which path sized it, as `kvops plan --no-vmm --explain` does."""
+    log = parse_vllm_log(NO_VMM.read_text())
+    release = log.release()
+    assert release is not None and not release.extensible and release.default_gpu_memory_utilization == 0.92
+    assert (log.get("kv_cache_bytes"), log.get("gpu_memory_utilization")) == (gib(54.85), 0.92)
+    notes = json.loads(run_kvops("explain", "--vllm-log", str(NO_VMM), "--json").stdout)["notes"]
+    assert any(
+        note.startswith("KV sizing: profiler: vLLM turned the extensible KV cache off")
+        and "GPU driver error 801: operation not supported" in note
+        for note in notes
+    )
+    rows = {row["term"]: row for row in calibration(run_kvops, NO_VMM)["comparisons"]}
+    assert rows["cuda_graphs"]["actual"] == gib(0.84)  # the estimate vLLM took: "CUDA graph pool memory" (estimated)
