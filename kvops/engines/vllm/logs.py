@@ -274,7 +274,11 @@ PATTERNS: list[LogPattern] = [
     # the engine core turning it off where a worker cannot map driver memory (v1/executor/abstract.py, 0.34.0 l.175)
     (
         "extensible_disabled",
-        re.compile(r"Disabling the extensible KV cache: (.+?)\. The KV cache will be sized from profiling estimates"),
+        re.compile(
+            r"Disabling the extensible KV cache: ("
+            + _until_next("Disabling the extensible KV cache: ")
+            + r")\. The KV cache will be sized from profiling estimates"
+        ),
         lambda m: m.group(1),
     ),
     ("v0_wording", _V0_WORDING, lambda m: m.group(0)),
