@@ -71,6 +71,7 @@ def predicted_figures(plan: Plan | None) -> dict[str, Any]:
         "activation": terms.get("activation"),
         "non_torch": terms.get("non_torch"),
         "cuda_graphs": terms.get("cuda_graphs"),
+        "startup_used": terms.get("startup_used"),
         "kv_cache": plan.kv_cache_bytes,
         "num_gpu_blocks": cap.get("num_blocks"),
         "kv_cache_size_tokens": cap.get("kv_cache_size_tokens"),

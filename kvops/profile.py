@@ -33,6 +33,7 @@ class Profile:
     cudagraph_bytes: int | None = None
     cudagraph_captures: int | None = None  # the batch sizes the run captured, which cudagraph_bytes grows with
     overhead_bytes: int | None = None  # activation + non-torch + CUDA graphs, when the log gives only their sum
+    startup_used_bytes: int | None = None  # in use before the engine's startup snapshot: total - free at startup
     kv_cache_bytes: int | None = None
     num_gpu_blocks: int | None = None
     block_size: int | None = None

@@ -128,15 +128,18 @@ def _replan_inputs(
         and kv.bytes is not None
         and not run.pinned_kv_bytes
     ):
-        overhead = requested - weights.bytes - _logged_blocks_bytes(run, kv.bytes, capacity)
-        profile = Profile(
-            "vllm",
-            run.log_source or "the log",
-            tp=inputs.tp,
-            total_memory_bytes=total,
-            weights_bytes=weights.bytes,
-            overhead_bytes=max(0, overhead),
-        )
+        if run.log is not None and run.log.extensible:
+            profile = _measured_terms(run, inputs, total, weights.bytes, by_name.get("before_engine"))
+        else:
+            overhead = requested - weights.bytes - _logged_blocks_bytes(run, kv.bytes, capacity)
+            profile = Profile(
+                "vllm",
+                run.log_source or "the log",
+                tp=inputs.tp,
+                total_memory_bytes=total,
+                weights_bytes=weights.bytes,
+                overhead_bytes=max(0, overhead),
+            )
         return replace(inputs, profile=profile, kv_cache_memory_bytes=None, concurrency=None)
     pool = run.pinned_kv_bytes or diagnosis.figures.get("available_bytes") or run.facts.get("kv_cache_bytes")
     if pool and pool > 0:
@@ -149,6 +152,24 @@ def _replan_inputs(
             max_model_len=inputs.max_model_len if isinstance(failure, NoKvMemory) else failure.max_model_len,
         )
     return inputs
+
+
+def _measured_terms(run: Run, inputs: PlanInputs, total: int, weights: int, before: Figure | None) -> Profile:
+    """An extensible KV cache's run, term by term: its budget less weights and KV also holds vLLM's margin and
+    what was in use before startup, which the planner's extensible sizing takes apart (an overhead would count
+    them twice)."""
+    assert run.log is not None
+    return Profile(
+        "vllm",
+        run.log_source or "the log",
+        tp=inputs.tp,
+        total_memory_bytes=total,
+        weights_bytes=weights,
+        activation_bytes=run.log.activation_bytes,
+        non_torch_bytes=run.log.non_torch_bytes,
+        cudagraph_bytes=run.facts.get("cudagraph_captured_bytes"),
+        startup_used_bytes=before.bytes if before is not None else None,
+    )
 
 
 def _logged_blocks_bytes(run: Run, logged: int, capacity: VllmCapacity | None) -> int:

@@ -100,6 +100,12 @@ def _kv_tokens_too_few(failure: KvTokensTooFew, run: Run) -> Diagnosis:
 def _kv_basis(run: Run) -> str:
     if run.pinned_kv_bytes:
         return "why: --kv-cache-memory-bytes pins a pool too small for --max-model-len"
+    if run.log is not None and "after_warmup" in run.facts:
+        return (
+            "why: the memory free after CUDA-graph capture and warmup (less what was in use before startup), less "
+            "vLLM's margin and the transient it keeps free, holds less than one request at max_model_len (the "
+            "extensible KV cache, sized after warmup)"
+        )
     return (
         "why: the budget left after weights, activation peak and non-torch (and, from vLLM 0.21, the CUDA-graph "
         "estimate) holds less than one request at max_model_len"

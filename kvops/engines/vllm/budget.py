@@ -394,6 +394,14 @@ def _persistent(inputs: PlanInputs, batched: int, sampler_seqs: int) -> int:
 
 
 def _startup_used(inputs: PlanInputs) -> Term:
+    profile = inputs.profile
+    if profile and profile.startup_used_bytes is not None:
+        return Term(
+            "startup_used",
+            profile.startup_used_bytes,
+            "measured",
+            f"profile {profile.source}: total - free at startup (the CUDA context, NCCL, other processes)",
+        )
     return Term(
         "startup_used",
         STARTUP_USED,

@@ -82,6 +82,9 @@ def calibrate(log: VllmLog | None, config: CacheConfig | None, plan: Plan | None
         overhead = budget.requested_memory(plan_total, util, run_release) - facts["weights_bytes"] - kv_actual
         source_total = "the log's total_gpu_memory" if total else "the engine-side total of the plan's GPU"
         add("overhead", "bytes", overhead, f"{source_total} x {util:g} - weights - available KV cache")
+    startup_used = _startup_used(log, total)
+    if extensible or predicted.get("startup_used") is not None:  # the term only the extensible KV cache sizes with
+        add("startup_used", "bytes", startup_used, lines.get("startup_free_bytes", ""))
     add("kv_cache", "bytes", kv_actual, kv_where)
     blocks = _label(config, "num_gpu_blocks") or facts.get("num_gpu_blocks")
     add(
@@ -126,11 +129,19 @@ def calibrate(log: VllmLog | None, config: CacheConfig | None, plan: Plan | None
         cudagraph_bytes=cudagraph,
         cudagraph_captures=log.facts.get("cudagraph_captures") if log and cudagraph is not None else None,
         overhead_bytes=overhead if overhead is not None and overhead >= 0 else None,
+        startup_used_bytes=startup_used,
         kv_cache_bytes=kv_actual,
         num_gpu_blocks=blocks,
         block_size=_label(config, "block_size") or (log.args.get("block_size") if log else None),
     )
     return Calibration("vllm", source, rows, profile, notes, warnings)
+
+
+def _startup_used(log: VllmLog | None, total: int | None) -> int | None:
+    """Memory in use before vLLM's startup snapshot (the CUDA context, NCCL, other processes): the log's total less
+    the memory free at startup, which the extensible KV cache's headroom starts from (measure_kv_cache_bytes)."""
+    free = log.get("startup_free_bytes") if log else None
+    return total - free if total and free is not None and 0 <= total - free < total else None
 
 
 def _cuda_graphs(log: VllmLog | None, total: int | None) -> int | None:

@@ -70,6 +70,10 @@ def test_calibrate_takes_the_captured_graphs_and_no_overhead_under_the_extensibl
     assert "overhead" not in rows
     profile = yaml.safe_load(saved.read_text())
     assert profile["cudagraph_bytes"] == gib(0.52) and "overhead_bytes" not in profile
+    # the plan lists startup_used among the estimates calibrate replaces: the run measured it (79.19 - 78.69 GiB)
+    assert rows["startup_used"]["actual"] == profile["startup_used_bytes"] == gib(79.19) - gib(78.69)
+    explained = run_kvops("plan", *LLAMA_H100, "--engine-version", "0.34.0", "--profile", str(saved), "--explain")
+    assert "startup_used      512 MiB  measured" in explained.stdout and "startup_used" not in explained.stderr
     plan = json.loads(
         run_kvops("plan", *LLAMA_H100, "--engine-version", "0.34.0", "--profile", str(saved), "--json").stdout
     )
@@ -145,3 +149,23 @@ def test_explain_names_the_profiler_path_vllm_fell_back_to(run_kvops):
     )
     rows = {row["term"]: row for row in calibration(run_kvops, NO_VMM)["comparisons"]}
     assert rows["cuda_graphs"]["actual"] == gib(0.84)  # the estimate vLLM took: "CUDA graph pool memory" (estimated)
+
+
+AFTER_WARMUP = LOGS / "vllm-0.34.0-standin-kv-after-warmup.log"
+
+
+def test_a_kv_cache_too_small_after_warmup_is_explained_and_replanned_as_measured(run_kvops):
+    """The extensible KV cache can refuse after warmup (finalize_extensible_kv_cache -> shrink_kv_cache_configs):
+    here another process held 9.39 GiB of an A100-40GB. Explain gave the profiler's reason ('the budget left after
+    weights, activation peak and non-torch'), and re-planned the run on budget - weights - KV as one overhead (13.5
+    GiB), which the planner's extensible sizing took for the transient: ~296 MiB of KV where the run had 10.89 GiB.
+    The re-plan now takes the run's terms one by one and lands on vLLM's own figures."""
+    doc = json.loads(
+        run_kvops(
+            "explain", "--vllm-log", str(AFTER_WARMUP), "-m", "llama-3.1-8b-instruct", "--gpu", "a100-40gb", "--json"
+        ).stdout
+    )
+    assert doc["diagnosis"]["basis"].startswith("why: the memory free after CUDA-graph capture and warmup")
+    assert doc["memory"]["kv_cache"]["bytes"] == gib(10.9) and doc["memory"]["before_engine"]["bytes"] == gib(9.39)
+    problem = doc["action"]["problem"]
+    assert "more than the ~10.9 GiB vLLM has" in problem and "the estimated maximum model length is 89216" in problem
