@@ -169,3 +169,23 @@ def test_a_kv_cache_too_small_after_warmup_is_explained_and_replanned_as_measure
     assert doc["memory"]["kv_cache"]["bytes"] == gib(10.9) and doc["memory"]["before_engine"]["bytes"] == gib(9.39)
     problem = doc["action"]["problem"]
     assert "more than the ~10.9 GiB vLLM has" in problem and "the estimated maximum model length is 89216" in problem
+
+
+GPU_0_33 = LOGS / "vllm-0.33.0-standin-gpu.log"
+
+
+def test_a_0_33_run_reads_as_the_profiler_with_its_estimate(run_kvops):
+    """0.33 has no extensible KV cache: its log reads as 0.20-0.33's profile (the estimate taken before sizing KV, the
+    default utilization 0.92, 16-token blocks), and none of 0.34's meanings apply to it."""
+    log = parse_vllm_log(GPU_0_33.read_text())
+    release = log.release()
+    assert release is not None and release.version.text == "0.33.0" and not release.extensible
+    assert not log.extensible and log.sizing() is None and "reserved_kv_bytes" not in log.facts
+    assert (log.get("kv_cache_bytes"), log.get("cudagraph_bytes"), log.activation_bytes) == (
+        gib(54.85),
+        gib(0.84),
+        gib(2.73) - gib(0.84),
+    )
+    rows = {row["term"]: row for row in calibration(run_kvops, GPU_0_33)["comparisons"]}
+    assert "startup_used" not in rows and rows["kv_cache_size_tokens"]["actual"] == 449328
+    assert rows["kv_cache_size_tokens"]["predicted"] % 16 == 0  # the plan's 16-token blocks, as 0.33's
