@@ -468,11 +468,26 @@ class VllmLog(LogFacts):
 
 def parse_vllm_log(text: str) -> VllmLog:
     log = VllmLog()
-    for raw in text.splitlines():
-        log.read(ANSI.sub("", raw), PATTERNS)
+    lines = [ANSI.sub("", raw) for raw in text.splitlines()]
+    for line in lines:
+        log.read(line, PATTERNS)
+    _least_warmup(log, lines)
     log.failure = find_failure(text)
     log.settle()
     return log
+
+
+def _least_warmup(log: VllmLog, lines: list[str]) -> None:
+    """Each rank logs its own measurement after warmup and all commit the least (gpu_worker.py _min_across_ranks,
+    0.34.0): keep that rank's line, not the first printed."""
+    if "after_warmup" not in log.facts:
+        return
+    pattern, convert = next((pattern, convert) for name, pattern, convert in PATTERNS if name == "after_warmup")
+    for line in lines:
+        match = pattern.search(line)
+        if match and convert(match)["blocks"] < log.facts["after_warmup"]["blocks"]:
+            log.facts["after_warmup"] = convert(match)
+            log.lines["after_warmup"], log.matches["after_warmup"] = line.strip(), match.group(0)
 
 
 # --- why a run died -------------------------------------------------------------------------------------

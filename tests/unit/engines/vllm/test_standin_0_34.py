@@ -127,8 +127,9 @@ NO_VMM = LOGS / "vllm-0.34.0-standin-no-vmm.log"
 def test_tensor_parallel_ranks_keep_the_smallest_measurement():
     """Each rank measures its own memory after warmup and all commit the minimum (gpu_worker.py _min_across_ranks):
     rank 1's 17,136 blocks come first in the log, the KV is the 17,120 every rank extended to."""
-    log = parse_vllm_log(TP2.read_text())
-    assert log.get("after_warmup")["blocks"] == 17136
+    text = TP2.read_text()
+    assert text.index("17136 KV cache blocks") < text.index("17120 KV cache blocks")
+    log = parse_vllm_log(text)
     assert (log.get("num_gpu_blocks"), log.get("kv_cache_bytes")) == (17120, gib(66.88))
     assert (log.kv_cache_size_tokens, log.max_concurrency, log.args["tensor_parallel_size"]) == (1095680, 8.36, 2)
 
@@ -189,3 +190,13 @@ def test_a_0_33_run_reads_as_the_profiler_with_its_estimate(run_kvops):
     rows = {row["term"]: row for row in calibration(run_kvops, GPU_0_33)["comparisons"]}
     assert "startup_used" not in rows and rows["kv_cache_size_tokens"]["actual"] == 449328
     assert rows["kv_cache_size_tokens"]["predicted"] % 16 == 0  # the plan's 16-token blocks, as 0.33's
+
+
+def test_without_the_extension_the_least_rank_measurement_is_the_kv():
+    """A run that stops after warmup (the check in shrink_kv_cache_configs) prints no 'Extended KV cache' line; each
+    rank printed its own 'Memory after warmup' and vLLM sized on the least (_min_across_ranks). kvops kept the first
+    printed: rank 1's 17,136 blocks, where the ranks had 17,120. Lines from vllm-0.34.0-standin-tp2.log."""
+    text = "".join(line for line in TP2.read_text().splitlines(keepends=True) if "Extended KV cache" not in line)
+    log = parse_vllm_log(text)
+    assert (log.get("num_gpu_blocks"), log.get("kv_cache_bytes")) == (17120, gib(66.88))
+    assert log.lines["kv_cache_bytes"].startswith("(Worker_TP0 pid=301)")
