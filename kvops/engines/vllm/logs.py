@@ -281,6 +281,12 @@ PATTERNS: list[LogPattern] = [
         ),
         lambda m: m.group(1),
     ),
+    # ... and the config turning it off for NIXL on a host without an IMEX channel (config/vllm.py, 0.34.0 l.3256)
+    (
+        "extensible_disabled",
+        re.compile(r"Extensible KV cache off: (without an IMEX channel), KV transfers within a host"),
+        lambda m: m.group(1),
+    ),
     ("v0_wording", _V0_WORDING, lambda m: m.group(0)),
     (
         "args",
@@ -393,7 +399,7 @@ class VllmLog(LogFacts):
             return (
                 f"KV sizing: profiler: vLLM turned the extensible KV cache off (log: "
                 f"'{self.matches['extensible_disabled']}'): sized from the memory profile before warmup, as 0.20-0.33 "
-                "do (v1/executor/abstract.py disable_extensible_kv_cache)"
+                "do (v1/executor/abstract.py disable_extensible_kv_cache, config/vllm.py _resolve_extensible_kv_cache)"
             )
         if not self.extensible:
             return None

@@ -200,3 +200,16 @@ def test_without_the_extension_the_least_rank_measurement_is_the_kv():
     log = parse_vllm_log(text)
     assert (log.get("num_gpu_blocks"), log.get("kv_cache_bytes")) == (17120, gib(66.88))
     assert log.lines["kv_cache_bytes"].startswith("(Worker_TP0 pid=301)")
+
+
+def test_the_config_turning_the_extensible_cache_off_names_the_profiler_path():
+    """NIXL on a host without an IMEX channel: the config leaves the extensible KV cache off and says so at info
+    (config/vllm.py _resolve_extensible_kv_cache, 0.34.0 l.3256); a stand-in line in that format string."""
+    line = (
+        "(APIServer pid=1) INFO 12-07 10:00:08 [vllm.py:3256] Extensible KV cache off: without an IMEX channel, KV "
+        "transfers within a host (e.g. NIXL) would lose NVLink and fall back to RDMA or TCP. If transfers only cross "
+        "hosts, pass --enable-extensible-kv-cache.\n"
+    )
+    sizing = parse_vllm_log(line).sizing()
+    assert sizing is not None and sizing.startswith("KV sizing: profiler: vLLM turned the extensible KV cache off")
+    assert "without an IMEX channel" in sizing
