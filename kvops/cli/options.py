@@ -49,6 +49,19 @@ class Finite(click.ParamType):
         return number
 
 
+class RequestRate(Finite):
+    """Requests a second, or 'inf': every request sent at once, as `vllm bench serve --request-rate inf` (its
+    default) sends them."""
+
+    def __init__(self) -> None:
+        super().__init__(0, 1e6, "requests per second, or inf: all at once", low_open=True)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        if isinstance(value, str) and value.strip().lower() in ("inf", "infinity"):
+            return math.inf
+        return super().convert(value, param, ctx)
+
+
 FRACTION = Finite(0.0, 1.0, "a share of the device", low_open=True)
 # --dtype as vLLM and TGI spell it -> kvops's dtype names
 SERVING_DTYPES = {"auto": "auto", "bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": "fp16", "half": "fp16"}

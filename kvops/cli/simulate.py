@@ -11,7 +11,17 @@ from typing import Any
 import click
 
 from kvops.cli.config_file import file_option
-from kvops.cli.options import POSITIVE, Finite, engine_options, json_option, names, policy_option, print_json, warn
+from kvops.cli.options import (
+    POSITIVE,
+    Finite,
+    RequestRate,
+    engine_options,
+    json_option,
+    names,
+    policy_option,
+    print_json,
+    warn,
+)
 from kvops.errors import UsageError
 from kvops.files import write_text
 from kvops.units import parse_duration
@@ -30,8 +40,9 @@ FORMATS = ("kvops", "timed_trace", "mooncake", "burstgpt", "azure", "sharegpt", 
 @click.option("--requests", type=POSITIVE, help="The trace's first N arrivals; synthetic: how many [default 1000].")
 @click.option(
     "--rate",
-    type=Finite(0, 1e6, "requests per second", low_open=True),
-    help="Requests per second: synthetic or untimed arrivals, or a timed trace scaled to it.",
+    type=RequestRate(),
+    help="Requests per second: synthetic or untimed arrivals, or a timed trace scaled to it; inf sends every request "
+    "at once (vllm bench serve's default).",
 )
 @click.option(
     "--burstiness",

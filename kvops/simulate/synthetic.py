@@ -217,9 +217,9 @@ def synthetic_trace(
     rng = random.Random(f"{seed}/lengths")
     times = (0.0,) * max(n, 0) if rate is None else arrivals(n, rate, burstiness, seed)
     requests = tuple(_request(time, *draw(rng), max_tokens_mode, cap) for time in times)
-    timing = "untimed" if rate is None else _timing(rate, burstiness)
+    sent = "untimed" if rate is None else timing(rate, burstiness)
     shape = f"prompt {prompt}, output {output}, seed {seed}"
-    source = f"synthetic ({n:,} requests, {timing}, {shape})"
+    source = f"synthetic ({n:,} requests, {sent}, {shape})"
     drawn = rate if rate is not None and math.isfinite(rate) else None
     return Trace(requests, source, timed=rate is not None, drawn_rate=drawn)
 
@@ -258,7 +258,10 @@ def _request(time: float, prompt: int, output: int, mode: str, cap: int | None) 
     return TraceRequest(time, prompt, output, max_tokens=output if mode == "exact" else None)
 
 
-def _timing(rate: float, burstiness: float) -> str:
+def timing(rate: float, burstiness: float) -> str:
+    """How arrivals at `rate` are drawn, as a trace's source names them."""
+    if math.isinf(rate):
+        return "all sent at once"
     if burstiness == 1:
         return f"Poisson arrivals at {rate:g}/s"
     return f"gamma arrivals at {rate:g}/s, burstiness {burstiness:g}"

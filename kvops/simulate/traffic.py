@@ -3,10 +3,12 @@ file, or by a rate, or sent as fast as a number of clients allows."""
 
 from __future__ import annotations
 
+import math
+
 from kvops.errors import UsageError
 from kvops.frozen import frozen
 from kvops.simulate.formats import read_trace
-from kvops.simulate.synthetic import arrivals, synthetic_trace
+from kvops.simulate.synthetic import arrivals, synthetic_trace, timing
 from kvops.simulate.trace import Trace
 
 SYNTHETIC_REQUESTS = 1000
@@ -61,8 +63,11 @@ def _at_rate(trace: Trace, traffic: Traffic) -> Trace:
     rate = traffic.rate or 0.0
     if not trace.timed:
         timed = trace.with_arrivals(arrivals(len(trace.requests), rate, _shape(traffic), traffic.seed))
-        source = f"{trace.source}, Poisson-or-gamma arrivals at {rate:g}/s"
+        source = f"{trace.source}, {timing(rate, _shape(traffic))}"
         return Trace(timed.requests, source, True, trace.skipped, drawn_rate=rate)
+    if math.isinf(rate):
+        at_once = trace.with_arrivals((0.0,) * len(trace.requests))
+        return Trace(at_once.requests, f"{trace.source}, all sent at once", True, trace.skipped)
     own = trace.rate
     if own is None:
         raise UsageError(f"--rate: the requests of {trace.source} all arrive at once; nothing to scale")

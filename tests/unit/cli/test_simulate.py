@@ -442,3 +442,19 @@ def test_an_arm_named_twice_is_one_line(run_kvops):
     # --compare stock,stock simulated stock twice and printed two identical rows without a word
     ran = run_kvops("simulate", "-m", "llama-3.1-8b", "--gpu", "l4", "--compare", "stock,stock", expect=2)
     assert "Invalid value for --compare: 'stock' is named twice; name each once" in ran.stderr
+
+
+def test_rate_inf_sends_every_request_at_once_as_vllm_bench_serve_does(run_kvops, tmp_path):
+    """`vllm bench serve --request-rate inf` (its default) sends every request at once: kvops refused 'inf'."""
+    burst = ("-m", "llama-3.1-8b", "--gpu", "H100", "--max-model-len", "4096", "--requests", "30")
+    at_once = json.loads(run_kvops("simulate", *burst, "--rate", "inf", "--json").stdout)
+    clients = json.loads(run_kvops("simulate", *burst, "--concurrency", "30", "--json").stdout)
+    assert "all sent at once" in at_once["traffic"]["source"]
+    assert at_once["arms"][0]["ttft_ms"] == clients["arms"][0]["ttft_ms"]
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(f'{{"arrival_s": {t}, "prompt_tokens": 100, "output_tokens": 20}}\n' for t in (0, 1, 3)))
+    rows = tmp_path / "rows.csv"
+    run_kvops("simulate", *burst[:6], "--trace", str(trace), "--rate", "inf", "--csv", str(rows))
+    assert [line.split(",")[2] for line in rows.read_text().splitlines()[1:]] == ["0.0"] * 3
+    refused = run_kvops("simulate", *burst, "--rate", "nan", expect=2).stderr
+    assert "'nan' is not a finite number (requests per second, or inf: all at once" in refused
