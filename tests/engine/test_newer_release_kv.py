@@ -382,3 +382,69 @@ def test_the_extensible_cache_commits_the_release_blocks(model, run_kvops, tiny_
     cache.bytes_per_block = sum(cache.segment_strides)
     cache.buffer = SimpleNamespace(granularity=2 << 20)
     assert plan["capacity"]["num_blocks"] == cache.blocks_within(kv_bytes), (model, kv_bytes)
+
+
+# DeepSeek-V3.2's attention facts the sparse MLA backends check (config.json)
+SPARSE_MLA_TEXT = {"qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "kv_lora_rank": 512, "index_topk": 2048}
+
+
+def sparse_mla_backend(major: int):
+    """The sparse MLA backend the release's CUDA platform picks for an fp8 cache on a GPU of this capability major:
+    the first in `_get_backend_priorities` (platforms/cuda.py, imported past its CUDA extension) whose
+    `validate_configuration` accepts DeepSeek-V3.2. The dense MLA backends ahead of them refuse a sparse model
+    ('sparse not supported', v1/attention/backend.py) and are not loaded here (some need CUDA to import); a sparse one
+    this CPU host cannot import (FLASH_ATTN_MLA_SPARSE, which lists no fp8 cache dtype) is passed over, as vLLM
+    passes over a backend it cannot load."""
+    import sys
+    import types
+    from types import SimpleNamespace
+    from unittest import mock
+
+    import torch
+    from vllm.platforms.interface import DeviceCapability
+
+    sys.modules.setdefault("vllm._C_stable_libtorch", types.ModuleType("vllm._C_stable_libtorch"))
+    from vllm.platforms import cuda
+
+    capability = DeviceCapability(major, 0)
+    config = SimpleNamespace(
+        parallel_config=SimpleNamespace(prefill_context_parallel_size=1, decode_context_parallel_size=1),
+        model_config=SimpleNamespace(hf_text_config=SimpleNamespace(**SPARSE_MLA_TEXT)),
+    )
+    order = cuda._get_backend_priorities.__wrapped__(True, capability, 16, "fp8", False, 576, False)
+    with mock.patch("vllm.config.get_current_vllm_config", return_value=config):
+        for backend in (backend for backend in order if "SPARSE" in backend.name):
+            try:
+                cls = backend.get_class()
+            except ImportError:
+                continue
+            reasons = cls.validate_configuration(
+                head_size=576, dtype=torch.bfloat16, kv_cache_dtype="fp8", block_size=None, use_mla=True,
+                has_sink=False, use_sparse=True, use_mm_prefix=False, use_per_head_quant_scales=False,
+                device_capability=capability, attn_type="decoder",
+            )  # fmt: skip
+            if not reasons:
+                return cls
+    raise AssertionError(f"no sparse MLA backend for capability {major}")
+
+
+@pytest.mark.parametrize(("gpu", "major"), [(HOPPER, 9), ("B200", 10)])
+def test_sparse_mla_fp8_bytes_follow_the_backend_the_gpu_picks(gpu, major, run_kvops):
+    """FLASHMLA_SPARSE on Hopper stores fp8 as fp8_ds_mla (656 B a token), FLASHINFER_MLA_SPARSE on SM100 as plain
+    fp8 (576 B): the latent's page as the MLA layer builds it from the backend's dtype
+    (`_canonicalize_sparse_mla_kv_cache_dtype` and MLAAttention.get_kv_cache_spec, mla_attention.py); kvops planned
+    656 on a B200 too until 2026-12-08."""
+    import torch
+    from vllm.model_executor.layers.attention.mla_attention import _canonicalize_sparse_mla_kv_cache_dtype
+    from vllm.v1.kv_cache_interface import MLAAttentionSpec
+
+    backend = sparse_mla_backend(major)
+    stored = _canonicalize_sparse_mla_kv_cache_dtype(backend, "fp8")
+    latent = MLAAttentionSpec(
+        block_size=64, num_kv_heads=1, head_size=576, dtype=torch.uint8, cache_dtype_str=stored,
+        state_content_bytes=656 if stored == "fp8_ds_mla" else None,
+    )  # fmt: skip
+    plan = planned(run_kvops, "deepseek-ai/DeepSeek-V3.2", gpu, 8192, 40 * 2**30, 1, "fp8", True)
+    layers, indexer_page = 61, 64 * 132
+    assert plan["capacity"]["block_size"] == 64
+    assert plan["capacity"]["bytes_per_block"] == layers * (latent.page_size_bytes + indexer_page), (gpu, stored)

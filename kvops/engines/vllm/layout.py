@@ -50,8 +50,9 @@ MAMBA2_CHECKPOINT_PAGES = 1
 GDN_CHECKPOINT_PAGES = 1
 GDN_CHECKPOINT_ALIGNMENT = 64
 FULL_TYPE = ("full", "mla", "indexer")
-# Sparse MLA (DeepSeek-V3.2) with an 8-bit cache is stored as fp8_ds_mla: 512 fp8 latent values, 4 fp32 scales and
-# 64 bf16 rotary values per token (`_canonicalize_sparse_mla_kv_cache_dtype`, FLASHMLA_SPARSE)
+# Sparse MLA (DeepSeek-V3.2) with an 8-bit cache is stored as fp8_ds_mla where FLASHMLA_SPARSE serves it: 512 fp8
+# latent values, 4 fp32 scales and 64 bf16 rotary values per token (`_canonicalize_sparse_mla_kv_cache_dtype`,
+# model_executor/layers/attention/mla_attention.py); FLASHINFER_MLA_SPARSE keeps plain fp8 (576 B)
 FP8_DS_MLA_BYTES = 656  # FullAttentionSpec and its subclasses: one uniform type
 
 
@@ -83,6 +84,7 @@ class LayoutOptions:
     # layers that keep the model's own KV dtype (kv_cache_dtype_skip_layers: TurboQuant's boundary layers)
     unquantized_layers: frozenset[int] = frozenset()
     dcp: int = 1  # --decode-context-parallel-size: a block's tokens spread over this many ranks (check_dcp)
+    fp8_ds_mla: bool = True  # sparse MLA's 8-bit cache as fp8_ds_mla (FLASHMLA_SPARSE), not plain fp8 (FlashInfer's)
 
 
 # --- one layer's spec --------------------------------------------------------------------------------------
@@ -304,11 +306,15 @@ def layer_spec(
         )
     window = getattr(layer, "window", None) or getattr(layer, "chunk", None)
     per_token = layer.bytes_per_token(dtype, tp)
-    if isinstance(layer, MultiLatentAttention) and layer.sparse and dtype.bits == 8 and options.device == "gpu":
+    if isinstance(layer, MultiLatentAttention) and layer.sparse and dtype.bits == 8 and _ds_mla(options):
         per_token = FP8_DS_MLA_BYTES
     # under decode context parallelism a block spans dcp x block_size tokens, each rank's page holding block_size of
     # them (`resolve_dcp_kv_block_size`, v1/core/kv_cache_utils.py; `max_num_blocks_per_req`, v1/kv_cache_interface.py)
     return CacheSpec(layer.kind, block_size * per_token, block_size * options.dcp, window or None)
+
+
+def _ds_mla(options: LayoutOptions) -> bool:
+    return options.device == "gpu" and options.fp8_ds_mla
 
 
 def checkpoint_pages(layer: RecurrentState, options: LayoutOptions) -> int:

@@ -333,6 +333,7 @@ def layout_options(
         speculative_tokens=speculative.tokens if speculative else 0,
         unquantized_layers=unquantized_layers(inputs, dtype, release) if dtype is not None else frozenset(),
         dcp=inputs.dcp,
+        fp8_ds_mla=release.sparse_mla_fp8_ds(releases.nvidia_id(inputs.gpu)),
     )
 
 

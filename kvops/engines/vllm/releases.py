@@ -23,6 +23,7 @@ from __future__ import annotations
 from kvops.engines.release import Rule, Version
 from kvops.errors import UsageError
 from kvops.frozen import frozen
+from kvops.gpus import Gpu
 from kvops.units import GiB
 
 NEWEST = "0.34.0"  # the newest vLLM on PyPI (its wheel read: kvops/engines/vllm/release_options.json)
@@ -200,7 +201,15 @@ BLACKWELL_GPUS = frozenset(
     ("B200", "GB200", "B300", "GB300", "RTX-5060-Ti", "RTX-5090", "RTX-PRO-6000")
 )  # SM100/SM103 and SM120; the PyPI wheels of 0.33-0.34 link CUDA 13 (libcudart.so.13), which FlashInfer's GDN
 # prefill needs there
+# SM100/SM103 (capability major 10): sparse MLA with an 8-bit cache runs FLASHINFER_MLA_SPARSE first
+# (platforms/cuda.py _get_backend_priorities)
+SM100_GPUS = frozenset(("B200", "GB200", "B300", "GB300"))
 FLASHINFER_GDN_KEY_DIM = 128  # the key head dim FlashInfer's GDN prefill runs on Blackwell
+
+
+def nvidia_id(gpu: Gpu | None) -> str | None:
+    """The catalog id of an NVIDIA GPU, whose backend choices kvops has read (None: AMD, custom or unknown)."""
+    return gpu.id if gpu and gpu.vendor == "nvidia" else None
 
 
 @frozen
@@ -313,6 +322,14 @@ class VllmRelease:
         if self.v0 or not self.version.at_least(0, 33):
             return False
         return gpu_id in HOPPER_GPUS or (gpu_id in BLACKWELL_GPUS and key_head_dim == FLASHINFER_GDN_KEY_DIM)
+
+    def sparse_mla_fp8_ds(self, gpu_id: str | None) -> bool:
+        """Sparse MLA's 8-bit cache is stored as fp8_ds_mla (656 B a token), as FLASHMLA_SPARSE keeps it, except on
+        SM100/SM103, where vLLM runs FLASHINFER_MLA_SPARSE first for a quantized cache (platforms/cuda.py
+        `_get_backend_priorities`) and keeps it plain fp8, 576 B (`_canonicalize_sparse_mla_kv_cache_dtype`,
+        model_executor/layers/attention/mla_attention.py; read in the 0.32.0, 0.33.0 and 0.34.0 wheels, earlier
+        releases not read: kept as fp8_ds_mla)."""
+        return gpu_id not in SM100_GPUS or self.v0 or not self.version.at_least(0, 32)
 
     @property
     def hybrid_prefix_caching(self) -> bool:
