@@ -28,6 +28,7 @@ from kvops.model.catalog import catalog
 from kvops.model.locate import catalog_spec, load_model
 from kvops.model.spec import ModelSpec
 from tests.engine.test_vllm_view import UNBUILDABLE
+from tests.support.cuda_backends import picked_backend
 from tests.support.paths import REPO
 from tests.support.vllm_specs import BuiltModel, engine_config, specs_from_classes
 
@@ -176,23 +177,37 @@ def compare(run_kvops, model: str, gpu: str, config, specs: dict, tp: int = 1, d
     return checked
 
 
-def release_block_size(spec) -> int:
+def release_block_size(spec, gpu: str = HOPPER, dtype: str = "bf16") -> int:
     """The block size a GPU engine of the release takes when no --block-size is given, before any hybrid
-    alignment: its `CacheConfig.DEFAULT_BLOCK_SIZE` (16 in 0.33, 64 in 0.34) as the backend prefers it
-    (`get_preferred_block_size`: FlashAttention runs multiples of 16, FlashMLA only 64)."""
+    alignment: its `CacheConfig.DEFAULT_BLOCK_SIZE` (16 in 0.33, 64 in 0.34) as the backend the GPU picks prefers
+    it (`get_preferred_block_size`: FlashAttention runs multiples of 16; dense MLA the GPU's MLA backend; sparse
+    MLA FlashMLA's 64, which the indexer's kernel requires)."""
     from vllm.config.cache import CacheConfig
+
+    return gpu_backend(spec, gpu, dtype).get_preferred_block_size(CacheConfig.DEFAULT_BLOCK_SIZE)
+
+
+def gpu_backend(spec, gpu: str, dtype: str) -> type:
+    """The attention backend whose block preference decides the model's block on this GPU: the release's pick for a
+    dense MLA model (tests/support/cuda_backends.py), FlashMLA for sparse MLA (the indexer's [64] and every sparse
+    backend's multiples of 32 or 64 meet at 64), FlashAttention for the rest (which runs any multiple of 16, as
+    FlashInfer and Triton run the defaults)."""
     from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend
     from vllm.v1.attention.backends.mla.flashmla import FlashMLABackend
 
-    backend = FlashMLABackend if spec.is_mla else FlashAttentionBackend
-    return backend.get_preferred_block_size(CacheConfig.DEFAULT_BLOCK_SIZE)
+    if not spec.is_mla:
+        return FlashAttentionBackend
+    if any(getattr(layer, "sparse", False) for _, layer in spec.caches()):
+        return FlashMLABackend
+    cache_dtype = "fp8" if dtype == "fp8" else "auto"
+    return picked_backend(gpu, True, cache_dtype, 576, spec.num_attention_heads)
 
 
-def gpu_config(built: BuiltModel, block: int | None = None):
-    """The engine config a GPU engine would have: its block sizes (None: the release's own pick, no --block-size
-    given) and hybrid alignment, the batch asked for (the CPU build lowers it for MLA models), two batches in flight
-    (async scheduling)."""
-    built.as_gpu(block)
+def gpu_config(built: BuiltModel, block: int | None = None, backend: type | None = None):
+    """The engine config a GPU engine would have: its block sizes (None: the release's own pick with `backend`, no
+    --block-size given) and hybrid alignment, the batch asked for (the CPU build lowers it for MLA models), two
+    batches in flight (async scheduling)."""
+    built.as_gpu(block, backend)
     config = built.vllm_config
     config.cache_config.kv_cache_layout = "LBHNC"
     config.scheduler_config.max_num_batched_tokens = BATCHED
@@ -244,7 +259,9 @@ def test_plan_repeats_the_release_pool(model, gpu, run_kvops, tiny_model, tmp_pa
                     model_config(model), tmp_path / f"model-{dtype}-{caching}", tiny_model, max_model_len=1024,
                     max_num_batched_tokens=BATCHED, kv_cache_dtype=cache_dtype, enable_prefix_caching=caching,
                 )  # fmt: skip
-                config = gpu_config(built)
+                config = gpu_config(built, backend=gpu_backend(spec, gpu, dtype))
+        elif spec.is_mla:  # the GPU's MLA backend, and so the block, follows the cache dtype
+            config = gpu_config(built, backend=gpu_backend(spec, gpu, dtype))
         specs = built.specs() if spec.has_state else _attention_as(built, config, tp, dtype)
         config.parallel_config.tensor_parallel_size = tp
         checked += compare(run_kvops, model, gpu, config, specs, tp, dtype)
@@ -259,22 +276,36 @@ DEFAULT_BLOCK_MODELS = (
 )
 
 
-@pytest.mark.parametrize("model", DEFAULT_BLOCK_MODELS)
-def test_the_plan_takes_the_release_default_block(model, run_kvops, tiny_model, tmp_path):
+# (model, GPU, KV dtype): each catalog GPU family's pick for a dense MLA model, beside Hopper's for the others
+DEFAULT_BLOCK_CASES = (
+    *((model, HOPPER, "bf16") for model in DEFAULT_BLOCK_MODELS),
+    ("deepseek-ai/DeepSeek-V2-Lite", HOPPER, "fp8"),
+    ("deepseek-ai/DeepSeek-V2-Lite", "B200", "bf16"),
+    ("deepseek-ai/DeepSeek-V2-Lite", AMPERE, "bf16"),
+    ("deepseek-ai/DeepSeek-V2-Lite", "L40S", "fp8"),
+)
+
+
+@pytest.mark.parametrize(("model", "gpu", "dtype"), DEFAULT_BLOCK_CASES)
+def test_the_plan_takes_the_release_default_block(model, gpu, dtype, run_kvops, tiny_model, tmp_path):
     """No --block-size given: the command the plan emits names the block the release picks from its own default
-    (0.34: 64 on FlashAttention and FlashMLA; kvops emitted 16 until 2026-12-07), and the plan's pool is the one the
-    release builds at it, the hybrid's alignment from that block included."""
+    with the backend the GPU runs (0.34: 64 on every backend; kvops emitted 16 until 2026-12-07), and the plan's
+    pool is the one the release builds at it, the hybrid's alignment from that block included. Dense MLA through
+    0.33 (default 16): FLASH_ATTN_MLA's 16 on Hopper (FLASHMLA's 64 with fp8), FLASHINFER_MLA's 32 on SM100,
+    TRITON_MLA's 16 elsewhere, where kvops planned FlashMLA's 64 on every GPU until 2026-12-08."""
     spec = model_spec(model)
+    cache_dtype = "fp8" if dtype == "fp8" and spec.has_state else "auto"
     built = BuiltModel(
-        model_config(model), tmp_path / "model", tiny_model, max_model_len=1024, max_num_batched_tokens=BATCHED
-    )
-    config = gpu_config(built)
+        model_config(model), tmp_path / "model", tiny_model, max_model_len=1024, max_num_batched_tokens=BATCHED,
+        kv_cache_dtype=cache_dtype,
+    )  # fmt: skip
+    config = gpu_config(built, backend=gpu_backend(spec, gpu, dtype))
     length, memory = POINTS[0]
-    plan = planned(run_kvops, model, HOPPER, length, memory, 1, "bf16", True)
-    assert plan["flags"]["block-size"] == release_block_size(spec), (model, RELEASE)
-    assert plan["capacity"]["block_size"] == config.cache_config.block_size, (model, RELEASE)
-    specs = built.specs() if spec.has_state else _attention_as(built, config, 1, "bf16")
-    assert compare(run_kvops, model, HOPPER, config, specs)
+    plan = planned(run_kvops, model, gpu, length, memory, 1, dtype, True)
+    assert plan["flags"]["block-size"] == release_block_size(spec, gpu, dtype), (model, RELEASE, gpu, dtype)
+    assert plan["capacity"]["block_size"] == config.cache_config.block_size, (model, RELEASE, gpu, dtype)
+    specs = built.specs() if spec.has_state else _attention_as(built, config, 1, dtype)
+    assert compare(run_kvops, model, gpu, config, specs, 1, dtype)
 
 
 def _attention_as(built: BuiltModel, config, tp: int, dtype: str) -> dict:

@@ -142,13 +142,13 @@ class BuiltModel:
             }
         return {name: spec for name, spec in specs.items() if spec is not None}
 
-    def as_gpu(self, block_size: int | None) -> None:
+    def as_gpu(self, block_size: int | None, backend: type | None = None) -> None:
         """The cache settings a GPU engine would have: its block size, the SSM state dtype vLLM's model config
         rules choose (not the CPU build's float32), and the hybrid block alignment vLLM's platform base class
         computes with FlashAttention's kernel block sizes in place of the CPU attention's. `block_size` None: no
         --block-size given, the release's own pick (its platform base class's `update_block_size_for_backend` from
-        `CacheConfig.DEFAULT_BLOCK_SIZE`, 16 through 0.33 and 64 from 0.34, with FlashAttention, or FlashMLA for an
-        MLA model, as on a Hopper GPU)."""
+        `CacheConfig.DEFAULT_BLOCK_SIZE`, 16 through 0.33 and 64 from 0.34) with `backend`, the attention backend
+        the GPU picks (tests/support/cuda_backends.py; None: FlashAttention, or FlashMLA for an MLA model)."""
         from unittest import mock
 
         from vllm.config import set_current_vllm_config
@@ -170,7 +170,8 @@ class BuiltModel:
             from vllm.v1.attention.backends.mla.flashmla import FlashMLABackend
 
             cache.user_specified_block_size = False
-            backend = FlashMLABackend if self.vllm_config.model_config.use_mla else FlashAttentionBackend
+            default = FlashMLABackend if self.vllm_config.model_config.use_mla else FlashAttentionBackend
+            backend = backend or default
             backends = mock.patch.object(Platform, "_find_non_ssm_backends", return_value=[backend])
             with set_current_vllm_config(self.vllm_config), backends:
                 Platform.update_block_size_for_backend.__func__(Platform, self.vllm_config)

@@ -56,15 +56,29 @@ FULL_TYPE = ("full", "mla", "indexer")
 FP8_DS_MLA_BYTES = 656  # FullAttentionSpec and its subclasses: one uniform type
 
 
-def default_block_size(spec: ModelSpec, device: str, cpu_amx: bool = False, gpu_block: int = GPU_BLOCK_SIZE) -> int:
+def default_block_size(
+    spec: ModelSpec,
+    device: str,
+    cpu_amx: bool = False,
+    gpu_block: int = GPU_BLOCK_SIZE,
+    mla_block: int = GPU_MLA_BLOCK_SIZE,
+) -> int:
     """vLLM's block size when the user gives none: on a GPU the release's default (`gpu_block`: 16, 64 from 0.34),
-    which FlashAttention, FlashInfer and Triton take as it is; FlashMLA's 64 for MLA. On the CPU build an MLA model
-    takes the reference MLA kernel's 16 unless the host has AMX tiles, where vLLM runs its AMX MLA kernel at the
-    default 128 (`CpuPlatform.check_and_update_config`, vllm/platforms/cpu.py: `torch.cpu._is_amx_tile_supported()`
-    on x86)."""
+    which FlashAttention, FlashInfer and Triton take as it is; for dense MLA the block of the GPU's MLA backend
+    (`mla_block`: releases.py gpu_mla_block_size); sparse MLA 64, which the indexer's kernel requires
+    (DeepseekV32IndexerBackend.get_supported_kernel_block_sizes, v1/attention/backends/mla/indexer.py: [64] on
+    CUDA) and every sparse backend runs. On the CPU build an MLA model takes the reference MLA kernel's 16 unless
+    the host has AMX tiles, where vLLM runs its AMX MLA kernel at the default 128
+    (`CpuPlatform.check_and_update_config`, vllm/platforms/cpu.py: `torch.cpu._is_amx_tile_supported()` on x86)."""
     if device == "cpu":
         return CPU_MLA_BLOCK_SIZE if spec.is_mla and not cpu_amx else CPU_BLOCK_SIZE
-    return max(GPU_MLA_BLOCK_SIZE, gpu_block) if spec.is_mla else gpu_block
+    if not spec.is_mla:
+        return gpu_block
+    return max(GPU_MLA_BLOCK_SIZE, gpu_block) if _sparse_mla(spec) else mla_block
+
+
+def _sparse_mla(spec: ModelSpec) -> bool:
+    return any(isinstance(layer, MultiLatentAttention) and layer.sparse for _, layer in spec.caches())
 
 
 @frozen

@@ -8,6 +8,7 @@ from kvops.engines import common
 from kvops.engines.vllm import context, flags, layout
 from kvops.engines.vllm.capacity import Draft, VllmCapacity
 from kvops.engines.vllm.launch import guard_named
+from kvops.engines.vllm.releases import VllmRelease, nvidia_id
 from kvops.model.spec import ModelSpec
 from kvops.plan import PlanInputs
 
@@ -57,6 +58,20 @@ def cpu_mla_note(amx: bool, block_size: int) -> str:
     return f"CPU MLA: {kernel}, {block_size}-token blocks (vllm/platforms/cpu.py); {other} (--block-size plans it)"
 
 
+def mla_backend_note(inputs: PlanInputs, release: VllmRelease, dtype: KvDtype, block_size: int) -> str:
+    """The MLA backend kvops takes vLLM to pick on this GPU, which decides the block (and a sparse model's fp8
+    layout); --attention-backend picks another, which kvops cannot see."""
+    gpu = nvidia_id(inputs.gpu)
+    if any(getattr(layer, "sparse", False) for _, layer in inputs.spec.caches()):
+        stored = "fp8_ds_mla, 656 B a token" if release.sparse_mla_fp8_ds(gpu) else "plain fp8, 576 B a token"
+        picked = f"sparse MLA: 64-token blocks (the indexer's kernel){f', an fp8 cache as {stored}' if dtype.bits == 8 else ''}"
+    elif chosen := release.gpu_mla_backend(gpu, dtype.bits == 8):
+        picked = f"MLA: vLLM runs {chosen[0]} on this GPU, {block_size}-token blocks"
+    else:
+        picked = f"MLA: vLLM's backend on this GPU not read by kvops, FlashMLA's {block_size}-token blocks planned"
+    return f"{picked} (platforms/cuda.py); --attention-backend picks another: give --block-size to plan its block"
+
+
 def add_notes(draft: Draft, kv_layout: layout.KVCacheLayout, dtype: KvDtype, capacity: VllmCapacity) -> None:
     inputs = draft.inputs
     draft.notes.append(guard_note(inputs, capacity))
@@ -73,6 +88,8 @@ def add_notes(draft: Draft, kv_layout: layout.KVCacheLayout, dtype: KvDtype, cap
         )
     if inputs.device == "cpu" and spec.is_mla and inputs.block_size is None:
         draft.notes.append(cpu_mla_note(inputs.cpu_amx, kv_layout.block_size))
+    if inputs.device == "gpu" and spec.is_mla and inputs.block_size is None:
+        draft.notes.append(mla_backend_note(inputs, draft.release, dtype, kv_layout.block_size))
     if dtype.is_quantized and dtype.scales == "per_token_head":
         draft.warnings.append(f"--kv-dtype {dtype.name}: {common.QUALITY_WARNING}")
     if spec.num_kv_heads < inputs.tp and not spec.is_mla:

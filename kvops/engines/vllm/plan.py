@@ -103,8 +103,9 @@ def _plan_pass(
     served = spec.dtype if inputs.dtype == "auto" else serving_dtype(inputs.dtype)  # kv dtype auto follows --dtype
     dtype = resolve_kv_dtype(inputs.kv_dtype, served)
     kv_flag = options.kv_cache_dtype(release_options, dtype, served, device, release.label)
+    mla_block = release.gpu_mla_block_size(releases.nvidia_id(inputs.gpu), dtype.bits == 8)
     block_size = inputs.block_size or layout.default_block_size(
-        spec, device, inputs.cpu_amx, release.default_gpu_block_size
+        spec, device, inputs.cpu_amx, release.default_gpu_block_size, mla_block
     )
     cached = cached_spec(inputs)
     layout.check_dcp(cached, tp, inputs.dcp)

@@ -201,9 +201,11 @@ BLACKWELL_GPUS = frozenset(
     ("B200", "GB200", "B300", "GB300", "RTX-5060-Ti", "RTX-5090", "RTX-PRO-6000")
 )  # SM100/SM103 and SM120; the PyPI wheels of 0.33-0.34 link CUDA 13 (libcudart.so.13), which FlashInfer's GDN
 # prefill needs there
-# SM100/SM103 (capability major 10): sparse MLA with an 8-bit cache runs FLASHINFER_MLA_SPARSE first
-# (platforms/cuda.py _get_backend_priorities)
+# SM100/SM103 (capability major 10): MLA runs FLASHINFER_MLA, and sparse MLA with an 8-bit cache
+# FLASHINFER_MLA_SPARSE, first (platforms/cuda.py _get_backend_priorities)
 SM100_GPUS = frozenset(("B200", "GB200", "B300", "GB300"))
+FLASHMLA_BLOCK = 64  # FLASHMLA's only kernel block (v1/attention/backends/mla/flashmla.py)
+FLASHINFER_MLA_BLOCKS = (32, 64)  # FLASHINFER_MLA's kernel blocks (v1/attention/backends/mla/flashinfer_mla.py)
 FLASHINFER_GDN_KEY_DIM = 128  # the key head dim FlashInfer's GDN prefill runs on Blackwell
 
 
@@ -322,6 +324,30 @@ class VllmRelease:
         if self.v0 or not self.version.at_least(0, 33):
             return False
         return gpu_id in HOPPER_GPUS or (gpu_id in BLACKWELL_GPUS and key_head_dim == FLASHINFER_GDN_KEY_DIM)
+
+    def gpu_mla_backend(self, gpu_id: str | None, fp8: bool) -> tuple[str, int] | None:
+        """The backend a dense MLA model runs on an NVIDIA GPU and the block it takes when no --block-size is given:
+        the release's default as the MLA backend vLLM's CUDA platform picks first prefers it
+        (`_get_backend_priorities`, platforms/cuda.py; `get_preferred_block_size`, v1/attention/backend.py: the
+        default where the backend runs it, else its smallest kernel block). Hopper: FLASH_ATTN_MLA (multiples of
+        16), or for an fp8 cache, which it does not store, FLASHMLA (64 only); SM100: FLASHINFER_MLA (32 or 64);
+        other NVIDIA GPUs: TRITON_MLA (multiples of 16). So 64 on every GPU from 0.34 (default 64); through 0.33
+        (default 16) 16 on Hopper (64 with fp8), 32 on SM100, 16 elsewhere (read in the 0.32.0, 0.33.0 and 0.34.0
+        wheels). None where kvops has not read the choice: AMD, an unknown GPU, releases before 0.32."""
+        default = self.default_gpu_block_size
+        if self.v0 or not self.version.at_least(0, 32) or gpu_id is None:
+            return None
+        if gpu_id in HOPPER_GPUS:
+            return ("FLASHMLA", max(FLASHMLA_BLOCK, default)) if fp8 else ("FLASH_ATTN_MLA", default)
+        if gpu_id in SM100_GPUS:
+            return "FLASHINFER_MLA", default if default in FLASHINFER_MLA_BLOCKS else min(FLASHINFER_MLA_BLOCKS)
+        return "TRITON_MLA", default
+
+    def gpu_mla_block_size(self, gpu_id: str | None, fp8: bool) -> int:
+        """Dense MLA's block on a GPU when none is given (`gpu_mla_backend`); FlashMLA's 64 where kvops has not read
+        the backend vLLM picks."""
+        picked = self.gpu_mla_backend(gpu_id, fp8)
+        return picked[1] if picked else max(FLASHMLA_BLOCK, self.default_gpu_block_size)
 
     def sparse_mla_fp8_ds(self, gpu_id: str | None) -> bool:
         """Sparse MLA's 8-bit cache is stored as fp8_ds_mla (656 B a token), as FLASHMLA_SPARSE keeps it, except on

@@ -27,3 +27,30 @@ def test_sparse_mla_keeps_plain_fp8_where_flashinfer_serves_it(run_kvops, gpu, l
     capacity = _capacity(run_kvops, gpu, release)
     block = capacity["block_size"]
     assert capacity["bytes_per_block"] == block * (latent + INDEXER) * LAYERS
+
+
+DENSE_MLA_BLOCKS = {  # (GPU, KV dtype) -> the block through 0.33 (the default 16 as the MLA backend prefers it)
+    ("H100-80GB", "bf16"): 16,  # FLASH_ATTN_MLA: multiples of 16
+    ("H200", "fp8"): 64,  # FLASHMLA (FLASH_ATTN_MLA stores no fp8): 64 only
+    ("B200", "bf16"): 32,  # FLASHINFER_MLA: 32 or 64
+    ("GB300", "fp8"): 32,
+    ("A100-80GB", "bf16"): 16,  # TRITON_MLA: multiples of 16
+    ("L40S", "fp8"): 16,
+    ("MI300X", "bf16"): 64,  # ROCm's choice not read: FlashMLA's 64, as before
+}
+
+
+@pytest.mark.parametrize(("gpu", "dtype"), DENSE_MLA_BLOCKS)
+@pytest.mark.parametrize("release", ["0.32.0", "0.33.0", "0.34.0"])
+def test_dense_mla_takes_the_block_of_the_backend_the_gpu_runs(run_kvops, gpu, dtype, release):
+    """vLLM sizes the block from its default as the GPU's first MLA backend prefers it (platforms/cuda.py
+    `_get_backend_priorities`; `get_preferred_block_size`): kvops planned FlashMLA's 64 on every GPU until
+    2026-12-08, a quarter of the blocks 0.33 holds on an H100 (DeepSeek-V2-Lite at 8,192: 21,546 blocks of 64
+    planned, 86,186 of 16 in vLLM, about the same 1.38 M tokens). From 0.34 the default 64 is every MLA backend's."""
+    ran = run_kvops(
+        "plan", "-m", "deepseek-ai/DeepSeek-V2-Lite", "--engine-version", release, "--gpu", gpu, "--kv-dtype", dtype,
+        "--max-model-len", "8192", "--format", "json",
+    )  # fmt: skip
+    plan = json.loads(ran.stdout)
+    expected = 64 if release == "0.34.0" else DENSE_MLA_BLOCKS[gpu, dtype]
+    assert (plan["flags"]["block-size"], plan["capacity"]["block_size"]) == (expected, expected)
