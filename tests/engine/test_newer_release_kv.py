@@ -24,6 +24,7 @@ import pytest
 
 from kvops.dtypes import KV_DTYPES
 from kvops.engines.vllm.layout import LayoutOptions, aligned_block_size
+from kvops.engines.vllm.plan import mm_prefix_head
 from kvops.model.catalog import catalog
 from kvops.model.locate import catalog_spec, load_model
 from kvops.model.spec import ModelSpec
@@ -189,17 +190,19 @@ def release_block_size(spec, gpu: str = HOPPER, dtype: str = "bf16") -> int:
 
 def gpu_backend(spec, gpu: str, dtype: str) -> type:
     """The attention backend whose block preference decides the model's block on this GPU: the release's pick for a
-    dense MLA model (tests/support/cuda_backends.py), FlashMLA for sparse MLA (the indexer's [64] and every sparse
-    backend's multiples of 32 or 64 meet at 64), FlashAttention for the rest (which runs any multiple of 16, as
-    FlashInfer and Triton run the defaults)."""
+    dense MLA model and for a multimodal model's mm-prefix attention (tests/support/cuda_backends.py), FlashMLA for
+    sparse MLA (the indexer's [64] and every sparse backend's multiples of 32 or 64 meet at 64), FlashAttention for
+    the rest (which runs any multiple of 16, as FlashInfer and Triton run the defaults)."""
     from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend
     from vllm.v1.attention.backends.mla.flashmla import FlashMLABackend
 
+    cache_dtype = "fp8" if dtype == "fp8" else "auto"
+    if head := mm_prefix_head(spec, False):
+        return picked_backend(gpu, False, cache_dtype, head, spec.num_attention_heads, use_mm_prefix=True)
     if not spec.is_mla:
         return FlashAttentionBackend
     if any(getattr(layer, "sparse", False) for _, layer in spec.caches()):
         return FlashMLABackend
-    cache_dtype = "fp8" if dtype == "fp8" else "auto"
     return picked_backend(gpu, True, cache_dtype, 576, spec.num_attention_heads)
 
 
@@ -283,6 +286,8 @@ DEFAULT_BLOCK_CASES = (
     ("deepseek-ai/DeepSeek-V2-Lite", "B200", "bf16"),
     ("deepseek-ai/DeepSeek-V2-Lite", AMPERE, "bf16"),
     ("deepseek-ai/DeepSeek-V2-Lite", "L40S", "fp8"),
+    ("google/gemma-3-12b-it", "B200", "bf16"),  # mm-prefix attention at head size 256: TRITON_FLASHINFER
+    ("google/gemma-3-12b-it", HOPPER, "fp8"),
 )
 
 
@@ -292,7 +297,8 @@ def test_the_plan_takes_the_release_default_block(model, gpu, dtype, run_kvops, 
     with the backend the GPU runs (0.34: 64 on every backend; kvops emitted 16 until 2026-12-07), and the plan's
     pool is the one the release builds at it, the hybrid's alignment from that block included. Dense MLA through
     0.33 (default 16): FLASH_ATTN_MLA's 16 on Hopper (FLASHMLA's 64 with fp8), FLASHINFER_MLA's 32 on SM100,
-    TRITON_MLA's 16 elsewhere, where kvops planned FlashMLA's 64 on every GPU until 2026-12-08."""
+    TRITON_MLA's 16 elsewhere, where kvops planned FlashMLA's 64 on every GPU until 2026-12-08; Gemma 3's mm-prefix
+    attention on SM100 through 0.33: TRITON_FLASHINFER's 64, where kvops planned 16 until 2026-12-08."""
     spec = model_spec(model)
     cache_dtype = "fp8" if dtype == "fp8" and spec.has_state else "auto"
     built = BuiltModel(

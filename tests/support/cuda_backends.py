@@ -46,9 +46,11 @@ def _stand_ins() -> None:
         setattr(fa_utils, name, getattr(fa_utils, name, None))
 
 
-def picked_backend(gpu: str, use_mla: bool, kv_cache_dtype: str, head_size: int, num_heads: int) -> type:
+def picked_backend(
+    gpu: str, use_mla: bool, kv_cache_dtype: str, head_size: int, num_heads: int, use_mm_prefix: bool = False
+) -> type:
     """The class of the first backend in the release's order for this GPU that declares it serves the model (dense
-    attention or dense MLA; not sparse)."""
+    attention or dense MLA, not sparse; `use_mm_prefix`: a multimodal model's bidirectional image-token attention)."""
     _stand_ins()
     from vllm.platforms import cuda
     from vllm.platforms.interface import DeviceCapability
@@ -56,7 +58,7 @@ def picked_backend(gpu: str, use_mla: bool, kv_cache_dtype: str, head_size: int,
     capability = DeviceCapability(CAPABILITY[gpu], 0)
     order = cuda._get_backend_priorities.__wrapped__(
         use_mla=use_mla, device_capability=capability, num_heads=num_heads, kv_cache_dtype=kv_cache_dtype,
-        head_size=head_size,
+        head_size=head_size, use_mm_prefix=use_mm_prefix,
     )  # fmt: skip
     for backend in order:
         cls = backend.get_class()
@@ -66,6 +68,7 @@ def picked_backend(gpu: str, use_mla: bool, kv_cache_dtype: str, head_size: int,
             and cls.supports_compute_capability(capability)
             and cls.supports_kv_cache_dtype(kv_cache_dtype)
             and cls.supports_head_size(head_size)
+            and (cls.supports_mm_prefix() or not use_mm_prefix)
         ):
             return cls
     raise AssertionError(f"no backend for {gpu}, mla {use_mla}, {kv_cache_dtype}, head size {head_size}")

@@ -103,10 +103,10 @@ def _plan_pass(
     served = spec.dtype if inputs.dtype == "auto" else serving_dtype(inputs.dtype)  # kv dtype auto follows --dtype
     dtype = resolve_kv_dtype(inputs.kv_dtype, served)
     kv_flag = options.kv_cache_dtype(release_options, dtype, served, device, release.label)
-    mla_block = release.gpu_mla_block_size(releases.nvidia_id(inputs.gpu), dtype.bits == 8)
-    block_size = inputs.block_size or layout.default_block_size(
-        spec, device, inputs.cpu_amx, release.default_gpu_block_size, mla_block
-    )
+    gpu = releases.nvidia_id(inputs.gpu)
+    gpu_block = release.gpu_block_size(gpu, mm_prefix_head(spec, inputs.text_only))
+    mla_block = release.gpu_mla_block_size(gpu, dtype.bits == 8)
+    block_size = inputs.block_size or layout.default_block_size(spec, device, inputs.cpu_amx, gpu_block, mla_block)
     cached = cached_spec(inputs)
     layout.check_dcp(cached, tp, inputs.dcp)
     _check_pp(spec, inputs.pp)
@@ -336,6 +336,17 @@ def layout_options(
         dcp=inputs.dcp,
         fp8_ds_mla=release.sparse_mla_fp8_ds(releases.nvidia_id(inputs.gpu)),
     )
+
+
+def mm_prefix_head(spec: ModelSpec, text_only: bool) -> int | None:
+    """The head size of a model whose attention vLLM runs with mm-prefix (bidirectional image-token) attention: a
+    multimodal model of `MM_PREFIX_LM_MODELS` served with its images (not --language-model-only, nor every
+    --limit-mm-per-prompt at 0: `ModelConfig._supports_multimodal_for_mm_prefix`, config/model.py). None otherwise."""
+    model_type = (spec.config_json or {}).get("model_type")
+    attention = spec.attention_layers()
+    if text_only or model_type not in releases.MM_PREFIX_LM_MODELS or not attention:
+        return None
+    return attention[0].head_dim
 
 
 # Models whose state vLLM caches per block of tokens with prefix caching (SupportsMambaPrefixCaching in

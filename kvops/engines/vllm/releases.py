@@ -206,6 +206,12 @@ BLACKWELL_GPUS = frozenset(
 SM100_GPUS = frozenset(("B200", "GB200", "B300", "GB300"))
 FLASHMLA_BLOCK = 64  # FLASHMLA's only kernel block (v1/attention/backends/mla/flashmla.py)
 FLASHINFER_MLA_BLOCKS = (32, 64)  # FLASHINFER_MLA's kernel blocks (v1/attention/backends/mla/flashinfer_mla.py)
+# Multimodal models whose image tokens attend to each other both ways (ModelArchConfigConvertorBase.is_mm_prefix_lm,
+# transformers_utils/model_arch_config_convertor.py); on SM100 their attention at these head sizes runs the
+# TRITON_FLASHINFER composite, whose only kernel block is 64 (v1/attention/backends/triton_flashinfer.py)
+MM_PREFIX_LM_MODELS = frozenset(("bagel", "gemma3", "molmo2", "moondream3", "paligemma"))
+TRITON_FLASHINFER_HEADS = frozenset((256, 512))
+TRITON_FLASHINFER_BLOCK = 64
 FLASHINFER_GDN_KEY_DIM = 128  # the key head dim FlashInfer's GDN prefill runs on Blackwell
 
 
@@ -324,6 +330,18 @@ class VllmRelease:
         if self.v0 or not self.version.at_least(0, 33):
             return False
         return gpu_id in HOPPER_GPUS or (gpu_id in BLACKWELL_GPUS and key_head_dim == FLASHINFER_GDN_KEY_DIM)
+
+    def gpu_block_size(self, gpu_id: str | None, mm_prefix_head: int | None) -> int:
+        """The block a GPU engine takes when none is given, for attention other than MLA: the release's default,
+        which FlashAttention, FlashInfer and Triton run as it is, except where vLLM's CUDA platform picks
+        TRITON_FLASHINFER first (`_get_backend_priorities`, platforms/cuda.py: SM100 and mm-prefix attention, whose
+        head size, `mm_prefix_head`, it serves at 256 or 512), whose 64 the default 16 of 0.32 and 0.33 is raised to
+        (`get_preferred_block_size`; read in the 0.32.0, 0.33.0 and 0.34.0 wheels)."""
+        default = self.default_gpu_block_size
+        composite = gpu_id in SM100_GPUS and mm_prefix_head in TRITON_FLASHINFER_HEADS
+        if not composite or self.v0 or not self.version.at_least(0, 32) or default % TRITON_FLASHINFER_BLOCK == 0:
+            return default
+        return TRITON_FLASHINFER_BLOCK
 
     def gpu_mla_backend(self, gpu_id: str | None, fp8: bool) -> tuple[str, int] | None:
         """The backend a dense MLA model runs on an NVIDIA GPU and the block it takes when no --block-size is given:

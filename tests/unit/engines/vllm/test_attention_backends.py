@@ -54,3 +54,29 @@ def test_dense_mla_takes_the_block_of_the_backend_the_gpu_runs(run_kvops, gpu, d
     plan = json.loads(ran.stdout)
     expected = 64 if release == "0.34.0" else DENSE_MLA_BLOCKS[gpu, dtype]
     assert (plan["flags"]["block-size"], plan["capacity"]["block_size"]) == (expected, expected)
+
+
+@pytest.mark.parametrize("release", ["0.32.0", "0.33.0", "0.34.0"])
+@pytest.mark.parametrize(
+    ("model", "gpu", "extra", "through_033"),
+    [
+        ("google/gemma-3-12b-it", "B200", (), 64),  # head size 256, images on: TRITON_FLASHINFER's [64]
+        ("google/gemma-3-4b-it", "GB200", (), 64),
+        ("google/gemma-3-12b-it", "B200", ("--language-model-only",), 16),  # text only: no mm-prefix attention
+        ("google/gemma-3-27b-it", "B200", (), 16),  # head size 128: not the composite's
+        ("google/gemma-3-12b-it", "H100-80GB", (), 16),  # Hopper's composite runs multiples of 16
+    ],
+)
+def test_mm_prefix_attention_on_sm100_takes_triton_flashinfer_block(run_kvops, model, gpu, extra, through_033, release):
+    """A Gemma 3 served with its images runs bidirectional attention over image tokens, which on SM100 vLLM gives the
+    TRITON_FLASHINFER composite at head size 256 or 512 (platforms/cuda.py `_get_backend_priorities`,
+    v1/attention/backends/triton_flashinfer.py: kernel block 64 only), so through 0.33 its default 16 becomes 64:
+    kvops planned 16 until 2026-12-08 (gemma-3-12b-it on a B200 at 8,192 and 0.33: 136,419 blocks of 16 planned,
+    34,104 of 64 in vLLM)."""
+    ran = run_kvops(
+        "plan", "-m", model, "--engine-version", release, "--gpu", gpu, "--max-model-len", "8192", *extra,
+        "--format", "json",
+    )  # fmt: skip
+    plan = json.loads(ran.stdout)
+    expected = 64 if release == "0.34.0" else through_033
+    assert (plan["flags"]["block-size"], plan["capacity"]["block_size"]) == (expected, expected)
