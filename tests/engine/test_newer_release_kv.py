@@ -485,3 +485,12 @@ def test_sparse_mla_fp8_bytes_follow_the_backend_the_gpu_picks(gpu, major, run_k
     layers, indexer_page = 61, 64 * 132
     assert plan["capacity"]["block_size"] == 64
     assert plan["capacity"]["bytes_per_block"] == layers * (latent.page_size_bytes + indexer_page), (gpu, stored)
+
+
+def test_no_sparse_mla_backend_below_hopper(run_kvops):
+    """On an A100 (capability 8) no sparse MLA backend of the release's list validates, so vLLM does not start; the
+    plan warns so (kvops said nothing until 2026-12-08)."""
+    with pytest.raises(AssertionError, match="no sparse MLA backend"):
+        sparse_mla_backend(8)
+    plan = planned(run_kvops, "deepseek-ai/DeepSeek-V3.2", AMPERE, 8192, 40 * 2**30, 1, "bf16", True)
+    assert any("no sparse MLA attention backend" in warning for warning in plan["warnings"])

@@ -62,7 +62,7 @@ def mla_backend_note(inputs: PlanInputs, release: VllmRelease, dtype: KvDtype, b
     """The MLA backend kvops takes vLLM to pick on this GPU, which decides the block (and a sparse model's fp8
     layout); --attention-backend picks another, which kvops cannot see."""
     gpu = nvidia_id(inputs.gpu)
-    if any(getattr(layer, "sparse", False) for _, layer in inputs.spec.caches()):
+    if _sparse_mla(inputs.spec):
         stored = "fp8_ds_mla, 656 B a token" if release.sparse_mla_fp8_ds(gpu) else "plain fp8, 576 B a token"
         picked = f"sparse MLA: 64-token blocks (the indexer's kernel){f', an fp8 cache as {stored}' if dtype.bits == 8 else ''}"
     elif chosen := release.gpu_mla_backend(gpu, dtype.bits == 8):
@@ -70,6 +70,10 @@ def mla_backend_note(inputs: PlanInputs, release: VllmRelease, dtype: KvDtype, b
     else:
         picked = f"MLA: vLLM's backend on this GPU not read by kvops, FlashMLA's {block_size}-token blocks planned"
     return f"{picked} (platforms/cuda.py); --attention-backend picks another: give --block-size to plan its block"
+
+
+def _sparse_mla(spec: ModelSpec) -> bool:
+    return any(getattr(layer, "sparse", False) for _, layer in spec.caches())
 
 
 def add_notes(draft: Draft, kv_layout: layout.KVCacheLayout, dtype: KvDtype, capacity: VllmCapacity) -> None:
@@ -90,6 +94,12 @@ def add_notes(draft: Draft, kv_layout: layout.KVCacheLayout, dtype: KvDtype, cap
         draft.notes.append(cpu_mla_note(inputs.cpu_amx, kv_layout.block_size))
     if inputs.device == "gpu" and spec.is_mla and inputs.block_size is None:
         draft.notes.append(mla_backend_note(inputs, draft.release, dtype, kv_layout.block_size))
+    gpu = nvidia_id(inputs.gpu)
+    if inputs.device == "gpu" and _sparse_mla(spec) and draft.release.refuses_sparse_mla(gpu):
+        draft.warnings.append(
+            f"{spec.name}: vLLM has no sparse MLA attention backend on the {gpu} (Hopper and Blackwell only: "
+            "platforms/cuda.py, v1/attention/backends/mla/); it stops at startup ('No valid attention backend found')"
+        )
     if dtype.is_quantized and dtype.scales == "per_token_head":
         draft.warnings.append(f"--kv-dtype {dtype.name}: {common.QUALITY_WARNING}")
     if spec.num_kv_heads < inputs.tp and not spec.is_mla:

@@ -367,6 +367,15 @@ class VllmRelease:
         picked = self.gpu_mla_backend(gpu_id, fp8)
         return picked[1] if picked else max(FLASHMLA_BLOCK, self.default_gpu_block_size)
 
+    def refuses_sparse_mla(self, gpu_id: str | None) -> bool:
+        """No sparse MLA backend validates on this NVIDIA GPU: FLASH_ATTN_MLA_SPARSE and FLASHINFER_MLA_SPARSE_SM90
+        need capability major 9, FLASHMLA_SPARSE 9 or 10, FLASHINFER_MLA_SPARSE 10, FLASHINFER_MLA_SPARSE_SM120 12
+        (their supports_compute_capability, v1/attention/backends/mla/; read in the 0.32.0-0.34.0 wheels), so on an
+        A100, L4, L40S or older vLLM finds no attention backend and does not start. False where not read."""
+        if gpu_id is None or self.v0 or not self.version.at_least(0, 32):
+            return False
+        return gpu_id not in HOPPER_GPUS | BLACKWELL_GPUS
+
     def sparse_mla_fp8_ds(self, gpu_id: str | None) -> bool:
         """Sparse MLA's 8-bit cache is stored as fp8_ds_mla (656 B a token), as FLASHMLA_SPARSE keeps it, except on
         SM100/SM103, where vLLM runs FLASHINFER_MLA_SPARSE first for a quantized cache (platforms/cuda.py

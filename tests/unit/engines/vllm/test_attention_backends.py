@@ -80,3 +80,18 @@ def test_mm_prefix_attention_on_sm100_takes_triton_flashinfer_block(run_kvops, m
     plan = json.loads(ran.stdout)
     expected = 64 if release == "0.34.0" else through_033
     assert (plan["flags"]["block-size"], plan["capacity"]["block_size"]) == (expected, expected)
+
+
+@pytest.mark.parametrize(
+    ("gpu", "refused"), [("A100-80GB", True), ("L40S", True), ("H100-80GB", False), ("B200", False)]
+)
+def test_sparse_mla_where_vllm_has_no_backend_is_a_warning(run_kvops, gpu, refused):
+    """Every sparse MLA backend needs Hopper or Blackwell (supports_compute_capability, v1/attention/backends/mla/):
+    on an A100 or L40S vLLM stops at startup with no attention backend; kvops planned DeepSeek-V3.2 there without a
+    word until 2026-12-08."""
+    ran = run_kvops(
+        "plan", "-m", "deepseek-ai/DeepSeek-V3.2", "--gpu", gpu, "--gpu-memory", "8TiB", "--max-model-len", "8192",
+        "--format", "json",
+    )  # fmt: skip
+    warnings = json.loads(ran.stdout)["warnings"]
+    assert any("no sparse MLA attention backend" in warning for warning in warnings) is refused
