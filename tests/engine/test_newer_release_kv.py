@@ -494,3 +494,31 @@ def test_no_sparse_mla_backend_below_hopper(run_kvops):
         sparse_mla_backend(8)
     plan = planned(run_kvops, "deepseek-ai/DeepSeek-V3.2", AMPERE, 8192, 40 * 2**30, 1, "bf16", True)
     assert any("no sparse MLA attention backend" in warning for warning in plan["warnings"])
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp8"])
+def test_sparse_mla_on_sm120_stores_fp8_ds_mla(dtype, run_kvops):
+    """Capability 12's list holds one sparse backend, FLASHINFER_MLA_SPARSE_SM120, which keeps an auto cache as
+    fp8_ds_mla as well as an fp8 one; the plan's latent page is that spec's (MLAAttention.get_kv_cache_spec)."""
+    import sys
+    import types
+
+    import torch
+    from vllm.model_executor.layers.attention.mla_attention import _canonicalize_sparse_mla_kv_cache_dtype
+    from vllm.platforms.interface import DeviceCapability
+    from vllm.v1.kv_cache_interface import MLAAttentionSpec
+
+    sys.modules.setdefault("vllm._C_stable_libtorch", types.ModuleType("vllm._C_stable_libtorch"))
+    from vllm.platforms import cuda
+
+    cache = "fp8" if dtype == "fp8" else "auto"
+    order = cuda._get_backend_priorities.__wrapped__(True, DeviceCapability(12, 0), 16, cache, False, 576, False)
+    (sparse,) = [backend for backend in order if "SPARSE" in backend.name]
+    stored = _canonicalize_sparse_mla_kv_cache_dtype(sparse.get_class(), cache)
+    assert stored == "fp8_ds_mla"
+    latent = MLAAttentionSpec(
+        block_size=64, num_kv_heads=1, head_size=576, dtype=torch.uint8, cache_dtype_str=stored,
+        state_content_bytes=656,
+    )  # fmt: skip
+    plan = planned(run_kvops, "deepseek-ai/DeepSeek-V3.2", "RTX-PRO-6000", 8192, 40 * 2**30, 1, dtype, True)
+    assert plan["capacity"]["bytes_per_block"] == 61 * (latent.page_size_bytes + 64 * 132)

@@ -99,6 +99,7 @@ class LayoutOptions:
     unquantized_layers: frozenset[int] = frozenset()
     dcp: int = 1  # --decode-context-parallel-size: a block's tokens spread over this many ranks (check_dcp)
     fp8_ds_mla: bool = True  # sparse MLA's 8-bit cache as fp8_ds_mla (FLASHMLA_SPARSE), not plain fp8 (FlashInfer's)
+    ds_mla_always: bool = False  # sparse MLA stored as fp8_ds_mla whatever the cache dtype (SM120's FlashInfer)
 
 
 # --- one layer's spec --------------------------------------------------------------------------------------
@@ -320,15 +321,16 @@ def layer_spec(
         )
     window = getattr(layer, "window", None) or getattr(layer, "chunk", None)
     per_token = layer.bytes_per_token(dtype, tp)
-    if isinstance(layer, MultiLatentAttention) and layer.sparse and dtype.bits == 8 and _ds_mla(options):
+    if isinstance(layer, MultiLatentAttention) and layer.sparse and _ds_mla(options, dtype):
         per_token = FP8_DS_MLA_BYTES
     # under decode context parallelism a block spans dcp x block_size tokens, each rank's page holding block_size of
     # them (`resolve_dcp_kv_block_size`, v1/core/kv_cache_utils.py; `max_num_blocks_per_req`, v1/kv_cache_interface.py)
     return CacheSpec(layer.kind, block_size * per_token, block_size * options.dcp, window or None)
 
 
-def _ds_mla(options: LayoutOptions) -> bool:
-    return options.device == "gpu" and options.fp8_ds_mla
+def _ds_mla(options: LayoutOptions, dtype: KvDtype) -> bool:
+    stored = options.ds_mla_always or (dtype.bits == 8 and options.fp8_ds_mla)
+    return options.device == "gpu" and stored
 
 
 def checkpoint_pages(layer: RecurrentState, options: LayoutOptions) -> int:

@@ -63,13 +63,20 @@ def mla_backend_note(inputs: PlanInputs, release: VllmRelease, dtype: KvDtype, b
     layout); --attention-backend picks another, which kvops cannot see."""
     gpu = nvidia_id(inputs.gpu)
     if _sparse_mla(inputs.spec):
-        stored = "fp8_ds_mla, 656 B a token" if release.sparse_mla_fp8_ds(gpu) else "plain fp8, 576 B a token"
-        picked = f"sparse MLA: 64-token blocks (the indexer's kernel){f', an fp8 cache as {stored}' if dtype.bits == 8 else ''}"
+        picked = f"sparse MLA: 64-token blocks (the indexer's kernel){_sparse_storage(release, gpu, dtype)}"
     elif chosen := release.gpu_mla_backend(gpu, dtype.bits == 8):
         picked = f"MLA: vLLM runs {chosen[0]} on this GPU, {block_size}-token blocks"
     else:
         picked = f"MLA: vLLM's backend on this GPU not read by kvops, FlashMLA's {block_size}-token blocks planned"
     return f"{picked} (platforms/cuda.py); --attention-backend picks another: give --block-size to plan its block"
+
+
+def _sparse_storage(release: VllmRelease, gpu: str | None, dtype: KvDtype) -> str:
+    if release.sparse_mla_always_ds(gpu):
+        return ", any cache as fp8_ds_mla, 656 B a token (FLASHINFER_MLA_SPARSE_SM120)"
+    if dtype.bits != 8:
+        return ""
+    return f", an fp8 cache as {'fp8_ds_mla, 656 B' if release.sparse_mla_fp8_ds(gpu) else 'plain fp8, 576 B'} a token"
 
 
 def _sparse_mla(spec: ModelSpec) -> bool:

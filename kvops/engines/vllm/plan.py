@@ -335,6 +335,7 @@ def layout_options(
         unquantized_layers=unquantized_layers(inputs, dtype, release) if dtype is not None else frozenset(),
         dcp=inputs.dcp,
         fp8_ds_mla=release.sparse_mla_fp8_ds(releases.nvidia_id(inputs.gpu)),
+        ds_mla_always=release.sparse_mla_always_ds(releases.nvidia_id(inputs.gpu)),
     )
 
 

@@ -376,6 +376,14 @@ class VllmRelease:
             return False
         return gpu_id not in HOPPER_GPUS | BLACKWELL_GPUS
 
+    def sparse_mla_always_ds(self, gpu_id: str | None) -> bool:
+        """On SM120 (RTX 5060 Ti, 5090, PRO 6000) sparse MLA runs FLASHINFER_MLA_SPARSE_SM120, the only sparse backend
+        of its list (platforms/cuda.py `_get_backend_priorities`, capability major 12), for which
+        `_canonicalize_sparse_mla_kv_cache_dtype` (model_executor/layers/attention/mla_attention.py) stores an auto
+        or fp8 cache alike as fp8_ds_mla, 656 B a token with 64 rotary dims (read in the 0.32.0-0.34.0 wheels)."""
+        sm120 = gpu_id in BLACKWELL_GPUS and gpu_id not in SM100_GPUS
+        return sm120 and not self.v0 and self.version.at_least(0, 32)
+
     def sparse_mla_fp8_ds(self, gpu_id: str | None) -> bool:
         """Sparse MLA's 8-bit cache is stored as fp8_ds_mla (656 B a token), as FLASHMLA_SPARSE keeps it, except on
         SM100/SM103, where vLLM runs FLASHINFER_MLA_SPARSE first for a quantized cache (platforms/cuda.py

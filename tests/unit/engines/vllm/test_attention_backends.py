@@ -95,3 +95,16 @@ def test_sparse_mla_where_vllm_has_no_backend_is_a_warning(run_kvops, gpu, refus
     )  # fmt: skip
     warnings = json.loads(ran.stdout)["warnings"]
     assert any("no sparse MLA attention backend" in warning for warning in warnings) is refused
+
+
+@pytest.mark.parametrize("dtype", ["auto", "fp8"])
+def test_sparse_mla_on_sm120_is_fp8_ds_mla_whatever_the_dtype(run_kvops, dtype):
+    """SM120's only sparse backend, FLASHINFER_MLA_SPARSE_SM120, stores an auto cache as fp8_ds_mla too
+    (`_canonicalize_sparse_mla_kv_cache_dtype`): kvops planned bf16's 1,152 B a token on an RTX PRO 6000 until
+    2026-12-08 (5,012,736 B a block, 8,568 blocks in 40 GiB; vLLM 3,076,352 B and 13,961)."""
+    ran = run_kvops(
+        "plan", "-m", "deepseek-ai/DeepSeek-V3.2", "--gpu", "RTX-PRO-6000", "--gpu-memory", "8TiB", "--kv-dtype",
+        dtype, "--kv-cache-memory-bytes", str(40 * 2**30), "--max-model-len", "8192", "--format", "json",
+    )  # fmt: skip
+    capacity = json.loads(ran.stdout)["capacity"]
+    assert capacity["bytes_per_block"] == capacity["block_size"] * (656 + INDEXER) * LAYERS
