@@ -96,6 +96,18 @@ def engine_config(config: dict[str, Any], folder: Path, tokenizer: Path, **engin
     return args.create_engine_config()
 
 
+def _any_cpu_isa():
+    """A build that does not depend on this host's vector instructions: vLLM 0.34's CPU attention takes an fp8 cache
+    only where the host has AVX-512 or AMX tiles (CPUAttentionBackend.supports_kv_cache_dtype,
+    v1/attention/backends/cpu_attn.py) and refuses the model otherwise, while the layers and their KV-cache specs are
+    the same on any host. So the meta-device build runs as on an AVX-512 host (the specs compared are a GPU's)."""
+    from unittest import mock
+
+    import torch
+
+    return mock.patch.object(torch.cpu, "_is_avx512_supported", return_value=True)
+
+
 class BuiltModel:
     """The model vLLM builds for a config.json on the meta device, and the KV-cache specs of its layers."""
 
@@ -110,7 +122,7 @@ class BuiltModel:
         self.vllm_config = engine_config(
             without_weight_quantization(text_model_config(config)), folder, tokenizer, **engine_args
         )
-        with set_current_vllm_config(self.vllm_config):
+        with set_current_vllm_config(self.vllm_config), _any_cpu_isa():
             with torch.device("meta"):
                 initialize_model(vllm_config=self.vllm_config)
             current_platform.update_block_size_for_backend(self.vllm_config)
