@@ -465,6 +465,11 @@ class ModelSpec:
         return any(layer.kind == "mla" for layer in self.layers)
 
     @property
+    def is_sparse_mla(self) -> bool:
+        """DeepSeek-V3.2-style sparse MLA, whose backends and 8-bit storage differ from dense MLA's."""
+        return any(isinstance(layer, MultiLatentAttention) and layer.sparse for layer in self.layers)
+
+    @property
     def has_state(self) -> bool:
         """Recurrent state layers (Mamba, Gated DeltaNet) beside attention: a hybrid model."""
         return any(layer.kind == "mamba" for _, layer in self.caches())

@@ -74,11 +74,7 @@ def default_block_size(
         return CPU_MLA_BLOCK_SIZE if spec.is_mla and not cpu_amx else CPU_BLOCK_SIZE
     if not spec.is_mla:
         return gpu_block
-    return max(GPU_MLA_BLOCK_SIZE, gpu_block) if _sparse_mla(spec) else mla_block
-
-
-def _sparse_mla(spec: ModelSpec) -> bool:
-    return any(isinstance(layer, MultiLatentAttention) and layer.sparse for _, layer in spec.caches())
+    return max(GPU_MLA_BLOCK_SIZE, gpu_block) if spec.is_sparse_mla else mla_block
 
 
 @frozen

@@ -62,7 +62,7 @@ def mla_backend_note(inputs: PlanInputs, release: VllmRelease, dtype: KvDtype, b
     """The MLA backend kvops takes vLLM to pick on this GPU, which decides the block (and a sparse model's fp8
     layout); --attention-backend picks another, which kvops cannot see."""
     gpu = nvidia_id(inputs.gpu)
-    if _sparse_mla(inputs.spec):
+    if inputs.spec.is_sparse_mla:
         picked = f"sparse MLA: 64-token blocks (the indexer's kernel){_sparse_storage(release, gpu, dtype)}"
     elif chosen := release.gpu_mla_backend(gpu, dtype.bits == 8):
         picked = f"MLA: vLLM runs {chosen[0]} on this GPU, {block_size}-token blocks"
@@ -77,10 +77,6 @@ def _sparse_storage(release: VllmRelease, gpu: str | None, dtype: KvDtype) -> st
     if dtype.bits != 8:
         return ""
     return f", an fp8 cache as {'fp8_ds_mla, 656 B' if release.sparse_mla_fp8_ds(gpu) else 'plain fp8, 576 B'} a token"
-
-
-def _sparse_mla(spec: ModelSpec) -> bool:
-    return any(getattr(layer, "sparse", False) for _, layer in spec.caches())
 
 
 def add_notes(draft: Draft, kv_layout: layout.KVCacheLayout, dtype: KvDtype, capacity: VllmCapacity) -> None:
@@ -102,7 +98,7 @@ def add_notes(draft: Draft, kv_layout: layout.KVCacheLayout, dtype: KvDtype, cap
     if inputs.device == "gpu" and spec.is_mla and inputs.block_size is None:
         draft.notes.append(mla_backend_note(inputs, draft.release, dtype, kv_layout.block_size))
     gpu = nvidia_id(inputs.gpu)
-    if inputs.device == "gpu" and _sparse_mla(spec) and draft.release.refuses_sparse_mla(gpu):
+    if inputs.device == "gpu" and spec.is_sparse_mla and draft.release.refuses_sparse_mla(gpu):
         draft.warnings.append(
             f"{spec.name}: vLLM has no sparse MLA attention backend on the {gpu} (Hopper and Blackwell only: "
             "platforms/cuda.py, v1/attention/backends/mla/); it stops at startup ('No valid attention backend found')"
