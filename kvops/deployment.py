@@ -112,7 +112,7 @@ class DeploymentOptions:
 
     def plan_inputs(self, workload: Workload | None = None) -> PlanInputs:
         """The planner's inputs: the model loaded, the GPU resolved, the files read."""
-        from kvops.cpu_features import has_amx_tiles
+        from kvops.cpu_features import has_amx_tiles, has_avx512, has_avx512_bf16
         from kvops.gpus import resolve_gpu
         from kvops.model import load_model
 
@@ -159,6 +159,8 @@ class DeploymentOptions:
             scheduler_flags=self.scheduler_flags,
             device=self.device,
             cpu_amx=self.device == "cpu" and has_amx_tiles(),
+            cpu_avx512_bf16=self.device == "cpu" and has_avx512_bf16(),
+            cpu_fp8_kv=self.device != "cpu" or has_avx512() or has_amx_tiles(),
             max_model_len=self.max_model_len,
             workload=workload if workload is not None else self.request_workload(),
             concurrency=self.concurrency,

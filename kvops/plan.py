@@ -101,6 +101,8 @@ class PlanInputs:
     speculative: Speculative | None = None
     device: str = "gpu"  # "cpu" plans vLLM's CPU build (block size 128, no async scheduling)
     cpu_amx: bool = False  # the CPU build's host has AMX tiles: vLLM's AMX MLA kernel (MLA blocks of 128, not 16)
+    cpu_avx512_bf16: bool = False  # the CPU build's host has AVX-512 BF16: vLLM keeps SSM states in float32
+    cpu_fp8_kv: bool = True  # the CPU build's host has AVX-512 or AMX tiles, which an fp8 KV cache needs there
     max_model_len: int | str | None = None  # tokens, "auto", or None for the model's max_position_embeddings
     workload: Workload = field(default_factory=Workload)
     concurrency: int | str | None = None  # requests, "auto", or None

@@ -14,7 +14,7 @@ from dataclasses import replace
 
 import pytest
 
-from kvops.cpu_features import has_amx_tiles
+from kvops.cpu_features import has_amx_tiles, has_avx512_bf16
 from kvops.dtypes import KV_DTYPES
 from kvops.engines.vllm.layout import LayoutOptions, default_block_size, kv_layout, pool
 from kvops.model.catalog import catalog
@@ -63,7 +63,8 @@ def test_cpu_engine_pool_matches_vllm(entry, tiny_model, tmp_path):
     spec = catalog_spec(entry)
     built = BuiltModel(entry.config, tmp_path / "model", tiny_model, max_model_len=1024)
     built.vllm_config.cache_config.kv_cache_layout = "LBHNC"
-    options = LayoutOptions(device="cpu", mamba_cache_mode=built.vllm_config.cache_config.mamba_cache_mode)
+    mode = built.vllm_config.cache_config.mamba_cache_mode
+    options = LayoutOptions(device="cpu", mamba_cache_mode=mode, cpu_avx512_bf16=has_avx512_bf16())
     layout = kv_layout(spec, KV_DTYPES["bf16"], 1, default_block_size(spec, "cpu", has_amx_tiles()), options=options)
     assert compare(built.vllm_config, spec, built.specs(), layout, "cpu")
 

@@ -87,6 +87,7 @@ class LayoutOptions:
     mamba_cache_mode: str = "align"  # with prefix caching on (hybrid models: default from 0.28.0); "none" without
     mamba_cache_dtype: str = "auto"  # --mamba-cache-dtype (the conv state)
     mamba_ssm_cache_dtype: str = "auto"  # --mamba-ssm-cache-dtype
+    cpu_avx512_bf16: bool = False  # the CPU build's host has AVX-512 BF16 (kvops/cpu_features.py)
     speculative_tokens: int = 0  # num_speculative_tokens: extra state pages and conv rows
     mamba2_prefill_checkpoint: bool = True  # align mode: a Mamba-2 mixer's prefill checkpoint page (vLLM 0.32+)
     # align mode: Gated DeltaNet layers' prefill checkpoint page and 64-token blocks (FlashInfer's GDN prefill, 0.33+)
@@ -363,14 +364,18 @@ def check_dcp(spec: ModelSpec, tp: int, dcp: int) -> None:
 def state_dtypes(spec: ModelSpec, layer: RecurrentState, options: LayoutOptions) -> tuple[float, float]:
     """Bytes per value of the conv and SSM states in vLLM: --mamba-cache-dtype for the conv state (auto: the
     model's dtype), --mamba-ssm-cache-dtype for the SSM state (auto: the dtype the model's config class declares,
-    Nemotron-H float32 by default, else the conv state's); vLLM's CPU build keeps SSM states in float32 (it resets
-    the dtype on CPUs with AVX-512 BF16, `platforms/cpu.py`)."""
+    Nemotron-H float32 by default, else the conv state's). vLLM's CPU build on a host with AVX-512 BF16 resets the
+    SSM state to float32 but where its accelerated Gated DeltaNet kernel keeps an explicit 16-bit dtype
+    (`CpuPlatform.check_and_update_config` and `_cpu_mamba_backend`, platforms/cpu.py, 0.32 and 0.34); on a host
+    without it the state keeps the dtype above."""
     conv = _dtype_bytes(options.mamba_cache_dtype) or KV_DTYPES[spec.dtype].bytes
     ssm = _dtype_bytes(options.mamba_ssm_cache_dtype)
+    explicit_half = ssm == 2
     if ssm is None:
         declared = layer.ssm_dtype or ("float32" if spec.model_type == "nemotron_h" else "")
         ssm = _dtype_bytes(declared) or conv
-    if options.device == "cpu":
+    gdn_kept = explicit_half and isinstance(layer, MambaState) and layer.variant == "gdn"
+    if options.device == "cpu" and options.cpu_avx512_bf16 and not gdn_kept:
         ssm = 4
     return conv, ssm
 

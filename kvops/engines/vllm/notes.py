@@ -103,6 +103,12 @@ def add_notes(draft: Draft, kv_layout: layout.KVCacheLayout, dtype: KvDtype, cap
             f"{spec.name}: vLLM has no sparse MLA attention backend on the {gpu} (Hopper and Blackwell only: "
             "platforms/cuda.py, v1/attention/backends/mla/); it stops at startup ('No valid attention backend found')"
         )
+    if inputs.device == "cpu" and dtype.bits == 8 and not inputs.cpu_fp8_kv:
+        draft.warnings.append(
+            f"--kv-dtype {dtype.name}: this host has neither AVX-512 nor AMX tiles, and vLLM's CPU build refuses an "
+            "fp8 KV cache without them ('FP8 KV cache on CPU requires x86 with AVX-512 or AMX': "
+            "v1/attention/backends/cpu_attn.py); the command starts on a host that has them"
+        )
     if dtype.is_quantized and dtype.scales == "per_token_head":
         draft.warnings.append(f"--kv-dtype {dtype.name}: {common.QUALITY_WARNING}")
     if spec.num_kv_heads < inputs.tp and not spec.is_mla:

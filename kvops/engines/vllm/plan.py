@@ -331,6 +331,7 @@ def layout_options(
         ),
         mamba_cache_dtype=inputs.mamba_cache_dtype,
         mamba_ssm_cache_dtype=inputs.mamba_ssm_cache_dtype,
+        cpu_avx512_bf16=inputs.cpu_avx512_bf16,
         speculative_tokens=speculative.tokens if speculative else 0,
         unquantized_layers=unquantized_layers(inputs, dtype, release) if dtype is not None else frozenset(),
         dcp=inputs.dcp,
