@@ -15,6 +15,7 @@ from dataclasses import replace
 
 import pytest
 
+from kvops.cpu_features import has_avx512_bf16
 from kvops.dtypes import KV_DTYPES
 from kvops.engines.vllm.layout import LayoutOptions, aligned_block_size, state_dtypes
 from kvops.model.catalog import catalog
@@ -84,7 +85,7 @@ def test_each_layer_caches_what_vllm_builds_for_it(model, tiny_model, tmp_path):
     for index, layer in spec.caches():
         ours[index].append(layer)
     assert sorted(theirs) == sorted(ours)
-    options = LayoutOptions(device="cpu", block_size_given=False)
+    options = LayoutOptions(device="cpu", block_size_given=False, cpu_avx512_bf16=has_avx512_bf16())
     block = aligned_block_size(spec, KV_DTYPES["bf16"], 1, 128, options)
     for index, layers in ours.items():
         assert len(theirs[index]) == len(layers), index
