@@ -39,29 +39,35 @@ from kvops.model.spec import (
 )
 
 # Architectures whose cache kvops cannot compute yet: one line instead of a wrong number.
+# what a refusal says to do instead
+MEASURE_IT = "plan it with a measured --profile or --kv-cache-memory-bytes"
 _MAMBA_ONLY = (
-    "attention-free Mamba models (no KV cache: one recurrent state per sequence) are not modelled by kvops yet; plan "
-    "it with a measured --profile or --kv-cache-memory-bytes"
+    "attention-free Mamba models (no KV cache: one recurrent state per sequence) are not modelled by kvops yet; "
+    + MEASURE_IT
 )
 NOT_MODELLED = {
     **dict.fromkeys(("mamba", "falcon_mamba", "mamba2"), _MAMBA_ONLY),
-    "zamba2": "Zamba2's layers (a Mamba-2 state in every layer, a shared attention block of attention_head_dim on the hybrid_layer_ids) are not modelled by kvops yet; plan it with a measured --profile or --kv-cache-memory-bytes",
-    "longcat_flash": "LongCat-Flash's blocks (two MLA attentions each, 2 x num_layers caches, zero-computation experts) are not modelled by kvops yet; plan it with a measured --profile or --kv-cache-memory-bytes",
+    "zamba2": "Zamba2's layers (a Mamba-2 state in every layer, a shared attention block of attention_head_dim on the hybrid_layer_ids) are not modelled by kvops yet; "
+    + MEASURE_IT,
+    "longcat_flash": "LongCat-Flash's blocks (two MLA attentions each, 2 x num_layers caches, zero-computation experts) are not modelled by kvops yet; "
+    + MEASURE_IT,
     **dict.fromkeys(
         ("bailing_hybrid", "bailing_moe_linear"),
         "Ling 2.5+/Ring-linear's hybrid layers (MLA beside lightning linear-attention or Kimi Delta Attention states, "
-        "by layer_group_size) are not modelled by kvops yet; plan it with a measured --profile or "
-        "--kv-cache-memory-bytes",
+        "by layer_group_size) are not modelled by kvops yet; " + MEASURE_IT,
     ),
-    "dory": "Dory's layers (no attention in its 'mlp' layers, a KV cache per loop of its recurrent layers) are not modelled by kvops yet; plan it with a measured --profile or --kv-cache-memory-bytes",
-    "zaya": "ZAYA1's layers (attention beside a compressed-convolution state in every layer) are not modelled by kvops yet; plan it with a measured --profile or --kv-cache-memory-bytes",
-    "deepseek_v4": "DeepSeek-V4's compressed sparse attention (compressed, sliding and indexer caches per layer) is not modelled by kvops yet; plan it with a measured --profile or --kv-cache-memory-bytes",
+    "dory": "Dory's layers (no attention in its 'mlp' layers, a KV cache per loop of its recurrent layers) are not modelled by kvops yet; "
+    + MEASURE_IT,
+    "zaya": "ZAYA1's layers (attention beside a compressed-convolution state in every layer) are not modelled by kvops yet; "
+    + MEASURE_IT,
+    "deepseek_v4": "DeepSeek-V4's compressed sparse attention (compressed, sliding and indexer caches per layer) is not modelled by kvops yet; "
+    + MEASURE_IT,
 }
 
 # DomynEdge (vLLM 0.33+ domyn_edge.py): each layer's head_dim in per_layer_config, its window in window_sizes
 PER_LAYER_ATTENTION = (
     "per-layer attention shapes (per_layer_config head dims, window_sizes windows: DomynEdge) are not modelled by "
-    "kvops yet; plan it with a measured --profile or --kv-cache-memory-bytes"
+    "kvops yet; " + MEASURE_IT
 )
 
 # Field names differ between architectures; the first one present wins.
@@ -113,7 +119,7 @@ def _one_width(text: dict[str, Any], where: str) -> dict[str, Any]:
     if len(set(widths)) != 1:
         raise ConfigError(
             f"{where}: 'intermediate_size' is a list of widths that are not all the same; kvops counts one MLP width "
-            "for every layer: plan it with a measured --profile or --kv-cache-memory-bytes"
+            f"for every layer: {MEASURE_IT}"
         )
     return {**text, "intermediate_size": widths[0]}
 
@@ -426,7 +432,7 @@ def _kda_layers(text: dict, reader: _Reader, num_layers: int, notes: list[str]) 
     if linear.get("gate_lower_bound") is not None:
         raise ConfigError(
             f"{reader.where}: linear_attn_config.gate_lower_bound: a bounded KDA gate runs FlashKDA's prefill, whose "
-            "checkpoint pages kvops does not model yet; plan it with a measured --profile or --kv-cache-memory-bytes"
+            f"checkpoint pages kvops does not model yet; {MEASURE_IT}"
         )
     layers = {number - 1 for number in linear["kda_layers"] if isinstance(number, int) and 0 < number <= num_layers}
     where = _Reader(linear, f"{reader.where} linear_attn_config")

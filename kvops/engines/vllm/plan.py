@@ -319,6 +319,7 @@ def layout_options(
 ) -> layout.LayoutOptions:
     """The engine settings of these inputs that change vLLM's KV cache layout."""
     speculative = inputs.speculative
+    gpu = releases.nvidia_id(inputs.gpu)
     return layout.LayoutOptions(
         device=inputs.device,
         block_size_given=inputs.block_size is not None,
@@ -335,8 +336,8 @@ def layout_options(
         speculative_tokens=speculative.tokens if speculative else 0,
         unquantized_layers=unquantized_layers(inputs, dtype, release) if dtype is not None else frozenset(),
         dcp=inputs.dcp,
-        fp8_ds_mla=release.sparse_mla_fp8_ds(releases.nvidia_id(inputs.gpu)),
-        ds_mla_always=release.sparse_mla_always_ds(releases.nvidia_id(inputs.gpu)),
+        fp8_ds_mla=release.sparse_mla_fp8_ds(gpu),
+        ds_mla_always=release.sparse_mla_always_ds(gpu),
     )
 
 

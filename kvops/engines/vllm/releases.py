@@ -314,6 +314,11 @@ class VllmRelease:
     def mamba2_prefill_checkpoint(self) -> bool:
         """A Mamba-2 mixer keeps one more state page in align mode, its prefill checkpoint (mamba_mixer2.py
         get_kv_cache_spec, l.1107 in the 0.32.0 wheel; not in 0.31.0)."""
+        return self._backends_read
+
+    @property
+    def _backends_read(self) -> bool:
+        """A release whose CUDA attention backend choices kvops has read (the 0.32.0-0.34.0 wheels)."""
         return not self.v0 and self.version.at_least(0, 32)
 
     @property
@@ -339,7 +344,7 @@ class VllmRelease:
         (`get_preferred_block_size`; read in the 0.32.0, 0.33.0 and 0.34.0 wheels)."""
         default = self.default_gpu_block_size
         composite = gpu_id in SM100_GPUS and mm_prefix_head in TRITON_FLASHINFER_HEADS
-        if not composite or self.v0 or not self.version.at_least(0, 32) or default % TRITON_FLASHINFER_BLOCK == 0:
+        if not composite or not self._backends_read or default % TRITON_FLASHINFER_BLOCK == 0:
             return default
         return TRITON_FLASHINFER_BLOCK
 
@@ -353,7 +358,7 @@ class VllmRelease:
         (default 16) 16 on Hopper (64 with fp8), 32 on SM100, 16 elsewhere (read in the 0.32.0, 0.33.0 and 0.34.0
         wheels). None where kvops has not read the choice: AMD, an unknown GPU, releases before 0.32."""
         default = self.default_gpu_block_size
-        if self.v0 or not self.version.at_least(0, 32) or gpu_id is None:
+        if not self._backends_read or gpu_id is None:
             return None
         if gpu_id in HOPPER_GPUS:
             return ("FLASHMLA", max(FLASHMLA_BLOCK, default)) if fp8 else ("FLASH_ATTN_MLA", default)
@@ -372,7 +377,7 @@ class VllmRelease:
         need capability major 9, FLASHMLA_SPARSE 9 or 10, FLASHINFER_MLA_SPARSE 10, FLASHINFER_MLA_SPARSE_SM120 12
         (their supports_compute_capability, v1/attention/backends/mla/; read in the 0.32.0-0.34.0 wheels), so on an
         A100, L4, L40S or older vLLM finds no attention backend and does not start. False where not read."""
-        if gpu_id is None or self.v0 or not self.version.at_least(0, 32):
+        if gpu_id is None or not self._backends_read:
             return False
         return gpu_id not in HOPPER_GPUS | BLACKWELL_GPUS
 
@@ -382,7 +387,7 @@ class VllmRelease:
         `_canonicalize_sparse_mla_kv_cache_dtype` (model_executor/layers/attention/mla_attention.py) stores an auto
         or fp8 cache alike as fp8_ds_mla, 656 B a token with 64 rotary dims (read in the 0.32.0-0.34.0 wheels)."""
         sm120 = gpu_id in BLACKWELL_GPUS and gpu_id not in SM100_GPUS
-        return sm120 and not self.v0 and self.version.at_least(0, 32)
+        return sm120 and self._backends_read
 
     def sparse_mla_fp8_ds(self, gpu_id: str | None) -> bool:
         """Sparse MLA's 8-bit cache is stored as fp8_ds_mla (656 B a token), as FLASHMLA_SPARSE keeps it, except on
@@ -390,7 +395,7 @@ class VllmRelease:
         `_get_backend_priorities`) and keeps it plain fp8, 576 B (`_canonicalize_sparse_mla_kv_cache_dtype`,
         model_executor/layers/attention/mla_attention.py; read in the 0.32.0, 0.33.0 and 0.34.0 wheels, earlier
         releases not read: kept as fp8_ds_mla)."""
-        return gpu_id not in SM100_GPUS or self.v0 or not self.version.at_least(0, 32)
+        return gpu_id not in SM100_GPUS or not self._backends_read
 
     @property
     def hybrid_prefix_caching(self) -> bool:
